@@ -1,0 +1,32 @@
+# Shared CMake helpers for kt packages. kt-core installs this file next to its CMake
+# package config, so backends built outside the workspace use the same rules.
+include_guard(GLOBAL)
+
+# Warnings every kt target compiles with.
+function(kt_target_warnings target)
+  target_compile_options(${target} PRIVATE -Wall -Wextra -Wno-unused-parameter)
+endfunction()
+
+# A Python extension module built the kt way: nanobind, statically linked nanobind runtime
+# (no nanobind object crosses a wheel boundary, so each wheel carries its own), the stable
+# ABI where the interpreter supports it (CPython >= 3.12), warnings on.
+function(kt_add_python_module name)
+  nanobind_add_module(${name} STABLE_ABI NB_STATIC LTO ${ARGN})
+  target_compile_features(${name} PRIVATE cxx_std_20)
+  kt_target_warnings(${name})
+endfunction()
+
+# Compile `sources` for one CPU target into an object library whose code lives in its
+# own namespace (the sources read KT_TARGET_NAMESPACE), with that target's -m flags.
+# Only these objects ever contain the target's instructions: baseline code stays baseline,
+# so no wider instruction can leak into code that runs before the dispatch decision.
+function(kt_add_isa_target name)
+  cmake_parse_arguments(ARG "" "NAMESPACE" "FLAGS;SOURCES;INCLUDES" ${ARGN})
+  add_library(${name} OBJECT ${ARG_SOURCES})
+  set_target_properties(${name} PROPERTIES POSITION_INDEPENDENT_CODE ON)
+  target_compile_features(${name} PRIVATE cxx_std_20)
+  target_compile_options(${name} PRIVATE ${ARG_FLAGS})
+  target_compile_definitions(${name} PRIVATE KT_TARGET_NAMESPACE=${ARG_NAMESPACE})
+  target_include_directories(${name} PRIVATE ${ARG_INCLUDES})
+  kt_target_warnings(${name})
+endfunction()

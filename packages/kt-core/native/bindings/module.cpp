@@ -1,0 +1,356 @@
+// kt_core._native: the Python face of the core. Tensors arrive through DLPack
+// (nb::ndarray) so no torch is linked; every check that can fail says what it expected.
+#include <kt/plugin.h>
+
+#include "abi/host_api.h"
+#include "host/cpu_features.h"
+#include "host/topology.h"
+#include "memory/numa_allocator.h"
+#include "moe/moe_layer.h"
+#include "pool/thread_pool.h"
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <chrono>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+using Array = nb::ndarray<nb::ro>;
+
+// nb::dict has no keyword constructor: kv("key", value, "key2", value2, ...).
+inline void fill(nb::dict&) {}
+template <class V, class... Rest>
+void fill(nb::dict& d, const char* key, V&& value, Rest&&... rest) {
+    d[key] = nb::cast(std::forward<V>(value));
+    fill(d, std::forward<Rest>(rest)...);
+}
+template <class... Args>
+nb::dict kv(Args&&... args) {
+    nb::dict d;
+    fill(d, std::forward<Args>(args)...);
+    return d;
+}
+
+std::string dtype_name(const nb::dlpack::dtype& d) {
+    switch (nb::dlpack::dtype_code(d.code)) {
+        case nb::dlpack::dtype_code::Int: return "int" + std::to_string(d.bits);
+        case nb::dlpack::dtype_code::UInt: return "uint" + std::to_string(d.bits);
+        case nb::dlpack::dtype_code::Float: return "float" + std::to_string(d.bits);
+        case nb::dlpack::dtype_code::Bfloat: return "bfloat" + std::to_string(d.bits);
+        default: return "dtype(code=" + std::to_string(d.code) + ", bits=" + std::to_string(d.bits) + ")";
+    }
+}
+
+// Maps a floating DLPack dtype onto the ABI's; throws naming the offending tensor.
+kt_dtype float_dtype(const Array& a, const char* name) {
+    const auto d = a.dtype();
+    if (d.lanes == 1 && d.code == uint8_t(nb::dlpack::dtype_code::Float)) {
+        if (d.bits == 32) return KT_DTYPE_F32;
+        if (d.bits == 16) return KT_DTYPE_F16;
+        if (d.bits == 64) return KT_DTYPE_F64;
+    }
+    if (d.lanes == 1 && d.code == uint8_t(nb::dlpack::dtype_code::Bfloat) && d.bits == 16) return KT_DTYPE_BF16;
+    throw nb::type_error((std::string(name) + " must be float32, bfloat16, float16 or float64; got " + dtype_name(d)).c_str());
+}
+
+void check_cpu(const Array& a, const char* name) {
+    if (a.device_type() != nb::device::cpu::value)
+        throw nb::value_error((std::string(name) + " must be a CPU tensor; got device type " +
+                               std::to_string(a.device_type()) + " (move it with .cpu(), or let KTMoEWrapper do it)")
+                                  .c_str());
+}
+
+void check_shape(const Array& a, const char* name, std::initializer_list<int64_t> shape) {
+    std::string want = "[", got = "[";
+    bool ok = a.ndim() == shape.size();
+    size_t i = 0;
+    for (int64_t s : shape) {
+        want += (i ? ", " : "") + std::to_string(s);
+        if (ok && int64_t(a.shape(i)) != s) ok = false;
+        ++i;
+    }
+    for (size_t j = 0; j < a.ndim(); ++j) got += (j ? ", " : "") + std::to_string(a.shape(j));
+    if (!ok) throw nb::value_error((std::string(name) + " must have shape " + want + "], got " + got + "]").c_str());
+}
+
+void check_contiguous(const Array& a, const char* name) {
+    int64_t expected = 1;
+    for (size_t j = a.ndim(); j-- > 0;) {
+        if (a.shape(j) != 1 && a.stride(j) != expected)
+            throw nb::value_error((std::string(name) + " must be C-contiguous (call .contiguous())").c_str());
+        expected *= int64_t(a.shape(j));
+    }
+}
+
+void check_exact(const Array& a, const char* name, nb::dlpack::dtype_code code, int bits) {
+    const auto d = a.dtype();
+    if (d.code != uint8_t(code) || d.bits != bits || d.lanes != 1) {
+        nb::dlpack::dtype want{uint8_t(code), uint8_t(bits), 1};
+        throw nb::type_error((std::string(name) + " must be " + dtype_name(want) + ", got " + dtype_name(d)).c_str());
+    }
+}
+
+kt_matrix matrix_of(const Array& a, const char* name, int64_t rows, int64_t cols) {
+    check_cpu(a, name);
+    check_shape(a, name, {rows, cols});
+    if (a.stride(1) != 1 && cols > 1)
+        throw nb::value_error((std::string(name) + " must have unit stride along its last dimension").c_str());
+    return kt_matrix{a.data(), float_dtype(a, name), rows, cols, rows > 1 ? int64_t(a.stride(0)) : cols};
+}
+
+// A backend table that passed validation; the capsule keeps the plugin module alive.
+struct Backend {
+    nb::object capsule;
+    const kt_backend_api* api;
+
+    const kt_method_kernels* method(const std::string& name) const {
+        for (size_t i = 0; i < api->num_methods; ++i)
+            if (name == api->methods[i].method) return &api->methods[i];
+        std::string have;
+        for (size_t i = 0; i < api->num_methods; ++i) have += (i ? ", " : "") + std::string(api->methods[i].method);
+        throw nb::value_error(("backend '" + std::string(api->name) + "' has no method '" + name +
+                               "'; it provides: " + have).c_str());
+    }
+};
+
+Backend load_backend(nb::object capsule, const std::string& name, const std::string& variant) {
+    PyObject* cap = capsule.ptr();
+    if (!PyCapsule_CheckExact(cap) || !PyCapsule_IsValid(cap, KT_BACKEND_CAPSULE_NAME))
+        throw nb::type_error(("backend '" + name + "' did not return a PyCapsule named '" KT_BACKEND_CAPSULE_NAME "'").c_str());
+    auto* api = static_cast<const kt_backend_api*>(PyCapsule_GetPointer(cap, KT_BACKEND_CAPSULE_NAME));
+    kt::validate_and_init_backend(api, name, variant);
+    return Backend{std::move(capsule), api};
+}
+
+// Pins the Python objects a submitted forward reads and writes until sync().
+struct PendingForward {
+    nb::object keep_alive;
+};
+std::unique_ptr<PendingForward> g_pending;
+
+struct Layer {
+    Backend backend;
+    std::unique_ptr<kt::MoeLayer> layer;
+
+    Layer(const Backend& b, const std::string& method, int64_t hidden, int64_t intermediate, int64_t experts,
+          int64_t top_k, std::vector<bool> on_cpu, int64_t max_tokens)
+        : backend(b) {
+        kt_moe_shape shape{sizeof(kt_moe_shape), hidden, intermediate, experts, top_k};
+        const kt_method_kernels* kernels = backend.method(method);
+        if (kernels->declines && kernels->declines(&shape, max_tokens))
+            throw nb::value_error(("backend '" + std::string(backend.api->name) + "' declines method " + method +
+                                   " for this shape").c_str());
+        layer = std::make_unique<kt::MoeLayer>(shape, kernels, std::move(on_cpu), max_tokens);
+    }
+
+    void load_expert(int64_t e, const Array& gate, const Array& up, const Array& down) {
+        const auto& s = layer->shape();
+        kt_expert_weights w{sizeof(kt_expert_weights), matrix_of(gate, "gate", s.intermediate, s.hidden),
+                            matrix_of(up, "up", s.intermediate, s.hidden), matrix_of(down, "down", s.hidden, s.intermediate)};
+        nb::gil_scoped_release release;
+        layer->load_expert(e, w);
+    }
+
+    struct Call {
+        const void* hidden;
+        kt_dtype hidden_dtype, out_dtype;
+        int64_t tokens;
+        const int64_t* ids;
+        const float* weights;
+        void* out;
+    };
+
+    Call prepare(const Array& hidden, const Array& ids, const Array& weights, const nb::ndarray<>& out) {
+        const auto& s = layer->shape();
+        check_cpu(hidden, "hidden_states");
+        if (hidden.ndim() != 2)
+            throw nb::value_error(("hidden_states must be 2-D [tokens, " + std::to_string(s.hidden) + "], got " +
+                                   std::to_string(hidden.ndim()) + "-D").c_str());
+        const int64_t T = int64_t(hidden.shape(0));
+        check_shape(hidden, "hidden_states", {T, s.hidden});
+        check_contiguous(hidden, "hidden_states");
+        const kt_dtype hd = float_dtype(hidden, "hidden_states");
+        check_cpu(ids, "topk_ids");
+        check_shape(ids, "topk_ids", {T, s.top_k});
+        check_exact(ids, "topk_ids", nb::dlpack::dtype_code::Int, 64);
+        check_contiguous(ids, "topk_ids");
+        check_cpu(weights, "topk_weights");
+        check_shape(weights, "topk_weights", {T, s.top_k});
+        check_exact(weights, "topk_weights", nb::dlpack::dtype_code::Float, 32);
+        check_contiguous(weights, "topk_weights");
+        Array out_ro(out);
+        check_cpu(out_ro, "out");
+        check_shape(out_ro, "out", {T, s.hidden});
+        check_contiguous(out_ro, "out");
+        const kt_dtype od = float_dtype(out_ro, "out");
+        return Call{hidden.data(), hd, od, T, static_cast<const int64_t*>(ids.data()),
+                    static_cast<const float*>(weights.data()), out.data()};
+    }
+
+    void forward(const Array& hidden, const Array& ids, const Array& weights, nb::ndarray<> out) {
+        const Call c = prepare(hidden, ids, weights, out);
+        nb::gil_scoped_release release;
+        layer->forward(c.hidden, c.hidden_dtype, c.tokens, c.ids, c.weights, c.out, c.out_dtype);
+    }
+
+    void submit_forward(const Array& hidden, const Array& ids, const Array& weights, nb::ndarray<> out,
+                        nb::object keep_alive) {
+        const Call c = prepare(hidden, ids, weights, out);
+        if (kt::global_pool().job_pending())
+            throw std::runtime_error("a forward is already submitted; call sync_forward() before submitting another");
+        // Validate on this thread so bad input raises here, not at sync().
+        kt::MoeLayer* l = layer.get();
+        {
+            nb::gil_scoped_release release;
+            kt::global_pool().submit([l, c] { l->forward(c.hidden, c.hidden_dtype, c.tokens, c.ids, c.weights, c.out, c.out_dtype); });
+        }
+        g_pending = std::make_unique<PendingForward>(PendingForward{std::move(keep_alive)});
+    }
+};
+
+void pool_sync() {
+    {
+        nb::gil_scoped_release release;
+        try {
+            kt::global_pool().sync();
+        } catch (...) {
+            nb::gil_scoped_acquire acquire;
+            g_pending.reset();
+            throw;
+        }
+    }
+    g_pending.reset();
+}
+
+nb::dict cpu_features_dict() {
+    const auto& f = kt::cpu_features();
+    nb::dict d;
+    d["arch"] = f.arch;
+    d["vendor"] = f.vendor;
+    d["brand"] = f.brand;
+    d["features"] = f.features;
+    d["notes"] = f.notes;
+    d["os_saves_ymm"] = f.os_saves_ymm;
+    d["os_saves_zmm"] = f.os_saves_zmm;
+    d["os_saves_amx"] = f.os_saves_amx;
+    d["amx_permission"] = f.amx_permission;
+    return d;
+}
+
+nb::dict topology_dict() {
+    const auto& t = kt::topology();
+    nb::list cores, nodes;
+    for (const auto& c : t.cores) cores.append(kv("index", c.index, "cpus", c.cpus, "numa_node", c.numa_node, "package", c.package));
+    for (const auto& n : t.nodes) nodes.append(kv("id", n.id, "memory_bytes", n.memory_bytes, "cores", n.cores));
+    return kv("cores", cores, "nodes", nodes, "num_cpus", t.num_cpus, "num_packages", t.num_packages,
+                    "l1d_bytes", t.l1d_bytes, "l2_bytes", t.l2_bytes, "l3_bytes", t.l3_bytes,
+                    "total_memory_bytes", t.total_memory_bytes, "source", t.source);
+}
+
+nb::dict pool_info() {
+    auto& p = kt::global_pool();
+    nb::list groups;
+    for (int g = 0; g < p.num_groups(); ++g)
+        groups.append(kv("numa_node", p.group_numa_node(g), "threads", p.group_size(g)));
+    const auto& c = p.config();
+    return kv("num_threads", p.num_threads(), "groups", groups, "pinned_cpus", p.pinned_cpus(),
+                    "virtual_numa", c.virtual_numa, "pin", c.pin, "spin_us", c.spin_us);
+}
+
+nb::list numa_usage() {
+    nb::list out;
+    for (const auto& u : kt::numa_usage())
+        out.append(kv("node", u.node, "bytes_live", u.bytes_live, "bytes_peak", u.bytes_peak,
+                            "allocations_live", u.allocations_live));
+    return out;
+}
+
+// Fork-join cost of the pool: `iterations` loops of `range` empty tasks, µs per loop.
+double bench_fork_join(int64_t iterations, int64_t range) {
+    nb::gil_scoped_release release;
+    auto& pool = kt::global_pool();
+    auto noop = [](void*, size_t) {};
+    for (int i = 0; i < 100; ++i) pool.parallel_for(size_t(range), noop, nullptr);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < iterations; ++i) pool.parallel_for(size_t(range), noop, nullptr);
+    const auto t1 = std::chrono::steady_clock::now();
+    return std::chrono::duration<double, std::micro>(t1 - t0).count() / double(iterations);
+}
+
+}  // namespace
+
+NB_MODULE(_native, m) {
+    m.doc() = "kt-core native module: host detection, thread pool, NUMA allocator, plugin ABI, MoE path";
+    m.attr("ABI_MAJOR") = KT_PLUGIN_ABI_MAJOR;
+    m.attr("ABI_MINOR") = KT_PLUGIN_ABI_MINOR;
+    m.attr("BACKEND_CAPSULE_NAME") = KT_BACKEND_CAPSULE_NAME;
+
+    m.def("cpu_features", &cpu_features_dict, "CPU features usable by this process (CPU and OS), uncapped");
+    m.def("topology", &topology_dict, "physical cores, NUMA nodes and caches (hwloc)");
+    m.def("set_host_features", &kt::set_host_features, "features the host table reports to plugins (after KT_MAX_ISA)");
+
+    m.def(
+        "configure_pool",
+        [](int num_threads, int virtual_numa, bool pin, int spin_us) {
+            nb::gil_scoped_release release;
+            kt::configure_global_pool(kt::PoolConfig{num_threads, virtual_numa, pin, spin_us});
+        },
+        "num_threads"_a = 0, "virtual_numa"_a = 0, "pin"_a = true, "spin_us"_a = 100);
+    m.def("pool_exists", &kt::global_pool_exists);
+    m.def("pool_info", &pool_info);
+    m.def("pool_sync", &pool_sync, "wait for the submitted forward; the caller joins its work");
+    m.def("pool_job_pending", [] { return kt::global_pool().job_pending(); });
+    m.def("bench_fork_join", &bench_fork_join, "iterations"_a, "range"_a);
+
+    m.def("numa_usage", &numa_usage);
+    m.def("numa_binding_available", &kt::numa_binding_available);
+    m.def("clear_forward_scratch", &kt::clear_forward_scratch);
+    m.def("forward_scratch_bytes", &kt::forward_scratch_bytes);
+
+    nb::class_<Backend>(m, "Backend")
+        .def_prop_ro("name", [](const Backend& b) { return std::string(b.api->name); })
+        .def_prop_ro("variant", [](const Backend& b) { return std::string(b.api->variant); })
+        .def_prop_ro("abi_version", [](const Backend& b) { return std::make_tuple(int(b.api->abi_major), int(b.api->abi_minor)); })
+        .def_prop_ro("required_features", [](const Backend& b) { return std::string(b.api->required_features ? b.api->required_features : ""); })
+        .def_prop_ro("methods", [](const Backend& b) {
+            nb::list out;
+            for (size_t i = 0; i < b.api->num_methods; ++i) {
+                const auto& k = b.api->methods[i];
+                out.append(kv("method", std::string(k.method), "layout_id", std::string(k.layout_id),
+                                    "kernel_id", std::string(k.kernel_id),
+                                    "whole_op", bool(KT_HAS_FIELD(&k, kt_method_kernels, moe_forward) && k.moe_forward)));
+            }
+            return out;
+        })
+        .def("declines", [](const Backend& b, const std::string& method, int64_t hidden, int64_t intermediate,
+                            int64_t experts, int64_t top_k, int64_t tokens) {
+            const kt_method_kernels* k = b.method(method);
+            kt_moe_shape shape{sizeof(kt_moe_shape), hidden, intermediate, experts, top_k};
+            return bool(k->declines && k->declines(&shape, tokens));
+        });
+    m.def("load_backend", &load_backend, "capsule"_a, "name"_a, "variant"_a,
+          "validate a backend table (ABI version, features, completeness) and initialise it");
+
+    nb::class_<Layer>(m, "MoeLayer")
+        .def(nb::init<const Backend&, const std::string&, int64_t, int64_t, int64_t, int64_t, std::vector<bool>, int64_t>(),
+             "backend"_a, "method"_a, "hidden"_a, "intermediate"_a, "num_experts"_a, "top_k"_a, "expert_on_cpu"_a,
+             "max_tokens"_a)
+        .def("load_expert", &Layer::load_expert, "expert"_a, "gate"_a, "up"_a, "down"_a)
+        .def("expert_loaded", [](const Layer& l, int64_t e) { return l.layer->expert_loaded(e); })
+        .def("expert_group", [](const Layer& l, int64_t e) { return l.layer->expert_group(e); })
+        .def("forward", &Layer::forward, "hidden"_a, "topk_ids"_a, "topk_weights"_a, "out"_a)
+        .def("submit_forward", &Layer::submit_forward, "hidden"_a, "topk_ids"_a, "topk_weights"_a, "out"_a, "keep_alive"_a)
+        .def_prop_ro("packed_bytes", [](const Layer& l) { return l.layer->packed_bytes(); })
+        .def_prop_ro("layout_id", [](const Layer& l) { return std::string(l.layer->kernels().layout_id); })
+        .def_prop_ro("kernel_id", [](const Layer& l) { return std::string(l.layer->kernels().kernel_id); });
+}

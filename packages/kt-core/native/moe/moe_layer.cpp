@@ -1,0 +1,342 @@
+#include "moe/moe_layer.h"
+
+#include "abi/host_api.h"
+#include "pool/thread_pool.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+
+namespace kt {
+namespace {
+
+// Forwards share one set of scratch buffers and the whole pool, so they run one at a time;
+// a second layer's forward simply waits (layers of one model are sequential anyway).
+std::mutex g_forward_mutex;
+NumaBuffer g_scratch;
+size_t g_scratch_bytes = 0;
+
+constexpr size_t kAlign = 64;
+size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
+
+// Carves aligned sub-buffers out of the shared scratch allocation.
+class ScratchPlan {
+public:
+    size_t add(size_t bytes) {
+        const size_t at = total_;
+        total_ += round_up(bytes, kAlign);
+        return at;
+    }
+    char* materialise() {
+        if (total_ > g_scratch_bytes) {
+            g_scratch.reset();
+            g_scratch_bytes = 0;
+            g_scratch = make_numa_buffer(total_, kAlign, kNodeLocal, false);
+            g_scratch_bytes = total_;
+        }
+        return static_cast<char*>(g_scratch.get());
+    }
+
+private:
+    size_t total_ = 0;
+};
+
+inline uint16_t f32_to_bf16(float f) {
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return uint16_t((bits >> 16) | 0x40);
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return uint16_t(bits >> 16);
+}
+
+size_t dtype_size(kt_dtype d) {
+    switch (d) {
+        case KT_DTYPE_F32: return 4;
+        case KT_DTYPE_BF16:
+        case KT_DTYPE_F16: return 2;
+        case KT_DTYPE_F64: return 8;
+    }
+    return 0;
+}
+
+// Kernel calls happen on pool threads; the first failure is kept and rethrown on the
+// calling thread once the loop has finished.
+class FailureSlot {
+public:
+    void record(kt_status status, const char* what) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (status_ == KT_OK) {
+            status_ = status;
+            what_ = what;
+            message_ = take_plugin_error();
+        }
+    }
+    void rethrow() {
+        if (status_ == KT_OK) return;
+        host_api()->set_error(message_.c_str());
+        throw_plugin_failure(status_, what_);
+    }
+
+private:
+    std::mutex mutex_;
+    kt_status status_ = KT_OK;
+    const char* what_ = "";
+    std::string message_;
+};
+
+template <class F>
+void parallel(ThreadPool& pool, size_t range, F& body) {
+    pool.parallel_for(range, [](void* ctx, size_t i) { (*static_cast<F*>(ctx))(i); }, &body);
+}
+
+struct Tile {
+    int32_t active;   // index into the active-expert list
+    int64_t n0, n1;
+};
+
+// (expert x output block) tasks grouped by the NUMA group holding each expert. Blocks
+// are sized so the pool has ~4 tasks per thread when it can, never below the kernel's block.
+struct TilePlan {
+    std::vector<std::vector<Tile>> per_group;
+    std::vector<size_t> ranges;
+};
+
+}  // namespace
+
+void clear_forward_scratch() {
+    std::lock_guard<std::mutex> lock(g_forward_mutex);
+    g_scratch.reset();
+    g_scratch_bytes = 0;
+}
+
+size_t forward_scratch_bytes() {
+    std::lock_guard<std::mutex> lock(g_forward_mutex);
+    return g_scratch_bytes;
+}
+
+MoeLayer::MoeLayer(const kt_moe_shape& shape, const kt_method_kernels* kernels, std::vector<bool> expert_on_cpu,
+                   int64_t max_tokens)
+    : shape_(shape), kernels_(kernels), on_cpu_(std::move(expert_on_cpu)), max_tokens_(max_tokens) {
+    if (shape_.hidden <= 0 || shape_.intermediate <= 0 || shape_.num_experts <= 0 || shape_.top_k <= 0)
+        throw std::invalid_argument("MoE shape must be positive: hidden=" + std::to_string(shape_.hidden) +
+                                    " intermediate=" + std::to_string(shape_.intermediate) +
+                                    " num_experts=" + std::to_string(shape_.num_experts) +
+                                    " top_k=" + std::to_string(shape_.top_k));
+    if (int64_t(on_cpu_.size()) != shape_.num_experts)
+        throw std::invalid_argument("expert placement mask has " + std::to_string(on_cpu_.size()) +
+                                    " entries, expected num_experts=" + std::to_string(shape_.num_experts));
+    if (max_tokens_ <= 0) throw std::invalid_argument("max_tokens (chunked_prefill_size) must be positive");
+    expert_bytes_ = kernels_->packed_expert_bytes(&shape_);
+    packed_.resize(size_t(shape_.num_experts));
+    // Experts are sharded over NUMA groups in contiguous runs: each group streams only
+    // its own node's memory, and a converted file never depends on the group count.
+    const int groups = global_pool().num_groups();
+    group_of_expert_.resize(size_t(shape_.num_experts));
+    for (int64_t e = 0; e < shape_.num_experts; ++e)
+        group_of_expert_[size_t(e)] = int(e * groups / shape_.num_experts);
+}
+
+int MoeLayer::expert_group(int64_t expert) const { return group_of_expert_.at(size_t(expert)); }
+
+bool MoeLayer::expert_loaded(int64_t expert) const { return bool(packed_.at(size_t(expert))); }
+
+size_t MoeLayer::packed_bytes() const {
+    size_t n = 0;
+    for (const auto& p : packed_) n += p ? expert_bytes_ : 0;
+    return n;
+}
+
+void MoeLayer::load_expert(int64_t expert, const kt_expert_weights& weights) {
+    if (expert < 0 || expert >= shape_.num_experts)
+        throw std::invalid_argument("expert index " + std::to_string(expert) + " outside [0, " +
+                                    std::to_string(shape_.num_experts) + ")");
+    if (!on_cpu_[size_t(expert)])
+        throw std::invalid_argument("expert " + std::to_string(expert) +
+                                    " is marked GPU-resident in the placement mask; it is not loaded on the CPU");
+    ThreadPool& pool = global_pool();
+    const int group = group_of_expert_[size_t(expert)] % pool.num_groups();
+    NumaBuffer buffer = make_numa_buffer(expert_bytes_, kAlign, pool.group_numa_node(group), true);
+    check_plugin(kernels_->pack_expert(&shape_, &weights, buffer.get()), "packing expert weights");
+    packed_[size_t(expert)] = std::move(buffer);
+}
+
+void MoeLayer::forward(const void* hidden, kt_dtype hidden_dtype, int64_t tokens, const int64_t* ids,
+                       const float* weights, void* out, kt_dtype out_dtype) const {
+    const int64_t T = tokens, K = shape_.top_k, H = shape_.hidden, I = shape_.intermediate, E = shape_.num_experts;
+    if (T < 0 || T > max_tokens_)
+        throw std::invalid_argument("forward got " + std::to_string(T) + " tokens; this layer takes at most " +
+                                    std::to_string(max_tokens_) +
+                                    " (chunked_prefill_size): split the batch or raise chunked_prefill_size");
+    if (out_dtype != KT_DTYPE_F32 && out_dtype != KT_DTYPE_BF16)
+        throw std::invalid_argument("output must be float32 or bfloat16");
+    for (int64_t i = 0; i < T * K; ++i)
+        if (ids[i] < -1 || ids[i] >= E)
+            throw std::invalid_argument("topk_ids[" + std::to_string(i / K) + ", " + std::to_string(i % K) +
+                                        "] = " + std::to_string(ids[i]) + " is outside [-1, " + std::to_string(E) +
+                                        "); use -1 for 'no expert'");
+    for (int64_t e = 0; e < E; ++e)
+        if (on_cpu_[size_t(e)] && !packed_[size_t(e)])
+            throw std::runtime_error("expert " + std::to_string(e) +
+                                     " has no weights: call load_weights / load_weights_from_tensors first");
+
+    std::lock_guard<std::mutex> lock(g_forward_mutex);
+    if (T == 0) return;
+    ThreadPool& pool = global_pool();
+    const size_t in_elem = dtype_size(hidden_dtype);
+
+    if (KT_HAS_FIELD(kernels_, kt_method_kernels, moe_forward) && kernels_->moe_forward) {
+        std::vector<const void*> experts(size_t(E), nullptr);
+        for (int64_t e = 0; e < E; ++e) experts[size_t(e)] = packed_[size_t(e)].get();
+        ScratchPlan plan;
+        const size_t at_out = plan.add(size_t(T * H) * 4);
+        char* base = plan.materialise();
+        float* out32 = out_dtype == KT_DTYPE_F32 ? static_cast<float*>(out) : reinterpret_cast<float*>(base + at_out);
+        check_plugin(kernels_->moe_forward(&shape_, experts.data(), hidden, hidden_dtype, T, ids, weights, out32),
+                     "the backend's moe_forward");
+        if (out_dtype == KT_DTYPE_BF16)
+            for (int64_t i = 0; i < T * H; ++i) static_cast<uint16_t*>(out)[i] = f32_to_bf16(out32[i]);
+        return;
+    }
+
+    // Bucket (token, slot) pairs by expert; skipped ones (id -1, GPU-resident) get no row.
+    std::vector<int64_t> count(size_t(E), 0);
+    for (int64_t i = 0; i < T * K; ++i)
+        if (ids[i] >= 0 && on_cpu_[size_t(ids[i])]) ++count[size_t(ids[i])];
+    std::vector<int64_t> offset(size_t(E) + 1, 0);
+    std::vector<int32_t> active;   // experts with rows, in expert order
+    for (int64_t e = 0; e < E; ++e) {
+        offset[size_t(e) + 1] = offset[size_t(e)] + count[size_t(e)];
+        if (count[size_t(e)]) active.push_back(int32_t(e));
+    }
+    const int64_t S = offset[size_t(E)];
+    std::vector<int64_t> row_of_slot(static_cast<size_t>(T * K), -1), token_of_row(static_cast<size_t>(S));
+    {
+        std::vector<int64_t> fill(offset.begin(), offset.end() - 1);
+        for (int64_t i = 0; i < T * K; ++i)
+            if (ids[i] >= 0 && on_cpu_[size_t(ids[i])]) {
+                const int64_t r = fill[size_t(ids[i])]++;
+                row_of_slot[size_t(i)] = r;
+                token_of_row[size_t(r)] = i / K;
+            }
+    }
+
+    const size_t row_h = kernels_->activation_row_bytes(H), row_i = kernels_->activation_row_bytes(I);
+    ScratchPlan plan;
+    const size_t at_act_tokens = plan.add(size_t(T) * row_h), at_act_rows = plan.add(size_t(S) * row_h),
+                 at_inter = plan.add(size_t(S * I) * 4), at_act2 = plan.add(size_t(S) * row_i),
+                 at_down = plan.add(size_t(S * H) * 4);
+    char* base = plan.materialise();
+    char* act_tokens = base + at_act_tokens;
+    char* const act_rows = base + at_act_rows;
+    float* inter = reinterpret_cast<float*>(base + at_inter);
+    char* act2 = base + at_act2;
+    float* down_out = reinterpret_cast<float*>(base + at_down);
+    const auto pack_of = [&] {
+        std::vector<const void*> p(static_cast<size_t>(E));
+        for (int64_t e = 0; e < E; ++e) p[size_t(e)] = packed_[size_t(e)].get();
+        return p;
+    }();
+
+    FailureSlot failure;
+    const int threads = pool.num_threads(), groups = pool.num_groups();
+
+    // 1. Quantize every token once, in chunks of rows; then gather each expert's rows.
+    const int64_t quant_chunk = std::max<int64_t>(1, (T + 4 * threads - 1) / (4 * threads));
+    auto quantize_tokens = [&](size_t c) {
+        const int64_t t0 = int64_t(c) * quant_chunk, rows = std::min(quant_chunk, T - t0);
+        const kt_status st = kernels_->quantize_activations(static_cast<const char*>(hidden) + size_t(t0 * H) * in_elem,
+                                                            hidden_dtype, rows, H, H, act_tokens + size_t(t0) * row_h);
+        if (st != KT_OK) failure.record(st, "quantizing activations");
+    };
+    parallel(pool, size_t((T + quant_chunk - 1) / quant_chunk), quantize_tokens);
+    failure.rethrow();
+    auto gather = [&](size_t r) {
+        std::memcpy(act_rows + r * row_h, act_tokens + size_t(token_of_row[r]) * row_h, row_h);
+    };
+    parallel(pool, size_t(S), gather);
+
+    auto plan_tiles = [&](int64_t n, int64_t kernel_block) {
+        TilePlan tp;
+        tp.per_group.resize(size_t(groups));
+        tp.ranges.assign(size_t(groups), 0);
+        const int64_t wanted = std::max<int64_t>(1, (4 * threads + int64_t(active.size()) - 1) / int64_t(active.size()));
+        const int64_t block = std::max(kernel_block, int64_t(round_up(size_t((n + wanted - 1) / wanted), size_t(kernel_block))));
+        for (size_t a = 0; a < active.size(); ++a) {
+            const int g = group_of_expert_[size_t(active[a])] % groups;
+            for (int64_t n0 = 0; n0 < n; n0 += block) tp.per_group[size_t(g)].push_back({int32_t(a), n0, std::min(n, n0 + block)});
+        }
+        for (int g = 0; g < groups; ++g) tp.ranges[size_t(g)] = tp.per_group[size_t(g)].size();
+        return tp;
+    };
+    auto run_tiles = [&](const TilePlan& tp, auto& body) {
+        using Body = std::remove_reference_t<decltype(body)>;
+        struct Ctx { const TilePlan* tp; Body* body; } ctx{&tp, &body};
+        pool.parallel_for_groups(
+            tp.ranges.data(),
+            [](void* c, int g, size_t i) {
+                auto* x = static_cast<Ctx*>(c);
+                (*x->body)(x->tp->per_group[size_t(g)][i]);
+            },
+            &ctx);
+    };
+
+    // 2. Fused gate/up + SiLU(gate)*up per (expert, intermediate block).
+    const TilePlan gate_up_plan = plan_tiles(I, kernels_->gate_up_block);
+    auto gate_up = [&](const Tile& tile) {
+        const int32_t e = active[size_t(tile.active)];
+        const int64_t r0 = offset[size_t(e)];
+        const kt_status st = kernels_->gate_up_tile(&shape_, pack_of[size_t(e)], act_rows + size_t(r0) * row_h,
+                                                    count[size_t(e)], tile.n0, tile.n1, inter + r0 * I, I);
+        if (st != KT_OK) failure.record(st, "the gate/up kernel");
+    };
+    run_tiles(gate_up_plan, gate_up);
+    failure.rethrow();
+
+    // 3. Quantize the intermediate activations for the down projection, per expert.
+    auto quantize_inter = [&](size_t a) {
+        const int32_t e = active[a];
+        const int64_t r0 = offset[size_t(e)];
+        const kt_status st = kernels_->quantize_activations(inter + r0 * I, KT_DTYPE_F32, count[size_t(e)], I, I,
+                                                            act2 + size_t(r0) * row_i);
+        if (st != KT_OK) failure.record(st, "quantizing intermediate activations");
+    };
+    parallel(pool, active.size(), quantize_inter);
+    failure.rethrow();
+
+    // 4. Down projection per (expert, hidden block).
+    const TilePlan down_plan = plan_tiles(H, kernels_->down_block);
+    auto down = [&](const Tile& tile) {
+        const int32_t e = active[size_t(tile.active)];
+        const int64_t r0 = offset[size_t(e)];
+        const kt_status st = kernels_->down_tile(&shape_, pack_of[size_t(e)], act2 + size_t(r0) * row_i,
+                                                 count[size_t(e)], tile.n0, tile.n1, down_out + r0 * H, H);
+        if (st != KT_OK) failure.record(st, "the down kernel");
+    };
+    run_tiles(down_plan, down);
+    failure.rethrow();
+
+    // 5. Weighted sum per token in slot order (deterministic; FP32 accumulation).
+    auto reduce = [&](size_t t) {
+        thread_local std::vector<float> acc;
+        acc.assign(size_t(H), 0.0f);
+        for (int64_t j = 0; j < K; ++j) {
+            const int64_t r = row_of_slot[t * size_t(K) + size_t(j)];
+            if (r < 0) continue;
+            const float w = weights[t * size_t(K) + size_t(j)];
+            const float* src = down_out + r * H;
+            for (int64_t h = 0; h < H; ++h) acc[size_t(h)] += w * src[h];
+        }
+        if (out_dtype == KT_DTYPE_F32) {
+            std::memcpy(static_cast<float*>(out) + t * size_t(H), acc.data(), size_t(H) * 4);
+        } else {
+            uint16_t* dst = static_cast<uint16_t*>(out) + t * size_t(H);
+            for (int64_t h = 0; h < H; ++h) dst[h] = f32_to_bf16(acc[size_t(h)]);
+        }
+    };
+    parallel(pool, size_t(T), reduce);
+}
+
+}  // namespace kt

@@ -1,0 +1,13 @@
+"""The reference backend's descriptor: pure data, no native import (kt_core.backends.reference._native
+is imported only when selected)."""
+
+from ..descriptor import BackendDescriptor, Tier, Variant
+
+descriptor = BackendDescriptor(
+    name="reference",
+    abi_version=(1, 0),
+    tier=Tier.REFERENCE,
+    arch=("x86_64", "aarch64"),
+    description="portable C++ at the baseline ISA; the correctness oracle every backend is tested against",
+    variants=(Variant("baseline", module="kt_core.backends.reference._native", methods=("BF16", "FP32")),),
+)

@@ -1,0 +1,110 @@
+"""`kt doctor`: the host as kt sees it, and recommended settings with their reasons."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from .. import pool
+from ..backends import explain
+from ..errors import KTError
+from ..host import host
+
+
+def _read(path: str) -> str | None:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return None
+
+
+def _meminfo() -> dict[str, int]:
+    out = {}
+    for line in (_read("/proc/meminfo") or "").splitlines():
+        key, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts:
+            out[key] = int(parts[0]) * (1024 if len(parts) > 1 and parts[1] == "kB" else 1)
+    return out
+
+
+def _thp_mode(path: str) -> str | None:
+    text = _read(path)
+    if text and "[" in text:
+        return text.split("[", 1)[1].split("]", 1)[0]
+    return text
+
+
+def collect() -> dict:
+    h = host()
+    mem = _meminfo()
+    info = pool.info()
+    try:
+        backends = explain()
+        backend_error = None
+    except KTError as exc:
+        backends, backend_error = [], str(exc)
+    threads = h.physical_cores
+    pools = max(1, len(h.numa_nodes))
+    return {
+        "cpu": {"arch": h.arch, "vendor": h.vendor, "brand": h.brand, "isa_level": h.isa_level,
+                "max_isa": h.max_isa, "features": sorted(h.features), "notes": list(h.notes)},
+        "cores": {"physical": h.physical_cores, "logical": h.logical_cpus, "topology_source": h.topology_source,
+                  "l2_bytes": h.l2_bytes, "l3_bytes": h.l3_bytes},
+        "numa": [{"node": n.id, "memory_bytes": n.memory_bytes, "cores": list(n.cores)} for n in h.numa_nodes],
+        "memory": {"total_bytes": mem.get("MemTotal", h.memory_bytes), "available_bytes": mem.get("MemAvailable"),
+                   "hugepages_total": mem.get("HugePages_Total"), "hugepage_bytes": mem.get("Hugepagesize"),
+                   "transparent_hugepages": _thp_mode("/sys/kernel/mm/transparent_hugepage/enabled")},
+        "pool": {"threads": info.num_threads, "groups": [list(g) for g in info.groups],
+                 "pinned_cpus": list(info.pinned_cpus)},
+        "backends": backends,
+        "backend_error": backend_error,
+        "recommended": {
+            "cpuinfer_threads": threads,
+            "cpuinfer_threads_reason": (
+                f"{h.physical_cores} physical cores ({h.logical_cpus} logical CPUs): one thread per physical core; "
+                "SMT siblings share a core's vector units, and the calling thread works too, so no core is "
+                "left for a dispatcher"),
+            "threadpool_count": pools,
+            "threadpool_count_reason": (
+                f"{pools} NUMA node(s) with cores: one thread group per node, so each streams the experts "
+                "placed in its own memory"),
+        },
+    }
+
+
+def _gib(n) -> str:
+    return "?" if not n else f"{n / 2**30:.1f} GiB"
+
+
+def render(r: dict, console: Console) -> None:
+    cpu, cores, mem = r["cpu"], r["cores"], r["memory"]
+    console.print(f"[bold]CPU[/bold]      {cpu['brand']} ({cpu['vendor']}, {cpu['arch']}), ISA level "
+                  f"[bold]{cpu['isa_level']}[/bold]" + (f" (capped by KT_MAX_ISA={cpu['max_isa']})" if cpu["max_isa"] else ""))
+    console.print(f"features  {' '.join(cpu['features'])}")
+    for note in cpu["notes"]:
+        console.print(f"[yellow]  note: {note}[/yellow]")
+    console.print(f"[bold]cores[/bold]    {cores['physical']} physical, {cores['logical']} logical; "
+                  f"L2 {cores['l2_bytes'] // 1024} KiB, L3 {cores['l3_bytes'] // 2**20} MiB ({cores['topology_source']})")
+    for n in r["numa"]:
+        console.print(f"[bold]NUMA[/bold]     node {n['node']}: {_gib(n['memory_bytes'])}, cores {n['cores']}")
+    console.print(f"[bold]memory[/bold]   {_gib(mem['total_bytes'])} total, {_gib(mem['available_bytes'])} available; "
+                  f"transparent huge pages: {mem['transparent_hugepages']}; reserved huge pages: {mem['hugepages_total']}")
+    p = r["pool"]
+    console.print(f"[bold]pool[/bold]     {p['threads']} threads in groups (node, threads) {p['groups']}, "
+                  f"pinned to CPUs {p['pinned_cpus']}")
+    if r["backend_error"]:
+        console.print(f"[red]backends: {r['backend_error']}[/red]")
+    table = Table(title="backends", show_lines=False)
+    for col in ("backend", "variant", "score", "chosen for", "why"):
+        table.add_column(col)
+    for b in r["backends"]:
+        table.add_row(b["backend"], b["variant"], str(b["score"]), ", ".join(b["chosen_for"]) or "-", b["reason"])
+    console.print(table)
+    rec = r["recommended"]
+    console.print(f"[bold green]recommended[/bold green] cpuinfer_threads={rec['cpuinfer_threads']}: "
+                  f"{rec['cpuinfer_threads_reason']}")
+    console.print(f"[bold green]recommended[/bold green] threadpool_count={rec['threadpool_count']}: "
+                  f"{rec['threadpool_count_reason']}")

@@ -1,0 +1,155 @@
+"""kt_core.MoE — one MoE layer's routed experts on the CPU (the native-style API).
+
+    layer = kt_core.MoE(num_experts=64, top_k=8, hidden_size=2048, intermediate_size=768, method="BF16")
+    layer.load(gate, up, down)            # [E, I, H], [E, I, H], [E, H, I]; torch or NumPy
+    out = layer(hidden, topk_ids, topk_weights)
+
+Tensors may be torch (any float dtype, CPU or not) or NumPy; they cross into C++ through DLPack.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from . import _arrays, _native, pool
+from .backends.selection import canonical_method, selector
+from .errors import BackendError, WeightsError
+
+
+class MoE:
+    def __init__(self, *, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
+                 method: str = "BF16", gpu_experts_mask: Sequence[bool] | None = None, max_tokens: int = 4096,
+                 backend: str | None = None):
+        for name, value in (("num_experts", num_experts), ("top_k", top_k), ("hidden_size", hidden_size),
+                            ("intermediate_size", intermediate_size), ("max_tokens", max_tokens)):
+            if int(value) <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value}")
+        if top_k > num_experts:
+            raise ValueError(f"top_k ({top_k}) cannot exceed num_experts ({num_experts})")
+        self.num_experts, self.top_k = int(num_experts), int(top_k)
+        self.hidden_size, self.intermediate_size = int(hidden_size), int(intermediate_size)
+        self.max_tokens = int(max_tokens)
+        self.method = canonical_method(method)
+        mask = [False] * self.num_experts if gpu_experts_mask is None else [bool(x) for x in list(gpu_experts_mask)]
+        if len(mask) != self.num_experts:
+            raise ValueError(f"gpu_experts_mask has {len(mask)} entries, expected num_experts={self.num_experts}")
+        self.gpu_experts_mask = tuple(mask)
+        pool.ensure()
+        shape = (self.hidden_size, self.intermediate_size, self.num_experts, self.top_k)
+        sel = selector()
+        if backend is None:
+            self.candidate, native = sel.choose(self.method, shape, self.max_tokens)
+        else:
+            choices = [c for c in sel.ranked(self.method) if c.backend == backend]
+            if not choices:
+                raise BackendError(f"backend {backend!r} cannot run method {self.method} here; see `kt backends`")
+            self.candidate, native = choices[0], sel.load(choices[0])
+        self._layer = _native.MoeLayer(native, self.method, self.hidden_size, self.intermediate_size,
+                                       self.num_experts, self.top_k, [not g for g in mask], self.max_tokens)
+        self._pending = None
+
+    # -- identity -------------------------------------------------------------------------
+    @property
+    def backend(self) -> str:
+        return f"{self.candidate.backend}/{self.candidate.variant}"
+
+    @property
+    def layout_id(self) -> str:
+        return self._layer.layout_id
+
+    @property
+    def kernel_id(self) -> str:
+        return self._layer.kernel_id
+
+    @property
+    def packed_bytes(self) -> int:
+        return self._layer.packed_bytes
+
+    def expert_group(self, expert: int) -> int:
+        """The pool group (NUMA node, or virtual node) holding an expert's weights."""
+        return self._layer.expert_group(expert)
+
+    # -- weights --------------------------------------------------------------------------
+    def load_expert(self, expert: int, gate, up, down) -> None:
+        self._layer.load_expert(int(expert), gate, up, down)
+
+    def load(self, gate, up, down, physical_to_logical_map=None) -> None:
+        """Load every CPU expert. gate/up: [E_logical, I, H]; down: [E_logical, H, I] (stacked
+        tensors or sequences of per-expert matrices). Physical slot p loads logical expert
+        physical_to_logical_map[p] (identity by default); GPU-resident slots are skipped."""
+        logical = len(gate)
+        if len(up) != logical or len(down) != logical:
+            raise WeightsError(f"gate, up and down must list the same number of experts; got {len(gate)}, "
+                               f"{len(up)}, {len(down)}")
+        if physical_to_logical_map is None:
+            if logical != self.num_experts:
+                raise WeightsError(f"got weights for {logical} experts, the layer has num_experts={self.num_experts}; "
+                                   "pass physical_to_logical_map to load a subset or a permutation")
+            p2l = list(range(self.num_experts))
+        else:
+            raw = physical_to_logical_map
+            p2l = [int(x) for x in np.asarray(raw.cpu() if _arrays.is_torch(raw) else raw).reshape(-1)]
+            if len(p2l) != self.num_experts:
+                raise WeightsError(f"physical_to_logical_map has {len(p2l)} entries, expected num_experts={self.num_experts}")
+            bad = [x for x in p2l if not 0 <= x < logical]
+            if bad:
+                raise WeightsError(f"physical_to_logical_map entry {bad[0]} is outside [0, {logical}) logical experts")
+        for p, e in enumerate(p2l):
+            if self.gpu_experts_mask[p]:
+                continue
+            self._layer.load_expert(p, _arrays.to_cpu_contiguous(gate[e], f"gate[{e}]"),
+                                    _arrays.to_cpu_contiguous(up[e], f"up[{e}]"),
+                                    _arrays.to_cpu_contiguous(down[e], f"down[{e}]"))
+
+    # -- forward --------------------------------------------------------------------------
+    def _prepare(self, hidden, topk_ids, topk_weights):
+        h = _arrays.to_cpu_contiguous(hidden, "hidden_states")
+        if len(_arrays.shape_of(h)) != 2 or _arrays.shape_of(h)[1] != self.hidden_size:
+            raise ValueError(f"hidden_states must be [tokens, {self.hidden_size}], got {list(_arrays.shape_of(h))}")
+        tokens = _arrays.shape_of(h)[0]
+        if tokens > self.max_tokens:
+            raise ValueError(f"got {tokens} tokens, more than max_tokens (chunked_prefill_size) = {self.max_tokens}; "
+                             "split the batch or raise chunked_prefill_size")
+        ids = _arrays.as_int64(topk_ids, "topk_ids")
+        w = _arrays.as_float32(topk_weights, "topk_weights")
+        for name, x in (("topk_ids", ids), ("topk_weights", w)):
+            if _arrays.shape_of(x) != (tokens, self.top_k):
+                raise ValueError(f"{name} must be [{tokens}, {self.top_k}] (tokens, top_k), got {list(_arrays.shape_of(x))}")
+        out = _arrays.output_like(h, tokens, self.hidden_size)
+        return h, ids, w, out
+
+    def _finish(self, hidden, out):
+        if _arrays.is_torch(hidden):
+            return out.to(device=hidden.device, dtype=hidden.dtype)
+        return out.astype(hidden.dtype, copy=False) if isinstance(hidden, np.ndarray) else out
+
+    def forward(self, hidden_states, topk_ids, topk_weights):
+        """out[t] = sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(hidden_states[t]); ids of -1
+        and GPU-resident experts contribute nothing. Same dtype and device as hidden_states."""
+        h, ids, w, out = self._prepare(hidden_states, topk_ids, topk_weights)
+        self._layer.forward(h, ids, w, out)
+        return self._finish(hidden_states, out)
+
+    __call__ = forward
+
+    def submit(self, hidden_states, topk_ids, topk_weights) -> None:
+        """Start a forward on the pool and return at once (the GIL is released while it runs)."""
+        h, ids, w, out = self._prepare(hidden_states, topk_ids, topk_weights)
+        self._layer.submit_forward(h, ids, w, out, (self, h, ids, w, out))
+        self._pending = (hidden_states, out)
+
+    def sync(self):
+        """Wait for the submitted forward (the calling thread joins the work) and return its output."""
+        if self._pending is None:
+            raise RuntimeError("sync() without a submitted forward on this layer; call submit() first")
+        hidden, out = self._pending
+        self._pending = None
+        _native.pool_sync()
+        return self._finish(hidden, out)
+
+
+def clear_buffer_cache() -> None:
+    """Free the scratch buffers forwards reuse (they are re-allocated on the next forward)."""
+    _native.clear_forward_scratch()

@@ -1,0 +1,53 @@
+"""The process-wide thread pool: one per process, shared by every layer and backend."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from . import _native
+from .host import host
+
+
+@dataclass(frozen=True)
+class PoolInfo:
+    num_threads: int
+    groups: tuple[tuple[int, int], ...]   # (numa_node, threads) per group
+    pinned_cpus: tuple[int, ...]
+    virtual_numa: int
+
+
+def configure(num_threads: int = 0, virtual_numa: int | None = None, pin: bool = True, spin_us: int = 100) -> None:
+    """(Re)create the pool. num_threads 0 = one per physical core; virtual_numa splits the
+    cores into that many groups (KT_VIRTUAL_NUMA is the default) to exercise multi-node
+    placement on a single-node machine."""
+    if num_threads < 0:
+        raise ValueError(f"num_threads must be >= 0 (0 = one per physical core), got {num_threads}")
+    if virtual_numa is None:
+        virtual_numa = int(os.environ.get("KT_VIRTUAL_NUMA", "0") or 0)
+    if virtual_numa < 0:
+        raise ValueError(f"virtual_numa must be >= 0, got {virtual_numa}")
+    host()  # the features plugins see must be set before any plugin runs
+    _native.configure_pool(num_threads, virtual_numa, pin, spin_us)
+
+
+def ensure(num_threads: int = 0, virtual_numa: int | None = None) -> None:
+    """Create the pool with these settings unless one exists (the first wrapper wins, as in kt-kernel)."""
+    if not _native.pool_exists():
+        configure(num_threads, virtual_numa)
+
+
+def info() -> PoolInfo:
+    ensure()
+    raw = _native.pool_info()
+    return PoolInfo(
+        num_threads=raw["num_threads"],
+        groups=tuple((g["numa_node"], g["threads"]) for g in raw["groups"]),
+        pinned_cpus=tuple(raw["pinned_cpus"]),
+        virtual_numa=raw["virtual_numa"],
+    )
+
+
+def numa_usage() -> list[dict]:
+    """Live and peak bytes per NUMA node of everything kt allocated (weights, scratch)."""
+    return list(_native.numa_usage())

@@ -1,0 +1,56 @@
+"""Float64 NumPy MoE: the ground truth tests and `kt demo` compare kt against."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def bf16_round(x: np.ndarray) -> np.ndarray:
+    """Round float32 values to the nearest bfloat16 (ties to even), returned as float32."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+    out = rounded.astype(np.uint32).view(np.float32)
+    return np.where(np.isnan(x), x, out).astype(np.float32)
+
+
+def moe_reference(hidden, gate, up, down, topk_ids, topk_weights, gpu_experts_mask=None) -> np.ndarray:
+    """out[t] = sum_j w[t,j] * down_e(SiLU(gate_e x) * up_e x), in float64; ids < 0 and
+    GPU-resident experts contribute nothing."""
+    x = np.asarray(hidden, dtype=np.float64)
+    g, u, d = (np.asarray(m, dtype=np.float64) for m in (gate, up, down))
+    ids = np.asarray(topk_ids)
+    w = np.asarray(topk_weights, dtype=np.float64)
+    out = np.zeros((x.shape[0], d.shape[1]), dtype=np.float64)
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e = int(ids[t, j])
+            if e < 0 or (gpu_experts_mask is not None and gpu_experts_mask[e]):
+                continue
+            a = g[e] @ x[t]
+            inter = a / (1.0 + np.exp(-a)) * (u[e] @ x[t])
+            out[t] += w[t, j] * (d[e] @ inter)
+    return out
+
+
+def relative_error(actual, expected) -> float:
+    """max |actual - expected| / RMS(expected): the error measure every tolerance uses."""
+    actual = np.asarray(actual, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    rms = float(np.sqrt(np.mean(expected**2))) or 1.0
+    return float(np.max(np.abs(actual - expected))) / rms
+
+
+def random_moe(rng: np.random.Generator, experts: int, hidden: int, intermediate: int, scale: float = 1.0):
+    """Random expert weights scaled like trained ones (unit-variance outputs), float32."""
+    gate = rng.standard_normal((experts, intermediate, hidden), dtype=np.float32) * (scale / np.sqrt(hidden))
+    up = rng.standard_normal((experts, intermediate, hidden), dtype=np.float32) * (scale / np.sqrt(hidden))
+    down = rng.standard_normal((experts, hidden, intermediate), dtype=np.float32) * (scale / np.sqrt(intermediate))
+    return gate, up, down
+
+
+def random_routing(rng: np.random.Generator, tokens: int, experts: int, top_k: int):
+    """Distinct experts per token with softmax-normalised weights, like a real router."""
+    ids = np.stack([rng.choice(experts, size=top_k, replace=False) for _ in range(tokens)]).astype(np.int64)
+    logits = rng.standard_normal((tokens, top_k)).astype(np.float32)
+    weights = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+    return ids.reshape(tokens, top_k), weights.astype(np.float32)
