@@ -128,6 +128,9 @@ void validate(const PoolConfig& c) {
 struct ThreadPool::Impl {
     PoolConfig config;
     int n = 1;
+    // More threads than cores: a spinning thread may be holding the CPU that the thread it
+    // waits for needs, so spin loops yield instead of pausing.
+    bool oversubscribed = false;
     std::vector<int> slot_group;
     std::vector<int> group_node;
     std::vector<int> group_sizes;
@@ -156,6 +159,7 @@ struct ThreadPool::Impl {
         const Topology& topo = topology();
         const int ncores = static_cast<int>(topo.cores.size());
         n = c.num_threads > 0 ? c.num_threads : std::max(1, ncores);
+        oversubscribed = n > std::max(1, ncores);
         // More threads than cores wrap around: oversubscribed, but still spread evenly.
         auto core_of = [&](int slot) -> const PhysicalCore* {
             return ncores > 0 ? &topo.cores[slot % ncores] : nullptr;
@@ -215,6 +219,13 @@ struct ThreadPool::Impl {
         for (std::thread& t : workers) t.join();
     }
 
+    void relax() const {
+        if (oversubscribed)
+            std::this_thread::yield();
+        else
+            cpu_relax();
+    }
+
     void publish() {
         // seq_cst pairs with the parked increment in wait_for_news: either we see the
         // parked thread, or it sees the new epoch before sleeping.
@@ -228,7 +239,7 @@ struct ThreadPool::Impl {
         for (unsigned i = 1;; ++i) {
             const uint32_t e = epoch.load(std::memory_order_acquire);
             if (e != seen) return e;
-            cpu_relax();
+            relax();
             if (i % 64 == 0 && std::chrono::steady_clock::now() >= spin_until) break;
         }
         parked.fetch_add(1, std::memory_order_seq_cst);
@@ -314,8 +325,8 @@ struct ThreadPool::Impl {
             participate(l, group);
             loop_state.fetch_and(~kOpen, std::memory_order_relaxed);
             for (unsigned i = 1; loop_state.load(std::memory_order_acquire) != 0; ++i) {
-                cpu_relax();
-                // A participant may be descheduled mid-body on an oversubscribed machine.
+                relax();
+                // A participant may have been descheduled mid-body by another process.
                 if (i % 1024 == 0) std::this_thread::yield();
             }
         }

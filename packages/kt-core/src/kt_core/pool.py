@@ -29,6 +29,7 @@ def configure(num_threads: int = 0, virtual_numa: int | None = None, pin: bool =
         raise ValueError(f"virtual_numa must be >= 0, got {virtual_numa}")
     host()  # the features plugins see must be set before any plugin runs
     _native.configure_pool(num_threads, virtual_numa, pin, spin_us)
+    _native.pool_info()  # start the workers now, so later ensure() calls see a configured pool
 
 
 def ensure(num_threads: int = 0, virtual_numa: int | None = None) -> None:

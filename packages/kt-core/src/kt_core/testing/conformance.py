@@ -1,0 +1,148 @@
+"""The conformance suite: any backend's MoE against kt-core's reference backend.
+
+Run through the plugin (see kt_core.testing.plugin). Each test gets `kt_variant` =
+(descriptor, variant, method) with the variant forced, and compares the backend with the
+reference backend on the same weights: the reference packs them in the same format, so
+the difference measures the kernel, not the format.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from ..errors import BackendError
+from ..moe import MoE
+from .reference import random_moe, random_routing, relative_error
+
+
+def _pair(kt_variant, *, experts, hidden, intermediate, top_k, max_tokens=4096, mask=None, seed=0):
+    descriptor, variant, method = kt_variant
+    rng = np.random.default_rng(seed)
+    weights = random_moe(rng, experts, hidden, intermediate)
+    layers = []
+    for backend in (descriptor.name, "reference"):
+        try:
+            layer = MoE(num_experts=experts, top_k=top_k, hidden_size=hidden, intermediate_size=intermediate,
+                        method=method, gpu_experts_mask=mask, max_tokens=max_tokens, backend=backend)
+        except BackendError as exc:
+            if "declines" in str(exc) or backend == "reference":
+                pytest.skip(f"{backend} cannot run {method} at hidden={hidden}, intermediate={intermediate}: {exc}")
+            raise
+        layer.load(*weights)
+        layers.append(layer)
+    if layers[0].backend.split("/")[1] != variant.name:
+        raise AssertionError(f"asked for variant {variant.name}, got {layers[0].backend}")
+    return layers[0], layers[1], rng
+
+
+def _check(layer, oracle, x, ids, w, tol, method):
+    out, want = layer(x, ids, w), oracle(x, ids, w)
+    err = relative_error(out, want)
+    assert err <= tol[method], f"{layer.backend} {method}: error {err:.3e} vs reference exceeds {tol[method]:.1e}"
+    return out
+
+
+@pytest.mark.parametrize("hidden,intermediate", [(64, 32), (96, 80), (256, 192), (130, 70)])
+@pytest.mark.parametrize("tokens", [1, 3, 64])
+def test_matches_reference(kt_variant, kt_tolerance, hidden, intermediate, tokens):
+    layer, oracle, rng = _pair(kt_variant, experts=8, hidden=hidden, intermediate=intermediate, top_k=2)
+    x = rng.standard_normal((tokens, hidden)).astype(np.float32)
+    ids, w = random_routing(rng, tokens, 8, 2)
+    _check(layer, oracle, x, ids, w, kt_tolerance, kt_variant[2])
+
+
+def test_many_tokens(kt_variant, kt_tolerance):
+    layer, oracle, rng = _pair(kt_variant, experts=16, hidden=64, intermediate=64, top_k=4)
+    x = rng.standard_normal((2000, 64)).astype(np.float32)
+    ids, w = random_routing(rng, 2000, 16, 4)
+    _check(layer, oracle, x, ids, w, kt_tolerance, kt_variant[2])
+
+
+def test_negative_ids_and_empty_buckets(kt_variant, kt_tolerance):
+    layer, oracle, rng = _pair(kt_variant, experts=16, hidden=64, intermediate=64, top_k=4)
+    x = rng.standard_normal((9, 64)).astype(np.float32)
+    ids, w = random_routing(rng, 9, 4, 4)       # experts 4..15 never hit: empty buckets
+    ids[::2, 1] = -1
+    ids[3] = -1                                 # a token with no expert at all
+    out = _check(layer, oracle, x, ids, w, kt_tolerance, kt_variant[2])
+    assert np.all(out[3] == 0), "a token routed to no expert must produce zeros"
+
+
+def test_all_experts_one_token(kt_variant, kt_tolerance):
+    layer, oracle, rng = _pair(kt_variant, experts=6, hidden=64, intermediate=64, top_k=6)
+    x = rng.standard_normal((1, 64)).astype(np.float32)
+    ids = rng.permutation(6).reshape(1, 6).astype(np.int64)
+    w = rng.random((1, 6)).astype(np.float32)
+    _check(layer, oracle, x, ids, w, kt_tolerance, kt_variant[2])
+
+
+def test_duplicated_experts_in_a_row(kt_variant, kt_tolerance):
+    layer, oracle, rng = _pair(kt_variant, experts=4, hidden=64, intermediate=64, top_k=3)
+    x = rng.standard_normal((5, 64)).astype(np.float32)
+    ids = np.array([[1, 1, 2]] * 5, dtype=np.int64)
+    w = rng.random((5, 3)).astype(np.float32)
+    _check(layer, oracle, x, ids, w, kt_tolerance, kt_variant[2])
+
+
+def test_gpu_resident_experts_skipped(kt_variant, kt_tolerance):
+    mask = [e % 3 == 0 for e in range(8)]
+    layer, oracle, rng = _pair(kt_variant, experts=8, hidden=64, intermediate=64, top_k=3, mask=mask)
+    x = rng.standard_normal((7, 64)).astype(np.float32)
+    ids, w = random_routing(rng, 7, 8, 3)
+    _check(layer, oracle, x, ids, w, kt_tolerance, kt_variant[2])
+
+
+def test_repeated_calls_are_identical(kt_variant):
+    layer, _, rng = _pair(kt_variant, experts=8, hidden=64, intermediate=64, top_k=2)
+    x = rng.standard_normal((33, 64)).astype(np.float32)
+    ids, w = random_routing(rng, 33, 8, 2)
+    first = layer(x, ids, w)
+    for _ in range(3):
+        np.testing.assert_array_equal(layer(x, ids, w), first)
+
+
+def test_concurrent_layers(kt_variant, kt_tolerance):
+    pairs = [_pair(kt_variant, experts=8, hidden=64, intermediate=64, top_k=2, seed=s) for s in range(3)]
+    inputs = []
+    for _, _, rng in pairs:
+        x = rng.standard_normal((17, 64)).astype(np.float32)
+        inputs.append((x, *random_routing(rng, 17, 8, 2)))
+    expected = [oracle(*args) for (_, oracle, _), args in zip(pairs, inputs)]
+    results, errors = [None] * 3, []
+
+    def run(i):
+        try:
+            for _ in range(5):
+                results[i] = pairs[i][0](*inputs[i])
+        except Exception as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for got, want in zip(results, expected):
+        assert relative_error(got, want) <= kt_tolerance[kt_variant[2]]
+
+
+def test_submit_sync_matches_forward(kt_variant):
+    layer, _, rng = _pair(kt_variant, experts=8, hidden=64, intermediate=64, top_k=2)
+    x = rng.standard_normal((12, 64)).astype(np.float32)
+    ids, w = random_routing(rng, 12, 8, 2)
+    layer.submit(x, ids, w)
+    np.testing.assert_array_equal(layer.sync(), layer(x, ids, w))
+
+
+def test_nan_propagates(kt_variant):
+    layer, _, rng = _pair(kt_variant, experts=4, hidden=64, intermediate=64, top_k=2)
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    x[1, 5] = np.nan
+    ids, w = random_routing(rng, 3, 4, 2)
+    out = layer(x, ids, w)
+    assert np.isnan(out[1]).any(), "NaN in a token's activations must reach its output"
+    assert np.isfinite(out[0]).all() and np.isfinite(out[2]).all(), "NaN must not leak into other tokens"

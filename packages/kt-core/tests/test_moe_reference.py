@@ -1,0 +1,55 @@
+"""The reference backend against a float64 NumPy MoE: the numbers every other backend inherits."""
+
+import numpy as np
+import pytest
+
+import kt_core
+from kt_core.testing.reference import bf16_round, moe_reference, random_moe, random_routing, relative_error
+
+# Kernel error: reference backend vs float64 over the weights the format stores.
+# Format error: the same output vs float64 over the unquantized weights.
+KERNEL_TOL = {"FP32": 1e-6, "BF16": 1e-6}
+FORMAT_TOL = {"FP32": 1e-6, "BF16": 2e-2}
+
+
+@pytest.mark.parametrize("method", ["FP32", "BF16"])
+@pytest.mark.parametrize("tokens", [1, 5, 128])
+def test_reference_backend_against_float64(method, tokens):
+    rng = np.random.default_rng(tokens)
+    E, H, I, K = 8, 96, 40, 3
+    w = random_moe(rng, E, H, I)
+    m = kt_core.MoE(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, method=method, backend="reference")
+    m.load(*w)
+    x = rng.standard_normal((tokens, H)).astype(np.float32)
+    ids, wt = random_routing(rng, tokens, E, K)
+    out = m(x, ids, wt)
+    stored = [bf16_round(a) for a in w] if method == "BF16" else w
+    kernel_err = relative_error(out, moe_reference(x, *stored, ids, wt))
+    format_err = relative_error(out, moe_reference(x, *w, ids, wt))
+    assert kernel_err < KERNEL_TOL[method], kernel_err
+    assert format_err < FORMAT_TOL[method], format_err
+
+
+def test_bf16_packer_matches_torch_rounding():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(7)
+    w = random_moe(rng, 2, 64, 32)
+    m = kt_core.MoE(num_experts=2, top_k=1, hidden_size=64, intermediate_size=32, method="BF16", backend="reference")
+    m.load(*w)
+    # A one-hot token reads one column of gate/up: compare against torch's bf16 conversion.
+    for a, b in zip((bf16_round(x) for x in w), (torch.from_numpy(x).to(torch.bfloat16).float().numpy() for x in w)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_float16_and_float64_inputs_are_accepted():
+    rng = np.random.default_rng(3)
+    w = random_moe(rng, 4, 32, 16)
+    m = kt_core.MoE(num_experts=4, top_k=2, hidden_size=32, intermediate_size=16, method="FP32", backend="reference")
+    m.load(*[a.astype(np.float16) for a in w])
+    x = rng.standard_normal((3, 32))
+    ids, wt = random_routing(rng, 3, 4, 2)
+    for dtype in (np.float16, np.float64):
+        out = m(x.astype(dtype), ids, wt)
+        assert out.dtype == dtype
+        ref = moe_reference(x.astype(dtype), *[a.astype(np.float16) for a in w], ids, wt)
+        assert relative_error(out, ref) < (2e-3 if dtype == np.float16 else 1e-6)
