@@ -9,6 +9,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
+#include <algorithm>
 #include <bit>
 #include <cinttypes>
 #include <cmath>
@@ -136,8 +137,9 @@ kt_status pack_expert(const kt_moe_shape* s, const kt_expert_weights* src, void*
     if ((st = check_matrix(src->gate, I, H, "gate")) != KT_OK || (st = check_matrix(src->up, I, H, "up")) != KT_OK ||
         (st = check_matrix(src->down, H, I, "down")) != KT_OK)
         return st;
-    float* scratch = static_cast<float*>(g_host->alloc(size_t(H > I ? H : I) * sizeof(float), 64, -1, 0));
-    if (!scratch) return fail(KT_ERROR_OUT_OF_MEMORY, "example backend: no memory for a %" PRId64 "-float row", H > I ? H : I);
+    const int64_t longest_row = std::max(H, I);
+    float* scratch = static_cast<float*>(g_host->alloc(size_t(longest_row) * sizeof(float), 64, -1, 0));
+    if (!scratch) return fail(KT_ERROR_OUT_OF_MEMORY, "example backend: no memory for a %" PRId64 "-float row", longest_row);
     auto* out = static_cast<typename W::Element*>(dst);
     for (int64_t n = 0; n < I; ++n) {
         store_row<W>(src->gate, n, scratch, out + 2 * n * H);
@@ -216,24 +218,28 @@ struct ForwardJob {
     const int64_t* ids;
     const float* weights;
     float* out;
-    float* scratch;  // hidden + intermediate floats per token, so tasks share nothing
+    int64_t tokens, chunks;
+    float* scratch;  // hidden + intermediate floats per chunk, so chunks share nothing
 };
 
-void f32_forward_token(void* ctx, size_t token) {
+void f32_forward_chunk(void* ctx, size_t chunk) {
     const auto& job = *static_cast<const ForwardJob*>(ctx);
-    const int64_t t = int64_t(token), H = job.shape->hidden, I = job.shape->intermediate, K = job.shape->top_k;
-    float* x = job.scratch + t * (H + I);
+    const int64_t H = job.shape->hidden, I = job.shape->intermediate, K = job.shape->top_k;
+    const int64_t c = int64_t(chunk), t0 = c * job.tokens / job.chunks, t1 = (c + 1) * job.tokens / job.chunks;
+    float* x = job.scratch + c * (H + I);
     float* inter = x + H;
-    float* out = job.out + t * H;
-    to_f32(job.hidden, job.hidden_dtype, t * H, H, x);
-    std::memset(out, 0, size_t(H) * sizeof(float));
-    for (int64_t j = 0; j < K; ++j) {
-        const int64_t e = job.ids[t * K + j];
-        if (e < 0 || !job.packed[e]) continue;  // no expert, or one that lives on the GPU
-        const PackedView<F32> p = view<F32>(job.shape, job.packed[e]);
-        gate_up_rows(p, H, x, 0, I, inter);
-        const float w = job.weights[t * K + j];
-        for (int64_t h = 0; h < H; ++h) out[h] += w * dot<F32>(inter, p.down + h * I, I);
+    for (int64_t t = t0; t < t1; ++t) {
+        float* out = job.out + t * H;
+        to_f32(job.hidden, job.hidden_dtype, t * H, H, x);
+        std::memset(out, 0, size_t(H) * sizeof(float));
+        for (int64_t j = 0; j < K; ++j) {
+            const int64_t e = job.ids[t * K + j];
+            if (e < 0 || !job.packed[e]) continue;  // no expert, or one that lives on the GPU
+            const PackedView<F32> p = view<F32>(job.shape, job.packed[e]);
+            gate_up_rows(p, H, x, 0, I, inter);
+            const float w = job.weights[t * K + j];
+            for (int64_t h = 0; h < H; ++h) out[h] += w * dot<F32>(inter, p.down + h * I, I);
+        }
     }
 }
 
@@ -251,11 +257,14 @@ kt_status f32_moe_forward(const kt_moe_shape* s, const void* const* packed_exper
                         " (num_experts) or negative, found %" PRId64, i / s->top_k, i % s->top_k, s->num_experts,
                         topk_ids[i]);
     if (tokens == 0) return KT_OK;
-    const size_t scratch_bytes = size_t(tokens) * size_t(s->hidden + s->intermediate) * sizeof(float);
+    // A few chunks per thread balance tokens whose experts are skipped, and bound the
+    // scratch by the thread count instead of the batch size.
+    const int64_t chunks = std::min<int64_t>(tokens, 4 * int64_t(g_host->num_threads()));
+    const size_t scratch_bytes = size_t(chunks) * size_t(s->hidden + s->intermediate) * sizeof(float);
     auto* scratch = static_cast<float*>(g_host->alloc(scratch_bytes, 64, -1, 0));
     if (!scratch) return fail(KT_ERROR_OUT_OF_MEMORY, "example backend: no memory for %zu bytes of scratch", scratch_bytes);
-    ForwardJob job{s, packed_experts, hidden, hidden_dtype, topk_ids, topk_weights, out, scratch};
-    g_host->parallel_for(size_t(tokens), f32_forward_token, &job);
+    ForwardJob job{s, packed_experts, hidden, hidden_dtype, topk_ids, topk_weights, out, tokens, chunks, scratch};
+    g_host->parallel_for(size_t(chunks), f32_forward_chunk, &job);
     g_host->free(scratch);
     return KT_OK;
 }

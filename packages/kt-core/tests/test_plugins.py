@@ -2,7 +2,6 @@
 
 import sys
 
-import numpy as np
 import pytest
 
 import kt_core

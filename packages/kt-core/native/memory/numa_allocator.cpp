@@ -57,21 +57,21 @@ struct Machine {
 };
 
 const Machine& machine() {
-    static const Machine m = [] {
-        Machine m;
-        m.nodes = read_node_list("online");
+    static const Machine detected = [] {
+        Machine found;
+        found.nodes = read_node_list("online");
         // Kernels without NUMA support have no node directory: everything is node 0.
-        if (m.nodes.empty()) m.nodes = {0};
-        m.memory_nodes = read_node_list("has_memory");
-        if (m.memory_nodes.empty()) m.memory_nodes = m.nodes;
+        if (found.nodes.empty()) found.nodes = {0};
+        found.memory_nodes = read_node_list("has_memory");
+        if (found.memory_nodes.empty()) found.memory_nodes = found.nodes;
         const long page = sysconf(_SC_PAGESIZE);
-        if (page > 0) m.page = static_cast<size_t>(page);
+        if (page > 0) found.page = static_cast<size_t>(page);
         std::ifstream thp("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size");
         size_t huge = 0;
-        if (thp >> huge && huge > 0) m.huge_page = huge;
-        return m;
+        if (thp >> huge && huge > 0) found.huge_page = huge;
+        return found;
     }();
-    return m;
+    return detected;
 }
 
 // -1: not known yet; 0: the kernel refuses NUMA policy calls; 1: it accepted one.
@@ -108,7 +108,7 @@ std::string node_list_text() {
 
 void bind(void* p, size_t length, int node) {
     if (g_binding.load(std::memory_order_relaxed) == 0) return;
-    const std::vector<int>& targets =
+    const std::vector<int> targets =
         node == kNodeInterleave ? machine().memory_nodes : std::vector<int>{node};
     int max_node = 0;
     for (int n : targets) max_node = std::max(max_node, n);

@@ -212,6 +212,10 @@ void MoeLayer::forward(const void* hidden, kt_dtype hidden_dtype, int64_t tokens
         if (count[size_t(e)]) active.push_back(int32_t(e));
     }
     const int64_t S = offset[size_t(E)];
+    if (active.empty()) {   // every slot is -1 or GPU-resident: the CPU part of this layer is zero
+        std::memset(out, 0, size_t(T * H) * (out_dtype == KT_DTYPE_F32 ? 4 : 2));
+        return;
+    }
     std::vector<int64_t> row_of_slot(static_cast<size_t>(T * K), -1), token_of_row(static_cast<size_t>(S));
     {
         std::vector<int64_t> fill(offset.begin(), offset.end() - 1);

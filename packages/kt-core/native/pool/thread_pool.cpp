@@ -268,17 +268,16 @@ struct ThreadPool::Impl {
         }
     }
 
-    bool try_join(int group) {
+    void try_join(int group) {
         uint64_t s = loop_state.load(std::memory_order_relaxed);
         while (s & kOpen) {
             if (loop_state.compare_exchange_weak(s, s + 1, std::memory_order_acquire,
                                                  std::memory_order_relaxed)) {
                 participate(*loop, group);
                 loop_state.fetch_sub(1, std::memory_order_release);
-                return true;
+                return;
             }
         }
-        return false;
     }
 
     // Drain the thread's own range first (NUMA locality), then steal from the others.
@@ -325,9 +324,11 @@ struct ThreadPool::Impl {
             participate(l, group);
             loop_state.fetch_and(~kOpen, std::memory_order_relaxed);
             for (unsigned i = 1; loop_state.load(std::memory_order_acquire) != 0; ++i) {
-                relax();
                 // A participant may have been descheduled mid-body by another process.
-                if (i % 1024 == 0) std::this_thread::yield();
+                if (i % 1024 == 0)
+                    std::this_thread::yield();
+                else
+                    relax();
             }
         }
         if (l.error) std::rethrow_exception(l.error);
@@ -335,7 +336,7 @@ struct ThreadPool::Impl {
 
     void run_job() {
         job_state.store(kJobRunning, std::memory_order_relaxed);
-        tl_job = this;
+        const void* outer_job = std::exchange(tl_job, this);
         {
             // Destroy the job (and what it captured) before sync() can return.
             std::function<void()> fn;
@@ -346,7 +347,7 @@ struct ThreadPool::Impl {
                 job_error = std::current_exception();
             }
         }
-        tl_job = nullptr;
+        tl_job = outer_job;
         job_state.store(kJobDone, std::memory_order_release);
         publish();
     }

@@ -18,7 +18,8 @@ console = Console()
 @app.command()
 def version(as_json: bool = typer.Option(False, "--json", help="machine-readable output")) -> None:
     """Versions of kt-core, its plugin ABI, Python, torch and the installed backends."""
-    from importlib.metadata import PackageNotFoundError, version as dist_version
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
 
     from .. import abi_version
     from ..backends import discover
@@ -37,7 +38,7 @@ def version(as_json: bool = typer.Option(False, "--json", help="machine-readable
             backends[name] = dist_version(dist) if dist else None
         except PackageNotFoundError:
             backends[name] = None
-    info = {"kt_core": __version__, "plugin_abi": "%d.%d" % abi_version(), "python": platform.python_version(),
+    info = {"kt_core": __version__, "plugin_abi": "{}.{}".format(*abi_version()), "python": platform.python_version(),
             "torch": torch_version, "backends": backends}
     if as_json:
         print(json.dumps(info, indent=2))

@@ -71,6 +71,16 @@ def test_negative_ids_and_empty_buckets(kt_variant, kt_tolerance):
     assert np.all(out[3] == 0), "a token routed to no expert must produce zeros"
 
 
+@pytest.mark.parametrize("tokens", [1, 4])
+def test_no_cpu_expert_routed_gives_zeros(kt_variant, tokens):
+    mask = [e < 2 for e in range(4)]
+    layer, _, rng = _pair(kt_variant, experts=4, hidden=64, intermediate=64, top_k=2, mask=mask)
+    x = rng.standard_normal((tokens, 64)).astype(np.float32)
+    w = np.ones((tokens, 2), dtype=np.float32)
+    for ids in (np.full((tokens, 2), -1), np.tile([0, 1], (tokens, 1))):   # all -1; all GPU-resident
+        np.testing.assert_array_equal(layer(x, ids.astype(np.int64), w), np.zeros((tokens, 64), np.float32))
+
+
 def test_all_experts_one_token(kt_variant, kt_tolerance):
     layer, oracle, rng = _pair(kt_variant, experts=6, hidden=64, intermediate=64, top_k=6)
     x = rng.standard_normal((1, 64)).astype(np.float32)

@@ -1,0 +1,113 @@
+"""Developer and CI sessions.
+
+Most sessions run in the environment nox is started from (`.ci/setup` creates it: .venv with
+every workspace package installed), so the C++ is built once per change, not once per session
+— on a 2-core machine that is the difference between minutes and tens of minutes.
+`install_smoke` is the exception by design: it builds a fresh venv from the wheelhouse alone.
+
+    .venv/bin/nox -s lint tests conformance example install_smoke
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+PACKAGES = sorted(p.name for p in (ROOT / "packages").iterdir() if (p / "pyproject.toml").is_file())
+EXAMPLE = ROOT / "examples" / "kt-backend-example"
+WHEELHOUSE = ROOT / "wheelhouse"
+
+nox.options.sessions = ["lint", "tests", "conformance", "example", "install_smoke"]
+nox.options.default_venv_backend = "none"
+
+
+@nox.session
+def lint(session):
+    session.run("ruff", "check", ".")
+
+
+@nox.session
+@nox.parametrize("package", PACKAGES)
+def tests(session, package):
+    """One package's own tests, against the installed build of it."""
+    session.run("python", "-m", "pytest", "-q", f"packages/{package}/tests", *session.posargs)
+
+
+@nox.session
+def conformance(session):
+    """Every installed backend, every variant this host can run, against the reference backend."""
+    session.run("python", "-m", "pytest", "-q", "-p", "kt_core.testing.plugin", "--pyargs", "kt_core.testing.conformance",
+                *session.posargs)
+
+
+@nox.session
+def example(session):
+    """Build the third-party example backend outside the workspace, against the installed
+    kt-core's headers and CMake config, then run the conformance suite on it."""
+    session.run("python", "-m", "pip", "install", "-q", "--no-build-isolation", str(EXAMPLE))
+    try:
+        session.run("kt", "backends")
+        session.run("python", "-m", "pytest", "-q", "-p", "kt_core.testing.plugin", "--kt-backend", "example",
+                    "--pyargs", "kt_core.testing.conformance")
+    finally:
+        session.run("python", "-m", "pip", "uninstall", "-q", "-y", "kt-backend-example")
+
+
+def _build_wheel(session, source: Path) -> None:
+    session.run("python", "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(WHEELHOUSE),
+                str(source))
+
+
+@nox.session
+@nox.parametrize("package", [*PACKAGES, "kt-backend-example"])
+def wheels(session, package):
+    """One wheel per package into ./wheelhouse (the example plugin needs kt-core installed to build)."""
+    _build_wheel(session, EXAMPLE if package == "kt-backend-example" else ROOT / "packages" / package)
+
+
+@nox.session
+def install_smoke(session):
+    """`pip install kt-core kt-backend-example` from the wheelhouse into a clean venv, outside the
+    workspace: kt doctor, kt backends and a forward must work from the wheels alone."""
+    for source in (ROOT / "packages" / "kt-core", EXAMPLE):
+        _build_wheel(session, source)
+    with tempfile.TemporaryDirectory() as tmp:
+        venv = Path(tmp) / "venv"
+        session.run(sys.executable, "-m", "venv", str(venv))
+        py, kt = str(venv / "bin" / "python"), str(venv / "bin" / "kt")
+        session.run(py, "-m", "pip", "install", "-q", "--find-links", str(WHEELHOUSE), "kt-core", "kt-backend-example")
+        env = {"PYTHONPATH": "", "PWD": tmp}
+        session.chdir(tmp)
+        session.run(kt, "doctor", env=env)
+        session.run(kt, "backends", env=env)
+        session.run(py, "-c", SMOKE_FORWARD, env=env)
+        session.chdir(str(ROOT))
+
+
+SMOKE_FORWARD = """
+import numpy as np, kt_core
+from kt_core.testing.reference import random_moe, random_routing, moe_reference, relative_error
+assert "site-packages" in kt_core.__file__, kt_core.__file__
+rng = np.random.default_rng(0)
+w = random_moe(rng, 8, 64, 32)
+x = rng.standard_normal((4, 64)).astype(np.float32)
+ids, wt = random_routing(rng, 4, 8, 2)
+for backend in ("reference", "example"):
+    m = kt_core.MoE(num_experts=8, top_k=2, hidden_size=64, intermediate_size=32, method="FP32", backend=backend)
+    m.load(*w)
+    err = relative_error(m(x, ids, wt), moe_reference(x, *w, ids, wt))
+    print(f"{m.backend}: error vs float64 {err:.2e}")
+    assert err < 1e-5
+"""
+
+
+@nox.session
+def bench(session):
+    """Microbenchmarks; JSON results under ./results (docs/performance.md quotes them)."""
+    (ROOT / "results").mkdir(exist_ok=True)
+    session.run("python", "benchmarks/overhead.py", "--json", str(ROOT / "results" / "overhead.json"), *session.posargs)

@@ -1,0 +1,201 @@
+"""KTMoEWrapper: kt-kernel's API on a CPU-only torch, and its answers to bad input."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from kt_core import KTMoEWrapper  # noqa: E402
+from kt_core.testing.reference import moe_reference, relative_error  # noqa: E402
+
+E, K, H, I = 8, 2, 64, 32
+
+
+def make(method="BF16", **kw):
+    args = dict(layer_idx=0, num_experts=E, num_experts_per_tok=K, hidden_size=H, moe_intermediate_size=I,
+                gpu_experts_mask=None, cpuinfer_threads=None, threadpool_count=1, weight_path=None,
+                chunked_prefill_size=64, method=method)
+    args.update(kw)
+    return KTMoEWrapper(**args)
+
+
+def weights(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    gate = torch.randn(E, I, H, generator=g) / H**0.5
+    up = torch.randn(E, I, H, generator=g) / H**0.5
+    down = torch.randn(E, H, I, generator=g) / I**0.5
+    return gate.bfloat16(), up.bfloat16(), down.bfloat16()
+
+
+def routing(tokens, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(tokens)])
+    w = torch.softmax(torch.randn(tokens, K, generator=g), dim=-1)
+    return ids, w
+
+
+def reference(x, w, ids, tw, mask=None):
+    as_np = [t.float().numpy() for t in w]
+    return moe_reference(x.float().numpy(), *as_np, ids.numpy(), tw.numpy(), mask)
+
+
+def test_positional_kt_kernel_signature_and_bf16_forward():
+    wrapper = KTMoEWrapper(0, E, K, H, I, None, 2, 1, "/nonexistent", 64, False, None, "BF16")
+    w = weights()
+    wrapper.load_weights_from_tensors(*w, torch.arange(E))
+    x = torch.randn(5, H).bfloat16()
+    ids, tw = routing(5)
+    out = wrapper.forward(x, ids, tw, None)
+    assert out.dtype == torch.bfloat16 and out.shape == (5, H) and out.device == x.device
+    # bf16 output rounding is the only difference from float64 over the bf16 weights.
+    assert relative_error(out.float().numpy(), reference(x, w, ids, tw)) < 1e-2
+
+
+def test_amx_method_names_run_where_there_is_no_amx():
+    with pytest.raises(Exception, match="INT8"):
+        make("AMXINT8")   # no backend with INT8 is installed in kt-core alone: the message names the format
+
+
+def test_submit_and_sync_forward():
+    wrapper = make()
+    w = weights()
+    wrapper.load_weights_from_tensors(*w)
+    x = torch.randn(7, H, dtype=torch.float32)
+    ids, tw = routing(7)
+    wrapper.submit_forward(x, ids.int(), tw.half())   # int32 ids and fp16 weights are converted
+    out = wrapper.sync_forward(x, None)
+    assert out.dtype == torch.float32
+    assert relative_error(out.numpy(), reference(x, w, ids, tw.half().float())) < 1e-5
+
+
+def test_gpu_experts_mask_and_num_gpu_experts():
+    w = weights()
+    x = torch.randn(6, H)
+    ids, tw = routing(6)
+    mask = torch.tensor([e % 2 == 0 for e in range(E)])
+    masked = make(gpu_experts_mask=mask)
+    masked.load_weights_from_tensors(*w)
+    assert relative_error(masked.forward(x, ids, tw).numpy(), reference(x, w, ids, tw, mask.numpy())) < 1e-5
+    first3 = make(num_gpu_experts=3)
+    first3.load_weights_from_tensors(*w)
+    want = reference(x, w, ids, tw, np.arange(E) < 3)
+    assert relative_error(first3.forward(x, ids, tw).numpy(), want) < 1e-5
+
+
+def test_physical_to_logical_map_permutes_experts():
+    w = weights()
+    perm = torch.tensor([3, 1, 0, 2, 7, 6, 5, 4])
+    wrapper = make()
+    wrapper.load_weights_from_tensors(*w, perm)
+    x = torch.randn(4, H)
+    ids, tw = routing(4)
+    permuted = [t[perm] for t in w]
+    assert relative_error(wrapper.forward(x, ids, tw).numpy(), reference(x, permuted, ids, tw)) < 1e-5
+
+
+def test_capture_sizes_and_buffer_cache():
+    wrapper = make()
+    wrapper.set_capture_batch_sizes([4, 1, 2, 4])
+    assert wrapper.get_capture_batch_sizes() == [1, 2, 4]
+    with pytest.raises(ValueError, match="capture batch sizes must be in"):
+        wrapper.set_capture_batch_sizes([65])
+    wrapper.clear_buffer_cache()
+
+
+def test_load_weights_from_files_says_what_is_missing():
+    wrapper = make()
+    with pytest.raises(Exception, match="load_weights_from_tensors"):
+        wrapper.load_weights()
+
+
+@pytest.fixture
+def loaded():
+    wrapper = make()
+    wrapper.load_weights_from_tensors(*weights())
+    return wrapper
+
+
+def test_wrong_hidden_shape(loaded):
+    ids, tw = routing(3)
+    with pytest.raises(ValueError, match=r"hidden_states must be \[tokens, 64\], got \[3, 63\]"):
+        loaded.forward(torch.randn(3, 63), ids, tw)
+
+
+def test_wrong_ids_shape(loaded):
+    with pytest.raises(ValueError, match=r"topk_ids must be \[3, 2\]"):
+        loaded.forward(torch.randn(3, H), torch.zeros(3, 3, dtype=torch.int64), torch.ones(3, 2))
+
+
+def test_float_ids_refused(loaded):
+    with pytest.raises(TypeError, match="integer expert ids"):
+        loaded.forward(torch.randn(2, H), torch.zeros(2, 2), torch.ones(2, 2))
+
+
+def test_ids_out_of_range(loaded):
+    ids = torch.tensor([[0, 1], [2, 8]])
+    with pytest.raises(ValueError, match=r"topk_ids\[1, 1\] = 8 is outside \[-1, 8\)"):
+        loaded.forward(torch.randn(2, H), ids, torch.ones(2, 2))
+    with pytest.raises(ValueError, match=r"= -2 is outside"):
+        loaded.forward(torch.randn(2, H), -2 * torch.ones(2, 2, dtype=torch.int64), torch.ones(2, 2))
+
+
+def test_too_many_tokens(loaded):
+    ids, tw = routing(65)
+    with pytest.raises(ValueError, match="65 tokens, more than max_tokens .chunked_prefill_size. = 64"):
+        loaded.forward(torch.randn(65, H), ids, tw)
+
+
+def test_non_contiguous_and_strided_inputs_are_handled(loaded):
+    x = torch.randn(H, 4).t()                  # a transposed view: copied, not misread
+    ids, tw = routing(4)
+    out = loaded.forward(x, ids, tw)
+    np.testing.assert_allclose(out.numpy(), loaded.forward(x.contiguous(), ids, tw).numpy())
+
+
+def test_meta_device_is_refused(loaded):
+    with pytest.raises(Exception, match="meta"):
+        loaded.forward(torch.empty(2, H, device="meta"), torch.zeros(2, 2, dtype=torch.int64), torch.ones(2, 2))
+
+
+def test_nan_and_inf_propagate_without_crashing(loaded):
+    x = torch.randn(3, H)
+    x[0, 0] = float("nan")
+    x[2, 1] = float("inf")
+    ids, tw = routing(3)
+    out = loaded.forward(x, ids, tw)
+    assert torch.isnan(out[0]).any()
+    assert torch.isfinite(out[1]).all()
+
+
+def test_weights_of_the_wrong_shape():
+    wrapper = make()
+    gate, up, down = weights()
+    with pytest.raises(ValueError, match=r"down must have shape \[64, 32\], got \[32, 64\]"):
+        wrapper.load_weights_from_tensors(gate, up, down.transpose(1, 2))
+    with pytest.raises(ValueError, match="same number of experts"):
+        wrapper.load_weights_from_tensors(gate, up, down[:4])
+    with pytest.raises(ValueError, match="physical_to_logical_map entry 9 is outside"):
+        wrapper.load_weights_from_tensors(gate, up, down, torch.tensor([0, 1, 2, 3, 4, 5, 6, 9]))
+
+
+def test_integer_weights_refused():
+    wrapper = make()
+    gate, up, down = weights()
+    with pytest.raises(TypeError, match="gate must be float32, bfloat16, float16 or float64; got int32"):
+        wrapper.load_weights_from_tensors(gate.int(), up, down)
+
+
+def test_forward_before_load_is_refused():
+    wrapper = make()
+    ids, tw = routing(1)
+    with pytest.raises(RuntimeError, match="has no weights: call load_weights"):
+        wrapper.forward(torch.randn(1, H), ids, tw)
+
+
+def test_bad_constructor_arguments():
+    with pytest.raises(ValueError, match="top_k .9. cannot exceed num_experts .8."):
+        make(num_experts_per_tok=9)
+    with pytest.raises(ValueError, match="gpu_experts_mask has 3 entries, expected num_experts=8"):
+        make(gpu_experts_mask=torch.tensor([True, False, True]))
+    with pytest.raises(ValueError, match="either gpu_experts_mask or num_gpu_experts"):
+        make(gpu_experts_mask=torch.zeros(E, dtype=torch.bool), num_gpu_experts=2)
