@@ -115,7 +115,9 @@ void bind(void* p, size_t length, int node) {
     const size_t bits_per_word = 8 * sizeof(unsigned long);
     std::vector<unsigned long> mask(max_node / bits_per_word + 1, 0);
     for (int n : targets) mask[n / bits_per_word] |= 1UL << (n % bits_per_word);
-    const int mode = node == kNodeInterleave ? MPOL_INTERLEAVE : MPOL_BIND;
+    // PREFERRED, not BIND: a full node spills to another instead of waking the OOM killer —
+    // slower memory beats a killed process.
+    const int mode = node == kNodeInterleave ? MPOL_INTERLEAVE : MPOL_PREFERRED;
     // The kernel reads maxnode - 1 bits (libnuma passes size + 1 for the same reason).
     const unsigned long maxnode = mask.size() * bits_per_word + 1;
     if (syscall(SYS_mbind, p, length, mode, mask.data(), maxnode, 0) == 0) {
