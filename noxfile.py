@@ -10,7 +10,6 @@ every workspace package installed), so the C++ is built once per change, not onc
 
 from __future__ import annotations
 
-import os
 import sys
 import tempfile
 from pathlib import Path

@@ -100,13 +100,13 @@ struct PackedView {
 };
 
 template <class W>
-PackedView<W> view(const kt_moe_shape* s, const void* packed) {
+PackedView<W> view(const kt_moe_config* s, const void* packed) {
     const auto* base = static_cast<const typename W::Element*>(packed);
     return {base, base + 2 * s->intermediate * s->hidden};
 }
 
 template <class W>
-size_t packed_expert_bytes(const kt_moe_shape* s) {
+size_t packed_expert_bytes(const kt_moe_config* s) {
     return size_t(3) * size_t(s->hidden) * size_t(s->intermediate) * sizeof(typename W::Element);
 }
 
@@ -131,21 +131,21 @@ void store_row(const kt_matrix& m, int64_t row, float* scratch, typename W::Elem
 }
 
 template <class W>
-kt_status pack_expert(const kt_moe_shape* s, const kt_expert_weights* src, void* dst) {
+kt_status pack_expert(const kt_moe_config* s, const kt_expert_weights* src, void* dst) {
     const int64_t H = s->hidden, I = s->intermediate;
     kt_status st;
-    if ((st = check_matrix(src->gate, I, H, "gate")) != KT_OK || (st = check_matrix(src->up, I, H, "up")) != KT_OK ||
-        (st = check_matrix(src->down, H, I, "down")) != KT_OK)
+    if ((st = check_matrix(src->gate.values, I, H, "gate")) != KT_OK || (st = check_matrix(src->up.values, I, H, "up")) != KT_OK ||
+        (st = check_matrix(src->down.values, H, I, "down")) != KT_OK)
         return st;
     const int64_t longest_row = std::max(H, I);
     float* scratch = static_cast<float*>(g_host->alloc(size_t(longest_row) * sizeof(float), 64, -1, 0));
     if (!scratch) return fail(KT_ERROR_OUT_OF_MEMORY, "example backend: no memory for a %" PRId64 "-float row", longest_row);
     auto* out = static_cast<typename W::Element*>(dst);
     for (int64_t n = 0; n < I; ++n) {
-        store_row<W>(src->gate, n, scratch, out + 2 * n * H);
-        store_row<W>(src->up, n, scratch, out + 2 * n * H + H);
+        store_row<W>(src->gate.values, n, scratch, out + 2 * n * H);
+        store_row<W>(src->up.values, n, scratch, out + 2 * n * H + H);
     }
-    for (int64_t h = 0; h < H; ++h) store_row<W>(src->down, h, scratch, out + 2 * I * H + h * I);
+    for (int64_t h = 0; h < H; ++h) store_row<W>(src->down.values, h, scratch, out + 2 * I * H + h * I);
     g_host->free(scratch);
     return KT_OK;
 }
@@ -190,7 +190,7 @@ kt_status check_tile(const char* kernel, int64_t rows, int64_t n0, int64_t n1, i
     return KT_OK;
 }
 
-kt_status bf16_gate_up_tile(const kt_moe_shape* s, const void* packed, const void* act, int64_t rows, int64_t n0,
+kt_status bf16_gate_up_tile(const kt_moe_config* s, const void* packed, const void* act, int64_t rows, int64_t n0,
                             int64_t n1, float* out, int64_t out_stride) {
     if (kt_status st = check_tile("gate_up_tile", rows, n0, n1, s->intermediate); st != KT_OK) return st;
     const PackedView<Bf16> p = view<Bf16>(s, packed);
@@ -199,7 +199,7 @@ kt_status bf16_gate_up_tile(const kt_moe_shape* s, const void* packed, const voi
     return KT_OK;
 }
 
-kt_status bf16_down_tile(const kt_moe_shape* s, const void* packed, const void* act, int64_t rows, int64_t n0,
+kt_status bf16_down_tile(const kt_moe_config* s, const void* packed, const void* act, int64_t rows, int64_t n0,
                          int64_t n1, float* out, int64_t out_stride) {
     if (kt_status st = check_tile("down_tile", rows, n0, n1, s->hidden); st != KT_OK) return st;
     const int64_t I = s->intermediate;
@@ -211,7 +211,7 @@ kt_status bf16_down_tile(const kt_moe_shape* s, const void* packed, const void* 
 }
 
 struct ForwardJob {
-    const kt_moe_shape* shape;
+    const kt_moe_config* shape;
     const void* const* packed;
     const void* hidden;
     kt_dtype hidden_dtype;
@@ -243,7 +243,7 @@ void f32_forward_chunk(void* ctx, size_t chunk) {
     }
 }
 
-kt_status f32_moe_forward(const kt_moe_shape* s, const void* const* packed_experts, const void* hidden,
+kt_status f32_moe_forward(const kt_moe_config* s, const void* const* packed_experts, const void* hidden,
                           kt_dtype hidden_dtype, int64_t tokens, const int64_t* topk_ids, const float* topk_weights,
                           float* out) {
     if (tokens < 0)

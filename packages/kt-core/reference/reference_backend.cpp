@@ -84,7 +84,7 @@ struct F32Weights {
 };
 
 template <class W>
-size_t packed_expert_bytes(const kt_moe_shape* s) {
+size_t packed_expert_bytes(const kt_moe_config* s) {
     return size_t(3) * size_t(s->hidden) * size_t(s->intermediate) * sizeof(typename W::Element);
 }
 
@@ -95,19 +95,21 @@ kt_status check_matrix(const kt_matrix& m, int64_t rows, int64_t cols, const cha
                         ", " + std::to_string(cols) + "], got [" + std::to_string(m.rows) + ", " +
                         std::to_string(m.cols) + "]");
     if (!supported_dtype(m.dtype))
-        return fail(KT_ERROR_UNSUPPORTED, std::string("reference backend: unsupported dtype for ") + name);
+        return fail(KT_ERROR_INVALID_ARGUMENT, std::string("reference backend: ") + name +
+                                                   " must be floating point (float32, bfloat16, float16, float64) for this "
+                                                   "method, got integer codes");
     return KT_OK;
 }
 
 template <class W>
-kt_status pack_expert(const kt_moe_shape* s, const kt_expert_weights* src, void* dst) {
+kt_status pack_expert(const kt_moe_config* s, const kt_expert_weights* src, void* dst) {
     const int64_t H = s->hidden, I = s->intermediate;
     kt_status st;
-    if ((st = check_matrix(src->gate, I, H, "gate")) != KT_OK) return st;
-    if ((st = check_matrix(src->up, I, H, "up")) != KT_OK) return st;
-    if ((st = check_matrix(src->down, H, I, "down")) != KT_OK) return st;
+    if ((st = check_matrix(src->gate.values, I, H, "gate")) != KT_OK) return st;
+    if ((st = check_matrix(src->up.values, I, H, "up")) != KT_OK) return st;
+    if ((st = check_matrix(src->down.values, H, I, "down")) != KT_OK) return st;
     auto* out = static_cast<typename W::Element*>(dst);
-    for (const kt_matrix* m : {&src->gate, &src->up, &src->down})
+    for (const kt_matrix* m : {&src->gate.values, &src->up.values, &src->down.values})
         for (int64_t r = 0; r < m->rows; ++r)
             for (int64_t c = 0; c < m->cols; ++c)
                 *out++ = W::encode(load_element(m->data, m->dtype, r * m->row_stride + c));
@@ -134,7 +136,7 @@ double dot(const float* x, const typename W::Element* w, int64_t k) {
 }
 
 template <class W>
-kt_status gate_up_tile(const kt_moe_shape* s, const void* packed, const void* act, int64_t rows,
+kt_status gate_up_tile(const kt_moe_config* s, const void* packed, const void* act, int64_t rows,
                        int64_t n0, int64_t n1, float* out, int64_t out_stride) {
     const int64_t H = s->hidden, I = s->intermediate;
     const auto* gate = static_cast<const typename W::Element*>(packed);
@@ -150,7 +152,7 @@ kt_status gate_up_tile(const kt_moe_shape* s, const void* packed, const void* ac
 }
 
 template <class W>
-kt_status down_tile(const kt_moe_shape* s, const void* packed, const void* act, int64_t rows,
+kt_status down_tile(const kt_moe_config* s, const void* packed, const void* act, int64_t rows,
                     int64_t n0, int64_t n1, float* out, int64_t out_stride) {
     const int64_t H = s->hidden, I = s->intermediate;
     const auto* down = static_cast<const typename W::Element*>(packed) + 2 * I * H;

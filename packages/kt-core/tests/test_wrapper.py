@@ -47,8 +47,11 @@ def test_positional_kt_kernel_signature_and_bf16_forward():
     ids, tw = routing(5)
     out = wrapper.forward(x, ids, tw, None)
     assert out.dtype == torch.bfloat16 and out.shape == (5, H) and out.device == x.device
-    # bf16 output rounding is the only difference from float64 over the bf16 weights.
-    assert relative_error(out.float().numpy(), reference(x, w, ids, tw)) < 1e-2
+    # bf16 output rounding (half an ulp, 2^-9 relative) is the only difference from float64
+    # over the bf16 weights: bound it by the largest output element.
+    want = reference(x, w, ids, tw)
+    bound = 2.0**-8 * np.abs(want).max() / np.sqrt(np.mean(want**2))
+    assert relative_error(out.float().numpy(), want) <= bound
 
 
 def test_amx_method_names_run_where_there_is_no_amx():
@@ -181,7 +184,7 @@ def test_weights_of_the_wrong_shape():
 def test_integer_weights_refused():
     wrapper = make()
     gate, up, down = weights()
-    with pytest.raises(TypeError, match="gate must be float32, bfloat16, float16 or float64; got int32"):
+    with pytest.raises(ValueError, match="gate must be floating point .* got integer codes"):
         wrapper.load_weights_from_tensors(gate.int(), up, down)
 
 
@@ -199,3 +202,14 @@ def test_bad_constructor_arguments():
         make(gpu_experts_mask=torch.tensor([True, False, True]))
     with pytest.raises(ValueError, match="either gpu_experts_mask or num_gpu_experts"):
         make(gpu_experts_mask=torch.zeros(E, dtype=torch.bool), num_gpu_experts=2)
+
+
+def test_nan_weights_refused_at_load():
+    wrapper = make()
+    gate, up, down = weights()
+    gate[2, 3, 5] = float("nan")
+    with pytest.raises(ValueError, match=r"expert 2 gate hold NaN or Inf at \[3, 5\]"):
+        wrapper.load_weights_from_tensors(gate, up, down)
+    down[1, 0, 0] = float("inf")
+    with pytest.raises(ValueError, match=r"expert 1 down hold NaN or Inf at \[0, 0\]"):
+        wrapper.load_weights_from_tensors(*weights()[:2], down)

@@ -46,13 +46,20 @@ typedef enum kt_status {
     KT_ERROR_INTERNAL = 4
 } kt_status;
 
-/* Element types of tensors handed to packers and quantizers. */
+/* Element types of tensors handed to packers and quantizers. Integer types carry
+ * pre-quantized checkpoint data (RAWINT4 int32 words, FP8 E4M3 bytes as U8, zero points). */
 typedef enum kt_dtype {
     KT_DTYPE_F32 = 0,
     KT_DTYPE_BF16 = 1,
     KT_DTYPE_F16 = 2,
-    KT_DTYPE_F64 = 3
+    KT_DTYPE_F64 = 3,
+    KT_DTYPE_I8 = 4,
+    KT_DTYPE_U8 = 5,
+    KT_DTYPE_I32 = 6
 } kt_dtype;
+
+/* kt_moe_config.quant_flags */
+#define KT_QUANT_ZERO_POINT 1u   /* asymmetric: per-group zero points (AWQ/GPTQ style) */
 
 typedef enum kt_log_level { KT_LOG_DEBUG = 0, KT_LOG_INFO = 1, KT_LOG_WARNING = 2, KT_LOG_ERROR = 3 } kt_log_level;
 
@@ -96,14 +103,17 @@ typedef struct kt_host_api {
 /* Backend table: what a plugin gives kt-core.                                           */
 /* ------------------------------------------------------------------------------------ */
 
-/* One MoE layer's geometry. Matrices: gate, up [intermediate, hidden]; down [hidden, intermediate]. */
-typedef struct kt_moe_shape {
+/* One MoE layer's geometry and the quantization settings of its method.
+ * Matrices: gate, up [intermediate, hidden]; down [hidden, intermediate]. */
+typedef struct kt_moe_config {
     uint32_t struct_size;
     int64_t hidden;
     int64_t intermediate;
     int64_t num_experts;
     int64_t top_k;
-} kt_moe_shape;
+    int64_t group_size;      /* group-wise formats (INT4): elements per group along K; 0 = method default */
+    uint32_t quant_flags;    /* KT_QUANT_* */
+} kt_moe_config;
 
 /* A 2-D row-major source matrix for the packer; `row_stride` in elements. */
 typedef struct kt_matrix {
@@ -112,11 +122,20 @@ typedef struct kt_matrix {
     int64_t rows, cols, row_stride;
 } kt_matrix;
 
-/* One expert's weights as given by the user, unpacked. Formats with their own on-disk
- * encodings (FP8 scales, GGUF blocks) add fields in later minors. */
+/* One weight matrix as the user has it: plain floating values (the packer quantizes them
+ * itself), or a checkpoint's pre-quantized codes with their scales and zero points
+ * (RAWINT4: I32 words + BF16 scales; FP8: U8 E4M3 bytes + F32 scale_inv). Absent parts
+ * have data == NULL. The core has already rejected NaN/Inf in floating values. */
+typedef struct kt_weight {
+    kt_matrix values;
+    kt_matrix scales;
+    kt_matrix zeros;
+} kt_weight;
+
+/* One expert's weights. */
 typedef struct kt_expert_weights {
     uint32_t struct_size;
-    kt_matrix gate, up, down;
+    kt_weight gate, up, down;
 } kt_expert_weights;
 
 /* The kernels of one method (weight format) in one backend variant. Activations flow:
@@ -138,12 +157,12 @@ typedef struct kt_method_kernels {
 
     /* Optional: nonzero when this kernel declines the shape/token count (the core then
      * uses the next candidate sharing layout_id, else the next backend). NULL = accepts. */
-    int (*declines)(const kt_moe_shape* shape, int64_t tokens);
+    int (*declines)(const kt_moe_config* shape, int64_t tokens);
 
     /* Packed size of one expert (gate, up and down together) and the packer. dst has
      * packed_expert_bytes() bytes, 64-byte aligned, zero-filled. */
-    size_t (*packed_expert_bytes)(const kt_moe_shape* shape);
-    kt_status (*pack_expert)(const kt_moe_shape* shape, const kt_expert_weights* src, void* dst);
+    size_t (*packed_expert_bytes)(const kt_moe_config* shape);
+    kt_status (*pack_expert)(const kt_moe_config* shape, const kt_expert_weights* src, void* dst);
 
     /* Bytes one activation row of length k takes after quantization (rows are
      * independent: `rows` rows take rows * this). */
@@ -154,11 +173,11 @@ typedef struct kt_method_kernels {
 
     /* act: `rows` quantized rows of the hidden size. out: f32 [rows, intermediate] with
      * row stride `out_stride`; writes columns [n0, n1) = SiLU(x·gateᵀ) * (x·upᵀ). */
-    kt_status (*gate_up_tile)(const kt_moe_shape* shape, const void* packed_expert, const void* act,
+    kt_status (*gate_up_tile)(const kt_moe_config* shape, const void* packed_expert, const void* act,
                               int64_t rows, int64_t n0, int64_t n1, float* out, int64_t out_stride);
     /* act: `rows` quantized rows of the intermediate size. out: f32 [rows, hidden] with row
      * stride `out_stride`; writes columns [n0, n1) = act·downᵀ. */
-    kt_status (*down_tile)(const kt_moe_shape* shape, const void* packed_expert, const void* act,
+    kt_status (*down_tile)(const kt_moe_config* shape, const void* packed_expert, const void* act,
                            int64_t rows, int64_t n0, int64_t n1, float* out, int64_t out_stride);
 
     /* Optional whole-op entry for backends whose orchestration differs (a GEMM library, a
@@ -167,7 +186,7 @@ typedef struct kt_method_kernels {
      * ids < 0 and ids of NULL experts are skipped. hidden: [tokens, hidden] of
      * hidden_dtype, out: f32 [tokens, hidden], overwritten with the weighted sum. May use
      * the host's parallel loops. */
-    kt_status (*moe_forward)(const kt_moe_shape* shape, const void* const* packed_experts,
+    kt_status (*moe_forward)(const kt_moe_config* shape, const void* const* packed_experts,
                              const void* hidden, kt_dtype hidden_dtype, int64_t tokens,
                              const int64_t* topk_ids, const float* topk_weights, float* out);
 } kt_method_kernels;

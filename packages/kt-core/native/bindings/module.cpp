@@ -11,12 +11,14 @@
 
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -51,16 +53,20 @@ std::string dtype_name(const nb::dlpack::dtype& d) {
     }
 }
 
-// Maps a floating DLPack dtype onto the ABI's; throws naming the offending tensor.
-kt_dtype float_dtype(const Array& a, const char* name) {
-    const auto d = a.dtype();
+std::optional<kt_dtype> floating(const nb::dlpack::dtype& d) {
     if (d.lanes == 1 && d.code == uint8_t(nb::dlpack::dtype_code::Float)) {
         if (d.bits == 32) return KT_DTYPE_F32;
         if (d.bits == 16) return KT_DTYPE_F16;
         if (d.bits == 64) return KT_DTYPE_F64;
     }
     if (d.lanes == 1 && d.code == uint8_t(nb::dlpack::dtype_code::Bfloat) && d.bits == 16) return KT_DTYPE_BF16;
-    throw nb::type_error((std::string(name) + " must be float32, bfloat16, float16 or float64; got " + dtype_name(d)).c_str());
+    return std::nullopt;
+}
+
+// Maps a floating DLPack dtype onto the ABI's; throws naming the offending tensor.
+kt_dtype float_dtype(const Array& a, const char* name) {
+    if (auto d = floating(a.dtype())) return *d;
+    throw nb::type_error((std::string(name) + " must be float32, bfloat16, float16 or float64; got " + dtype_name(a.dtype())).c_str());
 }
 
 void check_cpu(const Array& a, const char* name) {
@@ -100,12 +106,36 @@ void check_exact(const Array& a, const char* name, nb::dlpack::dtype_code code, 
     }
 }
 
+// Maps any DLPack dtype a weight may come in (floats, or a checkpoint's integer codes).
+kt_dtype weight_dtype(const Array& a, const char* name) {
+    const auto d = a.dtype();
+    if (d.lanes == 1 && d.code == uint8_t(nb::dlpack::dtype_code::Int) && d.bits == 8) return KT_DTYPE_I8;
+    if (d.lanes == 1 && d.code == uint8_t(nb::dlpack::dtype_code::UInt) && d.bits == 8) return KT_DTYPE_U8;
+    if (d.lanes == 1 && d.code == uint8_t(nb::dlpack::dtype_code::Int) && d.bits == 32) return KT_DTYPE_I32;
+    if (auto f = floating(d)) return *f;
+    throw nb::type_error((std::string(name) + " must be float32, bfloat16, float16 or float64 (or int8, uint8, int32 "
+                          "codes of a pre-quantized checkpoint); got " + dtype_name(d)).c_str());
+}
+
+bool is_float(kt_dtype d) { return d == KT_DTYPE_F32 || d == KT_DTYPE_BF16 || d == KT_DTYPE_F16 || d == KT_DTYPE_F64; }
+
+// A 2-D CPU matrix with unit stride along its rows. Floating weights must have the layer's
+// shape; pre-quantized codes and scales are checked by the method's packer.
 kt_matrix matrix_of(const Array& a, const char* name, int64_t rows, int64_t cols) {
     check_cpu(a, name);
-    check_shape(a, name, {rows, cols});
-    if (a.stride(1) != 1 && cols > 1)
+    if (a.ndim() != 2)
+        throw nb::value_error((std::string(name) + " must be 2-D, got " + std::to_string(a.ndim()) + "-D").c_str());
+    const kt_dtype dtype = weight_dtype(a, name);
+    if (is_float(dtype) && rows > 0) check_shape(a, name, {rows, cols});
+    const int64_t r = int64_t(a.shape(0)), c = int64_t(a.shape(1));
+    if (a.stride(1) != 1 && c > 1)
         throw nb::value_error((std::string(name) + " must have unit stride along its last dimension").c_str());
-    return kt_matrix{a.data(), float_dtype(a, name), rows, cols, rows > 1 ? int64_t(a.stride(0)) : cols};
+    return kt_matrix{a.data(), dtype, r, c, r > 1 ? int64_t(a.stride(0)) : c};
+}
+
+kt_matrix optional_matrix(const std::optional<Array>& a, const char* name) {
+    if (!a) return kt_matrix{nullptr, KT_DTYPE_F32, 0, 0, 0};
+    return matrix_of(*a, name, 0, 0);
 }
 
 // A backend table that passed validation; the capsule keeps the plugin module alive.
@@ -143,9 +173,10 @@ struct Layer {
     std::unique_ptr<kt::MoeLayer> layer;
 
     Layer(const Backend& b, const std::string& method, int64_t hidden, int64_t intermediate, int64_t experts,
-          int64_t top_k, std::vector<bool> on_cpu, int64_t max_tokens)
+          int64_t top_k, std::vector<bool> on_cpu, int64_t max_tokens, int64_t group_size, bool zero_point)
         : backend(b) {
-        kt_moe_shape shape{sizeof(kt_moe_shape), hidden, intermediate, experts, top_k};
+        kt_moe_config shape{sizeof(kt_moe_config), hidden, intermediate, experts, top_k, group_size,
+                            zero_point ? KT_QUANT_ZERO_POINT : 0u};
         const kt_method_kernels* kernels = backend.method(method);
         if (kernels->declines && kernels->declines(&shape, max_tokens))
             throw nb::value_error(("backend '" + std::string(backend.api->name) + "' declines method " + method +
@@ -153,10 +184,18 @@ struct Layer {
         layer = std::make_unique<kt::MoeLayer>(shape, kernels, std::move(on_cpu), max_tokens);
     }
 
-    void load_expert(int64_t e, const Array& gate, const Array& up, const Array& down) {
+    using Optional = std::optional<Array>;
+    void load_expert(int64_t e, const Array& gate, const Array& up, const Array& down, const Optional& gate_scale,
+                     const Optional& up_scale, const Optional& down_scale, const Optional& gate_zero,
+                     const Optional& up_zero, const Optional& down_zero) {
         const auto& s = layer->shape();
-        kt_expert_weights w{sizeof(kt_expert_weights), matrix_of(gate, "gate", s.intermediate, s.hidden),
-                            matrix_of(up, "up", s.intermediate, s.hidden), matrix_of(down, "down", s.hidden, s.intermediate)};
+        kt_expert_weights w{sizeof(kt_expert_weights),
+                            {matrix_of(gate, "gate", s.intermediate, s.hidden), optional_matrix(gate_scale, "gate_scale"),
+                             optional_matrix(gate_zero, "gate_zero")},
+                            {matrix_of(up, "up", s.intermediate, s.hidden), optional_matrix(up_scale, "up_scale"),
+                             optional_matrix(up_zero, "up_zero")},
+                            {matrix_of(down, "down", s.hidden, s.intermediate), optional_matrix(down_scale, "down_scale"),
+                             optional_matrix(down_zero, "down_zero")}};
         nb::gil_scoped_release release;
         layer->load_expert(e, w);
     }
@@ -335,17 +374,20 @@ NB_MODULE(_native, m) {
         .def("declines", [](const Backend& b, const std::string& method, int64_t hidden, int64_t intermediate,
                             int64_t experts, int64_t top_k, int64_t tokens) {
             const kt_method_kernels* k = b.method(method);
-            kt_moe_shape shape{sizeof(kt_moe_shape), hidden, intermediate, experts, top_k};
+            kt_moe_config shape{sizeof(kt_moe_config), hidden, intermediate, experts, top_k, 0, 0};
             return bool(k->declines && k->declines(&shape, tokens));
         });
     m.def("load_backend", &load_backend, "capsule"_a, "name"_a, "variant"_a,
           "validate a backend table (ABI version, features, completeness) and initialise it");
 
     nb::class_<Layer>(m, "MoeLayer")
-        .def(nb::init<const Backend&, const std::string&, int64_t, int64_t, int64_t, int64_t, std::vector<bool>, int64_t>(),
+        .def(nb::init<const Backend&, const std::string&, int64_t, int64_t, int64_t, int64_t, std::vector<bool>, int64_t,
+                      int64_t, bool>(),
              "backend"_a, "method"_a, "hidden"_a, "intermediate"_a, "num_experts"_a, "top_k"_a, "expert_on_cpu"_a,
-             "max_tokens"_a)
-        .def("load_expert", &Layer::load_expert, "expert"_a, "gate"_a, "up"_a, "down"_a)
+             "max_tokens"_a, "group_size"_a = 0, "zero_point"_a = false)
+        .def("load_expert", &Layer::load_expert, "expert"_a, "gate"_a, "up"_a, "down"_a, "gate_scale"_a = nb::none(),
+             "up_scale"_a = nb::none(), "down_scale"_a = nb::none(), "gate_zero"_a = nb::none(), "up_zero"_a = nb::none(),
+             "down_zero"_a = nb::none())
         .def("expert_loaded", [](const Layer& l, int64_t e) { return l.layer->expert_loaded(e); })
         .def("expert_group", [](const Layer& l, int64_t e) { return l.layer->expert_group(e); })
         .def("forward", &Layer::forward, "hidden"_a, "topk_ids"_a, "topk_weights"_a, "out"_a)

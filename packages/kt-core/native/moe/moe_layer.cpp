@@ -117,7 +117,7 @@ size_t forward_scratch_bytes() {
     return g_scratch_bytes;
 }
 
-MoeLayer::MoeLayer(const kt_moe_shape& shape, const kt_method_kernels* kernels, std::vector<bool> expert_on_cpu,
+MoeLayer::MoeLayer(const kt_moe_config& shape, const kt_method_kernels* kernels, std::vector<bool> expert_on_cpu,
                    int64_t max_tokens)
     : shape_(shape), kernels_(kernels), on_cpu_(std::move(expert_on_cpu)), max_tokens_(max_tokens) {
     if (shape_.hidden <= 0 || shape_.intermediate <= 0 || shape_.num_experts <= 0 || shape_.top_k <= 0)
@@ -149,7 +149,47 @@ size_t MoeLayer::packed_bytes() const {
     return n;
 }
 
+namespace {
+
+// Position of the first NaN/Inf in a floating matrix, judged on the exponent bits so no
+// conversion is needed; {-1, -1} when all values are finite or the matrix is not floating.
+std::pair<int64_t, int64_t> first_non_finite(const kt_matrix& m) {
+    auto bad = [&](int64_t i) -> bool {
+        switch (m.dtype) {
+            case KT_DTYPE_F32: {
+                uint32_t b;
+                std::memcpy(&b, static_cast<const float*>(m.data) + i, 4);
+                return (b & 0x7f800000u) == 0x7f800000u;
+            }
+            case KT_DTYPE_F64: {
+                uint64_t b;
+                std::memcpy(&b, static_cast<const double*>(m.data) + i, 8);
+                return (b & 0x7ff0000000000000ull) == 0x7ff0000000000000ull;
+            }
+            case KT_DTYPE_BF16: return (static_cast<const uint16_t*>(m.data)[i] & 0x7f80u) == 0x7f80u;
+            case KT_DTYPE_F16: return (static_cast<const uint16_t*>(m.data)[i] & 0x7c00u) == 0x7c00u;
+            default: return false;
+        }
+    };
+    if (!m.data) return {-1, -1};
+    for (int64_t r = 0; r < m.rows; ++r)
+        for (int64_t c = 0; c < m.cols; ++c)
+            if (bad(r * m.row_stride + c)) return {r, c};
+    return {-1, -1};
+}
+
+}  // namespace
+
 void MoeLayer::load_expert(int64_t expert, const kt_expert_weights& weights) {
+    const std::pair<const char*, const kt_weight*> parts[] = {{"gate", &weights.gate}, {"up", &weights.up}, {"down", &weights.down}};
+    for (const auto& [name, w] : parts)
+        for (const auto& [what, m] : {std::pair{"", &w->values}, std::pair{" scales", &w->scales}}) {
+            const auto [r, c] = first_non_finite(*m);
+            if (r >= 0)
+                throw std::invalid_argument("expert " + std::to_string(expert) + " " + name + what +
+                                            " hold NaN or Inf at [" + std::to_string(r) + ", " + std::to_string(c) +
+                                            "]; kt refuses non-finite weights at load");
+        }
     if (expert < 0 || expert >= shape_.num_experts)
         throw std::invalid_argument("expert index " + std::to_string(expert) + " outside [0, " +
                                     std::to_string(shape_.num_experts) + ")");

@@ -16,7 +16,7 @@ public:
     // `kernels` belongs to a validated, initialised backend that outlives the layer.
     // expert_on_cpu[e] == false marks a GPU-resident expert: nothing is packed for it and
     // routing to it is skipped. max_tokens bounds one forward (chunked_prefill_size).
-    MoeLayer(const kt_moe_shape& shape, const kt_method_kernels* kernels,
+    MoeLayer(const kt_moe_config& shape, const kt_method_kernels* kernels,
              std::vector<bool> expert_on_cpu, int64_t max_tokens);
 
     // Pack expert `expert` from unpacked matrices into memory on its NUMA group's node.
@@ -29,14 +29,14 @@ public:
     void forward(const void* hidden, kt_dtype hidden_dtype, int64_t tokens, const int64_t* ids,
                  const float* weights, void* out, kt_dtype out_dtype) const;
 
-    const kt_moe_shape& shape() const { return shape_; }
+    const kt_moe_config& shape() const { return shape_; }
     const kt_method_kernels& kernels() const { return *kernels_; }
     int64_t max_tokens() const { return max_tokens_; }
     size_t packed_bytes() const;                 // all loaded experts
     int expert_group(int64_t expert) const;      // pool group holding the expert
 
 private:
-    kt_moe_shape shape_;
+    kt_moe_config shape_;
     const kt_method_kernels* kernels_;
     std::vector<bool> on_cpu_;
     int64_t max_tokens_;

@@ -23,6 +23,16 @@ def to_cpu_contiguous(x, name: str):
         raise TypeError(f"{name} must be a torch tensor or a NumPy array, got {type(x).__name__}") from exc
 
 
+def weight_matrix(x, name: str):
+    """A CPU contiguous weight matrix; torch float8 codes are passed on as their bytes."""
+    x = to_cpu_contiguous(x, name)
+    if is_torch(x) and "float8" in str(x.dtype):
+        import torch
+
+        return x.view(torch.uint8)
+    return x
+
+
 def as_int64(x, name: str):
     x = to_cpu_contiguous(x, name)
     if is_torch(x):

@@ -21,7 +21,7 @@ from .errors import BackendError, WeightsError
 class MoE:
     def __init__(self, *, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
                  method: str = "BF16", gpu_experts_mask: Sequence[bool] | None = None, max_tokens: int = 4096,
-                 backend: str | None = None):
+                 backend: str | None = None, group_size: int = 0, zero_point: bool = False):
         for name, value in (("num_experts", num_experts), ("top_k", top_k), ("hidden_size", hidden_size),
                             ("intermediate_size", intermediate_size), ("max_tokens", max_tokens)):
             if int(value) <= 0:
@@ -32,6 +32,9 @@ class MoE:
         self.hidden_size, self.intermediate_size = int(hidden_size), int(intermediate_size)
         self.max_tokens = int(max_tokens)
         self.method = canonical_method(method)
+        if group_size < 0:
+            raise ValueError(f"group_size must be >= 0 (0 = the method's default), got {group_size}")
+        self.group_size, self.zero_point = int(group_size), bool(zero_point)
         mask = [False] * self.num_experts if gpu_experts_mask is None else [bool(x) for x in list(gpu_experts_mask)]
         if len(mask) != self.num_experts:
             raise ValueError(f"gpu_experts_mask has {len(mask)} entries, expected num_experts={self.num_experts}")
@@ -47,7 +50,8 @@ class MoE:
                 raise BackendError(f"backend {backend!r} cannot run method {self.method} here; see `kt backends`")
             self.candidate, native = choices[0], sel.load(choices[0])
         self._layer = _native.MoeLayer(native, self.method, self.hidden_size, self.intermediate_size,
-                                       self.num_experts, self.top_k, [not g for g in mask], self.max_tokens)
+                                       self.num_experts, self.top_k, [not g for g in mask], self.max_tokens,
+                                       self.group_size, self.zero_point)
         self._pending = None
 
     # -- identity -------------------------------------------------------------------------
@@ -72,17 +76,32 @@ class MoE:
         return self._layer.expert_group(expert)
 
     # -- weights --------------------------------------------------------------------------
-    def load_expert(self, expert: int, gate, up, down) -> None:
-        self._layer.load_expert(int(expert), gate, up, down)
+    def load_expert(self, expert: int, gate, up, down, scales=None, zeros=None) -> None:
+        """Pack one expert. gate/up [I, H], down [H, I] as floats; or, for checkpoint formats,
+        their codes with scales=(gate_scale, up_scale, down_scale) and optional zeros=(...)."""
+        parts = [_arrays.weight_matrix(m, n) for m, n in ((gate, "gate"), (up, "up"), (down, "down"))]
+        for extra, kind in ((scales, "scale"), (zeros, "zero")):
+            if extra is None:
+                parts += [None] * 3
+                continue
+            if len(extra) != 3:
+                raise WeightsError(f"{kind}s must be a (gate, up, down) triple, got {len(extra)} items")
+            parts += [None if m is None else _arrays.weight_matrix(m, f"{n}_{kind}")
+                      for m, n in zip(extra, ("gate", "up", "down"))]
+        self._layer.load_expert(int(expert), *parts)
 
-    def load(self, gate, up, down, physical_to_logical_map=None) -> None:
+    def load(self, gate, up, down, physical_to_logical_map=None, *, scales=None, zeros=None) -> None:
         """Load every CPU expert. gate/up: [E_logical, I, H]; down: [E_logical, H, I] (stacked
-        tensors or sequences of per-expert matrices). Physical slot p loads logical expert
+        tensors or sequences of per-expert matrices); scales/zeros: (gate, up, down) triples of
+        per-expert stacks for pre-quantized checkpoints. Physical slot p loads logical expert
         physical_to_logical_map[p] (identity by default); GPU-resident slots are skipped."""
         logical = len(gate)
         if len(up) != logical or len(down) != logical:
             raise WeightsError(f"gate, up and down must list the same number of experts; got {len(gate)}, "
                                f"{len(up)}, {len(down)}")
+        for extra, kind in ((scales, "scales"), (zeros, "zeros")):
+            if extra is not None and (len(extra) != 3 or any(m is not None and len(m) != logical for m in extra)):
+                raise WeightsError(f"{kind} must be a (gate, up, down) triple of stacks of {logical} experts")
         if physical_to_logical_map is None:
             if logical != self.num_experts:
                 raise WeightsError(f"got weights for {logical} experts, the layer has num_experts={self.num_experts}; "
@@ -96,12 +115,13 @@ class MoE:
             bad = [x for x in p2l if not 0 <= x < logical]
             if bad:
                 raise WeightsError(f"physical_to_logical_map entry {bad[0]} is outside [0, {logical}) logical experts")
+
+        def pick(extra, e):
+            return None if extra is None else tuple(None if m is None else m[e] for m in extra)
+
         for p, e in enumerate(p2l):
-            if self.gpu_experts_mask[p]:
-                continue
-            self._layer.load_expert(p, _arrays.to_cpu_contiguous(gate[e], f"gate[{e}]"),
-                                    _arrays.to_cpu_contiguous(up[e], f"up[{e}]"),
-                                    _arrays.to_cpu_contiguous(down[e], f"down[{e}]"))
+            if not self.gpu_experts_mask[p]:
+                self.load_expert(p, gate[e], up[e], down[e], pick(scales, e), pick(zeros, e))
 
     # -- forward --------------------------------------------------------------------------
     def _prepare(self, hidden, topk_ids, topk_weights):
