@@ -1,0 +1,57 @@
+#include "common.h"
+
+namespace KT_TARGET_NAMESPACE {
+
+namespace {
+
+// Input row -> f32, whatever floating type the caller hands in.
+void widen_row(const void* in, kt_dtype dtype, int64_t row, int64_t k, int64_t stride, float* out) {
+    kt_matrix m{in, dtype, row + 1, k, stride};
+    load_row(m, row, out);
+}
+
+}  // namespace
+
+kt_status quantize_f32_rows(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int64_t stride, void* out) {
+    if (!is_float(dtype)) return fail(KT_ERROR_INVALID_ARGUMENT, "activations must be floating point, got %s", dtype_name(dtype));
+    const int64_t padded = round_up(k, 2);
+    auto* o = static_cast<float*>(out);
+    for (int64_t r = 0; r < rows; ++r) {
+        widen_row(in, dtype, r, k, stride, o + r * padded);
+        if (padded != k) o[r * padded + k] = 0.0f;
+    }
+    return KT_OK;
+}
+
+kt_status quantize_split_bf16_rows(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int64_t stride, void* out) {
+    if (!is_float(dtype)) return fail(KT_ERROR_INVALID_ARGUMENT, "activations must be floating point, got %s", dtype_name(dtype));
+    const int64_t padded = round_up(k, 2);
+    const size_t row_bytes = split_bf16_row_bytes(k);
+    float tmp[512];
+    for (int64_t r = 0; r < rows; ++r) {
+        auto* base = static_cast<uint8_t*>(out) + size_t(r) * row_bytes;
+        auto* header = reinterpret_cast<SplitBf16Header*>(base);
+        auto* hi = reinterpret_cast<uint16_t*>(base + sizeof(SplitBf16Header));
+        uint16_t* lo = hi + padded;
+        int32_t any_lo = 0;
+        for (int64_t c0 = 0; c0 < k; c0 += 512) {
+            const int64_t n = k - c0 < 512 ? k - c0 : 512;
+            const size_t elem = dtype == KT_DTYPE_F64 ? 8 : dtype == KT_DTYPE_F32 ? 4 : 2;
+            kt_matrix m{static_cast<const char*>(in) + size_t(c0) * elem, dtype, r + 1, n, stride};
+            load_row(m, r, tmp);
+            for (int64_t c = 0; c < n; ++c) {
+                const uint16_t h = f32_to_bf16(tmp[c]);
+                const uint16_t l = f32_to_bf16(tmp[c] - bf16_to_f32(h));
+                hi[c0 + c] = h;
+                lo[c0 + c] = l;
+                any_lo |= (l & 0x7fff) != 0;
+            }
+        }
+        if (padded != k) hi[k] = lo[k] = 0;
+        *header = SplitBf16Header{};
+        header->has_lo = any_lo;
+    }
+    return KT_OK;
+}
+
+}  // namespace KT_TARGET_NAMESPACE

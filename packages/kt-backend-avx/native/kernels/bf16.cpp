@@ -1,0 +1,245 @@
+// BF16 experts. Packed layout "kt-bf16-p16k2-v1": each matrix [N, K] becomes panels of 16
+// output channels; a panel is K/2 chunks of 64 bytes, chunk j holding (w[n][2j], w[n][2j+1])
+// for its 16 channels n — one AVX-512 register, the operand order of vdpbf16ps. Gate and up
+// panels alternate ([gate 0][up 0][gate 1][up 1]...) so the fused gate/up kernel streams one
+// buffer; down panels follow. N pads to 16 and K to 2 with zeros.
+//
+// Targets with AVX512_BF16 take split-bf16 activations (hi + lo, f32-like accuracy; one pass
+// when the input was bf16 already) and vdpbf16ps (32 MACs per instruction); the others take
+// f32 activations and widen the weights exactly (a shift and a mask).
+// Every weight byte is read once per row block of MR tokens: decode (MR >= tokens) streams
+// the expert once; prefill reuses each panel from L2 across row blocks.
+#include "bf16.h"
+
+#include <algorithm>
+#include <vector>
+
+namespace KT_TARGET_NAMESPACE {
+namespace {
+
+constexpr size_t kChunkBytes = kPanel * 2 * sizeof(uint16_t);   // 16 channels x 2 k
+
+int64_t chunks(int64_t k) { return round_up(k, 2) / 2; }
+size_t panel_bytes(int64_t k) { return size_t(chunks(k)) * kChunkBytes; }
+
+// Packs rows [n0, n0+16) of a matrix into one panel (missing rows stay zero).
+void pack_panel(const kt_matrix& m, int64_t n0, uint16_t* dst, std::vector<float>& row) {
+    const int64_t K = m.cols;
+    for (int64_t i = 0; i < kPanel && n0 + i < m.rows; ++i) {
+        load_row(m, n0 + i, row.data());
+        for (int64_t k = 0; k < K; ++k) {
+            uint16_t v;
+            if (m.dtype == KT_DTYPE_BF16) {
+                v = static_cast<const uint16_t*>(m.data)[(n0 + i) * m.row_stride + k];   // keep bf16 bit-exact
+            } else {
+                v = f32_to_bf16(row[size_t(k)]);
+            }
+            dst[(k / 2) * kPanel * 2 + i * 2 + (k & 1)] = v;
+        }
+    }
+}
+
+size_t packed_bytes(const kt_moe_config* c) {
+    return 2 * size_t(panels(c->intermediate)) * panel_bytes(c->hidden) + size_t(panels(c->hidden)) * panel_bytes(c->intermediate);
+}
+
+kt_status pack(const kt_moe_config* c, const kt_expert_weights* src, void* dst) {
+    const int64_t H = c->hidden, I = c->intermediate;
+    kt_status st;
+    if ((st = expect_float_weight(src->gate, I, H, "gate", "BF16")) != KT_OK) return st;
+    if ((st = expect_float_weight(src->up, I, H, "up", "BF16")) != KT_OK) return st;
+    if ((st = expect_float_weight(src->down, H, I, "down", "BF16")) != KT_OK) return st;
+    std::vector<float> row(size_t(std::max(H, I)));
+    auto* out = static_cast<uint8_t*>(dst);
+    const size_t pb_h = panel_bytes(H), pb_i = panel_bytes(I);
+    for (int64_t p = 0; p < panels(I); ++p) {
+        pack_panel(src->gate.values, p * kPanel, reinterpret_cast<uint16_t*>(out + size_t(2 * p) * pb_h), row);
+        pack_panel(src->up.values, p * kPanel, reinterpret_cast<uint16_t*>(out + size_t(2 * p + 1) * pb_h), row);
+    }
+    out += 2 * size_t(panels(I)) * pb_h;
+    for (int64_t p = 0; p < panels(H); ++p)
+        pack_panel(src->down.values, p * kPanel, reinterpret_cast<uint16_t*>(out + size_t(p) * pb_i), row);
+    return KT_OK;
+}
+
+// ---- microkernels ----------------------------------------------------------------------
+// MR activation rows x one panel (or a gate/up panel pair when kFused) over all of K.
+// `x` rows are `row_bytes` apart; out rows have stride ldo; `cols` valid outputs (<= 16).
+
+#if defined(__AVX512BF16__)
+constexpr int kMrFused = 8, kMrPlain = 12;
+
+// x: split-bf16 rows (see common.h); kLo adds the low halves' pass.
+template <int MR, bool kFused, bool kLo>
+void panel_kernel_split(const uint8_t* x, size_t row_bytes, int64_t kc, const uint8_t* pa, const uint8_t* pb, float* out,
+                        int64_t ldo, int cols) {
+    __m512 acc_a[MR], acc_b[kFused ? MR : 1];
+    for (int m = 0; m < MR; ++m) acc_a[m] = _mm512_setzero_ps();
+    if constexpr (kFused)
+        for (int m = 0; m < MR; ++m) acc_b[m] = _mm512_setzero_ps();
+    const uint8_t* hi = x + sizeof(SplitBf16Header);
+    const size_t lo_offset = size_t(kc) * 4;
+    for (int64_t j = 0; j < kc; ++j) {
+        const __m512bh wa = (__m512bh)_mm512_loadu_si512(pa + size_t(j) * kChunkBytes);
+        __m512bh wb;
+        if constexpr (kFused) wb = (__m512bh)_mm512_loadu_si512(pb + size_t(j) * kChunkBytes);
+        for (int m = 0; m < MR; ++m) {
+            int32_t pair;
+            std::memcpy(&pair, hi + m * row_bytes + size_t(j) * 4, 4);
+            const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
+            acc_a[m] = _mm512_dpbf16_ps(acc_a[m], wa, xv);
+            if constexpr (kFused) acc_b[m] = _mm512_dpbf16_ps(acc_b[m], wb, xv);
+            if constexpr (kLo) {
+                std::memcpy(&pair, hi + m * row_bytes + lo_offset + size_t(j) * 4, 4);
+                const __m512bh xl = (__m512bh)_mm512_set1_epi32(pair);
+                acc_a[m] = _mm512_dpbf16_ps(acc_a[m], wa, xl);
+                if constexpr (kFused) acc_b[m] = _mm512_dpbf16_ps(acc_b[m], wb, xl);
+            }
+        }
+    }
+    for (int m = 0; m < MR; ++m) {
+        __m512 r = acc_a[m];
+        if constexpr (kFused) r = silu_mul(acc_a[m], acc_b[m]);
+        vstore_partial(out + m * ldo, r, cols);
+    }
+}
+
+template <int MR, bool kFused>
+void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t kc, const uint8_t* pa, const uint8_t* pb, float* out,
+                  int64_t ldo, int cols) {
+    bool lo = false;
+    for (int m = 0; m < MR; ++m) lo |= reinterpret_cast<const SplitBf16Header*>(x + m * row_bytes)->has_lo != 0;
+    if (lo) {
+        panel_kernel_split<MR, kFused, true>(x, row_bytes, kc, pa, pb, out, ldo, cols);
+    } else {
+        panel_kernel_split<MR, kFused, false>(x, row_bytes, kc, pa, pb, out, ldo, cols);
+    }
+}
+#else
+#if defined(__AVX512F__)
+constexpr int kMrFused = 6, kMrPlain = 8;
+#else
+constexpr int kMrFused = 2, kMrPlain = 4;
+#endif
+
+// x: f32 rows.
+template <int MR, bool kFused>
+void panel_kernel(const uint8_t* xb, size_t row_bytes, int64_t kc, const uint8_t* pa, const uint8_t* pb, float* out,
+                  int64_t ldo, int cols) {
+    const auto* x = reinterpret_cast<const float*>(xb);
+    const int64_t ldx = int64_t(row_bytes / sizeof(float));
+    VF acc_a[MR][kVecsPerPanel], acc_b[kFused ? MR : 1][kVecsPerPanel];
+    for (int m = 0; m < MR; ++m)
+        for (int v = 0; v < kVecsPerPanel; ++v) {
+            acc_a[m][v] = vzero();
+            if constexpr (kFused) acc_b[m][v] = vzero();
+        }
+    for (int64_t j = 0; j < kc; ++j) {
+        for (int v = 0; v < kVecsPerPanel; ++v) {
+            const VI wa = vloadi(pa + size_t(j) * kChunkBytes + size_t(v) * kLanes * 4);
+            const VF a0 = bf16_even(wa), a1 = bf16_odd(wa);
+            VF b0, b1;
+            if constexpr (kFused) {
+                const VI wb = vloadi(pb + size_t(j) * kChunkBytes + size_t(v) * kLanes * 4);
+                b0 = bf16_even(wb);
+                b1 = bf16_odd(wb);
+            }
+            for (int m = 0; m < MR; ++m) {
+                const VF x0 = vset1(x[m * ldx + 2 * j]), x1 = vset1(x[m * ldx + 2 * j + 1]);
+                acc_a[m][v] = vfma(a1, x1, vfma(a0, x0, acc_a[m][v]));
+                if constexpr (kFused) acc_b[m][v] = vfma(b1, x1, vfma(b0, x0, acc_b[m][v]));
+            }
+        }
+    }
+    for (int m = 0; m < MR; ++m)
+        for (int v = 0; v < kVecsPerPanel; ++v) {
+            VF r = acc_a[m][v];
+            if constexpr (kFused) r = silu_mul(acc_a[m][v], acc_b[m][v]);
+            const int n = std::min(kLanes, cols - v * kLanes);
+            if (n > 0) vstore_partial(out + m * ldo + v * kLanes, r, n);
+        }
+}
+#endif
+
+// Row blocks of MR, then the remainder through the matching smaller instantiation.
+template <int MR, bool kFused>
+void rows_kernel(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t kc, const uint8_t* pa, const uint8_t* pb,
+                 float* out, int64_t ldo, int cols) {
+    int64_t r = 0;
+    for (; r + MR <= rows; r += MR) panel_kernel<MR, kFused>(x + r * row_bytes, row_bytes, kc, pa, pb, out + r * ldo, ldo, cols);
+    if (r == rows) return;
+    // The remainder goes through MR/2, MR/4, ...: at most log2(MR) more instantiations.
+    if constexpr (MR > 1)
+        rows_kernel<MR / 2, kFused>(x + r * row_bytes, row_bytes, rows - r, kc, pa, pb, out + r * ldo, ldo, cols);
+}
+
+#if defined(__AVX512BF16__)
+inline size_t act_row_bytes(int64_t k) { return split_bf16_row_bytes(k); }
+#else
+inline size_t act_row_bytes(int64_t k) { return f32_row_bytes(k); }
+#endif
+
+template <bool kFused>
+void run_rows(const void* x, int64_t k, int64_t rows, const uint8_t* pa, const uint8_t* pb, float* out, int64_t ldo,
+              int cols) {
+    const auto* xb = static_cast<const uint8_t*>(x);
+    if constexpr (kFused) {
+        rows_kernel<kMrFused, true>(xb, act_row_bytes(k), rows, chunks(k), pa, pb, out, ldo, cols);
+    } else {
+        rows_kernel<kMrPlain, false>(xb, act_row_bytes(k), rows, chunks(k), pa, pb, out, ldo, cols);
+    }
+}
+
+kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+                       float* out, int64_t ldo) {
+    const int64_t H = c->hidden, I = c->intermediate;
+    if (n0 % kPanel || n1 > I || n0 >= n1)
+        return fail(KT_ERROR_INVALID_ARGUMENT, "BF16 gate/up tile [%lld, %lld) is not panel-aligned within [0, %lld)",
+                    (long long)n0, (long long)n1, (long long)I);
+    const size_t pb = panel_bytes(H);
+    const auto* base = static_cast<const uint8_t*>(packed);
+    for (int64_t n = n0; n < n1; n += kPanel) {
+        const uint8_t* gate = base + size_t(2 * (n / kPanel)) * pb;
+        run_rows<true>(act, H, rows, gate, gate + pb, out + n, ldo, int(std::min<int64_t>(kPanel, n1 - n)));
+    }
+    return KT_OK;
+}
+
+kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+                    float* out, int64_t ldo) {
+    const int64_t H = c->hidden, I = c->intermediate;
+    if (n0 % kPanel || n1 > H || n0 >= n1)
+        return fail(KT_ERROR_INVALID_ARGUMENT, "BF16 down tile [%lld, %lld) is not panel-aligned within [0, %lld)",
+                    (long long)n0, (long long)n1, (long long)H);
+    const size_t pb = panel_bytes(I);
+    const auto* base = static_cast<const uint8_t*>(packed) + 2 * size_t(panels(I)) * panel_bytes(H);
+    for (int64_t n = n0; n < n1; n += kPanel)
+        run_rows<false>(act, I, rows, base + size_t(n / kPanel) * pb, nullptr, out + n, ldo,
+                        int(std::min<int64_t>(kPanel, n1 - n)));
+    return KT_OK;
+}
+
+}  // namespace
+
+kt_method_kernels bf16_kernels(const char* kernel_id) {
+    kt_method_kernels m{};
+    m.struct_size = sizeof(kt_method_kernels);
+    m.method = "BF16";
+    m.layout_id = "kt-bf16-p16k2-v1";
+    m.kernel_id = kernel_id;
+    m.gate_up_block = kPanel;
+    m.down_block = kPanel;
+    m.packed_expert_bytes = packed_bytes;
+    m.pack_expert = pack;
+    m.activation_row_bytes = act_row_bytes;
+#if defined(__AVX512BF16__)
+    m.quantize_activations = quantize_split_bf16_rows;
+#else
+    m.quantize_activations = quantize_f32_rows;
+#endif
+    m.gate_up_tile = gate_up_tile;
+    m.down_tile = down_tile;
+    return m;
+}
+
+}  // namespace KT_TARGET_NAMESPACE

@@ -1,0 +1,105 @@
+// What every kernel file of a target shares: the host table, error reporting, reading the
+// user's weight matrices, and the activation formats.
+#pragma once
+#include <kt/plugin.h>
+
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+
+#include "simd.h"
+
+namespace KT_TARGET_NAMESPACE {
+
+extern const kt_host_api* g_host;
+
+// Records a printf-style message with the host and returns `code`; never throws across the ABI.
+inline kt_status fail(kt_status code, const char* fmt, ...) {
+    char buffer[512];
+    va_list args;
+    va_start(args, fmt);
+    std::vsnprintf(buffer, sizeof buffer, fmt, args);
+    va_end(args);
+    if (g_host) g_host->set_error(buffer);
+    return code;
+}
+
+inline int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+inline int64_t panels(int64_t n) { return (n + kPanel - 1) / kPanel; }
+
+inline const char* dtype_name(kt_dtype d) {
+    switch (d) {
+        case KT_DTYPE_F32: return "float32";
+        case KT_DTYPE_BF16: return "bfloat16";
+        case KT_DTYPE_F16: return "float16";
+        case KT_DTYPE_F64: return "float64";
+        case KT_DTYPE_I8: return "int8";
+        case KT_DTYPE_U8: return "uint8";
+        case KT_DTYPE_I32: return "int32";
+    }
+    return "unknown";
+}
+
+inline bool is_float(kt_dtype d) {
+    return d == KT_DTYPE_F32 || d == KT_DTYPE_BF16 || d == KT_DTYPE_F16 || d == KT_DTYPE_F64;
+}
+
+inline float bf16_to_f32(uint16_t h) {
+    const uint32_t bits = uint32_t(h) << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+inline float f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
+
+// One row of a floating matrix as f32 (exact for bf16/f16; f64 rounds).
+inline void load_row(const kt_matrix& m, int64_t row, float* out) {
+    const int64_t at = row * m.row_stride;
+    switch (m.dtype) {
+        case KT_DTYPE_F32: std::memcpy(out, static_cast<const float*>(m.data) + at, size_t(m.cols) * 4); break;
+        case KT_DTYPE_BF16:
+            for (int64_t c = 0; c < m.cols; ++c) out[c] = bf16_to_f32(static_cast<const uint16_t*>(m.data)[at + c]);
+            break;
+        case KT_DTYPE_F16:
+            for (int64_t c = 0; c < m.cols; ++c) out[c] = f16_to_f32(static_cast<const uint16_t*>(m.data)[at + c]);
+            break;
+        case KT_DTYPE_F64:
+            for (int64_t c = 0; c < m.cols; ++c) out[c] = float(static_cast<const double*>(m.data)[at + c]);
+            break;
+        default: break;
+    }
+}
+
+// Checks a floating weight of the layer's shape, as every quantize-at-load method needs.
+inline kt_status expect_float_weight(const kt_weight& w, int64_t rows, int64_t cols, const char* name,
+                                     const char* method) {
+    if (!is_float(w.values.dtype))
+        return fail(KT_ERROR_INVALID_ARGUMENT, "%s: %s must be floating point (float32, bfloat16, float16, float64), got %s",
+                    method, name, dtype_name(w.values.dtype));
+    if (w.values.rows != rows || w.values.cols != cols)
+        return fail(KT_ERROR_INVALID_ARGUMENT, "%s: %s should be [%lld, %lld], got [%lld, %lld]", method, name,
+                    (long long)rows, (long long)cols, (long long)w.values.rows, (long long)w.values.cols);
+    if (w.scales.data || w.zeros.data)
+        return fail(KT_ERROR_INVALID_ARGUMENT, "%s: %s takes plain floating weights; it quantizes them itself, so "
+                    "scales/zero points must not be given", method, name);
+    return KT_OK;
+}
+
+// --- activation formats ---------------------------------------------------------------
+// F32 rows, padded to an even length with zeros so kernels read (k, k+1) pairs.
+inline size_t f32_row_bytes(int64_t k) { return size_t(round_up(k, 2)) * 4; }
+kt_status quantize_f32_rows(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int64_t stride, void* out);
+// Split-BF16 rows for vdpbf16ps: x = hi + lo with hi = bf16(x), lo = bf16(x - hi), which keeps
+// ~16 mantissa bits (f32-like error) while the hardware multiplies bf16 pairs. A 64-byte
+// header says whether any lo is nonzero: rows that were bf16 already (the hidden states
+// of a bf16 model) cost one vdpbf16ps pass, not two. Layout: header, hi[K2], lo[K2].
+struct SplitBf16Header {
+    int32_t has_lo;
+    int32_t reserved[15];
+};
+inline size_t split_bf16_row_bytes(int64_t k) { return sizeof(SplitBf16Header) + size_t(round_up(k, 2)) * 4; }
+kt_status quantize_split_bf16_rows(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int64_t stride, void* out);
+
+}  // namespace KT_TARGET_NAMESPACE

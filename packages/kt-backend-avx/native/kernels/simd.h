@@ -1,0 +1,106 @@
+// The vector vocabulary the kernels are written in. This header is compiled once per
+// target (x86-64-v3 = AVX2, x86-64-v4 = AVX-512, ...): the same kernel text becomes 8- or
+// 16-lane code. Panels are always 16 output channels wide, so a panel is one AVX-512
+// register or two AVX2 registers (kVecsPerPanel).
+#pragma once
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace KT_TARGET_NAMESPACE {
+
+constexpr int kPanel = 16;   // output channels per packed panel, for every target
+
+#if defined(__AVX512F__)
+constexpr int kLanes = 16;
+using VF = __m512;
+using VI = __m512i;
+inline VF vzero() { return _mm512_setzero_ps(); }
+inline VF vset1(float v) { return _mm512_set1_ps(v); }
+inline VF vload(const float* p) { return _mm512_loadu_ps(p); }
+inline void vstore(float* p, VF v) { _mm512_storeu_ps(p, v); }
+inline VF vfma(VF a, VF b, VF c) { return _mm512_fmadd_ps(a, b, c); }
+inline VF vmul(VF a, VF b) { return _mm512_mul_ps(a, b); }
+inline VF vadd(VF a, VF b) { return _mm512_add_ps(a, b); }
+inline VF vsub(VF a, VF b) { return _mm512_sub_ps(a, b); }
+inline VF vdiv(VF a, VF b) { return _mm512_div_ps(a, b); }
+// min/max return their second operand when either is NaN: pass the data second so NaN survives.
+inline VF vmin(VF bound, VF x) { return _mm512_min_ps(bound, x); }
+inline VF vmax(VF bound, VF x) { return _mm512_max_ps(bound, x); }
+inline VI vloadi(const void* p) { return _mm512_loadu_si512(p); }
+// bf16 pairs packed in 32-bit lanes -> the f32 values of the even and odd element (exact).
+inline VF bf16_even(VI w) { return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)); }
+inline VF bf16_odd(VI w) { return _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32(int(0xffff0000u)))); }
+inline VF vroundint(VF x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline VF vpow2i(VF n) {   // 2^n for integral n in [-126, 127]
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
+}
+#else
+constexpr int kLanes = 8;
+using VF = __m256;
+using VI = __m256i;
+inline VF vzero() { return _mm256_setzero_ps(); }
+inline VF vset1(float v) { return _mm256_set1_ps(v); }
+inline VF vload(const float* p) { return _mm256_loadu_ps(p); }
+inline void vstore(float* p, VF v) { _mm256_storeu_ps(p, v); }
+inline VF vfma(VF a, VF b, VF c) { return _mm256_fmadd_ps(a, b, c); }
+inline VF vmul(VF a, VF b) { return _mm256_mul_ps(a, b); }
+inline VF vadd(VF a, VF b) { return _mm256_add_ps(a, b); }
+inline VF vsub(VF a, VF b) { return _mm256_sub_ps(a, b); }
+inline VF vdiv(VF a, VF b) { return _mm256_div_ps(a, b); }
+inline VF vmin(VF bound, VF x) { return _mm256_min_ps(bound, x); }
+inline VF vmax(VF bound, VF x) { return _mm256_max_ps(bound, x); }
+inline VI vloadi(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+inline VF bf16_even(VI w) { return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)); }
+inline VF bf16_odd(VI w) { return _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(int(0xffff0000u)))); }
+inline VF vroundint(VF x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline VF vpow2i(VF n) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+}
+#endif
+
+constexpr int kVecsPerPanel = kPanel / kLanes;
+
+// e^x to ~2 ulp: 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2], degree-6 polynomial.
+// Clamped to the f32 range so SiLU's limits come out right; NaN passes through.
+inline VF vexp(VF x) {
+    x = vmax(vset1(-87.3f), vmin(vset1(88.3f), x));
+    const VF n = vroundint(vmul(x, vset1(1.44269504088896341f)));
+    VF r = vfma(n, vset1(-0.693359375f), x);
+    r = vfma(n, vset1(2.12194440e-4f), r);
+    VF p = vset1(1.0f / 720);
+    p = vfma(p, r, vset1(1.0f / 120));
+    p = vfma(p, r, vset1(1.0f / 24));
+    p = vfma(p, r, vset1(1.0f / 6));
+    p = vfma(p, r, vset1(0.5f));
+    p = vfma(p, r, vset1(1.0f));
+    p = vfma(p, r, vset1(1.0f));
+    return vmul(p, vpow2i(n));
+}
+
+// SiLU(g) * u = g * u / (1 + e^-g), the activation of every gate/up expert MLP.
+inline VF silu_mul(VF g, VF u) {
+    return vdiv(vmul(g, u), vadd(vset1(1.0f), vexp(vsub(vzero(), g))));
+}
+
+// Store the first `n` (<= kLanes) lanes of v.
+inline void vstore_partial(float* p, VF v, int n) {
+    if (n == kLanes) {
+        vstore(p, v);
+    } else {
+        alignas(64) float tmp[kLanes];
+        vstore(tmp, v);
+        std::memcpy(p, tmp, sizeof(float) * size_t(n));
+    }
+}
+
+inline uint16_t f32_to_bf16(float f) {
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return uint16_t((bits >> 16) | 0x40);
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return uint16_t(bits >> 16);
+}
+
+}  // namespace KT_TARGET_NAMESPACE

@@ -1,0 +1,42 @@
+// This target's backend table. Built on first request, never at module load: this file is
+// compiled with the target's ISA flags, and nothing of it may run before kt-core has
+// checked that the host can execute them.
+#include "bf16.h"
+#include "common.h"
+
+#define KT_STR2(x) #x
+#define KT_STR(x) KT_STR2(x)
+
+namespace KT_TARGET_NAMESPACE {
+
+const kt_host_api* g_host = nullptr;
+
+namespace {
+
+kt_status init(const kt_host_api* host) {
+    g_host = host;
+    return KT_OK;
+}
+
+struct Tables {
+    kt_method_kernels methods[1];
+    kt_backend_api api;
+};
+
+Tables build() {
+    Tables t{};
+    t.methods[0] = bf16_kernels("moe.bf16.p16k2." KT_TARGET_VARIANT);
+    t.api = kt_backend_api{sizeof(kt_backend_api), KT_PLUGIN_ABI_MAJOR, KT_PLUGIN_ABI_MINOR, "avx", KT_TARGET_VARIANT,
+                           KT_TARGET_FEATURES, init, sizeof(t.methods) / sizeof(t.methods[0]), nullptr};
+    return t;
+}
+
+}  // namespace
+
+const kt_backend_api* backend_api() {
+    static Tables tables = build();
+    tables.api.methods = tables.methods;
+    return &tables.api;
+}
+
+}  // namespace KT_TARGET_NAMESPACE
