@@ -5,6 +5,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <stdexcept>
@@ -85,6 +88,25 @@ private:
     kt_status status_ = KT_OK;
     const char* what_ = "";
     std::string message_;
+};
+
+// KT_TRACE=1 prints each forward's phase times to stderr: where a slow layer spends its time.
+class PhaseTimer {
+public:
+    PhaseTimer() : enabled_(std::getenv("KT_TRACE") != nullptr), last_(std::chrono::steady_clock::now()) {}
+    void mark(const char* phase) {
+        if (!enabled_) return;
+        const auto now = std::chrono::steady_clock::now();
+        std::fprintf(stderr, "%s %.3f ms  ", phase, std::chrono::duration<double, std::milli>(now - last_).count());
+        last_ = now;
+    }
+    ~PhaseTimer() {
+        if (enabled_) std::fputc('\n', stderr);
+    }
+
+private:
+    bool enabled_;
+    std::chrono::steady_clock::time_point last_;
 };
 
 template <class F>
@@ -285,7 +307,9 @@ void MoeLayer::forward(const void* hidden, kt_dtype hidden_dtype, int64_t tokens
     }();
 
     FailureSlot failure;
+    PhaseTimer timer;
     const int threads = pool.num_threads(), groups = pool.num_groups();
+    timer.mark("route");
 
     // 1. Quantize every token once, in chunks of rows; then gather each expert's rows.
     const int64_t quant_chunk = std::max<int64_t>(1, (T + 4 * threads - 1) / (4 * threads));
@@ -301,6 +325,7 @@ void MoeLayer::forward(const void* hidden, kt_dtype hidden_dtype, int64_t tokens
         std::memcpy(act_rows + r * row_h, act_tokens + size_t(token_of_row[r]) * row_h, row_h);
     };
     parallel(pool, size_t(S), gather);
+    timer.mark("quantize+gather");
 
     auto plan_tiles = [&](int64_t n, int64_t kernel_block) {
         TilePlan tp;
@@ -338,6 +363,7 @@ void MoeLayer::forward(const void* hidden, kt_dtype hidden_dtype, int64_t tokens
     };
     run_tiles(gate_up_plan, gate_up);
     failure.rethrow();
+    timer.mark("gate_up");
 
     // 3. Quantize the intermediate activations for the down projection, per expert.
     auto quantize_inter = [&](size_t a) {
@@ -349,6 +375,7 @@ void MoeLayer::forward(const void* hidden, kt_dtype hidden_dtype, int64_t tokens
     };
     parallel(pool, active.size(), quantize_inter);
     failure.rethrow();
+    timer.mark("quantize_inter");
 
     // 4. Down projection per (expert, hidden block).
     const TilePlan down_plan = plan_tiles(H, kernels_->down_block);
@@ -361,6 +388,7 @@ void MoeLayer::forward(const void* hidden, kt_dtype hidden_dtype, int64_t tokens
     };
     run_tiles(down_plan, down);
     failure.rethrow();
+    timer.mark("down");
 
     // 5. Weighted sum per token in slot order (deterministic; FP32 accumulation).
     auto reduce = [&](size_t t) {
@@ -381,6 +409,7 @@ void MoeLayer::forward(const void* hidden, kt_dtype hidden_dtype, int64_t tokens
         }
     };
     parallel(pool, size_t(T), reduce);
+    timer.mark("reduce");
 }
 
 }  // namespace kt

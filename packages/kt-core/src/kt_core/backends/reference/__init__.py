@@ -9,5 +9,6 @@ descriptor = BackendDescriptor(
     tier=Tier.REFERENCE,
     arch=("x86_64", "aarch64"),
     description="portable C++ at the baseline ISA; the correctness oracle every backend is tested against",
-    variants=(Variant("baseline", module="kt_core.backends.reference._native", methods=("BF16", "FP32")),),
+    variants=(Variant("baseline", module="kt_core.backends.reference._native",
+                      methods=("BF16", "FP32", "INT8", "INT4", "RAWINT4", "FP8", "FP8_PERCHANNEL")),),
 )

@@ -1,0 +1,65 @@
+// What the reference backend's translation units share: the host table, error reporting,
+// element conversions, the f32 activation path and the method tables each file provides.
+#pragma once
+
+#include <kt/plugin.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+namespace kt_reference {
+
+extern const kt_host_api* g_host;
+
+// Records `message` with the host (the core turns it into the Python exception) and
+// returns `code`, so packers can write `return fail(...)`.
+kt_status fail(kt_status code, const std::string& message);
+
+// bf16 is the top half of an IEEE float; rounding to nearest-even keeps the packer
+// bit-identical to torch's float->bfloat16 conversion (NaN stays NaN).
+inline float bf16_to_f32(uint16_t h) {
+    uint32_t bits = uint32_t(h) << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+inline uint16_t f32_to_bf16(float f) {
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return uint16_t((bits >> 16) | 0x40);
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return uint16_t(bits >> 16);
+}
+
+bool is_floating(kt_dtype dtype);
+const char* dtype_name(kt_dtype dtype);
+// "bfloat16 [64, 128]": how error messages describe what a caller passed.
+std::string describe(const kt_matrix& m);
+
+// Element `index` of floating data, widened exactly to f32 (f64 is rounded to nearest).
+float load_element(const void* data, kt_dtype dtype, int64_t index);
+
+// Activations stay f32 for every method: the reference's job is to show the weight
+// format's error alone.
+size_t activation_row_bytes(int64_t k);
+kt_status quantize_activations(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int64_t stride, void* out);
+
+// A method table with the reference's common parts (f32 activations, 16-column tiles).
+kt_method_kernels method_table(const char* name, const char* layout_id, const char* kernel_id,
+                               size_t (*packed_expert_bytes)(const kt_moe_config*),
+                               kt_status (*pack_expert)(const kt_moe_config*, const kt_expert_weights*, void*),
+                               decltype(kt_method_kernels::gate_up_tile) gate_up_tile,
+                               decltype(kt_method_kernels::down_tile) down_tile);
+
+// reference_float.cpp
+kt_method_kernels bf16_method();
+kt_method_kernels fp32_method();
+// reference_quantized.cpp
+kt_method_kernels int8_method();
+kt_method_kernels int4_method();
+kt_method_kernels rawint4_method();
+kt_method_kernels fp8_method();
+kt_method_kernels fp8_perchannel_method();
+
+}  // namespace kt_reference

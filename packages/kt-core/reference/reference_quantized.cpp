@@ -1,0 +1,458 @@
+// INT8, INT4, RAWINT4, FP8 and FP8_PERCHANNEL, exactly as docs/formats.md states them.
+//
+// All five pack a matrix [N, K] the same way: one code byte per element [N, K], f32 scales
+// [N, groups] and, for asymmetric INT4 only, int8 zero points [N, groups]; a group is
+// `group` consecutive k (the last one may be short, as FP8's 128-wide blocks need not
+// divide K). The kernels multiply f32 activations by scale * (value(code) - zero) in
+// double: for every format that product is exact, so the accumulation is the only rounding
+// the reference adds to the format's own.
+#include "reference_common.h"
+
+#include <algorithm>
+#include <cmath>
+#include <initializer_list>
+#include <vector>
+
+namespace kt_reference {
+namespace {
+
+constexpr size_t kAlign = 64;
+size_t round_up(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+const char* const kMatrixName[3] = {"gate", "up", "down"};
+
+// ---- packed layout ---------------------------------------------------------------------
+
+// Where one matrix's parts lie in a packed expert (byte offsets).
+struct MatrixLayout {
+    int64_t rows, cols, group, groups;
+    bool has_zeros;
+    size_t codes, scales, zeros;
+};
+
+struct ExpertLayout {
+    MatrixLayout part[3];   // gate [I, H], up [I, H], down [H, I]
+    size_t bytes;
+};
+
+template <class M>
+ExpertLayout layout_of(const kt_moe_config* s) {
+    ExpertLayout l{};
+    const int64_t rows[3] = {s->intermediate, s->intermediate, s->hidden};
+    const int64_t cols[3] = {s->hidden, s->hidden, s->intermediate};
+    size_t at = 0;
+    for (int p = 0; p < 3; ++p) {
+        MatrixLayout& m = l.part[p];
+        m.rows = rows[p];
+        m.cols = cols[p];
+        // A group size the packer is going to refuse must still give a sane byte count,
+        // because the core sizes the buffers before it calls the packer.
+        m.group = std::max<int64_t>(1, M::group(s, m.cols));
+        m.groups = ceil_div(m.cols, m.group);
+        m.has_zeros = M::has_zeros(s);
+        m.codes = at;
+        at += round_up(size_t(m.rows * m.cols));
+        m.scales = at;
+        at += round_up(size_t(m.rows * m.groups) * sizeof(float));
+        m.zeros = at;
+        if (m.has_zeros) at += round_up(size_t(m.rows * m.groups));
+    }
+    l.bytes = at;
+    return l;
+}
+
+// Codes are stored as bytes; a method's Codes type says what number a byte stands for.
+struct IntCodes {
+    static double value(uint8_t code) { return double(int8_t(code)); }
+};
+
+// E4M3 "fn": sign, 4 exponent bits (bias 7), 3 mantissa bits; no infinities, and
+// S.1111.111 is NaN (refused at load, so never decoded).
+bool e4m3_is_nan(uint8_t byte) { return (byte & 0x7f) == 0x7f; }
+struct E4M3Codes {
+    static double value(uint8_t byte) {
+        const int e = (byte >> 3) & 0xf, m = byte & 7;
+        const double magnitude = e == 0 ? std::ldexp(m, -9) : std::ldexp(8 + m, e - 10);
+        return (byte & 0x80) ? -magnitude : magnitude;
+    }
+};
+
+// ---- kernels ---------------------------------------------------------------------------
+
+template <class M>
+double dot(const float* x, const char* packed, const MatrixLayout& m, int64_t n) {
+    const auto* codes = reinterpret_cast<const uint8_t*>(packed + m.codes) + n * m.cols;
+    const auto* scales = reinterpret_cast<const float*>(packed + m.scales) + n * m.groups;
+    const auto* zeros = reinterpret_cast<const int8_t*>(packed + m.zeros) + n * m.groups;
+    double acc = 0.0;
+    for (int64_t k = 0; k < m.cols; ++k) {
+        const int64_t g = k / m.group;
+        const double zero = m.has_zeros ? zeros[g] : 0.0;
+        acc += double(x[k]) * (double(scales[g]) * (M::Codes::value(codes[k]) - zero));
+    }
+    return acc;
+}
+
+template <class M>
+kt_status gate_up_tile(const kt_moe_config* s, const void* packed, const void* act, int64_t rows, int64_t n0,
+                       int64_t n1, float* out, int64_t out_stride) {
+    const ExpertLayout l = layout_of<M>(s);
+    const auto* base = static_cast<const char*>(packed);
+    const auto* x = static_cast<const float*>(act);
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t n = n0; n < n1; ++n) {
+            const double g = dot<M>(x + r * s->hidden, base, l.part[0], n);
+            const double u = dot<M>(x + r * s->hidden, base, l.part[1], n);
+            out[r * out_stride + n] = float(g / (1.0 + std::exp(-g)) * u);
+        }
+    return KT_OK;
+}
+
+template <class M>
+kt_status down_tile(const kt_moe_config* s, const void* packed, const void* act, int64_t rows, int64_t n0,
+                    int64_t n1, float* out, int64_t out_stride) {
+    const ExpertLayout l = layout_of<M>(s);
+    const auto* base = static_cast<const char*>(packed);
+    const auto* x = static_cast<const float*>(act);
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t n = n0; n < n1; ++n)
+            out[r * out_stride + n] = float(dot<M>(x + r * s->intermediate, base, l.part[2], n));
+    return KT_OK;
+}
+
+// ---- input checks ----------------------------------------------------------------------
+
+std::string prefix(const char* method) { return std::string("reference backend ") + method + ": "; }
+
+std::string shape_text(int64_t rows, int64_t cols) {
+    return "[" + std::to_string(rows) + ", " + std::to_string(cols) + "]";
+}
+
+std::string dtype_list(std::initializer_list<kt_dtype> dtypes) {
+    std::string text;
+    size_t i = 0;
+    for (kt_dtype d : dtypes) {
+        if (i) text += i + 1 == dtypes.size() ? " or " : ", ";
+        text += dtype_name(d);
+        ++i;
+    }
+    return text;
+}
+
+constexpr std::initializer_list<kt_dtype> kFloats = {KT_DTYPE_F32, KT_DTYPE_BF16, KT_DTYPE_F16, KT_DTYPE_F64};
+constexpr std::initializer_list<kt_dtype> kScaleDtypes = {KT_DTYPE_F32, KT_DTYPE_BF16};
+
+bool has_dtype(const kt_matrix& m, std::initializer_list<kt_dtype> dtypes) {
+    return std::find(dtypes.begin(), dtypes.end(), m.dtype) != dtypes.end();
+}
+
+// Refuses `m` (named by `what`) unless it is present with one of `dtypes` and the shape
+// [rows, cols].
+kt_status expect(const kt_matrix& m, const std::string& what, std::initializer_list<kt_dtype> dtypes, int64_t rows,
+                 int64_t cols, const std::string& note = "") {
+    if (m.data && has_dtype(m, dtypes) && m.rows == rows && m.cols == cols) return KT_OK;
+    return fail(KT_ERROR_INVALID_ARGUMENT, what + " must be " + dtype_list(dtypes) + " " + shape_text(rows, cols) +
+                                               note + "; got " + describe(m));
+}
+
+kt_status expect_absent(const kt_matrix& m, const std::string& what, const char* why) {
+    if (!m.data) return KT_OK;
+    return fail(KT_ERROR_INVALID_ARGUMENT, what + " must not be given (" + why + "); got " + describe(m));
+}
+
+// Methods whose group is fixed by their format (or that have none) take group_size 0 or
+// that fixed size, and no zero point.
+kt_status check_fixed_config(const char* method, const kt_moe_config* s, int64_t fixed_group, const char* why) {
+    if (s->group_size != 0 && s->group_size != fixed_group)
+        return fail(KT_ERROR_INVALID_ARGUMENT, prefix(method) + why + "; group_size must be 0" +
+                                                   (fixed_group ? " or " + std::to_string(fixed_group) : "") +
+                                                   ", got " + std::to_string(s->group_size));
+    if (s->quant_flags & KT_QUANT_ZERO_POINT)
+        return fail(KT_ERROR_INVALID_ARGUMENT,
+                    prefix(method) + "zero_point=True is an INT4 option; " + method + " is symmetric");
+    return KT_OK;
+}
+
+kt_status check_group_divides(const char* method, const kt_moe_config* s, int64_t group) {
+    if (s->hidden % group != 0)
+        return fail(KT_ERROR_INVALID_ARGUMENT, prefix(method) + "group size " + std::to_string(group) +
+                                                   " does not divide hidden = " + std::to_string(s->hidden) +
+                                                   " (the K of gate and up)");
+    if (s->intermediate % group != 0)
+        return fail(KT_ERROR_INVALID_ARGUMENT, prefix(method) + "group size " + std::to_string(group) +
+                                                   " does not divide intermediate = " +
+                                                   std::to_string(s->intermediate) + " (the K of down)");
+    return KT_OK;
+}
+
+// Floating weights the packer quantizes itself: nothing pre-quantized may come with them.
+kt_status check_float_source(const char* method, const kt_weight& w, const MatrixLayout& m, const char* matrix) {
+    const std::string who = prefix(method) + matrix;
+    kt_status st;
+    if ((st = expect(w.values, who, kFloats, m.rows, m.cols, " (" + std::string(method) +
+                                                                   " quantizes float weights at load)")) != KT_OK)
+        return st;
+    if ((st = expect_absent(w.scales, who + " scales", "this method computes its own scales")) != KT_OK) return st;
+    return expect_absent(w.zeros, who + " zeros", "this method computes its own zero points");
+}
+
+// E4M3 bytes [N, K] with no NaN code.
+kt_status check_e4m3_values(const char* method, const kt_weight& w, const MatrixLayout& m, const char* matrix) {
+    const std::string who = prefix(method) + matrix;
+    kt_status st;
+    if ((st = expect(w.values, who, {KT_DTYPE_U8}, m.rows, m.cols, " (E4M3 bytes)")) != KT_OK) return st;
+    if ((st = expect_absent(w.zeros, who + " zeros", "FP8 has no zero points")) != KT_OK) return st;
+    const auto* bytes = static_cast<const uint8_t*>(w.values.data);
+    for (int64_t r = 0; r < m.rows; ++r)
+        for (int64_t c = 0; c < m.cols; ++c)
+            if (e4m3_is_nan(bytes[r * w.values.row_stride + c]))
+                return fail(KT_ERROR_INVALID_ARGUMENT,
+                            who + " holds the E4M3 NaN code 0x" +
+                                (bytes[r * w.values.row_stride + c] == 0x7f ? "7F" : "FF") + " at " +
+                                shape_text(r, c) + "; kt refuses non-finite weights at load");
+    return KT_OK;
+}
+
+// ---- quantizers (the f32 arithmetic docs/formats.md fixes) -------------------------------
+
+// Nearest, ties away from zero, of the f32 quotient. Clamping first keeps lround defined
+// when a subnormal scale makes the quotient huge, and changes nothing else: the bounds are
+// integers.
+int round_clamped(float x, int lo, int hi) { return int(std::lround(std::clamp(x, float(lo), float(hi)))); }
+
+// s = max|w| / max_code; q = clamp(round(w / s), lo, hi); s = 0 gives q = 0.
+float quantize_symmetric(const float* w, int64_t count, float max_code, int lo, int hi, uint8_t* codes) {
+    float amax = 0.0f;
+    for (int64_t i = 0; i < count; ++i) amax = std::max(amax, std::fabs(w[i]));
+    const float s = amax / max_code;
+    for (int64_t i = 0; i < count; ++i) codes[i] = uint8_t(int8_t(s == 0.0f ? 0 : round_clamped(w[i] / s, lo, hi)));
+    return s;
+}
+
+// lo = min(w, 0), hi = max(w, 0), s = (hi - lo) / 15; z = clamp(round(-lo / s), 0, 15);
+// q = clamp(round(w / s) + z, 0, 15); s = 0 gives q = z = 0. Rounding w / s within
+// [-15, 15] before adding z cannot change the clamped sum, as 0 <= z <= 15.
+float quantize_asymmetric(const float* w, int64_t count, uint8_t* codes, int8_t* zero) {
+    float lo = 0.0f, hi = 0.0f;
+    for (int64_t i = 0; i < count; ++i) {
+        lo = std::min(lo, w[i]);
+        hi = std::max(hi, w[i]);
+    }
+    const float s = (hi - lo) / 15.0f;
+    const int z = s == 0.0f ? 0 : round_clamped(-lo / s, 0, 15);
+    for (int64_t i = 0; i < count; ++i)
+        codes[i] = uint8_t(s == 0.0f ? 0 : std::clamp(round_clamped(w[i] / s, -15, 15) + z, 0, 15));
+    *zero = int8_t(z);
+    return s;
+}
+
+struct Parts {
+    uint8_t* codes;
+    float* scales;
+    int8_t* zeros;
+};
+Parts parts_of(char* dst, const MatrixLayout& m) {
+    return {reinterpret_cast<uint8_t*>(dst + m.codes), reinterpret_cast<float*>(dst + m.scales),
+            reinterpret_cast<int8_t*>(dst + m.zeros)};
+}
+
+std::vector<float> load_row(const kt_matrix& m, int64_t n) {
+    std::vector<float> row(size_t(m.cols));
+    for (int64_t k = 0; k < m.cols; ++k) row[size_t(k)] = load_element(m.data, m.dtype, n * m.row_stride + k);
+    return row;
+}
+
+// ---- methods -----------------------------------------------------------------------------
+
+struct Int8 {
+    using Codes = IntCodes;
+    static constexpr const char* name = "INT8";
+    static constexpr const char* layout_id = "kt-int8-rowmajor-ref-v1";
+    static constexpr const char* kernel_id = "moe.int8.f32.reference";
+    static int64_t group(const kt_moe_config*, int64_t k) { return k; }
+    static bool has_zeros(const kt_moe_config*) { return false; }
+    static kt_status check_config(const kt_moe_config* s) {
+        return check_fixed_config(name, s, 0, "INT8 has one scale per row");
+    }
+    static kt_status check(const kt_weight& w, const MatrixLayout& m, const char* matrix) {
+        return check_float_source(name, w, m, matrix);
+    }
+    static void pack(const kt_weight& w, const MatrixLayout& m, char* dst) {
+        const Parts p = parts_of(dst, m);
+        for (int64_t n = 0; n < m.rows; ++n) {
+            const std::vector<float> row = load_row(w.values, n);
+            p.scales[n] = quantize_symmetric(row.data(), m.cols, 127.0f, -127, 127, p.codes + n * m.cols);
+        }
+    }
+};
+
+struct Int4 {
+    using Codes = IntCodes;
+    static constexpr const char* name = "INT4";
+    static constexpr const char* layout_id = "kt-int4-group-ref-v1";
+    static constexpr const char* kernel_id = "moe.int4.f32.reference";
+    static int64_t group(const kt_moe_config* s, int64_t) { return s->group_size == 0 ? 128 : s->group_size; }
+    static bool has_zeros(const kt_moe_config* s) { return s->quant_flags & KT_QUANT_ZERO_POINT; }
+    static kt_status check_config(const kt_moe_config* s) {
+        const int64_t g = group(s, 0);
+        if (g != 32 && g != 64 && g != 128)
+            return fail(KT_ERROR_INVALID_ARGUMENT, prefix(name) + "group_size " + std::to_string(s->group_size) +
+                                                       " is not supported; use 32, 64 or 128 (0 means 128)");
+        return check_group_divides(name, s, g);
+    }
+    static kt_status check(const kt_weight& w, const MatrixLayout& m, const char* matrix) {
+        return check_float_source(name, w, m, matrix);
+    }
+    static void pack(const kt_weight& w, const MatrixLayout& m, char* dst) {
+        const Parts p = parts_of(dst, m);
+        for (int64_t n = 0; n < m.rows; ++n) {
+            const std::vector<float> row = load_row(w.values, n);
+            for (int64_t g = 0; g < m.groups; ++g) {
+                const float* src = row.data() + g * m.group;
+                uint8_t* codes = p.codes + n * m.cols + g * m.group;
+                const int64_t i = n * m.groups + g;
+                p.scales[i] = m.has_zeros ? quantize_asymmetric(src, m.group, codes, p.zeros + i)
+                                          : quantize_symmetric(src, m.group, 7.0f, -8, 7, codes);
+            }
+        }
+    }
+};
+
+// compressed-tensors "pack-quantized" symmetric INT4, group 32: int32 words holding eight
+// codes q + 8 (element k in bits 4*(k%8) of word k/8), one scale per 32 elements.
+struct RawInt4 {
+    using Codes = IntCodes;
+    static constexpr const char* name = "RAWINT4";
+    static constexpr const char* layout_id = "kt-rawint4-group32-ref-v1";
+    static constexpr const char* kernel_id = "moe.rawint4.f32.reference";
+    static constexpr int64_t kGroup = 32;
+    static int64_t group(const kt_moe_config*, int64_t) { return kGroup; }
+    static bool has_zeros(const kt_moe_config*) { return false; }
+    static kt_status check_config(const kt_moe_config* s) {
+        const kt_status st = check_fixed_config(name, s, kGroup, "compressed-tensors INT4 groups are 32 wide");
+        return st != KT_OK ? st : check_group_divides(name, s, kGroup);
+    }
+    static kt_status check(const kt_weight& w, const MatrixLayout& m, const char* matrix) {
+        const std::string who = prefix(name) + matrix;
+        kt_status st;
+        if ((st = expect(w.values, who, {KT_DTYPE_I32}, m.rows, m.cols / 8,
+                         " (weight_packed: 8 INT4 codes per int32 word)")) != KT_OK)
+            return st;
+        if ((st = expect(w.scales, who + " scales", kScaleDtypes, m.rows, m.cols / kGroup,
+                         " (weight_scale: one per 32 elements)")) != KT_OK)
+            return st;
+        return expect_absent(w.zeros, who + " zeros", "RAWINT4 is symmetric");
+    }
+    static void pack(const kt_weight& w, const MatrixLayout& m, char* dst) {
+        const Parts p = parts_of(dst, m);
+        const auto* words = static_cast<const int32_t*>(w.values.data);
+        for (int64_t n = 0; n < m.rows; ++n) {
+            for (int64_t k = 0; k < m.cols; ++k) {
+                const uint32_t word = uint32_t(words[n * w.values.row_stride + k / 8]);
+                const int nibble = int((word >> (4 * (k % 8))) & 0xfu);
+                p.codes[n * m.cols + k] = uint8_t(int8_t(nibble - 8));
+            }
+            for (int64_t g = 0; g < m.groups; ++g)
+                p.scales[n * m.groups + g] = load_element(w.scales.data, w.scales.dtype, n * w.scales.row_stride + g);
+        }
+    }
+};
+
+void copy_bytes(const kt_matrix& values, const MatrixLayout& m, uint8_t* codes) {
+    const auto* bytes = static_cast<const uint8_t*>(values.data);
+    for (int64_t n = 0; n < m.rows; ++n)
+        std::memcpy(codes + n * m.cols, bytes + n * values.row_stride, size_t(m.cols));
+}
+
+// DeepSeek-style FP8: E4M3 bytes with one weight_scale_inv per 128x128 block. The packed
+// layout repeats a block's scale on each of its 128 rows.
+struct Fp8Block {
+    using Codes = E4M3Codes;
+    static constexpr const char* name = "FP8";
+    static constexpr const char* layout_id = "kt-fp8e4m3-block128-ref-v1";
+    static constexpr const char* kernel_id = "moe.fp8.f32.reference";
+    static constexpr int64_t kBlock = 128;
+    static int64_t group(const kt_moe_config*, int64_t) { return kBlock; }
+    static bool has_zeros(const kt_moe_config*) { return false; }
+    static kt_status check_config(const kt_moe_config* s) {
+        return check_fixed_config(name, s, kBlock, "FP8 scales come in the checkpoint's 128x128 blocks");
+    }
+    static kt_status check(const kt_weight& w, const MatrixLayout& m, const char* matrix) {
+        const kt_status st = check_e4m3_values(name, w, m, matrix);
+        if (st != KT_OK) return st;
+        return expect(w.scales, prefix(name) + matrix + " scales", kScaleDtypes, ceil_div(m.rows, kBlock),
+                      ceil_div(m.cols, kBlock), " (weight_scale_inv: one per 128x128 block)");
+    }
+    static void pack(const kt_weight& w, const MatrixLayout& m, char* dst) {
+        const Parts p = parts_of(dst, m);
+        copy_bytes(w.values, m, p.codes);
+        for (int64_t n = 0; n < m.rows; ++n)
+            for (int64_t g = 0; g < m.groups; ++g)
+                p.scales[n * m.groups + g] =
+                    load_element(w.scales.data, w.scales.dtype, (n / kBlock) * w.scales.row_stride + g);
+    }
+};
+
+struct Fp8PerChannel {
+    using Codes = E4M3Codes;
+    static constexpr const char* name = "FP8_PERCHANNEL";
+    static constexpr const char* layout_id = "kt-fp8e4m3-perchannel-ref-v1";
+    static constexpr const char* kernel_id = "moe.fp8_perchannel.f32.reference";
+    static int64_t group(const kt_moe_config*, int64_t k) { return k; }
+    static bool has_zeros(const kt_moe_config*) { return false; }
+    static kt_status check_config(const kt_moe_config* s) {
+        return check_fixed_config(name, s, 0, "FP8_PERCHANNEL has one scale per row");
+    }
+    // A 1-D [N] scale reaches the ABI as one row [1, N]; a checkpoint's [N, 1] as N rows.
+    static bool one_row(const kt_matrix& scales, const MatrixLayout& m) {
+        return scales.data && scales.rows == 1 && scales.cols == m.rows;
+    }
+    static kt_status check(const kt_weight& w, const MatrixLayout& m, const char* matrix) {
+        const kt_status st = check_e4m3_values(name, w, m, matrix);
+        if (st != KT_OK || (one_row(w.scales, m) && has_dtype(w.scales, kScaleDtypes))) return st;
+        return expect(w.scales, prefix(name) + matrix + " scales", kScaleDtypes, m.rows, 1,
+                      " (one per row; [" + std::to_string(m.rows) + "] is accepted too)");
+    }
+    static void pack(const kt_weight& w, const MatrixLayout& m, char* dst) {
+        const Parts p = parts_of(dst, m);
+        copy_bytes(w.values, m, p.codes);
+        const int64_t step = one_row(w.scales, m) ? 1 : w.scales.row_stride;
+        for (int64_t n = 0; n < m.rows; ++n) p.scales[n] = load_element(w.scales.data, w.scales.dtype, n * step);
+    }
+};
+
+// ---- the method tables -------------------------------------------------------------------
+
+template <class M>
+size_t packed_expert_bytes(const kt_moe_config* s) {
+    return layout_of<M>(s).bytes;
+}
+
+template <class M>
+kt_status pack_expert(const kt_moe_config* s, const kt_expert_weights* src, void* dst) {
+    kt_status st = M::check_config(s);
+    if (st != KT_OK) return st;
+    const ExpertLayout l = layout_of<M>(s);
+    const kt_weight* weights[3] = {&src->gate, &src->up, &src->down};
+    for (int p = 0; p < 3; ++p)
+        if ((st = M::check(*weights[p], l.part[p], kMatrixName[p])) != KT_OK) return st;
+    for (int p = 0; p < 3; ++p) M::pack(*weights[p], l.part[p], static_cast<char*>(dst));
+    return KT_OK;
+}
+
+template <class M>
+kt_method_kernels method() {
+    return method_table(M::name, M::layout_id, M::kernel_id, packed_expert_bytes<M>, pack_expert<M>,
+                        gate_up_tile<M>, down_tile<M>);
+}
+
+}  // namespace
+
+kt_method_kernels int8_method() { return method<Int8>(); }
+kt_method_kernels int4_method() { return method<Int4>(); }
+kt_method_kernels rawint4_method() { return method<RawInt4>(); }
+kt_method_kernels fp8_method() { return method<Fp8Block>(); }
+kt_method_kernels fp8_perchannel_method() { return method<Fp8PerChannel>(); }
+
+}  // namespace kt_reference

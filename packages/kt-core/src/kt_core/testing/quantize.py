@@ -1,0 +1,240 @@
+"""The weight formats of docs/formats.md in NumPy, bit for bit: what a checkpoint of each
+method holds, and the weights a backend must compute with once it has packed them.
+
+Quantizers take float weights [..., N, K] (a row is an output channel, K the reduction
+dimension; leading dimensions stack experts) and do the f32 arithmetic the document fixes.
+Dequantizers return float64: scale * code is exact there, as it is in the reference
+backend's double accumulation, so `moe_reference` over them is the oracle's exact target.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .reference import bf16_round
+
+INT4_GROUP_SIZES = (32, 64, 128)
+RAWINT4_GROUP = 32
+FP8_BLOCK = 128
+E4M3_MAX = 448.0
+
+
+def _f32(w) -> np.ndarray:
+    return np.ascontiguousarray(w, dtype=np.float32)
+
+
+def round_half_away(x) -> np.ndarray:
+    """std::lround on f32 values: nearest, ties away from zero (NumPy's round is half-even).
+    Done in float64, where x + 0.5 is exact for every f32 x."""
+    x = np.asarray(x, dtype=np.float64)
+    return np.trunc(x + np.copysign(0.5, x))
+
+
+def _codes(w: np.ndarray, s: np.ndarray, lo: int, hi: int, offset=0) -> np.ndarray:
+    """clamp(round(w / s) + offset, lo, hi) with the f32 quotient; s = 0 gives 0, as in the packer."""
+    with np.errstate(over="ignore"):
+        quotient = np.divide(w, s, out=np.zeros_like(w), where=s != 0)
+    return np.where(s != 0, np.clip(round_half_away(quotient) + offset, lo, hi), 0).astype(np.int8)
+
+
+# -- INT8 ------------------------------------------------------------------------------------
+
+def quantize_int8(w):
+    """Per-row symmetric INT8: s = max|w| / 127 (f32), q = clamp(round(w / s), -127, 127).
+    Returns (q int8 [..., N, K], s float32 [..., N])."""
+    w = _f32(w)
+    s = np.max(np.abs(w), axis=-1, keepdims=True) / np.float32(127)
+    return _codes(w, s, -127, 127), s[..., 0]
+
+
+def dequantize_int8(q, s) -> np.ndarray:
+    return np.asarray(s, dtype=np.float64)[..., None] * np.asarray(q, dtype=np.float64)
+
+
+# -- INT4 ------------------------------------------------------------------------------------
+
+def _grouped(w: np.ndarray, group_size: int) -> np.ndarray:
+    k = w.shape[-1]
+    if group_size <= 0 or k % group_size:
+        raise ValueError(f"group size {group_size} does not divide K = {k}")
+    return w.reshape(*w.shape[:-1], k // group_size, group_size)
+
+
+def quantize_int4(w, group_size: int = 128, zero_point: bool = False):
+    """Group-wise INT4 over `group_size` consecutive k (0 means 128). Backends take 32, 64
+    or 128; any divisor of K is computed here, e.g. K itself to emulate per-row INT4.
+
+    Symmetric: s = max|w| / 7, q = clamp(round(w / s), -8, 7); returns (q, s, None).
+    Asymmetric: lo = min(w, 0), hi = max(w, 0), s = (hi - lo) / 15,
+    z = clamp(round(-lo / s), 0, 15), q = clamp(round(w / s) + z, 0, 15); returns (q, s, z).
+    q int8 [..., N, K]; s float32 and z int8 [..., N, K / group_size]."""
+    g = _grouped(_f32(w), group_size or 128)
+    if not zero_point:
+        s = np.max(np.abs(g), axis=-1, keepdims=True) / np.float32(7)
+        return _codes(g, s, -8, 7).reshape(np.shape(w)), s[..., 0], None
+    lo = np.minimum(g.min(axis=-1, keepdims=True), np.float32(0))
+    hi = np.maximum(g.max(axis=-1, keepdims=True), np.float32(0))
+    s = (hi - lo) / np.float32(15)
+    z = _codes(-lo, s, 0, 15)
+    q = _codes(g, s, 0, 15, offset=z.astype(np.float64))
+    return q.reshape(np.shape(w)), s[..., 0], z[..., 0]
+
+
+def dequantize_int4(q, s, z=None) -> np.ndarray:
+    """s[n, g] * (q - z[n, g]) in float64; the group size is K / s.shape[-1]."""
+    q, s = np.asarray(q, dtype=np.float64), np.asarray(s, dtype=np.float64)
+    codes = _grouped(q, q.shape[-1] // s.shape[-1])
+    if z is not None:
+        codes = codes - np.asarray(z, dtype=np.float64)[..., None]
+    return (s[..., None] * codes).reshape(np.shape(q))
+
+
+# -- RAWINT4 (compressed-tensors pack-quantized) -----------------------------------------------
+
+def pack_rawint4(w):
+    """Symmetric INT4 with group 32 in the compressed-tensors layout RAWINT4 consumes.
+    The scale is rounded to bfloat16 before the codes are computed, as a bf16 checkpoint
+    stores it: s = bf16(max|w| / 7), q = clamp(round(w / s), -8, 7).
+    Returns (weight_packed int32 [..., N, K/8] with element k in bits 4*(k%8) of word k/8,
+    stored as q + 8; weight_scale float32 [..., N, K/32] holding bf16 values: pass it as is,
+    or as torch bfloat16 through scale_as_torch_bf16)."""
+    g = _grouped(_f32(w), RAWINT4_GROUP)
+    s = bf16_round(np.max(np.abs(g), axis=-1, keepdims=True) / np.float32(7))
+    nibbles = (_codes(g, s, -8, 7).astype(np.int64) + 8).reshape(*np.shape(w)[:-1], -1, 8)
+    words = np.sum(nibbles << (4 * np.arange(8)), axis=-1).astype(np.uint32)
+    return words.view(np.int32), s[..., 0]
+
+
+def unpack_rawint4(packed) -> np.ndarray:
+    """The INT4 codes q in [-8, 7] (int8 [..., N, K]) of weight_packed words."""
+    words = np.asarray(packed, dtype=np.int32).view(np.uint32)
+    nibbles = (words[..., None] >> (4 * np.arange(8, dtype=np.uint32))) & 0xF
+    return (nibbles.astype(np.int8) - 8).reshape(*words.shape[:-1], -1)
+
+
+def dequantize_rawint4(packed, scale) -> np.ndarray:
+    return dequantize_int4(unpack_rawint4(packed), scale)
+
+
+def scale_as_torch_bf16(scale):
+    """A float32 array of bf16 values as the torch bfloat16 tensor a checkpoint holds (exact).
+    Needs torch."""
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(scale, dtype=np.float32)).to(torch.bfloat16)
+
+
+# -- FP8 E4M3 ----------------------------------------------------------------------------------
+
+def decode_e4m3(codes) -> np.ndarray:
+    """E4M3 "fn" bytes to float32 (exact): bias 7, no infinities, 0x7F and 0xFF are NaN,
+    exponent field 0 is subnormal (m * 2^-9)."""
+    b = np.asarray(codes, dtype=np.uint8).astype(np.int64)
+    e, m = (b >> 3) & 0xF, b & 7
+    magnitude = np.where(e == 0, m * 2.0**-9, (8 + m) * np.exp2(e - 10.0))
+    value = np.where(b & 0x80, -magnitude, magnitude)
+    return np.where((b & 0x7F) == 0x7F, np.nan, value).astype(np.float32)
+
+
+# The finite non-negative E4M3 values in code order (0x00..0x7E), which is also value order.
+_E4M3_POSITIVE = decode_e4m3(np.arange(0x7F)).astype(np.float64)
+
+
+def encode_e4m3(x) -> np.ndarray:
+    """Float values to E4M3 bytes: round to nearest, ties to even (the even code), saturating
+    to ±448; NaN gives 0x7F. The sign bit is kept, also for values that round to zero."""
+    x = np.asarray(x, dtype=np.float64)
+    a = np.abs(x)
+    below = np.clip(np.searchsorted(_E4M3_POSITIVE, a, side="right") - 1, 0, 0x7E)
+    above = np.minimum(below + 1, 0x7E)
+    middle = (_E4M3_POSITIVE[below] + _E4M3_POSITIVE[above]) / 2
+    round_up = (a > middle) | ((a == middle) & (below % 2 == 1))
+    code = np.where(round_up, above, below).astype(np.uint8)
+    code |= np.signbit(x).astype(np.uint8) << 7
+    return np.where(np.isnan(x), np.uint8(0x7F), code).astype(np.uint8)
+
+
+def _blocks(w: np.ndarray, block: int) -> np.ndarray:
+    """w [..., N, K] zero-padded to whole blocks, as [..., N/block, block, K/block, block]."""
+    n, k = w.shape[-2:]
+    nb, kb = -(-n // block), -(-k // block)
+    padded = np.zeros((*w.shape[:-2], nb * block, kb * block), dtype=w.dtype)
+    padded[..., :n, :k] = w
+    return padded.reshape(*w.shape[:-2], nb, block, kb, block)
+
+
+def _expand_blocks(scale: np.ndarray, block: int, n: int, k: int) -> np.ndarray:
+    return np.repeat(np.repeat(scale, block, axis=-2), block, axis=-1)[..., :n, :k]
+
+
+def quantize_fp8_block(w, block: int = FP8_BLOCK):
+    """DeepSeek-style FP8: per block x block tile, scale_inv = max|w| / 448 (f32) and
+    byte = e4m3(w / scale_inv) (f32 quotient; a zero tile gives zero bytes).
+    Returns (uint8 [..., N, K], scale_inv float32 [..., ceil(N/block), ceil(K/block)])."""
+    w = _f32(w)
+    n, k = w.shape[-2:]
+    scale_inv = np.max(np.abs(_blocks(w, block)), axis=(-3, -1)) / np.float32(E4M3_MAX)
+    s = _expand_blocks(scale_inv, block, n, k)
+    return encode_e4m3(np.divide(w, s, out=np.zeros_like(w), where=s != 0)), scale_inv
+
+
+def dequantize_fp8_block(codes, scale_inv, block: int = FP8_BLOCK) -> np.ndarray:
+    codes = np.asarray(codes)
+    s = _expand_blocks(np.asarray(scale_inv, dtype=np.float64), block, *codes.shape[-2:])
+    return decode_e4m3(codes).astype(np.float64) * s
+
+
+def quantize_fp8_perchannel(w):
+    """Per-row FP8: scale = max|w| / 448 (f32), byte = e4m3(w / scale).
+    Returns (uint8 [..., N, K], scale float32 [..., N])."""
+    w = _f32(w)
+    s = np.max(np.abs(w), axis=-1, keepdims=True) / np.float32(E4M3_MAX)
+    return encode_e4m3(np.divide(w, s, out=np.zeros_like(w), where=s != 0)), s[..., 0]
+
+
+def dequantize_fp8_perchannel(codes, scale) -> np.ndarray:
+    """scale may be [..., N] or [..., N, 1]."""
+    codes = np.asarray(codes)
+    s = np.asarray(scale, dtype=np.float64).reshape(*codes.shape[:-1], 1)
+    return decode_e4m3(codes).astype(np.float64) * s
+
+
+# -- whole layers --------------------------------------------------------------------------------
+
+CHECKPOINT_METHODS = ("RAWINT4", "FP8", "FP8_PERCHANNEL")
+
+
+def checkpoint_inputs(method: str, gate, up, down):
+    """What `MoE.load` takes for `method`, made from float weights [E, N, K]: (gate, up,
+    down, scales). Methods that quantize at load get the floats back and scales None; the
+    checkpoint formats get their codes and a (gate, up, down) triple of scale stacks."""
+    if method not in CHECKPOINT_METHODS:
+        return gate, up, down, None
+    quantize = {"RAWINT4": pack_rawint4, "FP8": quantize_fp8_block, "FP8_PERCHANNEL": quantize_fp8_perchannel}[method]
+    pairs = [quantize(m) for m in (gate, up, down)]
+    if method == "FP8_PERCHANNEL":   # MoE.load takes 2-D scale matrices: [N, 1] per expert
+        pairs = [(q, s[..., None]) for q, s in pairs]
+    return pairs[0][0], pairs[1][0], pairs[2][0], tuple(s for _, s in pairs)
+
+
+def dequantized_weights(method: str, gate, up, down, *, group_size: int = 0, zero_point: bool = False):
+    """The weights a backend computes with after loading float weights through
+    checkpoint_inputs(method, ...) and packing them: (gate, up, down), float64 for the
+    quantized methods."""
+    weights = (gate, up, down)
+    if method == "FP32":
+        return weights
+    if method == "BF16":
+        return tuple(bf16_round(m) for m in weights)
+    if method == "INT8":
+        return tuple(dequantize_int8(*quantize_int8(m)) for m in weights)
+    if method == "INT4":
+        return tuple(dequantize_int4(*quantize_int4(m, group_size, zero_point)) for m in weights)
+    if method == "RAWINT4":
+        return tuple(dequantize_rawint4(*pack_rawint4(m)) for m in weights)
+    if method == "FP8":
+        return tuple(dequantize_fp8_block(*quantize_fp8_block(m)) for m in weights)
+    if method == "FP8_PERCHANNEL":
+        return tuple(dequantize_fp8_perchannel(*quantize_fp8_perchannel(m)) for m in weights)
+    raise ValueError(f"no weight format {method!r}; docs/formats.md lists FP32, BF16, INT8, INT4, RAWINT4, FP8 "
+                     "and FP8_PERCHANNEL")
