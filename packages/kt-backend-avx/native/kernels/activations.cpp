@@ -1,5 +1,7 @@
 #include "common.h"
 
+#include <cmath>
+
 namespace KT_TARGET_NAMESPACE {
 
 namespace {
@@ -50,6 +52,57 @@ kt_status quantize_split_bf16_rows(const void* in, kt_dtype dtype, int64_t rows,
         if (padded != k) hi[k] = lo[k] = 0;
         *header = SplitBf16Header{};
         header->has_lo = any_lo;
+    }
+    return KT_OK;
+}
+
+kt_status quantize_int8_rows(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int64_t stride, void* out,
+                             bool offset) {
+    if (!is_float(dtype)) return fail(KT_ERROR_INVALID_ARGUMENT, "activations must be floating point, got %s", dtype_name(dtype));
+    const size_t row_bytes = int8_row_bytes(k), elem = dtype == KT_DTYPE_F64 ? 8 : dtype == KT_DTYPE_F32 ? 4 : 2;
+    const int64_t code_bytes = int8_codes_bytes(k), blocks = int8_blocks(k);
+    float tmp[512];
+    for (int64_t r = 0; r < rows; ++r) {
+        auto* base = static_cast<uint8_t*>(out) + size_t(r) * row_bytes;
+        auto* hi = reinterpret_cast<int8_t*>(base + sizeof(Int8Header));
+        int8_t* lo = hi + code_bytes;
+        auto* sums_hi = reinterpret_cast<int32_t*>(lo + code_bytes);
+        int32_t* sums_lo = sums_hi + blocks;
+        // Pass 1: the row's absolute maximum (a NaN makes the scale NaN, so the output shows it).
+        float amax = 0.0f;
+        bool nan = false;
+        for (int64_t c0 = 0; c0 < k; c0 += 512) {
+            const int64_t n = k - c0 < 512 ? k - c0 : 512;
+            kt_matrix m{static_cast<const char*>(in) + size_t(c0) * elem, dtype, r + 1, n, stride};
+            load_row(m, r, tmp);
+            for (int64_t c = 0; c < n; ++c) {
+                amax = std::fabs(tmp[c]) > amax ? std::fabs(tmp[c]) : amax;
+                nan |= tmp[c] != tmp[c];
+            }
+        }
+        const float scale = nan ? NAN : amax / 127.0f;
+        const float inv = amax > 0.0f && std::isfinite(amax) ? 127.0f / amax : 0.0f;
+        std::memset(hi, 0, size_t(2 * code_bytes));
+        std::memset(sums_hi, 0, size_t(2 * blocks) * 4);
+        // Pass 2: both code planes and their block sums.
+        for (int64_t c0 = 0; c0 < k; c0 += 512) {
+            const int64_t n = k - c0 < 512 ? k - c0 : 512;
+            kt_matrix m{static_cast<const char*>(in) + size_t(c0) * elem, dtype, r + 1, n, stride};
+            load_row(m, r, tmp);
+            for (int64_t c = 0; c < n; ++c) {
+                const float v = tmp[c] * inv;
+                const float qh = std::fmin(127.0f, std::fmax(-127.0f, std::nearbyint(v)));
+                const float ql = std::fmin(64.0f, std::fmax(-64.0f, std::nearbyint((v - qh) * 128.0f)));
+                hi[c0 + c] = int8_t(qh);
+                lo[c0 + c] = int8_t(ql);
+                sums_hi[(c0 + c) / 32] += int32_t(qh);
+                sums_lo[(c0 + c) / 32] += int32_t(ql);
+            }
+        }
+        if (offset)
+            for (int64_t c = 0; c < 2 * code_bytes; ++c) hi[c] = int8_t(uint8_t(hi[c]) + 128u);
+        *reinterpret_cast<Int8Header*>(base) = Int8Header{};
+        reinterpret_cast<Int8Header*>(base)->scale = scale;
     }
     return KT_OK;
 }

@@ -9,7 +9,7 @@
 // f32 activations and widen the weights exactly (a shift and a mask).
 // Every weight byte is read once per row block of MR tokens: decode (MR >= tokens) streams
 // the expert once; prefill reuses each panel from L2 across row blocks.
-#include "bf16.h"
+#include "methods.h"
 
 #include <algorithm>
 #include <vector>

@@ -1,8 +1,7 @@
 // This target's backend table. Built on first request, never at module load: this file is
 // compiled with the target's ISA flags, and nothing of it may run before kt-core has
 // checked that the host can execute them.
-#include "bf16.h"
-#include "common.h"
+#include "methods.h"
 
 #define KT_STR2(x) #x
 #define KT_STR(x) KT_STR2(x)
@@ -19,13 +18,16 @@ kt_status init(const kt_host_api* host) {
 }
 
 struct Tables {
-    kt_method_kernels methods[1];
+    kt_method_kernels methods[4];
     kt_backend_api api;
 };
 
 Tables build() {
     Tables t{};
     t.methods[0] = bf16_kernels("moe.bf16.p16k2." KT_TARGET_VARIANT);
+    t.methods[1] = int8_kernels("moe.int8.p16k4." KT_TARGET_VARIANT);
+    t.methods[2] = int4_kernels("moe.int4g.p16k8." KT_TARGET_VARIANT);
+    t.methods[3] = rawint4_kernels("moe.rawint4.p16k8." KT_TARGET_VARIANT);
     t.api = kt_backend_api{sizeof(kt_backend_api), KT_PLUGIN_ABI_MAJOR, KT_PLUGIN_ABI_MINOR, "avx", KT_TARGET_VARIANT,
                            KT_TARGET_FEATURES, init, sizeof(t.methods) / sizeof(t.methods[0]), nullptr};
     return t;

@@ -1,0 +1,339 @@
+// INT4 experts, group-wise (docs/formats.md): unsigned 4-bit codes u with w = s * (u - z) per
+// group of G consecutive k (32, 64 or 128); symmetric groups store u = q + 8 and z = 8.
+// RAWINT4 (compressed-tensors, Kimi-K2) is the same thing with G = 32 and z = 8, so its codes
+// and bf16 scales are repacked bit-exactly into this layout.
+//
+// Packed layout "kt-int4-p16-v1": per matrix, panels of 16 channels; per panel, per group a
+// 128-byte header {f32 s[16]; f32 s*z[16]} then G/8 chunks of 64 bytes: byte (lane*4 + b) of
+// chunk c holds u[lane][8c + b] in its low nibble and u[lane][8c + 4 + b] in its high one, so
+// `& 15` and `>> 4` give the two 4-k operands of vpdpbusd. Gate and up panels alternate.
+//
+// Kernel: per group, exact integer dots of the codes with both int8 activation planes
+// (vpdpbusd: unsigned codes x signed activations; without VNNI vpmaddubsw cannot saturate
+// since u <= 15), then acc += s_a * (s * dot - s*z * sum(activations in the group)).
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "int_dot.h"
+#include "methods.h"
+
+namespace KT_TARGET_NAMESPACE {
+namespace {
+
+constexpr size_t kHeaderBytes = 128, kChunkBytes = 64;
+
+size_t group_bytes(int64_t g) { return kHeaderBytes + size_t(g) * 8; }
+size_t panel_bytes(int64_t k, int64_t g) { return size_t(k / g) * group_bytes(g); }
+
+int round_clamped(float x, int lo, int hi) { return int(std::lround(std::clamp(x, float(lo), float(hi)))); }
+
+// One group of one channel: codes u (0..15) and (s, z), exactly as the reference backend.
+void quantize_group(const float* w, int64_t g, bool zero_point, uint8_t* u, float* s_out, float* z_out) {
+    if (!zero_point) {
+        float amax = 0.0f;
+        for (int64_t i = 0; i < g; ++i) amax = std::max(amax, std::fabs(w[i]));
+        const float s = amax / 7.0f;
+        for (int64_t i = 0; i < g; ++i) u[i] = uint8_t((s == 0.0f ? 0 : round_clamped(w[i] / s, -8, 7)) + 8);
+        *s_out = s;
+        *z_out = 8.0f;
+        return;
+    }
+    float lo = 0.0f, hi = 0.0f;
+    for (int64_t i = 0; i < g; ++i) {
+        lo = std::min(lo, w[i]);
+        hi = std::max(hi, w[i]);
+    }
+    const float s = (hi - lo) / 15.0f;
+    const int z = s == 0.0f ? 0 : round_clamped(-lo / s, 0, 15);
+    for (int64_t i = 0; i < g; ++i) u[i] = uint8_t(s == 0.0f ? 0 : std::clamp(round_clamped(w[i] / s, -15, 15) + z, 0, 15));
+    *s_out = s;
+    *z_out = float(z);
+}
+
+// Writes one group block for 16 channels from their codes u[lane][G] and (s, z) per lane.
+void write_block(uint8_t* dst, int64_t g, const uint8_t* u, const float* s, const float* z) {
+    auto* scale = reinterpret_cast<float*>(dst);
+    auto* sz = reinterpret_cast<float*>(dst + 64);
+    uint8_t* chunks = dst + kHeaderBytes;
+    for (int lane = 0; lane < kPanel; ++lane) {
+        scale[lane] = s[lane];
+        sz[lane] = s[lane] * z[lane];
+        for (int64_t c = 0; c < g / 8; ++c)
+            for (int b = 0; b < 4; ++b)
+                chunks[size_t(c) * kChunkBytes + size_t(lane) * 4 + size_t(b)] =
+                    uint8_t(u[lane * g + c * 8 + b] | (u[lane * g + c * 8 + 4 + b] << 4));
+    }
+}
+
+int64_t group_of(const kt_moe_config* c) { return c->group_size == 0 ? 128 : c->group_size; }
+
+kt_status check_group(const char* method, int64_t g, int64_t H, int64_t I) {
+    if (g != 32 && g != 64 && g != 128)
+        return fail(KT_ERROR_INVALID_ARGUMENT, "%s: group_size %lld is not supported; use 32, 64 or 128", method, (long long)g);
+    if (H % g || I % g)
+        return fail(KT_ERROR_INVALID_ARGUMENT,
+                    "%s: group_size %lld must divide hidden (%lld) and intermediate (%lld), the K of gate/up and of down",
+                    method, (long long)g, (long long)H, (long long)I);
+    return KT_OK;
+}
+
+size_t packed_bytes_g(const kt_moe_config* c, int64_t g) {
+    return 2 * size_t(panels(c->intermediate)) * panel_bytes(c->hidden, g) +
+           size_t(panels(c->hidden)) * panel_bytes(c->intermediate, g);
+}
+
+// Source of one channel's codes and group parameters, for either method's input.
+struct Source {
+    virtual void channel(int64_t n, uint8_t* u, float* s, float* z) const = 0;
+    virtual ~Source() = default;
+};
+
+struct FloatSource final : Source {
+    const kt_matrix& m;
+    int64_t g;
+    bool zero_point;
+    mutable std::vector<float> row;
+    FloatSource(const kt_matrix& matrix, int64_t group, bool zp) : m(matrix), g(group), zero_point(zp), row(size_t(m.cols)) {}
+    void channel(int64_t n, uint8_t* u, float* s, float* z) const override {
+        load_row(m, n, row.data());
+        for (int64_t grp = 0; grp < m.cols / g; ++grp)
+            quantize_group(row.data() + grp * g, g, zero_point, u + grp * g, s + grp, z + grp);
+    }
+};
+
+// compressed-tensors pack-quantized: int32 words of 8 codes (element k in bits 4*(k%8)),
+// stored q + 8; bf16 (or f32) scale per 32 elements.
+struct RawSource final : Source {
+    const kt_weight& w;
+    explicit RawSource(const kt_weight& weight) : w(weight) {}
+    void channel(int64_t n, uint8_t* u, float* s, float* z) const override {
+        const auto* words = static_cast<const uint32_t*>(w.values.data) + n * w.values.row_stride;
+        for (int64_t k = 0; k < w.values.cols * 8; ++k) u[k] = uint8_t((words[k / 8] >> (4 * (k % 8))) & 15u);
+        for (int64_t grp = 0; grp < w.scales.cols; ++grp) {
+            const int64_t at = n * w.scales.row_stride + grp;
+            s[grp] = w.scales.dtype == KT_DTYPE_BF16 ? bf16_to_f32(static_cast<const uint16_t*>(w.scales.data)[at])
+                                                     : static_cast<const float*>(w.scales.data)[at];
+            z[grp] = 8.0f;
+        }
+    }
+};
+
+void pack_matrix(const Source& src, int64_t N, int64_t K, int64_t g, uint8_t* dst, size_t stride_panels) {
+    std::vector<uint8_t> u(size_t(kPanel * K));
+    std::vector<float> s(size_t(kPanel * (K / g))), z(size_t(kPanel * (K / g)));
+    std::vector<uint8_t> block_u(size_t(kPanel * g));
+    float bs[kPanel], bz[kPanel];
+    for (int64_t p = 0; p < panels(N); ++p) {
+        std::fill(u.begin(), u.end(), uint8_t(0));
+        std::fill(s.begin(), s.end(), 0.0f);
+        std::fill(z.begin(), z.end(), 0.0f);
+        for (int lane = 0; lane < kPanel && p * kPanel + lane < N; ++lane)
+            src.channel(p * kPanel + lane, u.data() + lane * K, s.data() + lane * (K / g), z.data() + lane * (K / g));
+        uint8_t* panel = dst + size_t(p) * stride_panels * panel_bytes(K, g);
+        for (int64_t grp = 0; grp < K / g; ++grp) {
+            for (int lane = 0; lane < kPanel; ++lane) {
+                std::copy_n(u.data() + lane * K + grp * g, g, block_u.data() + lane * g);
+                bs[lane] = s[size_t(lane * (K / g) + grp)];
+                bz[lane] = z[size_t(lane * (K / g) + grp)];
+            }
+            write_block(panel + size_t(grp) * group_bytes(g), g, block_u.data(), bs, bz);
+        }
+    }
+}
+
+kt_status pack_int4(const kt_moe_config* c, const kt_expert_weights* src, void* dst) {
+    const int64_t H = c->hidden, I = c->intermediate, g = group_of(c);
+    kt_status st;
+    if ((st = check_group("INT4", g, H, I)) != KT_OK) return st;
+    if ((st = expect_float_weight(src->gate, I, H, "gate", "INT4")) != KT_OK) return st;
+    if ((st = expect_float_weight(src->up, I, H, "up", "INT4")) != KT_OK) return st;
+    if ((st = expect_float_weight(src->down, H, I, "down", "INT4")) != KT_OK) return st;
+    const bool zp = c->quant_flags & KT_QUANT_ZERO_POINT;
+    auto* out = static_cast<uint8_t*>(dst);
+    pack_matrix(FloatSource(src->gate.values, g, zp), I, H, g, out, 2);
+    pack_matrix(FloatSource(src->up.values, g, zp), I, H, g, out + panel_bytes(H, g), 2);
+    pack_matrix(FloatSource(src->down.values, g, zp), H, I, g, out + 2 * size_t(panels(I)) * panel_bytes(H, g), 1);
+    return KT_OK;
+}
+
+kt_status check_raw(const kt_weight& w, int64_t N, int64_t K, const char* name) {
+    if (w.values.dtype != KT_DTYPE_I32 || w.values.rows != N || w.values.cols * 8 != K)
+        return fail(KT_ERROR_INVALID_ARGUMENT, "RAWINT4: %s weight_packed should be int32 [%lld, %lld], got %s [%lld, %lld]", name,
+                    (long long)N, (long long)(K / 8), dtype_name(w.values.dtype), (long long)w.values.rows,
+                    (long long)w.values.cols);
+    if (!w.scales.data)
+        return fail(KT_ERROR_INVALID_ARGUMENT, "RAWINT4: %s weight_scale is missing (bf16 [%lld, %lld] expected)", name,
+                    (long long)N, (long long)(K / 32));
+    if ((w.scales.dtype != KT_DTYPE_BF16 && w.scales.dtype != KT_DTYPE_F32) || w.scales.rows != N || w.scales.cols * 32 != K)
+        return fail(KT_ERROR_INVALID_ARGUMENT, "RAWINT4: %s weight_scale should be bf16 [%lld, %lld], got %s [%lld, %lld]", name,
+                    (long long)N, (long long)(K / 32), dtype_name(w.scales.dtype), (long long)w.scales.rows,
+                    (long long)w.scales.cols);
+    if (w.zeros.data) return fail(KT_ERROR_INVALID_ARGUMENT, "RAWINT4: %s is symmetric; zero points must not be given", name);
+    return KT_OK;
+}
+
+kt_status pack_raw(const kt_moe_config* c, const kt_expert_weights* src, void* dst) {
+    const int64_t H = c->hidden, I = c->intermediate;
+    kt_status st;
+    if ((st = check_group("RAWINT4", 32, H, I)) != KT_OK) return st;
+    if ((st = check_raw(src->gate, I, H, "gate")) != KT_OK) return st;
+    if ((st = check_raw(src->up, I, H, "up")) != KT_OK) return st;
+    if ((st = check_raw(src->down, H, I, "down")) != KT_OK) return st;
+    auto* out = static_cast<uint8_t*>(dst);
+    pack_matrix(RawSource(src->gate), I, H, 32, out, 2);
+    pack_matrix(RawSource(src->up), I, H, 32, out + panel_bytes(H, 32), 2);
+    pack_matrix(RawSource(src->down), H, I, 32, out + 2 * size_t(panels(I)) * panel_bytes(H, 32), 1);
+    return KT_OK;
+}
+
+// ---- kernel --------------------------------------------------------------------------------
+
+#if defined(__AVX512F__)
+constexpr int kMrFused = 4, kMrPlain = 8;
+#else
+constexpr int kMrFused = 1, kMrPlain = 2;
+#endif
+
+template <int MR, bool kFused>
+void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, int64_t g, const uint8_t* pa, const uint8_t* pb,
+                  float* out, int64_t ldo, int cols) {
+    constexpr int F = kFused ? 2 : 1;
+    VF acc[MR][F][kVecsPerPanel];
+    for (int m = 0; m < MR; ++m)
+        for (int f = 0; f < F; ++f)
+            for (int v = 0; v < kVecsPerPanel; ++v) acc[m][f][v] = vzero();
+    const uint8_t* panel[2] = {pa, pb};
+    const VI low4 = vset1i(0x0f0f0f0f);
+    const int64_t groups = k / g, blocks_per_group = g / 32;
+    for (int64_t grp = 0; grp < groups; ++grp) {
+        VI hi[MR][F][kVecsPerPanel], lo[MR][F][kVecsPerPanel];
+        for (int m = 0; m < MR; ++m)
+            for (int f = 0; f < F; ++f)
+                for (int v = 0; v < kVecsPerPanel; ++v) hi[m][f][v] = lo[m][f][v] = vzeroi();
+        const size_t block = size_t(grp) * group_bytes(g);
+        for (int64_t c = 0; c < g / 8; ++c) {
+            VI ah0[MR], ah1[MR], al0[MR], al1[MR];
+            for (int m = 0; m < MR; ++m) {
+                const uint8_t* row = x + m * row_bytes;
+                const size_t at = size_t(grp * g + c * 8);
+                int32_t q[4];
+                std::memcpy(q, int8_hi(row) + at, 8);
+                std::memcpy(q + 2, int8_lo(row, k) + at, 8);
+                ah0[m] = vset1i(q[0]);
+                ah1[m] = vset1i(q[1]);
+                al0[m] = vset1i(q[2]);
+                al1[m] = vset1i(q[3]);
+            }
+            for (int f = 0; f < F; ++f)
+                for (int v = 0; v < kVecsPerPanel; ++v) {
+                    const VI w = vloadi(panel[f] + block + kHeaderBytes + size_t(c) * kChunkBytes + size_t(v) * kLanes * 4);
+                    const VI w0 = vand(w, low4), w1 = vand(vsrl16(w, 4), low4);
+                    for (int m = 0; m < MR; ++m) {
+                        hi[m][f][v] = dot_u8s8(dot_u8s8(hi[m][f][v], w0, ah0[m]), w1, ah1[m]);
+                        lo[m][f][v] = dot_u8s8(dot_u8s8(lo[m][f][v], w0, al0[m]), w1, al1[m]);
+                    }
+                }
+        }
+        for (int m = 0; m < MR; ++m) {
+            const uint8_t* row = x + m * row_bytes;
+            const float sa = reinterpret_cast<const Int8Header*>(row)->scale;
+            int32_t sum_hi = 0, sum_lo = 0;
+            for (int64_t b = 0; b < blocks_per_group; ++b) {
+                sum_hi += int8_sums_hi(row, k)[grp * blocks_per_group + b];
+                sum_lo += int8_sums_lo(row, k)[grp * blocks_per_group + b];
+            }
+            const VF asum = vset1(sa * (float(sum_hi) + float(sum_lo) * (1.0f / 128.0f)));
+            for (int f = 0; f < F; ++f)
+                for (int v = 0; v < kVecsPerPanel; ++v) {
+                    const float* header = reinterpret_cast<const float*>(panel[f] + block) + v * kLanes;
+                    const VF dot = vmul(vset1(sa), vfma(vcvt(lo[m][f][v]), vset1(1.0f / 128.0f), vcvt(hi[m][f][v])));
+                    // acc += s * dot - (s z) * sum: the group's share of w . x.
+                    acc[m][f][v] = vfma(vload(header), dot, vsub(acc[m][f][v], vmul(vload(header + 16), asum)));
+                }
+        }
+    }
+    for (int m = 0; m < MR; ++m)
+        for (int v = 0; v < kVecsPerPanel; ++v) {
+            VF r = acc[m][0][v];
+            if constexpr (kFused) r = silu_mul(acc[m][0][v], acc[m][F - 1][v]);
+            const int n = std::min(kLanes, cols - v * kLanes);
+            if (n > 0) vstore_partial(out + m * ldo + v * kLanes, r, n);
+        }
+}
+
+template <int MR, bool kFused>
+void rows_kernel(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, int64_t g, const uint8_t* pa,
+                 const uint8_t* pb, float* out, int64_t ldo, int cols) {
+    int64_t r = 0;
+    for (; r + MR <= rows; r += MR)
+        panel_kernel<MR, kFused>(x + r * row_bytes, row_bytes, k, g, pa, pb, out + r * ldo, ldo, cols);
+    if constexpr (MR > 1)
+        if (r < rows) rows_kernel<MR / 2, kFused>(x + r * row_bytes, row_bytes, rows - r, k, g, pa, pb, out + r * ldo, ldo, cols);
+}
+
+kt_status quantize(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int64_t stride, void* out) {
+    return quantize_int8_rows(in, dtype, rows, k, stride, out, false);
+}
+
+template <bool kRaw>
+int64_t group_for(const kt_moe_config* c) { return kRaw ? 32 : group_of(c); }
+
+template <bool kRaw>
+size_t packed_bytes(const kt_moe_config* c) { return packed_bytes_g(c, group_for<kRaw>(c)); }
+
+template <bool kRaw>
+kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+                       float* out, int64_t ldo) {
+    const int64_t H = c->hidden, g = group_for<kRaw>(c);
+    if (n0 % kPanel || n1 > c->intermediate || n0 >= n1)
+        return fail(KT_ERROR_INVALID_ARGUMENT, "INT4 gate/up tile [%lld, %lld) is not panel-aligned", (long long)n0, (long long)n1);
+    const size_t pb = panel_bytes(H, g);
+    const auto* base = static_cast<const uint8_t*>(packed);
+    for (int64_t n = n0; n < n1; n += kPanel) {
+        const uint8_t* gate = base + size_t(2 * (n / kPanel)) * pb;
+        rows_kernel<kMrFused, true>(static_cast<const uint8_t*>(act), int8_row_bytes(H), rows, H, g, gate, gate + pb,
+                                    out + n, ldo, int(std::min<int64_t>(kPanel, n1 - n)));
+    }
+    return KT_OK;
+}
+
+template <bool kRaw>
+kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+                    float* out, int64_t ldo) {
+    const int64_t H = c->hidden, I = c->intermediate, g = group_for<kRaw>(c);
+    if (n0 % kPanel || n1 > H || n0 >= n1)
+        return fail(KT_ERROR_INVALID_ARGUMENT, "INT4 down tile [%lld, %lld) is not panel-aligned", (long long)n0, (long long)n1);
+    const size_t pb = panel_bytes(I, g);
+    const auto* base = static_cast<const uint8_t*>(packed) + 2 * size_t(panels(I)) * panel_bytes(H, g);
+    for (int64_t n = n0; n < n1; n += kPanel)
+        rows_kernel<kMrPlain, false>(static_cast<const uint8_t*>(act), int8_row_bytes(I), rows, I, g,
+                                     base + size_t(n / kPanel) * pb, nullptr, out + n, ldo,
+                                     int(std::min<int64_t>(kPanel, n1 - n)));
+    return KT_OK;
+}
+
+template <bool kRaw>
+kt_method_kernels int4_table(const char* method, const char* kernel_id) {
+    kt_method_kernels m{};
+    m.struct_size = sizeof(kt_method_kernels);
+    m.method = method;
+    m.layout_id = "kt-int4-p16-v1";
+    m.kernel_id = kernel_id;
+    m.gate_up_block = kPanel;
+    m.down_block = kPanel;
+    m.packed_expert_bytes = packed_bytes<kRaw>;
+    m.pack_expert = kRaw ? pack_raw : pack_int4;
+    m.activation_row_bytes = int8_row_bytes;
+    m.quantize_activations = quantize;
+    m.gate_up_tile = gate_up_tile<kRaw>;
+    m.down_tile = down_tile<kRaw>;
+    return m;
+}
+
+}  // namespace
+
+kt_method_kernels int4_kernels(const char* kernel_id) { return int4_table<false>("INT4", kernel_id); }
+kt_method_kernels rawint4_kernels(const char* kernel_id) { return int4_table<true>("RAWINT4", kernel_id); }
+
+}  // namespace KT_TARGET_NAMESPACE

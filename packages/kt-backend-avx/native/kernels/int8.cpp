@@ -1,0 +1,202 @@
+// INT8 experts: symmetric per-output-channel int8 weights (docs/formats.md), two-pass int8
+// activations (common.h) quantized once per token. Packed layout "kt-int8-p16k4-v1": per matrix, panels of 16
+// channels, each a 128-byte header {f32 scale[16]; i32 comp[16] = 128 * sum_k q} followed by
+// K/4 chunks of 64 bytes (16 channels x 4 consecutive k) — the operand layout of vpdpbusd.
+// Gate and up panels alternate; down panels follow.
+//
+// VNNI targets feed activations as q + 128 (vpdpbusd multiplies unsigned by signed) and take
+// 128 * sum(w) back out with comp; the others move each activation's sign onto the weights so
+// vpmaddubsw's int16 pair sums cannot saturate (127 * 127 * 2 < 32767).
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "int_dot.h"
+#include "methods.h"
+
+namespace KT_TARGET_NAMESPACE {
+namespace {
+
+constexpr size_t kHeaderBytes = 128, kChunkBytes = kPanel * 4;
+#if defined(__AVX512VNNI__)
+constexpr bool kOffsetActivations = true;
+#else
+constexpr bool kOffsetActivations = false;
+#endif
+
+int64_t chunks(int64_t k) { return round_up(k, 4) / 4; }
+size_t panel_bytes(int64_t k) { return kHeaderBytes + size_t(chunks(k)) * kChunkBytes; }
+
+void pack_panel(const kt_matrix& m, int64_t n0, uint8_t* dst, std::vector<float>& row) {
+    auto* scale = reinterpret_cast<float*>(dst);
+    auto* comp = reinterpret_cast<int32_t*>(dst + 64);
+    auto* codes = reinterpret_cast<int8_t*>(dst + kHeaderBytes);
+    for (int64_t i = 0; i < kPanel && n0 + i < m.rows; ++i) {
+        load_row(m, n0 + i, row.data());
+        float amax = 0.0f;
+        for (int64_t k = 0; k < m.cols; ++k) amax = std::max(amax, std::fabs(row[size_t(k)]));
+        const float s = amax / 127.0f;
+        int32_t sum = 0;
+        for (int64_t k = 0; k < m.cols; ++k) {
+            const long q = s > 0.0f ? std::clamp(std::lround(row[size_t(k)] / s), -127L, 127L) : 0L;
+            codes[(k / 4) * kChunkBytes + size_t(i) * 4 + size_t(k % 4)] = int8_t(q);
+            sum += int32_t(q);
+        }
+        scale[i] = s;
+        comp[i] = 128 * sum;
+    }
+}
+
+size_t packed_bytes(const kt_moe_config* c) {
+    return 2 * size_t(panels(c->intermediate)) * panel_bytes(c->hidden) + size_t(panels(c->hidden)) * panel_bytes(c->intermediate);
+}
+
+kt_status pack(const kt_moe_config* c, const kt_expert_weights* src, void* dst) {
+    const int64_t H = c->hidden, I = c->intermediate;
+    kt_status st;
+    if ((st = expect_float_weight(src->gate, I, H, "gate", "INT8")) != KT_OK) return st;
+    if ((st = expect_float_weight(src->up, I, H, "up", "INT8")) != KT_OK) return st;
+    if ((st = expect_float_weight(src->down, H, I, "down", "INT8")) != KT_OK) return st;
+    std::vector<float> row(size_t(std::max(H, I)));
+    auto* out = static_cast<uint8_t*>(dst);
+    const size_t pb_h = panel_bytes(H), pb_i = panel_bytes(I);
+    for (int64_t p = 0; p < panels(I); ++p) {
+        pack_panel(src->gate.values, p * kPanel, out + size_t(2 * p) * pb_h, row);
+        pack_panel(src->up.values, p * kPanel, out + size_t(2 * p + 1) * pb_h, row);
+    }
+    out += 2 * size_t(panels(I)) * pb_h;
+    for (int64_t p = 0; p < panels(H); ++p) pack_panel(src->down.values, p * kPanel, out + size_t(p) * pb_i, row);
+    return KT_OK;
+}
+
+#if defined(__AVX512F__)
+constexpr int kMrFused = 6, kMrPlain = 12;
+#else
+constexpr int kMrFused = 1, kMrPlain = 3;
+#endif
+
+// One int8 pass of code plane `a` against one weight vector.
+inline VI dot_pass(VI acc, VI a, VI w) {
+    if constexpr (kOffsetActivations) {
+        return dot_u8s8(acc, a, w);
+    } else {
+        return dot_u8s8(acc, abs_i8(a), sign_i8(w, a));
+    }
+}
+
+// MR activation rows x one panel (gate/up pair when kFused) over all of K, both code planes.
+template <int MR, bool kFused>
+void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa, const uint8_t* pb, float* out,
+                  int64_t ldo, int cols) {
+    constexpr int F = kFused ? 2 : 1;
+    VI hi[MR][F][kVecsPerPanel], lo[MR][F][kVecsPerPanel];
+    for (int m = 0; m < MR; ++m)
+        for (int f = 0; f < F; ++f)
+            for (int v = 0; v < kVecsPerPanel; ++v) hi[m][f][v] = lo[m][f][v] = vzeroi();
+    const uint8_t* codes_hi = int8_hi(x);
+    const uint8_t* codes_lo = int8_lo(x, k);
+    const uint8_t* panel[2] = {pa + kHeaderBytes, pb ? pb + kHeaderBytes : nullptr};
+    const int64_t kc = chunks(k);
+    for (int64_t j = 0; j < kc; ++j) {
+        VI ah[MR], al[MR];
+        for (int m = 0; m < MR; ++m) {
+            int32_t quad;
+            std::memcpy(&quad, codes_hi + m * row_bytes + size_t(j) * 4, 4);
+            ah[m] = vset1i(quad);
+            std::memcpy(&quad, codes_lo + m * row_bytes + size_t(j) * 4, 4);
+            al[m] = vset1i(quad);
+        }
+        for (int f = 0; f < F; ++f)
+            for (int v = 0; v < kVecsPerPanel; ++v) {
+                const VI w = vloadi(panel[f] + size_t(j) * kChunkBytes + size_t(v) * kLanes * 4);
+                for (int m = 0; m < MR; ++m) {
+                    hi[m][f][v] = dot_pass(hi[m][f][v], ah[m], w);
+                    lo[m][f][v] = dot_pass(lo[m][f][v], al[m], w);
+                }
+            }
+    }
+    const uint8_t* headers[2] = {pa, pb};
+    for (int m = 0; m < MR; ++m) {
+        const float sa = reinterpret_cast<const Int8Header*>(x + m * row_bytes)->scale;
+        for (int v = 0; v < kVecsPerPanel; ++v) {
+            VF r[F];
+            for (int f = 0; f < F; ++f) {
+                VI h = hi[m][f][v], l = lo[m][f][v];
+                if constexpr (kOffsetActivations) {
+                    const VI comp = vloadi(headers[f] + 64 + size_t(v) * kLanes * 4);
+                    h = vsubi(h, comp);
+                    l = vsubi(l, comp);
+                }
+                const VF dot = vfma(vcvt(l), vset1(1.0f / 128.0f), vcvt(h));
+                r[f] = vmul(dot, vmul(vload(reinterpret_cast<const float*>(headers[f]) + v * kLanes), vset1(sa)));
+            }
+            VF res = r[0];
+            if constexpr (kFused) res = silu_mul(r[0], r[1]);
+            const int n = std::min(kLanes, cols - v * kLanes);
+            if (n > 0) vstore_partial(out + m * ldo + v * kLanes, res, n);
+        }
+    }
+}
+
+template <int MR, bool kFused>
+void rows_kernel(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, const uint8_t* pa, const uint8_t* pb,
+                 float* out, int64_t ldo, int cols) {
+    int64_t r = 0;
+    for (; r + MR <= rows; r += MR) panel_kernel<MR, kFused>(x + r * row_bytes, row_bytes, k, pa, pb, out + r * ldo, ldo, cols);
+    if constexpr (MR > 1)
+        if (r < rows) rows_kernel<MR / 2, kFused>(x + r * row_bytes, row_bytes, rows - r, k, pa, pb, out + r * ldo, ldo, cols);
+}
+
+kt_status quantize(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int64_t stride, void* out) {
+    return quantize_int8_rows(in, dtype, rows, k, stride, out, kOffsetActivations);
+}
+
+kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+                       float* out, int64_t ldo) {
+    const int64_t H = c->hidden;
+    if (n0 % kPanel || n1 > c->intermediate || n0 >= n1)
+        return fail(KT_ERROR_INVALID_ARGUMENT, "INT8 gate/up tile [%lld, %lld) is not panel-aligned", (long long)n0, (long long)n1);
+    const size_t pb = panel_bytes(H);
+    const auto* base = static_cast<const uint8_t*>(packed);
+    for (int64_t n = n0; n < n1; n += kPanel) {
+        const uint8_t* gate = base + size_t(2 * (n / kPanel)) * pb;
+        rows_kernel<kMrFused, true>(static_cast<const uint8_t*>(act), int8_row_bytes(H), rows, H, gate, gate + pb,
+                                    out + n, ldo, int(std::min<int64_t>(kPanel, n1 - n)));
+    }
+    return KT_OK;
+}
+
+kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+                    float* out, int64_t ldo) {
+    const int64_t H = c->hidden, I = c->intermediate;
+    if (n0 % kPanel || n1 > H || n0 >= n1)
+        return fail(KT_ERROR_INVALID_ARGUMENT, "INT8 down tile [%lld, %lld) is not panel-aligned", (long long)n0, (long long)n1);
+    const size_t pb = panel_bytes(I);
+    const auto* base = static_cast<const uint8_t*>(packed) + 2 * size_t(panels(I)) * panel_bytes(H);
+    for (int64_t n = n0; n < n1; n += kPanel)
+        rows_kernel<kMrPlain, false>(static_cast<const uint8_t*>(act), int8_row_bytes(I), rows, I,
+                                     base + size_t(n / kPanel) * pb, nullptr, out + n, ldo,
+                                     int(std::min<int64_t>(kPanel, n1 - n)));
+    return KT_OK;
+}
+
+}  // namespace
+
+kt_method_kernels int8_kernels(const char* kernel_id) {
+    kt_method_kernels m{};
+    m.struct_size = sizeof(kt_method_kernels);
+    m.method = "INT8";
+    m.layout_id = "kt-int8-p16k4-v1";
+    m.kernel_id = kernel_id;
+    m.gate_up_block = kPanel;
+    m.down_block = kPanel;
+    m.packed_expert_bytes = packed_bytes;
+    m.pack_expert = pack;
+    m.activation_row_bytes = int8_row_bytes;
+    m.quantize_activations = quantize;
+    m.gate_up_tile = gate_up_tile;
+    m.down_tile = down_tile;
+    return m;
+}
+
+}  // namespace KT_TARGET_NAMESPACE

@@ -1,0 +1,49 @@
+// Integer dot products over 4-byte lanes: acc[i] += sum_{b<4} u8[4i+b] * s8[4i+b].
+// VNNI does it in one vpdpbusd; without VNNI, vpmaddubsw + vpmaddwd do it in two, exact as
+// long as each pair sum fits int16 — the callers guarantee that (u8 operands <= 15 for INT4,
+// |operands| <= 127 with the sign moved onto the weights for INT8).
+#pragma once
+#include "simd.h"
+
+namespace KT_TARGET_NAMESPACE {
+
+#if defined(__AVX512F__)
+inline VI vzeroi() { return _mm512_setzero_si512(); }
+inline VI vset1i(int32_t v) { return _mm512_set1_epi32(v); }
+inline VI vand(VI a, VI b) { return _mm512_and_si512(a, b); }
+inline VI vsrl16(VI a, int n) { return _mm512_srli_epi16(a, n); }
+inline VF vcvt(VI a) { return _mm512_cvtepi32_ps(a); }
+inline VI vsubi(VI a, VI b) { return _mm512_sub_epi32(a, b); }
+inline VI vaddi(VI a, VI b) { return _mm512_add_epi32(a, b); }
+#if defined(__AVX512VNNI__)
+inline VI dot_u8s8(VI acc, VI u8, VI s8) { return _mm512_dpbusd_epi32(acc, u8, s8); }
+#else
+inline VI dot_u8s8(VI acc, VI u8, VI s8) {
+    const VI pairs = _mm512_maddubs_epi16(u8, s8);
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
+}
+#endif
+// |a| as u8 and b with a's sign: a*b = |a| * (b * sign(a)), products fit int16 pairs.
+inline VI abs_i8(VI a) { return _mm512_abs_epi8(a); }
+inline VI sign_i8(VI b, VI a) {
+    const __mmask64 neg = _mm512_movepi8_mask(a);
+    const __mmask64 zero = _mm512_testn_epi8_mask(a, a);
+    return _mm512_maskz_mov_epi8(~zero, _mm512_mask_sub_epi8(b, neg, _mm512_setzero_si512(), b));
+}
+#else
+inline VI vzeroi() { return _mm256_setzero_si256(); }
+inline VI vset1i(int32_t v) { return _mm256_set1_epi32(v); }
+inline VI vand(VI a, VI b) { return _mm256_and_si256(a, b); }
+inline VI vsrl16(VI a, int n) { return _mm256_srli_epi16(a, n); }
+inline VF vcvt(VI a) { return _mm256_cvtepi32_ps(a); }
+inline VI vsubi(VI a, VI b) { return _mm256_sub_epi32(a, b); }
+inline VI vaddi(VI a, VI b) { return _mm256_add_epi32(a, b); }
+inline VI dot_u8s8(VI acc, VI u8, VI s8) {
+    const VI pairs = _mm256_maddubs_epi16(u8, s8);
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+inline VI abs_i8(VI a) { return _mm256_abs_epi8(a); }
+inline VI sign_i8(VI b, VI a) { return _mm256_sign_epi8(b, a); }
+#endif
+
+}  // namespace KT_TARGET_NAMESPACE

@@ -1,0 +1,10 @@
+// The kernel tables of every method this backend implements, for one target.
+#pragma once
+#include "common.h"
+
+namespace KT_TARGET_NAMESPACE {
+kt_method_kernels bf16_kernels(const char* kernel_id);
+kt_method_kernels int8_kernels(const char* kernel_id);
+kt_method_kernels int4_kernels(const char* kernel_id);
+kt_method_kernels rawint4_kernels(const char* kernel_id);
+}  // namespace KT_TARGET_NAMESPACE
