@@ -84,11 +84,11 @@ template <class M>
 double dot(const float* x, const char* packed, const MatrixLayout& m, int64_t n) {
     const auto* codes = reinterpret_cast<const uint8_t*>(packed + m.codes) + n * m.cols;
     const auto* scales = reinterpret_cast<const float*>(packed + m.scales) + n * m.groups;
-    const auto* zeros = reinterpret_cast<const int8_t*>(packed + m.zeros) + n * m.groups;
+    const auto* zeros = m.has_zeros ? reinterpret_cast<const int8_t*>(packed + m.zeros) + n * m.groups : nullptr;
     double acc = 0.0;
     for (int64_t k = 0; k < m.cols; ++k) {
         const int64_t g = k / m.group;
-        const double zero = m.has_zeros ? zeros[g] : 0.0;
+        const double zero = zeros ? zeros[g] : 0.0;
         acc += double(x[k]) * (double(scales[g]) * (M::Codes::value(codes[k]) - zero));
     }
     return acc;
@@ -254,7 +254,7 @@ struct Parts {
 };
 Parts parts_of(char* dst, const MatrixLayout& m) {
     return {reinterpret_cast<uint8_t*>(dst + m.codes), reinterpret_cast<float*>(dst + m.scales),
-            reinterpret_cast<int8_t*>(dst + m.zeros)};
+            m.has_zeros ? reinterpret_cast<int8_t*>(dst + m.zeros) : nullptr};
 }
 
 std::vector<float> load_row(const kt_matrix& m, int64_t n) {
@@ -410,7 +410,8 @@ struct Fp8PerChannel {
     }
     static kt_status check(const kt_weight& w, const MatrixLayout& m, const char* matrix) {
         const kt_status st = check_e4m3_values(name, w, m, matrix);
-        if (st != KT_OK || (one_row(w.scales, m) && has_dtype(w.scales, kScaleDtypes))) return st;
+        if (st != KT_OK) return st;
+        if (one_row(w.scales, m) && has_dtype(w.scales, kScaleDtypes)) return KT_OK;
         return expect(w.scales, prefix(name) + matrix + " scales", kScaleDtypes, m.rows, 1,
                       " (one per row; [" + std::to_string(m.rows) + "] is accepted too)");
     }

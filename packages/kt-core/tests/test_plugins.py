@@ -156,6 +156,8 @@ def test_capsule_of_the_wrong_kind():
 
 
 def test_explain_says_why_reference_won():
+    from kt_core.backends.reference import descriptor
+
     row = rows_by_backend()["reference"]
-    assert row["chosen_for"] == ["BF16", "FP32"] or set(row["chosen_for"]) <= {"BF16", "FP32"}
+    assert set(row["chosen_for"]) <= set(descriptor.variants[0].methods)
     assert row["score"] == (1, 0)

@@ -12,9 +12,10 @@ E, K, H, I = 8, 2, 64, 32
 
 
 def make(method="BF16", **kw):
+    # The reference backend: these tests check the wrapper's plumbing to 1e-5, whatever else is installed.
     args = dict(layer_idx=0, num_experts=E, num_experts_per_tok=K, hidden_size=H, moe_intermediate_size=I,
                 gpu_experts_mask=None, cpuinfer_threads=None, threadpool_count=1, weight_path=None,
-                chunked_prefill_size=64, method=method)
+                chunked_prefill_size=64, method=method, backend="reference")
     args.update(kw)
     return KTMoEWrapper(**args)
 
@@ -55,8 +56,12 @@ def test_positional_kt_kernel_signature_and_bf16_forward():
 
 
 def test_amx_method_names_run_where_there_is_no_amx():
-    with pytest.raises(Exception, match="INT8"):
-        make("AMXINT8")   # no backend with INT8 is installed in kt-core alone: the message names the format
+    wrapper = KTMoEWrapper(0, E, K, H, I, None, None, 1, None, 64, False, None, "AMXINT8")
+    assert "int8" in wrapper._moe.layout_id    # AMXINT8 names the INT8 format, whatever backend serves it
+    with pytest.raises(Exception, match="no installed backend provides method 'LLAMAFILE'"):
+        KTMoEWrapper(0, E, K, H, I, None, None, 1, None, 64, False, None, "GGUF")
+    with pytest.raises(Exception, match="backend 'reference' cannot run method LLAMAFILE here; it provides BF16, FP32"):
+        make("GGUF")
 
 
 def test_submit_and_sync_forward():

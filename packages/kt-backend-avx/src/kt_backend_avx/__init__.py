@@ -5,7 +5,7 @@ from kt_core.backends import BackendDescriptor, Tier, Variant
 _V3 = frozenset({"avx2", "fma", "f16c"})
 _V4 = _V3 | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"}
 _V4_VNNI_BF16 = _V4 | {"avx512_vnni", "avx512_bf16", "avx512_vbmi"}
-_METHODS = ("BF16", "INT8", "INT4", "RAWINT4")
+_METHODS = ("BF16", "INT8", "INT4", "RAWINT4", "FP8", "FP8_PERCHANNEL")
 _MODULE = "kt_backend_avx._native"
 
 descriptor = BackendDescriptor(

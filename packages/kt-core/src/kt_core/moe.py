@@ -47,7 +47,11 @@ class MoE:
         else:
             choices = [c for c in sel.ranked(self.method) if c.backend == backend]
             if not choices:
-                raise BackendError(f"backend {backend!r} cannot run method {self.method} here; see `kt backends`")
+                own = [c for c in sel.candidates if c.backend == backend]
+                provides = ", ".join(sorted({m for c in own for m in c.methods})) or "nothing (not installed)"
+                why = "; ".join(f"{c.variant}: {c.reason}" for c in own if not c.runnable)
+                raise BackendError(f"backend {backend!r} cannot run method {self.method} here; it provides {provides}"
+                                   + (f" ({why})" if why else "") + "; see `kt backends`")
             self.candidate, native = choices[0], sel.load(choices[0])
         self._layer = _native.MoeLayer(native, self.method, self.hidden_size, self.intermediate_size,
                                        self.num_experts, self.top_k, [not g for g in mask], self.max_tokens,

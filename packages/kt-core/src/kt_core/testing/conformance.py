@@ -3,7 +3,8 @@
 Run through the plugin (see kt_core.testing.plugin). Each test gets `kt_variant` =
 (descriptor, variant, method) with the variant forced, and compares the backend with the
 reference backend on the same weights: the reference packs them in the same format, so
-the difference measures the kernel, not the format.
+the difference measures the kernel, not the format. Checkpoint formats (RAWINT4, FP8,
+FP8_PERCHANNEL) get the same checkpoint tensors, made by kt_core.testing.quantize.
 """
 
 from __future__ import annotations
@@ -15,23 +16,41 @@ import pytest
 
 from ..errors import BackendError
 from ..moe import MoE
+from .quantize import checkpoint_inputs
 from .reference import random_moe, random_routing, relative_error
+
+# Group sizes a group-wise format takes, preferred first; RAWINT4's is fixed by the format.
+GROUP_SIZES = {"INT4": (128, 64, 32), "RAWINT4": (32,)}
+
+
+def _group_size(method, hidden, intermediate):
+    """The layer's group_size: for INT4 the largest group dividing both K dimensions (hidden,
+    intermediate), 0 (the format's own) for the rest; skips shapes no group divides."""
+    sizes = GROUP_SIZES.get(method)
+    if sizes is None:
+        return 0
+    fits = [g for g in sizes if hidden % g == 0 and intermediate % g == 0]
+    if not fits:
+        pytest.skip(f"{method} needs a group size in {sizes} dividing hidden={hidden} and intermediate={intermediate}")
+    return fits[0] if method == "INT4" else 0
 
 
 def _pair(kt_variant, *, experts, hidden, intermediate, top_k, max_tokens=4096, mask=None, seed=0):
     descriptor, variant, method = kt_variant
     rng = np.random.default_rng(seed)
-    weights = random_moe(rng, experts, hidden, intermediate)
+    group_size = _group_size(method, hidden, intermediate)
+    gate, up, down, scales = checkpoint_inputs(method, *random_moe(rng, experts, hidden, intermediate))
     layers = []
     for backend in (descriptor.name, "reference"):
         try:
             layer = MoE(num_experts=experts, top_k=top_k, hidden_size=hidden, intermediate_size=intermediate,
-                        method=method, gpu_experts_mask=mask, max_tokens=max_tokens, backend=backend)
+                        method=method, gpu_experts_mask=mask, max_tokens=max_tokens, backend=backend,
+                        group_size=group_size)
         except BackendError as exc:
             if "declines" in str(exc) or backend == "reference":
                 pytest.skip(f"{backend} cannot run {method} at hidden={hidden}, intermediate={intermediate}: {exc}")
             raise
-        layer.load(*weights)
+        layer.load(gate, up, down, scales=scales)
         layers.append(layer)
     if layers[0].backend.split("/")[1] != variant.name:
         raise AssertionError(f"asked for variant {variant.name}, got {layers[0].backend}")

@@ -13,7 +13,6 @@ import numpy as np
 
 from .reference import bf16_round
 
-INT4_GROUP_SIZES = (32, 64, 128)
 RAWINT4_GROUP = 32
 FP8_BLOCK = 128
 E4M3_MAX = 448.0

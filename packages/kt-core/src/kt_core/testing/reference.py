@@ -42,9 +42,9 @@ def relative_error(actual, expected) -> float:
 
 def random_moe(rng: np.random.Generator, experts: int, hidden: int, intermediate: int, scale: float = 1.0):
     """Random expert weights scaled like trained ones (unit-variance outputs), float32."""
-    gate = rng.standard_normal((experts, intermediate, hidden), dtype=np.float32) * (scale / np.sqrt(hidden))
-    up = rng.standard_normal((experts, intermediate, hidden), dtype=np.float32) * (scale / np.sqrt(hidden))
-    down = rng.standard_normal((experts, hidden, intermediate), dtype=np.float32) * (scale / np.sqrt(intermediate))
+    gate = rng.standard_normal((experts, intermediate, hidden), dtype=np.float32) * np.float32(scale / np.sqrt(hidden))
+    up = rng.standard_normal((experts, intermediate, hidden), dtype=np.float32) * np.float32(scale / np.sqrt(hidden))
+    down = rng.standard_normal((experts, hidden, intermediate), dtype=np.float32) * np.float32(scale / np.sqrt(intermediate))
     return gate, up, down
 
 

@@ -1,0 +1,228 @@
+// FP8 experts, consumed as the checkpoint ships them (docs/formats.md): E4M3 bytes with
+// DeepSeek-V3's 128x128 block scales (FP8) or one scale per output channel (FP8_PERCHANNEL).
+//
+// Packed layout "kt-fp8-p16-v1": per matrix, panels of 16 channels; a panel is a header of
+// one 64-byte f32[16] scale vector per 128-wide k block (a block format repeats its scalar,
+// a per-channel one its 16 channels' scales) followed by K rows of 16 code bytes.
+//
+// Decoding is exact and branch-free: E4M3 (bias 7) placed in an IEEE half's bit positions
+// reads as the same value times 2^-8 (bias 15), subnormals included; F16C widens it to f32,
+// and the 2^8 is folded into the block scales at pack time.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "methods.h"
+
+namespace KT_TARGET_NAMESPACE {
+namespace {
+
+constexpr int64_t kBlock = 128;
+constexpr size_t kScaleBytes = 64;
+
+int64_t kblocks(int64_t k) { return (k + kBlock - 1) / kBlock; }
+size_t panel_bytes(int64_t k) { return size_t(kblocks(k)) * kScaleBytes + size_t(k) * kPanel; }
+
+// 16 E4M3 codes -> 16 floats equal to value / 256.
+#if defined(__AVX512F__)
+inline __m512 decode16(const uint8_t* p) {
+    const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7f)), 7),
+                                      _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8));
+    return _mm512_cvtph_ps(h);
+}
+#else
+inline __m256 decode8(const uint8_t* p) {
+    const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7f)), 7),
+                                   _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8));
+    return _mm256_cvtph_ps(h);
+}
+#endif
+
+inline VF decode(const uint8_t* p, int v) {
+#if defined(__AVX512F__)
+    (void)v;
+    return decode16(p);
+#else
+    return decode8(p + v * kLanes);
+#endif
+}
+
+float scale_at(const kt_matrix& s, int64_t r, int64_t c) {
+    const int64_t at = r * s.row_stride + c;
+    return s.dtype == KT_DTYPE_BF16 ? bf16_to_f32(static_cast<const uint16_t*>(s.data)[at]) : static_cast<const float*>(s.data)[at];
+}
+
+template <bool kPerChannel>
+kt_status check(const kt_weight& w, int64_t N, int64_t K, const char* name) {
+    const char* method = kPerChannel ? "FP8_PERCHANNEL" : "FP8";
+    if (w.values.dtype != KT_DTYPE_U8 || w.values.rows != N || w.values.cols != K)
+        return fail(KT_ERROR_INVALID_ARGUMENT, "%s: %s should be E4M3 bytes (uint8 or float8_e4m3fn) [%lld, %lld], got %s [%lld, %lld]",
+                    method, name, (long long)N, (long long)K, dtype_name(w.values.dtype), (long long)w.values.rows,
+                    (long long)w.values.cols);
+    const int64_t sr = kPerChannel ? N : kblocks(N), sc = kPerChannel ? 1 : kblocks(K);
+    if (!w.scales.data)
+        return fail(KT_ERROR_INVALID_ARGUMENT, "%s: %s scale is missing (float32 [%lld, %lld] expected)", method, name,
+                    (long long)sr, (long long)sc);
+    if ((w.scales.dtype != KT_DTYPE_F32 && w.scales.dtype != KT_DTYPE_BF16) || w.scales.rows != sr || w.scales.cols != sc)
+        return fail(KT_ERROR_INVALID_ARGUMENT, "%s: %s scale should be float32 [%lld, %lld], got %s [%lld, %lld]", method, name,
+                    (long long)sr, (long long)sc, dtype_name(w.scales.dtype), (long long)w.scales.rows, (long long)w.scales.cols);
+    if (w.zeros.data) return fail(KT_ERROR_INVALID_ARGUMENT, "%s: %s takes no zero points", method, name);
+    for (int64_t r = 0; r < N; ++r) {
+        const auto* codes = static_cast<const uint8_t*>(w.values.data) + r * w.values.row_stride;
+        for (int64_t c = 0; c < K; ++c)
+            if ((codes[c] & 0x7f) == 0x7f)
+                return fail(KT_ERROR_INVALID_ARGUMENT, "%s: %s holds the E4M3 NaN code 0x%02X at [%lld, %lld]; kt refuses "
+                            "non-finite weights at load", method, name, codes[c], (long long)r, (long long)c);
+    }
+    for (int64_t r = 0; r < sr; ++r)
+        for (int64_t c = 0; c < sc; ++c)
+            if (!std::isfinite(scale_at(w.scales, r, c)))
+                return fail(KT_ERROR_INVALID_ARGUMENT, "%s: %s scale [%lld, %lld] is not finite", method, name, (long long)r,
+                            (long long)c);
+    return KT_OK;
+}
+
+template <bool kPerChannel>
+void pack_matrix(const kt_weight& w, int64_t N, int64_t K, uint8_t* dst, size_t stride_panels) {
+    const size_t pb = panel_bytes(K);
+    for (int64_t p = 0; p < panels(N); ++p) {
+        uint8_t* panel = dst + size_t(p) * stride_panels * pb;
+        auto* scales = reinterpret_cast<float*>(panel);
+        uint8_t* codes = panel + size_t(kblocks(K)) * kScaleBytes;
+        for (int lane = 0; lane < kPanel && p * kPanel + lane < N; ++lane) {
+            const int64_t n = p * kPanel + lane;
+            for (int64_t kb = 0; kb < kblocks(K); ++kb)
+                scales[kb * kPanel + lane] = 256.0f * (kPerChannel ? scale_at(w.scales, n, 0) : scale_at(w.scales, n / kBlock, kb));
+            const auto* src = static_cast<const uint8_t*>(w.values.data) + n * w.values.row_stride;
+            for (int64_t k = 0; k < K; ++k) codes[size_t(k) * kPanel + size_t(lane)] = src[k];
+        }
+    }
+}
+
+size_t packed_bytes(const kt_moe_config* c) {
+    return 2 * size_t(panels(c->intermediate)) * panel_bytes(c->hidden) + size_t(panels(c->hidden)) * panel_bytes(c->intermediate);
+}
+
+template <bool kPerChannel>
+kt_status pack(const kt_moe_config* c, const kt_expert_weights* src, void* dst) {
+    const int64_t H = c->hidden, I = c->intermediate;
+    kt_status st;
+    if ((st = check<kPerChannel>(src->gate, I, H, "gate")) != KT_OK) return st;
+    if ((st = check<kPerChannel>(src->up, I, H, "up")) != KT_OK) return st;
+    if ((st = check<kPerChannel>(src->down, H, I, "down")) != KT_OK) return st;
+    auto* out = static_cast<uint8_t*>(dst);
+    pack_matrix<kPerChannel>(src->gate, I, H, out, 2);
+    pack_matrix<kPerChannel>(src->up, I, H, out + panel_bytes(H), 2);
+    pack_matrix<kPerChannel>(src->down, H, I, out + 2 * size_t(panels(I)) * panel_bytes(H), 1);
+    return KT_OK;
+}
+
+#if defined(__AVX512F__)
+constexpr int kMrFused = 6, kMrPlain = 12;
+#else
+constexpr int kMrFused = 2, kMrPlain = 4;
+#endif
+
+// MR f32 activation rows x one panel (gate/up pair when kFused), block by block over K.
+template <int MR, bool kFused>
+void panel_kernel(const uint8_t* xb, size_t row_bytes, int64_t k, const uint8_t* pa, const uint8_t* pb, float* out,
+                  int64_t ldo, int cols) {
+    constexpr int F = kFused ? 2 : 1;
+    const auto* x = reinterpret_cast<const float*>(xb);
+    const int64_t ldx = int64_t(row_bytes / sizeof(float));
+    const uint8_t* panel[2] = {pa, pb};
+    const size_t codes_at = size_t(kblocks(k)) * kScaleBytes;
+    VF acc[MR][F][kVecsPerPanel];
+    for (int m = 0; m < MR; ++m)
+        for (int f = 0; f < F; ++f)
+            for (int v = 0; v < kVecsPerPanel; ++v) acc[m][f][v] = vzero();
+    for (int64_t kb = 0; kb < kblocks(k); ++kb) {
+        VF part[MR][F][kVecsPerPanel];
+        for (int m = 0; m < MR; ++m)
+            for (int f = 0; f < F; ++f)
+                for (int v = 0; v < kVecsPerPanel; ++v) part[m][f][v] = vzero();
+        const int64_t k1 = std::min(k, (kb + 1) * kBlock);
+        for (int64_t kk = kb * kBlock; kk < k1; ++kk)
+            for (int f = 0; f < F; ++f)
+                for (int v = 0; v < kVecsPerPanel; ++v) {
+                    const VF w = decode(panel[f] + codes_at + size_t(kk) * kPanel, v);
+                    for (int m = 0; m < MR; ++m) part[m][f][v] = vfma(w, vset1(x[m * ldx + kk]), part[m][f][v]);
+                }
+        for (int f = 0; f < F; ++f)
+            for (int v = 0; v < kVecsPerPanel; ++v) {
+                const VF s = vload(reinterpret_cast<const float*>(panel[f] + size_t(kb) * kScaleBytes) + v * kLanes);
+                for (int m = 0; m < MR; ++m) acc[m][f][v] = vfma(part[m][f][v], s, acc[m][f][v]);
+            }
+    }
+    for (int m = 0; m < MR; ++m)
+        for (int v = 0; v < kVecsPerPanel; ++v) {
+            VF r = acc[m][0][v];
+            if constexpr (kFused) r = silu_mul(acc[m][0][v], acc[m][F - 1][v]);
+            const int n = std::min(kLanes, cols - v * kLanes);
+            if (n > 0) vstore_partial(out + m * ldo + v * kLanes, r, n);
+        }
+}
+
+template <int MR, bool kFused>
+void rows_kernel(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, const uint8_t* pa, const uint8_t* pb,
+                 float* out, int64_t ldo, int cols) {
+    int64_t r = 0;
+    for (; r + MR <= rows; r += MR) panel_kernel<MR, kFused>(x + r * row_bytes, row_bytes, k, pa, pb, out + r * ldo, ldo, cols);
+    if constexpr (MR > 1)
+        if (r < rows) rows_kernel<MR / 2, kFused>(x + r * row_bytes, row_bytes, rows - r, k, pa, pb, out + r * ldo, ldo, cols);
+}
+
+kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+                       float* out, int64_t ldo) {
+    const int64_t H = c->hidden;
+    if (n0 % kPanel || n1 > c->intermediate || n0 >= n1)
+        return fail(KT_ERROR_INVALID_ARGUMENT, "FP8 gate/up tile [%lld, %lld) is not panel-aligned", (long long)n0, (long long)n1);
+    const size_t pb = panel_bytes(H);
+    const auto* base = static_cast<const uint8_t*>(packed);
+    for (int64_t n = n0; n < n1; n += kPanel) {
+        const uint8_t* gate = base + size_t(2 * (n / kPanel)) * pb;
+        rows_kernel<kMrFused, true>(static_cast<const uint8_t*>(act), f32_row_bytes(H), rows, H, gate, gate + pb, out + n, ldo,
+                                    int(std::min<int64_t>(kPanel, n1 - n)));
+    }
+    return KT_OK;
+}
+
+kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+                    float* out, int64_t ldo) {
+    const int64_t H = c->hidden, I = c->intermediate;
+    if (n0 % kPanel || n1 > H || n0 >= n1)
+        return fail(KT_ERROR_INVALID_ARGUMENT, "FP8 down tile [%lld, %lld) is not panel-aligned", (long long)n0, (long long)n1);
+    const size_t pb = panel_bytes(I);
+    const auto* base = static_cast<const uint8_t*>(packed) + 2 * size_t(panels(I)) * panel_bytes(H);
+    for (int64_t n = n0; n < n1; n += kPanel)
+        rows_kernel<kMrPlain, false>(static_cast<const uint8_t*>(act), f32_row_bytes(I), rows, I, base + size_t(n / kPanel) * pb,
+                                     nullptr, out + n, ldo, int(std::min<int64_t>(kPanel, n1 - n)));
+    return KT_OK;
+}
+
+template <bool kPerChannel>
+kt_method_kernels fp8_table(const char* method, const char* kernel_id) {
+    kt_method_kernels m{};
+    m.struct_size = sizeof(kt_method_kernels);
+    m.method = method;
+    m.layout_id = "kt-fp8-p16-v1";
+    m.kernel_id = kernel_id;
+    m.gate_up_block = kPanel;
+    m.down_block = kPanel;
+    m.packed_expert_bytes = packed_bytes;
+    m.pack_expert = pack<kPerChannel>;
+    m.activation_row_bytes = f32_row_bytes;
+    m.quantize_activations = quantize_f32_rows;
+    m.gate_up_tile = gate_up_tile;
+    m.down_tile = down_tile;
+    return m;
+}
+
+}  // namespace
+
+kt_method_kernels fp8_kernels(const char* kernel_id) { return fp8_table<false>("FP8", kernel_id); }
+kt_method_kernels fp8_perchannel_kernels(const char* kernel_id) { return fp8_table<true>("FP8_PERCHANNEL", kernel_id); }
+
+}  // namespace KT_TARGET_NAMESPACE
