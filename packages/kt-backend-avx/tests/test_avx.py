@@ -10,12 +10,16 @@ import pytest
 import kt_core
 from kt_backend_avx import descriptor
 from kt_core.backends import selection
+from kt_core.testing import quantize
 from kt_core.testing.reference import bf16_round, moe_reference, random_moe, random_routing, relative_error
 
 VARIANTS = [v.name for v in descriptor.variants]
 # Kernel error bound per method (max |Δ| / RMS vs FP32 over the stored weights). The issue
 # asks for <= 1e-2 (BF16) and 2e-2 (quantized); these are what the kernels reach, with margin.
-KERNEL_TOL = {"BF16": 1e-4}
+# Measured here: BF16 <= 3.5e-5, INT8/INT4/RAWINT4 <= 1e-3 (two-pass int8 activations), FP8 <= 3e-6.
+KERNEL_TOL = {"BF16": 1e-4, "INT8": 5e-3, "INT4": 5e-3, "RAWINT4": 5e-3, "FP8": 1e-4, "FP8_PERCHANNEL": 1e-4}
+# Format error (vs the unquantized weights) is the format's, not the kernel's: stated, bounded loosely.
+FORMAT_TOL = {"BF16": 4e-2, "INT8": 0.15, "INT4": 2.0, "RAWINT4": 2.0, "FP8": 0.5, "FP8_PERCHANNEL": 0.5}
 
 
 @pytest.fixture(params=VARIANTS)
@@ -80,3 +84,65 @@ def test_bf16_refuses_integer_codes(variant):
     codes = np.zeros((32, 32), dtype=np.int8)
     with pytest.raises(ValueError, match="BF16: gate must be floating point .* got int8"):
         layer.load_expert(0, codes, codes, codes)
+
+
+@pytest.mark.parametrize("method", ["INT8", "INT4", "RAWINT4", "FP8", "FP8_PERCHANNEL"])
+@pytest.mark.parametrize("tokens", [1, 6, 77])
+def test_quantized_accuracy(variant, method, tokens):
+    rng = np.random.default_rng(tokens)
+    E, K, H, I = 6, 2, 256, 160
+    w = random_moe(rng, E, H, I)
+    gate, up, down, scales = quantize.checkpoint_inputs(method, *w)
+    group = 32 if method == "INT4" else 0
+    layer = kt_core.MoE(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, method=method, group_size=group)
+    assert layer.backend == f"avx/{variant}"
+    layer.load(gate, up, down, scales=scales)
+    x = rng.standard_normal((tokens, H)).astype(np.float32)
+    ids, wt = random_routing(rng, tokens, E, K)
+    ids[0, -1] = -1
+    out = layer(x, ids, wt)
+    stored = quantize.dequantized_weights(method, *w, group_size=group)
+    kernel_err = relative_error(out, moe_reference(x, *stored, ids, wt))
+    format_err = relative_error(out, moe_reference(x, *w, ids, wt))
+    assert kernel_err <= KERNEL_TOL[method], f"{method}: kernel error {kernel_err:.2e}"
+    assert format_err <= FORMAT_TOL[method], f"{method}: format error {format_err:.2e}"
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("zero_point", [False, True])
+def test_int4_groups_match_the_reference_backend(variant, group, zero_point):
+    rng = np.random.default_rng(group)
+    w = random_moe(rng, 4, 256, 128)
+    layers = []
+    for backend in ("avx", "reference"):
+        layer = kt_core.MoE(num_experts=4, top_k=2, hidden_size=256, intermediate_size=128, method="INT4",
+                            group_size=group, zero_point=zero_point, backend=backend)
+        layer.load(*w)
+        layers.append(layer)
+    x = rng.standard_normal((9, 256)).astype(np.float32)
+    ids, wt = random_routing(rng, 9, 4, 2)
+    assert relative_error(layers[0](x, ids, wt), layers[1](x, ids, wt)) <= KERNEL_TOL["INT4"]
+
+
+def test_bad_quantized_input_fails_at_load(variant):
+    rng = np.random.default_rng(0)
+    g, u, d = random_moe(rng, 2, 96, 64)
+    with pytest.raises(ValueError, match="group_size 48 is not supported"):
+        kt_core.MoE(num_experts=2, top_k=1, hidden_size=96, intermediate_size=64, method="INT4", group_size=48).load(g, u, d)
+    with pytest.raises(ValueError, match="group_size 64 must divide hidden .96."):
+        kt_core.MoE(num_experts=2, top_k=1, hidden_size=96, intermediate_size=64, method="INT4", group_size=64).load(g, u, d)
+    layer = kt_core.MoE(num_experts=2, top_k=1, hidden_size=96, intermediate_size=64, method="RAWINT4")
+    packed, scale = quantize.pack_rawint4(g[0])
+    with pytest.raises(ValueError, match="RAWINT4: gate weight_scale should be bf16 .64, 3., got float32 .64, 2."):
+        layer.load_expert(0, packed, packed, packed, scales=(scale[:, :2], scale, scale))
+    with pytest.raises(ValueError, match="RAWINT4: gate weight_packed should be int32"):
+        layer.load_expert(0, g[0], u[0], d[0], scales=(scale, scale, scale))
+    fp8 = kt_core.MoE(num_experts=2, top_k=1, hidden_size=96, intermediate_size=64, method="FP8")
+    codes, s = quantize.quantize_fp8_block(g[0])
+    bad = codes.copy()
+    bad[3, 5] = 0x7F
+    dcodes, ds = quantize.quantize_fp8_block(d[0])
+    with pytest.raises(ValueError, match="E4M3 NaN code 0x7F at .3, 5."):
+        fp8.load_expert(0, bad, codes, dcodes, scales=(s, s, ds))
+    with pytest.raises(ValueError, match="FP8: gate scale is missing"):
+        fp8.load_expert(0, codes, codes, dcodes)
