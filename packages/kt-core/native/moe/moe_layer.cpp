@@ -109,9 +109,18 @@ private:
     std::chrono::steady_clock::time_point last_;
 };
 
+// Below this many multiply-adds a forward runs on the calling thread alone: waking workers
+// for five fork-joins costs more than it saves (2 threads were 2x slower than 1 on a
+// 4-expert, 32x16 layer; benchmarks/overhead.py).
+constexpr int64_t kSerialMacs = int64_t(1) << 20;
+
 template <class F>
-void parallel(ThreadPool& pool, size_t range, F& body) {
-    pool.parallel_for(range, [](void* ctx, size_t i) { (*static_cast<F*>(ctx))(i); }, &body);
+void parallel(ThreadPool* pool, size_t range, F& body) {
+    if (!pool) {
+        for (size_t i = 0; i < range; ++i) body(i);
+        return;
+    }
+    pool->parallel_for(range, [](void* ctx, size_t i) { (*static_cast<F*>(ctx))(i); }, &body);
 }
 
 struct Tile {
@@ -308,7 +317,9 @@ void MoeLayer::forward(const void* hidden, kt_dtype hidden_dtype, int64_t tokens
 
     FailureSlot failure;
     PhaseTimer timer;
-    const int threads = pool.num_threads(), groups = pool.num_groups();
+    const bool serial = S * H * I * 3 < kSerialMacs;
+    ThreadPool* workers = serial ? nullptr : &pool;
+    const int threads = serial ? 1 : pool.num_threads(), groups = pool.num_groups();
     timer.mark("route");
 
     // 1. Quantize every token once, in chunks of rows; then gather each expert's rows.
@@ -319,12 +330,12 @@ void MoeLayer::forward(const void* hidden, kt_dtype hidden_dtype, int64_t tokens
                                                             hidden_dtype, rows, H, H, act_tokens + size_t(t0) * row_h);
         if (st != KT_OK) failure.record(st, "quantizing activations");
     };
-    parallel(pool, size_t((T + quant_chunk - 1) / quant_chunk), quantize_tokens);
+    parallel(workers, size_t((T + quant_chunk - 1) / quant_chunk), quantize_tokens);
     failure.rethrow();
     auto gather = [&](size_t r) {
         std::memcpy(act_rows + r * row_h, act_tokens + size_t(token_of_row[r]) * row_h, row_h);
     };
-    parallel(pool, size_t(S), gather);
+    parallel(workers, size_t(S), gather);
     timer.mark("quantize+gather");
 
     auto plan_tiles = [&](int64_t n, int64_t kernel_block) {
@@ -341,6 +352,11 @@ void MoeLayer::forward(const void* hidden, kt_dtype hidden_dtype, int64_t tokens
         return tp;
     };
     auto run_tiles = [&](const TilePlan& tp, auto& body) {
+        if (serial) {
+            for (const auto& tiles : tp.per_group)
+                for (const Tile& t : tiles) body(t);
+            return;
+        }
         using Body = std::remove_reference_t<decltype(body)>;
         struct Ctx { const TilePlan* tp; Body* body; } ctx{&tp, &body};
         pool.parallel_for_groups(
@@ -373,7 +389,7 @@ void MoeLayer::forward(const void* hidden, kt_dtype hidden_dtype, int64_t tokens
                                                             act2 + size_t(r0) * row_i);
         if (st != KT_OK) failure.record(st, "quantizing intermediate activations");
     };
-    parallel(pool, active.size(), quantize_inter);
+    parallel(workers, active.size(), quantize_inter);
     failure.rethrow();
     timer.mark("quantize_inter");
 
@@ -408,7 +424,7 @@ void MoeLayer::forward(const void* hidden, kt_dtype hidden_dtype, int64_t tokens
             for (int64_t h = 0; h < H; ++h) dst[h] = f32_to_bf16(acc[size_t(h)]);
         }
     };
-    parallel(pool, size_t(T), reduce);
+    parallel(workers, size_t(T), reduce);
     timer.mark("reduce");
 }
 
