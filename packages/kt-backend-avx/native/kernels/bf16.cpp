@@ -63,56 +63,69 @@ kt_status pack(const kt_moe_config* c, const kt_expert_weights* src, void* dst) 
 }
 
 // ---- microkernels ----------------------------------------------------------------------
-// MR activation rows x one panel (or a gate/up panel pair when kFused) over all of K.
-// `x` rows are `row_bytes` apart; out rows have stride ldo; `cols` valid outputs (<= 16).
+// A microkernel streams one panel, or two: gate and up of the same channels (fused: the
+// output is SiLU(gate)*up), or two adjacent down panels (pair: 32 outputs). Two panels share
+// every activation broadcast, which halves the broadcasts per multiply.
+enum Mode { kSingle = 0, kFused = 1, kPair = 2 };
+
+// Writes a result row: `cols` valid outputs of 16 (single/fused) or 32 (pair).
+template <int kMode>
+inline void store_row(float* out, const VF* a, const VF* b, int cols) {
+    for (int v = 0; v < kVecsPerPanel; ++v) {
+        const VF r = kMode == kFused ? silu_mul(a[v], b[v]) : a[v];
+        const int n = std::min(kLanes, cols - v * kLanes);
+        if (n > 0) vstore_partial(out + v * kLanes, r, n);
+        if constexpr (kMode == kPair) {
+            const int n2 = std::min(kLanes, cols - kPanel - v * kLanes);
+            if (n2 > 0) vstore_partial(out + kPanel + v * kLanes, b[v], n2);
+        }
+    }
+}
+// MR activation rows x one or two panels over all of K. `x` rows are `row_bytes` apart; out
+// rows have stride ldo.
 
 #if defined(__AVX512BF16__)
 constexpr int kMrFused = 8, kMrPlain = 12;
 
 // x: split-bf16 rows (see common.h); kLo adds the low halves' pass.
-template <int MR, bool kFused, bool kLo>
+template <int MR, int kMode, bool kLo>
 void panel_kernel_split(const uint8_t* x, size_t row_bytes, int64_t kc, const uint8_t* pa, const uint8_t* pb, float* out,
                         int64_t ldo, int cols) {
-    __m512 acc_a[MR], acc_b[kFused ? MR : 1];
-    for (int m = 0; m < MR; ++m) acc_a[m] = _mm512_setzero_ps();
-    if constexpr (kFused)
-        for (int m = 0; m < MR; ++m) acc_b[m] = _mm512_setzero_ps();
+    constexpr bool kTwo = kMode != kSingle;
+    __m512 acc_a[MR], acc_b[MR];
+    for (int m = 0; m < MR; ++m) acc_a[m] = acc_b[m] = _mm512_setzero_ps();
     const uint8_t* hi = x + sizeof(SplitBf16Header);
     const size_t lo_offset = size_t(kc) * 4;
     for (int64_t j = 0; j < kc; ++j) {
         const __m512bh wa = (__m512bh)_mm512_loadu_si512(pa + size_t(j) * kChunkBytes);
         __m512bh wb;
-        if constexpr (kFused) wb = (__m512bh)_mm512_loadu_si512(pb + size_t(j) * kChunkBytes);
+        if constexpr (kTwo) wb = (__m512bh)_mm512_loadu_si512(pb + size_t(j) * kChunkBytes);
         for (int m = 0; m < MR; ++m) {
             int32_t pair;
             std::memcpy(&pair, hi + m * row_bytes + size_t(j) * 4, 4);
             const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
             acc_a[m] = _mm512_dpbf16_ps(acc_a[m], wa, xv);
-            if constexpr (kFused) acc_b[m] = _mm512_dpbf16_ps(acc_b[m], wb, xv);
+            if constexpr (kTwo) acc_b[m] = _mm512_dpbf16_ps(acc_b[m], wb, xv);
             if constexpr (kLo) {
                 std::memcpy(&pair, hi + m * row_bytes + lo_offset + size_t(j) * 4, 4);
                 const __m512bh xl = (__m512bh)_mm512_set1_epi32(pair);
                 acc_a[m] = _mm512_dpbf16_ps(acc_a[m], wa, xl);
-                if constexpr (kFused) acc_b[m] = _mm512_dpbf16_ps(acc_b[m], wb, xl);
+                if constexpr (kTwo) acc_b[m] = _mm512_dpbf16_ps(acc_b[m], wb, xl);
             }
         }
     }
-    for (int m = 0; m < MR; ++m) {
-        __m512 r = acc_a[m];
-        if constexpr (kFused) r = silu_mul(acc_a[m], acc_b[m]);
-        vstore_partial(out + m * ldo, r, cols);
-    }
+    for (int m = 0; m < MR; ++m) store_row<kMode>(out + m * ldo, &acc_a[m], &acc_b[m], cols);
 }
 
-template <int MR, bool kFused>
+template <int MR, int kMode>
 void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t kc, const uint8_t* pa, const uint8_t* pb, float* out,
                   int64_t ldo, int cols) {
     bool lo = false;
     for (int m = 0; m < MR; ++m) lo |= reinterpret_cast<const SplitBf16Header*>(x + m * row_bytes)->has_lo != 0;
     if (lo) {
-        panel_kernel_split<MR, kFused, true>(x, row_bytes, kc, pa, pb, out, ldo, cols);
+        panel_kernel_split<MR, kMode, true>(x, row_bytes, kc, pa, pb, out, ldo, cols);
     } else {
-        panel_kernel_split<MR, kFused, false>(x, row_bytes, kc, pa, pb, out, ldo, cols);
+        panel_kernel_split<MR, kMode, false>(x, row_bytes, kc, pa, pb, out, ldo, cols);
     }
 }
 #else
@@ -123,23 +136,21 @@ constexpr int kMrFused = 2, kMrPlain = 4;
 #endif
 
 // x: f32 rows.
-template <int MR, bool kFused>
+template <int MR, int kMode>
 void panel_kernel(const uint8_t* xb, size_t row_bytes, int64_t kc, const uint8_t* pa, const uint8_t* pb, float* out,
                   int64_t ldo, int cols) {
     const auto* x = reinterpret_cast<const float*>(xb);
     const int64_t ldx = int64_t(row_bytes / sizeof(float));
-    VF acc_a[MR][kVecsPerPanel], acc_b[kFused ? MR : 1][kVecsPerPanel];
+    constexpr bool kTwo = kMode != kSingle;
+    VF acc_a[MR][kVecsPerPanel], acc_b[MR][kVecsPerPanel];
     for (int m = 0; m < MR; ++m)
-        for (int v = 0; v < kVecsPerPanel; ++v) {
-            acc_a[m][v] = vzero();
-            if constexpr (kFused) acc_b[m][v] = vzero();
-        }
+        for (int v = 0; v < kVecsPerPanel; ++v) acc_a[m][v] = acc_b[m][v] = vzero();
     for (int64_t j = 0; j < kc; ++j) {
         for (int v = 0; v < kVecsPerPanel; ++v) {
             const VI wa = vloadi(pa + size_t(j) * kChunkBytes + size_t(v) * kLanes * 4);
             const VF a0 = bf16_even(wa), a1 = bf16_odd(wa);
             VF b0, b1;
-            if constexpr (kFused) {
+            if constexpr (kTwo) {
                 const VI wb = vloadi(pb + size_t(j) * kChunkBytes + size_t(v) * kLanes * 4);
                 b0 = bf16_even(wb);
                 b1 = bf16_odd(wb);
@@ -147,30 +158,24 @@ void panel_kernel(const uint8_t* xb, size_t row_bytes, int64_t kc, const uint8_t
             for (int m = 0; m < MR; ++m) {
                 const VF x0 = vset1(x[m * ldx + 2 * j]), x1 = vset1(x[m * ldx + 2 * j + 1]);
                 acc_a[m][v] = vfma(a1, x1, vfma(a0, x0, acc_a[m][v]));
-                if constexpr (kFused) acc_b[m][v] = vfma(b1, x1, vfma(b0, x0, acc_b[m][v]));
+                if constexpr (kTwo) acc_b[m][v] = vfma(b1, x1, vfma(b0, x0, acc_b[m][v]));
             }
         }
     }
-    for (int m = 0; m < MR; ++m)
-        for (int v = 0; v < kVecsPerPanel; ++v) {
-            VF r = acc_a[m][v];
-            if constexpr (kFused) r = silu_mul(acc_a[m][v], acc_b[m][v]);
-            const int n = std::min(kLanes, cols - v * kLanes);
-            if (n > 0) vstore_partial(out + m * ldo + v * kLanes, r, n);
-        }
+    for (int m = 0; m < MR; ++m) store_row<kMode>(out + m * ldo, acc_a[m], acc_b[m], cols);
 }
 #endif
 
 // Row blocks of MR, then the remainder through the matching smaller instantiation.
-template <int MR, bool kFused>
+template <int MR, int kMode>
 void rows_kernel(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t kc, const uint8_t* pa, const uint8_t* pb,
                  float* out, int64_t ldo, int cols) {
     int64_t r = 0;
-    for (; r + MR <= rows; r += MR) panel_kernel<MR, kFused>(x + r * row_bytes, row_bytes, kc, pa, pb, out + r * ldo, ldo, cols);
+    for (; r + MR <= rows; r += MR) panel_kernel<MR, kMode>(x + r * row_bytes, row_bytes, kc, pa, pb, out + r * ldo, ldo, cols);
     if (r == rows) return;
     // The remainder goes through MR/2, MR/4, ...: at most log2(MR) more instantiations.
     if constexpr (MR > 1)
-        rows_kernel<MR / 2, kFused>(x + r * row_bytes, row_bytes, rows - r, kc, pa, pb, out + r * ldo, ldo, cols);
+        rows_kernel<MR / 2, kMode>(x + r * row_bytes, row_bytes, rows - r, kc, pa, pb, out + r * ldo, ldo, cols);
 }
 
 #if defined(__AVX512BF16__)
@@ -179,14 +184,14 @@ inline size_t act_row_bytes(int64_t k) { return split_bf16_row_bytes(k); }
 inline size_t act_row_bytes(int64_t k) { return f32_row_bytes(k); }
 #endif
 
-template <bool kFused>
+template <int kMode>
 void run_rows(const void* x, int64_t k, int64_t rows, const uint8_t* pa, const uint8_t* pb, float* out, int64_t ldo,
               int cols) {
     const auto* xb = static_cast<const uint8_t*>(x);
-    if constexpr (kFused) {
-        rows_kernel<kMrFused, true>(xb, act_row_bytes(k), rows, chunks(k), pa, pb, out, ldo, cols);
+    if constexpr (kMode == kSingle) {
+        rows_kernel<kMrPlain, kSingle>(xb, act_row_bytes(k), rows, chunks(k), pa, pb, out, ldo, cols);
     } else {
-        rows_kernel<kMrPlain, false>(xb, act_row_bytes(k), rows, chunks(k), pa, pb, out, ldo, cols);
+        rows_kernel<kMrFused, kMode>(xb, act_row_bytes(k), rows, chunks(k), pa, pb, out, ldo, cols);
     }
 }
 
@@ -200,7 +205,7 @@ kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* a
     const auto* base = static_cast<const uint8_t*>(packed);
     for (int64_t n = n0; n < n1; n += kPanel) {
         const uint8_t* gate = base + size_t(2 * (n / kPanel)) * pb;
-        run_rows<true>(act, H, rows, gate, gate + pb, out + n, ldo, int(std::min<int64_t>(kPanel, n1 - n)));
+        run_rows<kFused>(act, H, rows, gate, gate + pb, out + n, ldo, int(std::min<int64_t>(kPanel, n1 - n)));
     }
     return KT_OK;
 }
@@ -213,9 +218,12 @@ kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act,
                     (long long)n0, (long long)n1, (long long)H);
     const size_t pb = panel_bytes(I);
     const auto* base = static_cast<const uint8_t*>(packed) + 2 * size_t(panels(I)) * panel_bytes(H);
-    for (int64_t n = n0; n < n1; n += kPanel)
-        run_rows<false>(act, I, rows, base + size_t(n / kPanel) * pb, nullptr, out + n, ldo,
-                        int(std::min<int64_t>(kPanel, n1 - n)));
+    int64_t n = n0;
+    for (; n + kPanel < n1; n += 2 * kPanel) {
+        const uint8_t* panel = base + size_t(n / kPanel) * pb;
+        run_rows<kPair>(act, I, rows, panel, panel + pb, out + n, ldo, int(std::min<int64_t>(2 * kPanel, n1 - n)));
+    }
+    if (n < n1) run_rows<kSingle>(act, I, rows, base + size_t(n / kPanel) * pb, nullptr, out + n, ldo, int(n1 - n));
     return KT_OK;
 }
 
