@@ -56,12 +56,37 @@ kt_status quantize_split_bf16_rows(const void* in, kt_dtype dtype, int64_t rows,
     return KT_OK;
 }
 
+namespace {
+
+// Integral floats in [-127, 127] -> int8, kLanes of them.
+inline void store_i8(int8_t* dst, VF q) {
+#if defined(__AVX512F__)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(q)));
+#else
+    const __m256i i = _mm256_cvtps_epi32(q);
+    const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(dst), _mm_packs_epi16(w, w));
+#endif
+}
+
+inline float hsum(VF v) {
+#if defined(__AVX512F__)
+    return _mm512_reduce_add_ps(v);
+#else
+    const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+#endif
+}
+
+}  // namespace
+
 kt_status quantize_int8_rows(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int64_t stride, void* out,
                              bool offset) {
     if (!is_float(dtype)) return fail(KT_ERROR_INVALID_ARGUMENT, "activations must be floating point, got %s", dtype_name(dtype));
     const size_t row_bytes = int8_row_bytes(k), elem = dtype == KT_DTYPE_F64 ? 8 : dtype == KT_DTYPE_F32 ? 4 : 2;
     const int64_t code_bytes = int8_codes_bytes(k), blocks = int8_blocks(k);
-    float tmp[512];
+    alignas(64) float tmp[512];
     for (int64_t r = 0; r < rows; ++r) {
         auto* base = static_cast<uint8_t*>(out) + size_t(r) * row_bytes;
         auto* hi = reinterpret_cast<int8_t*>(base + sizeof(Int8Header));
@@ -84,19 +109,30 @@ kt_status quantize_int8_rows(const void* in, kt_dtype dtype, int64_t rows, int64
         const float inv = amax > 0.0f && std::isfinite(amax) ? 127.0f / amax : 0.0f;
         std::memset(hi, 0, size_t(2 * code_bytes));
         std::memset(sums_hi, 0, size_t(2 * blocks) * 4);
-        // Pass 2: both code planes and their block sums.
-        for (int64_t c0 = 0; c0 < k; c0 += 512) {
+        // Pass 2: both code planes and their block sums, a vector at a time (32 | 512, so a
+        // 32-element block never straddles chunks; the row's last chunk ends at a 32 boundary
+        // or at k, where the zero-padded tail contributes nothing).
+        const VF vinv = vset1(inv), lo_hi = vset1(127.0f), lo_lo = vset1(-127.0f);
+        const VF l_hi = vset1(64.0f), l_lo = vset1(-64.0f), s128 = vset1(128.0f);
+        for (int64_t c0 = 0; c0 < k && !nan; c0 += 512) {   // a NaN row keeps zero codes: its scale is NaN
             const int64_t n = k - c0 < 512 ? k - c0 : 512;
             kt_matrix m{static_cast<const char*>(in) + size_t(c0) * elem, dtype, r + 1, n, stride};
             load_row(m, r, tmp);
-            for (int64_t c = 0; c < n; ++c) {
-                const float v = tmp[c] * inv;
-                const float qh = std::fmin(127.0f, std::fmax(-127.0f, std::nearbyint(v)));
-                const float ql = std::fmin(64.0f, std::fmax(-64.0f, std::nearbyint((v - qh) * 128.0f)));
-                hi[c0 + c] = int8_t(qh);
-                lo[c0 + c] = int8_t(ql);
-                sums_hi[(c0 + c) / 32] += int32_t(qh);
-                sums_lo[(c0 + c) / 32] += int32_t(ql);
+            const int64_t padded = round_up(n, 32);
+            for (int64_t c = n; c < padded; ++c) tmp[c] = 0.0f;
+            for (int64_t b = 0; b < padded; b += 32) {
+                VF sum_h = vzero(), sum_l = vzero();
+                for (int64_t c = b; c < b + 32; c += kLanes) {
+                    const VF v = vmul(vload(tmp + c), vinv);
+                    const VF qh = vmax(lo_lo, vmin(lo_hi, vroundint(v)));
+                    const VF ql = vmax(l_lo, vmin(l_hi, vroundint(vmul(vsub(v, qh), s128))));
+                    store_i8(hi + c0 + c, qh);
+                    store_i8(lo + c0 + c, ql);
+                    sum_h = vadd(sum_h, qh);
+                    sum_l = vadd(sum_l, ql);
+                }
+                sums_hi[(c0 + b) / 32] = int32_t(hsum(sum_h));
+                sums_lo[(c0 + b) / 32] = int32_t(hsum(sum_l));
             }
         }
         if (offset)

@@ -189,13 +189,16 @@ kt_status pack_raw(const kt_moe_config* c, const kt_expert_weights* src, void* d
 
 // ---- kernel --------------------------------------------------------------------------------
 
+// Registers: per row and panel two int accumulators (activation planes) and one float
+// accumulator, plus two unpacked weight vectors per panel and four broadcasts, within 32
+// (AVX-512) or 16 (AVX2) vector registers.
 #if defined(__AVX512F__)
-constexpr int kMrFused = 4, kMrPlain = 8;
+constexpr int kMrFused = 3, kMrPlain = 6;
 #else
-constexpr int kMrFused = 1, kMrPlain = 2;
+constexpr int kMrFused = 1, kMrPlain = 1;
 #endif
 
-template <int MR, bool kFused>
+template <int MR, bool kFused, bool kTwoPass>
 void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, int64_t g, const uint8_t* pa, const uint8_t* pb,
                   float* out, int64_t ldo, int cols) {
     constexpr int F = kFused ? 2 : 1;
@@ -213,27 +216,26 @@ void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, int64_t g, cons
                 for (int v = 0; v < kVecsPerPanel; ++v) hi[m][f][v] = lo[m][f][v] = vzeroi();
         const size_t block = size_t(grp) * group_bytes(g);
         for (int64_t c = 0; c < g / 8; ++c) {
-            VI ah0[MR], ah1[MR], al0[MR], al1[MR];
+            VI w0[F][kVecsPerPanel], w1[F][kVecsPerPanel];
+            for (int f = 0; f < F; ++f)
+                for (int v = 0; v < kVecsPerPanel; ++v) {
+                    const VI w = vloadi(panel[f] + block + kHeaderBytes + size_t(c) * kChunkBytes + size_t(v) * kLanes * 4);
+                    w0[f][v] = vand(w, low4);
+                    w1[f][v] = vand(vsrl16(w, 4), low4);
+                }
             for (int m = 0; m < MR; ++m) {
                 const uint8_t* row = x + m * row_bytes;
                 const size_t at = size_t(grp * g + c * 8);
                 int32_t q[4];
                 std::memcpy(q, int8_hi(row) + at, 8);
                 std::memcpy(q + 2, int8_lo(row, k) + at, 8);
-                ah0[m] = vset1i(q[0]);
-                ah1[m] = vset1i(q[1]);
-                al0[m] = vset1i(q[2]);
-                al1[m] = vset1i(q[3]);
-            }
-            for (int f = 0; f < F; ++f)
-                for (int v = 0; v < kVecsPerPanel; ++v) {
-                    const VI w = vloadi(panel[f] + block + kHeaderBytes + size_t(c) * kChunkBytes + size_t(v) * kLanes * 4);
-                    const VI w0 = vand(w, low4), w1 = vand(vsrl16(w, 4), low4);
-                    for (int m = 0; m < MR; ++m) {
-                        hi[m][f][v] = dot_u8s8(dot_u8s8(hi[m][f][v], w0, ah0[m]), w1, ah1[m]);
-                        lo[m][f][v] = dot_u8s8(dot_u8s8(lo[m][f][v], w0, al0[m]), w1, al1[m]);
+                const VI ah0 = vset1i(q[0]), ah1 = vset1i(q[1]), al0 = vset1i(q[2]), al1 = vset1i(q[3]);
+                for (int f = 0; f < F; ++f)
+                    for (int v = 0; v < kVecsPerPanel; ++v) {
+                        hi[m][f][v] = dot_u8s8(dot_u8s8(hi[m][f][v], w0[f][v], ah0), w1[f][v], ah1);
+                        if constexpr (kTwoPass) lo[m][f][v] = dot_u8s8(dot_u8s8(lo[m][f][v], w0[f][v], al0), w1[f][v], al1);
                     }
-                }
+            }
         }
         for (int m = 0; m < MR; ++m) {
             const uint8_t* row = x + m * row_bytes;
@@ -243,11 +245,12 @@ void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, int64_t g, cons
                 sum_hi += int8_sums_hi(row, k)[grp * blocks_per_group + b];
                 sum_lo += int8_sums_lo(row, k)[grp * blocks_per_group + b];
             }
-            const VF asum = vset1(sa * (float(sum_hi) + float(sum_lo) * (1.0f / 128.0f)));
+            const VF asum = vset1(sa * (kTwoPass ? float(sum_hi) + float(sum_lo) * (1.0f / 128.0f) : float(sum_hi)));
             for (int f = 0; f < F; ++f)
                 for (int v = 0; v < kVecsPerPanel; ++v) {
                     const float* header = reinterpret_cast<const float*>(panel[f] + block) + v * kLanes;
-                    const VF dot = vmul(vset1(sa), vfma(vcvt(lo[m][f][v]), vset1(1.0f / 128.0f), vcvt(hi[m][f][v])));
+                    const VF dot = vmul(vset1(sa), kTwoPass ? vfma(vcvt(lo[m][f][v]), vset1(1.0f / 128.0f), vcvt(hi[m][f][v]))
+                                                            : vcvt(hi[m][f][v]));
                     // acc += s * dot - (s z) * sum: the group's share of w . x.
                     acc[m][f][v] = vfma(vload(header), dot, vsub(acc[m][f][v], vmul(vload(header + 16), asum)));
                 }
@@ -262,14 +265,14 @@ void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, int64_t g, cons
         }
 }
 
-template <int MR, bool kFused>
+template <int MR, bool kFused, bool kTwoPass>
 void rows_kernel(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, int64_t g, const uint8_t* pa,
                  const uint8_t* pb, float* out, int64_t ldo, int cols) {
     int64_t r = 0;
     for (; r + MR <= rows; r += MR)
-        panel_kernel<MR, kFused>(x + r * row_bytes, row_bytes, k, g, pa, pb, out + r * ldo, ldo, cols);
+        panel_kernel<MR, kFused, kTwoPass>(x + r * row_bytes, row_bytes, k, g, pa, pb, out + r * ldo, ldo, cols);
     if constexpr (MR > 1)
-        if (r < rows) rows_kernel<MR / 2, kFused>(x + r * row_bytes, row_bytes, rows - r, k, g, pa, pb, out + r * ldo, ldo, cols);
+        if (r < rows) rows_kernel<MR / 2, kFused, kTwoPass>(x + r * row_bytes, row_bytes, rows - r, k, g, pa, pb, out + r * ldo, ldo, cols);
 }
 
 kt_status quantize(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int64_t stride, void* out) {
@@ -292,8 +295,14 @@ kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* a
     const auto* base = static_cast<const uint8_t*>(packed);
     for (int64_t n = n0; n < n1; n += kPanel) {
         const uint8_t* gate = base + size_t(2 * (n / kPanel)) * pb;
-        rows_kernel<kMrFused, true>(static_cast<const uint8_t*>(act), int8_row_bytes(H), rows, H, g, gate, gate + pb,
-                                    out + n, ldo, int(std::min<int64_t>(kPanel, n1 - n)));
+        const int cols = int(std::min<int64_t>(kPanel, n1 - n));
+        if (c->quant_flags & KT_QUANT_FAST_ACTIVATIONS) {
+            rows_kernel<kMrFused, true, false>(static_cast<const uint8_t*>(act), int8_row_bytes(H), rows, H, g, gate, gate + pb,
+                                               out + n, ldo, cols);
+        } else {
+            rows_kernel<kMrFused, true, true>(static_cast<const uint8_t*>(act), int8_row_bytes(H), rows, H, g, gate, gate + pb,
+                                              out + n, ldo, cols);
+        }
     }
     return KT_OK;
 }
@@ -306,10 +315,17 @@ kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act,
         return fail(KT_ERROR_INVALID_ARGUMENT, "INT4 down tile [%lld, %lld) is not panel-aligned", (long long)n0, (long long)n1);
     const size_t pb = panel_bytes(I, g);
     const auto* base = static_cast<const uint8_t*>(packed) + 2 * size_t(panels(I)) * panel_bytes(H, g);
-    for (int64_t n = n0; n < n1; n += kPanel)
-        rows_kernel<kMrPlain, false>(static_cast<const uint8_t*>(act), int8_row_bytes(I), rows, I, g,
-                                     base + size_t(n / kPanel) * pb, nullptr, out + n, ldo,
-                                     int(std::min<int64_t>(kPanel, n1 - n)));
+    for (int64_t n = n0; n < n1; n += kPanel) {
+        const int cols = int(std::min<int64_t>(kPanel, n1 - n));
+        const uint8_t* panel = base + size_t(n / kPanel) * pb;
+        if (c->quant_flags & KT_QUANT_FAST_ACTIVATIONS) {
+            rows_kernel<kMrPlain, false, false>(static_cast<const uint8_t*>(act), int8_row_bytes(I), rows, I, g, panel, nullptr,
+                                                out + n, ldo, cols);
+        } else {
+            rows_kernel<kMrPlain, false, true>(static_cast<const uint8_t*>(act), int8_row_bytes(I), rows, I, g, panel, nullptr,
+                                               out + n, ldo, cols);
+        }
+    }
     return KT_OK;
 }
 

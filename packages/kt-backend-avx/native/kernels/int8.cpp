@@ -69,10 +69,12 @@ kt_status pack(const kt_moe_config* c, const kt_expert_weights* src, void* dst) 
     return KT_OK;
 }
 
+// Registers: 2 planes x MR x (1 or 2 panels) accumulators + the panel's weights + two
+// broadcasts must fit in 32 (AVX-512) or 16 (AVX2) vector registers, or the loop spills.
 #if defined(__AVX512F__)
 constexpr int kMrFused = 6, kMrPlain = 12;
 #else
-constexpr int kMrFused = 1, kMrPlain = 3;
+constexpr int kMrFused = 1, kMrPlain = 2;
 #endif
 
 // One int8 pass of code plane `a` against one weight vector.
@@ -85,7 +87,7 @@ inline VI dot_pass(VI acc, VI a, VI w) {
 }
 
 // MR activation rows x one panel (gate/up pair when kFused) over all of K, both code planes.
-template <int MR, bool kFused>
+template <int MR, bool kFused, bool kTwoPass>
 void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa, const uint8_t* pb, float* out,
                   int64_t ldo, int cols) {
     constexpr int F = kFused ? 2 : 1;
@@ -98,22 +100,21 @@ void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* 
     const uint8_t* panel[2] = {pa + kHeaderBytes, pb ? pb + kHeaderBytes : nullptr};
     const int64_t kc = chunks(k);
     for (int64_t j = 0; j < kc; ++j) {
-        VI ah[MR], al[MR];
-        for (int m = 0; m < MR; ++m) {
-            int32_t quad;
-            std::memcpy(&quad, codes_hi + m * row_bytes + size_t(j) * 4, 4);
-            ah[m] = vset1i(quad);
-            std::memcpy(&quad, codes_lo + m * row_bytes + size_t(j) * 4, 4);
-            al[m] = vset1i(quad);
-        }
+        VI w[F][kVecsPerPanel];
         for (int f = 0; f < F; ++f)
-            for (int v = 0; v < kVecsPerPanel; ++v) {
-                const VI w = vloadi(panel[f] + size_t(j) * kChunkBytes + size_t(v) * kLanes * 4);
-                for (int m = 0; m < MR; ++m) {
-                    hi[m][f][v] = dot_pass(hi[m][f][v], ah[m], w);
-                    lo[m][f][v] = dot_pass(lo[m][f][v], al[m], w);
+            for (int v = 0; v < kVecsPerPanel; ++v)
+                w[f][v] = vloadi(panel[f] + size_t(j) * kChunkBytes + size_t(v) * kLanes * 4);
+        for (int m = 0; m < MR; ++m) {
+            int32_t quad[2];
+            std::memcpy(&quad[0], codes_hi + m * row_bytes + size_t(j) * 4, 4);
+            std::memcpy(&quad[1], codes_lo + m * row_bytes + size_t(j) * 4, 4);
+            const VI ah = vset1i(quad[0]), al = vset1i(quad[1]);
+            for (int f = 0; f < F; ++f)
+                for (int v = 0; v < kVecsPerPanel; ++v) {
+                    hi[m][f][v] = dot_pass(hi[m][f][v], ah, w[f][v]);
+                    if constexpr (kTwoPass) lo[m][f][v] = dot_pass(lo[m][f][v], al, w[f][v]);
                 }
-            }
+        }
     }
     const uint8_t* headers[2] = {pa, pb};
     for (int m = 0; m < MR; ++m) {
@@ -127,7 +128,7 @@ void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* 
                     h = vsubi(h, comp);
                     l = vsubi(l, comp);
                 }
-                const VF dot = vfma(vcvt(l), vset1(1.0f / 128.0f), vcvt(h));
+                const VF dot = kTwoPass ? vfma(vcvt(l), vset1(1.0f / 128.0f), vcvt(h)) : vcvt(h);
                 r[f] = vmul(dot, vmul(vload(reinterpret_cast<const float*>(headers[f]) + v * kLanes), vset1(sa)));
             }
             VF res = r[0];
@@ -138,13 +139,13 @@ void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* 
     }
 }
 
-template <int MR, bool kFused>
+template <int MR, bool kFused, bool kTwoPass>
 void rows_kernel(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, const uint8_t* pa, const uint8_t* pb,
                  float* out, int64_t ldo, int cols) {
     int64_t r = 0;
-    for (; r + MR <= rows; r += MR) panel_kernel<MR, kFused>(x + r * row_bytes, row_bytes, k, pa, pb, out + r * ldo, ldo, cols);
+    for (; r + MR <= rows; r += MR) panel_kernel<MR, kFused, kTwoPass>(x + r * row_bytes, row_bytes, k, pa, pb, out + r * ldo, ldo, cols);
     if constexpr (MR > 1)
-        if (r < rows) rows_kernel<MR / 2, kFused>(x + r * row_bytes, row_bytes, rows - r, k, pa, pb, out + r * ldo, ldo, cols);
+        if (r < rows) rows_kernel<MR / 2, kFused, kTwoPass>(x + r * row_bytes, row_bytes, rows - r, k, pa, pb, out + r * ldo, ldo, cols);
 }
 
 kt_status quantize(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int64_t stride, void* out) {
@@ -160,8 +161,14 @@ kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* a
     const auto* base = static_cast<const uint8_t*>(packed);
     for (int64_t n = n0; n < n1; n += kPanel) {
         const uint8_t* gate = base + size_t(2 * (n / kPanel)) * pb;
-        rows_kernel<kMrFused, true>(static_cast<const uint8_t*>(act), int8_row_bytes(H), rows, H, gate, gate + pb,
-                                    out + n, ldo, int(std::min<int64_t>(kPanel, n1 - n)));
+        const int cols = int(std::min<int64_t>(kPanel, n1 - n));
+        if (c->quant_flags & KT_QUANT_FAST_ACTIVATIONS) {
+            rows_kernel<kMrFused, true, false>(static_cast<const uint8_t*>(act), int8_row_bytes(H), rows, H, gate, gate + pb,
+                                               out + n, ldo, cols);
+        } else {
+            rows_kernel<kMrFused, true, true>(static_cast<const uint8_t*>(act), int8_row_bytes(H), rows, H, gate, gate + pb,
+                                              out + n, ldo, cols);
+        }
     }
     return KT_OK;
 }
@@ -173,10 +180,17 @@ kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act,
         return fail(KT_ERROR_INVALID_ARGUMENT, "INT8 down tile [%lld, %lld) is not panel-aligned", (long long)n0, (long long)n1);
     const size_t pb = panel_bytes(I);
     const auto* base = static_cast<const uint8_t*>(packed) + 2 * size_t(panels(I)) * panel_bytes(H);
-    for (int64_t n = n0; n < n1; n += kPanel)
-        rows_kernel<kMrPlain, false>(static_cast<const uint8_t*>(act), int8_row_bytes(I), rows, I,
-                                     base + size_t(n / kPanel) * pb, nullptr, out + n, ldo,
-                                     int(std::min<int64_t>(kPanel, n1 - n)));
+    for (int64_t n = n0; n < n1; n += kPanel) {
+        const int cols = int(std::min<int64_t>(kPanel, n1 - n));
+        const uint8_t* panel = base + size_t(n / kPanel) * pb;
+        if (c->quant_flags & KT_QUANT_FAST_ACTIVATIONS) {
+            rows_kernel<kMrPlain, false, false>(static_cast<const uint8_t*>(act), int8_row_bytes(I), rows, I, panel, nullptr,
+                                                out + n, ldo, cols);
+        } else {
+            rows_kernel<kMrPlain, false, true>(static_cast<const uint8_t*>(act), int8_row_bytes(I), rows, I, panel, nullptr,
+                                               out + n, ldo, cols);
+        }
+    }
     return KT_OK;
 }
 

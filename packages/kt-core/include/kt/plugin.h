@@ -60,6 +60,10 @@ typedef enum kt_dtype {
 
 /* kt_moe_config.quant_flags */
 #define KT_QUANT_ZERO_POINT 1u   /* asymmetric: per-group zero points (AWQ/GPTQ style) */
+#define KT_QUANT_FAST_ACTIVATIONS 2u  /* integer kernels may quantize activations more coarsely
+                                       * (one int8 pass instead of two): faster compute-bound
+                                       * prefill, larger error; kernels without a faster mode
+                                       * ignore it */
 
 typedef enum kt_log_level { KT_LOG_DEBUG = 0, KT_LOG_INFO = 1, KT_LOG_WARNING = 2, KT_LOG_ERROR = 3 } kt_log_level;
 

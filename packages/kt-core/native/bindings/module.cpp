@@ -173,10 +173,11 @@ struct Layer {
     std::unique_ptr<kt::MoeLayer> layer;
 
     Layer(const Backend& b, const std::string& method, int64_t hidden, int64_t intermediate, int64_t experts,
-          int64_t top_k, std::vector<bool> on_cpu, int64_t max_tokens, int64_t group_size, bool zero_point)
+          int64_t top_k, std::vector<bool> on_cpu, int64_t max_tokens, int64_t group_size, bool zero_point,
+          bool fast_activations)
         : backend(b) {
         kt_moe_config shape{sizeof(kt_moe_config), hidden, intermediate, experts, top_k, group_size,
-                            zero_point ? KT_QUANT_ZERO_POINT : 0u};
+                            (zero_point ? KT_QUANT_ZERO_POINT : 0u) | (fast_activations ? KT_QUANT_FAST_ACTIVATIONS : 0u)};
         const kt_method_kernels* kernels = backend.method(method);
         if (kernels->declines && kernels->declines(&shape, max_tokens))
             throw nb::value_error(("backend '" + std::string(backend.api->name) + "' declines method " + method +
@@ -382,9 +383,9 @@ NB_MODULE(_native, m) {
 
     nb::class_<Layer>(m, "MoeLayer")
         .def(nb::init<const Backend&, const std::string&, int64_t, int64_t, int64_t, int64_t, std::vector<bool>, int64_t,
-                      int64_t, bool>(),
+                      int64_t, bool, bool>(),
              "backend"_a, "method"_a, "hidden"_a, "intermediate"_a, "num_experts"_a, "top_k"_a, "expert_on_cpu"_a,
-             "max_tokens"_a, "group_size"_a = 0, "zero_point"_a = false)
+             "max_tokens"_a, "group_size"_a = 0, "zero_point"_a = false, "fast_activations"_a = false)
         .def("load_expert", &Layer::load_expert, "expert"_a, "gate"_a, "up"_a, "down"_a, "gate_scale"_a = nb::none(),
              "up_scale"_a = nb::none(), "down_scale"_a = nb::none(), "gate_zero"_a = nb::none(), "up_zero"_a = nb::none(),
              "down_zero"_a = nb::none())

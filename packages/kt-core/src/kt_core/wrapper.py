@@ -27,7 +27,8 @@ class KTMoEWrapper:
                  moe_intermediate_size: int, gpu_experts_mask=None, cpuinfer_threads: int | None = None,
                  threadpool_count: int = 1, weight_path: str | None = None, chunked_prefill_size: int = 4096,
                  cpu_save: bool = False, max_deferred_experts_per_token: int | None = None, method: str = "AMXINT4",
-                 numa_nodes=None, *, num_gpu_experts: int | None = None, backend: str | None = None, **unused):
+                 numa_nodes=None, *, num_gpu_experts: int | None = None, backend: str | None = None,
+                 group_size: int = 0, zero_point: bool = False, fast_activations: bool = False, **unused):
         self.layer_idx = int(layer_idx)
         self.num_experts = int(num_experts)
         self.num_experts_per_tok = int(num_experts_per_tok)
@@ -58,7 +59,8 @@ class KTMoEWrapper:
         self._configure_pool(cpuinfer_threads, threadpool_count)
         self._moe = MoE(num_experts=self.num_experts, top_k=self.num_experts_per_tok, hidden_size=self.hidden_size,
                         intermediate_size=self.moe_intermediate_size, method=self.method, gpu_experts_mask=mask,
-                        max_tokens=self.chunked_prefill_size, backend=backend)
+                        max_tokens=self.chunked_prefill_size, backend=backend, group_size=group_size,
+                        zero_point=zero_point, fast_activations=fast_activations)
         requested = canonical_method(self.method)
         if self.method.startswith("AMX") and "amx_tile" not in host().features:
             log.info("method %s runs as %s on %s: this CPU has no usable AMX", self.method, requested, self._moe.backend)
