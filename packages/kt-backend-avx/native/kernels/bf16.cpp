@@ -170,12 +170,9 @@ void panel_kernel(const uint8_t* xb, size_t row_bytes, int64_t kc, const uint8_t
 template <int MR, int kMode>
 void rows_kernel(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t kc, const uint8_t* pa, const uint8_t* pb,
                  float* out, int64_t ldo, int cols) {
-    int64_t r = 0;
-    for (; r + MR <= rows; r += MR) panel_kernel<MR, kMode>(x + r * row_bytes, row_bytes, kc, pa, pb, out + r * ldo, ldo, cols);
-    if (r == rows) return;
-    // The remainder goes through MR/2, MR/4, ...: at most log2(MR) more instantiations.
-    if constexpr (MR > 1)
-        rows_kernel<MR / 2, kMode>(x + r * row_bytes, row_bytes, rows - r, kc, pa, pb, out + r * ldo, ldo, cols);
+    for_row_blocks<MR>(rows, [&]<int M>(int64_t r) {
+        panel_kernel<M, kMode>(x + r * row_bytes, row_bytes, kc, pa, pb, out + r * ldo, ldo, cols);
+    });
 }
 
 #if defined(__AVX512BF16__)
@@ -198,9 +195,7 @@ void run_rows(const void* x, int64_t k, int64_t rows, const uint8_t* pa, const u
 kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                        float* out, int64_t ldo) {
     const int64_t H = c->hidden, I = c->intermediate;
-    if (n0 % kPanel || n1 > I || n0 >= n1)
-        return fail(KT_ERROR_INVALID_ARGUMENT, "BF16 gate/up tile [%lld, %lld) is not panel-aligned within [0, %lld)",
-                    (long long)n0, (long long)n1, (long long)I);
+    if (const kt_status st = check_tile("BF16", "gate/up", n0, n1, I)) return st;
     const size_t pb = panel_bytes(H);
     const auto* base = static_cast<const uint8_t*>(packed);
     for (int64_t n = n0; n < n1; n += kPanel) {
@@ -213,9 +208,7 @@ kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* a
 kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                     float* out, int64_t ldo) {
     const int64_t H = c->hidden, I = c->intermediate;
-    if (n0 % kPanel || n1 > H || n0 >= n1)
-        return fail(KT_ERROR_INVALID_ARGUMENT, "BF16 down tile [%lld, %lld) is not panel-aligned within [0, %lld)",
-                    (long long)n0, (long long)n1, (long long)H);
+    if (const kt_status st = check_tile("BF16", "down", n0, n1, H)) return st;
     const size_t pb = panel_bytes(I);
     const auto* base = static_cast<const uint8_t*>(packed) + 2 * size_t(panels(I)) * panel_bytes(H);
     int64_t n = n0;
@@ -230,24 +223,13 @@ kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act,
 }  // namespace
 
 kt_method_kernels bf16_kernels(const char* kernel_id) {
-    kt_method_kernels m{};
-    m.struct_size = sizeof(kt_method_kernels);
-    m.method = "BF16";
-    m.layout_id = "kt-bf16-p16k2-v1";
-    m.kernel_id = kernel_id;
-    m.gate_up_block = kPanel;
-    m.down_block = kPanel;
-    m.packed_expert_bytes = packed_bytes;
-    m.pack_expert = pack;
-    m.activation_row_bytes = act_row_bytes;
 #if defined(__AVX512BF16__)
-    m.quantize_activations = quantize_split_bf16_rows;
+    constexpr QuantizeFn quantize = quantize_split_bf16_rows;
 #else
-    m.quantize_activations = quantize_f32_rows;
+    constexpr QuantizeFn quantize = quantize_f32_rows;
 #endif
-    m.gate_up_tile = gate_up_tile;
-    m.down_tile = down_tile;
-    return m;
+    return method_table("BF16", "kt-bf16-p16k2-v1", kernel_id, packed_bytes, pack, act_row_bytes, quantize, gate_up_tile,
+                        down_tile);
 }
 
 }  // namespace KT_TARGET_NAMESPACE

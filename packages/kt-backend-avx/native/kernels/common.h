@@ -87,6 +87,51 @@ inline kt_status expect_float_weight(const kt_weight& w, int64_t rows, int64_t c
     return KT_OK;
 }
 
+// --- tile plumbing shared by every method ------------------------------------------------
+
+// Runs block.template operator()<MR>(row) for row blocks of MR, then the remainder through
+// MR/2, MR/4, ..., 1: at most log2(MR) more instantiations of each microkernel.
+template <int MR, class Block>
+void for_row_blocks(int64_t rows, const Block& block, int64_t first = 0) {
+    int64_t r = 0;
+    for (; r + MR <= rows; r += MR) block.template operator()<MR>(first + r);
+    if constexpr (MR > 1)
+        if (r < rows) for_row_blocks<MR / 2>(rows - r, block, first + r);
+}
+
+// The core hands tiles that start on a panel and stay inside the matrix; say so if not.
+inline kt_status check_tile(const char* method, const char* which, int64_t n0, int64_t n1, int64_t n) {
+    if (n0 % kPanel == 0 && n0 < n1 && n1 <= n) return KT_OK;
+    return fail(KT_ERROR_INVALID_ARGUMENT, "%s %s tile [%lld, %lld) is not panel-aligned within [0, %lld)", method, which,
+                (long long)n0, (long long)n1, (long long)n);
+}
+
+using PackedBytesFn = size_t (*)(const kt_moe_config*);
+using PackFn = kt_status (*)(const kt_moe_config*, const kt_expert_weights*, void*);
+using RowBytesFn = size_t (*)(int64_t);
+using QuantizeFn = kt_status (*)(const void*, kt_dtype, int64_t, int64_t, int64_t, void*);
+using TileFn = kt_status (*)(const kt_moe_config*, const void*, const void*, int64_t, int64_t, int64_t, float*, int64_t);
+
+// A method's kernel table: every method here tiles in whole panels.
+inline kt_method_kernels method_table(const char* method, const char* layout_id, const char* kernel_id,
+                                      PackedBytesFn packed_bytes, PackFn pack, RowBytesFn row_bytes, QuantizeFn quantize,
+                                      TileFn gate_up, TileFn down) {
+    kt_method_kernels m{};
+    m.struct_size = sizeof(kt_method_kernels);
+    m.method = method;
+    m.layout_id = layout_id;
+    m.kernel_id = kernel_id;
+    m.gate_up_block = kPanel;
+    m.down_block = kPanel;
+    m.packed_expert_bytes = packed_bytes;
+    m.pack_expert = pack;
+    m.activation_row_bytes = row_bytes;
+    m.quantize_activations = quantize;
+    m.gate_up_tile = gate_up;
+    m.down_tile = down;
+    return m;
+}
+
 // --- activation formats ---------------------------------------------------------------
 // F32 rows, padded to an even length with zeros so kernels read (k, k+1) pairs.
 inline size_t f32_row_bytes(int64_t k) { return size_t(round_up(k, 2)) * 4; }

@@ -168,17 +168,15 @@ void panel_kernel(const uint8_t* xb, size_t row_bytes, int64_t k, const uint8_t*
 template <int MR, bool kFused>
 void rows_kernel(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, const uint8_t* pa, const uint8_t* pb,
                  float* out, int64_t ldo, int cols) {
-    int64_t r = 0;
-    for (; r + MR <= rows; r += MR) panel_kernel<MR, kFused>(x + r * row_bytes, row_bytes, k, pa, pb, out + r * ldo, ldo, cols);
-    if constexpr (MR > 1)
-        if (r < rows) rows_kernel<MR / 2, kFused>(x + r * row_bytes, row_bytes, rows - r, k, pa, pb, out + r * ldo, ldo, cols);
+    for_row_blocks<MR>(rows, [&]<int M>(int64_t r) {
+        panel_kernel<M, kFused>(x + r * row_bytes, row_bytes, k, pa, pb, out + r * ldo, ldo, cols);
+    });
 }
 
 kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                        float* out, int64_t ldo) {
     const int64_t H = c->hidden;
-    if (n0 % kPanel || n1 > c->intermediate || n0 >= n1)
-        return fail(KT_ERROR_INVALID_ARGUMENT, "FP8 gate/up tile [%lld, %lld) is not panel-aligned", (long long)n0, (long long)n1);
+    if (const kt_status st = check_tile("FP8", "gate/up", n0, n1, c->intermediate)) return st;
     const size_t pb = panel_bytes(H);
     const auto* base = static_cast<const uint8_t*>(packed);
     for (int64_t n = n0; n < n1; n += kPanel) {
@@ -192,8 +190,7 @@ kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* a
 kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                     float* out, int64_t ldo) {
     const int64_t H = c->hidden, I = c->intermediate;
-    if (n0 % kPanel || n1 > H || n0 >= n1)
-        return fail(KT_ERROR_INVALID_ARGUMENT, "FP8 down tile [%lld, %lld) is not panel-aligned", (long long)n0, (long long)n1);
+    if (const kt_status st = check_tile("FP8", "down", n0, n1, H)) return st;
     const size_t pb = panel_bytes(I);
     const auto* base = static_cast<const uint8_t*>(packed) + 2 * size_t(panels(I)) * panel_bytes(H);
     for (int64_t n = n0; n < n1; n += kPanel)
@@ -204,20 +201,8 @@ kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act,
 
 template <bool kPerChannel>
 kt_method_kernels fp8_table(const char* method, const char* kernel_id) {
-    kt_method_kernels m{};
-    m.struct_size = sizeof(kt_method_kernels);
-    m.method = method;
-    m.layout_id = "kt-fp8-p16-v1";
-    m.kernel_id = kernel_id;
-    m.gate_up_block = kPanel;
-    m.down_block = kPanel;
-    m.packed_expert_bytes = packed_bytes;
-    m.pack_expert = pack<kPerChannel>;
-    m.activation_row_bytes = f32_row_bytes;
-    m.quantize_activations = quantize_f32_rows;
-    m.gate_up_tile = gate_up_tile;
-    m.down_tile = down_tile;
-    return m;
+    return method_table(method, "kt-fp8-p16-v1", kernel_id, packed_bytes, pack<kPerChannel>, f32_row_bytes,
+                        quantize_f32_rows, gate_up_tile, down_tile);
 }
 
 }  // namespace

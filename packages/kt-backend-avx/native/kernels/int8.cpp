@@ -142,10 +142,21 @@ void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* 
 template <int MR, bool kFused, bool kTwoPass>
 void rows_kernel(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, const uint8_t* pa, const uint8_t* pb,
                  float* out, int64_t ldo, int cols) {
-    int64_t r = 0;
-    for (; r + MR <= rows; r += MR) panel_kernel<MR, kFused, kTwoPass>(x + r * row_bytes, row_bytes, k, pa, pb, out + r * ldo, ldo, cols);
-    if constexpr (MR > 1)
-        if (r < rows) rows_kernel<MR / 2, kFused, kTwoPass>(x + r * row_bytes, row_bytes, rows - r, k, pa, pb, out + r * ldo, ldo, cols);
+    for_row_blocks<MR>(rows, [&]<int M>(int64_t r) {
+        panel_kernel<M, kFused, kTwoPass>(x + r * row_bytes, row_bytes, k, pa, pb, out + r * ldo, ldo, cols);
+    });
+}
+
+// The activation passes a layer asked for: one with KT_QUANT_FAST_ACTIVATIONS, else two.
+template <bool kFused, int MR>
+void run_rows(const kt_moe_config* c, const void* act, int64_t k, int64_t rows, const uint8_t* pa, const uint8_t* pb,
+              float* out, int64_t ldo, int cols) {
+    const auto* x = static_cast<const uint8_t*>(act);
+    if (c->quant_flags & KT_QUANT_FAST_ACTIVATIONS) {
+        rows_kernel<MR, kFused, false>(x, int8_row_bytes(k), rows, k, pa, pb, out, ldo, cols);
+    } else {
+        rows_kernel<MR, kFused, true>(x, int8_row_bytes(k), rows, k, pa, pb, out, ldo, cols);
+    }
 }
 
 kt_status quantize(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int64_t stride, void* out) {
@@ -155,20 +166,11 @@ kt_status quantize(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int6
 kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                        float* out, int64_t ldo) {
     const int64_t H = c->hidden;
-    if (n0 % kPanel || n1 > c->intermediate || n0 >= n1)
-        return fail(KT_ERROR_INVALID_ARGUMENT, "INT8 gate/up tile [%lld, %lld) is not panel-aligned", (long long)n0, (long long)n1);
+    if (const kt_status st = check_tile("INT8", "gate/up", n0, n1, c->intermediate)) return st;
     const size_t pb = panel_bytes(H);
-    const auto* base = static_cast<const uint8_t*>(packed);
     for (int64_t n = n0; n < n1; n += kPanel) {
-        const uint8_t* gate = base + size_t(2 * (n / kPanel)) * pb;
-        const int cols = int(std::min<int64_t>(kPanel, n1 - n));
-        if (c->quant_flags & KT_QUANT_FAST_ACTIVATIONS) {
-            rows_kernel<kMrFused, true, false>(static_cast<const uint8_t*>(act), int8_row_bytes(H), rows, H, gate, gate + pb,
-                                               out + n, ldo, cols);
-        } else {
-            rows_kernel<kMrFused, true, true>(static_cast<const uint8_t*>(act), int8_row_bytes(H), rows, H, gate, gate + pb,
-                                              out + n, ldo, cols);
-        }
+        const uint8_t* gate = static_cast<const uint8_t*>(packed) + size_t(2 * (n / kPanel)) * pb;
+        run_rows<true, kMrFused>(c, act, H, rows, gate, gate + pb, out + n, ldo, int(std::min<int64_t>(kPanel, n1 - n)));
     }
     return KT_OK;
 }
@@ -176,41 +178,20 @@ kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* a
 kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                     float* out, int64_t ldo) {
     const int64_t H = c->hidden, I = c->intermediate;
-    if (n0 % kPanel || n1 > H || n0 >= n1)
-        return fail(KT_ERROR_INVALID_ARGUMENT, "INT8 down tile [%lld, %lld) is not panel-aligned", (long long)n0, (long long)n1);
+    if (const kt_status st = check_tile("INT8", "down", n0, n1, H)) return st;
     const size_t pb = panel_bytes(I);
     const auto* base = static_cast<const uint8_t*>(packed) + 2 * size_t(panels(I)) * panel_bytes(H);
-    for (int64_t n = n0; n < n1; n += kPanel) {
-        const int cols = int(std::min<int64_t>(kPanel, n1 - n));
-        const uint8_t* panel = base + size_t(n / kPanel) * pb;
-        if (c->quant_flags & KT_QUANT_FAST_ACTIVATIONS) {
-            rows_kernel<kMrPlain, false, false>(static_cast<const uint8_t*>(act), int8_row_bytes(I), rows, I, panel, nullptr,
-                                                out + n, ldo, cols);
-        } else {
-            rows_kernel<kMrPlain, false, true>(static_cast<const uint8_t*>(act), int8_row_bytes(I), rows, I, panel, nullptr,
-                                               out + n, ldo, cols);
-        }
-    }
+    for (int64_t n = n0; n < n1; n += kPanel)
+        run_rows<false, kMrPlain>(c, act, I, rows, base + size_t(n / kPanel) * pb, nullptr, out + n, ldo,
+                                  int(std::min<int64_t>(kPanel, n1 - n)));
     return KT_OK;
 }
 
 }  // namespace
 
 kt_method_kernels int8_kernels(const char* kernel_id) {
-    kt_method_kernels m{};
-    m.struct_size = sizeof(kt_method_kernels);
-    m.method = "INT8";
-    m.layout_id = "kt-int8-p16k4-v1";
-    m.kernel_id = kernel_id;
-    m.gate_up_block = kPanel;
-    m.down_block = kPanel;
-    m.packed_expert_bytes = packed_bytes;
-    m.pack_expert = pack;
-    m.activation_row_bytes = int8_row_bytes;
-    m.quantize_activations = quantize;
-    m.gate_up_tile = gate_up_tile;
-    m.down_tile = down_tile;
-    return m;
+    return method_table("INT8", "kt-int8-p16k4-v1", kernel_id, packed_bytes, pack, int8_row_bytes, quantize, gate_up_tile,
+                        down_tile);
 }
 
 }  // namespace KT_TARGET_NAMESPACE
