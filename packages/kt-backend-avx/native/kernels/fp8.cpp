@@ -126,9 +126,10 @@ constexpr int kMrFused = 2, kMrPlain = 4;
 #endif
 
 // MR f32 activation rows x one panel (gate/up pair when kFused), block by block over K.
-template <int MR, bool kFused>
-void panel_kernel(const uint8_t* xb, size_t row_bytes, int64_t k, const uint8_t* pa, const uint8_t* pb, float* out,
-                  int64_t ldo, int cols) {
+// kDecoded: the panels' codes were already widened into `decoded` (f32 [K][16] per panel).
+template <int MR, bool kFused, bool kDecoded>
+void panel_kernel(const uint8_t* xb, size_t row_bytes, int64_t k, const uint8_t* pa, const uint8_t* pb,
+                  const float* const* decoded, float* out, int64_t ldo, int cols) {
     constexpr int F = kFused ? 2 : 1;
     const auto* x = reinterpret_cast<const float*>(xb);
     const int64_t ldx = int64_t(row_bytes / sizeof(float));
@@ -147,7 +148,8 @@ void panel_kernel(const uint8_t* xb, size_t row_bytes, int64_t k, const uint8_t*
         for (int64_t kk = kb * kBlock; kk < k1; ++kk)
             for (int f = 0; f < F; ++f)
                 for (int v = 0; v < kVecsPerPanel; ++v) {
-                    const VF w = decode(panel[f] + codes_at + size_t(kk) * kPanel, v);
+                    const VF w = kDecoded ? vload(decoded[f] + size_t(kk) * kPanel + size_t(v) * kLanes)
+                                          : decode(panel[f] + codes_at + size_t(kk) * kPanel, v);
                     for (int m = 0; m < MR; ++m) part[m][f][v] = vfma(w, vset1(x[m * ldx + kk]), part[m][f][v]);
                 }
         for (int f = 0; f < F; ++f)
@@ -165,11 +167,32 @@ void panel_kernel(const uint8_t* xb, size_t row_bytes, int64_t k, const uint8_t*
         }
 }
 
+// Widens a panel's K x 16 codes to f32 once, for tiles with several row blocks.
+void decode_panel(const uint8_t* panel, int64_t k, float* dst) {
+    const uint8_t* codes = panel + size_t(kblocks(k)) * kScaleBytes;
+    for (int64_t kk = 0; kk < k; ++kk)
+        for (int v = 0; v < kVecsPerPanel; ++v) vstore(dst + kk * kPanel + v * kLanes, decode(codes + kk * kPanel, v));
+}
+
+// One row block decodes the codes in registers as it streams them (decode: weights are read
+// once); more row blocks widen each panel once into an L2-resident f32 copy and reuse it, so
+// prefill pays the E4M3 decode once per panel, not once per MR rows.
 template <int MR, bool kFused>
 void rows_kernel(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, const uint8_t* pa, const uint8_t* pb,
                  float* out, int64_t ldo, int cols) {
+    if (rows <= MR) {
+        for_row_blocks<MR>(rows, [&]<int M>(int64_t r) {
+            panel_kernel<M, kFused, false>(x + r * row_bytes, row_bytes, k, pa, pb, nullptr, out + r * ldo, ldo, cols);
+        });
+        return;
+    }
+    thread_local std::vector<float> buffer;
+    buffer.resize(size_t((kFused ? 2 : 1) * k * kPanel));
+    const float* decoded[2] = {buffer.data(), buffer.data() + k * kPanel};
+    decode_panel(pa, k, buffer.data());
+    if constexpr (kFused) decode_panel(pb, k, buffer.data() + k * kPanel);
     for_row_blocks<MR>(rows, [&]<int M>(int64_t r) {
-        panel_kernel<M, kFused>(x + r * row_bytes, row_bytes, k, pa, pb, out + r * ldo, ldo, cols);
+        panel_kernel<M, kFused, true>(x + r * row_bytes, row_bytes, k, pa, pb, decoded, out + r * ldo, ldo, cols);
     });
 }
 
