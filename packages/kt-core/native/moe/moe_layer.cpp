@@ -93,7 +93,7 @@ private:
 // KT_TRACE=1 prints each forward's phase times to stderr: where a slow layer spends its time.
 class PhaseTimer {
 public:
-    PhaseTimer() : enabled_(std::getenv("KT_TRACE") != nullptr), last_(std::chrono::steady_clock::now()) {}
+    PhaseTimer() : enabled_(trace_enabled()), last_(std::chrono::steady_clock::now()) {}
     void mark(const char* phase) {
         if (!enabled_) return;
         const auto now = std::chrono::steady_clock::now();
@@ -105,6 +105,11 @@ public:
     }
 
 private:
+    // Read once, like every KT_* setting: no getenv on each forward.
+    static bool trace_enabled() {
+        static const bool enabled = std::getenv("KT_TRACE") != nullptr;
+        return enabled;
+    }
     bool enabled_;
     std::chrono::steady_clock::time_point last_;
 };
