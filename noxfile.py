@@ -115,6 +115,8 @@ def bench(session):
     results = ROOT / "results"
     results.mkdir(exist_ok=True)
     session.run("python", "benchmarks/overhead.py", "--json", str(results / "overhead.json"), *session.posargs)
+    session.run("kt", "bench", "--model", "qwen3-30b-a3b", "--method", "BF16", "--method", "INT8", "--method", "INT4",
+                "--json", str(results / "kt_bench_qwen3.json"), "--plot", str(results / "kt_bench_qwen3.png"))
     moe = ["python", "benchmarks/moe_layer.py", "--shapes", "qwen3-30b-a3b", "--tokens", "1", "32", "--repeats", "5",
            "--data-dir", str(ROOT / ".bench" / "moe_layer_data"), "--json", str(results / "moe_layer.json")]
     venv = ROOT / ".bench" / "kt-kernel-venv"

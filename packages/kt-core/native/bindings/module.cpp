@@ -327,6 +327,44 @@ double bench_fork_join(int64_t iterations, int64_t range) {
     return std::chrono::duration<double, std::micro>(t1 - t0).count() / double(iterations);
 }
 
+// Sustained read bandwidth with the pool's threads: each thread sums its own slice of a buffer
+// far larger than the caches (huge pages, like the weights). Returns GB/s of every repeat.
+std::vector<double> bench_read_bandwidth(size_t bytes, int repeats) {
+    nb::gil_scoped_release release;
+    auto& pool = kt::global_pool();
+    const size_t words = bytes / sizeof(uint64_t);
+    kt::NumaBuffer buffer = kt::make_numa_buffer(words * sizeof(uint64_t), 64, kt::kNodeInterleave, true);
+    auto* data = static_cast<uint64_t*>(buffer.get());
+    for (size_t i = 0; i < words; ++i) data[i] = i;   // touch every page before timing
+    const size_t parts = size_t(pool.num_threads());
+    struct Ctx {
+        const uint64_t* data;
+        size_t words, parts;
+        std::vector<uint64_t> sums;
+    } ctx{data, words, parts, std::vector<uint64_t>(parts * 8)};
+    std::vector<double> rates;
+    for (int r = 0; r < repeats; ++r) {
+        const auto t0 = std::chrono::steady_clock::now();
+        pool.parallel_for(parts, [](void* c, size_t i) {
+            auto* x = static_cast<Ctx*>(c);
+            const size_t begin = x->words * i / x->parts, end = x->words * (i + 1) / x->parts;
+            uint64_t a = 0, b = 0, d = 0, e = 0;   // four chains so the adds keep up with memory
+            size_t k = begin;
+            for (; k + 4 <= end; k += 4) {
+                a += x->data[k];
+                b += x->data[k + 1];
+                d += x->data[k + 2];
+                e += x->data[k + 3];
+            }
+            for (; k < end; ++k) a += x->data[k];
+            x->sums[i * 8] = a + b + d + e;   // one cache line per thread: no false sharing
+        }, &ctx);
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        rates.push_back(double(words * sizeof(uint64_t)) / s / 1e9);
+    }
+    return rates;
+}
+
 }  // namespace
 
 NB_MODULE(_native, m) {
@@ -351,6 +389,7 @@ NB_MODULE(_native, m) {
     m.def("pool_sync", &pool_sync, "wait for the submitted forward; the caller joins its work");
     m.def("pool_job_pending", [] { return kt::global_pool().job_pending(); });
     m.def("bench_fork_join", &bench_fork_join, "iterations"_a, "range"_a);
+    m.def("bench_read_bandwidth", &bench_read_bandwidth, "bytes"_a, "repeats"_a);
 
     m.def("numa_usage", &numa_usage);
     m.def("numa_binding_available", &kt::numa_binding_available);
@@ -394,6 +433,7 @@ NB_MODULE(_native, m) {
         .def("forward", &Layer::forward, "hidden"_a, "topk_ids"_a, "topk_weights"_a, "out"_a)
         .def("submit_forward", &Layer::submit_forward, "hidden"_a, "topk_ids"_a, "topk_weights"_a, "out"_a, "keep_alive"_a)
         .def_prop_ro("packed_bytes", [](const Layer& l) { return l.layer->packed_bytes(); })
+        .def_prop_ro("expert_bytes", [](const Layer& l) { return l.layer->kernels().packed_expert_bytes(&l.layer->shape()); })
         .def_prop_ro("layout_id", [](const Layer& l) { return std::string(l.layer->kernels().layout_id); })
         .def_prop_ro("kernel_id", [](const Layer& l) { return std::string(l.layer->kernels().kernel_id); });
 }

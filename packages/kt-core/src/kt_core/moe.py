@@ -77,7 +77,13 @@ class MoE:
 
     @property
     def packed_bytes(self) -> int:
+        """Bytes of packed weights loaded so far."""
         return self._layer.packed_bytes
+
+    @property
+    def expert_bytes(self) -> int:
+        """Bytes one expert takes in this method's packed layout (known before loading)."""
+        return self._layer.expert_bytes
 
     def expert_group(self, expert: int) -> int:
         """The pool group (NUMA node, or virtual node) holding an expert's weights."""

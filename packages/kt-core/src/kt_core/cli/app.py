@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from .. import __version__
+from ..model_shapes import SHAPES, MoEShape
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="kt: run the routed experts of Mixture-of-Experts models on the CPU.")
@@ -89,6 +90,67 @@ def demo(
 
     run(console, method=method, hidden=hidden, intermediate=intermediate, experts=experts, top_k=top_k,
         tokens=tokens, seed=seed)
+
+
+@app.command()
+def bench(
+    model: str = typer.Option(None, help="preset shape: " + ", ".join(SHAPES)),
+    hidden: int = typer.Option(None, help="hidden size (instead of --model)"),
+    intermediate: int = typer.Option(None, help="expert intermediate size"),
+    experts: int = typer.Option(None, help="routed experts in the layer"),
+    top_k: int = typer.Option(None, help="experts per token"),
+    moe_layers: int = typer.Option(None, help="MoE layers of the model, for the whole-model estimate"),
+    methods: list[str] = typer.Option(["BF16"], "--method", "--methods", help="weight formats to run (repeatable)"),
+    tokens: list[int] = typer.Option([1, 4, 32, 256, 1024], "--tokens", help="tokens per call (repeatable)"),
+    threads: list[int] = typer.Option([], "--threads", help="thread counts (repeatable); default: physical cores"),
+    backend: str = typer.Option(None, help="force a backend (default: the best installed for each method)"),
+    repeats: int = typer.Option(5, help="timed calls per row"),
+    warmup: int = typer.Option(2, help="untimed calls before them"),
+    bandwidth_mib: int = typer.Option(1024, help="buffer size of the bandwidth probe"),
+    json_path: str = typer.Option(None, "--json", help="write the results here"),
+    plot_path: str = typer.Option(None, "--plot", help="write a PNG of latency and roofline position here"),
+) -> None:
+    """Benchmark one MoE layer against this host's measured bandwidth and compute peak."""
+    from rich.progress import Progress
+
+    from ..bench import BenchConfig, MemoryRefusal, run
+    from ..bench.report import plot, render
+    from ..errors import KTError
+    from ..host import host
+
+    if model:
+        if model not in SHAPES:
+            raise typer.BadParameter(f"unknown model {model!r}; presets: {', '.join(SHAPES)}", param_hint="--model")
+        base = SHAPES[model]
+    else:
+        missing = [n for n, v in (("--hidden", hidden), ("--intermediate", intermediate), ("--experts", experts),
+                                  ("--top-k", top_k)) if v is None]
+        if missing:
+            raise typer.BadParameter(f"give --model or all of --hidden --intermediate --experts --top-k "
+                                     f"(missing {', '.join(missing)})")
+        base = MoEShape("custom", hidden, intermediate, experts, top_k, moe_layers or 1)
+    shape = MoEShape(base.name, hidden or base.hidden, intermediate or base.intermediate, experts or base.experts,
+                     top_k or base.top_k, moe_layers or base.moe_layers)
+    cfg = BenchConfig(shape=shape, methods=[m.upper() for m in methods], tokens=sorted(set(tokens)),
+                      threads=sorted(set(threads)) or [host().physical_cores], backend=backend, repeats=repeats,
+                      warmup=warmup, bandwidth_mib=bandwidth_mib)
+    try:
+        with Progress(console=console, transient=True) as bar:
+            task = bar.add_task("kt bench", total=None)
+            result = run(cfg, progress=lambda msg: bar.update(task, description=msg))
+    except MemoryRefusal as exc:
+        console.print(f"[red]kt bench: {exc}[/red]")
+        raise typer.Exit(2) from exc
+    except KTError as exc:
+        console.print(f"[red]kt bench: {exc}[/red]")
+        raise typer.Exit(1) from exc
+    render(result, console)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(result, f, indent=2)
+    if plot_path:
+        plot(result, plot_path)
+        console.print(f"plot written to {plot_path}")
 
 
 def main() -> None:

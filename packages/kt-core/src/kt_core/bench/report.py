@@ -1,0 +1,62 @@
+"""Render `kt bench` results: a Rich table and a PNG (latency and roofline position)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+
+def render(result: dict, console: Console) -> None:
+    s = result["shape"]
+    bw = ", ".join(f"{n} thread(s) {b['median_gbps']:.1f} GB/s" for n, b in result["bandwidth"].items())
+    console.print(f"[bold]{s['name']}[/bold]: hidden {s['hidden']}, intermediate {s['intermediate']}, "
+                  f"{s['experts']} experts, top-{s['top_k']}; read bandwidth {bw}")
+    for key, peak in result["peak"].items():
+        console.print(f"peak compute {key}: {peak['gmacs']:.1f} GMAC/s")
+    table = Table()
+    for col in ("method", "threads", "tokens", "latency ms", "±", "tokens/s", "GB/s", "GMAC/s", "roofline"):
+        table.add_column(col, justify="right")
+    for r in result["rows"]:
+        what = "of bandwidth" if r["bound"] == "memory" else "of peak"
+        table.add_row(r["method"], str(r["threads"]), str(r["tokens"]), f"{r['median_ms']:.2f}", f"{r['spread']:.0%}",
+                      f"{r['tokens_per_s']:.1f}", f"{r['gbps']:.1f}", f"{r['gmacs']:.1f}",
+                      f"{r['roofline_fraction']:.0%} {what}")
+    console.print(table)
+    for skip in result["skipped"]:
+        console.print(f"[yellow]skipped {skip['method']}: {skip['reason']}[/yellow]")
+    est = result["estimate"]
+    for method, tps in est["decode_tokens_per_s"].items():
+        console.print(f"whole-model decode estimate, {method}: [bold]{tps:.1f} tokens/s[/bold] ({est['assumption']})")
+
+
+def plot(result: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (lat, roof) = plt.subplots(1, 2, figsize=(12, 4.5))
+    series = {}
+    for r in result["rows"]:
+        series.setdefault((r["method"], r["threads"]), []).append(r)
+    for (method, threads), rows in sorted(series.items()):
+        rows.sort(key=lambda r: r["tokens"])
+        label = f"{method}, {threads} thr"
+        lat.plot([r["tokens"] for r in rows], [r["median_ms"] for r in rows], marker="o", label=label)
+        roof.plot([r["tokens"] for r in rows], [100 * r["roofline_fraction"] for r in rows], marker="o", label=label)
+    s = result["shape"]
+    for ax in (lat, roof):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("tokens per call")
+        ax.grid(True, which="both", alpha=0.3)
+    lat.set_yscale("log")
+    lat.set_ylabel("latency (ms)")
+    lat.set_title(f"{s['name']}: one MoE layer")
+    roof.set_ylabel("% of the host's limit")
+    roof.set_title("roofline position: bandwidth (≤ 32 tokens), peak compute (more)")
+    roof.axvline(32.5, color="grey", linestyle=":")
+    roof.set_ylim(0, 110)
+    lat.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,59 @@
+"""`kt bench` behaviour on tiny shapes: flags, JSON schema, plot, refusal. Not its speed."""
+
+import json
+
+import pytest
+
+from conftest import run_python
+
+TINY = ["--hidden", "64", "--intermediate", "32", "--experts", "4", "--top-k", "2", "--tokens", "1", "--tokens", "40",
+        "--threads", "1", "--repeats", "2", "--warmup", "1", "--bandwidth-mib", "16"]
+
+
+def kt(*args, **env):
+    return run_python(f"import sys; from kt_core.cli import main; sys.argv = ['kt', *{list(args)!r}]; main()", **env)
+
+
+def test_json_schema_and_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    out, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    r = kt("bench", *TINY, "--method", "BF16", "--method", "FP32", "--json", str(out), "--plot", str(png))
+    assert r.returncode == 0, r.stderr + r.stdout
+    data = json.loads(out.read_text())
+    assert data["schema_version"] == 1
+    assert data["shape"] == {"name": "custom", "hidden": 64, "intermediate": 32, "experts": 4, "top_k": 2, "moe_layers": 1}
+    assert set(data["bandwidth"]) == {"1"} and data["bandwidth"]["1"]["median_gbps"] > 0
+    assert set(data["peak"]) == {"BF16 N=1", "FP32 N=1"}
+    assert {(r["method"], r["tokens"], r["bound"]) for r in data["rows"]} == {
+        ("BF16", 1, "memory"), ("BF16", 40, "compute"), ("FP32", 1, "memory"), ("FP32", 40, "compute")}
+    for row in data["rows"]:
+        assert row["median_ms"] > 0 and row["gbps"] > 0 and 0 < row["roofline_fraction"]
+    assert set(data["estimate"]["decode_tokens_per_s"]) == {"BF16", "FP32"}
+    assert "all routed experts on this CPU" in data["estimate"]["assumption"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_preset_shapes_are_used():
+    from kt_core.model_shapes import SHAPES
+
+    assert SHAPES["deepseek-v3"].experts == 256 and SHAPES["qwen3-30b-a3b"].intermediate == 768
+
+
+def test_oversized_shape_is_refused_with_what_would_fit():
+    r = kt("bench", "--hidden", "8192", "--intermediate", "8192", "--experts", "512", "--top-k", "8", "--tokens", "1",
+           "--method", "BF16")
+    assert r.returncode == 2
+    assert "needs about" in r.stdout and "GiB is available" in r.stdout and "--experts" in r.stdout
+
+
+def test_unknown_model_and_missing_shape_flags():
+    r = kt("bench", "--model", "gpt-9")
+    assert r.returncode != 0 and "unknown model 'gpt-9'" in (r.stdout + r.stderr)
+    r = kt("bench", "--hidden", "64")
+    assert r.returncode != 0 and "missing --intermediate, --experts, --top-k" in (r.stdout + r.stderr)
+
+
+def test_method_no_backend_provides_is_reported():
+    r = kt("bench", *TINY, "--method", "MXFP3", "--method", "FP32")
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert "skipped MXFP3" in r.stdout
