@@ -14,7 +14,7 @@ see the same bytes; see moe_data.py) and per thread count N, one side at a time:
     summed, torch.set_num_threads(N) — the natural implementation, as Hugging Face's MoE blocks do it;
   - kt: kt_core.MoE per method on whatever backend kt selects (recorded: backend, kernel id);
     kt_core.pool.configure(num_threads=N); methods kt cannot run are skipped with kt's reason;
-  - kt-kernel: benchmarks/kt_kernel_runner.py in the kt-kernel venv, one process per method
+  - kt-kernel: kt_core/bench/kt_kernel/kt_kernel_runner.py in the kt-kernel venv, one process per method
     (its CPUInfer with cpuinfer_threads=N — plus kt-kernel's own busy-polling dispatcher thread).
 Every side: the same hidden states, routings (top-k without replacement, softmax weights, fixed
 seed; a fresh routing for every call, also for decode, so repeated calls do not find the same
@@ -44,8 +44,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import moe_data  # noqa: E402
+from kt_core.bench.kt_kernel import RUNNER, moe_data  # noqa: E402  (shared with `kt bench --compare-kt-kernel`)
 
 ROOT = Path(__file__).resolve().parent.parent
 METHODS = ("BF16", "INT8", "INT4", "RAWINT4", "FP8")
@@ -295,7 +294,7 @@ def run_kt_kernel(venv: Path, shape: moe_data.Shape, data: Path, method: str, th
     py = venv / "bin" / "python"
     out = workdir / f"kt_kernel_{shape.name}_{method}_{threads}.json"
     out.unlink(missing_ok=True)
-    cmd = [str(py), str(Path(__file__).resolve().parent / "kt_kernel_runner.py"), "--data", str(data),
+    cmd = [str(py), str(RUNNER), "--data", str(data),
            "--method", KT_KERNEL_METHOD[method], "--threads", str(threads), "--tokens", *map(str, tokens),
            "--warmup", str(args.warmup), "--repeats", str(args.repeats), "--budget-s", str(args.budget_s),
            "--check-tokens", str(args.check_tokens), "--quiet-wait", str(args.quiet_wait), "--json", str(out)]

@@ -57,3 +57,24 @@ def test_method_no_backend_provides_is_reported():
     r = kt("bench", *TINY, "--method", "MXFP3", "--method", "FP32")
     assert r.returncode == 0, r.stderr + r.stdout
     assert "skipped MXFP3" in r.stdout
+
+
+def test_compare_kt_kernel_needs_a_venv(tmp_path):
+    r = kt("bench", *TINY, "--method", "BF16", "--compare-kt-kernel", str(tmp_path / "nowhere"))
+    assert r.returncode == 1
+    assert "benchmarks/setup_kt_kernel.sh" in r.stdout
+
+
+def test_compare_kt_kernel_adds_its_column(tmp_path):
+    from pathlib import Path
+
+    venv = Path(__file__).resolve().parents[3] / ".bench" / "kt-kernel-venv"
+    if not (venv / "bin" / "python").is_file():
+        pytest.skip(f"needs kt-kernel 0.7.2 in {venv} (benchmarks/setup_kt_kernel.sh)")
+    out = tmp_path / "bench.json"
+    r = kt("bench", "--hidden", "256", "--intermediate", "128", "--experts", "4", "--top-k", "2", "--tokens", "1",
+           "--threads", "1", "--repeats", "2", "--bandwidth-mib", "16", "--method", "BF16",
+           "--compare-kt-kernel", str(venv), "--json", str(out))
+    assert r.returncode == 0, r.stderr + r.stdout
+    row = json.loads(out.read_text())["rows"][0]
+    assert row["kt_kernel_ms"] > 0 and row["speedup_vs_kt_kernel"] > 0

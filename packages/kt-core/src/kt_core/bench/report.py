@@ -14,16 +14,21 @@ def render(result: dict, console: Console) -> None:
     for key, peak in result["peak"].items():
         console.print(f"peak compute {key}: {peak['gmacs']:.1f} GMAC/s")
     table = Table()
-    for col in ("method", "threads", "tokens", "latency ms", "±", "tokens/s", "GB/s", "GMAC/s", "roofline"):
+    compared = "kt_kernel" in result
+    for col in ("method", "threads", "tokens", "latency ms", "±", "tokens/s", "GB/s", "GMAC/s", "roofline",
+                *(("kt-kernel ms", "kt ×") if compared else ())):
         table.add_column(col, justify="right")
     for r in result["rows"]:
         what = "of bandwidth" if r["bound"] == "memory" else "of peak"
+        extra = (f"{r['kt_kernel_ms']:.2f}", f"{r['speedup_vs_kt_kernel']:.2f}") if "kt_kernel_ms" in r else ("-", "-")
         table.add_row(r["method"], str(r["threads"]), str(r["tokens"]), f"{r['median_ms']:.2f}", f"{r['spread']:.0%}",
                       f"{r['tokens_per_s']:.1f}", f"{r['gbps']:.1f}", f"{r['gmacs']:.1f}",
-                      f"{r['roofline_fraction']:.0%} {what}")
+                      f"{r['roofline_fraction']:.0%} {what}", *(extra if compared else ()))
     console.print(table)
     for skip in result["skipped"]:
         console.print(f"[yellow]skipped {skip['method']}: {skip['reason']}[/yellow]")
+    for skip in result.get("kt_kernel", {}).get("skipped", []):
+        console.print(f"[yellow]kt-kernel: no figure for {skip}[/yellow]")
     est = result["estimate"]
     for method, tps in est["decode_tokens_per_s"].items():
         console.print(f"whole-model decode estimate, {method}: [bold]{tps:.1f} tokens/s[/bold] ({est['assumption']})")

@@ -46,6 +46,7 @@ class BenchConfig:
     bandwidth_mib: int = 1024
     seed: int = 0
     memory_limit_bytes: int | None = None   # default: MemAvailable
+    compare_kt_kernel: str | None = None     # a venv with kt-kernel 0.7.2 (benchmarks/setup_kt_kernel.sh)
     extra: dict = field(default_factory=dict)
 
 
@@ -167,8 +168,24 @@ def run(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -> dict
                        "gmacs": macs / med / 1e9, "bound": "memory" if tokens <= MEMORY_BOUND_TOKENS else "compute"}
                 row["roofline_fraction"] = gbps / bw if row["bound"] == "memory" else row["gmacs"] / peak["gmacs"]
                 result["rows"].append(row)
+    if cfg.compare_kt_kernel:
+        _add_kt_kernel(result, cfg, say)
     result["estimate"] = _model_estimate(result, shape)
     return result
+
+
+def _add_kt_kernel(result: dict, cfg: BenchConfig, say) -> None:
+    """kt-kernel's latency for the same shape, methods, threads and token counts, measured now,
+    and kt's speedup over it per row (kt-kernel reads its own copy of random weights)."""
+    from .kt_kernel import compare
+
+    kk = compare(cfg.compare_kt_kernel, cfg.shape, cfg.methods, cfg.tokens, cfg.threads, cfg.warmup, cfg.repeats, say)
+    result["kt_kernel"] = {"version": "0.7.2", "skipped": kk["skipped"]}
+    for row in result["rows"]:
+        ms = kk["rows"].get(f"{row['method']} N={row['threads']} T={row['tokens']}")
+        if ms is not None:
+            row["kt_kernel_ms"] = ms
+            row["speedup_vs_kt_kernel"] = ms / row["median_ms"]
 
 
 def _model_estimate(result: dict, shape: MoEShape) -> dict:

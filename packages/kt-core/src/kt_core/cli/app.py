@@ -109,6 +109,8 @@ def bench(
     bandwidth_mib: int = typer.Option(1024, help="buffer size of the bandwidth probe"),
     json_path: str = typer.Option(None, "--json", help="write the results here"),
     plot_path: str = typer.Option(None, "--plot", help="write a PNG of latency and roofline position here"),
+    compare_kt_kernel: str = typer.Option(None, "--compare-kt-kernel", metavar="VENV",
+                                          help="also measure kt-kernel 0.7.2 installed in this venv, same run"),
 ) -> None:
     """Benchmark one MoE layer against this host's measured bandwidth and compute peak."""
     from rich.progress import Progress
@@ -133,7 +135,7 @@ def bench(
                      top_k or base.top_k, moe_layers or base.moe_layers)
     cfg = BenchConfig(shape=shape, methods=[m.upper() for m in methods], tokens=sorted(set(tokens)),
                       threads=sorted(set(threads)) or [host().physical_cores], backend=backend, repeats=repeats,
-                      warmup=warmup, bandwidth_mib=bandwidth_mib)
+                      warmup=warmup, bandwidth_mib=bandwidth_mib, compare_kt_kernel=compare_kt_kernel)
     try:
         with Progress(console=console, transient=True) as bar:
             task = bar.add_task("kt bench", total=None)
@@ -141,7 +143,7 @@ def bench(
     except MemoryRefusal as exc:
         console.print(f"[red]kt bench: {exc}[/red]")
         raise typer.Exit(2) from exc
-    except KTError as exc:
+    except (KTError, FileNotFoundError) as exc:
         console.print(f"[red]kt bench: {exc}[/red]")
         raise typer.Exit(1) from exc
     render(result, console)

@@ -3,7 +3,7 @@
 Run by the kt-kernel venv's python (benchmarks/setup_kt_kernel.sh), one process per (method,
 threads) because kt-kernel's CPUInfer pool is per process:
 
-    .bench/kt-kernel-venv/bin/python benchmarks/kt_kernel_runner.py --data DIR --method AMXINT8 \
+    .bench/kt-kernel-venv/bin/python .../kt_core/bench/kt_kernel/kt_kernel_runner.py --data DIR --method AMXINT8 \
         --threads 1 --tokens 1 32 --warmup 3 --repeats 10 --json OUT.json
 
 DIR is a data directory written by moe_layer.py (see moe_data.py): the same bf16 weights, checkpoint
