@@ -170,7 +170,7 @@ void panel_kernel(const uint8_t* xb, size_t row_bytes, int64_t kc, const uint8_t
 template <int MR, int kMode>
 void rows_kernel(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t kc, const uint8_t* pa, const uint8_t* pb,
                  float* out, int64_t ldo, int cols) {
-    for_row_blocks<MR>(rows, [&]<int M>(int64_t r) {
+    for_row_blocks<MR>(rows, [=]<int M>(int64_t r) {
         panel_kernel<M, kMode>(x + r * row_bytes, row_bytes, kc, pa, pb, out + r * ldo, ldo, cols);
     });
 }

@@ -181,7 +181,7 @@ template <int MR, bool kFused>
 void rows_kernel(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, const uint8_t* pa, const uint8_t* pb,
                  float* out, int64_t ldo, int cols) {
     if (rows <= MR) {
-        for_row_blocks<MR>(rows, [&]<int M>(int64_t r) {
+        for_row_blocks<MR>(rows, [=]<int M>(int64_t r) {
             panel_kernel<M, kFused, false>(x + r * row_bytes, row_bytes, k, pa, pb, nullptr, out + r * ldo, ldo, cols);
         });
         return;
@@ -191,7 +191,7 @@ void rows_kernel(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, co
     const float* decoded[2] = {buffer.data(), buffer.data() + k * kPanel};
     decode_panel(pa, k, buffer.data());
     if constexpr (kFused) decode_panel(pb, k, buffer.data() + k * kPanel);
-    for_row_blocks<MR>(rows, [&]<int M>(int64_t r) {
+    for_row_blocks<MR>(rows, [=]<int M>(int64_t r) {
         panel_kernel<M, kFused, true>(x + r * row_bytes, row_bytes, k, pa, pb, decoded, out + r * ldo, ldo, cols);
     });
 }
