@@ -196,12 +196,140 @@ void rows_kernel(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, co
     });
 }
 
+#if defined(__AVX512BF16__)
+// Prefill on BF16-capable targets: each panel's codes become bf16 (k, k+1) pairs once — exact,
+// as E4M3 values have 4 significant bits — the tile's activations become split bf16 (hi + lo)
+// once, and vdpbf16ps does 32 multiply-adds per instruction, with per-128-k partial sums for
+// the block scales. Decode keeps the F16C path: it reads each weight once either way.
+constexpr int kMrBf16Fused = 4, kMrBf16Plain = 8;
+
+// Panel codes -> [ceil(K/2)][16] 32-bit lanes holding bf16(w[k]) | bf16(w[k+1]) << 16 (value / 256).
+void widen_panel_bf16(const uint8_t* panel, int64_t k, uint32_t* dst) {
+    const uint8_t* codes = panel + size_t(kblocks(k)) * kScaleBytes;
+    const __m512i high = _mm512_set1_epi32(int(0xffff0000u));
+    for (int64_t j = 0; j < (k + 1) / 2; ++j) {
+        const __m512i a = _mm512_castps_si512(decode16(codes + size_t(2 * j) * kPanel));
+        const __m512i b = 2 * j + 1 < k ? _mm512_castps_si512(decode16(codes + size_t(2 * j + 1) * kPanel))
+                                        : _mm512_setzero_si512();
+        _mm512_storeu_si512(dst + j * kPanel, _mm512_or_si512(_mm512_srli_epi32(a, 16), _mm512_and_si512(b, high)));
+    }
+}
+
+// f32 activation rows -> hi and lo bf16 pair planes, [rows][ceil(K/2)] each. Sixteen floats
+// convert to sixteen bf16 that, read as eight 32-bit lanes, are already the (k, k+1) pairs.
+// has_lo[r]: row r has a nonzero low half (rows that were bf16 already, as a bf16 model's
+// hidden states are, skip that pass).
+void split_rows_bf16(const uint8_t* act, size_t row_bytes, int64_t rows, int64_t k, uint32_t* hi, uint32_t* lo,
+                     uint8_t* has_lo) {
+    const int64_t kc = (k + 1) / 2, padded = 2 * kc;
+    for (int64_t r = 0; r < rows; ++r) {
+        const auto* x = reinterpret_cast<const float*>(act + size_t(r) * row_bytes);   // padded to even k
+        uint32_t* h = hi + r * kc;
+        uint32_t* l = lo + r * kc;
+        int64_t c = 0;
+        for (; c + 16 <= padded; c += 16) {
+            const __m512 v = _mm512_loadu_ps(x + c);
+            const __m256bh vh = _mm512_cvtneps_pbh(v);
+            const __m512 back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)vh), 16));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(h + c / 2), (__m256i)vh);
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(l + c / 2), (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(v, back)));
+        }
+        for (; c < padded; c += 2) {
+            uint16_t hh[2], ll[2];
+            for (int e = 0; e < 2; ++e) {
+                hh[e] = f32_to_bf16(x[c + e]);
+                ll[e] = f32_to_bf16(x[c + e] - bf16_to_f32(hh[e]));
+            }
+            h[c / 2] = uint32_t(hh[0]) | uint32_t(hh[1]) << 16;
+            l[c / 2] = uint32_t(ll[0]) | uint32_t(ll[1]) << 16;
+        }
+        uint32_t any = 0;
+        for (int64_t j = 0; j < kc; ++j) any |= l[j] & 0x7fff7fffu;   // -0 counts as zero
+        has_lo[r] = any != 0;
+    }
+}
+
+template <int MR, bool kFused, bool kLo>
+void panel_kernel_bf16(const uint32_t* hi, const uint32_t* lo, int64_t k, const uint32_t* const* w,
+                       const uint8_t* const* panel, float* out, int64_t ldo, int cols) {
+    constexpr int F = kFused ? 2 : 1;
+    const int64_t kc = (k + 1) / 2, chunks_per_block = kBlock / 2;
+    __m512 acc[MR][F], part[MR][F];
+    for (int m = 0; m < MR; ++m)
+        for (int f = 0; f < F; ++f) acc[m][f] = _mm512_setzero_ps();
+    for (int64_t kb = 0; kb < kblocks(k); ++kb) {
+        for (int m = 0; m < MR; ++m)
+            for (int f = 0; f < F; ++f) part[m][f] = _mm512_setzero_ps();
+        const int64_t j1 = std::min(kc, (kb + 1) * chunks_per_block);
+        for (int64_t j = kb * chunks_per_block; j < j1; ++j) {
+            __m512bh wv[F];
+            for (int f = 0; f < F; ++f) wv[f] = (__m512bh)_mm512_loadu_si512(w[f] + j * kPanel);
+            for (int m = 0; m < MR; ++m) {
+                const __m512bh xh = (__m512bh)_mm512_set1_epi32(int(hi[m * kc + j]));
+                for (int f = 0; f < F; ++f) part[m][f] = _mm512_dpbf16_ps(part[m][f], wv[f], xh);
+                if constexpr (kLo) {
+                    const __m512bh xl = (__m512bh)_mm512_set1_epi32(int(lo[m * kc + j]));
+                    for (int f = 0; f < F; ++f) part[m][f] = _mm512_dpbf16_ps(part[m][f], wv[f], xl);
+                }
+            }
+        }
+        for (int f = 0; f < F; ++f) {
+            const __m512 s = _mm512_loadu_ps(reinterpret_cast<const float*>(panel[f] + size_t(kb) * kScaleBytes));
+            for (int m = 0; m < MR; ++m) acc[m][f] = _mm512_fmadd_ps(part[m][f], s, acc[m][f]);
+        }
+    }
+    for (int m = 0; m < MR; ++m)
+        vstore_partial(out + m * ldo, kFused ? silu_mul(acc[m][0], acc[m][F - 1]) : acc[m][0], cols);
+}
+
+// The BF16 path for one tile: activations split once, each panel (pair) widened once.
+template <bool kFused>
+void tile_bf16(const uint8_t* act, size_t row_bytes, int64_t rows, int64_t k, const uint8_t* first_panel, size_t stride,
+               size_t next, int64_t n0, int64_t n1, float* out, int64_t ldo) {
+    const int64_t kc = (k + 1) / 2;
+    thread_local std::vector<uint32_t> x_planes, w_planes;
+    thread_local std::vector<uint8_t> has_lo;
+    x_planes.resize(size_t(2 * rows * kc));
+    has_lo.resize(size_t(rows));
+    w_planes.resize(size_t((kFused ? 2 : 1) * kc * kPanel));
+    uint32_t* hi = x_planes.data();
+    uint32_t* lo = hi + rows * kc;
+    split_rows_bf16(act, row_bytes, rows, k, hi, lo, has_lo.data());
+    const uint8_t* lo_flags = has_lo.data();
+    const uint32_t* w[2] = {w_planes.data(), w_planes.data() + kc * kPanel};
+    for (int64_t n = n0; n < n1; n += kPanel) {
+        const uint8_t* panel[2] = {first_panel + size_t((n - n0) / kPanel) * stride, nullptr};
+        panel[1] = panel[0] + next;
+        widen_panel_bf16(panel[0], k, w_planes.data());
+        if constexpr (kFused) widen_panel_bf16(panel[1], k, w_planes.data() + kc * kPanel);
+        const int cols = int(std::min<int64_t>(kPanel, n1 - n));
+        constexpr int MR = kFused ? kMrBf16Fused : kMrBf16Plain;
+        for_row_blocks<MR>(rows, [=]<int M>(int64_t r) {
+            bool any_lo = false;
+            for (int m = 0; m < M; ++m) any_lo |= lo_flags[r + m] != 0;
+            if (any_lo) {
+                panel_kernel_bf16<M, kFused, true>(hi + r * kc, lo + r * kc, k, w, panel, out + n + r * ldo, ldo, cols);
+            } else {
+                panel_kernel_bf16<M, kFused, false>(hi + r * kc, lo + r * kc, k, w, panel, out + n + r * ldo, ldo, cols);
+            }
+        });
+    }
+}
+#endif
+
 kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                        float* out, int64_t ldo) {
     const int64_t H = c->hidden;
     if (const kt_status st = check_tile("FP8", "gate/up", n0, n1, c->intermediate)) return st;
     const size_t pb = panel_bytes(H);
     const auto* base = static_cast<const uint8_t*>(packed);
+#if defined(__AVX512BF16__)
+    if (rows > kMrFused) {
+        tile_bf16<true>(static_cast<const uint8_t*>(act), f32_row_bytes(H), rows, H, base + size_t(2 * (n0 / kPanel)) * pb,
+                        2 * pb, pb, n0, n1, out, ldo);
+        return KT_OK;
+    }
+#endif
     for (int64_t n = n0; n < n1; n += kPanel) {
         const uint8_t* gate = base + size_t(2 * (n / kPanel)) * pb;
         rows_kernel<kMrFused, true>(static_cast<const uint8_t*>(act), f32_row_bytes(H), rows, H, gate, gate + pb, out + n, ldo,
@@ -216,6 +344,13 @@ kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act,
     if (const kt_status st = check_tile("FP8", "down", n0, n1, H)) return st;
     const size_t pb = panel_bytes(I);
     const auto* base = static_cast<const uint8_t*>(packed) + 2 * size_t(panels(I)) * panel_bytes(H);
+#if defined(__AVX512BF16__)
+    if (rows > kMrPlain) {
+        tile_bf16<false>(static_cast<const uint8_t*>(act), f32_row_bytes(I), rows, I, base + size_t(n0 / kPanel) * pb, pb, 0,
+                         n0, n1, out, ldo);
+        return KT_OK;
+    }
+#endif
     for (int64_t n = n0; n < n1; n += kPanel)
         rows_kernel<kMrPlain, false>(static_cast<const uint8_t*>(act), f32_row_bytes(I), rows, I, base + size_t(n / kPanel) * pb,
                                      nullptr, out + n, ldo, int(std::min<int64_t>(kPanel, n1 - n)));
