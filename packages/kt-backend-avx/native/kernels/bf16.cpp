@@ -26,22 +26,19 @@ size_t panel_bytes(int64_t k) { return size_t(chunks(k)) * kChunkBytes; }
 void pack_panel(const kt_matrix& m, int64_t n0, uint16_t* dst, std::vector<float>& row) {
     const int64_t K = m.cols;
     for (int64_t i = 0; i < kPanel && n0 + i < m.rows; ++i) {
-        load_row(m, n0 + i, row.data());
-        for (int64_t k = 0; k < K; ++k) {
-            uint16_t v;
-            if (m.dtype == KT_DTYPE_BF16) {
-                v = static_cast<const uint16_t*>(m.data)[(n0 + i) * m.row_stride + k];   // keep bf16 bit-exact
-            } else {
-                v = f32_to_bf16(row[size_t(k)]);
-            }
-            dst[(k / 2) * kPanel * 2 + i * 2 + (k & 1)] = v;
-        }
+        // bf16 input is copied bit-exactly; other types are widened once and rounded.
+        const auto* bf16 = m.dtype == KT_DTYPE_BF16 ? static_cast<const uint16_t*>(m.data) + (n0 + i) * m.row_stride : nullptr;
+        if (!bf16) load_row(m, n0 + i, row.data());
+        for (int64_t k = 0; k < K; ++k)
+            dst[(k / 2) * kPanel * 2 + i * 2 + (k & 1)] = bf16 ? bf16[k] : f32_to_bf16(row[size_t(k)]);
     }
 }
 
-size_t packed_bytes(const kt_moe_config* c) {
-    return 2 * size_t(panels(c->intermediate)) * panel_bytes(c->hidden) + size_t(panels(c->hidden)) * panel_bytes(c->intermediate);
+ExpertPanels layout(const kt_moe_config* c) {
+    return {c->hidden, c->intermediate, panel_bytes(c->hidden), panel_bytes(c->intermediate)};
 }
+
+size_t packed_bytes(const kt_moe_config* c) { return layout(c).bytes(); }
 
 kt_status pack(const kt_moe_config* c, const kt_expert_weights* src, void* dst) {
     const int64_t H = c->hidden, I = c->intermediate;
@@ -51,14 +48,13 @@ kt_status pack(const kt_moe_config* c, const kt_expert_weights* src, void* dst) 
     if ((st = expect_float_weight(src->down, H, I, "down", "BF16")) != KT_OK) return st;
     std::vector<float> row(size_t(std::max(H, I)));
     auto* out = static_cast<uint8_t*>(dst);
-    const size_t pb_h = panel_bytes(H), pb_i = panel_bytes(I);
+    const ExpertPanels l = layout(c);
     for (int64_t p = 0; p < panels(I); ++p) {
-        pack_panel(src->gate.values, p * kPanel, reinterpret_cast<uint16_t*>(out + size_t(2 * p) * pb_h), row);
-        pack_panel(src->up.values, p * kPanel, reinterpret_cast<uint16_t*>(out + size_t(2 * p + 1) * pb_h), row);
+        pack_panel(src->gate.values, p * kPanel, reinterpret_cast<uint16_t*>(out + l.gate(p)), row);
+        pack_panel(src->up.values, p * kPanel, reinterpret_cast<uint16_t*>(out + l.up(p)), row);
     }
-    out += 2 * size_t(panels(I)) * pb_h;
     for (int64_t p = 0; p < panels(H); ++p)
-        pack_panel(src->down.values, p * kPanel, reinterpret_cast<uint16_t*>(out + size_t(p) * pb_i), row);
+        pack_panel(src->down.values, p * kPanel, reinterpret_cast<uint16_t*>(out + l.down(p)), row);
     return KT_OK;
 }
 
@@ -194,29 +190,26 @@ void run_rows(const void* x, int64_t k, int64_t rows, const uint8_t* pa, const u
 
 kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                        float* out, int64_t ldo) {
-    const int64_t H = c->hidden, I = c->intermediate;
-    if (const kt_status st = check_tile("BF16", "gate/up", n0, n1, I)) return st;
-    const size_t pb = panel_bytes(H);
+    if (const kt_status st = check_tile("BF16", "gate/up", n0, n1, c->intermediate)) return st;
+    const ExpertPanels l = layout(c);
     const auto* base = static_cast<const uint8_t*>(packed);
-    for (int64_t n = n0; n < n1; n += kPanel) {
-        const uint8_t* gate = base + size_t(2 * (n / kPanel)) * pb;
-        run_rows<kFused>(act, H, rows, gate, gate + pb, out + n, ldo, int(std::min<int64_t>(kPanel, n1 - n)));
-    }
+    for (int64_t n = n0; n < n1; n += kPanel)
+        run_rows<kFused>(act, c->hidden, rows, base + l.gate(n / kPanel), base + l.up(n / kPanel), out + n, ldo,
+                         int(std::min<int64_t>(kPanel, n1 - n)));
     return KT_OK;
 }
 
 kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                     float* out, int64_t ldo) {
-    const int64_t H = c->hidden, I = c->intermediate;
-    if (const kt_status st = check_tile("BF16", "down", n0, n1, H)) return st;
-    const size_t pb = panel_bytes(I);
-    const auto* base = static_cast<const uint8_t*>(packed) + 2 * size_t(panels(I)) * panel_bytes(H);
+    const int64_t I = c->intermediate;
+    if (const kt_status st = check_tile("BF16", "down", n0, n1, c->hidden)) return st;
+    const ExpertPanels l = layout(c);
+    const auto* base = static_cast<const uint8_t*>(packed);
     int64_t n = n0;
-    for (; n + kPanel < n1; n += 2 * kPanel) {
-        const uint8_t* panel = base + size_t(n / kPanel) * pb;
-        run_rows<kPair>(act, I, rows, panel, panel + pb, out + n, ldo, int(std::min<int64_t>(2 * kPanel, n1 - n)));
-    }
-    if (n < n1) run_rows<kSingle>(act, I, rows, base + size_t(n / kPanel) * pb, nullptr, out + n, ldo, int(n1 - n));
+    for (; n + kPanel < n1; n += 2 * kPanel)
+        run_rows<kPair>(act, I, rows, base + l.down(n / kPanel), base + l.down(n / kPanel + 1), out + n, ldo,
+                        int(std::min<int64_t>(2 * kPanel, n1 - n)));
+    if (n < n1) run_rows<kSingle>(act, I, rows, base + l.down(n / kPanel), nullptr, out + n, ldo, int(n1 - n));
     return KT_OK;
 }
 

@@ -101,9 +101,11 @@ void pack_matrix(const kt_weight& w, int64_t N, int64_t K, uint8_t* dst, size_t 
     }
 }
 
-size_t packed_bytes(const kt_moe_config* c) {
-    return 2 * size_t(panels(c->intermediate)) * panel_bytes(c->hidden) + size_t(panels(c->hidden)) * panel_bytes(c->intermediate);
+ExpertPanels layout(const kt_moe_config* c) {
+    return {c->hidden, c->intermediate, panel_bytes(c->hidden), panel_bytes(c->intermediate)};
 }
+
+size_t packed_bytes(const kt_moe_config* c) { return layout(c).bytes(); }
 
 template <bool kPerChannel>
 kt_status pack(const kt_moe_config* c, const kt_expert_weights* src, void* dst) {
@@ -113,9 +115,10 @@ kt_status pack(const kt_moe_config* c, const kt_expert_weights* src, void* dst) 
     if ((st = check<kPerChannel>(src->up, I, H, "up")) != KT_OK) return st;
     if ((st = check<kPerChannel>(src->down, H, I, "down")) != KT_OK) return st;
     auto* out = static_cast<uint8_t*>(dst);
-    pack_matrix<kPerChannel>(src->gate, I, H, out, 2);
-    pack_matrix<kPerChannel>(src->up, I, H, out + panel_bytes(H), 2);
-    pack_matrix<kPerChannel>(src->down, H, I, out + 2 * size_t(panels(I)) * panel_bytes(H), 1);
+    const ExpertPanels l = layout(c);
+    pack_matrix<kPerChannel>(src->gate, I, H, out + l.gate(0), 2);
+    pack_matrix<kPerChannel>(src->up, I, H, out + l.up(0), 2);
+    pack_matrix<kPerChannel>(src->down, H, I, out + l.down(0), 1);
     return KT_OK;
 }
 
@@ -321,38 +324,36 @@ kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* a
                        float* out, int64_t ldo) {
     const int64_t H = c->hidden;
     if (const kt_status st = check_tile("FP8", "gate/up", n0, n1, c->intermediate)) return st;
-    const size_t pb = panel_bytes(H);
+    const ExpertPanels l = layout(c);
     const auto* base = static_cast<const uint8_t*>(packed);
 #if defined(__AVX512BF16__)
     if (rows > kMrFused) {
-        tile_bf16<true>(static_cast<const uint8_t*>(act), f32_row_bytes(H), rows, H, base + size_t(2 * (n0 / kPanel)) * pb,
-                        2 * pb, pb, n0, n1, out, ldo);
+        tile_bf16<true>(static_cast<const uint8_t*>(act), f32_row_bytes(H), rows, H, base + l.gate(n0 / kPanel), l.gate(1),
+                        l.up(0), n0, n1, out, ldo);
         return KT_OK;
     }
 #endif
-    for (int64_t n = n0; n < n1; n += kPanel) {
-        const uint8_t* gate = base + size_t(2 * (n / kPanel)) * pb;
-        rows_kernel<kMrFused, true>(static_cast<const uint8_t*>(act), f32_row_bytes(H), rows, H, gate, gate + pb, out + n, ldo,
-                                    int(std::min<int64_t>(kPanel, n1 - n)));
-    }
+    for (int64_t n = n0; n < n1; n += kPanel)
+        rows_kernel<kMrFused, true>(static_cast<const uint8_t*>(act), f32_row_bytes(H), rows, H, base + l.gate(n / kPanel),
+                                    base + l.up(n / kPanel), out + n, ldo, int(std::min<int64_t>(kPanel, n1 - n)));
     return KT_OK;
 }
 
 kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                     float* out, int64_t ldo) {
-    const int64_t H = c->hidden, I = c->intermediate;
-    if (const kt_status st = check_tile("FP8", "down", n0, n1, H)) return st;
-    const size_t pb = panel_bytes(I);
-    const auto* base = static_cast<const uint8_t*>(packed) + 2 * size_t(panels(I)) * panel_bytes(H);
+    const int64_t I = c->intermediate;
+    if (const kt_status st = check_tile("FP8", "down", n0, n1, c->hidden)) return st;
+    const ExpertPanels l = layout(c);
+    const auto* base = static_cast<const uint8_t*>(packed);
 #if defined(__AVX512BF16__)
     if (rows > kMrPlain) {
-        tile_bf16<false>(static_cast<const uint8_t*>(act), f32_row_bytes(I), rows, I, base + size_t(n0 / kPanel) * pb, pb, 0,
-                         n0, n1, out, ldo);
+        tile_bf16<false>(static_cast<const uint8_t*>(act), f32_row_bytes(I), rows, I, base + l.down(n0 / kPanel),
+                         l.down_panel, 0, n0, n1, out, ldo);
         return KT_OK;
     }
 #endif
     for (int64_t n = n0; n < n1; n += kPanel)
-        rows_kernel<kMrPlain, false>(static_cast<const uint8_t*>(act), f32_row_bytes(I), rows, I, base + size_t(n / kPanel) * pb,
+        rows_kernel<kMrPlain, false>(static_cast<const uint8_t*>(act), f32_row_bytes(I), rows, I, base + l.down(n / kPanel),
                                      nullptr, out + n, ldo, int(std::min<int64_t>(kPanel, n1 - n)));
     return KT_OK;
 }

@@ -78,9 +78,8 @@ kt_status check_group(const char* method, int64_t g, int64_t H, int64_t I) {
     return KT_OK;
 }
 
-size_t packed_bytes_g(const kt_moe_config* c, int64_t g) {
-    return 2 * size_t(panels(c->intermediate)) * panel_bytes(c->hidden, g) +
-           size_t(panels(c->hidden)) * panel_bytes(c->intermediate, g);
+ExpertPanels layout(const kt_moe_config* c, int64_t g) {
+    return {c->hidden, c->intermediate, panel_bytes(c->hidden, g), panel_bytes(c->intermediate, g)};
 }
 
 // Source of one channel's codes and group parameters, for either method's input.
@@ -151,9 +150,10 @@ kt_status pack_int4(const kt_moe_config* c, const kt_expert_weights* src, void* 
     if ((st = expect_float_weight(src->down, H, I, "down", "INT4")) != KT_OK) return st;
     const bool zp = c->quant_flags & KT_QUANT_ZERO_POINT;
     auto* out = static_cast<uint8_t*>(dst);
-    pack_matrix(FloatSource(src->gate.values, g, zp), I, H, g, out, 2);
-    pack_matrix(FloatSource(src->up.values, g, zp), I, H, g, out + panel_bytes(H, g), 2);
-    pack_matrix(FloatSource(src->down.values, g, zp), H, I, g, out + 2 * size_t(panels(I)) * panel_bytes(H, g), 1);
+    const ExpertPanels l = layout(c, g);
+    pack_matrix(FloatSource(src->gate.values, g, zp), I, H, g, out + l.gate(0), 2);
+    pack_matrix(FloatSource(src->up.values, g, zp), I, H, g, out + l.up(0), 2);
+    pack_matrix(FloatSource(src->down.values, g, zp), H, I, g, out + l.down(0), 1);
     return KT_OK;
 }
 
@@ -181,9 +181,10 @@ kt_status pack_raw(const kt_moe_config* c, const kt_expert_weights* src, void* d
     if ((st = check_raw(src->up, I, H, "up")) != KT_OK) return st;
     if ((st = check_raw(src->down, H, I, "down")) != KT_OK) return st;
     auto* out = static_cast<uint8_t*>(dst);
-    pack_matrix(RawSource(src->gate), I, H, 32, out, 2);
-    pack_matrix(RawSource(src->up), I, H, 32, out + panel_bytes(H, 32), 2);
-    pack_matrix(RawSource(src->down), H, I, 32, out + 2 * size_t(panels(I)) * panel_bytes(H, 32), 1);
+    const ExpertPanels l = layout(c, 32);
+    pack_matrix(RawSource(src->gate), I, H, 32, out + l.gate(0), 2);
+    pack_matrix(RawSource(src->up), I, H, 32, out + l.up(0), 2);
+    pack_matrix(RawSource(src->down), H, I, 32, out + l.down(0), 1);
     return KT_OK;
 }
 
@@ -293,30 +294,30 @@ template <bool kRaw>
 int64_t group_for(const kt_moe_config* c) { return kRaw ? 32 : group_of(c); }
 
 template <bool kRaw>
-size_t packed_bytes(const kt_moe_config* c) { return packed_bytes_g(c, group_for<kRaw>(c)); }
+size_t packed_bytes(const kt_moe_config* c) { return layout(c, group_for<kRaw>(c)).bytes(); }
 
 template <bool kRaw>
 kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                        float* out, int64_t ldo) {
-    const int64_t H = c->hidden, g = group_for<kRaw>(c);
+    const int64_t g = group_for<kRaw>(c);
     if (const kt_status st = check_tile(kRaw ? "RAWINT4" : "INT4", "gate/up", n0, n1, c->intermediate)) return st;
-    const size_t pb = panel_bytes(H, g);
-    for (int64_t n = n0; n < n1; n += kPanel) {
-        const uint8_t* gate = static_cast<const uint8_t*>(packed) + size_t(2 * (n / kPanel)) * pb;
-        run_rows<true, kMrFused>(c, act, H, g, rows, gate, gate + pb, out + n, ldo, int(std::min<int64_t>(kPanel, n1 - n)));
-    }
+    const ExpertPanels l = layout(c, g);
+    const auto* base = static_cast<const uint8_t*>(packed);
+    for (int64_t n = n0; n < n1; n += kPanel)
+        run_rows<true, kMrFused>(c, act, c->hidden, g, rows, base + l.gate(n / kPanel), base + l.up(n / kPanel), out + n,
+                                 ldo, int(std::min<int64_t>(kPanel, n1 - n)));
     return KT_OK;
 }
 
 template <bool kRaw>
 kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                     float* out, int64_t ldo) {
-    const int64_t H = c->hidden, I = c->intermediate, g = group_for<kRaw>(c);
-    if (const kt_status st = check_tile(kRaw ? "RAWINT4" : "INT4", "down", n0, n1, H)) return st;
-    const size_t pb = panel_bytes(I, g);
-    const auto* base = static_cast<const uint8_t*>(packed) + 2 * size_t(panels(I)) * panel_bytes(H, g);
+    const int64_t g = group_for<kRaw>(c);
+    if (const kt_status st = check_tile(kRaw ? "RAWINT4" : "INT4", "down", n0, n1, c->hidden)) return st;
+    const ExpertPanels l = layout(c, g);
+    const auto* base = static_cast<const uint8_t*>(packed);
     for (int64_t n = n0; n < n1; n += kPanel)
-        run_rows<false, kMrPlain>(c, act, I, g, rows, base + size_t(n / kPanel) * pb, nullptr, out + n, ldo,
+        run_rows<false, kMrPlain>(c, act, c->intermediate, g, rows, base + l.down(n / kPanel), nullptr, out + n, ldo,
                                   int(std::min<int64_t>(kPanel, n1 - n)));
     return KT_OK;
 }

@@ -47,9 +47,11 @@ void pack_panel(const kt_matrix& m, int64_t n0, uint8_t* dst, std::vector<float>
     }
 }
 
-size_t packed_bytes(const kt_moe_config* c) {
-    return 2 * size_t(panels(c->intermediate)) * panel_bytes(c->hidden) + size_t(panels(c->hidden)) * panel_bytes(c->intermediate);
+ExpertPanels layout(const kt_moe_config* c) {
+    return {c->hidden, c->intermediate, panel_bytes(c->hidden), panel_bytes(c->intermediate)};
 }
+
+size_t packed_bytes(const kt_moe_config* c) { return layout(c).bytes(); }
 
 kt_status pack(const kt_moe_config* c, const kt_expert_weights* src, void* dst) {
     const int64_t H = c->hidden, I = c->intermediate;
@@ -59,13 +61,12 @@ kt_status pack(const kt_moe_config* c, const kt_expert_weights* src, void* dst) 
     if ((st = expect_float_weight(src->down, H, I, "down", "INT8")) != KT_OK) return st;
     std::vector<float> row(size_t(std::max(H, I)));
     auto* out = static_cast<uint8_t*>(dst);
-    const size_t pb_h = panel_bytes(H), pb_i = panel_bytes(I);
+    const ExpertPanels l = layout(c);
     for (int64_t p = 0; p < panels(I); ++p) {
-        pack_panel(src->gate.values, p * kPanel, out + size_t(2 * p) * pb_h, row);
-        pack_panel(src->up.values, p * kPanel, out + size_t(2 * p + 1) * pb_h, row);
+        pack_panel(src->gate.values, p * kPanel, out + l.gate(p), row);
+        pack_panel(src->up.values, p * kPanel, out + l.up(p), row);
     }
-    out += 2 * size_t(panels(I)) * pb_h;
-    for (int64_t p = 0; p < panels(H); ++p) pack_panel(src->down.values, p * kPanel, out + size_t(p) * pb_i, row);
+    for (int64_t p = 0; p < panels(H); ++p) pack_panel(src->down.values, p * kPanel, out + l.down(p), row);
     return KT_OK;
 }
 
@@ -165,24 +166,22 @@ kt_status quantize(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int6
 
 kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                        float* out, int64_t ldo) {
-    const int64_t H = c->hidden;
     if (const kt_status st = check_tile("INT8", "gate/up", n0, n1, c->intermediate)) return st;
-    const size_t pb = panel_bytes(H);
-    for (int64_t n = n0; n < n1; n += kPanel) {
-        const uint8_t* gate = static_cast<const uint8_t*>(packed) + size_t(2 * (n / kPanel)) * pb;
-        run_rows<true, kMrFused>(c, act, H, rows, gate, gate + pb, out + n, ldo, int(std::min<int64_t>(kPanel, n1 - n)));
-    }
+    const ExpertPanels l = layout(c);
+    const auto* base = static_cast<const uint8_t*>(packed);
+    for (int64_t n = n0; n < n1; n += kPanel)
+        run_rows<true, kMrFused>(c, act, c->hidden, rows, base + l.gate(n / kPanel), base + l.up(n / kPanel), out + n, ldo,
+                                 int(std::min<int64_t>(kPanel, n1 - n)));
     return KT_OK;
 }
 
 kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                     float* out, int64_t ldo) {
-    const int64_t H = c->hidden, I = c->intermediate;
-    if (const kt_status st = check_tile("INT8", "down", n0, n1, H)) return st;
-    const size_t pb = panel_bytes(I);
-    const auto* base = static_cast<const uint8_t*>(packed) + 2 * size_t(panels(I)) * panel_bytes(H);
+    if (const kt_status st = check_tile("INT8", "down", n0, n1, c->hidden)) return st;
+    const ExpertPanels l = layout(c);
+    const auto* base = static_cast<const uint8_t*>(packed);
     for (int64_t n = n0; n < n1; n += kPanel)
-        run_rows<false, kMrPlain>(c, act, I, rows, base + size_t(n / kPanel) * pb, nullptr, out + n, ldo,
+        run_rows<false, kMrPlain>(c, act, c->intermediate, rows, base + l.down(n / kPanel), nullptr, out + n, ldo,
                                   int(std::min<int64_t>(kPanel, n1 - n)));
     return KT_OK;
 }
