@@ -2,19 +2,7 @@ import os
 import subprocess
 import sys
 
-import pytest
-
-from kt_core.backends import selection
-
-
-@pytest.fixture(autouse=True)
-def clean_kt_environment(monkeypatch):
-    """Each test starts from an unconfigured selection with no KT_* overrides."""
-    for var in ("KT_BACKENDS", "KT_DISABLE_BACKENDS", "KT_CPU_VARIANT", "KT_MAX_ISA"):
-        monkeypatch.delenv(var, raising=False)
-    selection.reset()
-    yield
-    selection.reset()
+from kt_core.testing.fixtures import clean_kt_environment  # noqa: F401
 
 
 def run_python(code: str, **env) -> subprocess.CompletedProcess:
