@@ -7,6 +7,7 @@
 // double: for every format that product is exact, so the accumulation is the only rounding
 // the reference adds to the format's own.
 #include "reference_common.h"
+#include "quant/quant_rules.h"
 
 #include <algorithm>
 #include <cmath>
@@ -197,6 +198,48 @@ kt_status check_float_source(const char* method, const kt_weight& w, const Matri
     return expect_absent(w.zeros, who + " zeros", "this method computes its own zero points");
 }
 
+// INT8 / INT4 also take kt's own pre-quantized codes (docs/formats.md, "kt converted
+// folders"): values of an integer dtype mean codes, which must come with their scales.
+bool is_codes(const kt_weight& w) { return w.values.data && !is_floating(w.values.dtype); }
+
+// INT8 codes: int8 [N, K] in [-127, 127] (-128 is refused: the kernels may negate a code)
+// and f32 scales [N, 1].
+kt_status check_int8_codes(const kt_weight& w, const MatrixLayout& m, const char* matrix) {
+    const std::string who = prefix("INT8") + matrix;
+    kt_status st;
+    if ((st = expect(w.values, who + " codes", {KT_DTYPE_I8}, m.rows, m.cols)) != KT_OK) return st;
+    if ((st = expect(w.scales, who + " scales", {KT_DTYPE_F32}, m.rows, 1, " (one per row)")) != KT_OK) return st;
+    if ((st = expect_absent(w.zeros, who + " zeros", "INT8 is symmetric")) != KT_OK) return st;
+    for (int64_t r = 0; r < m.rows; ++r)
+        for (int64_t c = 0; c < m.cols; ++c)
+            if (static_cast<const int8_t*>(w.values.data)[r * w.values.row_stride + c] == -128)
+                return fail(KT_ERROR_INVALID_ARGUMENT, who + " codes hold -128 at " + shape_text(r, c) +
+                                                           "; INT8 codes are in [-127, 127]");
+    return KT_OK;
+}
+
+// INT4 codes: uint8 [N, K/2], element 2j in the low nibble of byte j and 2j+1 in the high
+// one, stored u = q + 8 (symmetric) or u = q (with zeros); f32 scales [N, K/G]; uint8
+// zero points [N, K/G] in [0, 15] exactly when the layer is asymmetric.
+kt_status check_int4_codes(const kt_weight& w, const MatrixLayout& m, const char* matrix) {
+    const std::string who = prefix("INT4") + matrix;
+    kt_status st;
+    if ((st = expect(w.values, who + " codes", {KT_DTYPE_U8}, m.rows, m.cols / 2, " (two 4-bit codes per byte)")) != KT_OK)
+        return st;
+    if ((st = expect(w.scales, who + " scales", {KT_DTYPE_F32}, m.rows, m.groups,
+                     " (one per group of " + std::to_string(m.group) + ")")) != KT_OK)
+        return st;
+    if (!m.has_zeros) return expect_absent(w.zeros, who + " zeros", "the layer is symmetric (zero_point=False)");
+    if ((st = expect(w.zeros, who + " zeros", {KT_DTYPE_U8}, m.rows, m.groups, " (zero_point=True)")) != KT_OK) return st;
+    for (int64_t r = 0; r < m.rows; ++r)
+        for (int64_t g = 0; g < m.groups; ++g)
+            if (static_cast<const uint8_t*>(w.zeros.data)[r * w.zeros.row_stride + g] > 15)
+                return fail(KT_ERROR_INVALID_ARGUMENT, who + " zero points must be in [0, 15]; got " +
+                                                           std::to_string(static_cast<const uint8_t*>(w.zeros.data)[r * w.zeros.row_stride + g]) +
+                                                           " at " + shape_text(r, g));
+    return KT_OK;
+}
+
 // E4M3 bytes [N, K] with no NaN code.
 kt_status check_e4m3_values(const char* method, const kt_weight& w, const MatrixLayout& m, const char* matrix) {
     const std::string who = prefix(method) + matrix;
@@ -214,35 +257,15 @@ kt_status check_e4m3_values(const char* method, const kt_weight& w, const Matrix
     return KT_OK;
 }
 
-// ---- quantizers (the f32 arithmetic docs/formats.md fixes) -------------------------------
+// ---- quantizers: kt::quant (native/quant/quant_rules.h) -------------------------------
 
-// Nearest, ties away from zero, of the f32 quotient. Clamping first keeps lround defined
-// when a subnormal scale makes the quotient huge, and changes nothing else: the bounds are
-// integers.
-int round_clamped(float x, int lo, int hi) { return int(std::lround(std::clamp(x, float(lo), float(hi)))); }
-
-// s = max|w| / max_code; q = clamp(round(w / s), lo, hi); s = 0 gives q = 0.
 float quantize_symmetric(const float* w, int64_t count, float max_code, int lo, int hi, uint8_t* codes) {
-    float amax = 0.0f;
-    for (int64_t i = 0; i < count; ++i) amax = std::max(amax, std::fabs(w[i]));
-    const float s = amax / max_code;
-    for (int64_t i = 0; i < count; ++i) codes[i] = uint8_t(int8_t(s == 0.0f ? 0 : round_clamped(w[i] / s, lo, hi)));
-    return s;
+    return kt::quant::quantize_symmetric(w, count, max_code, lo, hi, reinterpret_cast<int8_t*>(codes));
 }
 
-// lo = min(w, 0), hi = max(w, 0), s = (hi - lo) / 15; z = clamp(round(-lo / s), 0, 15);
-// q = clamp(round(w / s) + z, 0, 15); s = 0 gives q = z = 0. Rounding w / s within
-// [-15, 15] before adding z cannot change the clamped sum, as 0 <= z <= 15.
 float quantize_asymmetric(const float* w, int64_t count, uint8_t* codes, int8_t* zero) {
-    float lo = 0.0f, hi = 0.0f;
-    for (int64_t i = 0; i < count; ++i) {
-        lo = std::min(lo, w[i]);
-        hi = std::max(hi, w[i]);
-    }
-    const float s = (hi - lo) / 15.0f;
-    const int z = s == 0.0f ? 0 : round_clamped(-lo / s, 0, 15);
-    for (int64_t i = 0; i < count; ++i)
-        codes[i] = uint8_t(s == 0.0f ? 0 : std::clamp(round_clamped(w[i] / s, -15, 15) + z, 0, 15));
+    int z = 0;
+    const float s = kt::quant::quantize_asymmetric(w, count, codes, &z);
     *zero = int8_t(z);
     return s;
 }
@@ -263,6 +286,12 @@ std::vector<float> load_row(const kt_matrix& m, int64_t n) {
     return row;
 }
 
+void copy_bytes(const kt_matrix& values, const MatrixLayout& m, uint8_t* codes) {
+    const auto* bytes = static_cast<const uint8_t*>(values.data);
+    for (int64_t n = 0; n < m.rows; ++n)
+        std::memcpy(codes + n * m.cols, bytes + n * values.row_stride, size_t(m.cols));
+}
+
 // ---- methods -----------------------------------------------------------------------------
 
 struct Int8 {
@@ -276,10 +305,15 @@ struct Int8 {
         return check_fixed_config(name, s, 0, "INT8 has one scale per row");
     }
     static kt_status check(const kt_weight& w, const MatrixLayout& m, const char* matrix) {
-        return check_float_source(name, w, m, matrix);
+        return is_codes(w) ? check_int8_codes(w, m, matrix) : check_float_source(name, w, m, matrix);
     }
     static void pack(const kt_weight& w, const MatrixLayout& m, char* dst) {
         const Parts p = parts_of(dst, m);
+        if (is_codes(w)) {
+            copy_bytes(w.values, m, p.codes);
+            for (int64_t n = 0; n < m.rows; ++n) p.scales[n] = static_cast<const float*>(w.scales.data)[n * w.scales.row_stride];
+            return;
+        }
         for (int64_t n = 0; n < m.rows; ++n) {
             const std::vector<float> row = load_row(w.values, n);
             p.scales[n] = quantize_symmetric(row.data(), m.cols, 127.0f, -127, 127, p.codes + n * m.cols);
@@ -302,10 +336,25 @@ struct Int4 {
         return check_group_divides(name, s, g);
     }
     static kt_status check(const kt_weight& w, const MatrixLayout& m, const char* matrix) {
-        return check_float_source(name, w, m, matrix);
+        return is_codes(w) ? check_int4_codes(w, m, matrix) : check_float_source(name, w, m, matrix);
     }
     static void pack(const kt_weight& w, const MatrixLayout& m, char* dst) {
         const Parts p = parts_of(dst, m);
+        if (is_codes(w)) {
+            // The packed form keeps signed codes q: u - 8 when symmetric, u with zeros z.
+            const int bias = m.has_zeros ? 0 : 8;
+            for (int64_t n = 0; n < m.rows; ++n) {
+                const auto* bytes = static_cast<const uint8_t*>(w.values.data) + n * w.values.row_stride;
+                for (int64_t k = 0; k < m.cols; ++k)
+                    p.codes[n * m.cols + k] = uint8_t(int8_t(((bytes[k / 2] >> (4 * (k % 2))) & 15) - bias));
+                for (int64_t g = 0; g < m.groups; ++g) {
+                    p.scales[n * m.groups + g] = static_cast<const float*>(w.scales.data)[n * w.scales.row_stride + g];
+                    if (m.has_zeros)
+                        p.zeros[n * m.groups + g] = int8_t(static_cast<const uint8_t*>(w.zeros.data)[n * w.zeros.row_stride + g]);
+                }
+            }
+            return;
+        }
         for (int64_t n = 0; n < m.rows; ++n) {
             const std::vector<float> row = load_row(w.values, n);
             for (int64_t g = 0; g < m.groups; ++g) {
@@ -358,12 +407,6 @@ struct RawInt4 {
         }
     }
 };
-
-void copy_bytes(const kt_matrix& values, const MatrixLayout& m, uint8_t* codes) {
-    const auto* bytes = static_cast<const uint8_t*>(values.data);
-    for (int64_t n = 0; n < m.rows; ++n)
-        std::memcpy(codes + n * m.cols, bytes + n * values.row_stride, size_t(m.cols));
-}
 
 // DeepSeek-style FP8: E4M3 bytes with one weight_scale_inv per 128x128 block. The packed
 // layout repeats a block's scale on each of its 128 rows.

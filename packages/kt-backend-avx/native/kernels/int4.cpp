@@ -118,6 +118,50 @@ struct RawSource final : Source {
     }
 };
 
+// kt's pre-quantized INT4 (docs/formats.md): uint8 [N, K/2], element 2j in the low nibble
+// of byte j, u = q + 8 when symmetric; f32 scales [N, K/G]; uint8 zeros [N, K/G] if asymmetric.
+struct CodesSource final : Source {
+    const kt_weight& w;
+    explicit CodesSource(const kt_weight& weight) : w(weight) {}
+    void channel(int64_t n, uint8_t* u, float* s, float* z) const override {
+        const auto* bytes = static_cast<const uint8_t*>(w.values.data) + n * w.values.row_stride;
+        for (int64_t j = 0; j < w.values.cols; ++j) {
+            u[2 * j] = bytes[j] & 15u;
+            u[2 * j + 1] = bytes[j] >> 4;
+        }
+        for (int64_t grp = 0; grp < w.scales.cols; ++grp) {
+            s[grp] = static_cast<const float*>(w.scales.data)[n * w.scales.row_stride + grp];
+            z[grp] = w.zeros.data ? float(static_cast<const uint8_t*>(w.zeros.data)[n * w.zeros.row_stride + grp]) : 8.0f;
+        }
+    }
+};
+
+kt_status check_codes(const kt_weight& w, int64_t N, int64_t K, int64_t g, bool zp, const char* name) {
+    if (w.values.dtype != KT_DTYPE_U8 || w.values.rows != N || w.values.cols * 2 != K)
+        return fail(KT_ERROR_INVALID_ARGUMENT, "INT4: %s codes should be uint8 [%lld, %lld] (two per byte), got %s [%lld, %lld]",
+                    name, (long long)N, (long long)(K / 2), dtype_name(w.values.dtype), (long long)w.values.rows,
+                    (long long)w.values.cols);
+    if (!w.scales.data || w.scales.dtype != KT_DTYPE_F32 || w.scales.rows != N || w.scales.cols * g != K)
+        return fail(KT_ERROR_INVALID_ARGUMENT, "INT4: %s codes need f32 scales [%lld, %lld] (group %lld), got %s [%lld, %lld]",
+                    name, (long long)N, (long long)(K / g), (long long)g,
+                    w.scales.data ? dtype_name(w.scales.dtype) : "none", (long long)w.scales.rows, (long long)w.scales.cols);
+    if (!zp) {
+        if (w.zeros.data)
+            return fail(KT_ERROR_INVALID_ARGUMENT, "INT4: %s zero points given to a symmetric layer (zero_point=False)", name);
+        return KT_OK;
+    }
+    if (!w.zeros.data || w.zeros.dtype != KT_DTYPE_U8 || w.zeros.rows != N || w.zeros.cols * g != K)
+        return fail(KT_ERROR_INVALID_ARGUMENT, "INT4: %s needs uint8 zero points [%lld, %lld] (zero_point=True), got %s", name,
+                    (long long)N, (long long)(K / g), w.zeros.data ? dtype_name(w.zeros.dtype) : "none");
+    for (int64_t r = 0; r < N; ++r)
+        for (int64_t c = 0; c < K / g; ++c)
+            if (static_cast<const uint8_t*>(w.zeros.data)[r * w.zeros.row_stride + c] > 15)
+                return fail(KT_ERROR_INVALID_ARGUMENT, "INT4: %s zero points must be in [0, 15]; got %d at [%lld, %lld]", name,
+                            int(static_cast<const uint8_t*>(w.zeros.data)[r * w.zeros.row_stride + c]), (long long)r,
+                            (long long)c);
+    return KT_OK;
+}
+
 void pack_matrix(const Source& src, int64_t N, int64_t K, int64_t g, uint8_t* dst, size_t stride_panels) {
     std::vector<uint8_t> u(size_t(kPanel * K));
     std::vector<float> s(size_t(kPanel * (K / g))), z(size_t(kPanel * (K / g)));
@@ -145,15 +189,24 @@ kt_status pack_int4(const kt_moe_config* c, const kt_expert_weights* src, void* 
     const int64_t H = c->hidden, I = c->intermediate, g = group_of(c);
     kt_status st;
     if ((st = check_group("INT4", g, H, I)) != KT_OK) return st;
-    if ((st = expect_float_weight(src->gate, I, H, "gate", "INT4")) != KT_OK) return st;
-    if ((st = expect_float_weight(src->up, I, H, "up", "INT4")) != KT_OK) return st;
-    if ((st = expect_float_weight(src->down, H, I, "down", "INT4")) != KT_OK) return st;
     const bool zp = c->quant_flags & KT_QUANT_ZERO_POINT;
+    const kt_weight* w[3] = {&src->gate, &src->up, &src->down};
+    const int64_t rows[3] = {I, I, H}, cols[3] = {H, H, I};
+    const char* names[3] = {"gate", "up", "down"};
+    for (int i = 0; i < 3; ++i) {
+        st = w[i]->values.dtype == KT_DTYPE_U8 ? check_codes(*w[i], rows[i], cols[i], g, zp, names[i])
+                                               : expect_float_weight(*w[i], rows[i], cols[i], names[i], "INT4");
+        if (st != KT_OK) return st;
+    }
     auto* out = static_cast<uint8_t*>(dst);
     const ExpertPanels l = layout(c, g);
-    pack_matrix(FloatSource(src->gate.values, g, zp), I, H, g, out + l.gate(0), 2);
-    pack_matrix(FloatSource(src->up.values, g, zp), I, H, g, out + l.up(0), 2);
-    pack_matrix(FloatSource(src->down.values, g, zp), H, I, g, out + l.down(0), 1);
+    const size_t offsets[3] = {l.gate(0), l.up(0), l.down(0)}, strides[3] = {2, 2, 1};
+    for (int i = 0; i < 3; ++i) {
+        if (w[i]->values.dtype == KT_DTYPE_U8)
+            pack_matrix(CodesSource(*w[i]), rows[i], cols[i], g, out + offsets[i], strides[i]);
+        else
+            pack_matrix(FloatSource(w[i]->values, g, zp), rows[i], cols[i], g, out + offsets[i], strides[i]);
+    }
     return KT_OK;
 }
 

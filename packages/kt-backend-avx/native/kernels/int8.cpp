@@ -9,6 +9,7 @@
 // vpmaddubsw's int16 pair sums cannot saturate (127 * 127 * 2 < 32767).
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "int_dot.h"
@@ -27,24 +28,61 @@ constexpr bool kOffsetActivations = false;
 int64_t chunks(int64_t k) { return round_up(k, 4) / 4; }
 size_t panel_bytes(int64_t k) { return kHeaderBytes + size_t(chunks(k)) * kChunkBytes; }
 
-void pack_panel(const kt_matrix& m, int64_t n0, uint8_t* dst, std::vector<float>& row) {
+// One channel's codes and scale: quantized from floats, or kt's pre-quantized int8 codes
+// with their f32 scale (docs/formats.md) copied as they are.
+void channel_codes(const kt_weight& w, int64_t n, int8_t* q, float* scale, std::vector<float>& row) {
+    const kt_matrix& m = w.values;
+    if (m.dtype == KT_DTYPE_I8) {
+        std::memcpy(q, static_cast<const int8_t*>(m.data) + n * m.row_stride, size_t(m.cols));
+        *scale = static_cast<const float*>(w.scales.data)[n * w.scales.row_stride];
+        return;
+    }
+    load_row(m, n, row.data());
+    float amax = 0.0f;
+    for (int64_t k = 0; k < m.cols; ++k) amax = std::max(amax, std::fabs(row[size_t(k)]));
+    const float s = amax / 127.0f;
+    for (int64_t k = 0; k < m.cols; ++k)
+        q[k] = int8_t(s > 0.0f ? std::clamp(std::lround(row[size_t(k)] / s), -127L, 127L) : 0L);
+    *scale = s;
+}
+
+void pack_panel(const kt_weight& w, int64_t n0, uint8_t* dst, std::vector<float>& row, std::vector<int8_t>& q) {
+    const kt_matrix& m = w.values;
     auto* scale = reinterpret_cast<float*>(dst);
     auto* comp = reinterpret_cast<int32_t*>(dst + 64);
     auto* codes = reinterpret_cast<int8_t*>(dst + kHeaderBytes);
     for (int64_t i = 0; i < kPanel && n0 + i < m.rows; ++i) {
-        load_row(m, n0 + i, row.data());
-        float amax = 0.0f;
-        for (int64_t k = 0; k < m.cols; ++k) amax = std::max(amax, std::fabs(row[size_t(k)]));
-        const float s = amax / 127.0f;
+        channel_codes(w, n0 + i, q.data(), scale + i, row);
         int32_t sum = 0;
         for (int64_t k = 0; k < m.cols; ++k) {
-            const long q = s > 0.0f ? std::clamp(std::lround(row[size_t(k)] / s), -127L, 127L) : 0L;
-            codes[(k / 4) * kChunkBytes + size_t(i) * 4 + size_t(k % 4)] = int8_t(q);
-            sum += int32_t(q);
+            codes[(k / 4) * kChunkBytes + size_t(i) * 4 + size_t(k % 4)] = q[size_t(k)];
+            sum += int32_t(q[size_t(k)]);
         }
-        scale[i] = s;
         comp[i] = 128 * sum;
     }
+}
+
+// kt's INT8 codes: int8 [N, K] in [-127, 127] with f32 scales [N, 1] (a -128 would overflow
+// when the non-VNNI kernels move an activation's sign onto the weight).
+kt_status expect_int8_codes(const kt_weight& w, int64_t rows, int64_t cols, const char* name) {
+    if (w.values.rows != rows || w.values.cols != cols)
+        return fail(KT_ERROR_INVALID_ARGUMENT, "INT8: %s codes should be int8 [%lld, %lld], got [%lld, %lld]", name,
+                    (long long)rows, (long long)cols, (long long)w.values.rows, (long long)w.values.cols);
+    if (!w.scales.data || w.scales.dtype != KT_DTYPE_F32 || w.scales.rows != rows || w.scales.cols != 1)
+        return fail(KT_ERROR_INVALID_ARGUMENT, "INT8: %s codes need f32 scales [%lld, 1], got %s", name, (long long)rows,
+                    w.scales.data ? dtype_name(w.scales.dtype) : "none");
+    if (w.zeros.data) return fail(KT_ERROR_INVALID_ARGUMENT, "INT8: %s is symmetric; zero points must not be given", name);
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c)
+            if (static_cast<const int8_t*>(w.values.data)[r * w.values.row_stride + c] == -128)
+                return fail(KT_ERROR_INVALID_ARGUMENT, "INT8: %s codes hold -128 at [%lld, %lld]; INT8 codes are in [-127, 127]",
+                            name, (long long)r, (long long)c);
+    return KT_OK;
+}
+
+kt_status expect_weight(const kt_weight& w, int64_t rows, int64_t cols, const char* name) {
+    return w.values.dtype == KT_DTYPE_I8 ? expect_int8_codes(w, rows, cols, name)
+                                         : expect_float_weight(w, rows, cols, name, "INT8");
 }
 
 ExpertPanels layout(const kt_moe_config* c) {
@@ -56,17 +94,18 @@ size_t packed_bytes(const kt_moe_config* c) { return layout(c).bytes(); }
 kt_status pack(const kt_moe_config* c, const kt_expert_weights* src, void* dst) {
     const int64_t H = c->hidden, I = c->intermediate;
     kt_status st;
-    if ((st = expect_float_weight(src->gate, I, H, "gate", "INT8")) != KT_OK) return st;
-    if ((st = expect_float_weight(src->up, I, H, "up", "INT8")) != KT_OK) return st;
-    if ((st = expect_float_weight(src->down, H, I, "down", "INT8")) != KT_OK) return st;
+    if ((st = expect_weight(src->gate, I, H, "gate")) != KT_OK) return st;
+    if ((st = expect_weight(src->up, I, H, "up")) != KT_OK) return st;
+    if ((st = expect_weight(src->down, H, I, "down")) != KT_OK) return st;
     std::vector<float> row(size_t(std::max(H, I)));
+    std::vector<int8_t> q(size_t(std::max(H, I)));
     auto* out = static_cast<uint8_t*>(dst);
     const ExpertPanels l = layout(c);
     for (int64_t p = 0; p < panels(I); ++p) {
-        pack_panel(src->gate.values, p * kPanel, out + l.gate(p), row);
-        pack_panel(src->up.values, p * kPanel, out + l.up(p), row);
+        pack_panel(src->gate, p * kPanel, out + l.gate(p), row, q);
+        pack_panel(src->up, p * kPanel, out + l.up(p), row, q);
     }
-    for (int64_t p = 0; p < panels(H); ++p) pack_panel(src->down.values, p * kPanel, out + l.down(p), row);
+    for (int64_t p = 0; p < panels(H); ++p) pack_panel(src->down, p * kPanel, out + l.down(p), row, q);
     return KT_OK;
 }
 

@@ -8,6 +8,7 @@
 #include "memory/numa_allocator.h"
 #include "moe/moe_layer.h"
 #include "pool/thread_pool.h"
+#include "quant/kt_codes.h"
 
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -201,6 +202,40 @@ struct Layer {
         layer->load_expert(e, w);
     }
 
+    // experts[i] gets parts[i] = (gate, up, down, gate_scale, up_scale, down_scale,
+    // gate_zero, up_zero, down_zero), None for absent parts; packed in parallel on the pool.
+    void load_experts(const std::vector<int64_t>& experts, nb::list parts) {
+        if (nb::len(parts) != experts.size())
+            throw nb::value_error(("load_experts: " + std::to_string(experts.size()) + " experts but " +
+                                   std::to_string(nb::len(parts)) + " weight tuples").c_str());
+        const auto& s = layer->shape();
+        static const char* names[9] = {"gate", "up", "down", "gate_scale", "up_scale", "down_scale",
+                                       "gate_zero", "up_zero", "down_zero"};
+        std::vector<kt_expert_weights> weights;
+        std::vector<Array> keep;   // the DLPack views must outlive the parallel pack
+        keep.reserve(experts.size() * 9);
+        for (size_t i = 0; i < experts.size(); ++i) {
+            nb::tuple t = nb::cast<nb::tuple>(parts[i]);
+            if (nb::len(t) != 9) throw nb::value_error("load_experts: each weight tuple has 9 entries");
+            kt_matrix m[9];
+            for (int j = 0; j < 9; ++j) {
+                if (t[j].is_none()) {
+                    if (j < 3) throw nb::value_error((std::string(names[j]) + " weights are required").c_str());
+                    m[j] = kt_matrix{nullptr, KT_DTYPE_F32, 0, 0, 0};
+                    continue;
+                }
+                keep.push_back(nb::cast<Array>(t[j]));
+                const int64_t rows = j == 2 ? s.hidden : j < 2 ? s.intermediate : 0;
+                const int64_t cols = j == 2 ? s.intermediate : j < 2 ? s.hidden : 0;
+                m[j] = matrix_of(keep.back(), names[j], rows, cols);
+            }
+            weights.push_back(kt_expert_weights{sizeof(kt_expert_weights), {m[0], m[3], m[6]}, {m[1], m[4], m[7]},
+                                                {m[2], m[5], m[8]}});
+        }
+        nb::gil_scoped_release release;
+        layer->load_experts(experts.data(), weights.data(), weights.size());
+    }
+
     struct Call {
         const void* hidden;
         kt_dtype hidden_dtype, out_dtype;
@@ -367,6 +402,50 @@ std::vector<double> bench_read_bandwidth(size_t bytes, int repeats) {
 
 }  // namespace
 
+// kt convert's quantizers: the caller allocates the outputs (shapes checked here).
+kt_matrix float_source(const Array& src) {
+    check_cpu(src, "source");
+    check_contiguous(src, "source");
+    if (src.ndim() != 2) throw nb::value_error("source must be 2-D [N, K]");
+    const kt_dtype d = weight_dtype(src, "source");
+    if (d != KT_DTYPE_F32 && d != KT_DTYPE_BF16) throw nb::type_error("source must be float32 or bfloat16");
+    return kt_matrix{src.data(), d, int64_t(src.shape(0)), int64_t(src.shape(1)), int64_t(src.shape(1))};
+}
+
+template <class T>
+T* output(nb::ndarray<>& a, const char* name, nb::dlpack::dtype_code code, int bits, std::initializer_list<int64_t> shape) {
+    Array ro(a);
+    check_cpu(ro, name);
+    check_contiguous(ro, name);
+    check_exact(ro, name, code, bits);
+    check_shape(ro, name, shape);
+    return static_cast<T*>(a.data());
+}
+
+void quantize_int8_codes(const Array& src, nb::ndarray<> codes, nb::ndarray<> scales) {
+    const kt_matrix m = float_source(src);
+    auto* c = output<int8_t>(codes, "codes", nb::dlpack::dtype_code::Int, 8, {m.rows, m.cols});
+    auto* s = output<float>(scales, "scales", nb::dlpack::dtype_code::Float, 32, {m.rows, 1});
+    nb::gil_scoped_release release;
+    kt::quantize_int8_codes(m, c, s);
+}
+
+void quantize_int4_codes(const Array& src, int64_t group, bool zero_point, nb::ndarray<> packed, nb::ndarray<> scales,
+                         std::optional<nb::ndarray<>> zeros) {
+    const kt_matrix m = float_source(src);
+    if (group <= 0 || m.cols % group || group % 2)
+        throw nb::value_error(("group size " + std::to_string(group) + " must be even and divide K = " + std::to_string(m.cols)).c_str());
+    auto* p = output<uint8_t>(packed, "packed", nb::dlpack::dtype_code::UInt, 8, {m.rows, m.cols / 2});
+    auto* s = output<float>(scales, "scales", nb::dlpack::dtype_code::Float, 32, {m.rows, m.cols / group});
+    uint8_t* z = nullptr;
+    if (zero_point) {
+        if (!zeros) throw nb::value_error("zero_point=True needs a zeros output");
+        z = output<uint8_t>(*zeros, "zeros", nb::dlpack::dtype_code::UInt, 8, {m.rows, m.cols / group});
+    }
+    nb::gil_scoped_release release;
+    kt::quantize_int4_codes(m, group, zero_point, p, s, z);
+}
+
 NB_MODULE(_native, m) {
     m.doc() = "kt-core native module: host detection, thread pool, NUMA allocator, plugin ABI, MoE path";
     m.attr("ABI_MAJOR") = KT_PLUGIN_ABI_MAJOR;
@@ -390,6 +469,9 @@ NB_MODULE(_native, m) {
     m.def("pool_job_pending", [] { return kt::global_pool().job_pending(); });
     m.def("bench_fork_join", &bench_fork_join, "iterations"_a, "range"_a);
     m.def("bench_read_bandwidth", &bench_read_bandwidth, "bytes"_a, "repeats"_a);
+    m.def("quantize_int8_codes", &quantize_int8_codes, "source"_a, "codes"_a, "scales"_a);
+    m.def("quantize_int4_codes", &quantize_int4_codes, "source"_a, "group"_a, "zero_point"_a, "packed"_a, "scales"_a,
+          "zeros"_a = nb::none());
 
     m.def("numa_usage", &numa_usage);
     m.def("numa_binding_available", &kt::numa_binding_available);
@@ -428,6 +510,7 @@ NB_MODULE(_native, m) {
         .def("load_expert", &Layer::load_expert, "expert"_a, "gate"_a, "up"_a, "down"_a, "gate_scale"_a = nb::none(),
              "up_scale"_a = nb::none(), "down_scale"_a = nb::none(), "gate_zero"_a = nb::none(), "up_zero"_a = nb::none(),
              "down_zero"_a = nb::none())
+        .def("load_experts", &Layer::load_experts, "experts"_a, "parts"_a)
         .def("expert_loaded", [](const Layer& l, int64_t e) { return l.layer->expert_loaded(e); })
         .def("expert_group", [](const Layer& l, int64_t e) { return l.layer->expert_group(e); })
         .def("forward", &Layer::forward, "hidden"_a, "topk_ids"_a, "topk_weights"_a, "out"_a)

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -216,7 +217,16 @@ std::pair<int64_t, int64_t> first_non_finite(const kt_matrix& m) {
 
 }  // namespace
 
-void MoeLayer::load_expert(int64_t expert, const kt_expert_weights& weights) {
+void MoeLayer::check_expert_index(int64_t expert) const {
+    if (expert < 0 || expert >= shape_.num_experts)
+        throw std::invalid_argument("expert index " + std::to_string(expert) + " outside [0, " +
+                                    std::to_string(shape_.num_experts) + ")");
+    if (!on_cpu_[size_t(expert)])
+        throw std::invalid_argument("expert " + std::to_string(expert) +
+                                    " is marked GPU-resident in the placement mask; it is not loaded on the CPU");
+}
+
+NumaBuffer MoeLayer::pack(int64_t expert, const kt_expert_weights& weights) const {
     const std::pair<const char*, const kt_weight*> parts[] = {{"gate", &weights.gate}, {"up", &weights.up}, {"down", &weights.down}};
     for (const auto& [name, w] : parts)
         for (const auto& [what, m] : {std::pair{"", &w->values}, std::pair{" scales", &w->scales}}) {
@@ -226,17 +236,61 @@ void MoeLayer::load_expert(int64_t expert, const kt_expert_weights& weights) {
                                             " hold NaN or Inf at [" + std::to_string(r) + ", " + std::to_string(c) +
                                             "]; kt refuses non-finite weights at load");
         }
-    if (expert < 0 || expert >= shape_.num_experts)
-        throw std::invalid_argument("expert index " + std::to_string(expert) + " outside [0, " +
-                                    std::to_string(shape_.num_experts) + ")");
-    if (!on_cpu_[size_t(expert)])
-        throw std::invalid_argument("expert " + std::to_string(expert) +
-                                    " is marked GPU-resident in the placement mask; it is not loaded on the CPU");
     ThreadPool& pool = global_pool();
     const int group = group_of_expert_[size_t(expert)] % pool.num_groups();
     NumaBuffer buffer = make_numa_buffer(expert_bytes_, kAlign, pool.group_numa_node(group), true);
     check_plugin(kernels_->pack_expert(&shape_, &weights, buffer.get()), "packing expert weights");
-    packed_[size_t(expert)] = std::move(buffer);
+    return buffer;
+}
+
+void MoeLayer::load_expert(int64_t expert, const kt_expert_weights& weights) {
+    check_expert_index(expert);
+    packed_[size_t(expert)] = pack(expert, weights);
+}
+
+void MoeLayer::load_experts(const int64_t* experts, const kt_expert_weights* weights, size_t count) {
+    std::vector<int64_t> seen;
+    for (size_t i = 0; i < count; ++i) {
+        check_expert_index(experts[i]);
+        seen.push_back(experts[i]);
+    }
+    std::sort(seen.begin(), seen.end());
+    if (std::adjacent_find(seen.begin(), seen.end()) != seen.end())
+        throw std::invalid_argument("load_experts got expert " + std::to_string(*std::adjacent_find(seen.begin(), seen.end())) +
+                                    " twice in one call");
+    // Each expert is packed by a thread of the NUMA group that will serve it, so the packed
+    // bytes are first touched on that node; the batch lands all-or-nothing.
+    ThreadPool& pool = global_pool();
+    const int groups = pool.num_groups();
+    std::vector<std::vector<size_t>> per_group(static_cast<size_t>(groups));
+    for (size_t i = 0; i < count; ++i) per_group[size_t(group_of_expert_[size_t(experts[i])] % groups)].push_back(i);
+    std::vector<size_t> ranges(static_cast<size_t>(groups));
+    for (int g = 0; g < groups; ++g) ranges[size_t(g)] = per_group[size_t(g)].size();
+    std::vector<NumaBuffer> buffers(count);
+    std::vector<std::exception_ptr> errors(count);
+    struct Ctx {
+        const MoeLayer* layer;
+        const int64_t* experts;
+        const kt_expert_weights* weights;
+        std::vector<std::vector<size_t>>* per_group;
+        std::vector<NumaBuffer>* buffers;
+        std::vector<std::exception_ptr>* errors;
+    } ctx{this, experts, weights, &per_group, &buffers, &errors};
+    pool.parallel_for_groups(
+        ranges.data(),
+        [](void* c, int g, size_t j) {
+            auto* x = static_cast<Ctx*>(c);
+            const size_t i = (*x->per_group)[size_t(g)][j];
+            try {
+                (*x->buffers)[i] = x->layer->pack(x->experts[i], x->weights[i]);
+            } catch (...) {
+                (*x->errors)[i] = std::current_exception();
+            }
+        },
+        &ctx);
+    for (size_t i = 0; i < count; ++i)
+        if (errors[i]) std::rethrow_exception(errors[i]);
+    for (size_t i = 0; i < count; ++i) packed_[size_t(experts[i])] = std::move(buffers[i]);
 }
 
 void MoeLayer::forward(const void* hidden, kt_dtype hidden_dtype, int64_t tokens, const int64_t* ids,

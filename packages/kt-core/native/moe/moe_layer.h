@@ -21,6 +21,9 @@ public:
 
     // Pack expert `expert` from unpacked matrices into memory on its NUMA group's node.
     void load_expert(int64_t expert, const kt_expert_weights& weights);
+    // Pack `count` experts in parallel on the pool; all are installed or, on the first
+    // error (std::invalid_argument naming the expert), none.
+    void load_experts(const int64_t* experts, const kt_expert_weights* weights, size_t count);
     bool expert_loaded(int64_t expert) const;
 
     // out[T, hidden] (f32 or bf16) = sum_j weights[t, j] * expert_{ids[t, j]}(hidden[t]).
@@ -36,6 +39,9 @@ public:
     int expert_group(int64_t expert) const;      // pool group holding the expert
 
 private:
+    void check_expert_index(int64_t expert) const;
+    NumaBuffer pack(int64_t expert, const kt_expert_weights& weights) const;
+
     kt_moe_config shape_;
     const kt_method_kernels* kernels_;
     std::vector<bool> on_cpu_;

@@ -90,9 +90,8 @@ class MoE:
         return self._layer.expert_group(expert)
 
     # -- weights --------------------------------------------------------------------------
-    def load_expert(self, expert: int, gate, up, down, scales=None, zeros=None) -> None:
-        """Pack one expert. gate/up [I, H], down [H, I] as floats; or, for checkpoint formats,
-        their codes with scales=(gate_scale, up_scale, down_scale) and optional zeros=(...)."""
+    @staticmethod
+    def _parts(gate, up, down, scales, zeros) -> tuple:
         parts = [_arrays.weight_matrix(m, n) for m, n in ((gate, "gate"), (up, "up"), (down, "down"))]
         for extra, kind in ((scales, "scale"), (zeros, "zero")):
             if extra is None:
@@ -102,7 +101,23 @@ class MoE:
                 raise WeightsError(f"{kind}s must be a (gate, up, down) triple, got {len(extra)} items")
             parts += [None if m is None else _arrays.weight_matrix(m, f"{n}_{kind}")
                       for m, n in zip(extra, ("gate", "up", "down"))]
-        self._layer.load_expert(int(expert), *parts)
+        return tuple(parts)
+
+    def load_expert(self, expert: int, gate, up, down, scales=None, zeros=None) -> None:
+        """Pack one expert. gate/up [I, H], down [H, I] as floats; or, for checkpoint formats,
+        their codes with scales=(gate_scale, up_scale, down_scale) and optional zeros=(...)."""
+        self._layer.load_expert(int(expert), *self._parts(gate, up, down, scales, zeros))
+
+    def load_experts(self, experts: dict) -> None:
+        """Pack many experts in parallel on the pool: {slot: (gate, up, down[, scales[, zeros]])}.
+        All land or, on the first bad one, none."""
+        ids, parts = [], []
+        for slot, weights in experts.items():
+            gate, up, down, *rest = weights
+            ids.append(int(slot))
+            parts.append(self._parts(gate, up, down, *(list(rest) + [None, None])[:2]))
+        if ids:
+            self._layer.load_experts(ids, parts)
 
     def load(self, gate, up, down, physical_to_logical_map=None, *, scales=None, zeros=None) -> None:
         """Load every CPU expert. gate/up: [E_logical, I, H]; down: [E_logical, H, I] (stacked
@@ -116,26 +131,34 @@ class MoE:
         for extra, kind in ((scales, "scales"), (zeros, "zeros")):
             if extra is not None and (len(extra) != 3 or any(m is not None and len(m) != logical for m in extra)):
                 raise WeightsError(f"{kind} must be a (gate, up, down) triple of stacks of {logical} experts")
-        if physical_to_logical_map is None:
-            if logical != self.num_experts:
-                raise WeightsError(f"got weights for {logical} experts, the layer has num_experts={self.num_experts}; "
-                                   "pass physical_to_logical_map to load a subset or a permutation")
-            p2l = list(range(self.num_experts))
-        else:
-            raw = physical_to_logical_map
-            p2l = [int(x) for x in np.asarray(raw.cpu() if _arrays.is_torch(raw) else raw).reshape(-1)]
-            if len(p2l) != self.num_experts:
-                raise WeightsError(f"physical_to_logical_map has {len(p2l)} entries, expected num_experts={self.num_experts}")
-            bad = [x for x in p2l if not 0 <= x < logical]
-            if bad:
-                raise WeightsError(f"physical_to_logical_map entry {bad[0]} is outside [0, {logical}) logical experts")
+        p2l = self.physical_to_logical(physical_to_logical_map, logical)
 
         def pick(extra, e):
             return None if extra is None else tuple(None if m is None else m[e] for m in extra)
 
-        for p, e in enumerate(p2l):
-            if not self.gpu_experts_mask[p]:
-                self.load_expert(p, gate[e], up[e], down[e], pick(scales, e), pick(zeros, e))
+        self.load_experts({p: (gate[e], up[e], down[e], pick(scales, e), pick(zeros, e))
+                           for p, e in enumerate(p2l) if not self.gpu_experts_mask[p]})
+
+    def physical_to_logical(self, physical_to_logical_map, logical: int) -> list[int]:
+        """The logical expert each physical slot holds (SGLang's expert-location map),
+        checked against `logical` experts available; identity when None."""
+        if physical_to_logical_map is None:
+            if logical != self.num_experts:
+                raise WeightsError(f"got weights for {logical} experts, the layer has num_experts={self.num_experts}; "
+                                   "pass physical_to_logical_map to load a subset or a permutation")
+            return list(range(self.num_experts))
+        raw = physical_to_logical_map
+        p2l = [int(x) for x in np.asarray(raw.cpu() if _arrays.is_torch(raw) else raw).reshape(-1)]
+        if len(p2l) != self.num_experts:
+            raise WeightsError(f"physical_to_logical_map has {len(p2l)} entries, expected num_experts={self.num_experts}")
+        bad = [x for x in p2l if not 0 <= x < logical]
+        if bad:
+            raise WeightsError(f"physical_to_logical_map entry {bad[0]} is outside [0, {logical}) logical experts")
+        return p2l
+
+    def cpu_slots(self) -> list[int]:
+        """Physical expert slots kt holds (not GPU-resident)."""
+        return [p for p in range(self.num_experts) if not self.gpu_experts_mask[p]]
 
     # -- forward --------------------------------------------------------------------------
     def _prepare(self, hidden, topk_ids, topk_weights):

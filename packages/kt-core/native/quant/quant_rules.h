@@ -1,0 +1,42 @@
+// The integer quantization rules of docs/formats.md, in the f32 arithmetic they fix. Shared
+// by the reference backend's packers and kt convert's quantizer (native/quant/kt_codes), so
+// a converted folder holds exactly the codes online quantization would produce.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+namespace kt::quant {
+
+// Nearest, ties away from zero, of the f32 quotient. Clamping first keeps lround defined
+// when a subnormal scale makes the quotient huge, and changes nothing else: the bounds are
+// integers.
+inline int round_clamped(float x, int lo, int hi) { return int(std::lround(std::clamp(x, float(lo), float(hi)))); }
+
+// s = max|w| / max_code; q = clamp(round(w / s), lo, hi); s = 0 gives q = 0.
+inline float quantize_symmetric(const float* w, int64_t count, float max_code, int lo, int hi, int8_t* codes) {
+    float amax = 0.0f;
+    for (int64_t i = 0; i < count; ++i) amax = std::max(amax, std::fabs(w[i]));
+    const float s = amax / max_code;
+    for (int64_t i = 0; i < count; ++i) codes[i] = int8_t(s == 0.0f ? 0 : round_clamped(w[i] / s, lo, hi));
+    return s;
+}
+
+// lo = min(w, 0), hi = max(w, 0), s = (hi - lo) / 15; z = clamp(round(-lo / s), 0, 15);
+// q = clamp(round(w / s) + z, 0, 15); s = 0 gives q = z = 0. Rounding w / s within
+// [-15, 15] before adding z cannot change the clamped sum, as 0 <= z <= 15.
+inline float quantize_asymmetric(const float* w, int64_t count, uint8_t* codes, int* zero) {
+    float lo = 0.0f, hi = 0.0f;
+    for (int64_t i = 0; i < count; ++i) {
+        lo = std::min(lo, w[i]);
+        hi = std::max(hi, w[i]);
+    }
+    const float s = (hi - lo) / 15.0f;
+    const int z = s == 0.0f ? 0 : round_clamped(-lo / s, 0, 15);
+    for (int64_t i = 0; i < count; ++i)
+        codes[i] = uint8_t(s == 0.0f ? 0 : std::clamp(round_clamped(w[i] / s, -15, 15) + z, 0, 15));
+    *zero = z;
+    return s;
+}
+
+}  // namespace kt::quant

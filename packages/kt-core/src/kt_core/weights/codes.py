@@ -1,0 +1,53 @@
+"""kt's stored integer codes (docs/formats.md, "kt converted folders").
+
+INT8: codes int8 [N, K] in [-127, 127], scales f32 [N, 1].
+INT4: codes uint8 [N, K/2] (element 2j in the low nibble of byte j; u = q + 8 when
+symmetric), scales f32 [N, K/G], zeros uint8 [N, K/G] when asymmetric.
+Quantized natively on the kt pool with exactly the rules the packers use at load, so a
+converted folder holds the codes online quantization would produce.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _arrays, _native, pool
+
+INT4_GROUPS = (32, 64, 128)
+
+
+def _float_source(matrix, name: str):
+    x = _arrays.to_cpu_contiguous(matrix, name)
+    if _arrays.is_torch(x):
+        import torch
+
+        if x.dtype not in (torch.float32, torch.bfloat16):
+            x = x.to(torch.float32)
+        return x
+    return x.astype(np.float32, copy=False)
+
+
+def quantize_int8(matrix, name: str = "weight") -> dict[str, np.ndarray]:
+    """[N, K] float -> {"codes": int8 [N, K], "scales": f32 [N, 1]}."""
+    pool.ensure()
+    src = _float_source(matrix, name)
+    n, k = _arrays.shape_of(src)
+    out = {"codes": np.empty((n, k), np.int8), "scales": np.empty((n, 1), np.float32)}
+    _native.quantize_int8_codes(src, out["codes"], out["scales"])
+    return out
+
+
+def quantize_int4(matrix, group_size: int, zero_point: bool, name: str = "weight") -> dict[str, np.ndarray]:
+    """[N, K] float -> {"codes": uint8 [N, K/2], "scales": f32 [N, K/G], ["zeros": uint8 [N, K/G]]}."""
+    if group_size not in INT4_GROUPS:
+        raise ValueError(f"INT4 group size must be one of {INT4_GROUPS}, got {group_size}")
+    pool.ensure()
+    src = _float_source(matrix, name)
+    n, k = _arrays.shape_of(src)
+    if k % group_size:
+        raise ValueError(f"{name}: group size {group_size} does not divide K = {k}")
+    out = {"codes": np.empty((n, k // 2), np.uint8), "scales": np.empty((n, k // group_size), np.float32)}
+    if zero_point:
+        out["zeros"] = np.empty((n, k // group_size), np.uint8)
+    _native.quantize_int4_codes(src, group_size, zero_point, out["codes"], out["scales"], out.get("zeros"))
+    return out
