@@ -33,6 +33,25 @@ class FusedExperts:
 
 
 @dataclass(frozen=True)
+class TransformersExperts:
+    """Where a transformers (5.x) MoE block keeps its routed experts: the block calls
+    `block.{attr}(hidden [T, H], top_k_index [T, k], top_k_weights [T, k]) -> [T, H]` after its
+    own router, and that module holds `{gate_up}` [E, 2I, H] (I gate rows, then I up rows) and
+    `{down}` [E, H, I]. kt_core.integrations.transformers replaces that one module."""
+    attr: str = "experts"
+    gate_up: str = "gate_up_proj"
+    down: str = "down_proj"
+
+
+# What each `Family.activation` computes, for messages; kt's kernels compute "silu".
+ACTIVATIONS = {
+    "silu": "SiLU(x·gateᵀ) * (x·upᵀ), then ·downᵀ, without biases",
+    "gpt-oss-swiglu": "a clamped SwiGLU ((clamp(up) + 1) * g * sigmoid(1.702 g), g = min(gate, 7)) with per-expert "
+                      "biases on gate/up and down",
+}
+
+
+@dataclass(frozen=True)
 class Family:
     name: str
     model_types: tuple[str, ...]                  # config.json "model_type" values
@@ -57,6 +76,7 @@ class Family:
     text_config_key: str | None = None            # multimodal configs nest the text model
     # The transformers MoE block class names for this family (kt_core.integrations.transformers).
     transformers_blocks: tuple[str, ...] = ()
+    transformers_experts: TransformersExperts = field(default_factory=TransformersExperts)
 
     def expert_tensor(self, layer: int, expert: int, proj: str) -> str:
         """Name of one expert's projection weight (without the `.weight` suffix)."""
@@ -73,8 +93,10 @@ _MIXTRAL_STYLE = dict(experts_key=("num_local_experts",), intermediate_key=("int
 
 FAMILIES: tuple[Family, ...] = (
     Family("deepseek", ("deepseek_v2", "deepseek_v3", "kimi_k2"), **_DEEPSEEK,
-           transformers_blocks=("DeepseekV2MoE", "DeepseekV3MoE")),
-    Family("qwen-moe", ("qwen2_moe", "qwen3_moe"), experts_key=("num_experts",), sparse_step_key="decoder_sparse_step",
+           transformers_blocks=("DeepseekV2Moe", "DeepseekV3MoE")),
+    # transformers 5 saves Qwen3-MoE's expert count as num_local_experts.
+    Family("qwen-moe", ("qwen2_moe", "qwen3_moe"), experts_key=("num_experts", "num_local_experts"),
+           sparse_step_key="decoder_sparse_step",
            dense_layers_key="mlp_only_layers", transformers_blocks=("Qwen2MoeSparseMoeBlock", "Qwen3MoeSparseMoeBlock")),
     Family("qwen3-vl-moe", ("qwen3_vl_moe",), experts_key=("num_experts",), sparse_step_key="decoder_sparse_step",
            dense_layers_key="mlp_only_layers", text_config_key="text_config",
@@ -87,7 +109,7 @@ FAMILIES: tuple[Family, ...] = (
            transformers_blocks=("OlmoeSparseMoeBlock",)),
     Family("gpt-oss", ("gpt_oss",), experts_key=("num_local_experts",), intermediate_key=("intermediate_size",),
            top_k_key=("num_experts_per_tok", "experts_per_token"), per_expert=None,
-           fused=FusedExperts(interleaved=True), activation="gpt-oss-swiglu"),
+           fused=FusedExperts(interleaved=True), activation="gpt-oss-swiglu", transformers_blocks=("GptOssMLP",)),
 )
 
 
