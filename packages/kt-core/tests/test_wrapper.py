@@ -110,9 +110,9 @@ def test_capture_sizes_and_buffer_cache():
     wrapper.clear_buffer_cache()
 
 
-def test_load_weights_from_files_says_what_is_missing():
+def test_load_weights_without_weight_path_says_what_is_missing():
     wrapper = make()
-    with pytest.raises(Exception, match="load_weights_from_tensors"):
+    with pytest.raises(Exception, match="reads experts from weight_path, and this KTMoEWrapper has none"):
         wrapper.load_weights()
 
 

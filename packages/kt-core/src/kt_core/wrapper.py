@@ -56,6 +56,7 @@ class KTMoEWrapper:
             mask = [False] * self.num_experts
         self.gpu_experts_mask = mask
 
+        group_size, zero_point = self._converted_settings(group_size, zero_point)
         self._configure_pool(cpuinfer_threads, threadpool_count)
         self._moe = MoE(num_experts=self.num_experts, top_k=self.num_experts_per_tok, hidden_size=self.hidden_size,
                         intermediate_size=self.moe_intermediate_size, method=self.method, gpu_experts_mask=mask,
@@ -65,6 +66,18 @@ class KTMoEWrapper:
         if self.method.startswith("AMX") and "amx_tile" not in host().features:
             log.info("method %s runs as %s on %s: this CPU has no usable AMX", self.method, requested, self._moe.backend)
         self._capture_batch_sizes: list[int] = []
+
+    def _converted_settings(self, group_size: int, zero_point: bool) -> tuple[int, bool]:
+        """A kt converted folder fixes the INT4 group and zero point: take them from its manifest
+        unless given (a conflicting choice is refused at load, naming both)."""
+        from pathlib import Path
+
+        from .weights.converted import MANIFEST, read_manifest
+
+        if not self.weight_path or not (Path(self.weight_path) / MANIFEST).is_file():
+            return group_size, zero_point
+        manifest = read_manifest(Path(self.weight_path))
+        return (group_size or int(manifest.get("group_size", 0)), zero_point or bool(manifest.get("zero_point")))
 
     @staticmethod
     def _configure_pool(cpuinfer_threads, threadpool_count) -> None:
@@ -89,10 +102,16 @@ class KTMoEWrapper:
         self._moe.load(gate_proj, up_proj, down_proj, physical_to_logical_map_cpu)
 
     def load_weights(self, physical_to_logical_map_cpu=None) -> None:
-        raise KTError(
-            f"load_weights() reads experts from weight_path ({self.weight_path!r}); checkpoint and converted-folder "
-            "loading is not part of this kt-core release yet. Load the experts with load_weights_from_tensors()."
-        )
+        """Load layer `layer_idx`'s experts from weight_path: a Hugging Face model folder
+        (BF16 / FP8 / RAWINT4 as stored; INT8 / INT4 quantized at load when cpu_save=True) or
+        a `kt convert` folder (INT8 / INT4). GGUF files arrive with the LLAMAFILE method."""
+        if not self.weight_path:
+            raise KTError("load_weights() reads experts from weight_path, and this KTMoEWrapper has none; pass "
+                          "weight_path= (a model folder or a kt converted folder) or use load_weights_from_tensors()")
+        from .weights import load_layer
+
+        load_layer(self._moe, self.weight_path, self.layer_idx, physical_to_logical_map_cpu,
+                   quantize_at_load=self.cpu_save)
 
     # -- forward --------------------------------------------------------------------------
     def forward(self, hidden_states, topk_ids, topk_weights, cuda_stream=None):

@@ -1,4 +1,4 @@
-"""`kt version`, `kt doctor`, `kt backends`, `kt demo`."""
+"""`kt version`, `kt doctor`, `kt backends`, `kt demo`, `kt bench`, `kt convert`."""
 
 from __future__ import annotations
 
@@ -153,6 +153,31 @@ def bench(
     if plot_path:
         plot(result, plot_path)
         console.print(f"plot written to {plot_path}")
+
+
+@app.command("convert")
+def convert_cmd(
+    model: str = typer.Argument(..., help="Hugging Face model folder (bf16/fp16/fp32 or FP8 experts)"),
+    out: str = typer.Argument(..., help="folder to write (new or empty; or the same folder with --resume)"),
+    method: str = typer.Option("INT4", help="INT8 or INT4"),
+    group_size: int = typer.Option(128, help="INT4 group size: 32, 64 or 128"),
+    zero_point: bool = typer.Option(False, "--zero-point", help="asymmetric INT4 (zero points per group)"),
+    resume: bool = typer.Option(False, "--resume", help="continue an interrupted conversion into OUT"),
+    threads: int = typer.Option(0, help="quantizer threads (default: physical cores)"),
+) -> None:
+    """Quantize a model's routed experts into a kt converted folder, one layer at a time."""
+    from .. import pool
+    from ..errors import KTError
+    from ..weights import convert
+
+    try:
+        pool.ensure(threads)
+        done = convert(model, out, method=method, group_size=group_size, zero_point=zero_point, resume=resume,
+                       progress=True, log=console.print)
+    except KTError as exc:
+        console.print(f"[red]kt convert: {exc}[/red]")
+        raise typer.Exit(1) from exc
+    console.print(f"converted folder ready: {done}")
 
 
 def main() -> None:

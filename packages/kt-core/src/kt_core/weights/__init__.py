@@ -1,0 +1,8 @@
+"""Expert weights: Hugging Face checkpoints, kt converted folders, `kt convert`, loading."""
+
+from .checkpoint import Checkpoint
+from .conversion import convert
+from .converted import ConvertedFolder
+from .loader import load_layer, open_weights
+
+__all__ = ["Checkpoint", "ConvertedFolder", "convert", "load_layer", "open_weights"]

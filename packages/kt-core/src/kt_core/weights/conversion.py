@@ -1,0 +1,171 @@
+"""`kt convert`: a model folder (bf16 / fp16 / fp32 / FP8 experts) -> a kt converted folder
+of INT8 or INT4 codes (converted.py describes the folder).
+
+One MoE layer at a time: the layer's experts are read from the memory-mapped shards,
+quantized on the kt pool straight into that layer's output arrays, written, and dropped, so
+the peak is about one layer of codes in RAM plus the source layer in the page cache — the
+bound is printed before the first layer. `resume=True` continues an interrupted conversion
+after checking it is the same source and the same settings.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from .. import __version__
+from ..errors import KTError
+from . import codes as kc
+from .checkpoint import Checkpoint
+from .converted import CODES_LAYOUT, FORMAT, FORMAT_VERSION, MANIFEST, layer_file, read_manifest, write_atomically, write_manifest
+from .experts import float_experts
+
+
+def _layer_arrays(method: str, spec, group: int, zero_point: bool) -> dict[str, np.ndarray]:
+    E, out = spec.num_experts, {}
+    for proj, (n, k) in (("gate", (spec.intermediate, spec.hidden)), ("up", (spec.intermediate, spec.hidden)),
+                         ("down", (spec.hidden, spec.intermediate))):
+        if method == "INT8":
+            out[f"{proj}.codes"] = np.empty((E, n, k), np.int8)
+            out[f"{proj}.scales"] = np.empty((E, n, 1), np.float32)
+        else:
+            out[f"{proj}.codes"] = np.empty((E, n, k // 2), np.uint8)
+            out[f"{proj}.scales"] = np.empty((E, n, k // group), np.float32)
+            if zero_point:
+                out[f"{proj}.zeros"] = np.empty((E, n, k // group), np.uint8)
+    return out
+
+
+def layer_bytes(method: str, spec, group: int, zero_point: bool) -> int:
+    """Bytes of one converted layer (codes, scales, zeros), without allocating it."""
+    per = 0
+    for n, k in ((spec.intermediate, spec.hidden),) * 2 + ((spec.hidden, spec.intermediate),):
+        per += n * k + n * 4 if method == "INT8" else n * k // 2 + n * (k // group) * (5 if zero_point else 4)
+    return per * spec.num_experts
+
+
+def _quantize_layer(ckpt: Checkpoint, layer: int, method: str, group: int, zero_point: bool) -> dict[str, np.ndarray]:
+    out = _layer_arrays(method, ckpt.spec, group, zero_point)
+    for e in range(ckpt.spec.num_experts):
+        for proj, matrix in zip(("gate", "up", "down"), float_experts(ckpt, layer, e)):
+            name = f"layer {layer} expert {e} {proj}"
+            q = kc.quantize_int8(matrix, name) if method == "INT8" else kc.quantize_int4(matrix, group, zero_point, name)
+            for part, arr in q.items():
+                out[f"{proj}.{part}"][e] = arr
+    return out
+
+
+def _save_layer(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
+    from safetensors.numpy import save_file
+
+    save_file(tensors, str(path), metadata=metadata)
+
+
+def _write_layer(path: Path, tensors: dict[str, np.ndarray], layer: int, method: str, done: int) -> None:
+    # One metadata key: safetensors writes a map's keys in hash order, and converted files
+    # should be byte-identical however often (or resumed) they are made.
+    meta = {"kt": json.dumps({"layer": layer, "method": method, "codes_layout": CODES_LAYOUT[method]}, sort_keys=True)}
+    try:
+        write_atomically(path, lambda tmp: _save_layer(tmp, tensors, meta))
+    except OSError as exc:
+        why = "the disk is full" if exc.errno == errno.ENOSPC else str(exc)
+        raise KTError(f"writing {path} failed: {why}. {done} layers are complete; make room and run the same "
+                      "kt convert with --resume") from exc
+
+
+def convert(model_dir: str | Path, out_dir: str | Path, *, method: str = "INT4", group_size: int = 128,
+            zero_point: bool = False, resume: bool = False, progress: bool = False,
+            log: Callable[[str], None] = lambda _: None) -> Path:
+    """Convert model_dir's routed experts into out_dir (INT8, or INT4 with group_size and
+    zero_point). Returns out_dir. The source folder is only read."""
+    method = method.upper()
+    if method not in CODES_LAYOUT:
+        raise KTError(f"kt convert writes {' or '.join(CODES_LAYOUT)}; got method {method!r}")
+    if method == "INT4" and group_size not in kc.INT4_GROUPS:
+        raise KTError(f"INT4 group size must be one of {kc.INT4_GROUPS}, got {group_size}")
+    if method == "INT8":
+        group_size, zero_point = 0, False
+    ckpt = Checkpoint(model_dir)
+    spec = ckpt.spec
+    if spec.quantization.method not in ("BF16", "FP8"):
+        raise KTError(f"{model_dir} stores {spec.quantization.method} experts; kt convert reads bf16/fp16/fp32 or FP8 "
+                      f"checkpoints (load {spec.quantization.method} checkpoints directly with method="
+                      f"{spec.quantization.method})")
+    if method == "INT4":
+        for what, k in (("hidden", spec.hidden), ("intermediate", spec.intermediate)):
+            if k % group_size:
+                raise KTError(f"INT4 group size {group_size} does not divide {what} = {k}")
+    out = Path(out_dir)
+    if out.resolve() == ckpt.path.resolve():
+        raise KTError("kt convert writes into a new folder, never into the source model folder")
+    manifest = {
+        "format": FORMAT, "format_version": FORMAT_VERSION, "kt_version": __version__, "method": method,
+        "codes_layout": CODES_LAYOUT[method], "group_size": group_size, "zero_point": zero_point,
+        "source": {"path": str(ckpt.path.resolve()), "hash": ckpt.source_hash(), "model_type": spec.model_type,
+                   "quantization": spec.quantization.method},
+        "geometry": {"hidden": spec.hidden, "intermediate": spec.intermediate, "num_experts": spec.num_experts,
+                     "top_k": spec.top_k, "moe_layers": list(spec.moe_layers)},
+        "layers": {}, "complete": False,
+    }
+    if (out / MANIFEST).is_file():
+        if not resume:
+            raise KTError(f"{out} already holds a kt conversion; pass --resume to continue it or choose another folder")
+        old = read_manifest(out)
+        for key in ("method", "codes_layout", "group_size", "zero_point", "geometry"):
+            if old.get(key) != manifest[key]:
+                raise KTError(f"cannot resume {out}: its {key} is {old.get(key)!r}, this conversion's is {manifest[key]!r}")
+        if old["source"]["hash"] != manifest["source"]["hash"]:
+            raise KTError(f"cannot resume {out}: the source model changed since the conversion started")
+        manifest["layers"] = {k: v for k, v in old.get("layers", {}).items()
+                              if (out / v["file"]).is_file() and (out / v["file"]).stat().st_size == v["bytes"]}
+    elif out.exists() and any(out.iterdir()):
+        raise KTError(f"{out} is not empty and is not a kt converted folder; choose an empty or new folder")
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob(".*.partial"):
+        stale.unlink()
+    (out / "config.json").write_bytes((ckpt.path / "config.json").read_bytes())
+
+    per_layer = layer_bytes(method, spec, group_size, zero_point)
+    todo = [L for L in spec.moe_layers if str(L) not in manifest["layers"]]
+    log(f"{spec.model_type}: {len(spec.moe_layers)} MoE layers x {spec.num_experts} experts -> {method}"
+        + (f" g{group_size}{' asym' if zero_point else ''}" if method == "INT4" else "")
+        + f"; {len(todo)} to convert; peak RAM about {per_layer / 2**30:.2f} GiB (one converted layer) plus one "
+          "source layer in the page cache")
+    write_manifest(out, manifest)
+    bar = _progress(len(spec.moe_layers), len(spec.moe_layers) - len(todo)) if progress else None
+    try:
+        for layer in todo:
+            name = layer_file(layer)
+            _write_layer(out / name, _quantize_layer(ckpt, layer, method, group_size, zero_point), layer, method,
+                         len(manifest["layers"]))
+            manifest["layers"][str(layer)] = {"file": name, "bytes": (out / name).stat().st_size}
+            write_manifest(out, manifest)
+            if bar:
+                bar[0].advance(bar[1])
+    finally:
+        if bar:
+            bar[0].stop()
+    manifest["complete"] = True
+    manifest["completed_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    write_manifest(out, manifest)
+    return out
+
+
+def _progress(total: int, done: int):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
+    from rich.text import Text
+
+    class Rate(ProgressColumn):
+        def render(self, task):
+            return Text(f"{task.speed:.2f} layers/s" if task.speed else "- layers/s")
+
+    bar = Progress(TextColumn("converting"), BarColumn(), MofNCompleteColumn(), TextColumn("layers"), Rate(),
+                   TimeRemainingColumn())
+    task = bar.add_task("convert", total=total, completed=done)
+    bar.start()
+    return bar, task
