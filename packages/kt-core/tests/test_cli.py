@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 
@@ -65,8 +66,16 @@ def test_doctor_shows_the_cap(max_isa):
     assert "avx512f" not in data["cpu"]["features"]
 
 
-def test_demo_runs_and_checks_itself():
-    r = kt("demo", "--hidden", "128", "--intermediate", "64", "--experts", "8", "--top-k", "2", "--tokens", "1",
-           "--tokens", "5")
+def test_demo_generates_with_torch_and_kt_experts(tmp_path):
+    pytest.importorskip("transformers", reason="kt demo runs a transformers model")
+    r = kt("demo", "--tokens", "16", XDG_CACHE_HOME=str(tmp_path))
     assert r.returncode == 0, r.stderr + r.stdout
-    assert "matches the float64 NumPy MoE" in r.stdout
+    assert "wrote the tiny Qwen3-MoE preset" in r.stdout
+    assert (tmp_path / "kt" / "presets" / "tiny-qwen3-moe-v1" / "config.json").is_file()
+    texts = re.findall(r"^(torch|kt) experts: +'(.*)' +\[([\d.]+) tokens/s\]$", r.stdout, re.M)
+    assert [t[0] for t in texts] == ["torch", "kt"] and texts[0][1] == texts[1][1], r.stdout
+    assert "the texts agree: all 16 generated tokens are the same" in r.stdout
+
+    r = kt("demo", "--tokens", "8", "--method", "INT4", XDG_CACHE_HOME=str(tmp_path))
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert "loaded the tiny Qwen3-MoE preset" in r.stdout and "experts: INT4 on" in r.stdout

@@ -413,3 +413,26 @@ def test_module_repr_names_the_kernel():
     patch_model(model, num_gpu_experts=2)
     text = repr(model.model.layers[0].mlp.experts)
     assert re.search(r"KTExperts\(layer=0, experts=8, gpu_resident=2, kt=BF16 on \S+, deferred_per_token=0\)", text)
+
+
+# -- the built-in preset --------------------------------------------------------------------
+
+def test_preset_is_written_once_then_loaded(tmp_path, monkeypatch):
+    from kt_core.integrations.transformers import preset
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    torch.manual_seed(123)
+    expected_draw = torch.rand(1)
+    torch.manual_seed(123)
+    folder = preset.ensure_preset()
+    assert torch.equal(torch.rand(1), expected_draw)                       # the caller's RNG is left alone
+    assert folder == tmp_path / "kt" / "presets" / f"tiny-qwen3-moe-v{preset.VERSION}"
+    assert [p.name for p in folder.parent.iterdir()] == [folder.name]       # no temporary folder left
+    stamp = (folder / "model.safetensors").stat().st_mtime_ns
+    model, tokenizer = preset.load_preset()
+    assert (folder / "model.safetensors").stat().st_mtime_ns == stamp       # loaded, not written again
+    assert model.config.model_type == "qwen3_moe" and model.config.num_experts == preset.CONFIG["num_experts"]
+    ids = tokenizer("kt: MoE\n").input_ids
+    assert len(ids) == 8 and tokenizer.decode(ids) == "kt: MoE\n"
+    assert all(p.dtype == torch.float32 and torch.equal(p, p.bfloat16().float()) for p in model.parameters())
+    assert len(patch_model(model).layers) == preset.CONFIG["num_hidden_layers"]

@@ -76,20 +76,17 @@ def backends(as_json: bool = typer.Option(False, "--json", help="machine-readabl
 
 @app.command()
 def demo(
-    method: str = typer.Option("BF16", help="weight format"),
-    hidden: int = typer.Option(2048, help="hidden size (Qwen3-30B-A3B: 2048)"),
-    intermediate: int = typer.Option(768, help="expert intermediate size (Qwen3-30B-A3B: 768)"),
-    experts: int = typer.Option(32, help="routed experts in the layer (Qwen3-30B-A3B has 128)"),
-    top_k: int = typer.Option(8, help="experts per token"),
-    tokens: list[int] = typer.Option([1, 16], help="token counts to run"),
-    seed: int = typer.Option(0),
+    method: str = typer.Option("BF16", help="expert weight format (BF16 must reproduce torch's text exactly)"),
+    tokens: int = typer.Option(48, min=1, help="tokens to generate"),
+    prompt: str = typer.Option("The quick brown fox", help="text to continue"),
+    backend: str = typer.Option(None, help="force a backend (default: the best installed for the method)"),
 ) -> None:
-    """Run one MoE layer on the CPU with random weights, check it against a float64 NumPy MoE,
-    and time it: kt's main job on an embedded default shape."""
+    """Generate with a built-in tiny Qwen3-MoE model (seeded random weights, written to the user
+    cache on first use), first with torch's experts, then with kt's: both texts, whether they
+    agree, and tokens/s of each."""
     from .demo import run
 
-    run(console, method=method, hidden=hidden, intermediate=intermediate, experts=experts, top_k=top_k,
-        tokens=tokens, seed=seed)
+    run(console, method=method, tokens=tokens, prompt=prompt, backend=backend)
 
 
 @app.command()
