@@ -372,8 +372,8 @@ def test_deferral_equals_hand_reference():
     patch = patch_model(model, max_deferred_experts_per_token=1, num_gpu_experts=2)
     assert [kt.defer for kt in patch.layers.values()] == [1, 1, 0]
     got = logits(model, ids)
-    assert rel_rms(got, expected) < 1e-5
-    assert rel_rms(got, plain) > 1e-2                      # deferral does change the output
+    assert rel_rms(got, expected) < 5e-5                   # measured 4.9e-6
+    assert rel_rms(got, plain) > 0.1                       # deferral does change the output: measured 0.38
     assert torch.equal(model.generate(ids, **GREEDY), expected_tokens)
 
 
