@@ -296,6 +296,32 @@ def test_hybrid_split_equals_all_cpu(placement, tmp_path):
     assert torch.equal(model.generate(ids, **GREEDY), expected)
 
 
+def test_kt_runs_while_torch_computes_the_resident_experts():
+    """The order that makes the overlap: kt's forward submitted, torch's experts, then kt's sync."""
+    model = tiny_model()
+    patch = patch_model(model, num_gpu_experts=4)
+    events = []
+
+    class Recording:
+        def __init__(self, moe):
+            self.moe, self.max_tokens = moe, moe.max_tokens
+
+        def submit(self, *args):
+            events.append("kt submit")
+            self.moe.submit(*args)
+
+        def sync(self):
+            events.append("kt sync")
+            return self.moe.sync()
+
+    for kt in patch.layers.values():
+        kt.moe = Recording(kt.moe)
+        resident = kt._resident
+        kt._resident = lambda *a, resident=resident: events.append("torch") or resident(*a)
+    model.generate(prompt(), max_new_tokens=2)
+    assert events == ["kt submit", "torch", "kt sync"] * 2 * len(patch.layers)
+
+
 def test_statistics_are_recorded_and_checked(tmp_path):
     model = tiny_model(num_hidden_layers=3)
     path = tmp_path / "sub" / "stats.json"

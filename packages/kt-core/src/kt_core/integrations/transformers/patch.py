@@ -5,7 +5,7 @@ from __future__ import annotations
 import atexit
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -26,7 +26,8 @@ _LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
 @dataclass
 class KTPatch:
     """What patch_model did: the kt experts module of each MoE layer (by decoder layer index),
-    the GPU-resident masks, the statistics being recorded, and the bytes of torch expert weights freed."""
+    the GPU-resident masks, the statistics being recorded, the bytes of torch expert weights freed
+    and the kt backends the layers run on."""
     family: Family
     model_type: str
     method: str
@@ -34,7 +35,7 @@ class KTPatch:
     gpu_masks: dict[int, tuple[bool, ...]]
     stats: ExpertStats | None = None
     freed_bytes: int = 0
-    backends: tuple[str, ...] = field(default=())
+    backends: tuple[str, ...] = ()
 
     def save_stats(self, path: str | os.PathLike | None = None) -> Path:
         """Write the expert activation counts recorded so far (to record_stats's path by default)."""
