@@ -13,6 +13,7 @@
 // since u <= 15), then acc += s_a * (s * dot - s*z * sum(activations in the group)).
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "int_dot.h"
@@ -118,24 +119,6 @@ struct RawSource final : Source {
     }
 };
 
-// kt's pre-quantized INT4 (docs/formats.md): uint8 [N, K/2], element 2j in the low nibble
-// of byte j, u = q + 8 when symmetric; f32 scales [N, K/G]; uint8 zeros [N, K/G] if asymmetric.
-struct CodesSource final : Source {
-    const kt_weight& w;
-    explicit CodesSource(const kt_weight& weight) : w(weight) {}
-    void channel(int64_t n, uint8_t* u, float* s, float* z) const override {
-        const auto* bytes = static_cast<const uint8_t*>(w.values.data) + n * w.values.row_stride;
-        for (int64_t j = 0; j < w.values.cols; ++j) {
-            u[2 * j] = bytes[j] & 15u;
-            u[2 * j + 1] = bytes[j] >> 4;
-        }
-        for (int64_t grp = 0; grp < w.scales.cols; ++grp) {
-            s[grp] = static_cast<const float*>(w.scales.data)[n * w.scales.row_stride + grp];
-            z[grp] = w.zeros.data ? float(static_cast<const uint8_t*>(w.zeros.data)[n * w.zeros.row_stride + grp]) : 8.0f;
-        }
-    }
-};
-
 kt_status check_codes(const kt_weight& w, int64_t N, int64_t K, int64_t g, bool zp, const char* name) {
     if (w.values.dtype != KT_DTYPE_U8 || w.values.rows != N || w.values.cols * 2 != K)
         return fail(KT_ERROR_INVALID_ARGUMENT, "INT4: %s codes should be uint8 [%lld, %lld] (two per byte), got %s [%lld, %lld]",
@@ -185,6 +168,50 @@ void pack_matrix(const Source& src, int64_t N, int64_t K, int64_t g, uint8_t* ds
     }
 }
 
+// kt's stored codes straight into the layout, a 32-bit word at a time: a stored word holds
+// u0..u7 as nibble pairs (u0|u1<<4, u2|u3<<4, ...); the layout's word for the same 8 k holds
+// (u0|u4<<4, u1|u5<<4, u2|u6<<4, u3|u7<<4). Loading converted folders runs through here.
+inline uint32_t layout_word(uint32_t x) {
+    const uint32_t even = x & 0x0F0F0F0Fu, odd = (x >> 4) & 0x0F0F0F0Fu;   // bytes u0 u2 u4 u6 / u1 u3 u5 u7
+    const uint32_t first = (even & 0xFFu) | (odd & 0xFFu) << 8 | ((even >> 8) & 0xFFu) << 16 | ((odd >> 8) & 0xFFu) << 24;
+    const uint32_t second = ((even >> 16) & 0xFFu) | ((odd >> 16) & 0xFFu) << 8 | ((even >> 24) & 0xFFu) << 16 |
+                            ((odd >> 24) & 0xFFu) << 24;
+    return first | second << 4;
+}
+
+void pack_codes_matrix(const kt_weight& w, int64_t N, int64_t K, int64_t g, uint8_t* dst, size_t stride_panels) {
+    const auto* codes = static_cast<const uint8_t*>(w.values.data);
+    const auto* scales = static_cast<const float*>(w.scales.data);
+    const auto* zeros = static_cast<const uint8_t*>(w.zeros.data);
+    const int64_t groups = K / g;
+    for (int64_t p = 0; p < panels(N); ++p) {
+        uint8_t* panel = dst + size_t(p) * stride_panels * panel_bytes(K, g);
+        for (int64_t grp = 0; grp < groups; ++grp) {
+            uint8_t* block = panel + size_t(grp) * group_bytes(g);
+            auto* scale = reinterpret_cast<float*>(block);
+            auto* sz = reinterpret_cast<float*>(block + 64);
+            for (int lane = 0; lane < kPanel; ++lane) {
+                const int64_t n = p * kPanel + lane;
+                if (n >= N) {      // rows past N stay zero, as the buffer came
+                    scale[lane] = sz[lane] = 0.0f;
+                    continue;
+                }
+                const float s = scales[n * w.scales.row_stride + grp];
+                scale[lane] = s;
+                sz[lane] = s * (zeros ? float(zeros[n * w.zeros.row_stride + grp]) : 8.0f);
+                const uint8_t* src = codes + n * w.values.row_stride + grp * g / 2;
+                uint8_t* out = block + kHeaderBytes + size_t(lane) * 4;
+                for (int64_t c = 0; c < g / 8; ++c) {
+                    uint32_t word;
+                    std::memcpy(&word, src + 4 * c, 4);
+                    word = layout_word(word);
+                    std::memcpy(out + size_t(c) * kChunkBytes, &word, 4);
+                }
+            }
+        }
+    }
+}
+
 kt_status pack_int4(const kt_moe_config* c, const kt_expert_weights* src, void* dst) {
     const int64_t H = c->hidden, I = c->intermediate, g = group_of(c);
     kt_status st;
@@ -203,7 +230,7 @@ kt_status pack_int4(const kt_moe_config* c, const kt_expert_weights* src, void* 
     const size_t offsets[3] = {l.gate(0), l.up(0), l.down(0)}, strides[3] = {2, 2, 1};
     for (int i = 0; i < 3; ++i) {
         if (w[i]->values.dtype == KT_DTYPE_U8)
-            pack_matrix(CodesSource(*w[i]), rows[i], cols[i], g, out + offsets[i], strides[i]);
+            pack_codes_matrix(*w[i], rows[i], cols[i], g, out + offsets[i], strides[i]);
         else
             pack_matrix(FloatSource(w[i]->values, g, zp), rows[i], cols[i], g, out + offsets[i], strides[i]);
     }

@@ -28,14 +28,13 @@ constexpr bool kOffsetActivations = false;
 int64_t chunks(int64_t k) { return round_up(k, 4) / 4; }
 size_t panel_bytes(int64_t k) { return kHeaderBytes + size_t(chunks(k)) * kChunkBytes; }
 
-// One channel's codes and scale: quantized from floats, or kt's pre-quantized int8 codes
-// with their f32 scale (docs/formats.md) copied as they are.
-void channel_codes(const kt_weight& w, int64_t n, int8_t* q, float* scale, std::vector<float>& row) {
+// One channel's codes and scale: kt's pre-quantized int8 codes with their f32 scale
+// (docs/formats.md) used in place, or quantized from floats into q.
+const int8_t* channel_codes(const kt_weight& w, int64_t n, int8_t* q, float* scale, std::vector<float>& row) {
     const kt_matrix& m = w.values;
     if (m.dtype == KT_DTYPE_I8) {
-        std::memcpy(q, static_cast<const int8_t*>(m.data) + n * m.row_stride, size_t(m.cols));
         *scale = static_cast<const float*>(w.scales.data)[n * w.scales.row_stride];
-        return;
+        return static_cast<const int8_t*>(m.data) + n * m.row_stride;
     }
     load_row(m, n, row.data());
     float amax = 0.0f;
@@ -44,21 +43,25 @@ void channel_codes(const kt_weight& w, int64_t n, int8_t* q, float* scale, std::
     for (int64_t k = 0; k < m.cols; ++k)
         q[k] = int8_t(s > 0.0f ? std::clamp(std::lround(row[size_t(k)] / s), -127L, 127L) : 0L);
     *scale = s;
+    return q;
 }
 
+// Lane i of chunk c is the 4 bytes of k = 4c..4c+3 of channel n0 + i: copied a word at a
+// time (loading converted folders runs through here at memory speed).
 void pack_panel(const kt_weight& w, int64_t n0, uint8_t* dst, std::vector<float>& row, std::vector<int8_t>& q) {
     const kt_matrix& m = w.values;
+    const int64_t K = m.cols, full = K / 4;
     auto* scale = reinterpret_cast<float*>(dst);
     auto* comp = reinterpret_cast<int32_t*>(dst + 64);
-    auto* codes = reinterpret_cast<int8_t*>(dst + kHeaderBytes);
+    uint8_t* codes = dst + kHeaderBytes;
     for (int64_t i = 0; i < kPanel && n0 + i < m.rows; ++i) {
-        channel_codes(w, n0 + i, q.data(), scale + i, row);
+        const int8_t* src = channel_codes(w, n0 + i, q.data(), scale + i, row);
         int32_t sum = 0;
-        for (int64_t k = 0; k < m.cols; ++k) {
-            codes[(k / 4) * kChunkBytes + size_t(i) * 4 + size_t(k % 4)] = q[size_t(k)];
-            sum += int32_t(q[size_t(k)]);
-        }
+        for (int64_t k = 0; k < K; ++k) sum += src[k];
         comp[i] = 128 * sum;
+        uint8_t* lane = codes + size_t(i) * 4;
+        for (int64_t c = 0; c < full; ++c) std::memcpy(lane + size_t(c) * kChunkBytes, src + 4 * c, 4);
+        for (int64_t k = 4 * full; k < K; ++k) lane[size_t(full) * kChunkBytes + size_t(k % 4)] = uint8_t(src[k]);
     }
 }
 
@@ -72,11 +75,14 @@ kt_status expect_int8_codes(const kt_weight& w, int64_t rows, int64_t cols, cons
         return fail(KT_ERROR_INVALID_ARGUMENT, "INT8: %s codes need f32 scales [%lld, 1], got %s", name, (long long)rows,
                     w.scales.data ? dtype_name(w.scales.dtype) : "none");
     if (w.zeros.data) return fail(KT_ERROR_INVALID_ARGUMENT, "INT8: %s is symmetric; zero points must not be given", name);
-    for (int64_t r = 0; r < rows; ++r)
-        for (int64_t c = 0; c < cols; ++c)
-            if (static_cast<const int8_t*>(w.values.data)[r * w.values.row_stride + c] == -128)
-                return fail(KT_ERROR_INVALID_ARGUMENT, "INT8: %s codes hold -128 at [%lld, %lld]; INT8 codes are in [-127, 127]",
-                            name, (long long)r, (long long)c);
+    for (int64_t r = 0; r < rows; ++r) {
+        const int8_t* row = static_cast<const int8_t*>(w.values.data) + r * w.values.row_stride;
+        int bad = 0;   // branch-free so the scan vectorises: it reads every code at load
+        for (int64_t c = 0; c < cols; ++c) bad |= row[c] == -128;
+        if (bad)
+            return fail(KT_ERROR_INVALID_ARGUMENT, "INT8: %s codes hold -128 at [%lld, %lld]; INT8 codes are in [-127, 127]",
+                        name, (long long)r, (long long)(std::find(row, row + cols, int8_t(-128)) - row));
+    }
     return KT_OK;
 }
 

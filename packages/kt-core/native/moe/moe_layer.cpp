@@ -190,28 +190,41 @@ namespace {
 
 // Position of the first NaN/Inf in a floating matrix, judged on the exponent bits so no
 // conversion is needed; {-1, -1} when all values are finite or the matrix is not floating.
+// Rows are scanned with a branch-free, vectorisable test (an all-ones exponent is NaN or Inf)
+// and only a row that fails is searched for the column: this runs over every weight byte
+// at load, so it must go at memory speed. Integer codes cannot be non-finite.
+template <class Bits>
+int64_t first_bad_in_row(const Bits* row, int64_t n, Bits exponent) {
+    Bits any = 0;
+    for (int64_t c = 0; c < n; ++c) any |= Bits((row[c] & exponent) == exponent);
+    if (!any) return -1;
+    for (int64_t c = 0; c < n; ++c)
+        if ((row[c] & exponent) == exponent) return c;
+    return -1;
+}
+
 std::pair<int64_t, int64_t> first_non_finite(const kt_matrix& m) {
-    auto bad = [&](int64_t i) -> bool {
-        switch (m.dtype) {
-            case KT_DTYPE_F32: {
-                uint32_t b;
-                std::memcpy(&b, static_cast<const float*>(m.data) + i, 4);
-                return (b & 0x7f800000u) == 0x7f800000u;
-            }
-            case KT_DTYPE_F64: {
-                uint64_t b;
-                std::memcpy(&b, static_cast<const double*>(m.data) + i, 8);
-                return (b & 0x7ff0000000000000ull) == 0x7ff0000000000000ull;
-            }
-            case KT_DTYPE_BF16: return (static_cast<const uint16_t*>(m.data)[i] & 0x7f80u) == 0x7f80u;
-            case KT_DTYPE_F16: return (static_cast<const uint16_t*>(m.data)[i] & 0x7c00u) == 0x7c00u;
-            default: return false;
-        }
-    };
     if (!m.data) return {-1, -1};
-    for (int64_t r = 0; r < m.rows; ++r)
-        for (int64_t c = 0; c < m.cols; ++c)
-            if (bad(r * m.row_stride + c)) return {r, c};
+    for (int64_t r = 0; r < m.rows; ++r) {
+        int64_t c = -1;
+        switch (m.dtype) {
+            case KT_DTYPE_F32:
+                c = first_bad_in_row(static_cast<const uint32_t*>(m.data) + r * m.row_stride, m.cols, 0x7f800000u);
+                break;
+            case KT_DTYPE_F64:
+                c = first_bad_in_row(static_cast<const uint64_t*>(m.data) + r * m.row_stride, m.cols,
+                                     uint64_t(0x7ff0000000000000ull));
+                break;
+            case KT_DTYPE_BF16:
+                c = first_bad_in_row(static_cast<const uint16_t*>(m.data) + r * m.row_stride, m.cols, uint16_t(0x7f80u));
+                break;
+            case KT_DTYPE_F16:
+                c = first_bad_in_row(static_cast<const uint16_t*>(m.data) + r * m.row_stride, m.cols, uint16_t(0x7c00u));
+                break;
+            default: return {-1, -1};
+        }
+        if (c >= 0) return {r, c};
+    }
     return {-1, -1};
 }
 

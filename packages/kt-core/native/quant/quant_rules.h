@@ -8,10 +8,15 @@
 
 namespace kt::quant {
 
-// Nearest, ties away from zero, of the f32 quotient. Clamping first keeps lround defined
-// when a subnormal scale makes the quotient huge, and changes nothing else: the bounds are
-// integers.
-inline int round_clamped(float x, int lo, int hi) { return int(std::lround(std::clamp(x, float(lo), float(hi)))); }
+// Nearest, ties away from zero, of the f32 quotient (std::lround's rounding). Clamping
+// first keeps the conversion defined when a subnormal scale makes the quotient huge, and
+// changes nothing else: the bounds are integers. x + copysign(0.5, x) is exact in double for
+// every clamped f32, and the int conversion truncates toward zero, so this is lround without
+// the library call: the loops vectorise (kt convert quantizes every weight through here).
+inline int round_clamped(float x, int lo, int hi) {
+    const double d = double(std::clamp(x, float(lo), float(hi)));
+    return int(d + std::copysign(0.5, d));
+}
 
 // s = max|w| / max_code; q = clamp(round(w / s), lo, hi); s = 0 gives q = 0.
 inline float quantize_symmetric(const float* w, int64_t count, float max_code, int lo, int hi, int8_t* codes) {

@@ -43,8 +43,8 @@ def make_config(model_type: str, *, hidden: int, intermediate: int, experts: int
     return cfg
 
 
-def _expert_tensors(fam, layer: int, gate, up, down, quant: str | None) -> tuple[dict, tuple]:
-    """Checkpoint tensors of one layer and the float64 weights they stand for."""
+def _expert_tensors(fam, layer: int, gate, up, down, quant: str | None, truth: bool = True) -> tuple[dict, tuple]:
+    """Checkpoint tensors of one layer and (when truth) the float64 weights they stand for."""
     import torch
 
     out = {}
@@ -58,34 +58,40 @@ def _expert_tensors(fam, layer: int, gate, up, down, quant: str | None) -> tuple
         prefix = fam.experts_prefix.format(layer=layer)
         out[f"{prefix}.{fam.fused.gate_up}"] = torch.from_numpy(gate_up).to(torch.bfloat16)
         out[f"{prefix}.{fam.fused.down}"] = torch.from_numpy(np.ascontiguousarray(down.transpose(0, 2, 1))).to(torch.bfloat16)
-        return out, tuple(Q.bf16_round(m).astype(np.float64) for m in (gate, up, down))
+        return out, tuple(Q.bf16_round(m).astype(np.float64) for m in (gate, up, down)) if truth else ()
     real = []
     for proj, stack in (("gate", gate), ("up", up), ("down", down)):
-        deq = np.empty(stack.shape, np.float64)
+        deq = np.empty(stack.shape, np.float64) if truth else None
         for e in range(stack.shape[0]):
             base = fam.expert_tensor(layer, e, proj)
             if quant == "fp8":
                 codes, scale_inv = Q.quantize_fp8_block(stack[e])
                 out[f"{base}.weight"] = torch.from_numpy(codes).view(torch.float8_e4m3fn)
                 out[f"{base}.weight_scale_inv"] = torch.from_numpy(scale_inv)
-                deq[e] = Q.dequantize_fp8_block(codes, scale_inv)
+                if truth:
+                    deq[e] = Q.dequantize_fp8_block(codes, scale_inv)
             elif quant == "rawint4":
                 packed, scale = Q.pack_rawint4(stack[e])
                 out[f"{base}.weight_packed"] = torch.from_numpy(packed)
                 out[f"{base}.weight_scale"] = Q.scale_as_torch_bf16(scale)
                 out[f"{base}.weight_shape"] = torch.tensor(stack[e].shape, dtype=torch.int32)
-                deq[e] = Q.dequantize_rawint4(packed, scale)
+                if truth:
+                    deq[e] = Q.dequantize_rawint4(packed, scale)
             else:
                 out[f"{base}.weight"] = torch.from_numpy(np.ascontiguousarray(stack[e])).to(torch.bfloat16)
-                deq[e] = Q.bf16_round(stack[e])
+                if truth:
+                    deq[e] = Q.bf16_round(stack[e])
         real.append(deq)
     return out, tuple(real)
 
 
 def write_checkpoint(folder, model_type: str, *, hidden: int = 128, intermediate: int = 64, experts: int = 8,
                      top_k: int = 2, layers: int = 3, dense_prefix: int = 1, quant: str | None = None, shards: int = 2,
-                     seed: int = 0) -> dict[int, tuple]:
-    """Write a checkpoint into folder; returns {moe layer: (gate, up, down) float64}."""
+                     seed: int = 0, keep_truth: bool = True) -> dict[int, tuple]:
+    """Write a checkpoint into folder; returns {moe layer: (gate, up, down) float64} (empty
+    when keep_truth is False: benchmarks write models too big to hold twice). Layers are
+    spread over the shards in order and each shard is written once its layers are done, so
+    with shards == layers only one layer is ever in memory."""
     import torch
     from safetensors.torch import save_file
 
@@ -97,24 +103,26 @@ def write_checkpoint(folder, model_type: str, *, hidden: int = 128, intermediate
                       dense_prefix=dense_prefix, quant=quant)
     spec = spec_from_config(cfg)
     rng = np.random.default_rng(seed)
-    tensors = {"model.embed_tokens.weight": torch.randn(64, hidden).to(torch.bfloat16)}
-    truth = {}
+    shards = max(1, min(shards, layers))
+    shard_of = [layer * shards // layers for layer in range(layers)]
+    name_of = [f"model-{i + 1:05d}-of-{shards:05d}.safetensors" for i in range(shards)]
+    pending = {"model.embed_tokens.weight": torch.randn(64, hidden).to(torch.bfloat16)}
+    truth, weight_map = {}, {}
     for layer in range(layers):
-        tensors[f"model.layers.{layer}.self_attn.q_proj.weight"] = torch.zeros(hidden, hidden, dtype=torch.bfloat16)
-        if layer not in spec.moe_layers:
-            continue
-        weights = [rng.standard_normal((experts, *shape), dtype=np.float32) * 0.1
-                   for shape in ((intermediate, hidden), (intermediate, hidden), (hidden, intermediate))]
-        layer_tensors, truth[layer] = _expert_tensors(spec.family, layer, *weights, quant)
-        tensors.update(layer_tensors)
-    names = sorted(tensors)
-    per_shard = -(-len(names) // shards)
-    weight_map = {}
-    for i in range(shards):
-        shard = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
-        part = {n: tensors[n].contiguous() for n in names[i * per_shard:(i + 1) * per_shard]}
-        save_file(part, str(folder / shard), metadata={"format": "pt"})
-        weight_map.update(dict.fromkeys(part, shard))
+        pending[f"model.layers.{layer}.self_attn.q_proj.weight"] = torch.zeros(hidden, hidden, dtype=torch.bfloat16)
+        if layer in spec.moe_layers:
+            weights = [rng.standard_normal((experts, *shape), dtype=np.float32) * 0.1
+                       for shape in ((intermediate, hidden), (intermediate, hidden), (hidden, intermediate))]
+            layer_tensors, real = _expert_tensors(spec.family, layer, *weights, quant, keep_truth)
+            del weights
+            if keep_truth:
+                truth[layer] = real
+            pending.update(layer_tensors)
+        if layer == layers - 1 or shard_of[layer + 1] != shard_of[layer]:
+            shard = name_of[shard_of[layer]]
+            save_file({n: t.contiguous() for n, t in pending.items()}, str(folder / shard), metadata={"format": "pt"})
+            weight_map.update(dict.fromkeys(pending, shard))
+            pending = {}
     (folder / "config.json").write_text(json.dumps(cfg, indent=1))
     (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     return truth

@@ -27,18 +27,21 @@ def _float_source(matrix, name: str):
     return x.astype(np.float32, copy=False)
 
 
-def quantize_int8(matrix, name: str = "weight") -> dict[str, np.ndarray]:
-    """[N, K] float -> {"codes": int8 [N, K], "scales": f32 [N, 1]}."""
+def quantize_int8(matrix, name: str = "weight", out: dict | None = None) -> dict[str, np.ndarray]:
+    """[N, K] float -> {"codes": int8 [N, K], "scales": f32 [N, 1]}, written into `out`'s
+    arrays when given (kt convert passes slices of the layer it is building)."""
     pool.ensure()
     src = _float_source(matrix, name)
     n, k = _arrays.shape_of(src)
-    out = {"codes": np.empty((n, k), np.int8), "scales": np.empty((n, 1), np.float32)}
+    out = out or {"codes": np.empty((n, k), np.int8), "scales": np.empty((n, 1), np.float32)}
     _native.quantize_int8_codes(src, out["codes"], out["scales"])
     return out
 
 
-def quantize_int4(matrix, group_size: int, zero_point: bool, name: str = "weight") -> dict[str, np.ndarray]:
-    """[N, K] float -> {"codes": uint8 [N, K/2], "scales": f32 [N, K/G], ["zeros": uint8 [N, K/G]]}."""
+def quantize_int4(matrix, group_size: int, zero_point: bool, name: str = "weight",
+                  out: dict | None = None) -> dict[str, np.ndarray]:
+    """[N, K] float -> {"codes": uint8 [N, K/2], "scales": f32 [N, K/G], ["zeros": uint8 [N, K/G]]},
+    written into `out`'s arrays when given."""
     if group_size not in INT4_GROUPS:
         raise ValueError(f"INT4 group size must be one of {INT4_GROUPS}, got {group_size}")
     pool.ensure()
@@ -46,8 +49,9 @@ def quantize_int4(matrix, group_size: int, zero_point: bool, name: str = "weight
     n, k = _arrays.shape_of(src)
     if k % group_size:
         raise ValueError(f"{name}: group size {group_size} does not divide K = {k}")
-    out = {"codes": np.empty((n, k // 2), np.uint8), "scales": np.empty((n, k // group_size), np.float32)}
-    if zero_point:
-        out["zeros"] = np.empty((n, k // group_size), np.uint8)
+    if out is None:
+        out = {"codes": np.empty((n, k // 2), np.uint8), "scales": np.empty((n, k // group_size), np.float32)}
+        if zero_point:
+            out["zeros"] = np.empty((n, k // group_size), np.uint8)
     _native.quantize_int4_codes(src, group_size, zero_point, out["codes"], out["scales"], out.get("zeros"))
     return out

@@ -54,9 +54,11 @@ def _quantize_layer(ckpt: Checkpoint, layer: int, method: str, group: int, zero_
     for e in range(ckpt.spec.num_experts):
         for proj, matrix in zip(("gate", "up", "down"), float_experts(ckpt, layer, e)):
             name = f"layer {layer} expert {e} {proj}"
-            q = kc.quantize_int8(matrix, name) if method == "INT8" else kc.quantize_int4(matrix, group, zero_point, name)
-            for part, arr in q.items():
-                out[f"{proj}.{part}"][e] = arr
+            dst = {part: out[f"{proj}.{part}"][e] for part in ("codes", "scales", "zeros") if f"{proj}.{part}" in out}
+            if method == "INT8":
+                kc.quantize_int8(matrix, name, out=dst)
+            else:
+                kc.quantize_int4(matrix, group, zero_point, name, out=dst)
     return out
 
 
