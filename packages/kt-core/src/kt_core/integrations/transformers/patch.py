@@ -15,6 +15,7 @@ from ...backends.selection import canonical_method
 from ...errors import KTError
 from ...models import ACTIVATIONS, FAMILIES, Family
 from ...moe import MoE
+from ...weights import ConvertedFolder, load_layer, open_weights
 from .deferral import Handoff
 from .experts import KTExperts
 from .placement import gpu_expert_masks
@@ -113,7 +114,7 @@ def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None =
                 placement: str = "uniform", stats_file: str | os.PathLike | None = None, placement_seed: int = 42,
                 max_deferred_experts_per_token: int = 0, group_size: int = 0, zero_point: bool = False,
                 record_stats: str | os.PathLike | None = None, free_originals: bool = True, max_tokens: int = 4096,
-                fast_activations: bool = False) -> KTPatch:
+                fast_activations: bool = False, weight_path: str | os.PathLike | None = None) -> KTPatch:
     """Run every MoE block's routed experts of a loaded transformers model on kt, in place.
 
     The router, shared experts, attention and everything else stay torch modules; `generate()`
@@ -125,6 +126,10 @@ def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None =
     of each token's lowest-weight CPU experts are added into the next MoE layer's output instead.
     `record_stats=PATH` counts each expert's activations per layer, saved by `KTPatch.save_stats()`
     and at exit. Forwards above `max_tokens` tokens run on kt in chunks of that size.
+
+    `weight_path`: read kt's experts from there instead of the model's tensors — a `kt convert`
+    folder (INT8/INT4; its group size and zero points are used unless given) or a Hugging Face
+    folder loaded as stored (BF16, FP8, RAWINT4). GPU-resident experts still come from the model.
     """
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
@@ -161,6 +166,12 @@ def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None =
                             path=record_stats)
         atexit.register(stats.save_if_unsaved)
     handoff = Handoff() if defer else None
+    source = None
+    if weight_path is not None:
+        # Opened once: a converted folder's manifest and source hash, or a checkpoint's shard index.
+        source = open_weights(weight_path)
+        if isinstance(source, ConvertedFolder):
+            group_size, zero_point = group_size or source.group_size, zero_point or source.zero_point
 
     patched: dict[int, KTExperts] = {}
     freed = 0
@@ -172,8 +183,11 @@ def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None =
                 moe = MoE(num_experts=num_experts, top_k=top_k, hidden_size=hidden, intermediate_size=intermediate,
                           method=method, gpu_experts_mask=mask, max_tokens=max_tokens, backend=backend,
                           group_size=group_size, zero_point=zero_point, fast_activations=fast_activations)
-                w = gate_up.detach()
-                moe.load(w[:, :intermediate], w[:, intermediate:], down.detach())
+                if source is not None:
+                    load_layer(moe, source, layer)
+                else:
+                    w = gate_up.detach()
+                    moe.load(w[:, :intermediate], w[:, intermediate:], down.detach())
             resident = torch.tensor([e for e in range(num_experts) if mask[e]], dtype=torch.int64, device=gate_up.device)
             last = order == len(blocks) - 1
             module = KTExperts(layer=layer, order=order, num_experts=num_experts, moe=moe, gpu_mask=mask,
