@@ -184,3 +184,23 @@ def test_kt_convert_command(tmp_path, model):
     assert torch.isfinite(forward(kt)).all()
     again = runner.invoke(app, ["convert", str(model), str(tmp_path / "out"), "--group-size", "64"])
     assert again.exit_code == 1 and "already holds a kt conversion" in " ".join(again.output.split())
+
+
+@pytest.mark.parametrize("model_type", ["deepseek_v2", "kimi_k2", "qwen2_moe", "qwen3_moe", "qwen3_vl_moe", "mixtral",
+                                        "minimax_m2", "glm4_moe", "olmoe"])
+def test_every_family_converts_and_loads(tmp_path, model_type):
+    from kt_core.testing.reference import moe_reference, relative_error
+
+    truth = write_checkpoint(tmp_path / "m", model_type, hidden=H, intermediate=I, experts=E, layers=2)
+    out = convert(tmp_path / "m", tmp_path / "out", method="INT8")
+    layer = max(truth)
+    kt = wrapper(out, layer, "INT8", backend="reference")
+    kt.load_weights()
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(7, H, generator=g)
+    ids = torch.stack([torch.randperm(E, generator=g)[:TOP_K] for _ in range(7)])
+    w = torch.rand(7, TOP_K, generator=g)
+    expect = moe_reference(x.double().numpy(), *truth[layer], ids.numpy(), w.double().numpy())
+    # Against the unquantized weights per-channel int8 costs 3.5e-2 - 6.5e-2 of the output RMS
+    # (max error / RMS, docs/backends.md); 1e-1 leaves margin, a wrong tensor gives ~1.
+    assert relative_error(kt.forward(x, ids, w).double().numpy(), expect) < 1e-1
