@@ -78,3 +78,16 @@ def test_compare_kt_kernel_adds_its_column(tmp_path):
     assert r.returncode == 0, r.stderr + r.stdout
     row = json.loads(out.read_text())["rows"][0]
     assert row["kt_kernel_ms"] > 0 and row["speedup_vs_kt_kernel"] > 0
+
+
+def test_presets_and_model_folders_go_through_the_registry(tmp_path):
+    import json
+
+    from kt_core.model_shapes import SHAPES, shape_for
+
+    assert (SHAPES["deepseek-v3"].moe_layers, SHAPES["kimi-k2"].experts, SHAPES["glm-4.5"].moe_layers) == (58, 384, 89)
+    cfg = {"model_type": "minimax_m2", "hidden_size": 64, "intermediate_size": 32, "num_local_experts": 4,
+           "num_experts_per_tok": 2, "num_hidden_layers": 3}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    shape = shape_for(str(tmp_path))
+    assert (shape.hidden, shape.intermediate, shape.experts, shape.top_k, shape.moe_layers) == (64, 32, 4, 2, 3)

@@ -1,12 +1,13 @@
-"""MoE layer shapes of the model families kt serves, as their config.json files give them.
-
-One entry per model: routed-expert geometry and how many layers are MoE layers (dense layers,
-e.g. DeepSeek's first_k_dense_replace, excluded). `kt bench --model NAME` reads this table.
-"""
+"""MoE layer shapes for `kt bench`: the presets of kt_core.models (known models' config
+excerpts, read through the family registry) or any model folder's config.json."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+
+from .models import ModelSpec, read_config, spec_from_config
+from .models.presets import PRESET_CONFIGS, preset
 
 
 @dataclass(frozen=True)
@@ -18,12 +19,18 @@ class MoEShape:
     top_k: int
     moe_layers: int       # layers whose MLP is an MoE block
 
+    @classmethod
+    def of(cls, name: str, spec: ModelSpec) -> MoEShape:
+        return cls(name, spec.hidden, spec.intermediate, spec.num_experts, spec.top_k, len(spec.moe_layers))
 
-SHAPES = {s.name: s for s in (
-    MoEShape("qwen3-30b-a3b", hidden=2048, intermediate=768, experts=128, top_k=8, moe_layers=48),
-    MoEShape("qwen3-235b-a22b", hidden=4096, intermediate=1536, experts=128, top_k=8, moe_layers=94),
-    MoEShape("deepseek-v3", hidden=7168, intermediate=2048, experts=256, top_k=8, moe_layers=58),
-    MoEShape("kimi-k2", hidden=7168, intermediate=2048, experts=384, top_k=8, moe_layers=60),
-    MoEShape("mixtral-8x7b", hidden=4096, intermediate=14336, experts=8, top_k=2, moe_layers=32),
-    MoEShape("olmoe-1b-7b", hidden=2048, intermediate=1024, experts=64, top_k=8, moe_layers=16),
-)}
+
+SHAPES = {name: MoEShape.of(name, preset(name)) for name in PRESET_CONFIGS}
+
+
+def shape_for(model: str) -> MoEShape:
+    """A preset name, or a model folder holding a config.json."""
+    if model in SHAPES:
+        return SHAPES[model]
+    if (Path(model) / "config.json").is_file():
+        return MoEShape.of(Path(model).name, spec_from_config(read_config(model)))
+    raise KeyError(model)

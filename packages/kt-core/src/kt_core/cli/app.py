@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 
 from .. import __version__
-from ..model_shapes import SHAPES, MoEShape
+from ..model_shapes import SHAPES, MoEShape, shape_for
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="kt: run the routed experts of Mixture-of-Experts models on the CPU.")
@@ -91,7 +91,7 @@ def demo(
 
 @app.command()
 def bench(
-    model: str = typer.Option(None, help="preset shape: " + ", ".join(SHAPES)),
+    model: str = typer.Option(None, help="a model folder (its config.json) or a preset: " + ", ".join(SHAPES)),
     hidden: int = typer.Option(None, help="hidden size (instead of --model)"),
     intermediate: int = typer.Option(None, help="expert intermediate size"),
     experts: int = typer.Option(None, help="routed experts in the layer"),
@@ -118,9 +118,13 @@ def bench(
     from ..host import host
 
     if model:
-        if model not in SHAPES:
-            raise typer.BadParameter(f"unknown model {model!r}; presets: {', '.join(SHAPES)}", param_hint="--model")
-        base = SHAPES[model]
+        try:
+            base = shape_for(model)
+        except KTError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--model") from None
+        except KeyError:
+            raise typer.BadParameter(f"unknown model {model!r}: neither a preset ({', '.join(SHAPES)}) nor a folder "
+                                     "with a config.json", param_hint="--model") from None
     else:
         missing = [n for n, v in (("--hidden", hidden), ("--intermediate", intermediate), ("--experts", experts),
                                   ("--top-k", top_k)) if v is None]
