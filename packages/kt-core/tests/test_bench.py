@@ -23,6 +23,7 @@ def test_json_schema_and_plot(tmp_path):
     assert data["schema_version"] == 1
     assert data["shape"] == {"name": "custom", "hidden": 64, "intermediate": 32, "experts": 4, "top_k": 2, "moe_layers": 1}
     assert set(data["bandwidth"]) == {"1"} and data["bandwidth"]["1"]["median_gbps"] > 0
+    assert [g["group"] for g in data["bandwidth"]["1"]["per_group"]] == [0]
     assert set(data["peak"]) == {"BF16 N=1", "FP32 N=1"}
     assert {(r["method"], r["tokens"], r["bound"]) for r in data["rows"]} == {
         ("BF16", 1, "memory"), ("BF16", 40, "compute"), ("FP32", 1, "memory"), ("FP32", 40, "compute")}
@@ -91,3 +92,16 @@ def test_presets_and_model_folders_go_through_the_registry(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     shape = shape_for(str(tmp_path))
     assert (shape.hidden, shape.intermediate, shape.experts, shape.top_k, shape.moe_layers) == (64, 32, 4, 2, 3)
+
+
+def test_bandwidth_per_numa_group(tmp_path):
+    # Two virtual NUMA groups on this host's cores: one figure per group, all measured at once.
+    out = tmp_path / "bench.json"
+    args = list(TINY)
+    args[args.index("--threads") + 1] = "2"
+    r = kt("bench", *args, "--method", "FP32", "--json", str(out), KT_VIRTUAL_NUMA="2")
+    assert r.returncode == 0, r.stderr + r.stdout
+    groups = json.loads(out.read_text())["bandwidth"]["2"]["per_group"]
+    assert [(g["group"], g["threads"]) for g in groups] == [(0, 1), (1, 1)]
+    assert all(g["median_gbps"] > 0 for g in groups)
+    assert "per NUMA group, all at once" in r.stdout

@@ -17,6 +17,8 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -364,6 +366,19 @@ double bench_fork_join(int64_t iterations, int64_t range) {
 
 // Sustained read bandwidth with the pool's threads: each thread sums its own slice of a buffer
 // far larger than the caches (huge pages, like the weights). Returns GB/s of every repeat.
+uint64_t sum_words(const uint64_t* data, size_t begin, size_t end) {
+    uint64_t a = 0, b = 0, d = 0, e = 0;   // four chains so the adds keep up with memory
+    size_t k = begin;
+    for (; k + 4 <= end; k += 4) {
+        a += data[k];
+        b += data[k + 1];
+        d += data[k + 2];
+        e += data[k + 3];
+    }
+    for (; k < end; ++k) a += data[k];
+    return a + b + d + e;
+}
+
 std::vector<double> bench_read_bandwidth(size_t bytes, int repeats) {
     nb::gil_scoped_release release;
     auto& pool = kt::global_pool();
@@ -382,20 +397,62 @@ std::vector<double> bench_read_bandwidth(size_t bytes, int repeats) {
         const auto t0 = std::chrono::steady_clock::now();
         pool.parallel_for(parts, [](void* c, size_t i) {
             auto* x = static_cast<Ctx*>(c);
-            const size_t begin = x->words * i / x->parts, end = x->words * (i + 1) / x->parts;
-            uint64_t a = 0, b = 0, d = 0, e = 0;   // four chains so the adds keep up with memory
-            size_t k = begin;
-            for (; k + 4 <= end; k += 4) {
-                a += x->data[k];
-                b += x->data[k + 1];
-                d += x->data[k + 2];
-                e += x->data[k + 3];
-            }
-            for (; k < end; ++k) a += x->data[k];
-            x->sums[i * 8] = a + b + d + e;   // one cache line per thread: no false sharing
+            x->sums[i * 8] = sum_words(x->data, x->words * i / x->parts, x->words * (i + 1) / x->parts);  // a line each
         }, &ctx);
         const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         rates.push_back(double(words * sizeof(uint64_t)) / s / 1e9);
+    }
+    return rates;
+}
+
+// Per NUMA group, all groups at once (as the MoE path runs): each group's threads read a
+// buffer bound to that group's node, one slice per thread; a group's rate is its bytes over
+// the time its last slice finished. Returns [repeat][group] GB/s. A thread that runs out of
+// work may help another group (the pool steals), which then reads remote memory: with equal
+// slices per thread that only happens at the very end, and it is what the MoE path does too.
+std::vector<std::vector<double>> bench_read_bandwidth_per_group(size_t bytes_per_group, int repeats) {
+    nb::gil_scoped_release release;
+    auto& pool = kt::global_pool();
+    const int groups = pool.num_groups();
+    const size_t words = bytes_per_group / sizeof(uint64_t);
+    std::vector<kt::NumaBuffer> buffers;
+    for (int g = 0; g < groups; ++g) {
+        buffers.push_back(kt::make_numa_buffer(words * sizeof(uint64_t), 64, pool.group_numa_node(g), true));
+        auto* data = static_cast<uint64_t*>(buffers.back().get());
+        for (size_t i = 0; i < words; ++i) data[i] = i;
+    }
+    std::vector<size_t> ranges(static_cast<size_t>(groups));
+    for (int g = 0; g < groups; ++g) ranges[size_t(g)] = size_t(pool.group_size(g));
+    const size_t widest = *std::max_element(ranges.begin(), ranges.end());
+    using Clock = std::chrono::steady_clock;
+    struct Ctx {
+        std::vector<const uint64_t*> data;
+        const size_t* ranges;
+        size_t words, widest;
+        std::vector<uint64_t> sums;               // one cache line per (group, slice)
+        std::vector<std::atomic<int64_t>> done;   // per group: latest finish, ns after t0
+        Clock::time_point t0;
+    } ctx{{}, ranges.data(), words, widest, std::vector<uint64_t>(size_t(groups) * widest * 8),
+          std::vector<std::atomic<int64_t>>(size_t(groups)), Clock::now()};
+    for (auto& b : buffers) ctx.data.push_back(static_cast<const uint64_t*>(b.get()));
+    std::vector<std::vector<double>> rates;
+    for (int r = 0; r < repeats; ++r) {
+        for (auto& d : ctx.done) d.store(0);
+        ctx.t0 = Clock::now();
+        pool.parallel_for_groups(ranges.data(), [](void* c, int g, size_t i) {
+            auto* x = static_cast<Ctx*>(c);
+            const size_t parts = x->ranges[g];
+            x->sums[(size_t(g) * x->widest + i) * 8] =
+                sum_words(x->data[size_t(g)], x->words * i / parts, x->words * (i + 1) / parts);
+            const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - x->t0).count();
+            int64_t seen = x->done[size_t(g)].load();
+            while (seen < ns && !x->done[size_t(g)].compare_exchange_weak(seen, ns)) {
+            }
+        }, &ctx);
+        std::vector<double> per;
+        for (int g = 0; g < groups; ++g)
+            per.push_back(double(words * sizeof(uint64_t)) / (double(ctx.done[size_t(g)].load()) * 1e-9) / 1e9);
+        rates.push_back(per);
     }
     return rates;
 }
@@ -469,6 +526,7 @@ NB_MODULE(_native, m) {
     m.def("pool_job_pending", [] { return kt::global_pool().job_pending(); });
     m.def("bench_fork_join", &bench_fork_join, "iterations"_a, "range"_a);
     m.def("bench_read_bandwidth", &bench_read_bandwidth, "bytes"_a, "repeats"_a);
+    m.def("bench_read_bandwidth_per_group", &bench_read_bandwidth_per_group, "bytes_per_group"_a, "repeats"_a);
     m.def("quantize_int8_codes", &quantize_int8_codes, "source"_a, "codes"_a, "scales"_a);
     m.def("quantize_int4_codes", &quantize_int4_codes, "source"_a, "group"_a, "zero_point"_a, "packed"_a, "scales"_a,
           "zeros"_a = nb::none());

@@ -11,6 +11,11 @@ def render(result: dict, console: Console) -> None:
     bw = ", ".join(f"{n} thread(s) {b['median_gbps']:.1f} GB/s" for n, b in result["bandwidth"].items())
     console.print(f"[bold]{s['name']}[/bold]: hidden {s['hidden']}, intermediate {s['intermediate']}, "
                   f"{s['experts']} experts, top-{s['top_k']}; read bandwidth {bw}")
+    for n, b in result["bandwidth"].items():
+        groups = b.get("per_group", [])
+        if len(groups) > 1:
+            console.print(f"{n} thread(s), per NUMA group, all at once: " + ", ".join(
+                f"group {g['group']} (node {g['numa_node']}, {g['threads']} thr) {g['median_gbps']:.1f} GB/s" for g in groups))
     for key, peak in result["peak"].items():
         console.print(f"peak compute {key}: {peak['gmacs']:.1f} GMAC/s")
     table = Table()

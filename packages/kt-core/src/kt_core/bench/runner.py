@@ -83,8 +83,15 @@ def _time_calls(fn: Callable[[int], None], warmup: int, repeats: int) -> list[fl
 
 
 def measure_bandwidth(mib: int, repeats: int = 5) -> dict:
+    """Whole-pool read bandwidth over an interleaved buffer, and per NUMA group with every
+    group reading its own node's buffer at once (as the MoE path does)."""
     rates = _native.bench_read_bandwidth(mib * 2**20, repeats)
-    return {"median_gbps": statistics.median(rates), "best_gbps": max(rates), "buffer_mib": mib}
+    info = pool.info()
+    per_group = _native.bench_read_bandwidth_per_group(max(64, mib // len(info.groups)) * 2**20, repeats)
+    nodes = [{"group": g, "numa_node": node, "threads": threads,
+              "median_gbps": statistics.median(r[g] for r in per_group)}
+             for g, (node, threads) in enumerate(info.groups)]
+    return {"median_gbps": statistics.median(rates), "best_gbps": max(rates), "buffer_mib": mib, "per_group": nodes}
 
 
 def measure_peak(method: str, backend: str | None, rng, warmup: int, repeats: int) -> dict:
