@@ -108,7 +108,8 @@ assert err < 1e-4
 
 @nox.session
 def bench(session):
-    """Microbenchmarks; JSON results under ./results (docs/performance.md quotes them).
+    """Microbenchmarks; JSON results under ./results, from which benchmarks/update_docs.py
+    regenerates the marked sections of docs/performance.md.
     moe_layer.py (a quick set: Qwen3-30B-A3B layer, 1 and 32 tokens, every method, 1 thread and
     all cores) compares against kt-kernel 0.7.2 when benchmarks/setup_kt_kernel.sh has created
     .bench/kt-kernel-venv; its generated weights are kept in .bench/moe_layer_data for the next run."""
@@ -125,3 +126,6 @@ def bench(session):
     else:
         session.log("no .bench/kt-kernel-venv: kt-kernel columns skipped (benchmarks/setup_kt_kernel.sh creates it)")
     session.run(*moe)
+    session.run("python", "benchmarks/load_weights.py", "--layers", "4", "--experts", "128", "--json",
+                str(results / "load_weights.json"))
+    session.run("python", "benchmarks/update_docs.py", "--results", str(results))

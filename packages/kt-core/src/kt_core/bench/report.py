@@ -70,3 +70,33 @@ def plot(result: dict, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def markdown(result: dict, command: str) -> str:
+    """The result as a Markdown section for docs/performance.md: command, machine, limits, rows."""
+    s, m = result["shape"], result["machine"]
+    out = [f"`{command}` — {m['cpu']} ({m['isa_level']}, {m['physical_cores']} cores, {m['numa_nodes']} NUMA node(s)); "
+           f"{s['name']}: hidden {s['hidden']}, intermediate {s['intermediate']}, {s['experts']} experts, top-{s['top_k']}.",
+           ""]
+    for n, b in result["bandwidth"].items():
+        groups = "; per NUMA group: " + ", ".join(f"{g['median_gbps']:.1f}" for g in b.get("per_group", [])) + " GB/s" \
+            if len(b.get("per_group", [])) > 1 else ""
+        out.append(f"- read bandwidth, {n} thread(s): {b['median_gbps']:.1f} GB/s (median){groups}")
+    for key, peak in result["peak"].items():
+        out.append(f"- peak compute {key}: {peak['gmacs']:.1f} GMAC/s")
+    compared = "kt_kernel" in result
+    out += ["", "| method | threads | tokens | ms | spread | tokens/s | GB/s | GMAC/s | roofline |"
+            + (" kt-kernel ms | kt × kt-kernel |" if compared else ""),
+            "|---|---:|---:|---:|---:|---:|---:|---:|---|" + ("---:|---:|" if compared else "")]
+    for r in result["rows"]:
+        what = "bandwidth" if r["bound"] == "memory" else "peak"
+        row = (f"| {r['method']} | {r['threads']} | {r['tokens']} | {r['median_ms']:.2f} | {r['spread']:.0%} | "
+               f"{r['tokens_per_s']:.1f} | {r['gbps']:.1f} | {r['gmacs']:.1f} | {r['roofline_fraction']:.0%} of {what} |")
+        if compared:
+            row += (f" {r['kt_kernel_ms']:.2f} | {r['speedup_vs_kt_kernel']:.2f} |" if "kt_kernel_ms" in r else " - | - |")
+        out.append(row)
+    est = result["estimate"]
+    out += ["", "Whole-model decode estimate (" + est["assumption"] + "): "
+            + ", ".join(f"{k} {v:.1f} tokens/s" for k, v in est["decode_tokens_per_s"].items()) + "."]
+    out += [f"Skipped {s['method']}: {s['reason']}." for s in result["skipped"]]
+    return "\n".join(out)
