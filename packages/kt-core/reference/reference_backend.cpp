@@ -9,11 +9,13 @@
 #include "reference_common.h"
 
 #include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
 
 #include <cmath>
 
 namespace nb = nanobind;
+using namespace nb::literals;
 
 namespace kt_reference {
 
@@ -23,8 +25,6 @@ kt_status fail(kt_status code, const std::string& message) {
     if (g_host) g_host->set_error(message.c_str());
     return code;
 }
-
-namespace {
 
 float f16_to_f32(uint16_t h) {
     const uint32_t sign = uint32_t(h & 0x8000u) << 16;
@@ -45,8 +45,6 @@ float f16_to_f32(uint16_t h) {
     return f;
 }
 
-}  // namespace
-
 bool is_floating(kt_dtype dtype) {
     return dtype == KT_DTYPE_F32 || dtype == KT_DTYPE_BF16 || dtype == KT_DTYPE_F16 || dtype == KT_DTYPE_F64;
 }
@@ -60,6 +58,7 @@ const char* dtype_name(kt_dtype dtype) {
         case KT_DTYPE_I8: return "int8";
         case KT_DTYPE_U8: return "uint8";
         case KT_DTYPE_I32: return "int32";
+        default: break;   // ggml block types are named by the LLAMAFILE method
     }
     return "an unknown dtype";
 }
@@ -118,6 +117,7 @@ namespace {
 
 const kt_method_kernels kMethods[] = {
     bf16_method(), fp32_method(), int8_method(), int4_method(), rawint4_method(), fp8_method(), fp8_perchannel_method(),
+    llamafile_method(),
 };
 
 kt_status init(const kt_host_api* host) {
@@ -142,4 +142,18 @@ NB_MODULE(_native, m) {
             throw nb::value_error(("reference backend has one variant, 'baseline'; asked for '" + variant + "'").c_str());
         return nb::capsule(static_cast<const void*>(&kt_reference::kApi), KT_BACKEND_CAPSULE_NAME);
     });
+    // The reference's ggml dequantizer on its own, so tests can hold it to gguf-py's bit for bit.
+    m.def("ggml_dequantize", [](int dtype, nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> data) {
+        const auto t = static_cast<kt_dtype>(dtype);
+        const int64_t block_bytes = kt_reference::ggml_block_bytes(t), block_elems = kt_reference::ggml_block_elems(t);
+        if (block_bytes && int64_t(data.shape(0)) % block_bytes)
+            throw nb::value_error(("ggml_dequantize: " + std::to_string(data.shape(0)) + " bytes are not whole blocks of " +
+                                   std::to_string(block_bytes)).c_str());
+        const int64_t blocks = block_bytes ? int64_t(data.shape(0)) / block_bytes : 0;
+        auto* out = new float[size_t(blocks * block_elems) + 1];
+        nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<float*>(p); });
+        std::string error;
+        if (!kt_reference::ggml_dequantize(t, data.data(), blocks, out, &error)) throw nb::value_error(error.c_str());
+        return nb::ndarray<nb::numpy, float, nb::ndim<1>>(out, {size_t(blocks * block_elems)}, owner);
+    }, "dtype"_a, "data"_a, "f32 values of ggml blocks (dtype: a KT_DTYPE_GGML_* number)");
 }

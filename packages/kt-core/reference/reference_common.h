@@ -32,6 +32,9 @@ inline uint16_t f32_to_bf16(float f) {
     return uint16_t(bits >> 16);
 }
 
+// IEEE half -> f32, exact (subnormals, infinities and NaN included).
+float f16_to_f32(uint16_t h);
+
 bool is_floating(kt_dtype dtype);
 const char* dtype_name(kt_dtype dtype);
 // "bfloat16 [64, 128]": how error messages describe what a caller passed.
@@ -61,5 +64,11 @@ kt_method_kernels int4_method();
 kt_method_kernels rawint4_method();
 kt_method_kernels fp8_method();
 kt_method_kernels fp8_perchannel_method();
+// reference_ggml.cpp
+kt_method_kernels llamafile_method();
+// ggml blocks -> f32 exactly as gguf-py dequantizes them; false (with *error) for a type it does not read.
+bool ggml_dequantize(kt_dtype dtype, const uint8_t* data, int64_t blocks, float* out, std::string* error);
+int64_t ggml_block_bytes(kt_dtype dtype);   // 0 for a type it does not read
+int64_t ggml_block_elems(kt_dtype dtype);
 
 }  // namespace kt_reference

@@ -29,7 +29,7 @@ extern "C" {
 #endif
 
 #define KT_PLUGIN_ABI_MAJOR 1
-#define KT_PLUGIN_ABI_MINOR 0
+#define KT_PLUGIN_ABI_MINOR 1
 #define KT_BACKEND_CAPSULE_NAME "kt.backend_api"
 
 /* True when a table of size `struct_size` contains `field` (for reading older plugins). */
@@ -47,7 +47,11 @@ typedef enum kt_status {
 } kt_status;
 
 /* Element types of tensors handed to packers and quantizers. Integer types carry
- * pre-quantized checkpoint data (RAWINT4 int32 words, FP8 E4M3 bytes as U8, zero points). */
+ * pre-quantized checkpoint data (RAWINT4 int32 words, FP8 E4M3 bytes as U8, zero points).
+ * ABI 1.1 adds the ggml block types of GGUF files (method LLAMAFILE): KT_DTYPE_GGML_BASE plus
+ * ggml's own `ggml_type` number, so any ggml type has a value even before it is listed here.
+ * They name a matrix's format in kt_moe_config.weight_dtype; the matrix itself reaches the
+ * packer as U8 bytes [rows, bytes per row], the blocks exactly as the file stores them. */
 typedef enum kt_dtype {
     KT_DTYPE_F32 = 0,
     KT_DTYPE_BF16 = 1,
@@ -55,7 +59,16 @@ typedef enum kt_dtype {
     KT_DTYPE_F64 = 3,
     KT_DTYPE_I8 = 4,
     KT_DTYPE_U8 = 5,
-    KT_DTYPE_I32 = 6
+    KT_DTYPE_I32 = 6,
+    KT_DTYPE_GGML_BASE = 0x100,
+    KT_DTYPE_GGML_Q4_0 = 0x100 + 2,     /* 32 elements in 18 bytes */
+    KT_DTYPE_GGML_Q8_0 = 0x100 + 8,     /* 32 elements in 34 bytes */
+    KT_DTYPE_GGML_Q2_K = 0x100 + 10,    /* 256 elements in 84 bytes */
+    KT_DTYPE_GGML_Q3_K = 0x100 + 11,    /* 256 elements in 110 bytes */
+    KT_DTYPE_GGML_Q4_K = 0x100 + 12,    /* 256 elements in 144 bytes */
+    KT_DTYPE_GGML_Q5_K = 0x100 + 13,    /* 256 elements in 176 bytes */
+    KT_DTYPE_GGML_Q6_K = 0x100 + 14,    /* 256 elements in 210 bytes */
+    KT_DTYPE_GGML_IQ4_XS = 0x100 + 23   /* 256 elements in 136 bytes */
 } kt_dtype;
 
 /* kt_moe_config.quant_flags */
@@ -117,6 +130,10 @@ typedef struct kt_moe_config {
     int64_t top_k;
     int64_t group_size;      /* group-wise formats (INT4): elements per group along K; 0 = method default */
     uint32_t quant_flags;    /* KT_QUANT_* */
+    /* ABI 1.1. Storage type of gate, up and down for methods whose packed size depends on it
+     * (LLAMAFILE: KT_DTYPE_GGML_*; a GGUF file may store down in another type than gate/up);
+     * KT_DTYPE_F32 for every other method. Read it only when KT_HAS_FIELD says it is there. */
+    kt_dtype weight_dtype[3];
 } kt_moe_config;
 
 /* A 2-D row-major source matrix for the packer; `row_stride` in elements. */

@@ -177,10 +177,16 @@ struct Layer {
 
     Layer(const Backend& b, const std::string& method, int64_t hidden, int64_t intermediate, int64_t experts,
           int64_t top_k, std::vector<bool> on_cpu, int64_t max_tokens, int64_t group_size, bool zero_point,
-          bool fast_activations)
+          bool fast_activations, std::vector<int> weight_dtype)
         : backend(b) {
         kt_moe_config shape{sizeof(kt_moe_config), hidden, intermediate, experts, top_k, group_size,
-                            (zero_point ? KT_QUANT_ZERO_POINT : 0u) | (fast_activations ? KT_QUANT_FAST_ACTIVATIONS : 0u)};
+                            (zero_point ? KT_QUANT_ZERO_POINT : 0u) | (fast_activations ? KT_QUANT_FAST_ACTIVATIONS : 0u),
+                            {KT_DTYPE_F32, KT_DTYPE_F32, KT_DTYPE_F32}};
+        // Storage types of gate, up, down (LLAMAFILE's ggml types); the packer judges them.
+        if (!weight_dtype.empty() && weight_dtype.size() != 3)
+            throw nb::value_error(("weight_dtype lists gate, up and down: 3 entries, got " +
+                                   std::to_string(weight_dtype.size())).c_str());
+        for (size_t i = 0; i < weight_dtype.size(); ++i) shape.weight_dtype[i] = static_cast<kt_dtype>(weight_dtype[i]);
         const kt_method_kernels* kernels = backend.method(method);
         if (kernels->declines && kernels->declines(&shape, max_tokens))
             throw nb::value_error(("backend '" + std::string(backend.api->name) + "' declines method " + method +
@@ -562,9 +568,10 @@ NB_MODULE(_native, m) {
 
     nb::class_<Layer>(m, "MoeLayer")
         .def(nb::init<const Backend&, const std::string&, int64_t, int64_t, int64_t, int64_t, std::vector<bool>, int64_t,
-                      int64_t, bool, bool>(),
+                      int64_t, bool, bool, std::vector<int>>(),
              "backend"_a, "method"_a, "hidden"_a, "intermediate"_a, "num_experts"_a, "top_k"_a, "expert_on_cpu"_a,
-             "max_tokens"_a, "group_size"_a = 0, "zero_point"_a = false, "fast_activations"_a = false)
+             "max_tokens"_a, "group_size"_a = 0, "zero_point"_a = false, "fast_activations"_a = false,
+             "weight_dtype"_a = std::vector<int>{})
         .def("load_expert", &Layer::load_expert, "expert"_a, "gate"_a, "up"_a, "down"_a, "gate_scale"_a = nb::none(),
              "up_scale"_a = nb::none(), "down_scale"_a = nb::none(), "gate_zero"_a = nb::none(), "up_zero"_a = nb::none(),
              "down_zero"_a = nb::none())

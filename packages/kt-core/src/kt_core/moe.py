@@ -16,13 +16,14 @@ import numpy as np
 from . import _arrays, _native, pool
 from .backends.selection import canonical_method, selector
 from .errors import BackendError, WeightsError
+from .gguf.types import ggml_type
 
 
 class MoE:
     def __init__(self, *, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
                  method: str = "BF16", gpu_experts_mask: Sequence[bool] | None = None, max_tokens: int = 4096,
                  backend: str | None = None, group_size: int = 0, zero_point: bool = False,
-                 fast_activations: bool = False):
+                 fast_activations: bool = False, weight_types: Sequence[str] | None = None):
         for name, value in (("num_experts", num_experts), ("top_k", top_k), ("hidden_size", hidden_size),
                             ("intermediate_size", intermediate_size), ("max_tokens", max_tokens)):
             if int(value) <= 0:
@@ -43,6 +44,7 @@ class MoE:
         if len(mask) != self.num_experts:
             raise ValueError(f"gpu_experts_mask has {len(mask)} entries, expected num_experts={self.num_experts}")
         self.gpu_experts_mask = tuple(mask)
+        self.weight_types = self._weight_types(weight_types)
         pool.ensure()
         shape = (self.hidden_size, self.intermediate_size, self.num_experts, self.top_k)
         sel = selector()
@@ -57,10 +59,42 @@ class MoE:
                 raise BackendError(f"backend {backend!r} cannot run method {self.method} here; it provides {provides}"
                                    + (f" ({why})" if why else "") + "; see `kt backends`")
             self.candidate, native = choices[0], sel.load(choices[0])
+        if self.weight_types:
+            self._check_ggml_support(sel)
         self._layer = _native.MoeLayer(native, self.method, self.hidden_size, self.intermediate_size,
                                        self.num_experts, self.top_k, [not g for g in mask], self.max_tokens,
-                                       self.group_size, self.zero_point, self.fast_activations)
+                                       self.group_size, self.zero_point, self.fast_activations,
+                                       [ggml_type(t).kt_dtype for t in self.weight_types])
         self._pending = None
+
+    def _weight_types(self, weight_types) -> tuple[str, ...]:
+        """LLAMAFILE's ggml types of (gate, up, down); every other method stores one format."""
+        if self.method != "LLAMAFILE":
+            if weight_types is not None:
+                raise ValueError(f"weight_types names the ggml types of method LLAMAFILE; method {self.method} "
+                                 "has none")
+            return ()
+        if weight_types is None or len(weight_types) != 3:
+            raise ValueError("method LLAMAFILE needs weight_types=(gate, up, down), their ggml types such as "
+                             "('Q4_K', 'Q4_K', 'Q6_K'); KTMoEWrapper and kt_core.gguf read them from the GGUF file")
+        names = tuple(ggml_type(t).name for t in weight_types)
+        for name, t in zip(("gate", "up", "down"), names):
+            k = self.intermediate_size if name == "down" else self.hidden_size
+            block = ggml_type(t).block_elems
+            if k % block:
+                raise ValueError(f"{name} is {t}, whose blocks hold {block} elements along K; K = {k} "
+                                 f"({'intermediate' if name == 'down' else 'hidden'}) is not a multiple of {block}")
+        return names
+
+    def _check_ggml_support(self, sel) -> None:
+        supported = self.candidate.spec.ggml_types
+        missing = [t for t in dict.fromkeys(self.weight_types) if t not in supported]
+        if missing:
+            others = list(dict.fromkeys(c.backend for c in sel.ranked(self.method)
+                                        if all(t in c.spec.ggml_types for t in self.weight_types)))
+            raise BackendError(f"{self.backend} runs LLAMAFILE for ggml types {', '.join(supported) or 'none'}; this "
+                               f"layer stores {', '.join(missing)}" +
+                               (f" (backend={others[0]!r} can run it)" if others else ""))
 
     # -- identity -------------------------------------------------------------------------
     @property

@@ -61,7 +61,8 @@ class KTMoEWrapper:
         self._moe = MoE(num_experts=self.num_experts, top_k=self.num_experts_per_tok, hidden_size=self.hidden_size,
                         intermediate_size=self.moe_intermediate_size, method=self.method, gpu_experts_mask=mask,
                         max_tokens=self.chunked_prefill_size, backend=backend, group_size=group_size,
-                        zero_point=zero_point, fast_activations=fast_activations)
+                        zero_point=zero_point, fast_activations=fast_activations,
+                        weight_types=self._gguf_types())
         requested = canonical_method(self.method)
         if self.method.startswith("AMX") and "amx_tile" not in host().features:
             log.info("method %s runs as %s on %s: this CPU has no usable AMX", self.method, requested, self._moe.backend)
@@ -78,6 +79,18 @@ class KTMoEWrapper:
             return group_size, zero_point
         manifest = read_manifest(Path(self.weight_path))
         return (group_size or int(manifest.get("group_size", 0)), zero_point or bool(manifest.get("zero_point")))
+
+    def _gguf_types(self) -> tuple[str, str, str] | None:
+        """LLAMAFILE's packed size depends on the ggml types of this layer's experts: read them
+        from the GGUF file at weight_path (its metadata only; the model is parsed once per process)."""
+        if canonical_method(self.method) != "LLAMAFILE":
+            return None
+        if not self.weight_path:
+            raise KTError("method LLAMAFILE reads its experts from a GGUF file: pass weight_path= (a .gguf file, one "
+                          "file of a split set, or their folder)")
+        from .gguf import open_gguf
+
+        return open_gguf(self.weight_path).layer_experts(self.layer_idx).types
 
     @staticmethod
     def _configure_pool(cpuinfer_threads, threadpool_count) -> None:

@@ -29,10 +29,12 @@ class Variant:
     requires: frozenset[str] = frozenset()   # host features it executes
     methods: tuple[str, ...] = ()            # methods (weight formats) it provides
     rank: int = 0                # order among this backend's variants; higher is better
+    ggml_types: tuple[str, ...] = ()         # ggml block types its LLAMAFILE kernels read ("Q4_K", ...)
 
     def __post_init__(self):
         object.__setattr__(self, "requires", frozenset(self.requires))
         object.__setattr__(self, "methods", tuple(m.upper() for m in self.methods))
+        object.__setattr__(self, "ggml_types", tuple(t.upper() for t in self.ggml_types))
 
 
 @dataclass(frozen=True)

@@ -226,10 +226,12 @@ class Selector:
                 )
             rows.append({"backend": c.backend, "variant": c.variant, "tier": c.tier.name.lower(), "rank": c.rank,
                          "score": c.score, "runnable": c.runnable and key not in self.load_failures,
-                         "methods": list(c.methods), "chosen_for": chosen, "reason": reason})
+                         "methods": list(c.methods), "ggml_types": list(c.spec.ggml_types), "chosen_for": chosen,
+                         "reason": reason})
         for b in self.broken:
             rows.append({"backend": b.entry_point, "variant": "-", "tier": "-", "rank": 0, "score": 0,
-                         "runnable": False, "methods": [], "chosen_for": [], "reason": f"broken plugin: {b.error}"})
+                         "runnable": False, "methods": [], "ggml_types": [], "chosen_for": [],
+                         "reason": f"broken plugin: {b.error}"})
         return rows
 
 

@@ -30,6 +30,8 @@ def render(data: dict, console: Console) -> None:
         table.add_column(col)
     for r in data["variants"]:
         style = "green" if r["chosen_for"] else ("" if r["runnable"] else "dim")
-        table.add_row(r["backend"], r["variant"], r["tier"], str(r["score"]), ", ".join(r["methods"]),
+        methods = [f"{m} ({', '.join(r['ggml_types'])})" if m == "LLAMAFILE" and r.get("ggml_types") else m
+                   for m in r["methods"]]
+        table.add_row(r["backend"], r["variant"], r["tier"], str(r["score"]), ", ".join(methods),
                       ", ".join(r["chosen_for"]) or "-", r["reason"], style=style)
     console.print(table)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import KTError, WeightsError
+from ..gguf.reader import GGUFModel, expert_reader, is_gguf, open_gguf
 from .checkpoint import Checkpoint
 from .converted import MANIFEST, ConvertedFolder
 from .experts import checkpoint_experts, float_experts
@@ -25,10 +26,12 @@ BATCH = 32
 AS_STORED = {"BF16": ("BF16", "FP32"), "FP8": ("FP8",), "RAWINT4": ("RAWINT4",)}
 
 
-def open_weights(path: str | Path) -> Checkpoint | ConvertedFolder:
+def open_weights(path: str | Path) -> Checkpoint | ConvertedFolder | GGUFModel:
     path = Path(path)
     if (path / MANIFEST).is_file():
         return ConvertedFolder.open(path)
+    if is_gguf(path):
+        return open_gguf(path)
     return Checkpoint(path)
 
 
@@ -77,7 +80,7 @@ def _checkpoint_reader(moe, ckpt: Checkpoint, layer: int, quantize_at_load: bool
                        f"not {moe.method}")
 
 
-def load_layer(moe, source: Checkpoint | ConvertedFolder | str | Path, layer: int, physical_to_logical_map=None, *,
+def load_layer(moe, source: Checkpoint | ConvertedFolder | GGUFModel | str | Path, layer: int, physical_to_logical_map=None, *,
                quantize_at_load: bool = False) -> None:
     """Load model layer `layer`'s routed experts into `moe` (a kt_core.MoE). Physical slot p
     gets logical expert physical_to_logical_map[p]; GPU-resident slots are skipped."""
@@ -85,6 +88,8 @@ def load_layer(moe, source: Checkpoint | ConvertedFolder | str | Path, layer: in
         source = open_weights(source)
     if isinstance(source, ConvertedFolder):
         logical, read = _converted_reader(moe, source, layer)
+    elif isinstance(source, GGUFModel):
+        logical, read = expert_reader(moe, source, layer)
     else:
         logical, read = _checkpoint_reader(moe, source, layer, quantize_at_load)
     p2l = moe.physical_to_logical(physical_to_logical_map, logical)

@@ -1,0 +1,337 @@
+// LLAMAFILE: GGUF experts in their ggml block types, kept as the file stores them.
+//
+// Packed layout "kt-ggml-rows-ref-v1": gate rows [I][row bytes], up rows, down rows [H][row
+// bytes], each matrix starting on 64 bytes; a row is the file's blocks, unchanged. The
+// kernels dequantize one weight row to f32 exactly as gguf-py's `gguf.quants.dequantize`
+// does (same f32 operations in the same order: the bit-for-bit oracle, tested against it),
+// then take the dot product with the f32 activations in double.
+#include "reference_common.h"
+
+#include <cmath>
+#include <vector>
+
+namespace kt_reference {
+
+namespace {
+
+constexpr size_t kAlign = 64;
+size_t round_up(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+uint16_t u16(const uint8_t* p) { return uint16_t(p[0] | (p[1] << 8)); }
+float f16(const uint8_t* p) { return f16_to_f32(u16(p)); }
+
+// The arithmetic below is f32 with one rounding per operation, as NumPy does it; this file is
+// compiled for the baseline ISA, which has no FMA for the compiler to contract `a * b - c` into.
+
+void dq_q4_0(const uint8_t* b, float* y) {
+    const float d = f16(b);
+    for (int l = 0; l < 16; ++l) {
+        y[l] = d * float(int(b[2 + l] & 15) - 8);
+        y[l + 16] = d * float(int(b[2 + l] >> 4) - 8);
+    }
+}
+
+void dq_q8_0(const uint8_t* b, float* y) {
+    const float d = f16(b);
+    for (int l = 0; l < 32; ++l) y[l] = float(int8_t(b[2 + l])) * d;
+}
+
+void dq_q2_k(const uint8_t* b, float* y) {
+    const uint8_t* scales = b;
+    const uint8_t* qs = b + 16;
+    const float d = f16(b + 80), dmin = f16(b + 82);
+    for (int e = 0; e < 256; ++e) {
+        const int h = e / 128, s = (e % 128) / 32, l = e % 32;
+        const float dl = d * float(scales[e / 16] & 15), ml = dmin * float(scales[e / 16] >> 4);
+        const float q = float((qs[h * 32 + l] >> (2 * s)) & 3);
+        y[e] = dl * q - ml;
+    }
+}
+
+void dq_q3_k(const uint8_t* b, float* y) {
+    const uint8_t* hmask = b;
+    const uint8_t* qs = b + 32;
+    const uint8_t* sc = b + 96;
+    const float d = f16(b + 108);
+    for (int e = 0; e < 256; ++e) {
+        const int j = e / 16;
+        const int lo = (j < 8 ? sc[j] : sc[j - 8] >> 4) & 15, hi = (sc[8 + j % 4] >> (2 * (j / 4))) & 3;
+        const float dl = d * float((lo | (hi << 4)) - 32);
+        const int h = e / 128, s = (e % 128) / 32, l = e % 32;
+        const int q = ((qs[h * 32 + l] >> (2 * s)) & 3) - (((hmask[l] >> (e / 32)) & 1) ? 0 : 4);
+        y[e] = dl * float(q);
+    }
+}
+
+// Q4_K/Q5_K's 6-bit scale and min of sub-block j (ggml's get_scale_min_k4).
+void scale_min_k4(int j, const uint8_t* q, int* sc, int* m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 15) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+void dq_q4_k(const uint8_t* b, float* y) {
+    const float d = f16(b), dmin = f16(b + 2);
+    const uint8_t* qs = b + 16;
+    for (int j = 0; j < 8; ++j) {
+        int sc, m;
+        scale_min_k4(j, b + 4, &sc, &m);
+        const float dl = d * float(sc), ml = dmin * float(m);
+        for (int l = 0; l < 32; ++l) y[32 * j + l] = dl * float((qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 15) - ml;
+    }
+}
+
+void dq_q5_k(const uint8_t* b, float* y) {
+    const float d = f16(b), dmin = f16(b + 2);
+    const uint8_t* qh = b + 16;
+    const uint8_t* qs = b + 48;
+    for (int j = 0; j < 8; ++j) {
+        int sc, m;
+        scale_min_k4(j, b + 4, &sc, &m);
+        const float dl = d * float(sc), ml = dmin * float(m);
+        for (int l = 0; l < 32; ++l) {
+            const int q = ((qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 15) | (((qh[l] >> j) & 1) << 4);
+            y[32 * j + l] = dl * float(q) - ml;
+        }
+    }
+}
+
+void dq_q6_k(const uint8_t* b, float* y) {
+    const uint8_t* ql = b;
+    const uint8_t* qh = b + 128;
+    const auto* scales = reinterpret_cast<const int8_t*>(b + 192);
+    const float d = f16(b + 208);
+    for (int e = 0; e < 256; ++e) {
+        const int h = e / 128, i = e % 128;
+        const int q = (((ql[h * 64 + i % 64] >> (4 * (i / 64))) & 15) | (((qh[h * 32 + i % 32] >> (2 * (i / 32))) & 3) << 4)) - 32;
+        y[e] = (d * float(scales[e / 16])) * float(q);
+    }
+}
+
+constexpr int8_t kIq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+void dq_iq4_xs(const uint8_t* b, float* y) {
+    const float d = f16(b);
+    const uint16_t scales_h = u16(b + 2);
+    const uint8_t* scales_l = b + 4;
+    const uint8_t* qs = b + 8;
+    for (int j = 0; j < 8; ++j) {
+        const int ls = (((scales_l[j / 2] >> (4 * (j % 2))) & 15) | (((scales_h >> (2 * j)) & 3) << 4)) - 32;
+        const float dl = d * float(ls);
+        for (int l = 0; l < 16; ++l) {
+            y[32 * j + l] = dl * float(kIq4nl[qs[16 * j + l] & 15]);
+            y[32 * j + 16 + l] = dl * float(kIq4nl[qs[16 * j + l] >> 4]);
+        }
+    }
+}
+
+struct TypeInfo {
+    kt_dtype dtype;
+    const char* name;
+    int64_t block_elems, block_bytes;
+    void (*dequantize)(const uint8_t*, float*);
+    // Byte offsets of the block's f16 scales, checked finite at load (-1: none).
+    int scale_at[2];
+};
+
+const TypeInfo kTypes[] = {
+    {KT_DTYPE_GGML_Q4_0, "Q4_0", 32, 18, dq_q4_0, {0, -1}},
+    {KT_DTYPE_GGML_Q8_0, "Q8_0", 32, 34, dq_q8_0, {0, -1}},
+    {KT_DTYPE_GGML_Q2_K, "Q2_K", 256, 84, dq_q2_k, {80, 82}},
+    {KT_DTYPE_GGML_Q3_K, "Q3_K", 256, 110, dq_q3_k, {108, -1}},
+    {KT_DTYPE_GGML_Q4_K, "Q4_K", 256, 144, dq_q4_k, {0, 2}},
+    {KT_DTYPE_GGML_Q5_K, "Q5_K", 256, 176, dq_q5_k, {0, 2}},
+    {KT_DTYPE_GGML_Q6_K, "Q6_K", 256, 210, dq_q6_k, {208, -1}},
+    {KT_DTYPE_GGML_IQ4_XS, "IQ4_XS", 256, 136, dq_iq4_xs, {0, -1}},
+};
+
+const TypeInfo* type_info(kt_dtype dtype) {
+    for (const TypeInfo& t : kTypes)
+        if (t.dtype == dtype) return &t;
+    return nullptr;
+}
+
+std::string supported_list() {
+    std::string s;
+    for (const TypeInfo& t : kTypes) s += (s.empty() ? "" : ", ") + std::string(t.name);
+    return s;
+}
+
+const char* const kMatrixName[3] = {"gate", "up", "down"};
+
+struct MatrixLayout {
+    const TypeInfo* type;
+    int64_t rows, cols, row_bytes;
+    size_t offset;
+};
+
+// Layout of one expert; `ok` is false when a type is not one this backend reads (the packer
+// then refuses, naming it; the size is still a sane number, as the core asks for it first).
+struct ExpertLayout {
+    MatrixLayout part[3];
+    size_t bytes;
+    bool ok;
+};
+
+ExpertLayout layout_of(const kt_moe_config* s) {
+    ExpertLayout l{};
+    l.ok = KT_HAS_FIELD(s, kt_moe_config, weight_dtype);
+    const int64_t rows[3] = {s->intermediate, s->intermediate, s->hidden};
+    const int64_t cols[3] = {s->hidden, s->hidden, s->intermediate};
+    size_t at = 0;
+    for (int p = 0; p < 3; ++p) {
+        MatrixLayout& m = l.part[p];
+        m.type = l.ok ? type_info(s->weight_dtype[p]) : nullptr;
+        l.ok = l.ok && m.type;
+        m.rows = rows[p];
+        m.cols = cols[p];
+        m.row_bytes = m.type ? m.cols / m.type->block_elems * m.type->block_bytes : 0;
+        m.offset = at;
+        at += round_up(size_t(m.rows * m.row_bytes));
+    }
+    l.bytes = at;
+    return l;
+}
+
+size_t packed_expert_bytes(const kt_moe_config* s) { return layout_of(s).bytes; }
+
+const std::string kWho = "reference backend LLAMAFILE: ";
+
+std::string type_name(kt_dtype d) {
+    if (const TypeInfo* t = type_info(d)) return t->name;
+    if (d >= KT_DTYPE_GGML_BASE) return "ggml type " + std::to_string(int(d) - KT_DTYPE_GGML_BASE);
+    return dtype_name(d);
+}
+
+kt_status check_config(const kt_moe_config* s) {
+    if (!KT_HAS_FIELD(s, kt_moe_config, weight_dtype))
+        return fail(KT_ERROR_INVALID_ARGUMENT, kWho + "the core passed no weight types (kt-core older than ABI 1.1)");
+    if (s->group_size != 0 || (s->quant_flags & KT_QUANT_ZERO_POINT))
+        return fail(KT_ERROR_INVALID_ARGUMENT, kWho + "ggml blocks carry their own scales; group_size and zero_point "
+                                                      "do not apply");
+    const int64_t k[3] = {s->hidden, s->hidden, s->intermediate};
+    for (int p = 0; p < 3; ++p) {
+        const TypeInfo* t = type_info(s->weight_dtype[p]);
+        if (!t)
+            return fail(KT_ERROR_UNSUPPORTED, kWho + kMatrixName[p] + " is " + type_name(s->weight_dtype[p]) +
+                                                  "; supported ggml types: " + supported_list());
+        if (k[p] % t->block_elems)
+            return fail(KT_ERROR_INVALID_ARGUMENT, kWho + kMatrixName[p] + " is " + t->name + ", whose blocks hold " +
+                                                       std::to_string(t->block_elems) + " elements; K = " +
+                                                       std::to_string(k[p]) + " is not a multiple");
+    }
+    return KT_OK;
+}
+
+kt_status pack_expert(const kt_moe_config* s, const kt_expert_weights* src, void* dst) {
+    kt_status st = check_config(s);
+    if (st != KT_OK) return st;
+    const ExpertLayout l = layout_of(s);
+    const kt_weight* w[3] = {&src->gate, &src->up, &src->down};
+    for (int p = 0; p < 3; ++p) {
+        const MatrixLayout& m = l.part[p];
+        const kt_matrix& v = w[p]->values;
+        const std::string who = kWho + kMatrixName[p] + " (" + m.type->name + ")";
+        if (!v.data || v.dtype != KT_DTYPE_U8 || v.rows != m.rows || v.cols != m.row_bytes)
+            return fail(KT_ERROR_INVALID_ARGUMENT, who + " must be uint8 [" + std::to_string(m.rows) + ", " +
+                                                       std::to_string(m.row_bytes) + "] (the blocks of each row); got " +
+                                                       describe(v));
+        if (w[p]->scales.data || w[p]->zeros.data)
+            return fail(KT_ERROR_INVALID_ARGUMENT, who + ": ggml blocks hold their scales; none may be given");
+        const auto* bytes = static_cast<const uint8_t*>(v.data);
+        for (int64_t r = 0; r < m.rows; ++r)
+            for (int64_t b = 0; b < m.row_bytes; b += m.type->block_bytes)
+                for (int at : m.type->scale_at)
+                    if (at >= 0 && (u16(bytes + r * v.row_stride + b + at) & 0x7c00u) == 0x7c00u)
+                        return fail(KT_ERROR_INVALID_ARGUMENT,
+                                    who + " row " + std::to_string(r) + " block " + std::to_string(b / m.type->block_bytes) +
+                                        " has a NaN or Inf scale; kt refuses non-finite weights at load");
+    }
+    for (int p = 0; p < 3; ++p) {
+        const MatrixLayout& m = l.part[p];
+        const kt_matrix& v = w[p]->values;
+        for (int64_t r = 0; r < m.rows; ++r)
+            std::memcpy(static_cast<char*>(dst) + m.offset + size_t(r * m.row_bytes),
+                        static_cast<const uint8_t*>(v.data) + r * v.row_stride, size_t(m.row_bytes));
+    }
+    return KT_OK;
+}
+
+void dequantize_row(const MatrixLayout& m, const char* packed, int64_t n, float* y) {
+    const auto* row = reinterpret_cast<const uint8_t*>(packed + m.offset) + n * m.row_bytes;
+    for (int64_t b = 0; b < m.cols / m.type->block_elems; ++b)
+        m.type->dequantize(row + b * m.type->block_bytes, y + b * m.type->block_elems);
+}
+
+double dot(const float* x, const float* w, int64_t k) {
+    double acc = 0.0;
+    for (int64_t i = 0; i < k; ++i) acc += double(x[i]) * double(w[i]);
+    return acc;
+}
+
+kt_status gate_up_tile(const kt_moe_config* s, const void* packed, const void* act, int64_t rows, int64_t n0,
+                       int64_t n1, float* out, int64_t out_stride) {
+    const ExpertLayout l = layout_of(s);
+    if (!l.ok) return check_config(s);
+    const auto* base = static_cast<const char*>(packed);
+    const auto* x = static_cast<const float*>(act);
+    std::vector<float> g(size_t(s->hidden)), u(size_t(s->hidden));
+    for (int64_t n = n0; n < n1; ++n) {
+        dequantize_row(l.part[0], base, n, g.data());
+        dequantize_row(l.part[1], base, n, u.data());
+        for (int64_t r = 0; r < rows; ++r) {
+            const double gv = dot(x + r * s->hidden, g.data(), s->hidden);
+            const double uv = dot(x + r * s->hidden, u.data(), s->hidden);
+            out[r * out_stride + n] = float(gv / (1.0 + std::exp(-gv)) * uv);
+        }
+    }
+    return KT_OK;
+}
+
+kt_status down_tile(const kt_moe_config* s, const void* packed, const void* act, int64_t rows, int64_t n0,
+                    int64_t n1, float* out, int64_t out_stride) {
+    const ExpertLayout l = layout_of(s);
+    if (!l.ok) return check_config(s);
+    const auto* base = static_cast<const char*>(packed);
+    const auto* x = static_cast<const float*>(act);
+    std::vector<float> d(size_t(s->intermediate));
+    for (int64_t n = n0; n < n1; ++n) {
+        dequantize_row(l.part[2], base, n, d.data());
+        for (int64_t r = 0; r < rows; ++r)
+            out[r * out_stride + n] = float(dot(x + r * s->intermediate, d.data(), s->intermediate));
+    }
+    return KT_OK;
+}
+
+}  // namespace
+
+bool ggml_dequantize(kt_dtype dtype, const uint8_t* data, int64_t blocks, float* out, std::string* error) {
+    const TypeInfo* t = type_info(dtype);
+    if (!t) {
+        *error = "ggml type " + type_name(dtype) + " is not one the reference backend reads; supported: " + supported_list();
+        return false;
+    }
+    for (int64_t b = 0; b < blocks; ++b) t->dequantize(data + b * t->block_bytes, out + b * t->block_elems);
+    return true;
+}
+
+int64_t ggml_block_bytes(kt_dtype dtype) {
+    const TypeInfo* t = type_info(dtype);
+    return t ? t->block_bytes : 0;
+}
+
+int64_t ggml_block_elems(kt_dtype dtype) {
+    const TypeInfo* t = type_info(dtype);
+    return t ? t->block_elems : 0;
+}
+
+kt_method_kernels llamafile_method() {
+    return method_table("LLAMAFILE", "kt-ggml-rows-ref-v1", "moe.ggml.f32.reference", packed_expert_bytes, pack_expert,
+                        gate_up_tile, down_tile);
+}
+
+}  // namespace kt_reference

@@ -1,0 +1,48 @@
+"""The ggml block types kt knows (method LLAMAFILE), as plugin.h numbers them.
+
+A kt_dtype for a ggml type is KT_DTYPE_GGML_BASE (0x100) plus ggml's own type number, so the
+table below is the whole mapping. Which of them a backend variant can run is in its
+descriptor (`Variant.ggml_types`), shown by `kt backends`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KT_DTYPE_GGML_BASE = 0x100
+
+
+@dataclass(frozen=True)
+class GgmlType:
+    name: str
+    ggml_id: int          # ggml's enum ggml_type
+    block_elems: int      # elements per block along K
+    block_bytes: int      # bytes per block
+
+    @property
+    def kt_dtype(self) -> int:
+        return KT_DTYPE_GGML_BASE + self.ggml_id
+
+    def row_bytes(self, k: int) -> int:
+        """Bytes of one row of k elements (k a multiple of block_elems)."""
+        return k // self.block_elems * self.block_bytes
+
+
+GGML_TYPES = {t.name: t for t in (
+    GgmlType("Q4_0", 2, 32, 18),
+    GgmlType("Q8_0", 8, 32, 34),
+    GgmlType("Q2_K", 10, 256, 84),
+    GgmlType("Q3_K", 11, 256, 110),
+    GgmlType("Q4_K", 12, 256, 144),
+    GgmlType("Q5_K", 13, 256, 176),
+    GgmlType("Q6_K", 14, 256, 210),
+    GgmlType("IQ4_XS", 23, 256, 136),
+)}
+
+
+def ggml_type(name: str) -> GgmlType:
+    """The GgmlType called `name` (case-insensitive); KeyError-free: a ValueError naming the known ones."""
+    t = GGML_TYPES.get(str(name).upper())
+    if t is None:
+        raise ValueError(f"ggml type {name!r} is not one kt reads; known: {', '.join(GGML_TYPES)}")
+    return t
