@@ -210,23 +210,6 @@ def measure_side(fn, inp: Inputs, bytes_per_expert: int, args, data: Path, truth
     return row
 
 
-def kt_load_args(data: Path, method: str):
-    """(gate, up, down, scales) for kt_core.MoE.load in the method's source format."""
-    if method == "RAWINT4":
-        packed, scale = moe_data.load_rawint4(data)
-        # docs/formats.md: int32 [N, K/8] words; the little-endian bytes are kt-kernel's uint8 [N, K/2]
-        w = [torch.from_numpy(packed[p].view(np.int32)) for p in moe_data.PROJS]
-        s = tuple(moe_data.as_bf16_tensor(scale[p]) for p in moe_data.PROJS)
-        return (*w, s)
-    if method == "FP8":
-        codes, scale = moe_data.load_fp8(data)
-        w = [torch.from_numpy(codes[p]).view(torch.float8_e4m3fn) for p in moe_data.PROJS]
-        s = tuple(torch.from_numpy(scale[p]) for p in moe_data.PROJS)
-        return (*w, s)
-    bf16 = moe_data.load_bf16(data)
-    return (*(moe_data.as_bf16_tensor(bf16[p]) for p in moe_data.PROJS), None)
-
-
 def run_kt(shape: moe_data.Shape, data: Path, method: str, threads: int, tokens: list[int], args, source_bytes: int):
     import kt_core
     from kt_core.errors import KTError
@@ -246,7 +229,7 @@ def run_kt(shape: moe_data.Shape, data: Path, method: str, threads: int, tokens:
     if refusal:
         info["skipped"] = refusal
         return info, {}
-    gate, up, down, scales = kt_load_args(data, method)
+    gate, up, down, scales = moe_data.kt_load_args(data, method)
     t0 = time.perf_counter()
     try:
         layer.load(gate, up, down, scales=scales)

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import platform
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -124,6 +126,9 @@ def run(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -> dict
         "bandwidth": {}, "peak": {}, "layers": {}, "rows": [], "skipped": [],
     }
     say = progress or (lambda _msg: None)
+    if cfg.compare_kt_kernel and not (Path(cfg.compare_kt_kernel) / "bin" / "python").is_file():
+        raise FileNotFoundError(f"--compare-kt-kernel {cfg.compare_kt_kernel}: no bin/python there; create the venv with "
+                                "benchmarks/setup_kt_kernel.sh")
     layers = {}
     for method in cfg.methods:   # size check first: refuse before any large allocation
         try:
@@ -141,6 +146,40 @@ def run(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -> dict
                 f"Try fewer experts (--experts {max(1, int(0.9 * limit // max(1, layer.expert_bytes) // 2))}), "
                 "a smaller method (INT4), or a smaller model")
         layers[method] = layer
+    # With a kt-kernel comparison both sides read one set of weights and routings (moe_data's
+    # files): the same bytes, not merely the same distribution.
+    shared_dir = tempfile.TemporaryDirectory(prefix="kt-bench-") if cfg.compare_kt_kernel and layers else None
+    shared = Path(shared_dir.name) / "data" if shared_dir else None
+    if shared:
+        from .kt_kernel import prepare_shared
+
+        say("writing the weights and routings kt and kt-kernel share")
+        prepare_shared(shared, shape, list(layers), cfg.tokens, cfg.warmup + cfg.repeats, cfg.seed)
+    try:
+        _measure(cfg, result, layers, rng, shared, say)
+        if cfg.compare_kt_kernel:
+            _add_kt_kernel(result, cfg, say, shared)
+    finally:
+        if shared_dir:
+            shared_dir.cleanup()
+    result["estimate"] = _model_estimate(result, shape)
+    return result
+
+
+def _inputs(shape: MoEShape, tokens: int, rounds: int, rng, shared: Path | None) -> list[tuple]:
+    """(hidden, topk_ids, topk_weights) per call: random, or the shared routings kt-kernel reads."""
+    if shared is None:
+        return [(rng.standard_normal((tokens, shape.hidden)).astype(np.float32),
+                 *random_routing(rng, tokens, shape.experts, shape.top_k)) for _ in range(rounds)]
+    from .kt_kernel import moe_data
+
+    hidden, ids, weights = moe_data.load_inputs(shared, tokens)
+    x = moe_data.as_bf16_tensor(hidden)
+    return [(x, ids[r], weights[r]) for r in range(rounds)]
+
+
+def _measure(cfg: BenchConfig, result: dict, layers: dict, rng, shared: Path | None, say) -> None:
+    shape = cfg.shape
     for threads in cfg.threads:
         pool.configure(num_threads=threads)
         say(f"bandwidth, {threads} thread(s)")
@@ -150,9 +189,15 @@ def run(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -> dict
             if method not in result["layers"]:   # load once; later thread counts reuse it
                 say(f"loading {method} ({shape.experts} experts)")
                 t0 = time.perf_counter()
-                for e in range(shape.experts):
-                    g, u, d, scales = _expert_weights(rng, method, shape.hidden, shape.intermediate)
-                    layer.load_expert(e, g, u, d, scales)
+                if shared:
+                    from .kt_kernel import moe_data
+
+                    g, u, d, scales = moe_data.kt_load_args(shared, method)
+                    layer.load(g, u, d, scales=scales)
+                else:
+                    for e in range(shape.experts):
+                        g, u, d, scales = _expert_weights(rng, method, shape.hidden, shape.intermediate)
+                        layer.load_expert(e, g, u, d, scales)
                 result["layers"][method] = {"backend": layer.backend, "kernel_id": layer.kernel_id,
                                             "layout_id": layer.layout_id, "expert_bytes": layer.expert_bytes,
                                             "load_s": time.perf_counter() - t0}
@@ -162,9 +207,7 @@ def run(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -> dict
             bw = result["bandwidth"][str(threads)]["median_gbps"]
             for tokens in cfg.tokens:
                 say(f"{method}, {tokens} token(s), {threads} thread(s)")
-                inputs = [(rng.standard_normal((tokens, shape.hidden)).astype(np.float32),
-                           *random_routing(rng, tokens, shape.experts, shape.top_k))
-                          for _ in range(cfg.warmup + cfg.repeats)]
+                inputs = _inputs(shape, tokens, cfg.warmup + cfg.repeats, rng, shared)
                 times = _time_calls(lambda i, layer=layer, inputs=inputs: layer(*inputs[i]), cfg.warmup, cfg.repeats)
                 med, spread = _median_spread(times)
                 distinct = statistics.mean(len(np.unique(ids)) for _, ids, _ in inputs[cfg.warmup:])
@@ -175,18 +218,15 @@ def run(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -> dict
                        "gmacs": macs / med / 1e9, "bound": "memory" if tokens <= MEMORY_BOUND_TOKENS else "compute"}
                 row["roofline_fraction"] = gbps / bw if row["bound"] == "memory" else row["gmacs"] / peak["gmacs"]
                 result["rows"].append(row)
-    if cfg.compare_kt_kernel:
-        _add_kt_kernel(result, cfg, say)
-    result["estimate"] = _model_estimate(result, shape)
-    return result
 
 
-def _add_kt_kernel(result: dict, cfg: BenchConfig, say) -> None:
-    """kt-kernel's latency for the same shape, methods, threads and token counts, measured now,
-    and kt's speedup over it per row (kt-kernel reads its own copy of random weights)."""
+def _add_kt_kernel(result: dict, cfg: BenchConfig, say, shared: Path | None) -> None:
+    """kt-kernel's latency for the same shape, methods, threads and token counts, measured now
+    on the bytes kt ran on, and kt's speedup over it per row."""
     from .kt_kernel import compare
 
-    kk = compare(cfg.compare_kt_kernel, cfg.shape, cfg.methods, cfg.tokens, cfg.threads, cfg.warmup, cfg.repeats, say)
+    kk = compare(cfg.compare_kt_kernel, cfg.shape, cfg.methods, cfg.tokens, cfg.threads, cfg.warmup, cfg.repeats, say,
+                 data=shared)
     result["kt_kernel"] = {"version": "0.7.2", "skipped": kk["skipped"]}
     for row in result["rows"]:
         ms = kk["rows"].get(f"{row['method']} N={row['threads']} T={row['tokens']}")

@@ -21,21 +21,29 @@ KT_KERNEL_METHOD = {"BF16": "BF16", "INT8": "AMXINT8", "INT4": "AMXINT4", "RAWIN
 from . import moe_data  # noqa: E402  (the runner, a script, imports it by path)
 
 
+def prepare_shared(data: Path, shape, methods: list[str], tokens: list[int], rounds: int, seed: int = 0) -> None:
+    """The weights and routings kt and kt-kernel both read (moe_data's format) under `data`."""
+    mshape = moe_data.Shape(shape.name, shape.hidden, shape.intermediate, shape.experts, shape.top_k)
+    moe_data.prepare(data, mshape, seed, {m for m in methods if m in ("RAWINT4", "FP8")}, tokens, rounds,
+                     log=lambda *_: None)
+
+
 def compare(venv: str, shape, methods: list[str], tokens: list[int], threads: list[int], warmup: int, repeats: int,
-            progress=lambda _msg: None) -> dict:
+            progress=lambda _msg: None, data: Path | None = None) -> dict:
     """kt-kernel's median latency per (method, threads, tokens) for this shape: {key: ms}; methods
-    kt-kernel lacks or runs that fail are reported under "skipped"."""
+    kt-kernel lacks or runs that fail are reported under "skipped". `data`: a moe_data directory
+    already prepared for these methods and token counts (the bytes kt ran on); else one is
+    written for the call."""
     py = Path(venv) / "bin" / "python"
     if not py.is_file():
         raise FileNotFoundError(f"--compare-kt-kernel {venv}: no {py}; create it with benchmarks/setup_kt_kernel.sh")
     wanted = [m for m in methods if m in KT_KERNEL_METHOD]
     out = {"rows": {}, "skipped": [m for m in methods if m not in KT_KERNEL_METHOD]}
     with tempfile.TemporaryDirectory(prefix="kt-bench-kk-") as tmp:
-        data = Path(tmp) / "data"
-        mshape = moe_data.Shape(shape.name, shape.hidden, shape.intermediate, shape.experts, shape.top_k)
-        progress("kt-kernel: writing the shared weights")
-        moe_data.prepare(data, mshape, 0, {m for m in wanted if m in ("RAWINT4", "FP8")}, tokens, warmup + repeats,
-                         log=lambda *_: None)
+        if data is None:
+            data = Path(tmp) / "data"
+            progress("kt-kernel: writing the shared weights")
+            prepare_shared(data, shape, wanted, tokens, warmup + repeats)
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
         env["OMP_NUM_THREADS"] = "1"
         for n in threads:

@@ -268,6 +268,24 @@ def load_fp8(data: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
             {p: _map(data / f"fp8_{p}_scale_inv.npy") for p in PROJS})
 
 
+def kt_load_args(data: Path, method: str):
+    """(gate, up, down, scales) for kt_core.MoE.load in the method's source format: the bytes
+    kt-kernel reads, as kt takes them."""
+    if method == "RAWINT4":
+        packed, scale = load_rawint4(data)
+        # docs/formats.md: int32 [N, K/8] words; the little-endian bytes are kt-kernel's uint8 [N, K/2]
+        w = [torch.from_numpy(packed[p].view(np.int32)) for p in PROJS]
+        s = tuple(as_bf16_tensor(scale[p]) for p in PROJS)
+        return (*w, s)
+    if method == "FP8":
+        codes, scale = load_fp8(data)
+        w = [torch.from_numpy(codes[p]).view(torch.float8_e4m3fn) for p in PROJS]
+        s = tuple(torch.from_numpy(scale[p]) for p in PROJS)
+        return (*w, s)
+    bf16 = load_bf16(data)
+    return (*(as_bf16_tensor(bf16[p]) for p in PROJS), None)
+
+
 def load_inputs(data: Path, tokens: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(hidden bf16 bits [T, H], ids int64 [R, T, k], weights f32 [R, T, k])."""
     with np.load(data / f"inputs_{tokens}.npz") as z:
