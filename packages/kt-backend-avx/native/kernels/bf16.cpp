@@ -9,6 +9,7 @@
 // f32 activations and widen the weights exactly (a shift and a mask).
 // Every weight byte is read once per row block of MR tokens: decode (MR >= tokens) streams
 // the expert once; prefill reuses each panel from L2 across row blocks.
+#include "lanes.h"
 #include "methods.h"
 
 #include <algorithm>
@@ -24,21 +25,26 @@ int64_t chunks(int64_t k) { return round_up(k, 2) / 2; }
 size_t panel_bytes(int64_t k) { return size_t(chunks(k)) * kChunkBytes; }
 
 // Packs rows [n0, n0+16) of a matrix into one panel (missing rows stay zero).
-void pack_panel(const kt_matrix& m, int64_t n0, uint16_t* dst, std::vector<float>& row) {
+// Chunk c of a panel holds the k pair (2c, 2c+1) of each channel: a 32-bit word per lane, moved
+// by lanes.h. bf16 input is copied bit-exactly; other types are widened once and rounded into
+// `converted` (kPanel rows of K).
+void pack_panel(const kt_matrix& m, int64_t n0, uint16_t* dst, std::vector<float>& row, std::vector<uint16_t>& converted) {
     const int64_t K = m.cols;
+    const uint8_t* rows[kPanel] = {};
     for (int64_t i = 0; i < kPanel && n0 + i < m.rows; ++i) {
+        const uint16_t* src;
         if (m.dtype == KT_DTYPE_BF16) {
-            // bf16 input is copied bit-exactly, a k pair (one 32-bit word) at a time: checkpoint
-            // loading runs through here at memory speed.
-            const auto* bf16 = static_cast<const uint16_t*>(m.data) + (n0 + i) * m.row_stride;
-            for (int64_t c = 0; c < K / 2; ++c) std::memcpy(dst + c * kPanel * 2 + i * 2, bf16 + 2 * c, 4);
-            if (K % 2) dst[(K / 2) * kPanel * 2 + i * 2] = bf16[K - 1];
-            continue;
+            src = static_cast<const uint16_t*>(m.data) + (n0 + i) * m.row_stride;
+        } else {
+            load_row(m, n0 + i, row.data());
+            uint16_t* out = converted.data() + i * K;
+            for (int64_t k = 0; k < K; ++k) out[k] = f32_to_bf16(row[size_t(k)]);
+            src = out;
         }
-        // Other types are widened once and rounded.
-        load_row(m, n0 + i, row.data());
-        for (int64_t k = 0; k < K; ++k) dst[(k / 2) * kPanel * 2 + i * 2 + (k & 1)] = f32_to_bf16(row[size_t(k)]);
+        rows[i] = reinterpret_cast<const uint8_t*>(src);
+        if (K % 2) dst[(K / 2) * kPanel * 2 + i * 2] = src[K - 1];
     }
+    pack_lanes(rows, K / 2, reinterpret_cast<uint8_t*>(dst));
 }
 
 ExpertPanels layout(const kt_moe_config* c) {
@@ -54,14 +60,15 @@ kt_status pack(const kt_moe_config* c, const kt_expert_weights* src, void* dst) 
     if ((st = expect_float_weight(src->up, I, H, "up", "BF16")) != KT_OK) return st;
     if ((st = expect_float_weight(src->down, H, I, "down", "BF16")) != KT_OK) return st;
     std::vector<float> row(size_t(std::max(H, I)));
+    std::vector<uint16_t> converted(size_t(kPanel * std::max(H, I)));
     auto* out = static_cast<uint8_t*>(dst);
     const ExpertPanels l = layout(c);
     for (int64_t p = 0; p < panels(I); ++p) {
-        pack_panel(src->gate.values, p * kPanel, reinterpret_cast<uint16_t*>(out + l.gate(p)), row);
-        pack_panel(src->up.values, p * kPanel, reinterpret_cast<uint16_t*>(out + l.up(p)), row);
+        pack_panel(src->gate.values, p * kPanel, reinterpret_cast<uint16_t*>(out + l.gate(p)), row, converted);
+        pack_panel(src->up.values, p * kPanel, reinterpret_cast<uint16_t*>(out + l.up(p)), row, converted);
     }
     for (int64_t p = 0; p < panels(H); ++p)
-        pack_panel(src->down.values, p * kPanel, reinterpret_cast<uint16_t*>(out + l.down(p)), row);
+        pack_panel(src->down.values, p * kPanel, reinterpret_cast<uint16_t*>(out + l.down(p)), row, converted);
     return KT_OK;
 }
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "int_dot.h"
+#include "lanes.h"
 #include "methods.h"
 
 namespace KT_TARGET_NAMESPACE {
@@ -171,13 +172,34 @@ void pack_matrix(const Source& src, int64_t N, int64_t K, int64_t g, uint8_t* ds
 // kt's stored codes straight into the layout, a 32-bit word at a time: a stored word holds
 // u0..u7 as nibble pairs (u0|u1<<4, u2|u3<<4, ...); the layout's word for the same 8 k holds
 // (u0|u4<<4, u1|u5<<4, u2|u6<<4, u3|u7<<4). Loading converted folders runs through here.
-inline uint32_t layout_word(uint32_t x) {
-    const uint32_t even = x & 0x0F0F0F0Fu, odd = (x >> 4) & 0x0F0F0F0Fu;   // bytes u0 u2 u4 u6 / u1 u3 u5 u7
-    const uint32_t first = (even & 0xFFu) | (odd & 0xFFu) << 8 | ((even >> 8) & 0xFFu) << 16 | ((odd >> 8) & 0xFFu) << 24;
-    const uint32_t second = ((even >> 16) & 0xFFu) | ((odd >> 16) & 0xFFu) << 8 | ((even >> 24) & 0xFFu) << 16 |
-                            ((odd >> 24) & 0xFFu) << 24;
-    return first | second << 4;
-}
+struct LayoutWord {
+    static uint32_t scalar(uint32_t x) {
+        const uint32_t even = x & 0x0F0F0F0Fu, odd = (x >> 4) & 0x0F0F0F0Fu;   // bytes u0 u2 u4 u6 / u1 u3 u5 u7
+        const uint32_t first = (even & 0xFFu) | (odd & 0xFFu) << 8 | ((even >> 8) & 0xFFu) << 16 | ((odd >> 8) & 0xFFu) << 24;
+        const uint32_t second = ((even >> 16) & 0xFFu) | ((odd >> 16) & 0xFFu) << 8 | ((even >> 24) & 0xFFu) << 16 |
+                                ((odd >> 24) & 0xFFu) << 24;
+        return first | second << 4;
+    }
+#if defined(__AVX512F__)
+    // Byte shuffles within each word: index (0x80 = zero) for word d of a 128-bit lane.
+    static constexpr int32_t pick(int d, int a, int b, bool odd_slots) {
+        const uint32_t lo = odd_slots ? 0x80u : uint32_t(4 * d + a), hi = odd_slots ? uint32_t(4 * d + a) : 0x80u;
+        const uint32_t lo2 = odd_slots ? 0x80u : uint32_t(4 * d + b), hi2 = odd_slots ? uint32_t(4 * d + b) : 0x80u;
+        return int32_t(lo | hi << 8 | lo2 << 16 | hi2 << 24);
+    }
+    static __m512i vector(__m512i x) {
+        const __m512i nib = _mm512_set1_epi32(0x0F0F0F0F);
+        const __m512i even = _mm512_and_si512(x, nib), odd = _mm512_and_si512(_mm512_srli_epi32(x, 4), nib);
+        const __m512i e_first = _mm512_set4_epi32(pick(3, 0, 1, false), pick(2, 0, 1, false), pick(1, 0, 1, false), pick(0, 0, 1, false));
+        const __m512i o_first = _mm512_set4_epi32(pick(3, 0, 1, true), pick(2, 0, 1, true), pick(1, 0, 1, true), pick(0, 0, 1, true));
+        const __m512i e_second = _mm512_set4_epi32(pick(3, 2, 3, false), pick(2, 2, 3, false), pick(1, 2, 3, false), pick(0, 2, 3, false));
+        const __m512i o_second = _mm512_set4_epi32(pick(3, 2, 3, true), pick(2, 2, 3, true), pick(1, 2, 3, true), pick(0, 2, 3, true));
+        const __m512i first = _mm512_or_si512(_mm512_shuffle_epi8(even, e_first), _mm512_shuffle_epi8(odd, o_first));
+        const __m512i second = _mm512_or_si512(_mm512_shuffle_epi8(even, e_second), _mm512_shuffle_epi8(odd, o_second));
+        return _mm512_or_si512(first, _mm512_slli_epi32(second, 4));
+    }
+#endif
+};
 
 void pack_codes_matrix(const kt_weight& w, int64_t N, int64_t K, int64_t g, uint8_t* dst, size_t stride_panels) {
     const auto* codes = static_cast<const uint8_t*>(w.values.data);
@@ -190,24 +212,16 @@ void pack_codes_matrix(const kt_weight& w, int64_t N, int64_t K, int64_t g, uint
             uint8_t* block = panel + size_t(grp) * group_bytes(g);
             auto* scale = reinterpret_cast<float*>(block);
             auto* sz = reinterpret_cast<float*>(block + 64);
+            const uint8_t* rows[kPanel] = {};
             for (int lane = 0; lane < kPanel; ++lane) {
                 const int64_t n = p * kPanel + lane;
-                if (n >= N) {      // rows past N stay zero, as the buffer came
-                    scale[lane] = sz[lane] = 0.0f;
-                    continue;
-                }
+                if (n >= N) continue;      // rows past N stay zero, as the buffer came
                 const float s = scales[n * w.scales.row_stride + grp];
                 scale[lane] = s;
                 sz[lane] = s * (zeros ? float(zeros[n * w.zeros.row_stride + grp]) : 8.0f);
-                const uint8_t* src = codes + n * w.values.row_stride + grp * g / 2;
-                uint8_t* out = block + kHeaderBytes + size_t(lane) * 4;
-                for (int64_t c = 0; c < g / 8; ++c) {
-                    uint32_t word;
-                    std::memcpy(&word, src + 4 * c, 4);
-                    word = layout_word(word);
-                    std::memcpy(out + size_t(c) * kChunkBytes, &word, 4);
-                }
+                rows[lane] = codes + n * w.values.row_stride + grp * g / 2;
             }
+            pack_lanes<LayoutWord>(rows, g / 8, block + kHeaderBytes);
         }
     }
 }

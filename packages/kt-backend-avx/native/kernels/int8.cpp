@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "int_dot.h"
+#include "lanes.h"
 #include "methods.h"
 
 namespace KT_TARGET_NAMESPACE {
@@ -46,23 +47,24 @@ const int8_t* channel_codes(const kt_weight& w, int64_t n, int8_t* q, float* sca
     return q;
 }
 
-// Lane i of chunk c is the 4 bytes of k = 4c..4c+3 of channel n0 + i: copied a word at a
-// time (loading converted folders runs through here at memory speed).
+// Lane i of chunk c is the 4 bytes of k = 4c..4c+3 of channel n0 + i (lanes.h moves them).
+// q holds kPanel rows of K codes for channels quantized here.
 void pack_panel(const kt_weight& w, int64_t n0, uint8_t* dst, std::vector<float>& row, std::vector<int8_t>& q) {
     const kt_matrix& m = w.values;
     const int64_t K = m.cols, full = K / 4;
     auto* scale = reinterpret_cast<float*>(dst);
     auto* comp = reinterpret_cast<int32_t*>(dst + 64);
     uint8_t* codes = dst + kHeaderBytes;
+    const uint8_t* rows[kPanel] = {};
     for (int64_t i = 0; i < kPanel && n0 + i < m.rows; ++i) {
-        const int8_t* src = channel_codes(w, n0 + i, q.data(), scale + i, row);
+        const int8_t* src = channel_codes(w, n0 + i, q.data() + i * K, scale + i, row);
         int32_t sum = 0;
         for (int64_t k = 0; k < K; ++k) sum += src[k];
         comp[i] = 128 * sum;
-        uint8_t* lane = codes + size_t(i) * 4;
-        for (int64_t c = 0; c < full; ++c) std::memcpy(lane + size_t(c) * kChunkBytes, src + 4 * c, 4);
-        for (int64_t k = 4 * full; k < K; ++k) lane[size_t(full) * kChunkBytes + size_t(k % 4)] = uint8_t(src[k]);
+        rows[i] = reinterpret_cast<const uint8_t*>(src);
+        for (int64_t k = 4 * full; k < K; ++k) codes[size_t(full) * kChunkBytes + size_t(i) * 4 + size_t(k % 4)] = uint8_t(src[k]);
     }
+    pack_lanes(rows, full, codes);
 }
 
 // kt's INT8 codes: int8 [N, K] in [-127, 127] with f32 scales [N, 1] (a -128 would overflow
@@ -104,7 +106,7 @@ kt_status pack(const kt_moe_config* c, const kt_expert_weights* src, void* dst) 
     if ((st = expect_weight(src->up, I, H, "up")) != KT_OK) return st;
     if ((st = expect_weight(src->down, H, I, "down")) != KT_OK) return st;
     std::vector<float> row(size_t(std::max(H, I)));
-    std::vector<int8_t> q(size_t(std::max(H, I)));
+    std::vector<int8_t> q(size_t(kPanel * std::max(H, I)));
     auto* out = static_cast<uint8_t*>(dst);
     const ExpertPanels l = layout(c);
     for (int64_t p = 0; p < panels(I); ++p) {
