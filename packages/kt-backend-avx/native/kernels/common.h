@@ -37,6 +37,7 @@ inline const char* dtype_name(kt_dtype d) {
         case KT_DTYPE_I8: return "int8";
         case KT_DTYPE_U8: return "uint8";
         case KT_DTYPE_I32: return "int32";
+        default: break;   // ggml block types: ggml.cpp names them
     }
     return "unknown";
 }

@@ -1,0 +1,541 @@
+// LLAMAFILE experts: GGUF's ggml blocks, run as the file stores them (docs/formats.md).
+//
+// Packed layout "kt-ggml-rows-v1": gate rows [I][row bytes], up rows, down rows [H][row bytes],
+// each matrix on 64 bytes; a row is the file's blocks, byte for byte (no dequantization at
+// load, so an expert takes exactly its GGUF size and decode streams each block once).
+//
+// Every supported type is decoded, one block at a time into L1, to the same form:
+//   w[k] = d * sc[k/16] * u[k] - dmin * mn[k/16]
+// with u unsigned codes (or, for Q8_0 and IQ4_XS, signed int8 values and mn = 0) and sc, mn
+// small integers per 16 elements. The dot with an activation row then is exact integer work
+// — vpmaddubsw of codes and int8 activations, vpmaddwd with the per-16 scales — plus
+// d * s_a * that - dmin * s_a * sum(mn * activation sums per 16), in f32 per block.
+//
+// Activations ("ggml-act-v1"): per group of 256 k (the last one may be shorter), one f32
+// scale s_a = max|x| / 127; two int8 planes, x ~= s_a * (hi + lo / 128) (the second pass
+// keeps the activation error ~1e-3 of the output RMS; KT_QUANT_FAST_ACTIVATIONS skips it, as
+// llama.cpp's single Q8_K pass does); int16 sums of each plane per 16 k for the mn term.
+// Layout: hi[K], lo[K], sums_hi[K/16], sums_lo[K/16] (int16), scale[ceil(K/256)] (f32).
+// vpmaddubsw cannot saturate: |code| <= 63 (or |value| <= 128 with the sign moved onto the
+// activation) times |activation| <= 127, two products per int16.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "methods.h"
+
+namespace KT_TARGET_NAMESPACE {
+namespace {
+
+constexpr int64_t kQK = 256;   // activation scale group; every block fits one (32 | 256)
+
+// ---- activations --------------------------------------------------------------------------
+
+int64_t act_groups(int64_t k) { return (k + kQK - 1) / kQK; }
+size_t act_row_bytes(int64_t k) { return size_t(round_up(2 * k + k / 4 + 4 * act_groups(k), 64)); }
+
+struct ActRow {
+    const int8_t* hi;
+    const int8_t* lo;
+    const int16_t* sums_hi;
+    const int16_t* sums_lo;
+    const float* scale;
+};
+inline ActRow act_row(const uint8_t* row, int64_t k) {
+    const auto* sums = reinterpret_cast<const int16_t*>(row + 2 * k);
+    return {reinterpret_cast<const int8_t*>(row), reinterpret_cast<const int8_t*>(row + k), sums, sums + k / 16,
+            reinterpret_cast<const float*>(row + 2 * k + k / 4)};
+}
+
+kt_status quantize(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int64_t stride, void* out) {
+    if (!is_float(dtype)) return fail(KT_ERROR_INVALID_ARGUMENT, "activations must be floating point, got %s", dtype_name(dtype));
+    if (k % 32) return fail(KT_ERROR_INVALID_ARGUMENT, "LLAMAFILE: activation length %lld is not a multiple of 32", (long long)k);
+    alignas(64) float x[kQK];
+    for (int64_t r = 0; r < rows; ++r) {
+        auto* base = static_cast<uint8_t*>(out) + size_t(r) * act_row_bytes(k);
+        auto* hi = reinterpret_cast<int8_t*>(base);
+        int8_t* lo = hi + k;
+        auto* sums_hi = reinterpret_cast<int16_t*>(base + 2 * k);
+        int16_t* sums_lo = sums_hi + k / 16;
+        auto* scale = reinterpret_cast<float*>(base + 2 * k + k / 4);
+        const size_t elem = dtype == KT_DTYPE_F64 ? 8 : dtype == KT_DTYPE_F32 ? 4 : 2;
+        for (int64_t g = 0; g < act_groups(k); ++g) {
+            const int64_t k0 = g * kQK, n = std::min(kQK, k - k0);
+            kt_matrix m{static_cast<const char*>(in) + size_t(k0) * elem, dtype, r + 1, n, stride};
+            load_row(m, r, x);
+            float amax = 0.0f;
+            bool nan = false;
+            for (int64_t i = 0; i < n; ++i) {
+                amax = std::max(amax, std::fabs(x[i]));
+                nan |= x[i] != x[i];
+            }
+            // A NaN makes the group's scale NaN (and its codes 0), so the token's output shows it.
+            scale[g] = nan ? NAN : amax / 127.0f;
+            const float inv = !nan && amax > 0.0f && std::isfinite(amax) ? 127.0f / amax : 0.0f;
+            for (int64_t i = 0; i < n; ++i) {
+                const float v = x[i] * inv;
+                const float h = std::nearbyint(v);
+                hi[k0 + i] = int8_t(h);
+                lo[k0 + i] = int8_t(std::clamp(std::nearbyint((v - h) * 128.0f), -64.0f, 64.0f));
+            }
+            for (int64_t j = k0 / 16; j < (k0 + n) / 16; ++j) {
+                int sh = 0, sl = 0;
+                for (int i = 0; i < 16; ++i) {
+                    sh += hi[16 * j + i];
+                    sl += lo[16 * j + i];
+                }
+                sums_hi[j] = int16_t(sh);
+                sums_lo[j] = int16_t(sl);
+            }
+        }
+    }
+    return KT_OK;
+}
+
+// ---- block decoders ----------------------------------------------------------------------
+
+inline float f16(const uint8_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return f16_to_f32(h);
+}
+inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+inline void store32(uint8_t* p, __m256i v) { _mm256_store_si256(reinterpret_cast<__m256i*>(p), v); }
+inline __m256i bytes(int v) { return _mm256_set1_epi8(char(v)); }
+// Bytes of `v` whose bit `bit` is set -> `value`, others 0.
+inline __m256i bit_to(__m256i v, int bit, int value) {
+    const __m256i m = bytes(1 << bit);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, m), m), bytes(value));
+}
+
+// One decoded block of QK elements. sc is expanded per 32-element chunk to the vpmaddwd
+// operand: 16 int16 lanes, the first 8 the scale of k 0..15, the last 8 that of k 16..31.
+template <int QK>
+struct Decoded {
+    alignas(32) uint8_t u[QK];
+    alignas(32) int16_t sc[QK / 32][16];
+    alignas(32) int16_t mn[QK / 16 < 16 ? 16 : QK / 16];
+    float d, dmin;
+
+    void scales(int j16, int s, int m) {   // scale and min of elements 16*j16 .. 16*j16+15
+        for (int i = 0; i < 8; ++i) sc[j16 / 2][(j16 % 2) * 8 + i] = int16_t(s);
+        mn[j16] = int16_t(m);
+    }
+};
+
+struct Q4_0 {
+    static constexpr int QK = 32, kBytes = 18;
+    static constexpr bool kSigned = false;
+    static constexpr const char* name = "Q4_0";
+    static constexpr int kScaleAt[2] = {0, -1};
+    static void decode(const uint8_t* b, Decoded<QK>& o) {
+        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2));
+        const __m128i m = _mm_set1_epi8(15);
+        store32(o.u, _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m), _mm_and_si128(q, m)));
+        o.scales(0, 1, 8);
+        o.scales(1, 1, 8);
+        o.d = o.dmin = f16(b);
+    }
+};
+
+struct Q8_0 {
+    static constexpr int QK = 32, kBytes = 34;
+    static constexpr bool kSigned = true;
+    static constexpr const char* name = "Q8_0";
+    static constexpr int kScaleAt[2] = {0, -1};
+    static void decode(const uint8_t* b, Decoded<QK>& o) {
+        store32(o.u, load32(b + 2));
+        o.scales(0, 1, 0);
+        o.scales(1, 1, 0);
+        o.d = f16(b);
+        o.dmin = 0.0f;
+    }
+};
+
+struct Q2_K {
+    static constexpr int QK = 256, kBytes = 84;
+    static constexpr bool kSigned = false;
+    static constexpr const char* name = "Q2_K";
+    static constexpr int kScaleAt[2] = {80, 82};
+    static void decode(const uint8_t* b, Decoded<QK>& o) {
+        for (int h = 0; h < 2; ++h) {
+            const __m256i q = load32(b + 16 + 32 * h);
+            for (int s = 0; s < 4; ++s)
+                store32(o.u + 128 * h + 32 * s, _mm256_and_si256(_mm256_srli_epi16(q, 2 * s), bytes(3)));
+        }
+        for (int j = 0; j < 16; ++j) o.scales(j, b[j] & 15, b[j] >> 4);
+        o.d = f16(b + 80);
+        o.dmin = f16(b + 82);
+    }
+};
+
+// Q3_K: q = low 2 bits - 4 unless the hmask bit is set; stored here as u = q + 4 with
+// mn = 4 * sc, so w = d * sc * (u - 4).
+struct Q3_K {
+    static constexpr int QK = 256, kBytes = 110;
+    static constexpr bool kSigned = false;
+    static constexpr const char* name = "Q3_K";
+    static constexpr int kScaleAt[2] = {108, -1};
+    static void decode(const uint8_t* b, Decoded<QK>& o) {
+        const __m256i hm = load32(b);
+        for (int h = 0; h < 2; ++h) {
+            const __m256i q = load32(b + 32 + 32 * h);
+            for (int s = 0; s < 4; ++s) {
+                const __m256i low = _mm256_and_si256(_mm256_srli_epi16(q, 2 * s), bytes(3));
+                store32(o.u + 128 * h + 32 * s, _mm256_or_si256(low, bit_to(hm, 4 * h + s, 4)));
+            }
+        }
+        const uint8_t* sc = b + 96;
+        for (int j = 0; j < 16; ++j) {
+            const int lo = (j < 8 ? sc[j] : sc[j - 8] >> 4) & 15, hi = (sc[8 + j % 4] >> (2 * (j / 4))) & 3;
+            const int s = (lo | (hi << 4)) - 32;
+            o.scales(j, s, 4 * s);
+        }
+        o.d = o.dmin = f16(b + 108);
+    }
+};
+
+// Q4_K/Q5_K's 6-bit scale and min of sub-block j (ggml's get_scale_min_k4).
+inline void scale_min_k4(int j, const uint8_t* q, int* sc, int* m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 15) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+template <int QK>
+void k4_scales(const uint8_t* q, Decoded<QK>& o) {
+    for (int j = 0; j < 8; ++j) {
+        int sc, m;
+        scale_min_k4(j, q, &sc, &m);
+        o.scales(2 * j, sc, m);
+        o.scales(2 * j + 1, sc, m);
+    }
+}
+
+struct Q4_K {
+    static constexpr int QK = 256, kBytes = 144;
+    static constexpr bool kSigned = false;
+    static constexpr const char* name = "Q4_K";
+    static constexpr int kScaleAt[2] = {0, 2};
+    static void decode(const uint8_t* b, Decoded<QK>& o) {
+        for (int c = 0; c < 4; ++c) {
+            const __m256i q = load32(b + 16 + 32 * c);
+            store32(o.u + 64 * c, _mm256_and_si256(q, bytes(15)));
+            store32(o.u + 64 * c + 32, _mm256_and_si256(_mm256_srli_epi16(q, 4), bytes(15)));
+        }
+        k4_scales(b + 4, o);
+        o.d = f16(b);
+        o.dmin = f16(b + 2);
+    }
+};
+
+struct Q5_K {
+    static constexpr int QK = 256, kBytes = 176;
+    static constexpr bool kSigned = false;
+    static constexpr const char* name = "Q5_K";
+    static constexpr int kScaleAt[2] = {0, 2};
+    static void decode(const uint8_t* b, Decoded<QK>& o) {
+        const __m256i qh = load32(b + 16);
+        for (int c = 0; c < 4; ++c) {
+            const __m256i q = load32(b + 48 + 32 * c);
+            store32(o.u + 64 * c, _mm256_or_si256(_mm256_and_si256(q, bytes(15)), bit_to(qh, 2 * c, 16)));
+            store32(o.u + 64 * c + 32,
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), bytes(15)), bit_to(qh, 2 * c + 1, 16)));
+        }
+        k4_scales(b + 4, o);
+        o.d = f16(b);
+        o.dmin = f16(b + 2);
+    }
+};
+
+// Q6_K: w = d * sc * (u - 32), u 6 bits; mn = 32 * sc.
+struct Q6_K {
+    static constexpr int QK = 256, kBytes = 210;
+    static constexpr bool kSigned = false;
+    static constexpr const char* name = "Q6_K";
+    static constexpr int kScaleAt[2] = {208, -1};
+    static void decode(const uint8_t* b, Decoded<QK>& o) {
+        for (int h = 0; h < 2; ++h) {
+            const __m256i a = load32(b + 64 * h), c = load32(b + 64 * h + 32), qh = load32(b + 128 + 32 * h);
+            const __m256i m4 = bytes(15), m30 = bytes(0x30);
+            uint8_t* u = o.u + 128 * h;
+            store32(u, _mm256_or_si256(_mm256_and_si256(a, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30)));
+            store32(u + 32, _mm256_or_si256(_mm256_and_si256(c, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30)));
+            store32(u + 64, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), m4), _mm256_and_si256(qh, m30)));
+            store32(u + 96, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), m4),
+                                            _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30)));
+        }
+        const auto* sc = reinterpret_cast<const int8_t*>(b + 192);
+        for (int j = 0; j < 16; ++j) o.scales(j, sc[j], 32 * sc[j]);
+        o.d = o.dmin = f16(b + 208);
+    }
+};
+
+// IQ4_XS: 4-bit indices into a fixed non-linear table of int8 values, 6-bit scales - 32.
+struct IQ4_XS {
+    static constexpr int QK = 256, kBytes = 136;
+    static constexpr bool kSigned = true;
+    static constexpr const char* name = "IQ4_XS";
+    static constexpr int kScaleAt[2] = {0, -1};
+    static void decode(const uint8_t* b, Decoded<QK>& o) {
+        const __m128i table = _mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
+        const __m128i m4 = _mm_set1_epi8(15);
+        uint16_t scales_h;
+        std::memcpy(&scales_h, b + 2, 2);
+        for (int j = 0; j < 8; ++j) {
+            const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 8 + 16 * j));
+            const __m128i lo = _mm_shuffle_epi8(table, _mm_and_si128(q, m4));
+            const __m128i hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(q, 4), m4));
+            store32(o.u + 32 * j, _mm256_set_m128i(hi, lo));
+            const int ls = (((b[4 + j / 2] >> (4 * (j % 2))) & 15) | (((scales_h >> (2 * j)) & 3) << 4)) - 32;
+            o.scales(2 * j, ls, 0);
+            o.scales(2 * j + 1, ls, 0);
+        }
+        o.d = f16(b);
+        o.dmin = 0.0f;
+    }
+};
+
+// ---- dot products ----------------------------------------------------------------------------
+
+inline float hsum8(__m256 v) {
+    const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+
+// sum over one 32-chunk of sc * u * a, as 8 int32 lanes.
+template <bool kSigned>
+inline __m256i chunk_dot(__m256i u, __m256i a, __m256i sc) {
+    const __m256i p = kSigned ? _mm256_maddubs_epi16(_mm256_sign_epi8(u, u), _mm256_sign_epi8(a, u))
+                              : _mm256_maddubs_epi16(u, a);
+    return _mm256_madd_epi16(p, sc);
+}
+
+constexpr int64_t kRowBlock = 32;   // activation rows sharing one decoded block in L1
+
+// out[r] = w_row . x_r for `rows` (<= kRowBlock) activation rows starting at `act`.
+template <class T, bool kTwoPass>
+void row_dots(const uint8_t* w, int64_t k, const uint8_t* act, size_t act_bytes, int64_t rows, float* out) {
+    constexpr int QK = T::QK;
+    __m256 acc[kRowBlock];
+    float min_acc[kRowBlock];
+    for (int64_t r = 0; r < rows; ++r) {
+        acc[r] = _mm256_setzero_ps();
+        min_acc[r] = 0.0f;
+    }
+    Decoded<QK> dec;
+    for (int64_t s = 0; s < k / QK; ++s) {
+        T::decode(w + s * T::kBytes, dec);
+        const int64_t k0 = s * QK;
+        for (int64_t r = 0; r < rows; ++r) {
+            const ActRow a = act_row(act + size_t(r) * act_bytes, k);
+            __m256i ih = _mm256_setzero_si256(), il = _mm256_setzero_si256();
+            for (int c = 0; c < QK / 32; ++c) {
+                const __m256i u = _mm256_load_si256(reinterpret_cast<const __m256i*>(dec.u + 32 * c));
+                const __m256i sc = _mm256_load_si256(reinterpret_cast<const __m256i*>(dec.sc[c]));
+                ih = _mm256_add_epi32(ih, chunk_dot<T::kSigned>(u, load32(reinterpret_cast<const uint8_t*>(a.hi + k0 + 32 * c)), sc));
+                if constexpr (kTwoPass)
+                    il = _mm256_add_epi32(il, chunk_dot<T::kSigned>(u, load32(reinterpret_cast<const uint8_t*>(a.lo + k0 + 32 * c)), sc));
+            }
+            const float sa = a.scale[k0 / kQK];
+            __m256 dot = _mm256_cvtepi32_ps(ih);
+            if constexpr (kTwoPass) dot = _mm256_fmadd_ps(_mm256_cvtepi32_ps(il), _mm256_set1_ps(1.0f / 128.0f), dot);
+            acc[r] = _mm256_fmadd_ps(dot, _mm256_set1_ps(dec.d * sa), acc[r]);
+            if constexpr (!T::kSigned) {
+                // sum over the block's 16-groups of mn * (activation code sum)
+                if constexpr (QK == 256) {
+                    const __m256i mn = _mm256_load_si256(reinterpret_cast<const __m256i*>(dec.mn));
+                    const __m256i mh = _mm256_madd_epi16(load32(reinterpret_cast<const uint8_t*>(a.sums_hi + k0 / 16)), mn);
+                    __m256 m = _mm256_cvtepi32_ps(mh);
+                    if constexpr (kTwoPass) {
+                        const __m256i ml = _mm256_madd_epi16(load32(reinterpret_cast<const uint8_t*>(a.sums_lo + k0 / 16)), mn);
+                        m = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ml), _mm256_set1_ps(1.0f / 128.0f), m);
+                    }
+                    acc[r] = _mm256_fnmadd_ps(m, _mm256_set1_ps(dec.dmin * sa), acc[r]);
+                } else {
+                    const int j = int(k0 / 16);
+                    float m = float(dec.mn[0] * a.sums_hi[j] + dec.mn[1] * a.sums_hi[j + 1]);
+                    if constexpr (kTwoPass) m += float(dec.mn[0] * a.sums_lo[j] + dec.mn[1] * a.sums_lo[j + 1]) * (1.0f / 128.0f);
+                    min_acc[r] += dec.dmin * sa * m;
+                }
+            }
+        }
+    }
+    for (int64_t r = 0; r < rows; ++r) out[r] = hsum8(acc[r]) - min_acc[r];
+}
+
+using RowDotsFn = void (*)(const uint8_t*, int64_t, const uint8_t*, size_t, int64_t, float*);
+
+// ---- types, layout, packer -------------------------------------------------------------------
+
+struct TypeEntry {
+    kt_dtype dtype;
+    const char* name;
+    int64_t block_elems, block_bytes;
+    int scale_at[2];
+    RowDotsFn dots[2];   // one pass, two passes
+};
+
+template <class T>
+constexpr TypeEntry entry(kt_dtype d) {
+    return {d, T::name, T::QK, T::kBytes, {T::kScaleAt[0], T::kScaleAt[1]}, {row_dots<T, false>, row_dots<T, true>}};
+}
+
+constexpr TypeEntry kTypes[] = {
+    entry<Q4_0>(KT_DTYPE_GGML_Q4_0), entry<Q8_0>(KT_DTYPE_GGML_Q8_0), entry<Q2_K>(KT_DTYPE_GGML_Q2_K),
+    entry<Q3_K>(KT_DTYPE_GGML_Q3_K), entry<Q4_K>(KT_DTYPE_GGML_Q4_K), entry<Q5_K>(KT_DTYPE_GGML_Q5_K),
+    entry<Q6_K>(KT_DTYPE_GGML_Q6_K), entry<IQ4_XS>(KT_DTYPE_GGML_IQ4_XS),
+};
+
+const TypeEntry* type_entry(kt_dtype d) {
+    for (const TypeEntry& t : kTypes)
+        if (t.dtype == d) return &t;
+    return nullptr;
+}
+
+const char* const kMatrix[3] = {"gate", "up", "down"};
+
+struct Matrix {
+    const TypeEntry* type;
+    int64_t rows, cols, row_bytes;
+    size_t offset;
+};
+struct Layout {
+    Matrix m[3];
+    size_t bytes;
+    bool ok;
+};
+
+Layout layout(const kt_moe_config* c) {
+    Layout l{};
+    l.ok = KT_HAS_FIELD(c, kt_moe_config, weight_dtype);
+    const int64_t rows[3] = {c->intermediate, c->intermediate, c->hidden}, cols[3] = {c->hidden, c->hidden, c->intermediate};
+    size_t at = 0;
+    for (int p = 0; p < 3; ++p) {
+        Matrix& m = l.m[p];
+        m.type = l.ok ? type_entry(c->weight_dtype[p]) : nullptr;
+        l.ok = l.ok && m.type;
+        m.rows = rows[p];
+        m.cols = cols[p];
+        m.row_bytes = m.type ? m.cols / m.type->block_elems * m.type->block_bytes : 0;
+        m.offset = at;
+        at += size_t(round_up(m.rows * m.row_bytes, 64));
+    }
+    l.bytes = at;
+    return l;
+}
+
+size_t packed_bytes(const kt_moe_config* c) { return layout(c).bytes; }
+
+kt_status check_config(const kt_moe_config* c) {
+    if (!KT_HAS_FIELD(c, kt_moe_config, weight_dtype))
+        return fail(KT_ERROR_INVALID_ARGUMENT, "LLAMAFILE: the core passed no weight types (kt-core older than ABI 1.1)");
+    if (c->group_size != 0 || (c->quant_flags & KT_QUANT_ZERO_POINT))
+        return fail(KT_ERROR_INVALID_ARGUMENT, "LLAMAFILE: ggml blocks carry their own scales; group_size and zero_point "
+                    "do not apply");
+    const int64_t k[3] = {c->hidden, c->hidden, c->intermediate};
+    for (int p = 0; p < 3; ++p) {
+        const TypeEntry* t = type_entry(c->weight_dtype[p]);
+        if (!t)
+            return fail(KT_ERROR_UNSUPPORTED, "LLAMAFILE: %s is ggml type %d, which this backend does not read; supported: "
+                        "Q4_0, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS", kMatrix[p],
+                        int(c->weight_dtype[p]) - int(KT_DTYPE_GGML_BASE));
+        if (k[p] % t->block_elems)
+            return fail(KT_ERROR_INVALID_ARGUMENT, "LLAMAFILE: %s is %s, whose blocks hold %lld elements; K = %lld is not a "
+                        "multiple", kMatrix[p], t->name, (long long)t->block_elems, (long long)k[p]);
+    }
+    return KT_OK;
+}
+
+kt_status pack(const kt_moe_config* c, const kt_expert_weights* src, void* dst) {
+    if (const kt_status st = check_config(c)) return st;
+    const Layout l = layout(c);
+    const kt_weight* w[3] = {&src->gate, &src->up, &src->down};
+    for (int p = 0; p < 3; ++p) {
+        const Matrix& m = l.m[p];
+        const kt_matrix& v = w[p]->values;
+        if (!v.data || v.dtype != KT_DTYPE_U8 || v.rows != m.rows || v.cols != m.row_bytes)
+            return fail(KT_ERROR_INVALID_ARGUMENT, "LLAMAFILE: %s (%s) must be uint8 [%lld, %lld] (the blocks of each row); "
+                        "got %s [%lld, %lld]", kMatrix[p], m.type->name, (long long)m.rows, (long long)m.row_bytes,
+                        v.data ? dtype_name(v.dtype) : "nothing", (long long)v.rows, (long long)v.cols);
+        if (w[p]->scales.data || w[p]->zeros.data)
+            return fail(KT_ERROR_INVALID_ARGUMENT, "LLAMAFILE: %s: ggml blocks hold their scales; none may be given", kMatrix[p]);
+        const auto* bytes = static_cast<const uint8_t*>(v.data);
+        for (int64_t r = 0; r < m.rows; ++r) {
+            const uint8_t* row = bytes + r * v.row_stride;
+            int bad = 0;   // f16 scales with an all-ones exponent are NaN or Inf
+            for (int64_t b = 0; b < m.row_bytes; b += m.type->block_bytes)
+                for (int at : m.type->scale_at)
+                    if (at >= 0) bad |= (row[b + at + 1] & 0x7c) == 0x7c;
+            if (bad)
+                return fail(KT_ERROR_INVALID_ARGUMENT, "LLAMAFILE: %s (%s) row %lld has a NaN or Inf block scale; kt refuses "
+                            "non-finite weights at load", kMatrix[p], m.type->name, (long long)r);
+            std::memcpy(static_cast<uint8_t*>(dst) + m.offset + size_t(r * m.row_bytes), row, size_t(m.row_bytes));
+        }
+    }
+    return KT_OK;
+}
+
+// ---- tiles ----------------------------------------------------------------------------------
+
+kt_status check_tile_range(const char* which, int64_t n0, int64_t n1, int64_t n) {
+    if (0 <= n0 && n0 < n1 && n1 <= n) return KT_OK;
+    return fail(KT_ERROR_INVALID_ARGUMENT, "LLAMAFILE %s tile [%lld, %lld) is outside [0, %lld)", which, (long long)n0,
+                (long long)n1, (long long)n);
+}
+
+kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+                       float* out, int64_t ldo) {
+    const Layout l = layout(c);
+    if (!l.ok) return check_config(c);
+    if (const kt_status st = check_tile_range("gate/up", n0, n1, c->intermediate)) return st;
+    const int pass = (c->quant_flags & KT_QUANT_FAST_ACTIVATIONS) ? 0 : 1;
+    const auto* base = static_cast<const uint8_t*>(packed);
+    const auto* x = static_cast<const uint8_t*>(act);
+    const size_t ab = act_row_bytes(c->hidden);
+    float g[kRowBlock], u[kRowBlock];
+    for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
+        const int64_t nr = std::min(kRowBlock, rows - r0);
+        for (int64_t n = n0; n < n1; ++n) {
+            l.m[0].type->dots[pass](base + l.m[0].offset + size_t(n * l.m[0].row_bytes), c->hidden, x + r0 * ab, ab, nr, g);
+            l.m[1].type->dots[pass](base + l.m[1].offset + size_t(n * l.m[1].row_bytes), c->hidden, x + r0 * ab, ab, nr, u);
+            for (int64_t r = 0; r < nr; ++r) out[(r0 + r) * ldo + n] = g[r] / (1.0f + std::exp(-g[r])) * u[r];
+        }
+    }
+    return KT_OK;
+}
+
+kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+                    float* out, int64_t ldo) {
+    const Layout l = layout(c);
+    if (!l.ok) return check_config(c);
+    if (const kt_status st = check_tile_range("down", n0, n1, c->hidden)) return st;
+    const int pass = (c->quant_flags & KT_QUANT_FAST_ACTIVATIONS) ? 0 : 1;
+    const auto* base = static_cast<const uint8_t*>(packed);
+    const auto* x = static_cast<const uint8_t*>(act);
+    const size_t ab = act_row_bytes(c->intermediate);
+    float d[kRowBlock];
+    for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
+        const int64_t nr = std::min(kRowBlock, rows - r0);
+        for (int64_t n = n0; n < n1; ++n) {
+            l.m[2].type->dots[pass](base + l.m[2].offset + size_t(n * l.m[2].row_bytes), c->intermediate, x + r0 * ab, ab,
+                                    nr, d);
+            for (int64_t r = 0; r < nr; ++r) out[(r0 + r) * ldo + n] = d[r];
+        }
+    }
+    return KT_OK;
+}
+
+}  // namespace
+
+kt_method_kernels llamafile_kernels(const char* kernel_id) {
+    return method_table("LLAMAFILE", "kt-ggml-rows-v1", kernel_id, packed_bytes, pack, act_row_bytes, quantize, gate_up_tile,
+                        down_tile);
+}
+
+}  // namespace KT_TARGET_NAMESPACE

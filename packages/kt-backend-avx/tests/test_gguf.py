@@ -1,0 +1,129 @@
+"""LLAMAFILE (GGUF ggml blocks) on every AVX target this host runs: whole MoE forwards against
+an FP32 MoE over the weights gguf-py dequantizes, and against the reference backend."""
+
+import functools
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+import kt_core
+from kt_backend_avx import descriptor
+from kt_core.backends import discovery, selection
+from kt_core.errors import BackendError
+from kt_core.testing.gguf_files import dequantize, moe_reference, random_blocks, write_moe_gguf
+
+gguf = pytest.importorskip("gguf")
+
+VARIANTS = [v.name for v in descriptor.variants]
+# The issue's bound is 2e-2 of the output RMS (max |error|). With two int8 activation passes
+# (the default) the kernels stay under 2e-3 here; fast_activations (one pass, one scale per 256
+# k, like llama.cpp's Q8_K) reached 6.5e-2 on the K = 96/160 layer below: opt-in, stated.
+TOL, FAST_TOL = 2e-3, 0.1
+TYPE_SETS = [("Q4_K", "Q4_K", "Q6_K"), ("Q8_0", "Q8_0", "Q8_0"), ("Q4_0", "Q4_0", "Q4_0"), ("Q5_K", "Q5_K", "Q4_K"),
+             ("Q6_K", "Q6_K", "Q6_K"), ("Q2_K", "Q3_K", "Q2_K"), ("IQ4_XS", "IQ4_XS", "Q3_K")]
+
+
+@pytest.fixture(params=VARIANTS)
+def variant(request, monkeypatch):
+    v = next(x for x in descriptor.variants if x.name == request.param)
+    missing = kt_core.host().missing(v.requires)
+    if missing:
+        pytest.skip(f"{v.name} needs {', '.join(missing)}, which this host lacks")
+    monkeypatch.setenv("KT_CPU_VARIANT", v.name)
+    selection.reset()
+    return v.name
+
+
+def _rel(out, want) -> float:
+    return float(np.abs(np.asarray(out, np.float64) - want).max() / np.sqrt(np.mean(want ** 2)))
+
+
+def _layer(types, hidden, inter, experts, top_k, **kw):
+    return kt_core.MoE(num_experts=experts, top_k=top_k, hidden_size=hidden, intermediate_size=inter,
+                       method="LLAMAFILE", weight_types=types, **kw)
+
+
+def _weights(rng, types, hidden, inter, experts):
+    shapes = ((experts, inter, hidden), (experts, inter, hidden), (experts, hidden, inter))
+    blocks = [random_blocks(rng, t, s) for t, s in zip(types, shapes)]
+    return blocks, [dequantize(b, t) for b, t in zip(blocks, types)]
+
+
+@pytest.mark.parametrize("types", TYPE_SETS, ids=lambda t: "-".join(t))
+@pytest.mark.parametrize("tokens", [1, 5, 70])
+def test_matches_fp32_over_dequantized_weights(variant, types, tokens):
+    hidden, inter, experts, top_k = 512, 256, 8, 3
+    rng = np.random.default_rng(hash((types, tokens)) % 2**32)
+    blocks, dense = _weights(rng, types, hidden, inter, experts)
+    layer = _layer(types, hidden, inter, experts, top_k)
+    assert layer.backend == f"avx/{variant}"
+    layer.load(*blocks)
+    x = rng.standard_normal((tokens, hidden)).astype(np.float32)
+    ids = np.stack([rng.permutation(experts)[:top_k] for _ in range(tokens)]).astype(np.int64)
+    w = rng.random((tokens, top_k)).astype(np.float32)
+    want = moe_reference(x, ids, w, *dense)
+    assert _rel(layer(x, ids, w), want) < TOL
+    oracle = _layer(types, hidden, inter, experts, top_k, backend="reference")
+    oracle.load(*blocks)
+    assert _rel(layer(x, ids, w), oracle(x, ids, w).astype(np.float64)) < TOL
+
+
+def test_fast_activations_and_32_element_blocks(variant):
+    # K = 96 and 160: Q8_0/Q4_0 need only K % 32, with a short last activation group.
+    types, hidden, inter = ("Q8_0", "Q8_0", "Q4_0"), 96, 160
+    rng = np.random.default_rng(1)
+    blocks, dense = _weights(rng, types, hidden, inter, 4)
+    x = rng.standard_normal((9, hidden)).astype(np.float32)
+    ids = np.stack([rng.permutation(4)[:2] for _ in range(9)]).astype(np.int64)
+    w = rng.random((9, 2)).astype(np.float32)
+    want = moe_reference(x, ids, w, *dense)
+    for fast, tol in ((False, TOL), (True, FAST_TOL)):
+        layer = _layer(types, hidden, inter, 4, 2, fast_activations=fast)
+        layer.load(*blocks)
+        assert _rel(layer(x, ids, w), want) < tol
+
+
+def test_gguf_file_through_the_wrapper(variant, tmp_path):
+    weights = write_moe_gguf(tmp_path / "m.gguf", hidden=256, intermediate=512, experts=8, top_k=2, layers=2,
+                             split_max_tensors=3, seed=2)
+    w = kt_core.KTMoEWrapper(layer_idx=1, num_experts=8, num_experts_per_tok=2, hidden_size=256,
+                             moe_intermediate_size=512, weight_path=str(tmp_path), method="LLAMAFILE")
+    w.load_weights()
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 256)).astype(np.float32)
+    ids = np.array([[0, 7], [3, -1], [5, 6], [1, 2]], np.int64)
+    wt = rng.random((4, 2)).astype(np.float32)
+    assert _rel(w.forward(x, ids, wt), moe_reference(x, ids, wt, *weights[1])) < TOL
+
+
+def test_nan_activations_stay_in_their_token(variant):
+    types = ("Q4_K", "Q4_K", "Q6_K")
+    rng = np.random.default_rng(4)
+    blocks, _ = _weights(rng, types, 256, 256, 2)
+    layer = _layer(types, 256, 256, 2, 1)
+    layer.load(*blocks)
+    x = rng.standard_normal((2, 256)).astype(np.float32)
+    x[0, 5] = np.nan
+    out = layer(x, np.array([[0], [1]], np.int64), np.ones((2, 1), np.float32))
+    assert np.isnan(out[0]).all() and np.isfinite(out[1]).all()
+
+
+def test_unsupported_type_is_named_with_the_supported_ones(variant, monkeypatch):
+    # Every ggml type kt knows runs on every AVX target; a variant listing fewer must refuse the
+    # others by name before loading anything, and point at a backend that can run them.
+    found = discovery.discover()
+
+    def fewer(d):
+        if d.descriptor is None or d.descriptor.name != "avx":
+            return d
+        variants = tuple(replace(v, ggml_types=("Q4_K", "Q8_0")) for v in d.descriptor.variants)
+        return replace(d, descriptor=replace(d.descriptor, variants=variants))
+
+    patched = tuple(fewer(d) for d in found)
+    monkeypatch.setattr(selection, "discover", functools.cache(lambda: patched))
+    selection.reset()
+    with pytest.raises(BackendError, match=r"runs LLAMAFILE for ggml types Q4_K, Q8_0; this layer stores Q6_K "
+                                           r"\(backend='reference' can run it\)"):
+        kt_core.MoE(num_experts=2, top_k=1, hidden_size=256, intermediate_size=256, method="LLAMAFILE",
+                    weight_types=("Q4_K", "Q4_K", "Q6_K"))
