@@ -1,4 +1,4 @@
-"""`kt version`, `kt doctor`, `kt backends`, `kt demo`, `kt bench`, `kt convert`."""
+"""`kt version`, `kt doctor`, `kt backends`, `kt demo`, `kt bench`, `kt convert`, `kt run`, `kt chat`."""
 
 from __future__ import annotations
 
@@ -179,6 +179,60 @@ def convert_cmd(
         console.print(f"[red]kt convert: {exc}[/red]")
         raise typer.Exit(1) from exc
     console.print(f"converted folder ready: {done}")
+
+
+@app.command("run")
+def run_cmd(
+    model: str = typer.Argument("tiny", help="Hugging Face model folder (with tokenizer), or 'tiny': the built-in preset"),
+    kt_method: str = typer.Option("BF16", "--kt-method", help="expert weight format: BF16, FP32, INT8, INT4, FP8, RAWINT4"),
+    kt_weight_path: str = typer.Option(None, "--kt-weight-path",
+                                       help="read the experts from here: a kt convert folder, or a checkpoint as stored"),
+    kt_cpuinfer: int = typer.Option(None, "--kt-cpuinfer", help="kt pool threads (default: kt doctor's, physical cores)"),
+    kt_threadpool_count: int = typer.Option(None, "--kt-threadpool-count",
+                                            help="thread groups (default: kt doctor's, NUMA nodes)"),
+    kt_num_gpu_experts: int = typer.Option(0, "--kt-num-gpu-experts", help="experts per layer kept as torch tensors"),
+    kt_max_deferred: int = typer.Option(0, "--kt-max-deferred-experts-per-token",
+                                        help="each token's lowest-weight experts added into the next layer"),
+    host: str = typer.Option("127.0.0.1", help="address to listen on"),
+    port: int = typer.Option(8000, help="port to listen on (0: any free port)"),
+    served_model_name: str = typer.Option(None, "--served-model-name", help="model id clients ask for"),
+    max_queue: int = typer.Option(64, help="requests that may wait behind the running one (503 beyond)"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="print what would run, start nothing"),
+) -> None:
+    """Serve MODEL over an OpenAI-compatible HTTP API with its routed experts on kt (SGLang with
+    --kt-* flags instead, where SGLang and a CUDA GPU are present)."""
+    from ..errors import KTError
+    from ..serve.launch import run
+    from ..serve.settings import ServeSettings
+
+    settings = ServeSettings(model=model, method=kt_method, weight_path=kt_weight_path, cpuinfer=kt_cpuinfer,
+                             threadpool_count=kt_threadpool_count, num_gpu_experts=kt_num_gpu_experts,
+                             max_deferred_experts_per_token=kt_max_deferred, host=host, port=port,
+                             served_model_name=served_model_name, max_queue=max_queue)
+    try:
+        run(settings, console, dry_run=dry_run)
+    except (KTError, ImportError, OSError) as exc:
+        console.print(f"[red]kt run: {exc}[/red]", soft_wrap=True)
+        raise typer.Exit(1) from exc
+
+
+@app.command()
+def chat(
+    url: str = typer.Option("http://127.0.0.1:8000/v1", help="an OpenAI-compatible endpoint"),
+    model: str = typer.Option(None, help="model id (default: the first the server lists)"),
+    max_tokens: int = typer.Option(256, min=1, help="most tokens per reply"),
+    temperature: float = typer.Option(0.7, min=0, help="sampling temperature (0: greedy)"),
+    system: str = typer.Option(None, help="a system message to start every conversation with"),
+) -> None:
+    """Chat with an OpenAI-compatible server (kt run's or any): streamed replies, history,
+    /clear, /exit, token counts. Reads lines from stdin when it is not a terminal."""
+    from .chat import ChatError, run
+
+    try:
+        run(console, url=url, model=model, max_tokens=max_tokens, temperature=temperature, system=system)
+    except ChatError as exc:
+        console.print(f"[red]kt chat: {exc}[/red]", soft_wrap=True)
+        raise typer.Exit(1) from exc
 
 
 def main() -> None:

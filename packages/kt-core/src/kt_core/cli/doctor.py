@@ -37,6 +37,24 @@ def _thp_mode(path: str) -> str | None:
     return text
 
 
+def recommended(h=None) -> dict:
+    """cpuinfer_threads and threadpool_count for this host, with the reasons (`kt doctor`
+    prints them; `kt run` uses them as its defaults)."""
+    h = h or host()
+    pools = max(1, len(h.numa_nodes))
+    return {
+        "cpuinfer_threads": h.physical_cores,
+        "cpuinfer_threads_reason": (
+            f"{h.physical_cores} physical cores ({h.logical_cpus} logical CPUs): one thread per physical core; "
+            "SMT siblings share a core's vector units, and the calling thread works too, so no core is "
+            "left for a dispatcher"),
+        "threadpool_count": pools,
+        "threadpool_count_reason": (
+            f"{pools} NUMA node(s) with cores: one thread group per node, so each streams the experts "
+            "placed in its own memory"),
+    }
+
+
 def collect() -> dict:
     h = host()
     mem = _meminfo()
@@ -46,8 +64,6 @@ def collect() -> dict:
         backend_error = None
     except KTError as exc:
         backends, backend_error = [], str(exc)
-    threads = h.physical_cores
-    pools = max(1, len(h.numa_nodes))
     return {
         "cpu": {"arch": h.arch, "vendor": h.vendor, "brand": h.brand, "isa_level": h.isa_level,
                 "max_isa": h.max_isa, "features": sorted(h.features), "notes": list(h.notes)},
@@ -61,17 +77,7 @@ def collect() -> dict:
                  "pinned_cpus": list(info.pinned_cpus)},
         "backends": backends,
         "backend_error": backend_error,
-        "recommended": {
-            "cpuinfer_threads": threads,
-            "cpuinfer_threads_reason": (
-                f"{h.physical_cores} physical cores ({h.logical_cpus} logical CPUs): one thread per physical core; "
-                "SMT siblings share a core's vector units, and the calling thread works too, so no core is "
-                "left for a dispatcher"),
-            "threadpool_count": pools,
-            "threadpool_count_reason": (
-                f"{pools} NUMA node(s) with cores: one thread group per node, so each streams the experts "
-                "placed in its own memory"),
-        },
+        "recommended": recommended(h),
     }
 
 

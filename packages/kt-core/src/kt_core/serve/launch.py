@@ -1,0 +1,73 @@
+"""`kt run`: SGLang with --kt-* flags where it can run, otherwise kt's own server; --dry-run
+prints what would run. Ctrl-C or SIGTERM stops the server cleanly."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import threading
+
+from rich.console import Console
+from rich.markup import escape
+
+from . import sglang
+from .settings import ServeSettings
+
+
+def run(settings: ServeSettings, console: Console, *, dry_run: bool = False) -> None:
+    from ..integrations.transformers.preset import ensure_preset, preset_dir
+
+    s = settings.resolved()
+    use_sglang, why = sglang.available()
+    if use_sglang:
+        model_path = str(preset_dir() if dry_run and s.is_preset else ensure_preset() if s.is_preset else s.model)
+        cmd = sglang.command(s, model_path)
+        console.print(f"SGLang ({why}): {'would run' if dry_run else 'running'}", highlight=False)
+        console.print(escape(shlex.join(cmd)), soft_wrap=True, highlight=False)
+        if not dry_run:
+            # Replaced by SGLang: its own signal handling and exit status are kt run's.
+            os.execv(cmd[0], cmd)
+        return
+    console.print(f"kt's transformers server ({why})", highlight=False)
+    for key, value in s.describe():
+        console.print(f"  {key:<22} {escape(value)}", soft_wrap=True, highlight=False)
+    if dry_run:
+        return
+    serve(s, console)
+
+
+def serve(s: ServeSettings, console: Console) -> None:
+    from .engine import Engine
+    from .http import Server
+
+    def log(message: str) -> None:
+        console.print(escape(message), soft_wrap=True, highlight=False)
+
+    engine = Engine.load(s, log=log)
+    try:
+        server = Server(engine, s.host, s.port, log=log)
+    except OSError as exc:
+        engine.close()
+        raise SystemExit(f"kt run: cannot listen on {s.host}:{s.port}: {exc.strerror or exc}") from None
+    stop = threading.Event()
+    received = []
+
+    def on_signal(signum, _frame):
+        received.append(signal.Signals(signum).name)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    server.start()
+    console.print(f"serving {s.served_model_name} at {server.url} (Ctrl-C to stop)", highlight=False)
+    try:
+        while not stop.wait(0.5):     # a timed wait, so signals are handled promptly on every platform
+            pass
+    finally:
+        console.print(f"{received[0] if received else 'stop'}: shutting down ({engine.status()['queued']} waiting, "
+                      f"{engine.status()['running']} running request(s) ended)", highlight=False)
+        server.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        console.print(f"stopped; served {engine.counts['served']}, cancelled {engine.counts['cancelled']}, "
+                      f"failed {engine.counts['failed']}", highlight=False)
