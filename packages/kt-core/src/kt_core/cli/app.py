@@ -233,6 +233,9 @@ def chat(
     except ChatError as exc:
         console.print(f"[red]kt chat: {exc}[/red]", soft_wrap=True)
         raise typer.Exit(1) from exc
+    except ImportError as exc:
+        console.print(f"[red]kt chat needs httpx ({exc}): pip install 'kt-core[serve]'[/red]", soft_wrap=True)
+        raise typer.Exit(1) from exc
 
 
 def main() -> None:
