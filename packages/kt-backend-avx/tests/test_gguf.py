@@ -2,6 +2,7 @@
 an FP32 MoE over the weights gguf-py dequantizes, and against the reference backend."""
 
 import functools
+import zlib
 from dataclasses import replace
 
 import numpy as np
@@ -17,9 +18,10 @@ gguf = pytest.importorskip("gguf")
 
 VARIANTS = [v.name for v in descriptor.variants]
 # The issue's bound is 2e-2 of the output RMS (max |error|). With two int8 activation passes
-# (the default) the kernels stay under 2e-3 here; fast_activations (one pass, one scale per 256
-# k, like llama.cpp's Q8_K) reached 6.5e-2 on the K = 96/160 layer below: opt-in, stated.
-TOL, FAST_TOL = 2e-3, 0.1
+# (the default) the kernels reached at most 1.9e-3 over 20 seeds x these type sets; fast_activations
+# (one pass, one scale per 256 k, like llama.cpp's Q8_K) reached 6.5e-2 on the K = 96/160 layer
+# below: opt-in, stated.
+TOL, FAST_TOL = 5e-3, 0.1
 TYPE_SETS = [("Q4_K", "Q4_K", "Q6_K"), ("Q8_0", "Q8_0", "Q8_0"), ("Q4_0", "Q4_0", "Q4_0"), ("Q5_K", "Q5_K", "Q4_K"),
              ("Q6_K", "Q6_K", "Q6_K"), ("Q2_K", "Q3_K", "Q2_K"), ("IQ4_XS", "IQ4_XS", "Q3_K")]
 
@@ -54,7 +56,7 @@ def _weights(rng, types, hidden, inter, experts):
 @pytest.mark.parametrize("tokens", [1, 5, 70])
 def test_matches_fp32_over_dequantized_weights(variant, types, tokens):
     hidden, inter, experts, top_k = 512, 256, 8, 3
-    rng = np.random.default_rng(hash((types, tokens)) % 2**32)
+    rng = np.random.default_rng(zlib.crc32(repr((types, tokens)).encode()))
     blocks, dense = _weights(rng, types, hidden, inter, experts)
     layer = _layer(types, hidden, inter, experts, top_k)
     assert layer.backend == f"avx/{variant}"

@@ -108,33 +108,33 @@ inline __m256i bit_to(__m256i v, int bit, int value) {
     return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, m), m), bytes(value));
 }
 
-// One decoded block of QK elements. sc is expanded per 32-element chunk to the vpmaddwd
-// operand: 16 int16 lanes, the first 8 the scale of k 0..15, the last 8 that of k 16..31.
+// The 32-element types decode straight into a register, per activation row (cheaper than a
+// round trip through memory): codes u and one f16 scale d, w = d * (u - kMin).
+//
+// A 256-element block is decoded once into L1 for all rows, with a few vector operations
+// (scalar stores of its scales cost more than the dot itself: Q4_K decode ran 12x slower than
+// INT4 that way, measured).
 template <int QK>
 struct Decoded {
     alignas(32) uint8_t u[QK];
-    alignas(32) int16_t sc[QK / 32][16];
-    alignas(32) int16_t mn[QK / 16 < 16 ? 16 : QK / 16];
+    __m256i sc[QK / 32];   // per 32-chunk, the vpmaddwd operand: 8 int16 lanes for k 0..15, 8 for 16..31
+    __m256i mn;            // mn of each 16 k, 16 int16 (the min term's vpmaddwd operand)
     float d, dmin;
-
-    void scales(int j16, int s, int m) {   // scale and min of elements 16*j16 .. 16*j16+15
-        for (int i = 0; i < 8; ++i) sc[j16 / 2][(j16 % 2) * 8 + i] = int16_t(s);
-        mn[j16] = int16_t(m);
-    }
 };
+inline __m256i pair16(int first, int second) {
+    return _mm256_set_m128i(_mm_set1_epi16(short(second)), _mm_set1_epi16(short(first)));
+}
 
 struct Q4_0 {
     static constexpr int QK = 32, kBytes = 18;
     static constexpr bool kSigned = false;
     static constexpr const char* name = "Q4_0";
     static constexpr int kScaleAt[2] = {0, -1};
-    static void decode(const uint8_t* b, Decoded<QK>& o) {
+    static constexpr int kMin = 8;
+    static __m256i codes(const uint8_t* b) {
         const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2));
         const __m128i m = _mm_set1_epi8(15);
-        store32(o.u, _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m), _mm_and_si128(q, m)));
-        o.scales(0, 1, 8);
-        o.scales(1, 1, 8);
-        o.d = o.dmin = f16(b);
+        return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m), _mm_and_si128(q, m));
     }
 };
 
@@ -143,13 +143,8 @@ struct Q8_0 {
     static constexpr bool kSigned = true;
     static constexpr const char* name = "Q8_0";
     static constexpr int kScaleAt[2] = {0, -1};
-    static void decode(const uint8_t* b, Decoded<QK>& o) {
-        store32(o.u, load32(b + 2));
-        o.scales(0, 1, 0);
-        o.scales(1, 1, 0);
-        o.d = f16(b);
-        o.dmin = 0.0f;
-    }
+    static constexpr int kMin = 0;
+    static __m256i codes(const uint8_t* b) { return load32(b + 2); }
 };
 
 struct Q2_K {
@@ -163,7 +158,9 @@ struct Q2_K {
             for (int s = 0; s < 4; ++s)
                 store32(o.u + 128 * h + 32 * s, _mm256_and_si256(_mm256_srli_epi16(q, 2 * s), bytes(3)));
         }
-        for (int j = 0; j < 16; ++j) o.scales(j, b[j] & 15, b[j] >> 4);
+        for (int c = 0; c < 8; ++c) o.sc[c] = pair16(b[2 * c] & 15, b[2 * c + 1] & 15);
+        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
+        o.mn = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(15)));
         o.d = f16(b + 80);
         o.dmin = f16(b + 82);
     }
@@ -186,34 +183,34 @@ struct Q3_K {
             }
         }
         const uint8_t* sc = b + 96;
+        alignas(32) int16_t s[16];
         for (int j = 0; j < 16; ++j) {
             const int lo = (j < 8 ? sc[j] : sc[j - 8] >> 4) & 15, hi = (sc[8 + j % 4] >> (2 * (j / 4))) & 3;
-            const int s = (lo | (hi << 4)) - 32;
-            o.scales(j, s, 4 * s);
+            s[j] = int16_t((lo | (hi << 4)) - 32);
         }
+        for (int c = 0; c < 8; ++c) o.sc[c] = pair16(s[2 * c], s[2 * c + 1]);
+        o.mn = _mm256_slli_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(s)), 2);
         o.d = o.dmin = f16(b + 108);
     }
 };
 
-// Q4_K/Q5_K's 6-bit scale and min of sub-block j (ggml's get_scale_min_k4).
-inline void scale_min_k4(int j, const uint8_t* q, int* sc, int* m) {
-    if (j < 4) {
-        *sc = q[j] & 63;
-        *m = q[j + 4] & 63;
-    } else {
-        *sc = (q[j + 4] & 15) | ((q[j - 4] >> 6) << 4);
-        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-    }
-}
-
+// Q4_K/Q5_K's eight 6-bit scales and mins from their 12 bytes (ggml's word-wise unpacking of
+// get_scale_min_k4): scales become bytes 0..7 of u, mins bytes 8..15.
 template <int QK>
 void k4_scales(const uint8_t* q, Decoded<QK>& o) {
-    for (int j = 0; j < 8; ++j) {
-        int sc, m;
-        scale_min_k4(j, q, &sc, &m);
-        o.scales(2 * j, sc, m);
-        o.scales(2 * j + 1, sc, m);
-    }
+    uint32_t u[4];
+    std::memcpy(u, q, 12);
+    constexpr uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, m2 = 0x03030303;
+    u[3] = ((u[2] >> 4) & m4) | (((u[1] >> 6) & m2) << 4);
+    const uint32_t mins_lo = u[1] & m6;
+    u[1] = (u[2] & m4) | (((u[0] >> 6) & m2) << 4);
+    u[2] = mins_lo;
+    u[0] &= m6;
+    uint8_t sm[16];
+    std::memcpy(sm, u, 16);
+    for (int c = 0; c < 8; ++c) o.sc[c] = _mm256_set1_epi16(short(sm[c]));
+    const __m128i mins = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm + 8));
+    o.mn = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mins, mins));   // each sub-block's min for both of its 16s
 }
 
 struct Q4_K {
@@ -270,7 +267,8 @@ struct Q6_K {
                                             _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30)));
         }
         const auto* sc = reinterpret_cast<const int8_t*>(b + 192);
-        for (int j = 0; j < 16; ++j) o.scales(j, sc[j], 32 * sc[j]);
+        for (int c = 0; c < 8; ++c) o.sc[c] = pair16(sc[2 * c], sc[2 * c + 1]);
+        o.mn = _mm256_slli_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc))), 5);
         o.d = o.dmin = f16(b + 208);
     }
 };
@@ -292,8 +290,7 @@ struct IQ4_XS {
             const __m128i hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(q, 4), m4));
             store32(o.u + 32 * j, _mm256_set_m128i(hi, lo));
             const int ls = (((b[4 + j / 2] >> (4 * (j % 2))) & 15) | (((scales_h >> (2 * j)) & 3) << 4)) - 32;
-            o.scales(2 * j, ls, 0);
-            o.scales(2 * j + 1, ls, 0);
+            o.sc[j] = _mm256_set1_epi16(short(ls));
         }
         o.d = f16(b);
         o.dmin = 0.0f;
@@ -318,55 +315,80 @@ inline __m256i chunk_dot(__m256i u, __m256i a, __m256i sc) {
 
 constexpr int64_t kRowBlock = 32;   // activation rows sharing one decoded block in L1
 
-// out[r] = w_row . x_r for `rows` (<= kRowBlock) activation rows starting at `act`.
+inline __m256i act_vec(const int8_t* p) { return load32(reinterpret_cast<const uint8_t*>(p)); }
+
+// out[r] = w_row . x_r for `rows` (<= kRowBlock) activation rows, 32-element blocks: per block
+// one integer dot (both passes combined exactly: hi * 128 + lo stays within int32 for 32
+// elements), one conversion, one FMA; two accumulators hide the FMA latency.
 template <class T, bool kTwoPass>
-void row_dots(const uint8_t* w, int64_t k, const uint8_t* act, size_t act_bytes, int64_t rows, float* out) {
-    constexpr int QK = T::QK;
-    __m256 acc[kRowBlock];
-    float min_acc[kRowBlock];
+void row_dots_32(const uint8_t* w, int64_t k, const uint8_t* act, size_t act_bytes, int64_t rows, float* out) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    const float step = kTwoPass ? 1.0f / 128.0f : 1.0f;
     for (int64_t r = 0; r < rows; ++r) {
-        acc[r] = _mm256_setzero_ps();
-        min_acc[r] = 0.0f;
+        const ActRow a = act_row(act + size_t(r) * act_bytes, k);
+        __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+        float min_acc = 0.0f;
+        for (int64_t s = 0; s < k / 32; ++s) {
+            const uint8_t* b = w + s * T::kBytes;
+            const __m256i u = T::codes(b);
+            __m256i i = chunk_dot<T::kSigned>(u, act_vec(a.hi + 32 * s), ones);
+            if constexpr (kTwoPass)
+                i = _mm256_add_epi32(_mm256_slli_epi32(i, 7), chunk_dot<T::kSigned>(u, act_vec(a.lo + 32 * s), ones));
+            const float ds = f16(b) * a.scale[s / (kQK / 32)] * step;
+            acc[s & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(ds), acc[s & 1]);
+            if constexpr (T::kMin != 0) {
+                int m = a.sums_hi[2 * s] + a.sums_hi[2 * s + 1];
+                if constexpr (kTwoPass) m = m * 128 + a.sums_lo[2 * s] + a.sums_lo[2 * s + 1];
+                min_acc += ds * float(T::kMin * m);
+            }
+        }
+        out[r] = hsum8(_mm256_add_ps(acc[0], acc[1])) - min_acc;
     }
-    Decoded<QK> dec;
-    for (int64_t s = 0; s < k / QK; ++s) {
+}
+
+// The same for 256-element blocks, each decoded once for all rows.
+template <class T, bool kTwoPass>
+void row_dots_256(const uint8_t* w, int64_t k, const uint8_t* act, size_t act_bytes, int64_t rows, float* out) {
+    __m256 acc[kRowBlock];
+    for (int64_t r = 0; r < rows; ++r) acc[r] = _mm256_setzero_ps();
+    Decoded<256> dec;
+    for (int64_t s = 0; s < k / 256; ++s) {
         T::decode(w + s * T::kBytes, dec);
-        const int64_t k0 = s * QK;
+        const int64_t k0 = s * 256;
         for (int64_t r = 0; r < rows; ++r) {
             const ActRow a = act_row(act + size_t(r) * act_bytes, k);
             __m256i ih = _mm256_setzero_si256(), il = _mm256_setzero_si256();
-            for (int c = 0; c < QK / 32; ++c) {
+            for (int c = 0; c < 8; ++c) {
                 const __m256i u = _mm256_load_si256(reinterpret_cast<const __m256i*>(dec.u + 32 * c));
-                const __m256i sc = _mm256_load_si256(reinterpret_cast<const __m256i*>(dec.sc[c]));
-                ih = _mm256_add_epi32(ih, chunk_dot<T::kSigned>(u, load32(reinterpret_cast<const uint8_t*>(a.hi + k0 + 32 * c)), sc));
-                if constexpr (kTwoPass)
-                    il = _mm256_add_epi32(il, chunk_dot<T::kSigned>(u, load32(reinterpret_cast<const uint8_t*>(a.lo + k0 + 32 * c)), sc));
+                ih = _mm256_add_epi32(ih, chunk_dot<T::kSigned>(u, act_vec(a.hi + k0 + 32 * c), dec.sc[c]));
+                if constexpr (kTwoPass) il = _mm256_add_epi32(il, chunk_dot<T::kSigned>(u, act_vec(a.lo + k0 + 32 * c), dec.sc[c]));
             }
-            const float sa = a.scale[k0 / kQK];
+            const float sa = a.scale[s];
             __m256 dot = _mm256_cvtepi32_ps(ih);
             if constexpr (kTwoPass) dot = _mm256_fmadd_ps(_mm256_cvtepi32_ps(il), _mm256_set1_ps(1.0f / 128.0f), dot);
             acc[r] = _mm256_fmadd_ps(dot, _mm256_set1_ps(dec.d * sa), acc[r]);
-            if constexpr (!T::kSigned) {
-                // sum over the block's 16-groups of mn * (activation code sum)
-                if constexpr (QK == 256) {
-                    const __m256i mn = _mm256_load_si256(reinterpret_cast<const __m256i*>(dec.mn));
-                    const __m256i mh = _mm256_madd_epi16(load32(reinterpret_cast<const uint8_t*>(a.sums_hi + k0 / 16)), mn);
-                    __m256 m = _mm256_cvtepi32_ps(mh);
-                    if constexpr (kTwoPass) {
-                        const __m256i ml = _mm256_madd_epi16(load32(reinterpret_cast<const uint8_t*>(a.sums_lo + k0 / 16)), mn);
-                        m = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ml), _mm256_set1_ps(1.0f / 128.0f), m);
-                    }
-                    acc[r] = _mm256_fnmadd_ps(m, _mm256_set1_ps(dec.dmin * sa), acc[r]);
-                } else {
-                    const int j = int(k0 / 16);
-                    float m = float(dec.mn[0] * a.sums_hi[j] + dec.mn[1] * a.sums_hi[j + 1]);
-                    if constexpr (kTwoPass) m += float(dec.mn[0] * a.sums_lo[j] + dec.mn[1] * a.sums_lo[j + 1]) * (1.0f / 128.0f);
-                    min_acc[r] += dec.dmin * sa * m;
+            if constexpr (!T::kSigned) {   // minus dmin * sum over the 16-groups of mn * activation sum
+                const __m256i* sums_hi = reinterpret_cast<const __m256i*>(a.sums_hi + k0 / 16);
+                __m256 m = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_loadu_si256(sums_hi), dec.mn));
+                if constexpr (kTwoPass) {
+                    const __m256i* sums_lo = reinterpret_cast<const __m256i*>(a.sums_lo + k0 / 16);
+                    m = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_loadu_si256(sums_lo), dec.mn)),
+                                        _mm256_set1_ps(1.0f / 128.0f), m);
                 }
+                acc[r] = _mm256_fnmadd_ps(m, _mm256_set1_ps(dec.dmin * sa), acc[r]);
             }
         }
     }
-    for (int64_t r = 0; r < rows; ++r) out[r] = hsum8(acc[r]) - min_acc[r];
+    for (int64_t r = 0; r < rows; ++r) out[r] = hsum8(acc[r]);
+}
+
+template <class T, bool kTwoPass>
+void row_dots(const uint8_t* w, int64_t k, const uint8_t* act, size_t act_bytes, int64_t rows, float* out) {
+    if constexpr (T::QK == 32) {
+        row_dots_32<T, kTwoPass>(w, k, act, act_bytes, rows, out);
+    } else {
+        row_dots_256<T, kTwoPass>(w, k, act, act_bytes, rows, out);
+    }
 }
 
 using RowDotsFn = void (*)(const uint8_t*, int64_t, const uint8_t*, size_t, int64_t, float*);
