@@ -211,3 +211,13 @@ def test_quant_helpers_round_trip():
     got = dequantize_fp8(torch.from_numpy(codes).view(torch.float8_e4m3fn), torch.from_numpy(scale_inv))
     assert got.dtype == torch.float32
     assert np.array_equal(got.numpy(), Q.dequantize_fp8_block(codes, scale_inv).astype(np.float32))
+
+
+def test_readahead_accepts_every_weight_form(tmp_path):
+    # Best effort by design: file-backed views, NumPy arrays, None parts and empty tensors.
+    from kt_core.weights.readahead import readahead
+
+    write_checkpoint(tmp_path, "qwen3_moe", hidden=H, intermediate=I, experts=E, layers=1, dense_prefix=0)
+    ckpt = Checkpoint(tmp_path)
+    view = ckpt.tensor("model.layers.0.mlp.experts.0.gate_proj.weight")
+    readahead({0: (view, np.zeros((4, 4), np.float32), None, (torch.empty(0), None), None)})

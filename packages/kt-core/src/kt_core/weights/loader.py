@@ -18,6 +18,7 @@ from ..gguf.reader import GGUFModel, expert_reader, is_gguf, open_gguf
 from .checkpoint import Checkpoint
 from .converted import MANIFEST, ConvertedFolder
 from .experts import checkpoint_experts, float_experts
+from .readahead import readahead
 
 # Experts packed per parallel batch: enough to keep every thread busy, few enough that the
 # per-expert copies some formats need (fused tensors, FP8 dequantization) stay small.
@@ -94,5 +95,11 @@ def load_layer(moe, source: Checkpoint | ConvertedFolder | GGUFModel | str | Pat
         logical, read = _checkpoint_reader(moe, source, layer, quantize_at_load)
     p2l = moe.physical_to_logical(physical_to_logical_map, logical)
     slots = moe.cpu_slots()
-    for i in range(0, len(slots), BATCH):
-        moe.load_experts({p: read(p2l[p]) for p in slots[i:i + BATCH]})
+    batches = [slots[i:i + BATCH] for i in range(0, len(slots), BATCH)]
+    upcoming = {p: read(p2l[p]) for p in batches[0]} if batches else {}
+    readahead(upcoming)
+    for b in range(len(batches)):
+        current = upcoming
+        upcoming = {p: read(p2l[p]) for p in batches[b + 1]} if b + 1 < len(batches) else {}
+        readahead(upcoming)      # the disk fetches the next batch while the pool packs this one
+        moe.load_experts(current)
