@@ -163,6 +163,7 @@ MALFORMED = [
     ("/v1/chat/completions", {"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]}, 404,
      "'gpt-4' does not exist", "model"),
     ("/v1/completions", {"prompt": ["a", "b"]}, 400, "one prompt per request", "prompt"),
+    ("/v1/completions", {"prompt": "x" * 2048}, 400, "the prompt has 2048: no room to generate", "prompt"),
     ("/v1/completions", {"prompt": [1, 10**9]}, 400, "token ids must be in", "prompt"),
     ("/v1/completions", {"prompt": "x", "stop": 5}, 400, "stop must be a string", "stop"),
     ("/v1/embeddings", {"input": "x"}, 404, "no such endpoint", None),
@@ -225,6 +226,28 @@ def test_a_client_that_leaves_while_waiting_is_cancelled(http, server):
                   b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
         time.sleep(0.3)
     wait_idle(http, before)
+
+
+def test_a_full_queue_answers_503_and_the_waiting_request_is_served(http, client, server, monkeypatch):
+    import dataclasses
+
+    monkeypatch.setattr(server.engine, "settings", dataclasses.replace(server.engine.settings, max_queue=1))
+    body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2000, "temperature": 0, "stream": True,
+            "ignore_eos": True}
+    replies = []
+    waiting = threading.Thread(target=lambda: replies.append(chat(client, "Hi", max_tokens=4)))
+    with http.stream("POST", "/v1/chat/completions", json=body) as r:
+        lines = r.iter_lines()       # kept: a discarded iterator closes the stream, which cancels the request
+        next(lines)                  # the long request runs
+        waiting.start()
+        deadline = time.monotonic() + 5
+        while http.get("/health").json()["queued"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        refused = http.post("/v1/completions", json={"prompt": "x", "max_tokens": 1})
+        assert refused.status_code == 503 and "1 requests are already waiting (--max-queue 1)" in refused.text
+    # Leaving the stream cancels the long request; the one waiting is served next.
+    waiting.join(10)
+    assert replies and replies[0].usage.completion_tokens >= 1
 
 
 def test_unknown_model_family_is_refused_with_the_supported_list(tmp_path):

@@ -97,9 +97,12 @@ def _job(body: dict, engine: Engine, prompt_ids: list[int]) -> Job:
     ctx = engine.context_length
     if ctx is not None:
         room = ctx - len(prompt_ids)
+        if room < 1:
+            raise _bad(f"this model's context is {ctx} tokens and the prompt has {len(prompt_ids)}: no room to "
+                       "generate", "messages" if "messages" in body else "prompt")
         if max_tokens is None:
             max_tokens = room
-        if room < 1 or max_tokens > room:
+        if max_tokens > room:
             raise _bad(f"this model's context is {ctx} tokens; the prompt has {len(prompt_ids)} and {max_tokens} "
                        "more were asked for", key)
     elif max_tokens is None:
