@@ -317,55 +317,151 @@ constexpr int64_t kRowBlock = 32;   // activation rows sharing one decoded block
 
 inline __m256i act_vec(const int8_t* p) { return load32(reinterpret_cast<const uint8_t*>(p)); }
 
-// out[r] = w_row . x_r for `rows` (<= kRowBlock) activation rows, 32-element blocks: per block
-// one integer dot (both passes combined exactly: hi * 128 + lo stays within int32 for 32
-// elements), one conversion, one FMA; two accumulators hide the FMA latency.
+// The integer work in the widest vectors the target has: two 32-chunks per AVX-512 register
+// (prefill is bound by these instructions), one per AVX2 register.
+#if defined(__AVX512BW__)
+using WI = __m512i;
+constexpr int kChunksPerVec = 2;
+inline WI wload(const void* p) { return _mm512_loadu_si512(p); }
+inline WI wadd(WI a, WI b) { return _mm512_add_epi32(a, b); }
+inline WI wjoin(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
+inline __m256i wfold(WI v) { return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1)); }
+template <bool kSigned>
+inline WI wdot(WI u, WI a, WI sc) {   // AVX-512 has no vpsignb: negate a where u < 0 by mask
+    const WI p = kSigned ? _mm512_maddubs_epi16(_mm512_abs_epi8(u),
+                                                 _mm512_mask_sub_epi8(a, _mm512_movepi8_mask(u), _mm512_setzero_si512(), a))
+                         : _mm512_maddubs_epi16(u, a);
+    return _mm512_madd_epi16(p, sc);
+}
+#else
+using WI = __m256i;
+constexpr int kChunksPerVec = 1;
+inline WI wload(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+inline WI wadd(WI a, WI b) { return _mm256_add_epi32(a, b); }
+inline __m256i wfold(WI v) { return v; }
+template <bool kSigned>
+inline WI wdot(WI u, WI a, WI sc) { return chunk_dot<kSigned>(u, a, sc); }
+#endif
+
+// Activation sums of `nb` (<= 8) 32-element blocks from their per-16 sums, as 8 int32 lanes
+// (lanes past nb are 0: a short last group must not read past the row).
+inline __m256i block_sums(const int16_t* sums16, int nb) {
+    __m256i v;
+    if (nb == 8) {
+        v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums16));
+    } else {
+        alignas(32) int16_t tail[16] = {};
+        for (int i = 0; i < 2 * nb; ++i) tail[i] = sums16[i];
+        v = _mm256_load_si256(reinterpret_cast<const __m256i*>(tail));
+    }
+    return _mm256_madd_epi16(v, _mm256_set1_epi16(1));
+}
+
+// out[r] = w_row . x_r for `rows` (<= kRowBlock) activation rows, 32-element blocks, taken 8
+// at a time (one activation scale group): their codes and f16 scales are decoded once for all
+// rows; per row and block one integer dot (both passes combined exactly: hi * 128 + lo stays
+// within int32 for 32 elements), one conversion, one FMA with the block's scale vector.
 template <class T, bool kTwoPass>
 void row_dots_32(const uint8_t* w, int64_t k, const uint8_t* act, size_t act_bytes, int64_t rows, float* out) {
-    const __m256i ones = _mm256_set1_epi16(1);
+    constexpr int kVecs = 8 / kChunksPerVec;
     const float step = kTwoPass ? 1.0f / 128.0f : 1.0f;
-    for (int64_t r = 0; r < rows; ++r) {
-        const ActRow a = act_row(act + size_t(r) * act_bytes, k);
-        __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-        float min_acc = 0.0f;
-        for (int64_t s = 0; s < k / 32; ++s) {
-            const uint8_t* b = w + s * T::kBytes;
-            const __m256i u = T::codes(b);
-            __m256i i = chunk_dot<T::kSigned>(u, act_vec(a.hi + 32 * s), ones);
-            if constexpr (kTwoPass)
-                i = _mm256_add_epi32(_mm256_slli_epi32(i, 7), chunk_dot<T::kSigned>(u, act_vec(a.lo + 32 * s), ones));
-            const float ds = f16(b) * a.scale[s / (kQK / 32)] * step;
-            acc[s & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(ds), acc[s & 1]);
-            if constexpr (T::kMin != 0) {
-                int m = a.sums_hi[2 * s] + a.sums_hi[2 * s + 1];
-                if constexpr (kTwoPass) m = m * 128 + a.sums_lo[2 * s] + a.sums_lo[2 * s + 1];
-                min_acc += ds * float(T::kMin * m);
+    __m256 acc[kRowBlock];
+    for (int64_t r = 0; r < rows; ++r) acc[r] = _mm256_setzero_ps();
+    alignas(64) uint8_t u[256];
+    alignas(32) float d[8];
+#if defined(__AVX512BW__)
+    const WI ones = _mm512_set1_epi16(1);
+    __m512 dv[kVecs];
+#else
+    const WI ones = _mm256_set1_epi16(1);
+    __m256 dv[kVecs];
+#endif
+    const int64_t blocks = k / 32;
+    for (int64_t s0 = 0; s0 < blocks; s0 += 8) {
+        const int nb = int(std::min<int64_t>(8, blocks - s0));
+        for (int b = 0; b < 8; ++b) {   // blocks past the row's end decode as zeros: they add nothing
+            const uint8_t* blk = w + (s0 + b) * T::kBytes;
+            store32(u + 32 * b, b < nb ? T::codes(blk) : _mm256_setzero_si256());
+            d[b] = b < nb ? f16(blk) : 0.0f;
+        }
+        for (int c = 0; c < kVecs; ++c) {
+#if defined(__AVX512BW__)
+            dv[c] = _mm512_insertf32x8(_mm512_set1_ps(d[2 * c]), _mm256_set1_ps(d[2 * c + 1]), 1);
+#else
+            dv[c] = _mm256_set1_ps(d[c]);
+#endif
+        }
+        const __m256 d8 = _mm256_load_ps(d);
+        for (int64_t r = 0; r < rows; ++r) {
+            const ActRow a = act_row(act + size_t(r) * act_bytes, k);
+#if defined(__AVX512BW__)
+            __m512 g = _mm512_setzero_ps();
+#else
+            __m256 g = _mm256_setzero_ps();
+#endif
+            for (int c = 0; c < kVecs && kChunksPerVec * c < nb; ++c) {
+                const WI uc = wload(u + 32 * kChunksPerVec * c);
+                const int64_t at = 32 * (s0 + kChunksPerVec * c);
+                WI i = wdot<T::kSigned>(uc, wload(a.hi + at), ones);
+                if constexpr (kTwoPass) {
+#if defined(__AVX512BW__)
+                    i = _mm512_add_epi32(_mm512_slli_epi32(i, 7), wdot<T::kSigned>(uc, wload(a.lo + at), ones));
+#else
+                    i = _mm256_add_epi32(_mm256_slli_epi32(i, 7), wdot<T::kSigned>(uc, wload(a.lo + at), ones));
+#endif
+                }
+#if defined(__AVX512BW__)
+                g = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), dv[c], g);
+#else
+                g = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), dv[c], g);
+#endif
+            }
+            const float sa = a.scale[s0 / (kQK / 32)] * step;
+#if defined(__AVX512BW__)
+            const __m256 g8 = _mm256_add_ps(_mm512_castps512_ps256(g), _mm512_extractf32x8_ps(g, 1));
+#else
+            const __m256 g8 = g;
+#endif
+            acc[r] = _mm256_fmadd_ps(g8, _mm256_set1_ps(sa), acc[r]);
+            if constexpr (T::kMin != 0) {   // minus kMin * sum_b d_b * (activation sum of block b)
+                __m256i sums = block_sums(a.sums_hi + 2 * s0, nb);
+                if constexpr (kTwoPass) sums = _mm256_add_epi32(_mm256_slli_epi32(sums, 7), block_sums(a.sums_lo + 2 * s0, nb));
+                acc[r] = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sums), d8), _mm256_set1_ps(sa * T::kMin), acc[r]);
             }
         }
-        out[r] = hsum8(_mm256_add_ps(acc[0], acc[1])) - min_acc;
     }
+    for (int64_t r = 0; r < rows; ++r) out[r] = hsum8(acc[r]);
 }
 
 // The same for 256-element blocks, each decoded once for all rows.
 template <class T, bool kTwoPass>
 void row_dots_256(const uint8_t* w, int64_t k, const uint8_t* act, size_t act_bytes, int64_t rows, float* out) {
+    constexpr int kVecs = 8 / kChunksPerVec;
     __m256 acc[kRowBlock];
     for (int64_t r = 0; r < rows; ++r) acc[r] = _mm256_setzero_ps();
     Decoded<256> dec;
+    WI sc[kVecs];
     for (int64_t s = 0; s < k / 256; ++s) {
         T::decode(w + s * T::kBytes, dec);
+        for (int c = 0; c < kVecs; ++c) {
+#if defined(__AVX512BW__)
+            sc[c] = wjoin(dec.sc[2 * c], dec.sc[2 * c + 1]);
+#else
+            sc[c] = dec.sc[c];
+#endif
+        }
         const int64_t k0 = s * 256;
         for (int64_t r = 0; r < rows; ++r) {
             const ActRow a = act_row(act + size_t(r) * act_bytes, k);
-            __m256i ih = _mm256_setzero_si256(), il = _mm256_setzero_si256();
-            for (int c = 0; c < 8; ++c) {
-                const __m256i u = _mm256_load_si256(reinterpret_cast<const __m256i*>(dec.u + 32 * c));
-                ih = _mm256_add_epi32(ih, chunk_dot<T::kSigned>(u, act_vec(a.hi + k0 + 32 * c), dec.sc[c]));
-                if constexpr (kTwoPass) il = _mm256_add_epi32(il, chunk_dot<T::kSigned>(u, act_vec(a.lo + k0 + 32 * c), dec.sc[c]));
+            WI ih = WI(), il = WI();
+            for (int c = 0; c < kVecs; ++c) {
+                const WI u = wload(dec.u + 32 * kChunksPerVec * c);
+                ih = wadd(ih, wdot<T::kSigned>(u, wload(a.hi + k0 + 32 * kChunksPerVec * c), sc[c]));
+                if constexpr (kTwoPass) il = wadd(il, wdot<T::kSigned>(u, wload(a.lo + k0 + 32 * kChunksPerVec * c), sc[c]));
             }
             const float sa = a.scale[s];
-            __m256 dot = _mm256_cvtepi32_ps(ih);
-            if constexpr (kTwoPass) dot = _mm256_fmadd_ps(_mm256_cvtepi32_ps(il), _mm256_set1_ps(1.0f / 128.0f), dot);
+            __m256 dot = _mm256_cvtepi32_ps(wfold(ih));
+            if constexpr (kTwoPass) dot = _mm256_fmadd_ps(_mm256_cvtepi32_ps(wfold(il)), _mm256_set1_ps(1.0f / 128.0f), dot);
             acc[r] = _mm256_fmadd_ps(dot, _mm256_set1_ps(dec.d * sa), acc[r]);
             if constexpr (!T::kSigned) {   // minus dmin * sum over the 16-groups of mn * activation sum
                 const __m256i* sums_hi = reinterpret_cast<const __m256i*>(a.sums_hi + k0 / 16);
