@@ -47,6 +47,17 @@ inline ActRow act_row(const uint8_t* row, int64_t k) {
             reinterpret_cast<const float*>(row + 2 * k + k / 4)};
 }
 
+// kLanes integral floats in [-127, 127] -> int8.
+inline void store_codes(int8_t* dst, VF q) {
+#if defined(__AVX512F__)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(q)));
+#else
+    const __m256i i = _mm256_cvtps_epi32(q);
+    const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(dst), _mm_packs_epi16(w, w));
+#endif
+}
+
 kt_status quantize(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int64_t stride, void* out) {
     if (!is_float(dtype)) return fail(KT_ERROR_INVALID_ARGUMENT, "activations must be floating point, got %s", dtype_name(dtype));
     if (k % 32) return fail(KT_ERROR_INVALID_ARGUMENT, "LLAMAFILE: activation length %lld is not a multiple of 32", (long long)k);
@@ -72,11 +83,13 @@ kt_status quantize(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int6
             // A NaN makes the group's scale NaN (and its codes 0), so the token's output shows it.
             scale[g] = nan ? NAN : amax / 127.0f;
             const float inv = !nan && amax > 0.0f && std::isfinite(amax) ? 127.0f / amax : 0.0f;
-            for (int64_t i = 0; i < n; ++i) {
-                const float v = x[i] * inv;
-                const float h = std::nearbyint(v);
-                hi[k0 + i] = int8_t(h);
-                lo[k0 + i] = int8_t(std::clamp(std::nearbyint((v - h) * 128.0f), -64.0f, 64.0f));
+            // Vectors: a libm rounding call per element cost a third of a decode step (measured).
+            const VF vinv = vset1(inv), s128 = vset1(128.0f), lo_max = vset1(64.0f), lo_min = vset1(-64.0f);
+            for (int64_t i = 0; i < n; i += kLanes) {   // n is a multiple of 32
+                const VF v = vmul(vload(x + i), vinv);
+                const VF h = vroundint(v);
+                store_codes(hi + k0 + i, h);
+                store_codes(lo + k0 + i, vmax(lo_min, vmin(lo_max, vroundint(vmul(vsub(v, h), s128)))));
             }
             for (int64_t j = k0 / 16; j < (k0 + n) / 16; ++j) {
                 int sh = 0, sl = 0;

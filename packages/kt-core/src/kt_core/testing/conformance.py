@@ -16,6 +16,7 @@ import pytest
 
 from ..errors import BackendError
 from ..moe import MoE
+from .gguf_files import random_blocks
 from .quantize import checkpoint_inputs
 from .reference import random_moe, random_routing, relative_error
 
@@ -35,17 +36,38 @@ def _group_size(method, hidden, intermediate):
     return fits[0] if method == "INT4" else 0
 
 
+def _ggml_types(hidden, intermediate):
+    """LLAMAFILE's ggml types for a shape: a Q4_K_M-like mix (Q4_K gate/up, Q6_K down) where K
+    allows 256-element blocks, else the 32-element Q8_0 / Q4_0; skips K not a multiple of 32."""
+    def pick(k, big, small):
+        if k % 32:
+            pytest.skip(f"LLAMAFILE's ggml blocks need K % 32 == 0; hidden={hidden}, intermediate={intermediate}")
+        return big if k % 256 == 0 else small
+
+    gate_up = pick(hidden, "Q4_K", "Q8_0")
+    return (gate_up, gate_up, pick(intermediate, "Q6_K", "Q4_0"))
+
+
+def _inputs(method, rng, experts, hidden, intermediate):
+    """(gate, up, down, scales, weight_types) as MoE.load / MoE take them for `method`."""
+    if method == "LLAMAFILE":
+        types = _ggml_types(hidden, intermediate)
+        shapes = ((experts, intermediate, hidden), (experts, intermediate, hidden), (experts, hidden, intermediate))
+        return (*(random_blocks(rng, t, s) for t, s in zip(types, shapes)), None, types)
+    return (*checkpoint_inputs(method, *random_moe(rng, experts, hidden, intermediate)), None)
+
+
 def _pair(kt_variant, *, experts, hidden, intermediate, top_k, max_tokens=4096, mask=None, seed=0):
     descriptor, variant, method = kt_variant
     rng = np.random.default_rng(seed)
     group_size = _group_size(method, hidden, intermediate)
-    gate, up, down, scales = checkpoint_inputs(method, *random_moe(rng, experts, hidden, intermediate))
+    gate, up, down, scales, weight_types = _inputs(method, rng, experts, hidden, intermediate)
     layers = []
     for backend in (descriptor.name, "reference"):
         try:
             layer = MoE(num_experts=experts, top_k=top_k, hidden_size=hidden, intermediate_size=intermediate,
                         method=method, gpu_experts_mask=mask, max_tokens=max_tokens, backend=backend,
-                        group_size=group_size)
+                        group_size=group_size, weight_types=weight_types)
         except BackendError as exc:
             if "declines" in str(exc) or backend == "reference":
                 pytest.skip(f"{backend} cannot run {method} at hidden={hidden}, intermediate={intermediate}: {exc}")
