@@ -1,0 +1,168 @@
+"""LLAMAFILE (GGUF blocks) against kt's own INT4/INT8 on one MoE layer, measured in one run.
+
+    python benchmarks/gguf_layer.py [--hidden 2048 --intermediate 768 --experts 128 --top-k 8]
+        [--tokens 1 256] [--threads N] [--repeats 10] [--json OUT]
+        [--kt-kernel-venv .bench/kt-kernel-venv]
+
+With --kt-kernel-venv, kt-kernel 0.7.2's LLAMAFILE runs on the same blocks and the same calls
+right after kt's (benchmarks/kt_kernel_llamafile.py in that venv; the data go through
+.bench/gguf_layer_data), and each row gets its time and the relative difference of the two
+outputs on the first call.
+
+Default shape: Qwen3-30B-A3B's MoE layer. Per method (LLAMAFILE Q4_K and Q8_0 — gate, up and
+down all of that type, random blocks — and INT4 (group 128) / INT8 quantized from random
+floats), on whatever backend kt selects: warm-up calls, then timed calls, each with a fresh
+top-k routing (no repeated experts in cache for decode); median and spread. GB/s counts the
+packed bytes of the distinct experts a call touches; the read bandwidth of this host
+(kt_core's native probe, 1 GiB) is measured at the start and the end of the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import kt_core
+from kt_core import _native, pool
+from kt_core.testing.gguf_files import random_blocks
+
+METHODS = {"LLAMAFILE Q4_K": ("LLAMAFILE", ("Q4_K",) * 3), "LLAMAFILE Q8_0": ("LLAMAFILE", ("Q8_0",) * 3),
+           "INT4": ("INT4", None), "INT8": ("INT8", None)}
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def bandwidth() -> float:
+    return float(np.median(_native.bench_read_bandwidth(1 << 30, 5)))
+
+
+def make_layer(name: str, args, rng):
+    """The layer, loaded; and for LLAMAFILE its blocks [E, N, row bytes] (kt-kernel gets the same)."""
+    method, types = METHODS[name]
+    H, I, E = args.hidden, args.intermediate, args.experts
+    layer = kt_core.MoE(num_experts=E, top_k=args.top_k, hidden_size=H, intermediate_size=I, method=method,
+                        max_tokens=max(args.tokens), weight_types=types, group_size=128 if method == "INT4" else 0)
+    if types:
+        blocks = tuple(random_blocks(rng, t, s) for t, s in zip(types, ((E, I, H), (E, I, H), (E, H, I))))
+        layer.load(*blocks)
+        return layer, blocks
+    for e0 in range(0, E, 16):   # in batches: the floats of every expert would not fit at once
+        layer.load_experts({e: tuple((rng.standard_normal(s) * 0.02).astype(np.float32) for s in ((I, H), (I, H), (H, I)))
+                            for e in range(e0, min(E, e0 + 16))})
+    return layer, None
+
+
+def make_calls(args, tokens: int, rng) -> list[tuple]:
+    """warmup + repeats calls (hidden, ids, weights), each with a fresh top-k routing."""
+    H, E, K = args.hidden, args.experts, args.top_k
+    return [(rng.standard_normal((tokens, H)).astype(np.float32),
+             np.stack([rng.permutation(E)[:K] for _ in range(tokens)]).astype(np.int64),
+             rng.random((tokens, K)).astype(np.float32)) for _ in range(args.warmup + args.repeats)]
+
+
+def measure(layer, args, calls: list[tuple]) -> tuple[dict, np.ndarray]:
+    tokens = calls[0][0].shape[0]
+    times, first = [], None
+    for i, (x, ids, w) in enumerate(calls):
+        t0 = time.perf_counter()
+        out = layer(x, ids, w)
+        if i >= args.warmup:
+            times.append(time.perf_counter() - t0)
+        if first is None:
+            first = np.asarray(out, np.float64).copy()
+    med = float(np.median(times))
+    touched = np.mean([len(np.unique(ids)) for _, ids, _ in calls[args.warmup:]])
+    gb = touched * layer.expert_bytes / 1e9
+    macs = 3 * tokens * args.top_k * args.hidden * args.intermediate
+    return {"tokens": tokens, "median_ms": med * 1e3, "spread": float((max(times) - min(times)) / med),
+            "GB_per_s": gb / med, "GMAC_per_s": macs / med / 1e9}, first
+
+
+def kt_kernel_rows(args, type_name: str, blocks, calls: dict) -> dict:
+    """{tokens: (kt-kernel row, its first output)} for LLAMAFILE `type_name` on `blocks` and `calls`."""
+    data = Path(args.kt_kernel_data)
+    data.mkdir(parents=True, exist_ok=True)
+    for proj, b in zip(("gate", "up", "down"), blocks):
+        np.save(data / f"{proj}.npy", b)
+    (data / "shape.json").write_text(json.dumps({"experts": args.experts, "top_k": args.top_k, "hidden": args.hidden,
+                                                 "intermediate": args.intermediate}))
+    for tokens, c in calls.items():
+        np.savez(data / f"inputs_{tokens}.npz", hidden=np.stack([x for x, _, _ in c]),
+                 ids=np.stack([i for _, i, _ in c]), weights=np.stack([w for _, _, w in c]))
+    python = str(Path(args.kt_kernel_venv) / "bin" / "python")
+    cmd = [python, str(Path(__file__).with_name("kt_kernel_llamafile.py")), "--data", str(data), "--type", type_name,
+           "--tokens", *map(str, calls), "--threads", str(pool.info().num_threads), "--warmup", str(args.warmup)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"kt-kernel runner failed: {done.stderr[-2000:]}")
+    # kt-kernel prints its own chatter to stdout too; the runner's result is the one JSON line.
+    rows = json.loads(next(line for line in done.stdout.splitlines() if line.startswith('{"class"')))["rows"]
+    return {r["tokens"]: (r, np.load(data / f"kt_kernel_out_{r['tokens']}.npy")) for r in rows}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--intermediate", type=int, default=768)
+    ap.add_argument("--experts", type=int, default=128)
+    ap.add_argument("--top-k", type=int, default=8)
+    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 256])
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--json")
+    ap.add_argument("--kt-kernel-venv")
+    ap.add_argument("--kt-kernel-data", default=str(Path(__file__).resolve().parent.parent / ".bench" / "gguf_layer_data"))
+    args = ap.parse_args()
+    pool.configure(args.threads, 0)
+    rng = np.random.default_rng(0)
+    result = {"host": platform.node(), "threads": pool.info().num_threads, "shape": vars(args), "rows": []}
+    calls = {t: make_calls(args, t, rng) for t in args.tokens}   # the same calls for every method and side
+    bw = [bandwidth()]
+    for name in args.methods:
+        log(f"loading {name}")
+        layer, blocks = make_layer(name, args, rng)
+        outs = {}
+        for tokens in args.tokens:
+            row, outs[tokens] = measure(layer, args, calls[tokens])
+            row = {"method": name, "backend": layer.backend, "kernel_id": layer.kernel_id,
+                   "expert_MiB": layer.expert_bytes / 2**20, **row}
+            log(f"{name:15s} T={tokens:4d}  {row['median_ms']:8.3f} ms  {row['GB_per_s']:6.2f} GB/s  "
+                f"{row['GMAC_per_s']:7.1f} GMAC/s  spread {row['spread']:.2f}")
+            result["rows"].append(row)
+        del layer
+        if blocks is not None and args.kt_kernel_venv:
+            log(f"kt-kernel {name}")
+            kk = kt_kernel_rows(args, METHODS[name][1][0], blocks, calls)
+            for row in result["rows"]:
+                if row["method"] == name and row["tokens"] in kk:
+                    theirs, out = kk[row["tokens"]]
+                    row["kt_kernel_ms"] = theirs["median_ms"]
+                    row["speedup_vs_kt_kernel"] = theirs["median_ms"] / row["median_ms"]
+                    ours = outs[row["tokens"]]
+                    row["kt_kernel_rel_diff"] = float(np.abs(out - ours).max() / np.sqrt(np.mean(ours ** 2)))
+                    log(f"  T={row['tokens']}: kt-kernel {theirs['median_ms']:.3f} ms, kt {row['speedup_vs_kt_kernel']:.2f}x, "
+                        f"outputs differ by {row['kt_kernel_rel_diff']:.2e} of the RMS")
+    bw.append(bandwidth())
+    result["read_bandwidth_GB_per_s"] = bw
+    log(f"read bandwidth {bw[0]:.2f} / {bw[1]:.2f} GB/s (start / end)")
+    for row in result["rows"]:
+        row["bandwidth_share"] = row["GB_per_s"] / float(np.median(bw))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    print(json.dumps(result["rows"], indent=1))
+
+
+if __name__ == "__main__":
+    main()
