@@ -137,6 +137,22 @@ struct Decoded {
 inline __m256i pair16(int first, int second) {
     return _mm256_set_m128i(_mm_set1_epi16(short(second)), _mm_set1_epi16(short(first)));
 }
+// sc[c] for 16 per-16 scales held as the bytes of v (int8 when kSigned, else uint8): lanes
+// 0..7 scale 2c, lanes 8..15 scale 2c + 1, by one byte shuffle each (a signed byte goes to the
+// high half of its int16 lane and is shifted back arithmetically).
+template <bool kSigned>
+inline void pair_scales(__m128i v, __m256i* sc) {
+    const __m256i both = _mm256_broadcastsi128_si256(v);
+    for (int c = 0; c < 8; ++c) {
+        const int lo = 2 * c, hi = 2 * c + 1;
+        if constexpr (kSigned) {
+            const __m256i idx = _mm256_set_m128i(_mm_set1_epi16(short(hi << 8 | 0x80)), _mm_set1_epi16(short(lo << 8 | 0x80)));
+            sc[c] = _mm256_srai_epi16(_mm256_shuffle_epi8(both, idx), 8);
+        } else {
+            sc[c] = _mm256_shuffle_epi8(both, _mm256_set_m128i(_mm_set1_epi16(short(0x8000 | hi)), _mm_set1_epi16(short(0x8000 | lo))));
+        }
+    }
+}
 
 struct Q4_0 {
     static constexpr int QK = 32, kBytes = 18;
@@ -171,8 +187,8 @@ struct Q2_K {
             for (int s = 0; s < 4; ++s)
                 store32(o.u + 128 * h + 32 * s, _mm256_and_si256(_mm256_srli_epi16(q, 2 * s), bytes(3)));
         }
-        for (int c = 0; c < 8; ++c) o.sc[c] = pair16(b[2 * c] & 15, b[2 * c + 1] & 15);
         const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
+        pair_scales<false>(_mm_and_si128(v, _mm_set1_epi8(15)), o.sc);
         o.mn = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(15)));
         o.d = f16(b + 80);
         o.dmin = f16(b + 82);
@@ -207,22 +223,26 @@ struct Q3_K {
     }
 };
 
-// Q4_K/Q5_K's eight 6-bit scales and mins from their 12 bytes (ggml's word-wise unpacking of
-// get_scale_min_k4): scales become bytes 0..7 of u, mins bytes 8..15.
+// Q4_K/Q5_K's eight 6-bit scales and mins from their 12 bytes q (ggml's get_scale_min_k4), in
+// a few byte shuffles: with scalar unpacking this took half of Q4_K's decode time (measured).
+//   sc[j<4] = q[j] & 63      sc[j>=4] = (q[j+4] & 15) | (q[j-4] >> 6) << 4
+//   m[j<4]  = q[j+4] & 63    m[j>=4]  = (q[j+4] >> 4) | (q[j] >> 6) << 4
 template <int QK>
 void k4_scales(const uint8_t* q, Decoded<QK>& o) {
-    uint32_t u[4];
-    std::memcpy(u, q, 12);
-    constexpr uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, m2 = 0x03030303;
-    u[3] = ((u[2] >> 4) & m4) | (((u[1] >> 6) & m2) << 4);
-    const uint32_t mins_lo = u[1] & m6;
-    u[1] = (u[2] & m4) | (((u[0] >> 6) & m2) << 4);
-    u[2] = mins_lo;
-    u[0] &= m6;
-    uint8_t sm[16];
-    std::memcpy(sm, u, 16);
-    for (int c = 0; c < 8; ++c) o.sc[c] = _mm256_set1_epi16(short(sm[c]));
-    const __m128i mins = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm + 8));
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));   // 12 bytes used
+    constexpr char z = char(0x80);
+    // Bytes 0..7 become sc 0..7, bytes 8..15 m 0..7: first their low bits...
+    const __m128i a = _mm_shuffle_epi8(x, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+    const __m128i low = _mm_and_si128(a, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15));
+    const __m128i high_nibbles = _mm_and_si128(_mm_srli_epi16(a, 4), _mm_set1_epi8(15));
+    const __m128i lows = _mm_blend_epi32(low, high_nibbles, 8);   // m 4..7 take q[8..11] >> 4
+    // ...then the two top bits of q[0..3] (for sc 4..7) and q[4..7] (for m 4..7) as bits 4, 5.
+    const __m128i b = _mm_shuffle_epi8(x, _mm_setr_epi8(z, z, z, z, 0, 1, 2, 3, z, z, z, z, 4, 5, 6, 7));
+    const __m128i v = _mm_or_si128(lows, _mm_and_si128(_mm_srli_epi16(b, 2), _mm_set1_epi8(0x30)));
+    // Scale c to all 16 int16 lanes of sc[c]: one byte shuffle each (index bytes c, 0x80).
+    const __m256i both = _mm256_broadcastsi128_si256(v);
+    for (int c = 0; c < 8; ++c) o.sc[c] = _mm256_shuffle_epi8(both, _mm256_set1_epi16(short(0x8000 | c)));
+    const __m128i mins = _mm_srli_si128(v, 8);
     o.mn = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mins, mins));   // each sub-block's min for both of its 16s
 }
 
@@ -280,8 +300,9 @@ struct Q6_K {
                                             _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30)));
         }
         const auto* sc = reinterpret_cast<const int8_t*>(b + 192);
-        for (int c = 0; c < 8; ++c) o.sc[c] = pair16(sc[2 * c], sc[2 * c + 1]);
-        o.mn = _mm256_slli_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc))), 5);
+        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc));
+        pair_scales<true>(v, o.sc);
+        o.mn = _mm256_slli_epi16(_mm256_cvtepi8_epi16(v), 5);
         o.d = o.dmin = f16(b + 208);
     }
 };
@@ -336,24 +357,34 @@ inline __m256i act_vec(const int8_t* p) { return load32(reinterpret_cast<const u
 using WI = __m512i;
 constexpr int kChunksPerVec = 2;
 inline WI wload(const void* p) { return _mm512_loadu_si512(p); }
-inline WI wadd(WI a, WI b) { return _mm512_add_epi32(a, b); }
 inline WI wjoin(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
 inline __m256i wfold(WI v) { return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1)); }
 template <bool kSigned>
-inline WI wdot(WI u, WI a, WI sc) {   // AVX-512 has no vpsignb: negate a where u < 0 by mask
-    const WI p = kSigned ? _mm512_maddubs_epi16(_mm512_abs_epi8(u),
-                                                 _mm512_mask_sub_epi8(a, _mm512_movepi8_mask(u), _mm512_setzero_si512(), a))
-                         : _mm512_maddubs_epi16(u, a);
-    return _mm512_madd_epi16(p, sc);
+inline WI wpairs(WI u, WI a) {   // AVX-512 has no vpsignb: negate a where u < 0 by mask
+    return kSigned ? _mm512_maddubs_epi16(_mm512_abs_epi8(u),
+                                          _mm512_mask_sub_epi8(a, _mm512_movepi8_mask(u), _mm512_setzero_si512(), a))
+                   : _mm512_maddubs_epi16(u, a);
+}
+template <bool kSigned>
+inline WI wdot(WI u, WI a, WI sc) { return _mm512_madd_epi16(wpairs<kSigned>(u, a), sc); }
+// acc + wdot(u, a, sc): VNNI's vpdpwssd does the vpmaddwd and the add in one instruction.
+template <bool kSigned>
+inline WI wdot_acc(WI acc, WI u, WI a, WI sc) {
+#if defined(__AVX512VNNI__)
+    return _mm512_dpwssd_epi32(acc, wpairs<kSigned>(u, a), sc);
+#else
+    return _mm512_add_epi32(acc, wdot<kSigned>(u, a, sc));
+#endif
 }
 #else
 using WI = __m256i;
 constexpr int kChunksPerVec = 1;
 inline WI wload(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
-inline WI wadd(WI a, WI b) { return _mm256_add_epi32(a, b); }
 inline __m256i wfold(WI v) { return v; }
 template <bool kSigned>
 inline WI wdot(WI u, WI a, WI sc) { return chunk_dot<kSigned>(u, a, sc); }
+template <bool kSigned>
+inline WI wdot_acc(WI acc, WI u, WI a, WI sc) { return _mm256_add_epi32(acc, wdot<kSigned>(u, a, sc)); }
 #endif
 
 // Activation sums of `nb` (<= 8) 32-element blocks from their per-16 sums, as 8 int32 lanes
@@ -469,8 +500,8 @@ void row_dots_256(const uint8_t* w, int64_t k, const uint8_t* act, size_t act_by
             WI ih = WI(), il = WI();
             for (int c = 0; c < kVecs; ++c) {
                 const WI u = wload(dec.u + 32 * kChunksPerVec * c);
-                ih = wadd(ih, wdot<T::kSigned>(u, wload(a.hi + k0 + 32 * kChunksPerVec * c), sc[c]));
-                if constexpr (kTwoPass) il = wadd(il, wdot<T::kSigned>(u, wload(a.lo + k0 + 32 * kChunksPerVec * c), sc[c]));
+                ih = wdot_acc<T::kSigned>(ih, u, wload(a.hi + k0 + 32 * kChunksPerVec * c), sc[c]);
+                if constexpr (kTwoPass) il = wdot_acc<T::kSigned>(il, u, wload(a.lo + k0 + 32 * kChunksPerVec * c), sc[c]);
             }
             const float sa = a.scale[s];
             __m256 dot = _mm256_cvtepi32_ps(wfold(ih));
