@@ -119,6 +119,9 @@ private:
 // for five fork-joins costs more than it saves (2 threads were 2x slower than 1 on a
 // 4-expert, 32x16 layer; benchmarks/overhead.py).
 constexpr int64_t kSerialMacs = int64_t(1) << 20;
+// Quantize/gather/reduce phases of at most this many elements run on the calling thread even
+// when the tiles use the pool: 16 tokens of hidden 2048 take microseconds, a fork-join more.
+constexpr int64_t kSmallPhaseElements = int64_t(1) << 15;
 
 template <class F>
 void parallel(ThreadPool* pool, size_t range, F& body) {
@@ -344,6 +347,10 @@ void MoeLayer::forward(const void* hidden, kt_dtype hidden_dtype, int64_t tokens
         return;
     }
 
+    // A forward that will use the pool wakes it now, so workers parked between layers are
+    // spinning by the time the first tile loop starts (bucketing and small phases run here).
+    if (T * K * H * I * 3 >= kSerialMacs) pool.wake();
+
     // Bucket (token, slot) pairs by expert; skipped ones (id -1, GPU-resident) get no row.
     std::vector<int64_t> count(size_t(E), 0);
     for (int64_t i = 0; i < T * K; ++i)
@@ -402,12 +409,14 @@ void MoeLayer::forward(const void* hidden, kt_dtype hidden_dtype, int64_t tokens
                                                             hidden_dtype, rows, H, H, act_tokens + size_t(t0) * row_h);
         if (st != KT_OK) failure.record(st, "quantizing activations");
     };
-    parallel(workers, size_t((T + quant_chunk - 1) / quant_chunk), quantize_tokens);
+    // Decode-sized phases (a few rows) cost less on this thread than a fork-join.
+    ThreadPool* row_workers = T * H <= kSmallPhaseElements ? nullptr : workers;
+    parallel(row_workers, size_t((T + quant_chunk - 1) / quant_chunk), quantize_tokens);
     failure.rethrow();
     auto gather = [&](size_t r) {
         std::memcpy(act_rows + r * row_h, act_tokens + size_t(token_of_row[r]) * row_h, row_h);
     };
-    parallel(workers, size_t(S), gather);
+    parallel(row_workers, size_t(S), gather);
     timer.mark("quantize+gather");
 
     auto plan_tiles = [&](int64_t n, int64_t kernel_block) {
@@ -461,7 +470,7 @@ void MoeLayer::forward(const void* hidden, kt_dtype hidden_dtype, int64_t tokens
                                                             act2 + size_t(r0) * row_i);
         if (st != KT_OK) failure.record(st, "quantizing intermediate activations");
     };
-    parallel(workers, active.size(), quantize_inter);
+    parallel(S * I <= kSmallPhaseElements ? nullptr : workers, active.size(), quantize_inter);
     failure.rethrow();
     timer.mark("quantize_inter");
 
@@ -496,7 +505,7 @@ void MoeLayer::forward(const void* hidden, kt_dtype hidden_dtype, int64_t tokens
             for (int64_t h = 0; h < H; ++h) dst[h] = f32_to_bf16(acc[size_t(h)]);
         }
     };
-    parallel(workers, size_t(T), reduce);
+    parallel(row_workers, size_t(T), reduce);
     timer.mark("reduce");
 }
 

@@ -432,6 +432,7 @@ void ThreadPool::parallel_for_groups(const size_t* ranges, FnGroup fn, void* ctx
 
 void ThreadPool::submit(std::function<void()> job) { impl_->submit(std::move(job)); }
 void ThreadPool::sync() { impl_->sync(); }
+void ThreadPool::wake() { impl_->publish(); }
 bool ThreadPool::job_pending() const {
     return impl_->job_state.load(std::memory_order_acquire) != kNoJob;
 }

@@ -56,6 +56,11 @@ public:
     void sync();
     bool job_pending() const;
 
+    // Wakes parked workers without giving them work: they spin (spin_us) waiting for the next
+    // loop. A caller about to do a little serial work before its first loop calls this so the
+    // futex wake-up overlaps that work instead of delaying the loop.
+    void wake();
+
     // Statistics for doctor/tests: OS cpu ids each thread is pinned to (-1 = unpinned).
     std::vector<int> pinned_cpus() const;
 
