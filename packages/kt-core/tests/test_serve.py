@@ -191,6 +191,17 @@ def test_the_server_keeps_serving_after_bad_requests(http, client):
     assert http.get("/health").json()["failed"] == 0
 
 
+def test_a_chat_template_that_refuses_the_messages_is_a_400(http, server, monkeypatch):
+    monkeypatch.setattr(server.engine.tokenizer, "chat_template",
+                        "{% if messages[0]['role'] == 'system' %}{{ raise_exception('no system role') }}{% endif %}x")
+    r = http.post("/v1/chat/completions", json={"messages": [{"role": "system", "content": "be brief"}]})
+    assert r.status_code == 400 and "the model's chat template refused these messages" in r.json()["error"]["message"]
+    assert "no system role" in r.json()["error"]["message"]
+    monkeypatch.setattr(server.engine.tokenizer, "chat_template", None)
+    r = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 400 and "has no chat template; use /v1/completions" in r.json()["error"]["message"]
+
+
 def wait_idle(http, cancelled_before, timeout=10.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -250,7 +261,18 @@ def test_a_full_queue_answers_503_and_the_waiting_request_is_served(http, client
     assert replies and replies[0].usage.completion_tokens >= 1
 
 
-def test_unknown_model_family_is_refused_with_the_supported_list(tmp_path):
+@pytest.fixture
+def never_serve(monkeypatch):
+    """For models kt run must refuse: reaching the engine fails the test instead of serving forever."""
+    from kt_core.serve.engine import Engine
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("kt run loaded a model it should have refused")
+
+    monkeypatch.setattr(Engine, "__init__", refuse)
+
+
+def test_unknown_model_family_is_refused_with_the_supported_list(tmp_path, never_serve):
     import transformers
 
     cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
@@ -261,7 +283,7 @@ def test_unknown_model_family_is_refused_with_the_supported_list(tmp_path):
     assert "model_type 'llama' is not an MoE family" in r.output and re.search(r"supported: deepseek_v2, .*qwen3_moe", r.output)
 
 
-def test_a_model_without_moe_layers_is_refused(tmp_path, cache, monkeypatch):
+def test_a_model_without_moe_layers_is_refused(tmp_path, cache, monkeypatch, never_serve):
     import shutil
 
     import transformers
@@ -278,6 +300,17 @@ def test_a_model_without_moe_layers_is_refused(tmp_path, cache, monkeypatch):
         shutil.copy(f, tmp_path)
     r = CliRunner().invoke(app, ["run", str(tmp_path), "--port", "0"])
     assert r.exit_code == 1 and "has no MoE layers" in r.output, r.output
+
+
+def test_a_model_folder_without_a_tokenizer_is_refused(tmp_path, never_serve):
+    import transformers
+
+    cfg = transformers.Qwen3MoeConfig(hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_experts=4,
+                                      num_experts_per_tok=2, vocab_size=104)
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
+    r = CliRunner().invoke(app, ["run", str(tmp_path), "--port", "0"])
+    assert r.exit_code == 1 and "has no tokenizer (none of tokenizer.json" in r.output, r.output
 
 
 def test_dry_run_prints_the_transformers_settings():

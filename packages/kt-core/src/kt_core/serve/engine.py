@@ -17,10 +17,13 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..errors import KTError
 from .settings import ServeSettings
 from .text import TextStream
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
 class Unavailable(KTError):
@@ -96,7 +99,13 @@ class Engine:
         else:
             config = AutoConfig.from_pretrained(settings.model)
             _family(getattr(config, "model_type", None) or "")   # unknown or unsupported family: refused now
-            tokenizer = AutoTokenizer.from_pretrained(settings.model)
+            # Checked first: without these files transformers 5 quietly builds an empty tokenizer.
+            if not any((Path(settings.model) / f).is_file() for f in TOKENIZER_FILES):
+                raise KTError(f"{settings.model} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); kt run needs one")
+            try:
+                tokenizer = AutoTokenizer.from_pretrained(settings.model)
+            except (OSError, ValueError) as exc:
+                raise KTError(f"{settings.model}'s tokenizer does not load: {exc}") from None
             model = AutoModelForCausalLM.from_pretrained(settings.model, dtype="auto").eval()
         patch = patch_model(model, method=settings.method, weight_path=settings.weight_path,
                             num_gpu_experts=settings.num_gpu_experts,

@@ -15,6 +15,7 @@ import select
 import socket
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -78,6 +79,10 @@ class _Handler(BaseHTTPRequestHandler):
             return self._error(exc)
         except Unavailable as exc:
             return self._error(P.RequestError(503, str(exc)))
+        except Exception as exc:       # a bug, not the client's fault: answer 500 rather than drop the connection
+            if self.log_fn is not None:
+                self.log_fn(f"request failed: {traceback.format_exc()}")
+            return self._error(P.RequestError(500, f"internal error: {type(exc).__name__}: {exc}"))
         try:
             if stream:
                 self._stream(job, chat, include_usage)

@@ -153,6 +153,8 @@ def chat_request(body: dict, engine: Engine) -> tuple[Job, bool, bool]:
         ids = engine.chat_prompt(clean)
     except ValueError as exc:
         raise _bad(str(exc), "messages") from None
+    except Exception as exc:     # the model's own Jinja template may refuse a conversation (roles, order)
+        raise _bad(f"the model's chat template refused these messages: {type(exc).__name__}: {exc}", "messages") from None
     return _job(body, engine, ids), stream, usage
 
 
