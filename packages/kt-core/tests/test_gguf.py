@@ -181,3 +181,17 @@ def test_packer_refuses_wrong_bytes_and_non_finite_scales():
     down[3, 144:146] = np.array([np.inf], np.float16).view(np.uint8)
     with pytest.raises(Exception, match=r"down \(Q4_K\) row 3 block 1 has a NaN or Inf scale"):
         moe.load_expert(0, gate, up, down)
+
+
+def test_missing_metadata_is_named(tmp_path):
+    w = gguf.GGUFWriter(str(tmp_path / "bare.gguf"), "qwen3moe")
+    w.add_block_count(1)
+    w.add_expert_count(2)
+    w.add_tensor("blk.0.ffn_gate_exps.weight", random_blocks(np.random.default_rng(0), "Q8_0", (2, 32, 64)),
+                 raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(WeightsError, match="has neither qwen3moe.expert_feed_forward_length nor"):
+        open_gguf(tmp_path / "bare.gguf")

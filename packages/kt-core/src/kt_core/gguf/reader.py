@@ -105,15 +105,14 @@ class GGUFModel:
         self.files = split_files(path)
         self.path = Path(path)
         self._readers = [_read(f) for f in self.files]
-        self.metadata = {}
+        # Metadata fields, decoded on first use: a real model's tokenizer arrays hold ~150k
+        # strings that kt never needs.
+        self._fields = {}
         for reader in self._readers:
             for name, field in reader.fields.items():
-                if not name.startswith("GGUF.") and name not in self.metadata:
-                    try:
-                        self.metadata[name] = field.contents()
-                    except Exception as exc:
-                        raise KTError(f"{self.files[0]}: metadata key {name} cannot be read (corrupted file?): "
-                                      f"{exc}") from None
+                if not name.startswith("GGUF."):
+                    self._fields.setdefault(name, field)
+        self._values = {}
         self._check_split()
         self.tensors = {}
         for f, reader in zip(self.files, self._readers):
@@ -124,25 +123,41 @@ class GGUFModel:
                 self.tensors[t.name] = (t, f)
         self.geometry = self._geometry()
 
+    def meta(self, name: str, default=None):
+        """Metadata value `name` (e.g. "qwen3moe.expert_count"), or `default` when absent."""
+        if name not in self._fields:
+            return default
+        if name not in self._values:
+            try:
+                self._values[name] = self._fields[name].contents()
+            except Exception as exc:
+                raise KTError(f"{self.files[0]}: metadata key {name} cannot be read (corrupted file?): {exc}") from None
+        return self._values[name]
+
     def _check_split(self) -> None:
-        count = self.metadata.get("split.count")
+        count = self.meta("split.count")
         if count is not None and int(count) != len(self.files):
             raise KTError(f"{self.files[0]} says the model is split in {count} files; found {len(self.files)}")
 
     def _key(self, key: str, default=None, required: bool = True):
-        arch = self.metadata.get("general.architecture")
-        value = self.metadata.get(f"{arch}.{key}", default)
+        arch = self.meta("general.architecture")
+        value = self.meta(f"{arch}.{key}", default)
         if value is None and required:
             raise WeightsError(f"{self.files[0]} has no metadata key {arch}.{key}, which a {arch} MoE model needs")
         return value
 
     def _geometry(self) -> Geometry:
-        arch = self.metadata.get("general.architecture")
+        arch = self.meta("general.architecture")
         if not arch:
             raise WeightsError(f"{self.files[0]} has no general.architecture metadata; not a llama.cpp model file")
+        # Mixtral-style files have no expert_feed_forward_length: every layer is MoE and
+        # feed_forward_length is the expert's.
         ff = self._key("expert_feed_forward_length", required=False)
-        if ff is None:   # Mixtral-style files: every layer is MoE and feed_forward_length is the expert's
-            ff = self._key("feed_forward_length")
+        if ff is None:
+            ff = self._key("feed_forward_length", required=False)
+        if ff is None:
+            raise WeightsError(f"{self.files[0]} has neither {arch}.expert_feed_forward_length nor "
+                               f"{arch}.feed_forward_length: the experts' intermediate size is unknown")
         return Geometry(arch=str(arch), hidden=int(self._key("embedding_length")), intermediate=int(ff),
                         num_experts=int(self._key("expert_count")),
                         top_k=None if self._key("expert_used_count", required=False) is None
