@@ -221,3 +221,19 @@ def test_readahead_accepts_every_weight_form(tmp_path):
     ckpt = Checkpoint(tmp_path)
     view = ckpt.tensor("model.layers.0.mlp.experts.0.gate_proj.weight")
     readahead({0: (view, np.zeros((4, 4), np.float32), None, (torch.empty(0), None), None)})
+
+
+def test_folders_without_an_index(tmp_path):
+    # save_pretrained writes small models as one model.safetensors and no index.
+    truth = write_checkpoint(tmp_path, "qwen3_moe", hidden=H, intermediate=I, experts=E, layers=1, dense_prefix=0,
+                             shards=1)
+    (tmp_path / "model.safetensors.index.json").unlink()
+    (tmp_path / "model-00001-of-00001.safetensors").rename(tmp_path / "model.safetensors")
+    kt = wrapper(tmp_path, 0)
+    kt.load_weights()
+    x, ids, w = routing()
+    assert relative_error(kt.forward(x, ids, w).double().numpy(), reference(truth[0], x, ids, w)) < 1e-5
+    for f in tmp_path.glob("*.safetensors"):
+        f.unlink()
+    with pytest.raises(KTError, match="has no \\*.safetensors files"):
+        Checkpoint(tmp_path)

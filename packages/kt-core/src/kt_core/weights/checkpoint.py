@@ -35,8 +35,8 @@ class Checkpoint:
             raise KTError(f"model folder {self.path} does not exist")
         self.config = read_config(self.path)
         self.spec: ModelSpec = spec_from_config(self.config)
+        self._handles: dict[str, object] = {}    # before _weight_map: without an index it opens shards
         self.weight_map = self._weight_map()
-        self._handles: dict[str, object] = {}
 
     # -- identity -------------------------------------------------------------------------
     def source_hash(self) -> str:
