@@ -195,3 +195,11 @@ def test_missing_metadata_is_named(tmp_path):
     w.close()
     with pytest.raises(WeightsError, match="has neither qwen3moe.expert_feed_forward_length nor"):
         open_gguf(tmp_path / "bare.gguf")
+
+
+def test_backends_list_their_ggml_types():
+    from kt_core.backends import explain
+
+    row = next(r for r in explain() if r["backend"] == "reference")
+    assert "LLAMAFILE" in row["methods"]
+    assert row["ggml_types"] == ["Q4_0", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]
