@@ -9,7 +9,6 @@ import pytest
 
 import kt_core
 from kt_backend_avx import descriptor
-from kt_core.backends import selection
 from kt_core.testing import quantize
 from kt_core.testing.reference import bf16_round, moe_reference, random_moe, random_routing, relative_error
 
@@ -20,17 +19,6 @@ VARIANTS = [v.name for v in descriptor.variants]
 KERNEL_TOL = {"BF16": 1e-4, "INT8": 5e-3, "INT4": 5e-3, "RAWINT4": 5e-3, "FP8": 1e-4, "FP8_PERCHANNEL": 1e-4}
 # Format error (vs the unquantized weights) is the format's, not the kernel's: stated, bounded loosely.
 FORMAT_TOL = {"BF16": 4e-2, "INT8": 0.15, "INT4": 2.0, "RAWINT4": 2.0, "FP8": 0.5, "FP8_PERCHANNEL": 0.5}
-
-
-@pytest.fixture(params=VARIANTS)
-def variant(request, monkeypatch):
-    v = next(x for x in descriptor.variants if x.name == request.param)
-    missing = kt_core.host().missing(v.requires)
-    if missing:
-        pytest.skip(f"{v.name} needs {', '.join(missing)}, which this host lacks")
-    monkeypatch.setenv("KT_CPU_VARIANT", v.name)
-    selection.reset()
-    return v.name
 
 
 def test_descriptor_import_is_pure():

@@ -26,17 +26,6 @@ TYPE_SETS = [("Q4_K", "Q4_K", "Q6_K"), ("Q8_0", "Q8_0", "Q8_0"), ("Q4_0", "Q4_0"
              ("Q6_K", "Q6_K", "Q6_K"), ("Q2_K", "Q3_K", "Q2_K"), ("IQ4_XS", "IQ4_XS", "Q3_K")]
 
 
-@pytest.fixture(params=VARIANTS)
-def variant(request, monkeypatch):
-    v = next(x for x in descriptor.variants if x.name == request.param)
-    missing = kt_core.host().missing(v.requires)
-    if missing:
-        pytest.skip(f"{v.name} needs {', '.join(missing)}, which this host lacks")
-    monkeypatch.setenv("KT_CPU_VARIANT", v.name)
-    selection.reset()
-    return v.name
-
-
 def _rel(out, want) -> float:
     return float(np.abs(np.asarray(out, np.float64) - want).max() / np.sqrt(np.mean(want ** 2)))
 

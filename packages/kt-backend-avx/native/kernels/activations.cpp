@@ -58,17 +58,6 @@ kt_status quantize_split_bf16_rows(const void* in, kt_dtype dtype, int64_t rows,
 
 namespace {
 
-// Integral floats in [-127, 127] -> int8, kLanes of them.
-inline void store_i8(int8_t* dst, VF q) {
-#if defined(__AVX512F__)
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(q)));
-#else
-    const __m256i i = _mm256_cvtps_epi32(q);
-    const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(dst), _mm_packs_epi16(w, w));
-#endif
-}
-
 inline float hsum(VF v) {
 #if defined(__AVX512F__)
     return _mm512_reduce_add_ps(v);

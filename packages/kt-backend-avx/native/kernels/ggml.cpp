@@ -47,17 +47,6 @@ inline ActRow act_row(const uint8_t* row, int64_t k) {
             reinterpret_cast<const float*>(row + 2 * k + k / 4)};
 }
 
-// kLanes integral floats in [-127, 127] -> int8.
-inline void store_codes(int8_t* dst, VF q) {
-#if defined(__AVX512F__)
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(q)));
-#else
-    const __m256i i = _mm256_cvtps_epi32(q);
-    const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(dst), _mm_packs_epi16(w, w));
-#endif
-}
-
 kt_status quantize(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int64_t stride, void* out) {
     if (!is_float(dtype)) return fail(KT_ERROR_INVALID_ARGUMENT, "activations must be floating point, got %s", dtype_name(dtype));
     if (k % 32) return fail(KT_ERROR_INVALID_ARGUMENT, "LLAMAFILE: activation length %lld is not a multiple of 32", (long long)k);
@@ -88,8 +77,8 @@ kt_status quantize(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int6
             for (int64_t i = 0; i < n; i += kLanes) {   // n is a multiple of 32
                 const VF v = vmul(vload(x + i), vinv);
                 const VF h = vroundint(v);
-                store_codes(hi + k0 + i, h);
-                store_codes(lo + k0 + i, vmax(lo_min, vmin(lo_max, vroundint(vmul(vsub(v, h), s128)))));
+                store_i8(hi + k0 + i, h);
+                store_i8(lo + k0 + i, vmax(lo_min, vmin(lo_max, vroundint(vmul(vsub(v, h), s128)))));
             }
             for (int64_t j = k0 / 16; j < (k0 + n) / 16; ++j) {
                 int sh = 0, sl = 0;

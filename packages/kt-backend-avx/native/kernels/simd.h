@@ -103,4 +103,15 @@ inline uint16_t f32_to_bf16(float f) {
     return uint16_t(bits >> 16);
 }
 
+// kLanes integral floats in [-127, 127] -> int8 (activation quantizers of every integer method).
+inline void store_i8(int8_t* dst, VF q) {
+#if defined(__AVX512F__)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(q)));
+#else
+    const __m256i i = _mm256_cvtps_epi32(q);
+    const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(dst), _mm_packs_epi16(w, w));
+#endif
+}
+
 }  // namespace KT_TARGET_NAMESPACE
