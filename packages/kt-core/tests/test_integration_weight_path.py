@@ -91,3 +91,31 @@ def test_checkpoint_experts_load_as_stored(tmp_path, quant, method, tolerance):
     assert all(isinstance(b.mlp.experts, KTExperts) for b in model.model.layers)
     err = ((got - ref).abs().max() / ref.abs().max()).item()
     assert err < tolerance, f"{method}: rel. max error {err:.2e}"
+
+
+@pytest.mark.parametrize("types", [("Q8_0", "Q8_0", "Q8_0"), ("Q4_0", "Q4_0", "Q8_0")])
+def test_gguf_experts_load_as_stored(tmp_path, types):
+    # LLAMAFILE: kt reads the ggml blocks; torch runs the weights they dequantize to. Measured
+    # 1.3e-4 / 1.5e-4 (kt's int8 activation rounding); 2e-3 as for RAWINT4.
+    from kt_core.testing.gguf_files import write_moe_gguf
+
+    path = tmp_path / "tiny.gguf"
+    truth = write_moe_gguf(path, hidden=128, intermediate=64, experts=8, top_k=2, layers=3, types=types)
+    model = tiny_qwen3(truth)
+    ids = IDS[:, :12] % 64
+    with torch.no_grad():
+        ref = model(ids).logits
+        patch_model(model, method="LLAMAFILE", weight_path=path)
+        got = model(ids).logits
+    assert all(isinstance(b.mlp.experts, KTExperts) for b in model.model.layers)
+    err = ((got - ref).abs().max() / ref.abs().max()).item()
+    assert err < 2e-3, f"LLAMAFILE {types}: rel. max error {err:.2e}"
+
+
+def test_gguf_needs_the_llamafile_method(tmp_path):
+    from kt_core.testing.gguf_files import write_moe_gguf
+
+    path = tmp_path / "tiny.gguf"
+    truth = write_moe_gguf(path, hidden=128, intermediate=64, experts=8, top_k=2, layers=3, types=("Q8_0",) * 3)
+    with pytest.raises(WeightsError, match="is a GGUF model; its experts load with method LLAMAFILE"):
+        patch_model(tiny_qwen3(truth), method="INT8", weight_path=path)

@@ -13,6 +13,7 @@ from torch import nn
 
 from ...backends.selection import canonical_method
 from ...errors import KTError
+from ...gguf.reader import GGUFModel
 from ...models import ACTIVATIONS, FAMILIES, Family
 from ...moe import MoE
 from ...weights import ConvertedFolder, load_layer, open_weights
@@ -128,8 +129,10 @@ def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None =
     and at exit. Forwards above `max_tokens` tokens run on kt in chunks of that size.
 
     `weight_path`: read kt's experts from there instead of the model's tensors — a `kt convert`
-    folder (INT8/INT4; its group size and zero points are used unless given) or a Hugging Face
-    folder loaded as stored (BF16, FP8, RAWINT4). GPU-resident experts still come from the model.
+    folder (INT8/INT4; its group size and zero points are used unless given), a Hugging Face
+    folder loaded as stored (BF16, FP8, RAWINT4), or a GGUF file / split set with
+    method="LLAMAFILE" (each layer's ggml types come from the file). GPU-resident experts still
+    come from the model.
     """
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
@@ -180,9 +183,12 @@ def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None =
             mask = masks[layer]
             moe = None
             if not all(mask):
+                # A GGUF source fixes each layer's ggml types (LLAMAFILE's packed size depends on them).
+                types = source.layer_experts(layer).types if isinstance(source, GGUFModel) else None
                 moe = MoE(num_experts=num_experts, top_k=top_k, hidden_size=hidden, intermediate_size=intermediate,
                           method=method, gpu_experts_mask=mask, max_tokens=max_tokens, backend=backend,
-                          group_size=group_size, zero_point=zero_point, fast_activations=fast_activations)
+                          group_size=group_size, zero_point=zero_point, fast_activations=fast_activations,
+                          weight_types=types if canonical_method(method) == "LLAMAFILE" else None)
                 if source is not None:
                     load_layer(moe, source, layer)
                 else:
