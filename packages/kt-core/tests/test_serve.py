@@ -243,6 +243,10 @@ def test_a_full_queue_answers_503_and_the_waiting_request_is_served(http, client
     import dataclasses
 
     monkeypatch.setattr(server.engine, "settings", dataclasses.replace(server.engine.settings, max_queue=1))
+    # 10 ms a token: the long request outlasts a slow start of the waiting client (on a loaded
+    # 2-core CI machine it took > 5 s, and the long request had finished by then).
+    pick = server.engine._pick
+    monkeypatch.setattr(server.engine, "_pick", lambda *a: (time.sleep(0.01), pick(*a))[1])
     body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2000, "temperature": 0, "stream": True,
             "ignore_eos": True}
     replies = []
@@ -251,9 +255,10 @@ def test_a_full_queue_answers_503_and_the_waiting_request_is_served(http, client
         lines = r.iter_lines()       # kept: a discarded iterator closes the stream, which cancels the request
         next(lines)                  # the long request runs
         waiting.start()
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 15
         while http.get("/health").json()["queued"] < 1 and time.monotonic() < deadline:
             time.sleep(0.02)
+        assert http.get("/health").json()["queued"] == 1, "the waiting request never reached the queue"
         refused = http.post("/v1/completions", json={"prompt": "x", "max_tokens": 1})
         assert refused.status_code == 503 and "1 requests are already waiting (--max-queue 1)" in refused.text
     # Leaving the stream cancels the long request; the one waiting is served next.
