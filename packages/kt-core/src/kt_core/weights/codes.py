@@ -27,13 +27,28 @@ def _float_source(matrix, name: str):
     return x.astype(np.float32, copy=False)
 
 
+def layout(method: str, n: int, k: int, group_size: int = 0, zero_point: bool = False) -> dict[str, tuple]:
+    """The stored arrays of one [N, K] matrix: {part: (shape, dtype)} — what the quantizers
+    write, `kt convert` stacks per layer, and a converted folder's files hold."""
+    if method == "INT8":
+        return {"codes": ((n, k), np.int8), "scales": ((n, 1), np.float32)}
+    parts = {"codes": ((n, k // 2), np.uint8), "scales": ((n, k // group_size), np.float32)}
+    if zero_point:
+        parts["zeros"] = ((n, k // group_size), np.uint8)
+    return parts
+
+
+def _empty(parts: dict[str, tuple]) -> dict[str, np.ndarray]:
+    return {part: np.empty(shape, dtype) for part, (shape, dtype) in parts.items()}
+
+
 def quantize_int8(matrix, name: str = "weight", out: dict | None = None) -> dict[str, np.ndarray]:
     """[N, K] float -> {"codes": int8 [N, K], "scales": f32 [N, 1]}, written into `out`'s
     arrays when given (kt convert passes slices of the layer it is building)."""
     pool.ensure()
     src = _float_source(matrix, name)
     n, k = _arrays.shape_of(src)
-    out = out or {"codes": np.empty((n, k), np.int8), "scales": np.empty((n, 1), np.float32)}
+    out = out or _empty(layout("INT8", n, k))
     _native.quantize_int8_codes(src, out["codes"], out["scales"])
     return out
 
@@ -49,9 +64,6 @@ def quantize_int4(matrix, group_size: int, zero_point: bool, name: str = "weight
     n, k = _arrays.shape_of(src)
     if k % group_size:
         raise ValueError(f"{name}: group size {group_size} does not divide K = {k}")
-    if out is None:
-        out = {"codes": np.empty((n, k // 2), np.uint8), "scales": np.empty((n, k // group_size), np.float32)}
-        if zero_point:
-            out["zeros"] = np.empty((n, k // group_size), np.uint8)
+    out = out or _empty(layout("INT4", n, k, group_size, zero_point))
     _native.quantize_int4_codes(src, group_size, zero_point, out["codes"], out["scales"], out.get("zeros"))
     return out

@@ -23,34 +23,26 @@ from ..errors import KTError
 from . import codes as kc
 from .checkpoint import Checkpoint
 from .converted import CODES_LAYOUT, FORMAT, FORMAT_VERSION, MANIFEST, layer_file, read_manifest, write_atomically, write_manifest
-from .experts import float_experts
+from .experts import float_experts, projection_shapes
 
 
-def _layer_arrays(method: str, spec, group: int, zero_point: bool) -> dict[str, np.ndarray]:
-    E, out = spec.num_experts, {}
-    for proj, (n, k) in (("gate", (spec.intermediate, spec.hidden)), ("up", (spec.intermediate, spec.hidden)),
-                         ("down", (spec.hidden, spec.intermediate))):
-        if method == "INT8":
-            out[f"{proj}.codes"] = np.empty((E, n, k), np.int8)
-            out[f"{proj}.scales"] = np.empty((E, n, 1), np.float32)
-        else:
-            out[f"{proj}.codes"] = np.empty((E, n, k // 2), np.uint8)
-            out[f"{proj}.scales"] = np.empty((E, n, k // group), np.float32)
-            if zero_point:
-                out[f"{proj}.zeros"] = np.empty((E, n, k // group), np.uint8)
-    return out
+def _layer_layout(method: str, spec, group: int, zero_point: bool) -> dict[str, tuple]:
+    """{"gate.codes": (shape, dtype), ...} of one converted layer: each matrix's stored arrays
+    stacked over the layer's experts."""
+    return {f"{proj}.{part}": ((spec.num_experts, *shape), dtype)
+            for proj, (n, k) in projection_shapes(spec).items()
+            for part, (shape, dtype) in kc.layout(method, n, k, group, zero_point).items()}
 
 
 def layer_bytes(method: str, spec, group: int, zero_point: bool) -> int:
     """Bytes of one converted layer (codes, scales, zeros), without allocating it."""
-    per = 0
-    for n, k in ((spec.intermediate, spec.hidden),) * 2 + ((spec.hidden, spec.intermediate),):
-        per += n * k + n * 4 if method == "INT8" else n * k // 2 + n * (k // group) * (5 if zero_point else 4)
-    return per * spec.num_experts
+    return sum(int(np.prod(shape)) * np.dtype(dtype).itemsize
+               for shape, dtype in _layer_layout(method, spec, group, zero_point).values())
 
 
 def _quantize_layer(ckpt: Checkpoint, layer: int, method: str, group: int, zero_point: bool) -> dict[str, np.ndarray]:
-    out = _layer_arrays(method, ckpt.spec, group, zero_point)
+    out = {name: np.empty(shape, dtype) for name, (shape, dtype) in _layer_layout(method, ckpt.spec, group,
+                                                                                    zero_point).items()}
     for e in range(ckpt.spec.num_experts):
         for proj, matrix in zip(("gate", "up", "down"), float_experts(ckpt, layer, e)):
             name = f"layer {layer} expert {e} {proj}"

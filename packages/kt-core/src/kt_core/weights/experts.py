@@ -17,9 +17,10 @@ FP8_BLOCK = 128
 PROJECTIONS = ("gate", "up", "down")
 
 
-def _shapes(ckpt: Checkpoint) -> dict[str, tuple[int, int]]:
-    s = ckpt.spec
-    return {"gate": (s.intermediate, s.hidden), "up": (s.intermediate, s.hidden), "down": (s.hidden, s.intermediate)}
+def projection_shapes(spec) -> dict[str, tuple[int, int]]:
+    """[N, K] of each expert matrix of a model (a ModelSpec): rows are output channels."""
+    return {"gate": (spec.intermediate, spec.hidden), "up": (spec.intermediate, spec.hidden),
+            "down": (spec.hidden, spec.intermediate)}
 
 
 def _fused(ckpt: Checkpoint, layer: int, expert: int):
@@ -45,7 +46,7 @@ def checkpoint_experts(ckpt: Checkpoint, layer: int, expert: int) -> tuple:
             raise WeightsError(f"fused expert tensors are read from float checkpoints; this one is {quant.method}")
         return (*_fused(ckpt, layer, expert), None, None)
     values, scales = [], []
-    for proj, (n, k) in _shapes(ckpt).items():
+    for proj, (n, k) in projection_shapes(ckpt.spec).items():
         base = fam.expert_tensor(layer, expert, proj)
         if quant.method == "BF16":
             values.append(expect_tensor(ckpt.tensor(f"{base}.weight"), f"{base}.weight", (n, k),
