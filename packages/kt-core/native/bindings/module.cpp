@@ -173,6 +173,7 @@ std::unique_ptr<PendingForward> g_pending;
 
 struct Layer {
     Backend backend;
+    std::optional<Backend> small_batch_backend;   // keeps the small-batch kernels' table alive
     std::unique_ptr<kt::MoeLayer> layer;
 
     Layer(const Backend& b, const std::string& method, int64_t hidden, int64_t intermediate, int64_t experts,
@@ -192,6 +193,13 @@ struct Layer {
             throw nb::value_error(("backend '" + std::string(backend.api->name) + "' declines method " + method +
                                    " for this shape").c_str());
         layer = std::make_unique<kt::MoeLayer>(shape, kernels, std::move(on_cpu), max_tokens);
+    }
+
+    // Batches the layer's kernels decline run on `b`'s kernels of the same method, which must
+    // read the same packed layout (checked by the layer).
+    void set_small_batch_backend(const Backend& b, const std::string& method) {
+        layer->set_small_batch_kernels(b.method(method));
+        small_batch_backend = b;
     }
 
     using Optional = std::optional<Array>;
@@ -583,5 +591,8 @@ NB_MODULE(_native, m) {
         .def_prop_ro("packed_bytes", [](const Layer& l) { return l.layer->packed_bytes(); })
         .def_prop_ro("expert_bytes", [](const Layer& l) { return l.layer->kernels().packed_expert_bytes(&l.layer->shape()); })
         .def_prop_ro("layout_id", [](const Layer& l) { return std::string(l.layer->kernels().layout_id); })
+        .def("set_small_batch_backend", &Layer::set_small_batch_backend, "backend"_a, "method"_a)
+        .def("kernel_id_for", [](const Layer& l, int64_t tokens) { return std::string(l.layer->kernels_for(tokens).kernel_id); },
+             "tokens"_a)
         .def_prop_ro("kernel_id", [](const Layer& l) { return std::string(l.layer->kernels().kernel_id); });
 }

@@ -179,11 +179,34 @@ MoeLayer::MoeLayer(const kt_moe_config& shape, const kt_method_kernels* kernels,
         group_of_expert_[size_t(e)] = int(e * groups / shape_.num_experts);
 }
 
+void MoeLayer::set_small_batch_kernels(const kt_method_kernels* kernels) {
+    if (kernels) {
+        if (std::string(kernels->layout_id) != kernels_->layout_id)
+            throw std::invalid_argument(std::string("small-batch kernels ") + kernels->kernel_id + " read layout " +
+                                        kernels->layout_id + "; this layer's weights are packed as " + kernels_->layout_id);
+        const size_t bytes = kernels->packed_expert_bytes(&shape_);
+        if (bytes != expert_bytes_)
+            throw std::invalid_argument(std::string("small-batch kernels ") + kernels->kernel_id + " expect " +
+                                        std::to_string(bytes) + " packed bytes per expert for layout " +
+                                        kernels->layout_id + "; the layer's packer wrote " + std::to_string(expert_bytes_));
+    }
+    small_batch_ = kernels;
+}
+
+const kt_method_kernels& MoeLayer::kernels_for(int64_t tokens) const {
+    if (small_batch_ && kernels_->declines && kernels_->declines(&shape_, tokens)) return *small_batch_;
+    return *kernels_;
+}
+
 int MoeLayer::expert_group(int64_t expert) const { return group_of_expert_.at(size_t(expert)); }
 
-bool MoeLayer::expert_loaded(int64_t expert) const { return bool(packed_.at(size_t(expert))); }
+bool MoeLayer::expert_loaded(int64_t expert) const {
+    std::lock_guard<std::mutex> lock(g_forward_mutex);   // packed_ may be written by a load
+    return bool(packed_.at(size_t(expert)));
+}
 
 size_t MoeLayer::packed_bytes() const {
+    std::lock_guard<std::mutex> lock(g_forward_mutex);
     size_t n = 0;
     for (const auto& p : packed_) n += p ? expert_bytes_ : 0;
     return n;
@@ -327,20 +350,19 @@ void MoeLayer::forward(const void* hidden, kt_dtype hidden_dtype, int64_t tokens
         if (on_cpu_[size_t(e)] && !packed_[size_t(e)])
             throw std::runtime_error("expert " + std::to_string(e) +
                                      " has no weights: call load_weights / load_weights_from_tensors first");
-
-    std::lock_guard<std::mutex> lock(g_forward_mutex);
     if (T == 0) return;
+    const kt_method_kernels* const kernels = &kernels_for(T);
     ThreadPool& pool = global_pool();
     const size_t in_elem = dtype_size(hidden_dtype);
 
-    if (KT_HAS_FIELD(kernels_, kt_method_kernels, moe_forward) && kernels_->moe_forward) {
+    if (KT_HAS_FIELD(kernels, kt_method_kernels, moe_forward) && kernels->moe_forward) {
         std::vector<const void*> experts(size_t(E), nullptr);
         for (int64_t e = 0; e < E; ++e) experts[size_t(e)] = packed_[size_t(e)].get();
         ScratchPlan plan;
         const size_t at_out = plan.add(size_t(T * H) * 4);
         char* base = plan.materialise();
         float* out32 = out_dtype == KT_DTYPE_F32 ? static_cast<float*>(out) : reinterpret_cast<float*>(base + at_out);
-        check_plugin(kernels_->moe_forward(&shape_, experts.data(), hidden, hidden_dtype, T, ids, weights, out32),
+        check_plugin(kernels->moe_forward(&shape_, experts.data(), hidden, hidden_dtype, T, ids, weights, out32),
                      "the backend's moe_forward");
         if (out_dtype == KT_DTYPE_BF16)
             for (int64_t i = 0; i < T * H; ++i) static_cast<uint16_t*>(out)[i] = f32_to_bf16(out32[i]);
@@ -377,7 +399,7 @@ void MoeLayer::forward(const void* hidden, kt_dtype hidden_dtype, int64_t tokens
             }
     }
 
-    const size_t row_h = kernels_->activation_row_bytes(H), row_i = kernels_->activation_row_bytes(I);
+    const size_t row_h = kernels->activation_row_bytes(H), row_i = kernels->activation_row_bytes(I);
     ScratchPlan plan;
     const size_t at_act_tokens = plan.add(size_t(T) * row_h), at_act_rows = plan.add(size_t(S) * row_h),
                  at_inter = plan.add(size_t(S * I) * 4), at_act2 = plan.add(size_t(S) * row_i),
@@ -405,7 +427,7 @@ void MoeLayer::forward(const void* hidden, kt_dtype hidden_dtype, int64_t tokens
     const int64_t quant_chunk = std::max<int64_t>(1, (T + 4 * threads - 1) / (4 * threads));
     auto quantize_tokens = [&](size_t c) {
         const int64_t t0 = int64_t(c) * quant_chunk, rows = std::min(quant_chunk, T - t0);
-        const kt_status st = kernels_->quantize_activations(static_cast<const char*>(hidden) + size_t(t0 * H) * in_elem,
+        const kt_status st = kernels->quantize_activations(static_cast<const char*>(hidden) + size_t(t0 * H) * in_elem,
                                                             hidden_dtype, rows, H, H, act_tokens + size_t(t0) * row_h);
         if (st != KT_OK) failure.record(st, "quantizing activations");
     };
@@ -450,11 +472,11 @@ void MoeLayer::forward(const void* hidden, kt_dtype hidden_dtype, int64_t tokens
     };
 
     // 2. Fused gate/up + SiLU(gate)*up per (expert, intermediate block).
-    const TilePlan gate_up_plan = plan_tiles(I, kernels_->gate_up_block);
+    const TilePlan gate_up_plan = plan_tiles(I, kernels->gate_up_block);
     auto gate_up = [&](const Tile& tile) {
         const int32_t e = active[size_t(tile.active)];
         const int64_t r0 = offset[size_t(e)];
-        const kt_status st = kernels_->gate_up_tile(&shape_, pack_of[size_t(e)], act_rows + size_t(r0) * row_h,
+        const kt_status st = kernels->gate_up_tile(&shape_, pack_of[size_t(e)], act_rows + size_t(r0) * row_h,
                                                     count[size_t(e)], tile.n0, tile.n1, inter + r0 * I, I);
         if (st != KT_OK) failure.record(st, "the gate/up kernel");
     };
@@ -466,7 +488,7 @@ void MoeLayer::forward(const void* hidden, kt_dtype hidden_dtype, int64_t tokens
     auto quantize_inter = [&](size_t a) {
         const int32_t e = active[a];
         const int64_t r0 = offset[size_t(e)];
-        const kt_status st = kernels_->quantize_activations(inter + r0 * I, KT_DTYPE_F32, count[size_t(e)], I, I,
+        const kt_status st = kernels->quantize_activations(inter + r0 * I, KT_DTYPE_F32, count[size_t(e)], I, I,
                                                             act2 + size_t(r0) * row_i);
         if (st != KT_OK) failure.record(st, "quantizing intermediate activations");
     };
@@ -475,11 +497,11 @@ void MoeLayer::forward(const void* hidden, kt_dtype hidden_dtype, int64_t tokens
     timer.mark("quantize_inter");
 
     // 4. Down projection per (expert, hidden block).
-    const TilePlan down_plan = plan_tiles(H, kernels_->down_block);
+    const TilePlan down_plan = plan_tiles(H, kernels->down_block);
     auto down = [&](const Tile& tile) {
         const int32_t e = active[size_t(tile.active)];
         const int64_t r0 = offset[size_t(e)];
-        const kt_status st = kernels_->down_tile(&shape_, pack_of[size_t(e)], act2 + size_t(r0) * row_i,
+        const kt_status st = kernels->down_tile(&shape_, pack_of[size_t(e)], act2 + size_t(r0) * row_i,
                                                  count[size_t(e)], tile.n0, tile.n1, down_out + r0 * H, H);
         if (st != KT_OK) failure.record(st, "the down kernel");
     };

@@ -34,6 +34,15 @@ public:
 
     const kt_moe_config& shape() const { return shape_; }
     const kt_method_kernels& kernels() const { return *kernels_; }
+
+    // Kernels for the batches the main kernels decline (a matrix engine hands decode-sized
+    // batches to SIMD kernels): they must read the same packed bytes, so their layout id and
+    // packed size must equal the main kernels' (std::invalid_argument otherwise). They must
+    // belong to an initialised backend that outlives the layer. nullptr removes them.
+    void set_small_batch_kernels(const kt_method_kernels* kernels);
+    const kt_method_kernels* small_batch_kernels() const { return small_batch_; }
+    // The kernels a forward of `tokens` tokens runs.
+    const kt_method_kernels& kernels_for(int64_t tokens) const;
     int64_t max_tokens() const { return max_tokens_; }
     size_t packed_bytes() const;                 // all loaded experts
     int expert_group(int64_t expert) const;      // pool group holding the expert
@@ -44,6 +53,7 @@ private:
 
     kt_moe_config shape_;
     const kt_method_kernels* kernels_;
+    const kt_method_kernels* small_batch_ = nullptr;
     std::vector<bool> on_cpu_;
     int64_t max_tokens_;
     size_t expert_bytes_;

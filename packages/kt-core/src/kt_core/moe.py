@@ -9,6 +9,7 @@ Tensors may be torch (any float dtype, CPU or not) or NumPy; they cross into C++
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -65,7 +66,32 @@ class MoE:
                                        self.num_experts, self.top_k, [not g for g in mask], self.max_tokens,
                                        self.group_size, self.zero_point, self.fast_activations,
                                        [ggml_type(t).kt_dtype for t in self.weight_types])
+        self.small_batch_candidate = self._attach_small_batch_kernels(sel, native, shape)
         self._pending = None
+
+    def _attach_small_batch_kernels(self, sel, native, shape):
+        """A kernel that declines decode-sized batches (a matrix engine) gets the best other
+        variant that reads the same packed layout for them, so one copy of the weights serves
+        both; without one, the declining kernel runs small batches itself."""
+        if not native.declines(self.method, *shape, 1):
+            return None
+        layout = self._layer.layout_id
+        for c in sel.ranked(self.method):
+            if (c.backend, c.variant) == (self.candidate.backend, self.candidate.variant):
+                continue
+            try:
+                other = sel.load(c)
+            except BackendError:
+                continue
+            same = any(m["method"] == self.method and m["layout_id"] == layout for m in other.methods)
+            if same and not other.declines(self.method, *shape, 1):
+                self._layer.set_small_batch_backend(other, self.method)
+                return c
+        return None
+
+    def kernel_id_for(self, tokens: int) -> str:
+        """The kernel a forward of `tokens` tokens runs (small batches may go to another variant)."""
+        return self._layer.kernel_id_for(int(tokens))
 
     def _weight_types(self, weight_types) -> tuple[str, ...]:
         """LLAMAFILE's ggml types of (gate, up, down); every other method stores one format."""
@@ -100,6 +126,12 @@ class MoE:
     @property
     def backend(self) -> str:
         return f"{self.candidate.backend}/{self.candidate.variant}"
+
+    @property
+    def small_batch_backend(self) -> str | None:
+        """The variant that runs the batches this layer's kernels decline, if any."""
+        c = self.small_batch_candidate
+        return None if c is None else f"{c.backend}/{c.variant}"
 
     @property
     def layout_id(self) -> str:
@@ -229,14 +261,19 @@ class MoE:
         """Start a forward on the pool and return at once (the GIL is released while it runs)."""
         h, ids, w, out = self._prepare(hidden_states, topk_ids, topk_weights)
         self._layer.submit_forward(h, ids, w, out, (self, h, ids, w, out))
-        self._pending = (hidden_states, out)
+        self._pending = (hidden_states, out, os.getpid())
 
     def sync(self):
         """Wait for the submitted forward (the calling thread joins the work) and return its output."""
         if self._pending is None:
             raise RuntimeError("sync() without a submitted forward on this layer; call submit() first")
-        hidden, out = self._pending
+        hidden, out, pid = self._pending
         self._pending = None
+        if pid != os.getpid():
+            # fork() with a forward in flight: it ran on the parent's pool, and `out` here is a
+            # copy of the parent's memory taken at some point of that run.
+            raise RuntimeError("sync() in a fork() child of the process that submitted the forward: it ran in the "
+                               "parent, this process has no result for it; submit it again here")
         _native.pool_sync()
         return self._finish(hidden, out)
 

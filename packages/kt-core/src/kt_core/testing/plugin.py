@@ -65,6 +65,9 @@ def kt_variant(kt_case, monkeypatch):
         pytest.skip(f"{descriptor.name}/{variant.name} needs {', '.join(missing)}, which this host lacks")
     if host().arch not in descriptor.arch:
         pytest.skip(f"{descriptor.name} is built for {', '.join(descriptor.arch)}, this host is {host().arch}")
+    problem = descriptor.probe() if descriptor.probe is not None else None
+    if problem:
+        pytest.skip(f"{descriptor.name}/{variant.name} cannot run here: {problem}")
     for var in ("KT_BACKENDS", "KT_DISABLE_BACKENDS"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("KT_CPU_VARIANT", variant.name)

@@ -1,0 +1,99 @@
+// BF16 on AMX-BF16, in AVX's BF16 format (kt-backend-avx bf16.cpp): layout
+// "kt-bf16-p16k2-v1", whose 64-byte chunks (16 channels x a (k, k+1) bf16 pair) are exactly
+// the rows of an AMX B tile, and split-bf16 activations x = hi + lo (f32-like accuracy; a
+// row block whose rows were bf16 already has no lo plane and costs one pass).
+//
+// Per 16-row block and panel pair: C0/C1 accumulate panel a/b in f32 over both planes,
+// A4/A5 = the hi/lo rows, B6/B7 = the panels; 32 k per step.
+#include "amx_common.h"
+
+namespace KT_TARGET_NAMESPACE {
+namespace {
+
+AmxMethod g_bf16;
+
+size_t panel_bytes(int64_t k) { return size_t((k + 1) / 2) * 64; }
+ExpertPanels layout(const kt_moe_config* c) {
+    return {c->hidden, c->intermediate, panel_bytes(c->hidden), panel_bytes(c->intermediate)};
+}
+
+template <bool kFused>
+void panel_pair(tiles::Session& session, const uint8_t* act, int64_t rows, int64_t k, const uint8_t* pa,
+                const uint8_t* pb, float* out, int64_t ldo, int cols_a, int cols_b) {
+    const size_t row_bytes = split_bf16_row_bytes(k), lo_offset = size_t(round_up(k, 2)) * 2;
+    alignas(64) float c[2][16][16];
+    for (int64_t m0 = 0; m0 < rows; m0 += 16) {
+        const int mr = int(std::min<int64_t>(16, rows - m0));
+        session.use(tile_config(mr, 64));
+        const uint8_t* x = act + size_t(m0) * row_bytes;
+        bool any_lo = false;
+        for (int m = 0; m < mr; ++m) any_lo |= reinterpret_cast<const SplitBf16Header*>(x + size_t(m) * row_bytes)->has_lo != 0;
+        const uint8_t* hi = x + sizeof(SplitBf16Header);
+        tiles::zero<0>();
+        tiles::zero<1>();
+        for (int64_t k0 = 0; k0 < k; k0 += 32) {
+            tiles::load<4>(hi + size_t(k0) * 2, row_bytes);
+            tiles::load<6>(pa + size_t(k0) * 32, 64);
+            tiles::dpbf16ps<0, 4, 6>();
+            if (pb) {
+                tiles::load<7>(pb + size_t(k0) * 32, 64);
+                tiles::dpbf16ps<1, 4, 7>();
+            }
+            if (any_lo) {
+                tiles::load<5>(hi + lo_offset + size_t(k0) * 2, row_bytes);
+                tiles::dpbf16ps<0, 5, 6>();
+                if (pb) tiles::dpbf16ps<1, 5, 7>();
+            }
+        }
+        tiles::store<0>(c[0], 64);
+        if (pb) tiles::store<1>(c[1], 64);
+        for (int m = 0; m < mr; ++m)
+            write_pair_row<kFused>(out + (m0 + m) * ldo, vload(c[0][m]), pb ? vload(c[1][m]) : vzero(), cols_a, cols_b);
+    }
+}
+
+kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+                  float* out, int64_t ldo) {
+    if (!amx_takes(g_bf16, rows, c->hidden)) return g_bf16.avx.gate_up_tile(c, packed, act, rows, n0, n1, out, ldo);
+    if (const kt_status st = check_tile("BF16", "gate/up", n0, n1, c->intermediate)) return st;
+    const ExpertPanels l = layout(c);
+    const auto* base = static_cast<const uint8_t*>(packed);
+    tiles::Session session;
+    for (int64_t n = n0; n < n1; n += kPanel)
+        panel_pair<true>(session, static_cast<const uint8_t*>(act), rows, c->hidden, base + l.gate(n / kPanel),
+                         base + l.up(n / kPanel), out + n, ldo, int(std::min<int64_t>(kPanel, n1 - n)), 0);
+    return KT_OK;
+}
+
+kt_status down(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+               float* out, int64_t ldo) {
+    if (!amx_takes(g_bf16, rows, c->intermediate)) return g_bf16.avx.down_tile(c, packed, act, rows, n0, n1, out, ldo);
+    if (const kt_status st = check_tile("BF16", "down", n0, n1, c->hidden)) return st;
+    const ExpertPanels l = layout(c);
+    const auto* base = static_cast<const uint8_t*>(packed);
+    tiles::Session session;
+    for (int64_t n = n0; n < n1; n += 2 * kPanel) {
+        const int cols_a = int(std::min<int64_t>(kPanel, n1 - n));
+        const int cols_b = int(std::clamp<int64_t>(n1 - n - kPanel, 0, kPanel));
+        panel_pair<false>(session, static_cast<const uint8_t*>(act), rows, c->intermediate, base + l.down(n / kPanel),
+                          cols_b ? base + l.down(n / kPanel + 1) : nullptr, out + n, ldo, cols_a, cols_b);
+    }
+    return KT_OK;
+}
+
+int declines(const kt_moe_config* c, int64_t tokens) { return amx_declines(g_bf16, c, tokens); }
+
+}  // namespace
+
+kt_method_kernels amx_bf16_kernels(const kt_method_kernels& avx, const char* kernel_id) {
+    g_bf16 = {avx, 32};
+    kt_method_kernels m = avx;
+    m.kernel_id = kernel_id;
+    m.declines = declines;
+    m.gate_up_tile = gate_up;
+    m.down_tile = down;
+    m.down_block = 2 * kPanel;
+    return m;
+}
+
+}  // namespace KT_TARGET_NAMESPACE

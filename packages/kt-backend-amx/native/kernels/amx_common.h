@@ -1,0 +1,70 @@
+// What the AMX kernels share. They wrap kt-backend-avx's method tables, compiled into this
+// module from the same sources (CMakeLists.txt): the packers, layouts and activation
+// quantizers are AVX's — so the packed bytes are identical by construction and a layer
+// packed here can hand its decode batches to kt-backend-avx — and AVX-512's tile kernels
+// keep the experts that get too few rows to fill a 16-row tile.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+
+#include "common.h"
+#include "int_dot.h"
+#include "tiles.h"
+
+namespace KT_TARGET_NAMESPACE {
+
+// Rows an expert needs before its tiles run on AMX (KT_AMX_MIN_ROWS, read at init): below it
+// the AVX-512 kernels are faster, since a tile instruction costs the same for 1 row as for 16.
+// An estimate (docs/backends.md): unmeasured on AMX hardware so far. 0 sends every batch,
+// however small, to the tiles (the tests use it to run the tile path on every shape).
+extern int64_t g_amx_min_rows;
+constexpr int64_t kAmxDefaultMinRows = 4;
+
+// The AMX wrapper of one AVX method table: same packer/quantizer, tile kernels replaced.
+// `k_multiple`: the K (hidden and intermediate) the AMX kernels need a multiple of.
+struct AmxMethod {
+    kt_method_kernels avx;      // the wrapped table (small batches, packing, quantizing)
+    int64_t k_multiple;
+};
+
+// The layer-level decline: batches whose experts average fewer than g_amx_min_rows rows go
+// to the next variant with the same layout (kt-backend-avx) as a whole. Shapes whose K the
+// tiles cannot step through are not declined: their experts take the AVX-512 kernels here.
+inline bool amx_declines(const AmxMethod&, const kt_moe_config* c, int64_t tokens) {
+    return tokens * c->top_k < g_amx_min_rows * c->num_experts;
+}
+
+// Whether one expert's `rows` rows with this K run on tiles (else on the AVX-512 kernels).
+inline bool amx_takes(const AmxMethod& m, int64_t rows, int64_t k) {
+    return rows >= g_amx_min_rows && k % m.k_multiple == 0;
+}
+
+// A configuration of 16-row C and A tiles cut to `rows`, A rows of `a_colsb` bytes and
+// B tiles of a_colsb / 4 rows x 64 bytes: tiles 0-3 accumulate (C), 4-5 hold activations
+// (A), 6-7 weights (B) in every kernel here.
+inline tiles::Config tile_config(int rows, int a_colsb) {
+    tiles::Config c;
+    for (int t = 0; t < 4; ++t) tiles::shape(c, t, rows, 64);
+    for (int t = 4; t < 6; ++t) tiles::shape(c, t, rows, a_colsb);
+    for (int t = 6; t < 8; ++t) tiles::shape(c, t, a_colsb / 4, 64);
+    return c;
+}
+
+// Writes one output row of a panel pair: SiLU(a) * b (fused gate/up) or a and b side by side
+// (two down panels; cols_b == 0 when there is no second panel).
+template <bool kFused>
+inline void write_pair_row(float* out, VF a, VF b, int cols_a, int cols_b) {
+    if constexpr (kFused) {
+        vstore_partial(out, silu_mul(a, b), cols_a);
+    } else {
+        vstore_partial(out, a, cols_a);
+        if (cols_b > 0) vstore_partial(out + kPanel, b, cols_b);
+    }
+}
+
+kt_method_kernels amx_int8_kernels(const kt_method_kernels& avx, const char* kernel_id);
+kt_method_kernels amx_int4_kernels(const kt_method_kernels& avx, const char* kernel_id);
+kt_method_kernels amx_rawint4_kernels(const kt_method_kernels& avx, const char* kernel_id);
+kt_method_kernels amx_bf16_kernels(const kt_method_kernels& avx, const char* kernel_id);
+
+}  // namespace KT_TARGET_NAMESPACE

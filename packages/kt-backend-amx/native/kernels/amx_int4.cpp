@@ -1,0 +1,182 @@
+// Group-wise INT4 (and RAWINT4, the same layout with G = 32) on AMX-INT8, in AVX's INT4 format
+// (kt-backend-avx int4.cpp): layout "kt-int4-p16-v1" — per group of G k, a header {s[16],
+// s*z[16]} and G/8 chunks whose low nibbles are one 4-k quad of 16 channels and whose high
+// nibbles the next — and two-pass signed int8 activations with per-32 block sums.
+//
+// Each panel is unpacked once per call into int8 B-tile rows (chunk c -> rows 2c = low
+// nibbles, 2c + 1 = high nibbles: codes 0..15 as u8), in L1/L2 for every row block that
+// follows. Per row block and group, tdpbsud (signed activations x unsigned codes) sums the
+// group exactly in C0-C3 (hi/lo plane x panel a/b); the group's scales apply on the stored
+// accumulators: acc += s_a * (s * dot - s*z * sum(activations of the group)).
+#include <vector>
+
+#include "amx_common.h"
+
+namespace KT_TARGET_NAMESPACE {
+namespace {
+
+constexpr size_t kHeaderBytes = 128, kChunkBytes = 64;
+AmxMethod g_methods[2];   // INT4, RAWINT4
+
+size_t group_bytes(int64_t g) { return kHeaderBytes + size_t(g) * 8; }
+size_t panel_bytes(int64_t k, int64_t g) { return size_t(k / g) * group_bytes(g); }
+
+template <bool kRaw>
+int64_t group_for(const kt_moe_config* c) { return kRaw ? 32 : (c->group_size == 0 ? 128 : c->group_size); }
+
+// Codes of a whole panel as int8 B-tile rows: [K / 4][64].
+void unpack_panel(const uint8_t* panel, int64_t k, int64_t g, uint8_t* dst) {
+    const __m512i low4 = _mm512_set1_epi8(0x0f);
+    for (int64_t grp = 0; grp < k / g; ++grp) {
+        const uint8_t* chunks = panel + size_t(grp) * group_bytes(g) + kHeaderBytes;
+        uint8_t* rows = dst + size_t(grp * g / 4) * 64;
+        for (int64_t c = 0; c < g / 8; ++c) {
+            const __m512i w = _mm512_loadu_si512(chunks + size_t(c) * kChunkBytes);
+            _mm512_storeu_si512(rows + size_t(2 * c) * 64, _mm512_and_si512(w, low4));
+            _mm512_storeu_si512(rows + size_t(2 * c + 1) * 64, _mm512_and_si512(_mm512_srli_epi16(w, 4), low4));
+        }
+    }
+}
+
+template <bool kFused>
+void panel_pair(tiles::Session& session, const uint8_t* act, int64_t rows, int64_t k, int64_t g, const uint8_t* pa,
+                const uint8_t* pb, const uint8_t* ua, const uint8_t* ub, bool two_pass, float* out, int64_t ldo,
+                int cols_a, int cols_b) {
+    const size_t row_bytes = int8_row_bytes(k);
+    const int64_t step = std::min<int64_t>(g, 64), blocks_per_group = g / 32;
+    alignas(64) int32_t c[4][16][16];
+    alignas(64) float acc[2][16][16];
+    const uint8_t* panel[2] = {pa, pb ? pb : pa};
+    for (int64_t m0 = 0; m0 < rows; m0 += 16) {
+        const int mr = int(std::min<int64_t>(16, rows - m0));
+        session.use(tile_config(mr, int(step)));
+        std::memset(acc, 0, sizeof acc);
+        const uint8_t* x = act + size_t(m0) * row_bytes;
+        const uint8_t* hi = int8_hi(x);
+        const uint8_t* lo = int8_lo(x, k);
+        for (int64_t grp = 0; grp < k / g; ++grp) {
+            tiles::zero<0>();
+            tiles::zero<1>();
+            tiles::zero<2>();
+            tiles::zero<3>();
+            for (int64_t k0 = grp * g; k0 < (grp + 1) * g; k0 += step) {
+                tiles::load<4>(hi + k0, row_bytes);
+                tiles::load<6>(ua + size_t(k0) * 16, 64);
+                tiles::dpbsud<0, 4, 6>();
+                if (ub) {
+                    tiles::load<7>(ub + size_t(k0) * 16, 64);
+                    tiles::dpbsud<1, 4, 7>();
+                }
+                if (two_pass) {
+                    tiles::load<5>(lo + k0, row_bytes);
+                    tiles::dpbsud<2, 5, 6>();
+                    if (ub) tiles::dpbsud<3, 5, 7>();
+                }
+            }
+            tiles::store<0>(c[0], 64);
+            tiles::store<2>(c[2], 64);
+            if (ub) {
+                tiles::store<1>(c[1], 64);
+                tiles::store<3>(c[3], 64);
+            }
+            const size_t block = size_t(grp) * group_bytes(g);
+            for (int m = 0; m < mr; ++m) {
+                const uint8_t* row = x + size_t(m) * row_bytes;
+                const float sa = reinterpret_cast<const Int8Header*>(row)->scale;
+                int32_t sum_hi = 0, sum_lo = 0;
+                for (int64_t b = 0; b < blocks_per_group; ++b) {
+                    sum_hi += int8_sums_hi(row, k)[grp * blocks_per_group + b];
+                    sum_lo += int8_sums_lo(row, k)[grp * blocks_per_group + b];
+                }
+                const VF asum = vset1(sa * (two_pass ? float(sum_hi) + float(sum_lo) * (1.0f / 128.0f) : float(sum_hi)));
+                for (int f = 0; f < (ub ? 2 : 1); ++f) {
+                    const float* header = reinterpret_cast<const float*>(panel[f] + block);
+                    const VF h = vcvt(vloadi(c[f][m]));
+                    const VF dot = vmul(vset1(sa), two_pass ? vfma(vcvt(vloadi(c[2 + f][m])), vset1(1.0f / 128.0f), h) : h);
+                    const VF a = vload(acc[f][m]);
+                    vstore(acc[f][m], vfma(vload(header), dot, vsub(a, vmul(vload(header + 16), asum))));
+                }
+            }
+        }
+        for (int m = 0; m < mr; ++m)
+            write_pair_row<kFused>(out + (m0 + m) * ldo, vload(acc[0][m]), vload(acc[1][m]), cols_a, cols_b);
+    }
+}
+
+template <int kSlot>
+kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+                  float* out, int64_t ldo) {
+    const AmxMethod& method = g_methods[kSlot];
+    if (!amx_takes(method, rows, c->hidden)) return method.avx.gate_up_tile(c, packed, act, rows, n0, n1, out, ldo);
+    if (const kt_status st = check_tile(method.avx.method, "gate/up", n0, n1, c->intermediate)) return st;
+    const int64_t H = c->hidden, g = group_for<kSlot == 1>(c);
+    const ExpertPanels l{H, c->intermediate, panel_bytes(H, g), panel_bytes(c->intermediate, g)};
+    const auto* base = static_cast<const uint8_t*>(packed);
+    const bool two_pass = !(c->quant_flags & KT_QUANT_FAST_ACTIVATIONS);
+    thread_local std::vector<uint8_t> unpacked;
+    unpacked.resize(size_t(2 * H) * 16);
+    uint8_t* ua = unpacked.data();
+    uint8_t* ub = ua + size_t(H) * 16;
+    tiles::Session session;
+    for (int64_t n = n0; n < n1; n += kPanel) {
+        const uint8_t* pa = base + l.gate(n / kPanel);
+        const uint8_t* pb = base + l.up(n / kPanel);
+        unpack_panel(pa, H, g, ua);
+        unpack_panel(pb, H, g, ub);
+        panel_pair<true>(session, static_cast<const uint8_t*>(act), rows, H, g, pa, pb, ua, ub, two_pass, out + n, ldo,
+                         int(std::min<int64_t>(kPanel, n1 - n)), 0);
+    }
+    return KT_OK;
+}
+
+template <int kSlot>
+kt_status down(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+               float* out, int64_t ldo) {
+    const AmxMethod& method = g_methods[kSlot];
+    if (!amx_takes(method, rows, c->intermediate)) return method.avx.down_tile(c, packed, act, rows, n0, n1, out, ldo);
+    if (const kt_status st = check_tile(method.avx.method, "down", n0, n1, c->hidden)) return st;
+    const int64_t I = c->intermediate, g = group_for<kSlot == 1>(c);
+    const ExpertPanels l{c->hidden, I, panel_bytes(c->hidden, g), panel_bytes(I, g)};
+    const auto* base = static_cast<const uint8_t*>(packed);
+    const bool two_pass = !(c->quant_flags & KT_QUANT_FAST_ACTIVATIONS);
+    thread_local std::vector<uint8_t> unpacked;
+    unpacked.resize(size_t(2 * I) * 16);
+    uint8_t* ua = unpacked.data();
+    uint8_t* ub = ua + size_t(I) * 16;
+    tiles::Session session;
+    for (int64_t n = n0; n < n1; n += 2 * kPanel) {
+        const int cols_a = int(std::min<int64_t>(kPanel, n1 - n));
+        const int cols_b = int(std::clamp<int64_t>(n1 - n - kPanel, 0, kPanel));
+        const uint8_t* pa = base + l.down(n / kPanel);
+        const uint8_t* pb = cols_b ? base + l.down(n / kPanel + 1) : nullptr;
+        unpack_panel(pa, I, g, ua);
+        if (pb) unpack_panel(pb, I, g, ub);
+        panel_pair<false>(session, static_cast<const uint8_t*>(act), rows, I, g, pa, pb, ua, pb ? ub : nullptr, two_pass,
+                          out + n, ldo, cols_a, cols_b);
+    }
+    return KT_OK;
+}
+
+template <int kSlot>
+int declines(const kt_moe_config* c, int64_t tokens) { return amx_declines(g_methods[kSlot], c, tokens); }
+
+template <int kSlot>
+kt_method_kernels wrap(const kt_method_kernels& avx, const char* kernel_id) {
+    // Every supported group (32, 64, 128) divides K already (the packer insists); tiles step
+    // min(G, 64) k at a time.
+    g_methods[kSlot] = {avx, 32};
+    kt_method_kernels m = avx;
+    m.kernel_id = kernel_id;
+    m.declines = declines<kSlot>;
+    m.gate_up_tile = gate_up<kSlot>;
+    m.down_tile = down<kSlot>;
+    m.down_block = 2 * kPanel;
+    return m;
+}
+
+}  // namespace
+
+kt_method_kernels amx_int4_kernels(const kt_method_kernels& avx, const char* kernel_id) { return wrap<0>(avx, kernel_id); }
+kt_method_kernels amx_rawint4_kernels(const kt_method_kernels& avx, const char* kernel_id) { return wrap<1>(avx, kernel_id); }
+
+}  // namespace KT_TARGET_NAMESPACE

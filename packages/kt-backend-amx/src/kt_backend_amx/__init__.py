@@ -1,0 +1,38 @@
+"""kt-backend-amx's descriptor: pure data; the native module is imported only when selected.
+
+One build holds one variant: `sapphire-rapids` (the AMX instructions; runnable where CPUID
+reports amx_tile/amx_int8/amx_bf16, XCR0 enables tile state and Linux granted the
+ARCH_REQ_XCOMP_PERM request — kt-core's host detection checks all three and reports AMX
+features only then), or `amx-emulated`, the same kernels on software tiles, built with
+KT_AMX_EMULATE=1 for tests and usable only when KT_AMX_EMULATE=1 is set at run time too.
+"""
+
+import os
+
+from kt_core.backends import BackendDescriptor, Tier, Variant
+
+from ._build import EMULATED, VARIANT
+
+_V4_VNNI_BF16 = frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd",
+                           "avx512_vnni", "avx512_bf16", "avx512_vbmi"})
+_AMX = frozenset({"amx_tile", "amx_int8", "amx_bf16"})
+_METHODS = ("BF16", "INT8", "INT4", "RAWINT4")
+
+
+def _probe() -> str | None:
+    if EMULATED and os.environ.get("KT_AMX_EMULATE") != "1":
+        return ("this kt-backend-amx is the software tile emulation build (built with KT_AMX_EMULATE=1), for tests "
+                "only; set KT_AMX_EMULATE=1 to use it, or rebuild without it for AMX hardware")
+    return None
+
+
+descriptor = BackendDescriptor(
+    name="amx",
+    abi_version=(1, 1),
+    tier=Tier.MATRIX_ENGINE,
+    arch=("x86_64",),
+    description="Intel AMX tile kernels for prefill" + (" (software tile emulation build)" if EMULATED else ""),
+    variants=(Variant(VARIANT, module="kt_backend_amx._native",
+                      requires=_V4_VNNI_BF16 if EMULATED else _V4_VNNI_BF16 | _AMX, methods=_METHODS, rank=1),),
+    probe=_probe,
+)

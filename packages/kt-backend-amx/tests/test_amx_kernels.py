@@ -1,0 +1,134 @@
+"""The AMX kernels on every format they serve, against kt-backend-avx on the same packed bytes
+(integer formats: bit-identical outputs — both sum the same integers exactly and finish in the
+same order; BF16: f32 sums in another order) and against float64 over the weights the packed
+codes stand for. Row counts cover full and partial 16-row tiles and several row blocks."""
+
+import os
+
+import numpy as np
+import pytest
+
+from kt_core import MoE
+from kt_core.backends import selection
+from kt_core.testing.quantize import checkpoint_inputs, dequantized_weights
+from kt_core.testing.reference import moe_reference, random_moe, random_routing, relative_error
+
+E, H, I, K = 8, 256, 128, 4
+
+CASES = [
+    ("BF16", {}, 1e-4),
+    ("INT8", {}, 2e-3),
+    ("INT8", {"fast_activations": True}, 0.15),   # one int8 activation pass: kt-kernel's error level
+    ("INT4", {"group_size": 32}, 2e-3),
+    ("INT4", {"group_size": 64, "zero_point": True}, 2e-3),
+    ("INT4", {"group_size": 128}, 2e-3),
+    ("INT4", {"group_size": 128, "fast_activations": True}, 0.15),
+]
+
+
+def _layer(method, backend, w, **kw):
+    m = MoE(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, method=method, backend=backend, max_tokens=512,
+            **kw)
+    m.load(*w)
+    return m
+
+
+@pytest.mark.parametrize("method,kw,tol", CASES, ids=[f"{m}-{'-'.join(f'{k}={v}' for k, v in kw.items())}" for m, kw, _ in CASES])
+def test_matches_avx_and_reference(amx, native, method, kw, tol):
+    rng = np.random.default_rng(1)
+    w = random_moe(rng, E, H, I)
+    tokens = 70          # ~35 rows per expert: two full 16-row tiles and a partial one
+    x = rng.standard_normal((tokens, H)).astype(np.float32)
+    ids, wt = random_routing(rng, tokens, E, K)
+    ids[:3, :] = [0, 1, 2, 3]  # expert 0..3 get a few extra rows; expert 7 may get few
+    tiles = _layer(method, "amx", w, **kw)
+    assert "tdp" in tiles.kernel_id_for(tokens), tiles.kernel_id_for(tokens)
+    before = native.emulated_dot_instructions() if hasattr(native, "emulated_dot_instructions") else None
+    got = np.asarray(tiles(x, ids, wt))
+    if before is not None:
+        assert native.emulated_dot_instructions() > before, "the tile path did not run"
+    simd = np.asarray(_layer(method, "avx", w, **kw)(x, ids, wt))
+    if method == "BF16":
+        assert relative_error(got, simd) < 1e-4   # f32 sums in another order (and DAZ/FTZ)
+    else:
+        np.testing.assert_array_equal(got, simd)
+    err = relative_error(got, moe_reference(x, *dequantized_weights(method, *w, group_size=kw.get("group_size", 0),
+                                                          zero_point=kw.get("zero_point", False)), ids, wt))
+    assert err < tol, f"{method} {kw}: {err:.2e} vs float64 over the stored weights"
+
+
+@pytest.mark.parametrize("rows", [1, 5, 15, 16, 17, 33])
+def test_every_tile_height(amx, rows):
+    """One expert, `rows` rows: partial tiles of each height and block counts, INT8 and BF16."""
+    rng = np.random.default_rng(rows)
+    w = random_moe(rng, E, H, I)
+    x = rng.standard_normal((rows, H)).astype(np.float32)
+    ids = np.full((rows, K), -1, dtype=np.int64)
+    ids[:, 0] = 3
+    wt = np.ones((rows, K), dtype=np.float32)
+    for method in ("INT8", "BF16"):
+        got = np.asarray(_layer(method, "amx", w)(x, ids, wt))
+        ref = np.asarray(_layer(method, "avx", w)(x, ids, wt))
+        assert relative_error(got, ref) < 1e-4, (method, rows)
+
+
+def test_rawint4(amx):
+    rng = np.random.default_rng(3)
+    w = random_moe(rng, E, H, I)
+    gate, up, down, scales = checkpoint_inputs("RAWINT4", *w)
+    x = rng.standard_normal((48, H)).astype(np.float32)
+    ids, wt = random_routing(rng, 48, E, K)
+    outs = []
+    for backend in ("amx", "avx"):
+        m = MoE(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, method="RAWINT4", backend=backend)
+        m.load(gate, up, down, scales=scales)
+        outs.append(np.asarray(m(x, ids, wt)))
+    np.testing.assert_array_equal(outs[0], outs[1])
+    err = relative_error(outs[0], moe_reference(x, *dequantized_weights("RAWINT4", *w), ids, wt))
+    assert err < 2e-3, err
+
+
+def test_decode_goes_to_avx_on_the_same_packed_weights(amx, monkeypatch):
+    """With the default crossover, a decode batch runs on kt-backend-avx's kernels over the
+    AMX layer's own packed bytes, and a prefill batch on the tiles; both agree with AVX."""
+    monkeypatch.setenv("KT_AMX_MIN_ROWS", "4")
+    selection.reset()
+    rng = np.random.default_rng(4)
+    w = random_moe(rng, E, H, I)
+    m = _layer("INT8", None, w)
+    assert m.backend.startswith("amx/"), m.backend
+    assert m.small_batch_backend is not None and m.small_batch_backend.startswith("avx/")
+    assert "tdp" not in m.kernel_id_for(1) and "tdp" in m.kernel_id_for(64)
+    ref = _layer("INT8", "avx", w)
+    for tokens in (1, 64):
+        x = rng.standard_normal((tokens, H)).astype(np.float32)
+        ids, wt = random_routing(rng, tokens, E, K)
+        np.testing.assert_array_equal(np.asarray(m(x, ids, wt)), np.asarray(ref(x, ids, wt)))
+
+
+def test_shapes_the_tiles_cannot_step_run_on_avx512(amx, native):
+    """INT8 tiles step 64 k: with hidden 96 every expert takes the wrapped AVX-512 kernels."""
+    rng = np.random.default_rng(5)
+    w = random_moe(rng, E, 96, 80)
+    x = rng.standard_normal((40, 96)).astype(np.float32)
+    ids, wt = random_routing(rng, 40, E, K)
+    layers = [MoE(num_experts=E, top_k=K, hidden_size=96, intermediate_size=80, method="INT8", backend=b)
+              for b in ("amx", "avx")]
+    for m in layers:
+        m.load(*w)
+    before = native.emulated_dot_instructions() if hasattr(native, "emulated_dot_instructions") else None
+    got = np.asarray(layers[0](x, ids, wt))
+    if before is not None:
+        assert native.emulated_dot_instructions() == before
+    np.testing.assert_array_equal(got, np.asarray(layers[1](x, ids, wt)))
+
+
+def test_emulation_build_is_refused_without_the_runtime_switch(amx, monkeypatch):
+    from kt_backend_amx import _build
+    if not _build.EMULATED:
+        pytest.skip("hardware build")
+    monkeypatch.delenv("KT_AMX_EMULATE")
+    selection.reset()
+    row = next(r for r in selection.selector().explain() if r["backend"] == "amx")
+    assert not row["runnable"] and "software tile emulation build" in row["reason"], row
+    assert os.environ.get("KT_AMX_EMULATE") is None
