@@ -21,7 +21,7 @@ PACKAGES = sorted(p.name for p in (ROOT / "packages").iterdir() if (p / "pyproje
 EXAMPLE = ROOT / "examples" / "kt-backend-example"
 WHEELHOUSE = ROOT / "wheelhouse"
 
-nox.options.sessions = ["lint", "tests", "conformance", "example", "install_smoke"]
+nox.options.sessions = ["lint", "tests", "conformance", "example", "install_smoke", "amx_hardware_build"]
 nox.options.default_venv_backend = "none"
 
 
@@ -37,11 +37,37 @@ def tests(session, package):
     session.run("python", "-m", "pytest", "-q", f"packages/{package}/tests", *session.posargs)
 
 
+# The AMX emulation build (.ci/setup installs it) serves only with KT_AMX_EMULATE=1 at run time;
+# KT_AMX_MIN_ROWS=0 sends every batch, however small, through its tiles.
+AMX_EMULATION = {"KT_AMX_EMULATE": "1", "KT_AMX_MIN_ROWS": "0"}
+
+
 @nox.session
 def conformance(session):
     """Every installed backend, every variant this host can run, against the reference backend."""
     session.run("python", "-m", "pytest", "-q", "-p", "kt_core.testing.plugin", "--pyargs", "kt_core.testing.conformance",
-                *session.posargs)
+                *session.posargs, env=AMX_EMULATION)
+
+
+@nox.session
+def amx_hardware_build(session):
+    """kt-backend-amx's hardware build (the real tile instructions) compiled into a wheel that is
+    checked, not installed: this host may have no AMX to run it, but it must build, and its
+    kernels must contain the tile instructions the emulation build stands in for."""
+    import zipfile
+    with tempfile.TemporaryDirectory() as tmp:
+        session.run("python", "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", tmp,
+                    str(ROOT / "packages" / "kt-backend-amx"), env={"KT_AMX_EMULATE": "OFF"})
+        (wheel,) = Path(tmp).glob("kt_backend_amx-*.whl")
+        with zipfile.ZipFile(wheel) as z:
+            build = z.read("kt_backend_amx/_build.py").decode()
+            assert 'VARIANT = "sapphire-rapids"' in build and "EMULATED = bool(0)" in build, build
+            so = next(n for n in z.namelist() if n.startswith("kt_backend_amx/_native"))
+            z.extract(so, tmp)
+        disassembly = session.run("objdump", "-d", str(Path(tmp) / so), silent=True, external=True)
+        for instruction in ("ldtilecfg", "tileloadd", "tilestored", "tdpbusd", "tdpbsud", "tdpbf16ps", "tilerelease"):
+            assert instruction in disassembly, f"the hardware build has no {instruction}"
+        session.log(f"{wheel.name}: sapphire-rapids build with the AMX tile instructions")
 
 
 @nox.session

@@ -54,15 +54,62 @@ template <int C, int A, int B> inline void dpbsud() { dpbsud(C, A, B); }
 template <int C, int A, int B> inline void dpbusd() { dpbusd(C, A, B); }
 template <int C, int A, int B> inline void dpbf16ps() { dpbf16ps(C, A, B); }
 #else
+// GCC's tile intrinsics paste their tile numbers into the assembly text, so each number must be
+// a literal: the templates below pick the literal instance. Kernels use C tiles 0-3, A tiles 4-5
+// and B tiles 6-7 (amx_common.h), the only combinations instantiated here.
 inline void load_config(const Config& c) { _tile_loadconfig(&c); }
 inline void release() { _tile_release(); }
-template <int T> inline void load(const void* base, size_t stride) { _tile_loadd(T, base, stride); }
-template <int T> inline void store(void* base, size_t stride) { _tile_stored(T, base, stride); }
-template <int T> inline void zero() { _tile_zero(T); }
-template <int C, int A, int B> inline void dpbssd() { _tile_dpbssd(C, A, B); }
-template <int C, int A, int B> inline void dpbsud() { _tile_dpbsud(C, A, B); }
-template <int C, int A, int B> inline void dpbusd() { _tile_dpbusd(C, A, B); }
-template <int C, int A, int B> inline void dpbf16ps() { _tile_dpbf16ps(C, A, B); }
+
+#define KT_TILE_EACH(STMT) \
+    if constexpr (T == 0) STMT(0); \
+    else if constexpr (T == 1) STMT(1); \
+    else if constexpr (T == 2) STMT(2); \
+    else if constexpr (T == 3) STMT(3); \
+    else if constexpr (T == 4) STMT(4); \
+    else if constexpr (T == 5) STMT(5); \
+    else if constexpr (T == 6) STMT(6); \
+    else STMT(7)
+#define KT_TILE_DOT(OP) \
+    static_assert(C >= 0 && C < 4 && (A == 4 || A == 5) && (B == 6 || B == 7), "tiles outside kt's C/A/B roles"); \
+    if constexpr (C == 0 && A == 4 && B == 6) OP(0, 4, 6); \
+    if constexpr (C == 0 && A == 4 && B == 7) OP(0, 4, 7); \
+    if constexpr (C == 0 && A == 5 && B == 6) OP(0, 5, 6); \
+    if constexpr (C == 0 && A == 5 && B == 7) OP(0, 5, 7); \
+    if constexpr (C == 1 && A == 4 && B == 6) OP(1, 4, 6); \
+    if constexpr (C == 1 && A == 4 && B == 7) OP(1, 4, 7); \
+    if constexpr (C == 1 && A == 5 && B == 6) OP(1, 5, 6); \
+    if constexpr (C == 1 && A == 5 && B == 7) OP(1, 5, 7); \
+    if constexpr (C == 2 && A == 4 && B == 6) OP(2, 4, 6); \
+    if constexpr (C == 2 && A == 4 && B == 7) OP(2, 4, 7); \
+    if constexpr (C == 2 && A == 5 && B == 6) OP(2, 5, 6); \
+    if constexpr (C == 2 && A == 5 && B == 7) OP(2, 5, 7); \
+    if constexpr (C == 3 && A == 4 && B == 6) OP(3, 4, 6); \
+    if constexpr (C == 3 && A == 4 && B == 7) OP(3, 4, 7); \
+    if constexpr (C == 3 && A == 5 && B == 6) OP(3, 5, 6); \
+    if constexpr (C == 3 && A == 5 && B == 7) OP(3, 5, 7);
+
+template <int T> inline void load(const void* base, size_t stride) {
+    static_assert(T >= 0 && T < 8);
+#define KT_TILE_LOAD(t) _tile_loadd(t, base, stride)
+    KT_TILE_EACH(KT_TILE_LOAD);
+#undef KT_TILE_LOAD
+}
+template <int T> inline void store(void* base, size_t stride) {
+    static_assert(T >= 0 && T < 8);
+#define KT_TILE_STORE(t) _tile_stored(t, base, stride)
+    KT_TILE_EACH(KT_TILE_STORE);
+#undef KT_TILE_STORE
+}
+template <int T> inline void zero() {
+    static_assert(T >= 0 && T < 8);
+    KT_TILE_EACH(_tile_zero);
+}
+template <int C, int A, int B> inline void dpbssd() { KT_TILE_DOT(_tile_dpbssd); }
+template <int C, int A, int B> inline void dpbsud() { KT_TILE_DOT(_tile_dpbsud); }
+template <int C, int A, int B> inline void dpbusd() { KT_TILE_DOT(_tile_dpbusd); }
+template <int C, int A, int B> inline void dpbf16ps() { KT_TILE_DOT(_tile_dpbf16ps); }
+#undef KT_TILE_EACH
+#undef KT_TILE_DOT
 #endif
 
 // Holds a tile configuration for the duration of one kernel call and releases the tile
