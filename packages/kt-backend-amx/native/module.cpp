@@ -52,7 +52,7 @@ nb::bytes tile_dot(const std::string& op, nb::bytes a, nb::bytes b, nb::bytes c,
 #endif
 
 NB_MODULE(_native, m) {
-    m.doc() = "kt AMX backend: tile kernels for BF16, INT8, INT4 and RAWINT4 prefill";
+    m.doc() = "kt AMX backend: tile kernels for BF16, INT8, INT4, RAWINT4, FP8 and FP8_PERCHANNEL prefill";
     m.attr("EMULATED") = bool(KT_AMX_EMULATE);
     m.attr("VARIANT") = KT_AMX_VARIANT;
     m.def("backend_api", [](const std::string& variant) {

@@ -28,7 +28,7 @@ kt_status init(const kt_host_api* host) {
 }
 
 struct Tables {
-    kt_method_kernels methods[4];
+    kt_method_kernels methods[6];
     kt_backend_api api;
 };
 
@@ -39,6 +39,9 @@ Tables build() {
     t.methods[2] = amx_int4_kernels(int4_kernels("moe.int4g.p16k8.avx512vnni"), "moe.int4g.p16k8.tdpbsud." KT_TARGET_VARIANT);
     t.methods[3] = amx_rawint4_kernels(rawint4_kernels("moe.rawint4.p16k8.avx512vnni"),
                                        "moe.rawint4.p16k8.tdpbsud." KT_TARGET_VARIANT);
+    t.methods[4] = amx_fp8_kernels(fp8_kernels("moe.fp8e4m3b128.p16.avx512bf16"), "moe.fp8e4m3b128.p16.tdpbf16ps." KT_TARGET_VARIANT);
+    t.methods[5] = amx_fp8_perchannel_kernels(fp8_perchannel_kernels("moe.fp8e4m3ch.p16.avx512bf16"),
+                                              "moe.fp8e4m3ch.p16.tdpbf16ps." KT_TARGET_VARIANT);
     t.api = kt_backend_api{sizeof(kt_backend_api), KT_PLUGIN_ABI_MAJOR, KT_PLUGIN_ABI_MINOR, "amx", KT_TARGET_VARIANT,
                            KT_TARGET_FEATURES, init, sizeof(t.methods) / sizeof(t.methods[0]), nullptr};
     return t;

@@ -16,13 +16,13 @@ from ._build import EMULATED, VARIANT
 _V4_VNNI_BF16 = frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd",
                            "avx512_vnni", "avx512_bf16", "avx512_vbmi"})
 _AMX = frozenset({"amx_tile", "amx_int8", "amx_bf16"})
-_METHODS = ("BF16", "INT8", "INT4", "RAWINT4")
+_METHODS = ("BF16", "INT8", "INT4", "RAWINT4", "FP8", "FP8_PERCHANNEL")
 
 
 def _probe() -> str | None:
     if EMULATED and os.environ.get("KT_AMX_EMULATE") != "1":
-        return ("this kt-backend-amx is the software tile emulation build (built with KT_AMX_EMULATE=1), for tests "
-                "only; set KT_AMX_EMULATE=1 to use it, or rebuild without it for AMX hardware")
+        return ("needs KT_AMX_EMULATE=1 at run time: this kt-backend-amx is the software tile emulation build (built "
+                "with KT_AMX_EMULATE=1), for tests only; rebuild without it for AMX hardware")
     return None
 
 

@@ -1,0 +1,193 @@
+// FP8 (E4M3, 128x128 block scales) and FP8_PERCHANNEL on AMX-BF16, in AVX's FP8 format
+// (kt-backend-avx fp8.cpp): layout "kt-fp8-p16-v1" — per panel of 16 channels, one f32[16]
+// scale vector per 128-k block (2^8 folded in) and K rows of 16 code bytes — and f32
+// activation rows.
+//
+// Per call, the rows are split once into bf16 hi + lo planes (f32-like accuracy) and each
+// panel is decoded once into bf16 B-tile rows: E4M3 has 4 significant bits, so the decode is
+// exact (value / 256, the f16 bit trick). Per 16-row block and 128-k block, tdpbf16ps sums
+// into C0/C1 (panel a/b); the block's scales apply on the stored sums.
+#include <vector>
+
+#include "amx_common.h"
+
+namespace KT_TARGET_NAMESPACE {
+namespace {
+
+constexpr int64_t kBlock = 128;
+constexpr size_t kScaleBytes = 64;
+AmxMethod g_methods[2];   // FP8, FP8_PERCHANNEL
+
+int64_t kblocks(int64_t k) { return (k + kBlock - 1) / kBlock; }
+size_t panel_bytes(int64_t k) { return size_t(kblocks(k)) * kScaleBytes + size_t(k) * kPanel; }
+
+// 16 E4M3 codes -> 16 floats equal to value / 256 (E4M3 bits placed in an IEEE half).
+inline __m512 decode16(const uint8_t* p) {
+    const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7f)), 7),
+                                      _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8));
+    return _mm512_cvtph_ps(h);
+}
+
+// A panel's codes as B-tile rows [K / 2][16] of bf16 (k, k + 1) pairs; exact, as the values
+// have 4 significant bits.
+void decode_panel(const uint8_t* panel, int64_t k, uint32_t* dst) {
+    const uint8_t* codes = panel + size_t(kblocks(k)) * kScaleBytes;
+    const __m512i high = _mm512_set1_epi32(int(0xffff0000u));
+    for (int64_t j = 0; j < k / 2; ++j) {
+        const __m512i a = _mm512_castps_si512(decode16(codes + size_t(2 * j) * kPanel));
+        const __m512i b = _mm512_castps_si512(decode16(codes + size_t(2 * j + 1) * kPanel));
+        _mm512_storeu_si512(dst + j * kPanel, _mm512_or_si512(_mm512_srli_epi32(a, 16), _mm512_and_si512(b, high)));
+    }
+}
+
+// f32 rows -> bf16 hi and lo planes [rows][K]; has_lo[r] says whether row r needs the lo pass.
+void split_rows(const uint8_t* act, int64_t rows, int64_t k, uint16_t* hi, uint16_t* lo, uint8_t* has_lo) {
+    const size_t row_bytes = f32_row_bytes(k);
+    for (int64_t r = 0; r < rows; ++r) {
+        const auto* x = reinterpret_cast<const float*>(act + size_t(r) * row_bytes);
+        __m512i any = _mm512_setzero_si512();
+        for (int64_t c = 0; c < k; c += 16) {   // k is a multiple of 32 on this path
+            const __m512 v = _mm512_loadu_ps(x + c);
+            const __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
+            const __m512 back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+            const __m256i l = (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(v, back));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + r * k + c), h);
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + r * k + c), l);
+            any = _mm512_or_si512(any, _mm512_cvtepu16_epi32(_mm256_and_si256(l, _mm256_set1_epi16(0x7fff))));
+        }
+        has_lo[r] = _mm512_test_epi32_mask(any, any) != 0;
+    }
+}
+
+template <bool kFused>
+void panel_pair(tiles::Session& session, const uint16_t* hi, const uint16_t* lo, const uint8_t* has_lo, int64_t rows,
+                int64_t k, const uint8_t* pa, const uint8_t* pb, const uint32_t* wa, const uint32_t* wb, float* out,
+                int64_t ldo, int cols_a, int cols_b) {
+    const size_t row_bytes = size_t(k) * 2;
+    alignas(64) float c[2][16][16];
+    alignas(64) float acc[2][16][16];
+    const uint8_t* panel[2] = {pa, pb ? pb : pa};
+    for (int64_t m0 = 0; m0 < rows; m0 += 16) {
+        const int mr = int(std::min<int64_t>(16, rows - m0));
+        session.use(tile_config(mr, 64));
+        bool any_lo = false;
+        for (int m = 0; m < mr; ++m) any_lo |= has_lo[m0 + m] != 0;
+        std::memset(acc, 0, sizeof acc);
+        for (int64_t kb = 0; kb < kblocks(k); ++kb) {
+            tiles::zero<0>();
+            tiles::zero<1>();
+            for (int64_t k0 = kb * kBlock; k0 < std::min(k, (kb + 1) * kBlock); k0 += 32) {
+                tiles::load<4>(hi + m0 * k + k0, row_bytes);
+                tiles::load<6>(wa + k0 / 2 * kPanel, 64);
+                tiles::dpbf16ps<0, 4, 6>();
+                if (wb) {
+                    tiles::load<7>(wb + k0 / 2 * kPanel, 64);
+                    tiles::dpbf16ps<1, 4, 7>();
+                }
+                if (any_lo) {
+                    tiles::load<5>(lo + m0 * k + k0, row_bytes);
+                    tiles::dpbf16ps<0, 5, 6>();
+                    if (wb) tiles::dpbf16ps<1, 5, 7>();
+                }
+            }
+            tiles::store<0>(c[0], 64);
+            if (wb) tiles::store<1>(c[1], 64);
+            for (int f = 0; f < (wb ? 2 : 1); ++f) {
+                const VF s = vload(reinterpret_cast<const float*>(panel[f] + size_t(kb) * kScaleBytes));
+                for (int m = 0; m < mr; ++m) vstore(acc[f][m], vfma(vload(c[f][m]), s, vload(acc[f][m])));
+            }
+        }
+        for (int m = 0; m < mr; ++m)
+            write_pair_row<kFused>(out + (m0 + m) * ldo, vload(acc[0][m]), vload(acc[1][m]), cols_a, cols_b);
+    }
+}
+
+// The per-call work both projections share: split the rows, then each panel pair.
+struct Scratch {
+    std::vector<uint16_t> planes;
+    std::vector<uint8_t> has_lo;
+    std::vector<uint32_t> weights;
+};
+
+template <int kSlot>
+kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+                  float* out, int64_t ldo) {
+    const AmxMethod& method = g_methods[kSlot];
+    const int64_t H = c->hidden;
+    if (!amx_takes(method, rows, H)) return method.avx.gate_up_tile(c, packed, act, rows, n0, n1, out, ldo);
+    if (const kt_status st = check_tile(method.avx.method, "gate/up", n0, n1, c->intermediate)) return st;
+    const ExpertPanels l{H, c->intermediate, panel_bytes(H), panel_bytes(c->intermediate)};
+    const auto* base = static_cast<const uint8_t*>(packed);
+    thread_local Scratch s;
+    s.planes.resize(size_t(2 * rows * H));
+    s.has_lo.resize(size_t(rows));
+    s.weights.resize(size_t(H) * kPanel);   // two panels of H / 2 pair rows x 16
+    split_rows(static_cast<const uint8_t*>(act), rows, H, s.planes.data(), s.planes.data() + rows * H, s.has_lo.data());
+    uint32_t* wa = s.weights.data();
+    uint32_t* wb = wa + H / 2 * kPanel;
+    tiles::Session session;
+    for (int64_t n = n0; n < n1; n += kPanel) {
+        const uint8_t* pa = base + l.gate(n / kPanel);
+        const uint8_t* pb = base + l.up(n / kPanel);
+        decode_panel(pa, H, wa);
+        decode_panel(pb, H, wb);
+        panel_pair<true>(session, s.planes.data(), s.planes.data() + rows * H, s.has_lo.data(), rows, H, pa, pb, wa, wb,
+                         out + n, ldo, int(std::min<int64_t>(kPanel, n1 - n)), 0);
+    }
+    return KT_OK;
+}
+
+template <int kSlot>
+kt_status down(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+               float* out, int64_t ldo) {
+    const AmxMethod& method = g_methods[kSlot];
+    const int64_t I = c->intermediate;
+    if (!amx_takes(method, rows, I)) return method.avx.down_tile(c, packed, act, rows, n0, n1, out, ldo);
+    if (const kt_status st = check_tile(method.avx.method, "down", n0, n1, c->hidden)) return st;
+    const ExpertPanels l{c->hidden, I, panel_bytes(c->hidden), panel_bytes(I)};
+    const auto* base = static_cast<const uint8_t*>(packed);
+    thread_local Scratch s;
+    s.planes.resize(size_t(2 * rows * I));
+    s.has_lo.resize(size_t(rows));
+    s.weights.resize(size_t(I) * kPanel);
+    split_rows(static_cast<const uint8_t*>(act), rows, I, s.planes.data(), s.planes.data() + rows * I, s.has_lo.data());
+    uint32_t* wa = s.weights.data();
+    uint32_t* wb = wa + I / 2 * kPanel;
+    tiles::Session session;
+    for (int64_t n = n0; n < n1; n += 2 * kPanel) {
+        const int cols_a = int(std::min<int64_t>(kPanel, n1 - n));
+        const int cols_b = int(std::clamp<int64_t>(n1 - n - kPanel, 0, kPanel));
+        const uint8_t* pa = base + l.down(n / kPanel);
+        const uint8_t* pb = cols_b ? base + l.down(n / kPanel + 1) : nullptr;
+        decode_panel(pa, I, wa);
+        if (pb) decode_panel(pb, I, wb);
+        panel_pair<false>(session, s.planes.data(), s.planes.data() + rows * I, s.has_lo.data(), rows, I, pa, pb, wa,
+                          pb ? wb : nullptr, out + n, ldo, cols_a, cols_b);
+    }
+    return KT_OK;
+}
+
+template <int kSlot>
+int declines(const kt_moe_config* c, int64_t tokens) { return amx_declines(g_methods[kSlot], c, tokens); }
+
+template <int kSlot>
+kt_method_kernels wrap(const kt_method_kernels& avx, const char* kernel_id) {
+    g_methods[kSlot] = {avx, 32};
+    kt_method_kernels m = avx;
+    m.kernel_id = kernel_id;
+    m.declines = declines<kSlot>;
+    m.gate_up_tile = gate_up<kSlot>;
+    m.down_tile = down<kSlot>;
+    m.down_block = 2 * kPanel;
+    return m;
+}
+
+}  // namespace
+
+kt_method_kernels amx_fp8_kernels(const kt_method_kernels& avx, const char* kernel_id) { return wrap<0>(avx, kernel_id); }
+kt_method_kernels amx_fp8_perchannel_kernels(const kt_method_kernels& avx, const char* kernel_id) {
+    return wrap<1>(avx, kernel_id);
+}
+
+}  // namespace KT_TARGET_NAMESPACE
