@@ -87,13 +87,7 @@ int declines(const kt_moe_config* c, int64_t tokens) { return amx_declines(g_bf1
 
 kt_method_kernels amx_bf16_kernels(const kt_method_kernels& avx, const char* kernel_id) {
     g_bf16 = {avx, 32};
-    kt_method_kernels m = avx;
-    m.kernel_id = kernel_id;
-    m.declines = declines;
-    m.gate_up_tile = gate_up;
-    m.down_tile = down;
-    m.down_block = 2 * kPanel;
-    return m;
+    return amx_table(avx, kernel_id, declines, gate_up, down);
 }
 
 }  // namespace KT_TARGET_NAMESPACE

@@ -62,6 +62,21 @@ inline void write_pair_row(float* out, VF a, VF b, int cols_a, int cols_b) {
     }
 }
 
+using DeclinesFn = int (*)(const kt_moe_config*, int64_t);
+
+// `avx`'s table with its tile kernels replaced: packer, quantizer and layout stay. Down tiles
+// take panel pairs, so the core hands them 32 columns at a time.
+inline kt_method_kernels amx_table(const kt_method_kernels& avx, const char* kernel_id, DeclinesFn declines,
+                                   TileFn gate_up, TileFn down) {
+    kt_method_kernels m = avx;
+    m.kernel_id = kernel_id;
+    m.declines = declines;
+    m.gate_up_tile = gate_up;
+    m.down_tile = down;
+    m.down_block = 2 * kPanel;
+    return m;
+}
+
 kt_method_kernels amx_int8_kernels(const kt_method_kernels& avx, const char* kernel_id);
 kt_method_kernels amx_int4_kernels(const kt_method_kernels& avx, const char* kernel_id);
 kt_method_kernels amx_rawint4_kernels(const kt_method_kernels& avx, const char* kernel_id);

@@ -174,13 +174,7 @@ int declines(const kt_moe_config* c, int64_t tokens) { return amx_declines(g_met
 template <int kSlot>
 kt_method_kernels wrap(const kt_method_kernels& avx, const char* kernel_id) {
     g_methods[kSlot] = {avx, 32};
-    kt_method_kernels m = avx;
-    m.kernel_id = kernel_id;
-    m.declines = declines<kSlot>;
-    m.gate_up_tile = gate_up<kSlot>;
-    m.down_tile = down<kSlot>;
-    m.down_block = 2 * kPanel;
-    return m;
+    return amx_table(avx, kernel_id, declines<kSlot>, gate_up<kSlot>, down<kSlot>);
 }
 
 }  // namespace

@@ -115,13 +115,7 @@ int declines(const kt_moe_config* c, int64_t tokens) { return amx_declines(g_int
 
 kt_method_kernels amx_int8_kernels(const kt_method_kernels& avx, const char* kernel_id) {
     g_int8 = {avx, 64};
-    kt_method_kernels m = avx;
-    m.kernel_id = kernel_id;
-    m.declines = declines;
-    m.gate_up_tile = gate_up;
-    m.down_tile = down;
-    m.down_block = 2 * kPanel;   // down tiles take panel pairs
-    return m;
+    return amx_table(avx, kernel_id, declines, gate_up, down);
 }
 
 }  // namespace KT_TARGET_NAMESPACE
