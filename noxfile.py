@@ -10,6 +10,8 @@ every workspace package installed), so the C++ is built once per change, not onc
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -155,3 +157,74 @@ def bench(session):
     session.run("python", "benchmarks/load_weights.py", "--layers", "4", "--experts", "128", "--json",
                 str(results / "load_weights.json"))
     session.run("python", "benchmarks/update_docs.py", "--results", str(results))
+
+
+# --- sanitizers (docs/reliability.md, "Sanitizers") -----------------------------------------
+# Instrumented builds go to .sanitize/ (gitignored), never over the environment's own install:
+# `pip install --target` puts them first on PYTHONPATH, and importlib.metadata then finds their
+# entry points before the installed ones.
+SANITIZE = ROOT / ".sanitize"
+ASAN_FLAGS = "-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g"
+
+
+def _gcc_runtime(name: str) -> str:
+    """Absolute path of a gcc sanitizer runtime (libasan.so, libtsan.so)."""
+    path = subprocess.run(["g++", f"-print-file-name={name}"], capture_output=True, text=True, check=True).stdout.strip()
+    if not os.path.isabs(path):
+        raise RuntimeError(f"g++ has no {name}; install gcc's sanitizer runtimes (Debian: libasan8, libubsan1, libtsan2)")
+    return os.path.realpath(path)
+
+
+def _asan_env(site: Path) -> dict:
+    # CPython is not instrumented, so libasan must be preloaded. Leak checking is off: the
+    # interpreter's own allocations outlive exit by design. Every UBSan report aborts.
+    return {"PYTHONPATH": str(site), "LD_PRELOAD": _gcc_runtime("libasan.so"),
+            "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1:strict_init_order=1:detect_stack_use_after_return=1",
+            "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1", "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2)}
+
+
+@nox.session
+def asan(session):
+    """kt-core and kt-backend-avx built with ASan+UBSan into .sanitize/asan (the environment's
+    install is untouched), then the conformance suite (every backend, every variant this host
+    runs) and the concurrency tests under them. Any report fails the session.
+    `nox -s asan -- -k INT4` narrows the conformance run."""
+    site = SANITIZE / "asan" / "site"
+    env = _asan_env(site)
+    for package in ("kt-core", "kt-backend-avx"):
+        # kt-backend-avx's CMake imports kt_core (the instrumented one, hence LD_PRELOAD) for
+        # its CMake config.
+        session.run("python", "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps", "--upgrade",
+                    "--target", str(site), f"--config-settings=build-dir={SANITIZE / 'asan' / 'build' / package}",
+                    "--config-settings=cmake.build-type=RelWithDebInfo",
+                    f"--config-settings=cmake.define.CMAKE_CXX_FLAGS={ASAN_FLAGS}",
+                    f"--config-settings=cmake.define.CMAKE_MODULE_LINKER_FLAGS={ASAN_FLAGS}",
+                    str(ROOT / "packages" / package), env=env)
+    session.run("python", "-c", "import kt_core, kt_backend_avx; assert '.sanitize' in kt_core.__file__, kt_core.__file__; "
+                "assert '.sanitize' in kt_backend_avx.__file__", env=env)
+    session.run("python", "-m", "pytest", "-q", "-p", "kt_core.testing.plugin", "--pyargs", "kt_core.testing.conformance",
+                *session.posargs, env=env)
+    session.run("python", "-m", "pytest", "-q", "packages/kt-core/tests/test_concurrency.py", env=env)
+
+
+TSAN_SOURCES = ["pool/thread_pool.cpp", "host/topology.cpp", "host/cpu_features.cpp", "memory/numa_allocator.cpp",
+                "moe/moe_layer.cpp", "abi/host_api.cpp"]
+
+
+@nox.session
+def tsan(session):
+    """ThreadSanitizer on the thread pool, racing submit()/sync() and MoE forwards (different
+    layers, one layer from several threads, reloads during forwards): sanitize/tsan_stress.cpp
+    compiled with kt-core's native sources (CPython is not TSan-instrumented, so no Python).
+    `nox -s tsan -- 20` runs 20 rounds (the long run) instead of 1."""
+    native = ROOT / "packages" / "kt-core" / "native"
+    out = SANITIZE / "tsan"
+    out.mkdir(parents=True, exist_ok=True)
+    hwloc = subprocess.run(["pkg-config", "--cflags", "--libs", "hwloc"], capture_output=True, text=True,
+                           check=True).stdout.split()
+    session.run("g++", "-std=c++20", "-O1", "-g", "-fsanitize=thread", "-fno-omit-frame-pointer", "-Wall", "-Wextra",
+                "-Wno-unused-parameter", "-Wno-switch", f"-I{native}", f"-I{ROOT / 'packages' / 'kt-core' / 'include'}",
+                str(ROOT / "sanitize" / "tsan_stress.cpp"), *(str(native / s) for s in TSAN_SOURCES), *hwloc,
+                "-lpthread", "-o", str(out / "tsan_stress"), external=True)
+    session.run(str(out / "tsan_stress"), *(session.posargs or ["1"]),
+                env={"TSAN_OPTIONS": "halt_on_error=1:second_deadlock_stack=1"}, external=True)

@@ -168,6 +168,10 @@ Backend load_backend(nb::object capsule, const std::string& name, const std::str
 // Pins the Python objects a submitted forward reads and writes until sync().
 struct PendingForward {
     nb::object keep_alive;
+    ~PendingForward() {
+        // After the interpreter is gone a reference can only be dropped, not released.
+        if (!Py_IsInitialized()) keep_alive.release();
+    }
 };
 std::unique_ptr<PendingForward> g_pending;
 
@@ -318,6 +322,22 @@ void pool_sync() {
             nb::gil_scoped_acquire acquire;
             g_pending.reset();
             throw;
+        }
+    }
+    g_pending.reset();
+}
+
+// Registered with atexit, which runs before the interpreter is torn down. A process that
+// exits with a forward submitted and not synced used to abort ("Fatal Python error:
+// PyThreadState_Get") when g_pending's static destructor released its Python objects after
+// finalization; now the forward is waited for (nothing writes into arrays being torn down)
+// and the objects are released while Python still runs. Its error, if any, has no receiver.
+void at_exit() {
+    if (kt::global_pool_exists()) {
+        nb::gil_scoped_release release;
+        try {
+            kt::global_pool().sync();
+        } catch (...) {
         }
     }
     g_pending.reset();
@@ -538,6 +558,8 @@ NB_MODULE(_native, m) {
     m.def("pool_info", &pool_info);
     m.def("pool_sync", &pool_sync, "wait for the submitted forward; the caller joins its work");
     m.def("pool_job_pending", [] { return kt::global_pool().job_pending(); });
+    m.def("_at_exit", &at_exit);
+    nb::module_::import_("atexit").attr("register")(m.attr("_at_exit"));
     m.def("bench_fork_join", &bench_fork_join, "iterations"_a, "range"_a);
     m.def("bench_read_bandwidth", &bench_read_bandwidth, "bytes"_a, "repeats"_a);
     m.def("bench_read_bandwidth_per_group", &bench_read_bandwidth_per_group, "bytes_per_group"_a, "repeats"_a);

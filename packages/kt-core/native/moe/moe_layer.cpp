@@ -174,6 +174,10 @@ MoeLayer::MoeLayer(const kt_moe_config& shape, const kt_method_kernels* kernels,
     // Experts are sharded over NUMA groups in contiguous runs: each group streams only
     // its own node's memory, and a converted file never depends on the group count.
     const int groups = global_pool().num_groups();
+    // A forward holds the lock while it uses the pool: fork() takes it first, so a child
+    // never inherits it locked by a thread that does not exist there.
+    static const bool fork_safe = (register_fork_mutex(&g_forward_mutex), true);
+    (void)fork_safe;
     group_of_expert_.resize(size_t(shape_.num_experts));
     for (int64_t e = 0; e < shape_.num_experts; ++e)
         group_of_expert_[size_t(e)] = int(e * groups / shape_.num_experts);
@@ -284,7 +288,11 @@ NumaBuffer MoeLayer::pack(int64_t expert, const kt_expert_weights& weights) cons
 
 void MoeLayer::load_expert(int64_t expert, const kt_expert_weights& weights) {
     check_expert_index(expert);
-    packed_[size_t(expert)] = pack(expert, weights);
+    NumaBuffer packed = pack(expert, weights);
+    // Installed (and the replaced weights freed) under the forward lock: a forward of this
+    // layer on another thread reads packed_; unlocked, a reload freed weights it was reading.
+    std::lock_guard<std::mutex> lock(g_forward_mutex);
+    packed_[size_t(expert)] = std::move(packed);
 }
 
 void MoeLayer::load_experts(const int64_t* experts, const kt_expert_weights* weights, size_t count) {
@@ -329,6 +337,7 @@ void MoeLayer::load_experts(const int64_t* experts, const kt_expert_weights* wei
         &ctx);
     for (size_t i = 0; i < count; ++i)
         if (errors[i]) std::rethrow_exception(errors[i]);
+    std::lock_guard<std::mutex> lock(g_forward_mutex);   // as in load_expert
     for (size_t i = 0; i < count; ++i) packed_[size_t(experts[i])] = std::move(buffers[i]);
 }
 
@@ -346,6 +355,9 @@ void MoeLayer::forward(const void* hidden, kt_dtype hidden_dtype, int64_t tokens
             throw std::invalid_argument("topk_ids[" + std::to_string(i / K) + ", " + std::to_string(i % K) +
                                         "] = " + std::to_string(ids[i]) + " is outside [-1, " + std::to_string(E) +
                                         "); use -1 for 'no expert'");
+
+    // packed_ is read under the lock: load_expert(s) on another thread installs entries under it.
+    std::lock_guard<std::mutex> lock(g_forward_mutex);
     for (int64_t e = 0; e < E; ++e)
         if (on_cpu_[size_t(e)] && !packed_[size_t(e)])
             throw std::runtime_error("expert " + std::to_string(e) +

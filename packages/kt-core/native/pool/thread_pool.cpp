@@ -3,6 +3,7 @@
 #include "host/topology.h"
 
 #include <linux/futex.h>
+#include <pthread.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -68,7 +69,8 @@ size_t chunk_for(size_t range, size_t threads) {
     return std::max<size_t>(1, range / (threads * kChunksPerThread));
 }
 
-enum : uint32_t { kNoJob, kJobSubmitted, kJobRunning, kJobDone };
+// kJobClaimed: a submit() won the slot and is storing the job; workers wait for kJobSubmitted.
+enum : uint32_t { kNoJob, kJobClaimed, kJobSubmitted, kJobRunning, kJobDone };
 
 // loop_state: kOpen while newcomers may join the published loop; low bits count the
 // threads currently inside it. A worker only reads the descriptor after joining, and the
@@ -153,6 +155,9 @@ struct ThreadPool::Impl {
     alignas(64) std::atomic<uint32_t> job_state{kNoJob};
     std::function<void()> job;
     std::exception_ptr job_error;
+    // One sync() at a time takes the job's outcome and frees the slot (two racing syncs
+    // both consumed job_error and could free a slot a third thread had refilled).
+    std::mutex sync_mutex;
 
     explicit Impl(const PoolConfig& c) : config(c) {
         validate(c);
@@ -353,7 +358,10 @@ struct ThreadPool::Impl {
     }
 
     void submit(std::function<void()> fn) {
-        if (job_state.load(std::memory_order_acquire) != kNoJob)
+        // Claim the slot atomically: with a separate check and store, two threads submitting
+        // at once both passed the check and wrote `job` together (found by the TSan stress).
+        uint32_t expected = kNoJob;
+        if (!job_state.compare_exchange_strong(expected, kJobClaimed, std::memory_order_acq_rel))
             throw std::logic_error("kt thread pool: a job is already submitted; call sync() first");
         job = std::move(fn);
         job_state.store(kJobSubmitted, std::memory_order_release);
@@ -365,7 +373,12 @@ struct ThreadPool::Impl {
         if (tl_job == this || tl_in_body)
             throw std::logic_error("kt thread pool: sync() called from inside the job or a loop "
                                    "body would wait for itself; call it from the submitting thread");
+        std::lock_guard<std::mutex> lock(sync_mutex);
+        // Another sync() may have taken the outcome while this one waited for the lock.
+        if (job_state.load(std::memory_order_acquire) == kNoJob) return;
         if (n == 1) {
+            // A submit() still storing its job: wait until it is runnable.
+            while (job_state.load(std::memory_order_acquire) == kJobClaimed) std::this_thread::yield();
             run_job();
         } else {
             // Join the job's loops as the caller's slot until the leader reports done.
@@ -445,14 +458,55 @@ struct GlobalPool {
     std::mutex mutex;
     std::unique_ptr<ThreadPool> pool;
     PoolConfig config;
+    std::vector<std::mutex*> fork_mutexes;   // guarded by fork_registry_mutex
 };
+
+std::mutex fork_registry_mutex;
+GlobalPool& global();
+
+// pthread_atfork handlers (see register_fork_mutex). The registered mutexes and the pool's
+// are taken before fork() in a fixed order, so the child inherits them unlocked and the
+// pool's state consistent: fork() waits for forwards in flight.
+void before_fork() {
+    fork_registry_mutex.lock();
+    GlobalPool& g = global();
+    for (std::mutex* m : g.fork_mutexes) m->lock();
+    g.mutex.lock();
+}
+
+void after_fork_parent() {
+    GlobalPool& g = global();
+    g.mutex.unlock();
+    for (auto it = g.fork_mutexes.rbegin(); it != g.fork_mutexes.rend(); ++it) (*it)->unlock();
+    fork_registry_mutex.unlock();
+}
+
+void after_fork_child() {
+    GlobalPool& g = global();
+    if (g.pool) {
+        // The workers do not exist here: neither join them (pthread_join would wait forever
+        // on a thread of the parent) nor hand them work. Abandon the pool; a fresh one starts
+        // on next use. Before this, a child's submit()+sync() hung and its exit() hung.
+        (void)g.pool.release();
+    }
+    g.mutex.unlock();
+    for (auto it = g.fork_mutexes.rbegin(); it != g.fork_mutexes.rend(); ++it) (*it)->unlock();
+    fork_registry_mutex.unlock();
+}
 
 GlobalPool& global() {
     static GlobalPool g;
+    static const int registered = pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+    (void)registered;
     return g;
 }
 
 }  // namespace
+
+void register_fork_mutex(std::mutex* mutex) {
+    std::lock_guard<std::mutex> lock(fork_registry_mutex);
+    global().fork_mutexes.push_back(mutex);
+}
 
 ThreadPool& global_pool() {
     GlobalPool& g = global();

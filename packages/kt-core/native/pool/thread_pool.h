@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,9 @@ public:
     // the other workers). Returns at once. At most one job in flight: submitting while
     // one runs throws std::logic_error. sync() waits for it, the caller joining the job's
     // parallel loops meanwhile, and rethrows any exception the job threw.
+    // Both may be called from any non-worker thread at once: of racing submits exactly one
+    // wins, and of racing syncs one receives the job's outcome, the others return once it
+    // is done.
     void submit(std::function<void()> job);
     void sync();
     bool job_pending() const;
@@ -75,5 +79,13 @@ private:
 ThreadPool& global_pool();
 void configure_global_pool(const PoolConfig& config);
 bool global_pool_exists();
+
+// fork(): only the forking thread exists in the child, so the parent's workers are gone (a
+// job handed to one would never run, and joining them would hang). The child abandons the
+// parent's pool (its memory is leaked, once per fork) and the next global_pool() starts a
+// fresh one with the same configuration. Mutexes registered here are held across fork(),
+// locked in registration order before the pool's own, so the child never inherits one that
+// a thread which does not exist there held; register those whose holder calls global_pool().
+void register_fork_mutex(std::mutex* mutex);
 
 }  // namespace kt

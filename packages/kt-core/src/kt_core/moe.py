@@ -260,7 +260,8 @@ class MoE:
     def submit(self, hidden_states, topk_ids, topk_weights) -> None:
         """Start a forward on the pool and return at once (the GIL is released while it runs)."""
         h, ids, w, out = self._prepare(hidden_states, topk_ids, topk_weights)
-        self._layer.submit_forward(h, ids, w, out, (self, h, ids, w, out))
+        # The native layer (not self) is pinned until sync, so dropping self runs __del__.
+        self._layer.submit_forward(h, ids, w, out, (self._layer, h, ids, w, out))
         self._pending = (hidden_states, out, os.getpid())
 
     def sync(self):
@@ -276,6 +277,16 @@ class MoE:
                                "parent, this process has no result for it; submit it again here")
         _native.pool_sync()
         return self._finish(hidden, out)
+
+    def __del__(self):
+        # A layer dropped with a forward in flight waits for it: the pool holds one job, and
+        # nobody could sync this one any more, so every later submit() would be refused.
+        pending = getattr(self, "_pending", None)
+        if pending is not None and pending[2] == os.getpid():
+            try:
+                _native.pool_sync()
+            except Exception:  # the result has no receiver, nor has its error
+                pass
 
 
 def clear_buffer_cache() -> None:
