@@ -3,6 +3,7 @@
 #pragma once
 #include <kt/plugin.h>
 
+#include <new>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,18 @@ std::string take_plugin_error();
 // table missing mandatory kernels. Calls init() once it is safe to.
 void validate_and_init_backend(const kt_backend_api* api, const std::string& expected_name,
                                const std::string& expected_variant);
+
+// KT_ERROR_OUT_OF_MEMORY from a plugin: a std::bad_alloc (callers that catch allocation
+// failures still do) that keeps the plugin's message; the bindings raise it as a MemoryError
+// with that message (fuzzing: a bare bad_alloc reached Python as "std::bad_alloc").
+class PluginOutOfMemory : public std::bad_alloc {
+public:
+    explicit PluginOutOfMemory(std::string message) : message_(std::move(message)) {}
+    const char* what() const noexcept override { return message_.c_str(); }
+
+private:
+    std::string message_;
+};
 
 // Raise the plugin's recorded error (or a generic one) for a failed call.
 [[noreturn]] void throw_plugin_failure(kt_status status, const char* what);

@@ -539,6 +539,15 @@ void quantize_int4_codes(const Array& src, int64_t group, bool zero_point, nb::n
 
 NB_MODULE(_native, m) {
     m.doc() = "kt-core native module: host detection, thread pool, NUMA allocator, plugin ABI, MoE path";
+    // A plugin's KT_ERROR_OUT_OF_MEMORY: MemoryError with the plugin's message (nanobind's own
+    // bad_alloc translation drops it).
+    nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+        try {
+            std::rethrow_exception(p);
+        } catch (const kt::PluginOutOfMemory& e) {
+            PyErr_SetString(PyExc_MemoryError, e.what());
+        }
+    });
     m.attr("ABI_MAJOR") = KT_PLUGIN_ABI_MAJOR;
     m.attr("ABI_MINOR") = KT_PLUGIN_ABI_MINOR;
     m.attr("BACKEND_CAPSULE_NAME") = KT_BACKEND_CAPSULE_NAME;

@@ -41,6 +41,9 @@ def _load(ep) -> Discovered:
             return Discovered(where, None, f"calling the descriptor factory raised {type(exc).__name__}: {exc}")
     if not isinstance(obj, BackendDescriptor):
         return Discovered(where, None, f"expected a kt_core.backends.BackendDescriptor, found {type(obj).__name__}")
+    problem = obj.problems()
+    if problem:
+        return Discovered(where, None, f"invalid descriptor: {problem}")
     if obj.name != ep.name:
         return Discovered(where, None, f"entry point is named {ep.name!r} but the descriptor says {obj.name!r}")
     return Discovered(where, obj, None)

@@ -57,8 +57,15 @@ class Checkpoint:
         if index.is_file():
             try:
                 weight_map = json.loads(index.read_text())["weight_map"]
-            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, IndexError) as exc:
                 raise KTError(f"{index} is not a safetensors index (no weight_map): {exc}") from None
+            # Fuzzing: a weight_map of another shape raised AttributeError/TypeError below, and a
+            # shard named "../x" or "/x" read outside the model folder.
+            if not isinstance(weight_map, dict) or not all(
+                    isinstance(s, str) and s and Path(s).name == s and s not in (".", "..")
+                    for s in weight_map.values()):
+                raise KTError(f"{index}: weight_map should map tensor names to shard file names in {self.path}; "
+                              f"found {str(weight_map)[:200]}")
             missing = sorted({s for s in weight_map.values() if not (self.path / s).is_file()})
             if missing:
                 raise KTError(f"{self.path} is missing shard(s) {', '.join(missing)} listed in {INDEX}")

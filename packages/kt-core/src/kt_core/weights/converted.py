@@ -18,8 +18,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from ..errors import KTError, WeightsError
 from .checkpoint import _torch
+from .codes import INT4_GROUPS, layout
 
 MANIFEST = "kt-manifest.json"
 FORMAT = "kt-converted"
@@ -56,16 +59,64 @@ def read_manifest(folder: Path) -> dict:
         raise KTError(f"{folder} is not a kt converted folder: no {MANIFEST}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise KTError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(manifest, dict):
+        raise KTError(f"{path} should hold a JSON object; found a {type(manifest).__name__}")
     if manifest.get("format") != FORMAT:
         raise KTError(f"{path} is not a kt converted folder manifest (format {manifest.get('format')!r})")
     if manifest.get("format_version") != FORMAT_VERSION:
         raise KTError(f"{folder} was converted with format version {manifest.get('format_version')}; this kt reads "
                       f"version {FORMAT_VERSION}: convert the model again with this kt")
     method = manifest.get("method")
-    if CODES_LAYOUT.get(method) != manifest.get("codes_layout"):
+    if not isinstance(method, str) or CODES_LAYOUT.get(method) != manifest.get("codes_layout"):
         raise KTError(f"{path}: codes layout {manifest.get('codes_layout')!r} for {method} is not one this kt reads "
                       f"({CODES_LAYOUT})")
+    _check_manifest(path, manifest)
     return manifest
+
+
+def _is_int(x, low: int = 0) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= low
+
+
+def _check_manifest(path: Path, m: dict) -> None:
+    """Every field the loader reads, with the type it needs: a damaged or hand-edited manifest
+    is a KTError naming the field, never a KeyError/TypeError deep in the loader (fuzzing)."""
+    def bad(field: str, want: str, found) -> KTError:
+        return KTError(f"{path}: {field} should be {want}, found {str(found)[:200]!r}; the converted folder is damaged")
+
+    group = m.get("group_size", 0)
+    if m["method"] == "INT4" and group not in INT4_GROUPS or m["method"] == "INT8" and group not in (0, None):
+        raise bad("group_size", f"one of {INT4_GROUPS}" if m["method"] == "INT4" else "0", group)
+    if not isinstance(m.get("zero_point", False), bool):
+        raise bad("zero_point", "true or false", m.get("zero_point"))
+    g = m.get("geometry")
+    if not isinstance(g, dict):
+        raise bad("geometry", "an object", g)
+    for key in ("hidden", "intermediate", "num_experts"):
+        if not _is_int(g.get(key), 1):
+            raise bad(f"geometry.{key}", "a positive integer", g.get(key))
+    if not isinstance(g.get("moe_layers"), list) or not all(_is_int(x) for x in g["moe_layers"]):
+        raise bad("geometry.moe_layers", "a list of layer numbers", g.get("moe_layers"))
+    layers = m.get("layers")
+    if not isinstance(layers, dict):
+        raise bad("layers", "an object", layers)
+    for key, entry in layers.items():
+        if not isinstance(entry, dict) or not isinstance(entry.get("file"), str) or not _is_int(entry.get("bytes")):
+            raise bad(f"layers[{key!r}]", '{"file": name, "bytes": size}', entry)
+        name = entry["file"]
+        if not name or Path(name).name != name or name in (".", ".."):   # never a path out of the folder
+            raise bad(f"layers[{key!r}].file", "a file name in the folder", name)
+    src = m.get("source")
+    if not isinstance(src, dict) or not isinstance(src.get("path"), str) or not isinstance(src.get("hash"), str):
+        raise bad("source", '{"path": ..., "hash": ...}', src)
+
+
+def expected_layer_arrays(method: str, geometry: dict, group_size: int, zero_point: bool) -> dict[str, tuple]:
+    """{"gate.codes": (shape, numpy dtype), ...}: the arrays one converted layer file holds."""
+    E, H, I = geometry["num_experts"], geometry["hidden"], geometry["intermediate"]
+    return {f"{proj}.{part}": ((E, *shape), np.dtype(dtype))
+            for proj, (n, k) in (("gate", (I, H)), ("up", (I, H)), ("down", (H, I)))
+            for part, (shape, dtype) in layout(method, n, k, group_size, zero_point).items()}
 
 
 @dataclass
@@ -127,9 +178,23 @@ class ConvertedFolder:
 
         try:
             with safe_open(str(path), framework="pt") as f:
-                return {name: f.get_tensor(name) for name in f.keys()}
+                tensors = {name: f.get_tensor(name) for name in f.keys()}
         except Exception as exc:
             raise KTError(f"{path} is not a readable safetensors file: {exc}") from None
+        # The arrays must be the ones the manifest's method, geometry and group describe
+        # (fuzzing: a missing array was a KeyError, a short one an IndexError at load).
+        want = expected_layer_arrays(self.method, self.geometry, self.group_size, self.zero_point)
+        if set(tensors) != set(want):
+            raise KTError(f"{path} holds arrays {sorted(tensors)}; a {self.method} layer holds {sorted(want)}: the "
+                          "converted folder is damaged")
+        for name, (shape, dtype) in want.items():
+            t = tensors[name]
+            found = (tuple(t.shape), str(t.dtype).replace("torch.", ""))
+            if found != (shape, dtype.name):
+                raise KTError(f"{path}: {name} is {found[1]} {list(found[0])}, expected {dtype.name} {list(shape)} "
+                              f"({self.method}, geometry {self.geometry['num_experts']} experts x hidden "
+                              f"{self.geometry['hidden']} x intermediate {self.geometry['intermediate']})")
+        return tensors
 
     def expert(self, tensors: dict, expert: int) -> tuple:
         """(gate, up, down, scales, zeros) codes of one logical expert, as MoE.load_experts takes."""

@@ -1,0 +1,219 @@
+/*
+ * kt plugin C ABI — the only thing kt-core and a backend share.
+ *
+ * A backend is a Python extension module that hands kt-core a `kt_backend_api` table in a
+ * PyCapsule named KT_BACKEND_CAPSULE_NAME; kt-core answers with a `kt_host_api` table (thread
+ * pool, allocator, CPU features, logging). Only C types cross: no C++ exception, no nanobind
+ * class, no pointer into Python objects that outlives the call that passed it.
+ *
+ * Versioning: every table starts with `struct_size` and the ABI version it was built with.
+ *  - A different MAJOR is refused, with both versions in the message.
+ *  - A newer core serves an older plugin of the same major: the core never reads a field
+ *    past the plugin's `struct_size` (use KT_HAS_FIELD) and treats missing ones as absent.
+ *  - New fields are only ever appended, and bump MINOR.
+ *
+ * Threading: kernels are called concurrently from the core's pool threads on disjoint
+ * outputs; they must be reentrant and must not create threads. A whole-op entry
+ * (`moe_forward`) may use the host's parallel loops.
+ *
+ * docs/plugin-abi.md explains the contract for third-party authors with a worked example.
+ */
+#ifndef KT_PLUGIN_H
+#define KT_PLUGIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KT_PLUGIN_ABI_MAJOR 1
+#define KT_PLUGIN_ABI_MINOR 0
+#define KT_BACKEND_CAPSULE_NAME "kt.backend_api"
+
+/* True when a table of size `struct_size` contains `field` (for reading older plugins). */
+#define KT_HAS_FIELD(table_ptr, type, field) \
+    ((table_ptr)->struct_size >= offsetof(type, field) + sizeof(((type*)0)->field))
+
+/* Return codes of every fallible ABI function. On failure the callee reports a message
+ * through kt_host_api.set_error first; the core turns it into a Python exception. */
+typedef enum kt_status {
+    KT_OK = 0,
+    KT_ERROR_INVALID_ARGUMENT = 1,
+    KT_ERROR_UNSUPPORTED = 2,
+    KT_ERROR_OUT_OF_MEMORY = 3,
+    KT_ERROR_INTERNAL = 4
+} kt_status;
+
+/* Element types of tensors handed to packers and quantizers. Integer types carry
+ * pre-quantized checkpoint data (RAWINT4 int32 words, FP8 E4M3 bytes as U8, zero points). */
+typedef enum kt_dtype {
+    KT_DTYPE_F32 = 0,
+    KT_DTYPE_BF16 = 1,
+    KT_DTYPE_F16 = 2,
+    KT_DTYPE_F64 = 3,
+    KT_DTYPE_I8 = 4,
+    KT_DTYPE_U8 = 5,
+    KT_DTYPE_I32 = 6
+} kt_dtype;
+
+/* kt_moe_config.quant_flags */
+#define KT_QUANT_ZERO_POINT 1u   /* asymmetric: per-group zero points (AWQ/GPTQ style) */
+#define KT_QUANT_FAST_ACTIVATIONS 2u  /* integer kernels may quantize activations more coarsely
+                                       * (one int8 pass instead of two): faster compute-bound
+                                       * prefill, larger error; kernels without a faster mode
+                                       * ignore it */
+
+typedef enum kt_log_level { KT_LOG_DEBUG = 0, KT_LOG_INFO = 1, KT_LOG_WARNING = 2, KT_LOG_ERROR = 3 } kt_log_level;
+
+/* ------------------------------------------------------------------------------------ */
+/* Host table: what kt-core gives a plugin.                                              */
+/* ------------------------------------------------------------------------------------ */
+
+typedef void (*kt_task_1d)(void* ctx, size_t i);
+typedef void (*kt_task_2d_tile)(void* ctx, size_t i, size_t j, size_t tile_i, size_t tile_j);
+typedef void (*kt_task_group)(void* ctx, int group, size_t i);
+
+typedef struct kt_host_api {
+    uint32_t struct_size;
+    uint16_t abi_major, abi_minor;
+
+    /* Thread pool (pthreadpool-shaped). The caller takes part; a loop inside a loop body
+     * runs inline. Groups are NUMA nodes (or virtual ones). */
+    int (*num_threads)(void);
+    int (*num_groups)(void);
+    int (*group_numa_node)(int group);
+    void (*parallel_for)(size_t range, kt_task_1d fn, void* ctx);
+    void (*parallel_for_2d)(size_t range_i, size_t range_j, size_t tile_i, size_t tile_j,
+                            kt_task_2d_tile fn, void* ctx);
+    /* ranges has num_groups() entries; group g's threads run ranges[g] first. */
+    void (*parallel_for_groups)(const size_t* ranges, kt_task_group fn, void* ctx);
+
+    /* Allocator: zero-filled, `align` a power of two >= 64; node >= 0 binds to that OS
+     * NUMA node, -1 = first touch, -2 = interleave. NULL on failure. Counted per node. */
+    void* (*alloc)(size_t bytes, size_t align, int node, int huge_pages);
+    void (*free)(void* ptr);
+
+    /* CPU features usable by this process (CPU and OS), after KT_MAX_ISA capping. */
+    int (*has_feature)(const char* name);
+
+    void (*log)(kt_log_level level, const char* message);
+    /* Record the message of the error about to be returned (thread-local, copied). */
+    void (*set_error)(const char* message);
+} kt_host_api;
+
+/* ------------------------------------------------------------------------------------ */
+/* Backend table: what a plugin gives kt-core.                                           */
+/* ------------------------------------------------------------------------------------ */
+
+/* One MoE layer's geometry and the quantization settings of its method.
+ * Matrices: gate, up [intermediate, hidden]; down [hidden, intermediate]. */
+typedef struct kt_moe_config {
+    uint32_t struct_size;
+    int64_t hidden;
+    int64_t intermediate;
+    int64_t num_experts;
+    int64_t top_k;
+    int64_t group_size;      /* group-wise formats (INT4): elements per group along K; 0 = method default */
+    uint32_t quant_flags;    /* KT_QUANT_* */
+} kt_moe_config;
+
+/* A 2-D row-major source matrix for the packer; `row_stride` in elements. */
+typedef struct kt_matrix {
+    const void* data;
+    kt_dtype dtype;
+    int64_t rows, cols, row_stride;
+} kt_matrix;
+
+/* One weight matrix as the user has it: plain floating values (the packer quantizes them
+ * itself), or a checkpoint's pre-quantized codes with their scales and zero points
+ * (RAWINT4: I32 words + BF16 scales; FP8: U8 E4M3 bytes + F32 scale_inv). Absent parts
+ * have data == NULL. The core has already rejected NaN/Inf in floating values. */
+typedef struct kt_weight {
+    kt_matrix values;
+    kt_matrix scales;
+    kt_matrix zeros;
+} kt_weight;
+
+/* One expert's weights. */
+typedef struct kt_expert_weights {
+    uint32_t struct_size;
+    kt_weight gate, up, down;
+} kt_expert_weights;
+
+/* The kernels of one method (weight format) in one backend variant. Activations flow:
+ *   hidden rows --quantize_activations(K=hidden)--> act
+ *   act --gate_up_tile--> f32 SiLU(gate)*up [rows, intermediate]
+ *   that --quantize_activations(K=intermediate)--> act2
+ *   act2 --down_tile--> f32 [rows, hidden] --(core: weighted sum over top-k)--> out
+ * Tiles cover output columns [n0, n1) and write only those columns, so the core can run
+ * (expert x output block) tasks in parallel. */
+typedef struct kt_method_kernels {
+    uint32_t struct_size;
+    const char* method;        /* "BF16", "FP32", "INT8", ... */
+    const char* layout_id;     /* packed weight layout, versioned: "kt-bf16-rowmajor-v1" */
+    const char* kernel_id;     /* "moe.bf16.f32.reference" — says dtype, tile, ISA */
+
+    /* Output columns per tile; the core splits [0, N) into multiples of these. */
+    int64_t gate_up_block;     /* over intermediate */
+    int64_t down_block;        /* over hidden */
+
+    /* Optional: nonzero when this kernel declines the shape/token count (the core then
+     * uses the next candidate sharing layout_id, else the next backend). NULL = accepts. */
+    int (*declines)(const kt_moe_config* shape, int64_t tokens);
+
+    /* Packed size of one expert (gate, up and down together) and the packer. dst has
+     * packed_expert_bytes() bytes, 64-byte aligned, zero-filled. */
+    size_t (*packed_expert_bytes)(const kt_moe_config* shape);
+    kt_status (*pack_expert)(const kt_moe_config* shape, const kt_expert_weights* src, void* dst);
+
+    /* Bytes one activation row of length k takes after quantization (rows are
+     * independent: `rows` rows take rows * this). */
+    size_t (*activation_row_bytes)(int64_t k);
+    /* in: `rows` rows of `k` elements (`in_dtype`, row stride `in_row_stride` elements). */
+    kt_status (*quantize_activations)(const void* in, kt_dtype in_dtype, int64_t rows, int64_t k,
+                                      int64_t in_row_stride, void* out);
+
+    /* act: `rows` quantized rows of the hidden size. out: f32 [rows, intermediate] with
+     * row stride `out_stride`; writes columns [n0, n1) = SiLU(x·gateᵀ) * (x·upᵀ). */
+    kt_status (*gate_up_tile)(const kt_moe_config* shape, const void* packed_expert, const void* act,
+                              int64_t rows, int64_t n0, int64_t n1, float* out, int64_t out_stride);
+    /* act: `rows` quantized rows of the intermediate size. out: f32 [rows, hidden] with row
+     * stride `out_stride`; writes columns [n0, n1) = act·downᵀ. */
+    kt_status (*down_tile)(const kt_moe_config* shape, const void* packed_expert, const void* act,
+                           int64_t rows, int64_t n0, int64_t n1, float* out, int64_t out_stride);
+
+    /* Optional whole-op entry for backends whose orchestration differs (a GEMM library, a
+     * GPU). When set, the core calls it instead of running the tile path. packed_experts
+     * has shape->num_experts entries, NULL for experts not on this device (GPU-resident);
+     * ids < 0 and ids of NULL experts are skipped. hidden: [tokens, hidden] of
+     * hidden_dtype, out: f32 [tokens, hidden], overwritten with the weighted sum. May use
+     * the host's parallel loops. */
+    kt_status (*moe_forward)(const kt_moe_config* shape, const void* const* packed_experts,
+                             const void* hidden, kt_dtype hidden_dtype, int64_t tokens,
+                             const int64_t* topk_ids, const float* topk_weights, float* out);
+} kt_method_kernels;
+
+typedef struct kt_backend_api {
+    uint32_t struct_size;
+    uint16_t abi_major, abi_minor;
+    const char* name;          /* matches the descriptor's name */
+    const char* variant;       /* matches the descriptor variant that loaded this table */
+    /* Features this variant's code executes, comma-separated ("avx2,fma,f16c"); the core
+     * checks them against the host before calling anything else, so a descriptor that
+     * under-states its needs cannot crash the process. */
+    const char* required_features;
+
+    /* Called once before any kernel; the host table outlives the backend. */
+    kt_status (*init)(const kt_host_api* host);
+
+    size_t num_methods;
+    const kt_method_kernels* methods;
+} kt_backend_api;
+
+#ifdef __cplusplus
+}  /* extern "C" */
+#endif
+
+#endif /* KT_PLUGIN_H */
