@@ -24,6 +24,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -31,6 +32,30 @@ using namespace nb::literals;
 namespace {
 
 using Array = nb::ndarray<nb::ro>;
+
+// Set by at_exit() (interpreter exit has begun), with the thread that runs the exit.
+std::atomic<bool> g_exiting{false};
+std::thread::id g_exit_thread;
+
+// nb::gil_scoped_release, except that a thread other than the exiting one that comes back
+// from kt work after exit began parks for good instead of taking the GIL again. Such a thread
+// is a daemon thread (the others were joined before atexit), and CPython < 3.14 ends it with
+// pthread_exit() inside PyEval_RestoreThread: that forced unwind through a noexcept
+// destructor called std::terminate, so exiting with a daemon thread mid-forward aborted.
+class ReleaseGil {
+public:
+    ReleaseGil() : state_(PyEval_SaveThread()) {}
+    ~ReleaseGil() {
+        if (g_exiting.load(std::memory_order_acquire) && std::this_thread::get_id() != g_exit_thread)
+            for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+        PyEval_RestoreThread(state_);
+    }
+    ReleaseGil(const ReleaseGil&) = delete;
+    ReleaseGil& operator=(const ReleaseGil&) = delete;
+
+private:
+    PyThreadState* state_;
+};
 
 // nb::dict has no keyword constructor: kv("key", value, "key2", value2, ...).
 inline void fill(nb::dict&) {}
@@ -218,7 +243,7 @@ struct Layer {
                              optional_matrix(up_zero, "up_zero")},
                             {matrix_of(down, "down", s.hidden, s.intermediate), optional_matrix(down_scale, "down_scale"),
                              optional_matrix(down_zero, "down_zero")}};
-        nb::gil_scoped_release release;
+        ReleaseGil release;
         layer->load_expert(e, w);
     }
 
@@ -252,7 +277,7 @@ struct Layer {
             weights.push_back(kt_expert_weights{sizeof(kt_expert_weights), {m[0], m[3], m[6]}, {m[1], m[4], m[7]},
                                                 {m[2], m[5], m[8]}});
         }
-        nb::gil_scoped_release release;
+        ReleaseGil release;
         layer->load_experts(experts.data(), weights.data(), weights.size());
     }
 
@@ -294,7 +319,7 @@ struct Layer {
 
     void forward(const Array& hidden, const Array& ids, const Array& weights, nb::ndarray<> out) {
         const Call c = prepare(hidden, ids, weights, out);
-        nb::gil_scoped_release release;
+        ReleaseGil release;
         layer->forward(c.hidden, c.hidden_dtype, c.tokens, c.ids, c.weights, c.out, c.out_dtype);
     }
 
@@ -306,7 +331,7 @@ struct Layer {
         // Validate on this thread so bad input raises here, not at sync().
         kt::MoeLayer* l = layer.get();
         {
-            nb::gil_scoped_release release;
+            ReleaseGil release;
             kt::global_pool().submit([l, c] { l->forward(c.hidden, c.hidden_dtype, c.tokens, c.ids, c.weights, c.out, c.out_dtype); });
         }
         g_pending = std::make_unique<PendingForward>(PendingForward{std::move(keep_alive)});
@@ -315,7 +340,7 @@ struct Layer {
 
 void pool_sync() {
     {
-        nb::gil_scoped_release release;
+        ReleaseGil release;
         try {
             kt::global_pool().sync();
         } catch (...) {
@@ -333,8 +358,13 @@ void pool_sync() {
 // finalization; now the forward is waited for (nothing writes into arrays being torn down)
 // and the objects are released while Python still runs. Its error, if any, has no receiver.
 void at_exit() {
+    g_exit_thread = std::this_thread::get_id();
+    g_exiting.store(true, std::memory_order_release);
+    // Daemon threads still alive keep their frames' objects (kt layers among them) forever:
+    // CPython never frees them, so nanobind's leak report would only be noise then.
+    if (nb::len(nb::module_::import_("threading").attr("enumerate")()) > 1) nb::set_leak_warnings(false);
     if (kt::global_pool_exists()) {
-        nb::gil_scoped_release release;
+        ReleaseGil release;
         try {
             kt::global_pool().sync();
         } catch (...) {
@@ -388,7 +418,7 @@ nb::list numa_usage() {
 
 // Fork-join cost of the pool: `iterations` loops of `range` empty tasks, µs per loop.
 double bench_fork_join(int64_t iterations, int64_t range) {
-    nb::gil_scoped_release release;
+    ReleaseGil release;
     auto& pool = kt::global_pool();
     auto noop = [](void*, size_t) {};
     for (int i = 0; i < 100; ++i) pool.parallel_for(size_t(range), noop, nullptr);
@@ -414,7 +444,7 @@ uint64_t sum_words(const uint64_t* data, size_t begin, size_t end) {
 }
 
 std::vector<double> bench_read_bandwidth(size_t bytes, int repeats) {
-    nb::gil_scoped_release release;
+    ReleaseGil release;
     auto& pool = kt::global_pool();
     const size_t words = bytes / sizeof(uint64_t);
     kt::NumaBuffer buffer = kt::make_numa_buffer(words * sizeof(uint64_t), 64, kt::kNodeInterleave, true);
@@ -445,7 +475,7 @@ std::vector<double> bench_read_bandwidth(size_t bytes, int repeats) {
 // work may help another group (the pool steals), which then reads remote memory: with equal
 // slices per thread that only happens at the very end, and it is what the MoE path does too.
 std::vector<std::vector<double>> bench_read_bandwidth_per_group(size_t bytes_per_group, int repeats) {
-    nb::gil_scoped_release release;
+    ReleaseGil release;
     auto& pool = kt::global_pool();
     const int groups = pool.num_groups();
     const size_t words = bytes_per_group / sizeof(uint64_t);
@@ -517,7 +547,7 @@ void quantize_int8_codes(const Array& src, nb::ndarray<> codes, nb::ndarray<> sc
     const kt_matrix m = float_source(src);
     auto* c = output<int8_t>(codes, "codes", nb::dlpack::dtype_code::Int, 8, {m.rows, m.cols});
     auto* s = output<float>(scales, "scales", nb::dlpack::dtype_code::Float, 32, {m.rows, 1});
-    nb::gil_scoped_release release;
+    ReleaseGil release;
     kt::quantize_int8_codes(m, c, s);
 }
 
@@ -533,7 +563,7 @@ void quantize_int4_codes(const Array& src, int64_t group, bool zero_point, nb::n
         if (!zeros) throw nb::value_error("zero_point=True needs a zeros output");
         z = output<uint8_t>(*zeros, "zeros", nb::dlpack::dtype_code::UInt, 8, {m.rows, m.cols / group});
     }
-    nb::gil_scoped_release release;
+    ReleaseGil release;
     kt::quantize_int4_codes(m, group, zero_point, p, s, z);
 }
 
@@ -559,7 +589,7 @@ NB_MODULE(_native, m) {
     m.def(
         "configure_pool",
         [](int num_threads, int virtual_numa, bool pin, int spin_us) {
-            nb::gil_scoped_release release;
+            ReleaseGil release;
             kt::configure_global_pool(kt::PoolConfig{num_threads, virtual_numa, pin, spin_us});
         },
         "num_threads"_a = 0, "virtual_numa"_a = 0, "pin"_a = true, "spin_us"_a = 100);
