@@ -185,25 +185,28 @@ def _asan_env(site: Path) -> dict:
 
 @nox.session
 def asan(session):
-    """kt-core and kt-backend-avx built with ASan+UBSan into .sanitize/asan (the environment's
-    install is untouched), then the conformance suite (every backend, every variant this host
-    runs) and the concurrency tests under them. Any report fails the session.
-    `nox -s asan -- -k INT4` narrows the conformance run."""
+    """kt-core and every backend package built with ASan+UBSan into .sanitize/asan (the
+    environment's install is untouched; kt-backend-amx as its emulation build, as in CI), then
+    the conformance suite (every backend, every variant this host runs) and the concurrency
+    tests under them. Any report fails the session. `nox -s asan -- -k INT4` narrows the
+    conformance run."""
     site = SANITIZE / "asan" / "site"
     env = _asan_env(site)
-    for package in ("kt-core", "kt-backend-avx"):
-        # kt-backend-avx's CMake imports kt_core (the instrumented one, hence LD_PRELOAD) for
-        # its CMake config.
+    # kt-core first: the backends' CMake imports kt_core (the instrumented one, hence
+    # LD_PRELOAD) for its CMake config.
+    for package in sorted(PACKAGES, key=lambda p: p != "kt-core"):
         session.run("python", "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps", "--upgrade",
                     "--target", str(site), f"--config-settings=build-dir={SANITIZE / 'asan' / 'build' / package}",
                     "--config-settings=cmake.build-type=RelWithDebInfo",
                     f"--config-settings=cmake.define.CMAKE_CXX_FLAGS={ASAN_FLAGS}",
                     f"--config-settings=cmake.define.CMAKE_MODULE_LINKER_FLAGS={ASAN_FLAGS}",
-                    str(ROOT / "packages" / package), env=env)
-    session.run("python", "-c", "import kt_core, kt_backend_avx; assert '.sanitize' in kt_core.__file__, kt_core.__file__; "
-                "assert '.sanitize' in kt_backend_avx.__file__", env=env)
+                    str(ROOT / "packages" / package), env={**env, **AMX_EMULATION})
+    session.run("python", "-c", "import importlib.metadata as m, kt_core; "
+                "eps = m.entry_points(group='kt.backends'); "
+                "assert all('.sanitize' in str(e.dist.locate_file('')) for e in eps), [e.dist._path for e in eps]; "
+                "print('instrumented:', sorted(e.name for e in eps))", env=env)
     session.run("python", "-m", "pytest", "-q", "-p", "kt_core.testing.plugin", "--pyargs", "kt_core.testing.conformance",
-                *session.posargs, env=env)
+                *session.posargs, env={**env, **AMX_EMULATION})
     session.run("python", "-m", "pytest", "-q", "packages/kt-core/tests/test_concurrency.py", env=env)
 
 
