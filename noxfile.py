@@ -231,3 +231,39 @@ def tsan(session):
                 "-lpthread", "-o", str(out / "tsan_stress"), external=True)
     session.run(str(out / "tsan_stress"), *(session.posargs or ["1"]),
                 env={"TSAN_OPTIONS": "halt_on_error=1:second_deadlock_stack=1"}, external=True)
+
+
+@nox.session
+def abi(session):
+    """kt/plugin.h against packages/kt-core/plugin-abi.lock: a header change without a version
+    bump fails (after a deliberate bump: python tools/abi_hash.py --record), then the ABI
+    matrix (plugins compiled against the 1.0 header and claiming newer versions)."""
+    session.run("python", "tools/abi_hash.py")
+    session.run("python", "-m", "pytest", "-q", "packages/kt-core/tests/test_abi_matrix.py", *session.posargs)
+
+
+FUZZ_TARGETS = ("gguf", "checkpoint", "converted", "plugin")
+
+
+@nox.session
+def fuzz(session):
+    """Each fuzz target (fuzz/fuzz_*.py, atheris) for a bounded time on its seed corpus
+    (rebuilt by fuzz/seeds.py into .fuzz/corpus, which keeps what earlier runs found).
+    A crash leaves its input in .fuzz/crashes/<target>/: fix the reader, then add the input to
+    fuzz/regressions/<target>/ (tests/test_fuzz_regressions.py replays them).
+    `nox -s fuzz -- 300 plugin` runs only the plugin target, for 300 s."""
+    seconds = session.posargs[0] if session.posargs else "40"
+    targets = session.posargs[1:] or FUZZ_TARGETS
+    corpus, crashes = ROOT / ".fuzz" / "corpus", ROOT / ".fuzz" / "crashes"
+    session.run("python", "fuzz/seeds.py", str(corpus), *targets)
+    failed = []
+    for target in targets:
+        (crashes / target).mkdir(parents=True, exist_ok=True)
+        try:
+            session.run("python", f"fuzz/fuzz_{target}.py", str(corpus / target), f"-max_total_time={seconds}",
+                        "-timeout=10", "-rss_limit_mb=4096", f"-artifact_prefix={crashes / target}/",
+                        "-print_final_stats=1")
+        except nox.command.CommandFailed:
+            failed.append(target)
+    if failed:
+        session.error(f"fuzz targets that crashed: {', '.join(failed)}; inputs in {crashes}")
