@@ -127,7 +127,8 @@ def _setup():
     _state.update(np=np, C=ctypes, fk=fk, moe=moe_module, BackendDescriptor=BackendDescriptor, Tier=Tier,
                   Variant=Variant, discovery=discovery, selection=selection, KTError=KTError, host=host,
                   module=module, weights=weights, x=x, ids=ids, wt=wt, reference=moe_reference,
-                  others=tuple(d for d in discovery.discover() if d.descriptor and d.descriptor.name == "reference"))
+                  others=tuple(d for d in discovery.discover() if d.descriptor and d.descriptor.name == "reference"),
+                  selector=moe_module.selector)
 
 
 def _descriptor(p: dict):
@@ -240,6 +241,7 @@ def check(data: bytes) -> None:
         _harness.verdict(lambda: _run(p, fake), (_state["KTError"],), "a plugin handshake and forward",
                          boundary=((RuntimeError, ValueError, MemoryError), ("kt_core/moe.py",)))
     finally:
+        _state["moe"].selector = _state["selector"]      # the process's own selection again
         _state["selection"].reset()
 
 

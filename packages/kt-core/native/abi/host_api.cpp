@@ -84,7 +84,7 @@ void throw_plugin_failure(kt_status status, const char* what) {
     if (message.empty()) message = "no message from the backend (status " + std::to_string(int(status)) + ")";
     message = std::string(what) + " failed: " + message;
     if (status == KT_ERROR_INVALID_ARGUMENT) throw std::invalid_argument(message);
-    if (status == KT_ERROR_OUT_OF_MEMORY) throw PluginOutOfMemory(message);
+    if (status == KT_ERROR_OUT_OF_MEMORY) throw OutOfMemory(message);
     throw std::runtime_error(message);
 }
 

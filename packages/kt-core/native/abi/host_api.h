@@ -3,7 +3,8 @@
 #pragma once
 #include <kt/plugin.h>
 
-#include <new>
+#include "memory/numa_allocator.h"
+
 #include <string>
 #include <vector>
 
@@ -24,18 +25,9 @@ std::string take_plugin_error();
 void validate_and_init_backend(const kt_backend_api* api, const std::string& expected_name,
                                const std::string& expected_variant);
 
-// KT_ERROR_OUT_OF_MEMORY from a plugin: a std::bad_alloc (callers that catch allocation
-// failures still do) that keeps the plugin's message; the bindings raise it as a MemoryError
-// with that message (fuzzing: a bare bad_alloc reached Python as "std::bad_alloc").
-class PluginOutOfMemory : public std::bad_alloc {
-public:
-    explicit PluginOutOfMemory(std::string message) : message_(std::move(message)) {}
-    const char* what() const noexcept override { return message_.c_str(); }
-
-private:
-    std::string message_;
-};
-
+// KT_ERROR_OUT_OF_MEMORY from a plugin raises OutOfMemory (memory/numa_allocator.h) with the
+// plugin's message: a MemoryError naming what failed (fuzzing: it reached Python as
+// "std::bad_alloc").
 // Raise the plugin's recorded error (or a generic one) for a failed call.
 [[noreturn]] void throw_plugin_failure(kt_status status, const char* what);
 inline void check_plugin(kt_status status, const char* what) {

@@ -569,12 +569,12 @@ void quantize_int4_codes(const Array& src, int64_t group, bool zero_point, nb::n
 
 NB_MODULE(_native, m) {
     m.doc() = "kt-core native module: host detection, thread pool, NUMA allocator, plugin ABI, MoE path";
-    // A plugin's KT_ERROR_OUT_OF_MEMORY: MemoryError with the plugin's message (nanobind's own
-    // bad_alloc translation drops it).
+    // A failed allocation or a plugin's KT_ERROR_OUT_OF_MEMORY: MemoryError with the message
+    // (nanobind's own bad_alloc translation drops it).
     nb::register_exception_translator([](const std::exception_ptr& p, void*) {
         try {
             std::rethrow_exception(p);
-        } catch (const kt::PluginOutOfMemory& e) {
+        } catch (const kt::OutOfMemory& e) {
             PyErr_SetString(PyExc_MemoryError, e.what());
         }
     });

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -145,12 +146,18 @@ void* numa_alloc(size_t bytes, size_t align, int node, bool huge_pages) {
     const Machine& m = machine();
     // THP can only back 2 MiB-aligned stretches, so align big huge-page buffers to that.
     const size_t want = huge_pages && bytes >= m.huge_page ? std::max(align, m.huge_page) : align;
-    if (bytes > SIZE_MAX / 2 || want > SIZE_MAX / 2) throw std::bad_alloc();
+    if (bytes > SIZE_MAX / 2 || want > SIZE_MAX / 2)
+        throw OutOfMemory("kt cannot allocate " + std::to_string(bytes) + " bytes: more than the address space");
     const size_t length = (bytes + m.page - 1) / m.page * m.page;
     const size_t slack = want > m.page ? want - m.page : 0;
     void* raw = mmap(nullptr, length + slack, PROT_READ | PROT_WRITE,
                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (raw == MAP_FAILED) throw std::bad_alloc();
+    if (raw == MAP_FAILED) {
+        const int err = errno;
+        throw OutOfMemory("kt could not allocate " + std::to_string(bytes) + " bytes (" +
+                          std::to_string(bytes >> 20) + " MiB) for NUMA node " + std::to_string(node) + ": " +
+                          std::strerror(err));
+    }
     const uintptr_t base = reinterpret_cast<uintptr_t>(raw);
     const uintptr_t aligned = (base + want - 1) & ~(uintptr_t(want) - 1);
     // Trimming the slack back keeps the registry to one exact mapping per allocation.

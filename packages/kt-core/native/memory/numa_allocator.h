@@ -5,9 +5,24 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <new>
+#include <string>
 #include <vector>
 
 namespace kt {
+
+// An allocation that failed, with what was asked for: still a std::bad_alloc (callers that
+// catch allocation failures still do), raised in Python as a MemoryError with the message
+// (a bare bad_alloc reached Python as "std::bad_alloc"). Plugins' KT_ERROR_OUT_OF_MEMORY
+// uses it too, carrying the plugin's message.
+class OutOfMemory : public std::bad_alloc {
+public:
+    explicit OutOfMemory(std::string message) : message_(std::move(message)) {}
+    const char* what() const noexcept override { return message_.c_str(); }
+
+private:
+    std::string message_;
+};
 
 constexpr int kNodeLocal = -1;       // no binding: first touch decides
 constexpr int kNodeInterleave = -2;  // interleave over all nodes

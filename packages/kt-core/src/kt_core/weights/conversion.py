@@ -60,6 +60,20 @@ def _save_layer(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, 
     save_file(tensors, str(path), metadata=metadata)
 
 
+def _output_error(exc: OSError, path: Path, done: int) -> KTError:
+    """The KTError for a failed write into the output folder, saying what to do about it.
+    Every write is covered (the layer files, the manifest, the folder and config.json): a
+    read-only or full output folder used to surface as a bare PermissionError/OSError."""
+    if exc.errno == errno.ENOSPC:
+        why, fix = "the disk is full", "make room"
+    elif exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        why, fix = f"the output folder is not writable ({exc.strerror})", "make it writable"
+    else:
+        why, fix = str(exc), "fix that"
+    return KTError(f"writing {path} failed: {why}. {done} layers are complete; {fix} and run the same kt convert "
+                   "with --resume")
+
+
 def _write_layer(path: Path, tensors: dict[str, np.ndarray], layer: int, method: str, done: int) -> None:
     # One metadata key: safetensors writes a map's keys in hash order, and converted files
     # should be byte-identical however often (or resumed) they are made.
@@ -67,9 +81,14 @@ def _write_layer(path: Path, tensors: dict[str, np.ndarray], layer: int, method:
     try:
         write_atomically(path, lambda tmp: _save_layer(tmp, tensors, meta))
     except OSError as exc:
-        why = "the disk is full" if exc.errno == errno.ENOSPC else str(exc)
-        raise KTError(f"writing {path} failed: {why}. {done} layers are complete; make room and run the same "
-                      "kt convert with --resume") from exc
+        raise _output_error(exc, path, done) from exc
+
+
+def _write_manifest(out: Path, manifest: dict) -> None:
+    try:
+        write_manifest(out, manifest)
+    except OSError as exc:
+        raise _output_error(exc, out / MANIFEST, len(manifest["layers"])) from exc
 
 
 def convert(model_dir: str | Path, out_dir: str | Path, *, method: str = "INT4", group_size: int = 128,
@@ -117,12 +136,17 @@ def convert(model_dir: str | Path, out_dir: str | Path, *, method: str = "INT4",
             raise KTError(f"cannot resume {out}: the source model changed since the conversion started")
         manifest["layers"] = {k: v for k, v in old.get("layers", {}).items()
                               if (out / v["file"]).is_file() and (out / v["file"]).stat().st_size == v["bytes"]}
+    elif out.exists() and not out.is_dir():
+        raise KTError(f"{out} is a file; kt convert writes into a folder")
     elif out.exists() and any(out.iterdir()):
         raise KTError(f"{out} is not empty and is not a kt converted folder; choose an empty or new folder")
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in out.glob(".*.partial"):
-        stale.unlink()
-    (out / "config.json").write_bytes((ckpt.path / "config.json").read_bytes())
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for stale in out.glob(".*.partial"):
+            stale.unlink()
+        (out / "config.json").write_bytes((ckpt.path / "config.json").read_bytes())
+    except OSError as exc:
+        raise _output_error(exc, out, len(manifest["layers"])) from exc
 
     per_layer = layer_bytes(method, spec, group_size, zero_point)
     todo = [L for L in spec.moe_layers if str(L) not in manifest["layers"]]
@@ -130,7 +154,7 @@ def convert(model_dir: str | Path, out_dir: str | Path, *, method: str = "INT4",
         + (f" g{group_size}{' asym' if zero_point else ''}" if method == "INT4" else "")
         + f"; {len(todo)} to convert; peak RAM about {per_layer / 2**30:.2f} GiB (one converted layer) plus one "
           "source layer in the page cache")
-    write_manifest(out, manifest)
+    _write_manifest(out, manifest)
     bar = _progress(len(spec.moe_layers), len(spec.moe_layers) - len(todo)) if progress else None
     try:
         for layer in todo:
@@ -138,7 +162,7 @@ def convert(model_dir: str | Path, out_dir: str | Path, *, method: str = "INT4",
             _write_layer(out / name, _quantize_layer(ckpt, layer, method, group_size, zero_point), layer, method,
                          len(manifest["layers"]))
             manifest["layers"][str(layer)] = {"file": name, "bytes": (out / name).stat().st_size}
-            write_manifest(out, manifest)
+            _write_manifest(out, manifest)
             if bar:
                 bar[0].advance(bar[1])
     finally:
@@ -146,7 +170,7 @@ def convert(model_dir: str | Path, out_dir: str | Path, *, method: str = "INT4",
             bar[0].stop()
     manifest["complete"] = True
     manifest["completed_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    write_manifest(out, manifest)
+    _write_manifest(out, manifest)
     return out
 
 
