@@ -11,19 +11,21 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import os
 import textwrap
 from pathlib import Path
 
+import abi_plugins
+import fake_kernels as fk
 import numpy as np
 import pytest
 
-import abi_plugins
-import fake_kernels as fk
 import kt_core
-from conftest import run_python
 from kt_core.backends import selection
 from kt_core.errors import KTError
 from kt_core.testing.reference import moe_reference, random_moe, random_routing, relative_error
+
+from conftest import run_python
 
 KT_ERROR_INVALID_ARGUMENT, KT_ERROR_OUT_OF_MEMORY, KT_ERROR_INTERNAL = 1, 3, 4
 # Large enough that the forward runs on the pool threads (above kt-core's serial threshold).
@@ -246,7 +248,7 @@ def test_unwritable_or_full_output_at_every_write(tmp_path, model, monkeypatch, 
     from kt_core.weights import conversion, convert
 
     def fail(*_):
-        raise OSError(err, errno.errorcode and __import__("os").strerror(err))
+        raise OSError(err, os.strerror(err))
 
     if failing == "config":
         real = Path.write_bytes
