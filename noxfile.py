@@ -176,9 +176,12 @@ def _gcc_runtime(name: str) -> str:
 
 
 def _asan_env(site: Path) -> dict:
-    # CPython is not instrumented, so libasan must be preloaded. Leak checking is off: the
-    # interpreter's own allocations outlive exit by design. Every UBSan report aborts.
-    return {"PYTHONPATH": str(site), "LD_PRELOAD": _gcc_runtime("libasan.so"),
+    # CPython is not instrumented, so libasan must be preloaded; libstdc++ with it, because
+    # python does not link it: ASan resolves the real __cxa_throw when it starts, and with
+    # libstdc++ loaded only later (by the first extension) the first C++ throw failed ASan's
+    # own CHECK. Leak checking is off: the interpreter's own allocations outlive exit by
+    # design. Every UBSan report aborts.
+    return {"PYTHONPATH": str(site), "LD_PRELOAD": f"{_gcc_runtime('libasan.so')} {_gcc_runtime('libstdc++.so')}",
             "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1:strict_init_order=1:detect_stack_use_after_return=1",
             "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1", "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2)}
 
