@@ -211,6 +211,37 @@ def test_dropping_a_layer_with_work_in_flight():
     other.check(0, other.layer.sync())
 
 
+def test_pool_reconfigured_while_another_thread_forwards():
+    """pool.configure() waits for forwards in flight instead of freeing the pool under them
+    (it did: the forward kept a reference to the replaced pool). In a subprocess, so a crash
+    fails this test only."""
+    r = run_python("""
+import threading, numpy as np, kt_core
+from kt_core.testing.reference import random_moe, random_routing
+rng = np.random.default_rng(0)
+m = kt_core.MoE(num_experts=8, top_k=2, hidden_size=256, intermediate_size=256, method="BF16")
+m.load(*random_moe(rng, 8, 256, 256))
+x = rng.standard_normal((64, 256)).astype(np.float32)
+ids, w = random_routing(rng, 64, 8, 2)
+want = m(x, ids, w)
+stop, bad, runs = threading.Event(), [], [0]
+def spin():
+    while not stop.is_set():
+        if not np.array_equal(m(x, ids, w), want):
+            bad.append(1)
+        runs[0] += 1
+t = threading.Thread(target=spin)
+t.start()
+for i in range(30):
+    kt_core.pool.configure(num_threads=1 + i % 4, virtual_numa=i % 3, pin=False, spin_us=i % 2 * 50)
+stop.set()
+t.join()
+print("forwards", runs[0], "bad", len(bad), flush=True)
+assert not bad and runs[0] > 0
+""")
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+
+
 EXIT_SCRIPT = """
 import sys, numpy as np, kt_core
 from kt_core.testing.reference import random_moe, random_routing

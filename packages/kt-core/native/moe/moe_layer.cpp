@@ -174,10 +174,11 @@ MoeLayer::MoeLayer(const kt_moe_config& shape, const kt_method_kernels* kernels,
     // Experts are sharded over NUMA groups in contiguous runs: each group streams only
     // its own node's memory, and a converted file never depends on the group count.
     const int groups = global_pool().num_groups();
-    // A forward holds the lock while it uses the pool: fork() takes it first, so a child
-    // never inherits it locked by a thread that does not exist there.
-    static const bool fork_safe = (register_fork_mutex(&g_forward_mutex), true);
-    (void)fork_safe;
+    // A forward holds the lock while it uses the pool: pool reconfiguration and fork() take
+    // it first (the pool is not replaced under a forward; a fork() child never inherits it
+    // locked by a thread that does not exist there).
+    static const bool registered = (register_pool_user_mutex(&g_forward_mutex), true);
+    (void)registered;
     group_of_expert_.resize(size_t(shape_.num_experts));
     for (int64_t e = 0; e < shape_.num_experts; ++e)
         group_of_expert_[size_t(e)] = int(e * groups / shape_.num_experts);

@@ -458,27 +458,27 @@ struct GlobalPool {
     std::mutex mutex;
     std::unique_ptr<ThreadPool> pool;
     PoolConfig config;
-    std::vector<std::mutex*> fork_mutexes;   // guarded by fork_registry_mutex
+    std::vector<std::mutex*> user_mutexes;   // guarded by user_registry_mutex
 };
 
-std::mutex fork_registry_mutex;
+std::mutex user_registry_mutex;
 GlobalPool& global();
 
-// pthread_atfork handlers (see register_fork_mutex). The registered mutexes and the pool's
+// pthread_atfork handlers (see register_pool_user_mutex). The registered mutexes and the pool's
 // are taken before fork() in a fixed order, so the child inherits them unlocked and the
 // pool's state consistent: fork() waits for forwards in flight.
 void before_fork() {
-    fork_registry_mutex.lock();
+    user_registry_mutex.lock();
     GlobalPool& g = global();
-    for (std::mutex* m : g.fork_mutexes) m->lock();
+    for (std::mutex* m : g.user_mutexes) m->lock();
     g.mutex.lock();
 }
 
 void after_fork_parent() {
     GlobalPool& g = global();
     g.mutex.unlock();
-    for (auto it = g.fork_mutexes.rbegin(); it != g.fork_mutexes.rend(); ++it) (*it)->unlock();
-    fork_registry_mutex.unlock();
+    for (auto it = g.user_mutexes.rbegin(); it != g.user_mutexes.rend(); ++it) (*it)->unlock();
+    user_registry_mutex.unlock();
 }
 
 void after_fork_child() {
@@ -490,8 +490,8 @@ void after_fork_child() {
         (void)g.pool.release();
     }
     g.mutex.unlock();
-    for (auto it = g.fork_mutexes.rbegin(); it != g.fork_mutexes.rend(); ++it) (*it)->unlock();
-    fork_registry_mutex.unlock();
+    for (auto it = g.user_mutexes.rbegin(); it != g.user_mutexes.rend(); ++it) (*it)->unlock();
+    user_registry_mutex.unlock();
 }
 
 GlobalPool& global() {
@@ -503,9 +503,9 @@ GlobalPool& global() {
 
 }  // namespace
 
-void register_fork_mutex(std::mutex* mutex) {
-    std::lock_guard<std::mutex> lock(fork_registry_mutex);
-    global().fork_mutexes.push_back(mutex);
+void register_pool_user_mutex(std::mutex* mutex) {
+    std::lock_guard<std::mutex> lock(user_registry_mutex);
+    global().user_mutexes.push_back(mutex);
 }
 
 ThreadPool& global_pool() {
@@ -518,6 +518,14 @@ ThreadPool& global_pool() {
 void configure_global_pool(const PoolConfig& config) {
     validate(config);
     GlobalPool& g = global();
+    // No forward runs while the pool is replaced: it holds a reference to the pool for its
+    // whole run, and replacing it from another thread freed the pool under it.
+    std::lock_guard<std::mutex> registry(user_registry_mutex);
+    struct Held {
+        std::vector<std::mutex*>& m;
+        explicit Held(std::vector<std::mutex*>& v) : m(v) { for (std::mutex* x : m) x->lock(); }
+        ~Held() { for (auto it = m.rbegin(); it != m.rend(); ++it) (*it)->unlock(); }
+    } users(g.user_mutexes);
     std::lock_guard<std::mutex> lock(g.mutex);
     if (g.pool && g.pool->job_pending())
         throw std::logic_error("kt thread pool: cannot reconfigure the global pool while a "

@@ -80,12 +80,14 @@ ThreadPool& global_pool();
 void configure_global_pool(const PoolConfig& config);
 bool global_pool_exists();
 
+// Mutexes held by code that uses the pool across calls to global_pool() (the MoE forward
+// lock): configure_global_pool() and fork() take them, in registration order, before the
+// pool's own, so the pool is never replaced under a forward (that freed the pool the forward
+// was running on) and a fork() child never inherits one locked by a thread it lacks.
 // fork(): only the forking thread exists in the child, so the parent's workers are gone (a
 // job handed to one would never run, and joining them would hang). The child abandons the
 // parent's pool (its memory is leaked, once per fork) and the next global_pool() starts a
-// fresh one with the same configuration. Mutexes registered here are held across fork(),
-// locked in registration order before the pool's own, so the child never inherits one that
-// a thread which does not exist there held; register those whose holder calls global_pool().
-void register_fork_mutex(std::mutex* mutex);
+// fresh one with the same configuration.
+void register_pool_user_mutex(std::mutex* mutex);
 
 }  // namespace kt
