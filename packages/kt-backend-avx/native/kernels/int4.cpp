@@ -321,10 +321,10 @@ void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, int64_t g, cons
             for (int m = 0; m < MR; ++m) {
                 const uint8_t* row = x + m * row_bytes;
                 const size_t at = size_t(grp * g + c * 8);
-                int32_t q[4];
-                std::memcpy(q, int8_hi(row) + at, 8);
-                std::memcpy(q + 2, int8_lo(row, k) + at, 8);
-                const VI ah0 = vset1i(q[0]), ah1 = vset1i(q[1]), al0 = vset1i(q[2]), al1 = vset1i(q[3]);
+                // Four 4-byte loads, each broadcast straight from memory (vpbroadcastd m32 runs on a
+                // load port; one 8-byte load split in a GPR took two ALU-pipe broadcasts per pair).
+                const VI ah0 = vset1i(load_i32(int8_hi(row) + at)), ah1 = vset1i(load_i32(int8_hi(row) + at + 4));
+                const VI al0 = vset1i(load_i32(int8_lo(row, k) + at)), al1 = vset1i(load_i32(int8_lo(row, k) + at + 4));
                 for (int f = 0; f < F; ++f)
                     for (int v = 0; v < kVecsPerPanel; ++v) {
                         hi[m][f][v] = dot_u8s8(dot_u8s8(hi[m][f][v], w0[f][v], ah0), w1[f][v], ah1);
