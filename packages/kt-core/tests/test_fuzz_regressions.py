@@ -236,3 +236,21 @@ def test_a_string_where_a_collection_belongs_is_refused():
 
     with pytest.raises(TypeError, match="requires must be a collection of names, not the string 'avx2'"):
         Variant("v1", module="m", requires="avx2")
+
+
+def test_gguf_counts_past_the_end_of_the_file_are_refused_at_once(tmp_path):
+    """gguf-py's reader trusts metadata counts: an array of 2**40 strings in a 60-byte file
+    made it loop (the fuzzer's hang); kt checks every count against the bytes left first."""
+    import struct
+
+    from kt_core.gguf.reader import GGUFModel
+
+    key = b"general.architecture"
+    path = tmp_path / "hang.gguf"
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key
+                     + struct.pack("<IIQ", 9, 8, 2**40))
+    start = time.perf_counter()
+    with pytest.raises(KTError, match=r"hang.gguf is not a readable GGUF file .*metadata #0's value at offset 68 "
+                                      r"claims 1099511627776 entries, more than the 0 bytes left can hold"):
+        GGUFModel(path)
+    assert time.perf_counter() - start < 5

@@ -63,8 +63,90 @@ def split_files(path: str | Path) -> list[Path]:
     return files
 
 
+# Bytes of each GGUF metadata value type (gguf's GGUFValueType numbering); 8 = string, 9 = array.
+_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_MAX_DIMS = 4   # GGML_MAX_DIMS
+
+
+def _unreadable(path: Path, detail: str) -> KTError:
+    return KTError(f"{path} is not a readable GGUF file (truncated or corrupted?): {detail}")
+
+
+def _check_layout(path: Path) -> None:
+    """Walk a GGUF file's header, metadata and tensor table with every count checked against
+    the bytes left, before the gguf package parses it: gguf-py's reader trusts the counts,
+    and an array count past the end of the file made it loop for hours (found by fuzzing)."""
+    import mmap
+    import struct
+
+    with open(path, "rb") as f:
+        size = f.seek(0, 2)
+        if size < 24:
+            raise _unreadable(path, f"{size} bytes, shorter than the 24-byte header")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            at = 0
+
+            def take(fmt: str, what: str):
+                nonlocal at
+                n = struct.calcsize(fmt)
+                if at + n > size:
+                    raise _unreadable(path, f"it ends at byte {size} inside {what} (offset {at})")
+                value = struct.unpack_from(fmt, data, at)
+                at += n
+                return value[0] if len(value) == 1 else value
+
+            def skip(n: int, what: str):
+                nonlocal at
+                if n > size - at:
+                    raise _unreadable(path, f"{what} at offset {at} needs {n} bytes, only {size - at} are left")
+                at += n
+
+            def count(n: int, least: int, what: str) -> int:
+                if n * least > size - at:
+                    raise _unreadable(path, f"{what} at offset {at} claims {n} entries, more than the {size - at} "
+                                            "bytes left can hold")
+                return n
+
+            def value(kind: int, what: str, depth: int = 0):
+                if kind in _SCALAR_BYTES:
+                    skip(_SCALAR_BYTES[kind], what)
+                elif kind == 8:
+                    skip(take("<Q", what), what)
+                elif kind == 9 and depth < 4:
+                    item = take("<I", what)
+                    n = take("<Q", what)
+                    if item in _SCALAR_BYTES:
+                        skip(count(n, _SCALAR_BYTES[item], what) * _SCALAR_BYTES[item], what)
+                    else:
+                        for _ in range(count(n, 8, what)):
+                            value(item, what, depth + 1)
+                else:
+                    raise _unreadable(path, f"{what} has value type {kind}, not a GGUF type")
+
+            magic = bytes(data[0:4])
+            if magic != b"GGUF":
+                raise _unreadable(path, f"it starts with {magic!r}, not b'GGUF'")
+            at = 4
+            version = take("<I", "the version")
+            if version not in (2, 3):
+                raise _unreadable(path, f"GGUF version {version}; kt reads versions 2 and 3")
+            tensors, keys = take("<Q", "the tensor count"), take("<Q", "the metadata count")
+            count(keys, 13, "the metadata")
+            for i in range(keys):
+                skip(take("<Q", f"metadata key #{i}"), f"metadata key #{i}")
+                value(take("<I", f"metadata #{i}'s type"), f"metadata #{i}'s value")
+            count(tensors, 24, "the tensor table")
+            for i in range(tensors):
+                skip(take("<Q", f"tensor #{i}'s name"), f"tensor #{i}'s name")
+                dims = take("<I", f"tensor #{i}'s dimension count")
+                if not 1 <= dims <= _MAX_DIMS:
+                    raise _unreadable(path, f"tensor #{i} has {dims} dimensions; GGUF tensors have 1 to {_MAX_DIMS}")
+                skip(8 * dims + 4 + 8, f"tensor #{i}'s shape, type and offset")
+
+
 def _read(path: Path):
     gguf = _gguf()
+    _check_layout(path)
     try:
         return gguf.GGUFReader(str(path), "r")
     except Exception as exc:   # the parser raises ValueError, KeyError, IndexError... on bad bytes
