@@ -36,6 +36,8 @@ using Array = nb::ndarray<nb::ro>;
 // Set by at_exit() (interpreter exit has begun), with the thread that runs the exit.
 std::atomic<bool> g_exiting{false};
 std::thread::id g_exit_thread;
+// Threads between ReleaseGil's exit check and holding the GIL again.
+std::atomic<int> g_regaining{0};
 
 // nb::gil_scoped_release, except that a thread other than the exiting one that comes back
 // from kt work after exit began parks for good instead of taking the GIL again. Such a thread
@@ -46,9 +48,16 @@ class ReleaseGil {
 public:
     ReleaseGil() : state_(PyEval_SaveThread()) {}
     ~ReleaseGil() {
-        if (g_exiting.load(std::memory_order_acquire) && std::this_thread::get_id() != g_exit_thread)
+        // seq_cst, paired with at_exit(): either this thread sees the exit and parks, or
+        // at_exit() sees it regaining and lets it take the GIL before finalization starts
+        // (a thread that passed the check could otherwise wait in take_gil until then).
+        g_regaining.fetch_add(1);
+        if (g_exiting.load() && std::this_thread::get_id() != g_exit_thread) {
+            g_regaining.fetch_sub(1);
             for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+        }
         PyEval_RestoreThread(state_);
+        g_regaining.fetch_sub(1);
     }
     ReleaseGil(const ReleaseGil&) = delete;
     ReleaseGil& operator=(const ReleaseGil&) = delete;
@@ -359,16 +368,19 @@ void pool_sync() {
 // and the objects are released while Python still runs. Its error, if any, has no receiver.
 void at_exit() {
     g_exit_thread = std::this_thread::get_id();
-    g_exiting.store(true, std::memory_order_release);
+    g_exiting.store(true);
     // Daemon threads still alive keep their frames' objects (kt layers among them) forever:
     // CPython never frees them, so nanobind's leak report would only be noise then.
     if (nb::len(nb::module_::import_("threading").attr("enumerate")()) > 1) nb::set_leak_warnings(false);
-    if (kt::global_pool_exists()) {
-        ReleaseGil release;
-        try {
-            kt::global_pool().sync();
-        } catch (...) {
+    {
+        ReleaseGil release;   // the GIL is free for threads already on their way back (above)
+        if (kt::global_pool_exists()) {
+            try {
+                kt::global_pool().sync();
+            } catch (...) {
+            }
         }
+        while (g_regaining.load() > 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
     g_pending.reset();
 }
