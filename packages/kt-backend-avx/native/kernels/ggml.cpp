@@ -1,8 +1,11 @@
 // LLAMAFILE experts: GGUF's ggml blocks, run as the file stores them (docs/formats.md).
 //
-// Packed layout "kt-ggml-rows-v1": gate rows [I][row bytes], up rows, down rows [H][row bytes],
-// each matrix on 64 bytes; a row is the file's blocks, byte for byte (no dequantization at
-// load, so an expert takes exactly its GGUF size and decode streams each block once).
+// Packed layout "kt-ggml-v2": gate, up and down one after another, each on 64 bytes, each in
+// one of two forms chosen by its ggml type:
+//  - rows [N][row bytes]: the file's blocks, byte for byte (no dequantization at load, so the
+//    matrix takes exactly its GGUF size and decode streams each block once);
+//  - Q4_K panels (q4k_panels below): the same codes and scales, no dequantization either,
+//    regrouped per 16 output channels so prefill runs INT4's outer-product kernel on them.
 //
 // Every supported type is decoded, one block at a time into L1, to the same form:
 //   w[k] = d * sc[k/16] * u[k] - dmin * mn[k/16]
@@ -21,7 +24,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
+#include "int_dot.h"
 #include "methods.h"
 
 namespace KT_TARGET_NAMESPACE {
@@ -522,6 +527,152 @@ void row_dots(const uint8_t* w, int64_t k, const uint8_t* act, size_t act_bytes,
 
 using RowDotsFn = void (*)(const uint8_t*, int64_t, const uint8_t*, size_t, int64_t, float*);
 
+// ---- Q4_K as panels of 16 channels ------------------------------------------------------------
+//
+// Row dots (above) decode each block once per weight row and then stream every activation row
+// past it: two activation loads per integer dot, which left Q4_K prefill at half of INT4's
+// speed. Q4_K is INT4 with per-32 groups in disguise (w = d*sc_j * u - dmin*m_j, u in 0..15),
+// so its blocks are regrouped at load into INT4's panel form — 16 channels side by side, the
+// codes exactly as kt-int4-p16-v1 lays them (chunk c: low nibbles k = 8c..8c+3, high nibbles
+// 8c+4..8c+7, lane-major) — and run by the same kind of kernel: per 32-k sub-block, exact
+// integer dots of the codes with both activation planes (vpdpbusd), then
+//   acc += s_a * (d*sc_j * dot - dmin*m_j * sum(activations of the sub-block)).
+// Per panel and 256-k block: f32 d[16], f32 dmin[16], u8 sc[8][16], u8 m[8][16], 32 chunks of
+// 64 bytes: 2432 bytes for 4096 weights (4.75 bits each; the file's 4.5, plus d/dmin in f32).
+namespace q4k_panels {
+
+constexpr size_t kD = 0, kDmin = 64, kSc = 128, kM = 256, kCodes = 384, kChunkBytes = 64;
+constexpr size_t kBlockBytes = kCodes + 32 * kChunkBytes;
+
+size_t matrix_bytes(int64_t rows, int64_t k) { return size_t(panels(rows)) * size_t(k / 256) * kBlockBytes; }
+
+// ggml's get_scale_min_k4: the j-th 6-bit scale and min of a Q4_K block's 12 scale bytes.
+void scale_min(const uint8_t* q, int j, uint8_t* sc, uint8_t* m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = uint8_t((q[j + 4] & 15) | ((q[j - 4] >> 6) << 4));
+        *m = uint8_t((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+// Rows [n0, n0 + 16) of a Q4_K matrix (row stride `stride` bytes) into one panel, block by block.
+void pack_panel(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t n0, int64_t k, uint8_t* dst) {
+    for (int64_t b = 0; b < k / 256; ++b) {
+        uint8_t* out = dst + size_t(b) * kBlockBytes;
+        auto* d = reinterpret_cast<float*>(out + kD);
+        auto* dmin = reinterpret_cast<float*>(out + kDmin);
+        for (int lane = 0; lane < kPanel && n0 + lane < n_rows; ++lane) {
+            const uint8_t* blk = rows + size_t(n0 + lane) * stride + size_t(b) * 144;
+            d[lane] = f16(blk);
+            dmin[lane] = f16(blk + 2);
+            for (int j = 0; j < 8; ++j) scale_min(blk + 4, j, out + kSc + 16 * j + lane, out + kM + 16 * j + lane);
+            uint8_t u[256];
+            for (int e = 0; e < 256; ++e) {   // element e: 64-group e / 64, low nibbles first
+                const uint8_t q = blk[16 + 32 * (e / 64) + e % 32];
+                u[e] = (e % 64) < 32 ? q & 15 : q >> 4;
+            }
+            for (int c = 0; c < 32; ++c)
+                for (int bb = 0; bb < 4; ++bb)
+                    out[kCodes + size_t(c) * kChunkBytes + size_t(lane) * 4 + size_t(bb)] =
+                        uint8_t(u[8 * c + bb] | (u[8 * c + 4 + bb] << 4));
+        }
+    }
+}
+
+// kLanes u8 -> f32.
+inline VF widen_u8(const uint8_t* p) {
+#if defined(__AVX512F__)
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#else
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+#endif
+}
+
+#if defined(__AVX512F__)
+constexpr int kMr = 6;
+#else
+constexpr int kMr = 1;
+#endif
+
+// MR activation rows x one panel over all of K; writes `cols` columns of each out row.
+template <int MR, bool kTwoPass>
+void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* panel, float* out, int64_t ldo, int cols) {
+    VF acc[MR][kVecsPerPanel];
+    for (int m = 0; m < MR; ++m)
+        for (int v = 0; v < kVecsPerPanel; ++v) acc[m][v] = vzero();
+    ActRow a[MR];
+    for (int m = 0; m < MR; ++m) a[m] = act_row(x + size_t(m) * row_bytes, k);
+    const VI low4 = vset1i(0x0f0f0f0f);
+    for (int64_t b = 0; b < k / 256; ++b) {
+        const uint8_t* blk = panel + size_t(b) * kBlockBytes;
+        const int64_t k0 = b * 256;
+        for (int j = 0; j < 8; ++j) {
+            VI hi[MR][kVecsPerPanel], lo[MR][kVecsPerPanel];
+            for (int m = 0; m < MR; ++m)
+                for (int v = 0; v < kVecsPerPanel; ++v) hi[m][v] = lo[m][v] = vzeroi();
+            for (int c = 4 * j; c < 4 * j + 4; ++c) {
+                VI w0[kVecsPerPanel], w1[kVecsPerPanel];
+                for (int v = 0; v < kVecsPerPanel; ++v) {
+                    const VI w = vloadi(blk + kCodes + size_t(c) * kChunkBytes + size_t(v) * kLanes * 4);
+                    w0[v] = vand(w, low4);
+                    w1[v] = vand(vsrl16(w, 4), low4);
+                }
+                for (int m = 0; m < MR; ++m) {
+                    const auto* h = reinterpret_cast<const uint8_t*>(a[m].hi + k0 + 8 * c);
+                    const VI ah0 = vset1i(load_i32(h)), ah1 = vset1i(load_i32(h + 4));
+                    for (int v = 0; v < kVecsPerPanel; ++v) hi[m][v] = dot_u8s8(dot_u8s8(hi[m][v], w0[v], ah0), w1[v], ah1);
+                    if constexpr (kTwoPass) {
+                        const auto* l = reinterpret_cast<const uint8_t*>(a[m].lo + k0 + 8 * c);
+                        const VI al0 = vset1i(load_i32(l)), al1 = vset1i(load_i32(l + 4));
+                        for (int v = 0; v < kVecsPerPanel; ++v) lo[m][v] = dot_u8s8(dot_u8s8(lo[m][v], w0[v], al0), w1[v], al1);
+                    }
+                }
+            }
+            VF s[kVecsPerPanel], sz[kVecsPerPanel];
+            for (int v = 0; v < kVecsPerPanel; ++v) {
+                s[v] = vmul(vload(reinterpret_cast<const float*>(blk + kD) + v * kLanes), widen_u8(blk + kSc + 16 * j + v * kLanes));
+                sz[v] = vmul(vload(reinterpret_cast<const float*>(blk + kDmin) + v * kLanes),
+                             widen_u8(blk + kM + 16 * j + v * kLanes));
+            }
+            const int64_t g16 = (k0 + 32 * j) / 16;
+            for (int m = 0; m < MR; ++m) {
+                const float sa = a[m].scale[b];
+                float sum = float(a[m].sums_hi[g16] + a[m].sums_hi[g16 + 1]);
+                if constexpr (kTwoPass) sum += float(a[m].sums_lo[g16] + a[m].sums_lo[g16 + 1]) * (1.0f / 128.0f);
+                const VF asum = vset1(sa * sum);
+                for (int v = 0; v < kVecsPerPanel; ++v) {
+                    const VF dot = vmul(vset1(sa), kTwoPass ? vfma(vcvt(lo[m][v]), vset1(1.0f / 128.0f), vcvt(hi[m][v]))
+                                                            : vcvt(hi[m][v]));
+                    acc[m][v] = vfma(s[v], dot, vsub(acc[m][v], vmul(sz[v], asum)));
+                }
+            }
+        }
+    }
+    for (int m = 0; m < MR; ++m)
+        for (int v = 0; v < kVecsPerPanel; ++v) {
+            const int n = std::min(kLanes, cols - v * kLanes);
+            if (n > 0) vstore_partial(out + m * ldo + v * kLanes, acc[m][v], n);
+        }
+}
+
+// Every row of one panel: out[r][0, cols) for r < rows.
+void panel(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, const uint8_t* p, bool two_pass, float* out,
+           int64_t ldo, int cols) {
+    if (two_pass) {
+        for_row_blocks<kMr>(rows, [=]<int M>(int64_t r) {
+            panel_rows<M, true>(x + size_t(r) * row_bytes, row_bytes, k, p, out + r * ldo, ldo, cols);
+        });
+    } else {
+        for_row_blocks<kMr>(rows, [=]<int M>(int64_t r) {
+            panel_rows<M, false>(x + size_t(r) * row_bytes, row_bytes, k, p, out + r * ldo, ldo, cols);
+        });
+    }
+}
+
+}  // namespace q4k_panels
+
 // ---- types, layout, packer -------------------------------------------------------------------
 
 struct TypeEntry {
@@ -553,7 +704,8 @@ const char* const kMatrix[3] = {"gate", "up", "down"};
 
 struct Matrix {
     const TypeEntry* type;
-    int64_t rows, cols, row_bytes;
+    int64_t rows, cols, row_bytes;   // row_bytes: of the file's rows (what the packer takes)
+    bool panels;                     // Q4_K, stored as q4k_panels; else rows as in the file
     size_t offset;
 };
 struct Layout {
@@ -574,8 +726,9 @@ Layout layout(const kt_moe_config* c) {
         m.rows = rows[p];
         m.cols = cols[p];
         m.row_bytes = m.type ? m.cols / m.type->block_elems * m.type->block_bytes : 0;
+        m.panels = m.type && m.type->dtype == KT_DTYPE_GGML_Q4_K && m.cols % 256 == 0;
         m.offset = at;
-        at += size_t(round_up(m.rows * m.row_bytes, 64));
+        at += size_t(round_up(m.panels ? int64_t(q4k_panels::matrix_bytes(m.rows, m.cols)) : m.rows * m.row_bytes, 64));
     }
     l.bytes = at;
     return l;
@@ -626,8 +779,14 @@ kt_status pack(const kt_moe_config* c, const kt_expert_weights* src, void* dst) 
             if (bad)
                 return fail(KT_ERROR_INVALID_ARGUMENT, "LLAMAFILE: %s (%s) row %lld has a NaN or Inf block scale; kt refuses "
                             "non-finite weights at load", kMatrix[p], m.type->name, (long long)r);
-            std::memcpy(static_cast<uint8_t*>(dst) + m.offset + size_t(r * m.row_bytes), row, size_t(m.row_bytes));
+            if (!m.panels)
+                std::memcpy(static_cast<uint8_t*>(dst) + m.offset + size_t(r * m.row_bytes), row, size_t(m.row_bytes));
         }
+        if (m.panels)
+            for (int64_t q = 0; q < panels(m.rows); ++q)
+                q4k_panels::pack_panel(bytes, size_t(v.row_stride), m.rows, q * kPanel, m.cols,
+                                       static_cast<uint8_t*>(dst) + m.offset + size_t(q) * size_t(m.cols / 256) *
+                                                                             q4k_panels::kBlockBytes);
     }
     return KT_OK;
 }
@@ -640,6 +799,27 @@ kt_status check_tile_range(const char* which, int64_t n0, int64_t n1, int64_t n)
                 (long long)n1, (long long)n);
 }
 
+// Columns [n0, n1) of one matrix for every activation row: out[r * ldo + n - n0].
+void matrix_tile(const Matrix& m, const uint8_t* base, const uint8_t* x, size_t ab, int64_t rows, int64_t n0, int64_t n1,
+                 int pass, float* out, int64_t ldo) {
+    const uint8_t* data = base + m.offset;
+    if (m.panels) {
+        const size_t panel_bytes = size_t(m.cols / 256) * q4k_panels::kBlockBytes;
+        for (int64_t n = n0; n < n1; n += kPanel)
+            q4k_panels::panel(x, ab, rows, m.cols, data + size_t(n / kPanel) * panel_bytes, pass == 1, out + (n - n0), ldo,
+                              int(std::min<int64_t>(kPanel, n1 - n)));
+        return;
+    }
+    float d[kRowBlock];
+    for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
+        const int64_t nr = std::min(kRowBlock, rows - r0);
+        for (int64_t n = n0; n < n1; ++n) {
+            m.type->dots[pass](data + size_t(n * m.row_bytes), m.cols, x + r0 * ab, ab, nr, d);
+            for (int64_t r = 0; r < nr; ++r) out[(r0 + r) * ldo + n - n0] = d[r];
+        }
+    }
+}
+
 kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                        float* out, int64_t ldo) {
     const Layout l = layout(c);
@@ -649,14 +829,20 @@ kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* a
     const auto* base = static_cast<const uint8_t*>(packed);
     const auto* x = static_cast<const uint8_t*>(act);
     const size_t ab = act_row_bytes(c->hidden);
-    float g[kRowBlock], u[kRowBlock];
-    for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
-        const int64_t nr = std::min(kRowBlock, rows - r0);
-        for (int64_t n = n0; n < n1; ++n) {
-            l.m[0].type->dots[pass](base + l.m[0].offset + size_t(n * l.m[0].row_bytes), c->hidden, x + r0 * ab, ab, nr, g);
-            l.m[1].type->dots[pass](base + l.m[1].offset + size_t(n * l.m[1].row_bytes), c->hidden, x + r0 * ab, ab, nr, u);
-            for (int64_t r = 0; r < nr; ++r) out[(r0 + r) * ldo + n] = g[r] / (1.0f + std::exp(-g[r])) * u[r];
-        }
+    // One panel's width at a time: gate and up into L1-sized scratch, then SiLU(gate) * up.
+    thread_local std::vector<float> scratch;
+    scratch.resize(size_t(2 * rows * kPanel));
+    float* g = scratch.data();
+    float* u = g + rows * kPanel;
+    for (int64_t n = n0; n < n1; n += kPanel) {
+        const int64_t e = std::min(n1, n + kPanel);
+        matrix_tile(l.m[0], base, x, ab, rows, n, e, pass, g, kPanel);
+        matrix_tile(l.m[1], base, x, ab, rows, n, e, pass, u, kPanel);
+        for (int64_t r = 0; r < rows; ++r)
+            for (int64_t i = 0; i < e - n; ++i) {
+                const float gv = g[r * kPanel + i];
+                out[r * ldo + n + i] = gv / (1.0f + std::exp(-gv)) * u[r * kPanel + i];
+            }
     }
     return KT_OK;
 }
@@ -667,25 +853,15 @@ kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act,
     if (!l.ok) return check_config(c);
     if (const kt_status st = check_tile_range("down", n0, n1, c->hidden)) return st;
     const int pass = (c->quant_flags & KT_QUANT_FAST_ACTIVATIONS) ? 0 : 1;
-    const auto* base = static_cast<const uint8_t*>(packed);
-    const auto* x = static_cast<const uint8_t*>(act);
-    const size_t ab = act_row_bytes(c->intermediate);
-    float d[kRowBlock];
-    for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
-        const int64_t nr = std::min(kRowBlock, rows - r0);
-        for (int64_t n = n0; n < n1; ++n) {
-            l.m[2].type->dots[pass](base + l.m[2].offset + size_t(n * l.m[2].row_bytes), c->intermediate, x + r0 * ab, ab,
-                                    nr, d);
-            for (int64_t r = 0; r < nr; ++r) out[(r0 + r) * ldo + n] = d[r];
-        }
-    }
+    matrix_tile(l.m[2], static_cast<const uint8_t*>(packed), static_cast<const uint8_t*>(act), act_row_bytes(c->intermediate),
+                rows, n0, n1, pass, out + n0, ldo);
     return KT_OK;
 }
 
 }  // namespace
 
 kt_method_kernels llamafile_kernels(const char* kernel_id) {
-    return method_table("LLAMAFILE", "kt-ggml-rows-v1", kernel_id, packed_bytes, pack, act_row_bytes, quantize, gate_up_tile,
+    return method_table("LLAMAFILE", "kt-ggml-v2", kernel_id, packed_bytes, pack, act_row_bytes, quantize, gate_up_tile,
                         down_tile);
 }
 
