@@ -118,3 +118,23 @@ def test_unsupported_type_is_named_with_the_supported_ones(variant, monkeypatch)
                                            r"\(backend='reference' can run it\)"):
         kt_core.MoE(num_experts=2, top_k=1, hidden_size=256, intermediate_size=256, method="LLAMAFILE",
                     weight_types=("Q4_K", "Q4_K", "Q6_K"))
+
+
+def test_q8_0_full_code_range(variant):
+    """Q8_0 codes span -128..127 in a file (gguf-py's quantizer never writes -128): the panel
+    kernels' unsigned (VNNI) and sign-moving (AVX2, AVX-512BW) products stay exact on all of it."""
+    hidden, inter, experts, top_k, tokens = 256, 64, 4, 2, 40
+    rng = np.random.default_rng(8)
+    types = ("Q8_0",) * 3
+    blocks, _ = _weights(rng, types, hidden, inter, experts)
+    for b in blocks:   # every code of every block, -128 included, with the blocks' f16 scales kept
+        codes = b.reshape(-1, 34)[:, 2:]
+        codes[:] = rng.integers(0, 256, size=codes.shape, dtype=np.uint8)
+        codes.reshape(-1)[::97] = 0x80
+    dense = [dequantize(b, "Q8_0") for b in blocks]
+    layer = _layer(types, hidden, inter, experts, top_k)
+    layer.load(*blocks)
+    x = rng.standard_normal((tokens, hidden)).astype(np.float32)
+    ids = np.stack([rng.permutation(experts)[:top_k] for _ in range(tokens)]).astype(np.int64)
+    w = rng.random((tokens, top_k)).astype(np.float32)
+    assert _rel(layer(x, ids, w), moe_reference(x, ids, w, *dense)) < TOL

@@ -4,8 +4,8 @@
 // one of two forms chosen by its ggml type:
 //  - rows [N][row bytes]: the file's blocks, byte for byte (no dequantization at load, so the
 //    matrix takes exactly its GGUF size and decode streams each block once);
-//  - Q4_K panels (q4k_panels below): the same codes and scales, no dequantization either,
-//    regrouped per 16 output channels so prefill runs INT4's outer-product kernel on them.
+//  - Q4_K and Q8_0 panels (ggml_panels below): the same codes and scales, no dequantization
+//    either, regrouped per 16 output channels so prefill runs an outer-product kernel on them.
 //
 // Every supported type is decoded, one block at a time into L1, to the same form:
 //   w[k] = d * sc[k/16] * u[k] - dmin * mn[k/16]
@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "int_dot.h"
@@ -527,24 +528,42 @@ void row_dots(const uint8_t* w, int64_t k, const uint8_t* act, size_t act_bytes,
 
 using RowDotsFn = void (*)(const uint8_t*, int64_t, const uint8_t*, size_t, int64_t, float*);
 
-// ---- Q4_K as panels of 16 channels ------------------------------------------------------------
+// ---- Q4_K and Q8_0 as panels of 16 channels -------------------------------------------------
 //
 // Row dots (above) decode each block once per weight row and then stream every activation row
-// past it: two activation loads per integer dot, which left Q4_K prefill at half of INT4's
-// speed. Q4_K is INT4 with per-32 groups in disguise (w = d*sc_j * u - dmin*m_j, u in 0..15),
-// so its blocks are regrouped at load into INT4's panel form — 16 channels side by side, the
-// codes exactly as kt-int4-p16-v1 lays them (chunk c: low nibbles k = 8c..8c+3, high nibbles
-// 8c+4..8c+7, lane-major) — and run by the same kind of kernel: per 32-k sub-block, exact
-// integer dots of the codes with both activation planes (vpdpbusd), then
-//   acc += s_a * (d*sc_j * dot - dmin*m_j * sum(activations of the sub-block)).
-// Per panel and 256-k block: f32 d[16], f32 dmin[16], u8 sc[8][16], u8 m[8][16], 32 chunks of
-// 64 bytes: 2432 bytes for 4096 weights (4.75 bits each; the file's 4.5, plus d/dmin in f32).
-namespace q4k_panels {
+// past it: two activation loads per integer dot, which left Q4_K and Q8_0 prefill at half of
+// INT4's speed. Both are group-wise integer formats in disguise —
+//   Q4_K: w = d*sc_j * u - dmin*m_j, u in 0..15, per 32-k sub-block j of a 256-k block;
+//   Q8_0: w = d * q, q in -127..127 (stored here as u = q + 128: w = d*u - 128*d), per 32 k —
+// so their blocks are regrouped at load into panels of 16 channels side by side and run by an
+// outer-product kernel like INT4's: per 32-k sub-block, exact integer dots of the unsigned
+// codes with both activation planes (vpdpbusd), then
+//   acc += s_a * (s * dot - s*z * sum(activations of the sub-block)).
+// Codes are laid out as kt-int4-p16-v1's (4-bit: chunk c holds k = 8c..8c+3 in low nibbles and
+// 8c+4..8c+7 in high nibbles, lane-major) or kt-int8-p16k4-v1's (8-bit: chunk c = k 4c..4c+3).
+// Nothing is dequantized: per panel and block,
+//   Q4_K (256 k): f32 d[16], f32 dmin[16], u8 sc[8][16], u8 m[8][16], 32 chunks of 64 bytes
+//                 (2432 bytes for 4096 weights: 4.75 bits each, the file's 4.5);
+//   Q8_0 (32 k):  f32 d[16], 8 chunks of 64 bytes (576 bytes for 512 weights: 9 bits, the file's 8.5).
+namespace ggml_panels {
 
-constexpr size_t kD = 0, kDmin = 64, kSc = 128, kM = 256, kCodes = 384, kChunkBytes = 64;
-constexpr size_t kBlockBytes = kCodes + 32 * kChunkBytes;
+constexpr size_t kChunkBytes = 64;
 
-size_t matrix_bytes(int64_t rows, int64_t k) { return size_t(panels(rows)) * size_t(k / 256) * kBlockBytes; }
+struct Q4K {
+    static constexpr int64_t kBlockK = 256;
+    static constexpr int kSubBlocks = 8, kBits = 4;
+    static constexpr size_t kD = 0, kDmin = 64, kSc = 128, kM = 256, kCodes = 384;
+    static constexpr size_t kBlockBytes = kCodes + 32 * kChunkBytes;
+};
+struct Q80 {
+    static constexpr int64_t kBlockK = 32;
+    static constexpr int kSubBlocks = 1, kBits = 8;
+    static constexpr size_t kD = 0, kCodes = 64;
+    static constexpr size_t kBlockBytes = kCodes + 8 * kChunkBytes;
+};
+
+template <class P>
+size_t panel_bytes(int64_t k) { return size_t(k / P::kBlockK) * P::kBlockBytes; }
 
 // ggml's get_scale_min_k4: the j-th 6-bit scale and min of a Q4_K block's 12 scale bytes.
 void scale_min(const uint8_t* q, int j, uint8_t* sc, uint8_t* m) {
@@ -557,26 +576,31 @@ void scale_min(const uint8_t* q, int j, uint8_t* sc, uint8_t* m) {
     }
 }
 
-// Rows [n0, n0 + 16) of a Q4_K matrix (row stride `stride` bytes) into one panel, block by block.
+// Rows [n0, n0 + 16) of a Q4_K or Q8_0 matrix (row stride `stride` bytes) into one panel.
+template <class P>
 void pack_panel(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t n0, int64_t k, uint8_t* dst) {
-    for (int64_t b = 0; b < k / 256; ++b) {
-        uint8_t* out = dst + size_t(b) * kBlockBytes;
-        auto* d = reinterpret_cast<float*>(out + kD);
-        auto* dmin = reinterpret_cast<float*>(out + kDmin);
+    constexpr size_t kFileBlock = std::is_same_v<P, Q4K> ? 144 : 34;
+    for (int64_t b = 0; b < k / P::kBlockK; ++b) {
+        uint8_t* out = dst + size_t(b) * P::kBlockBytes;
         for (int lane = 0; lane < kPanel && n0 + lane < n_rows; ++lane) {
-            const uint8_t* blk = rows + size_t(n0 + lane) * stride + size_t(b) * 144;
-            d[lane] = f16(blk);
-            dmin[lane] = f16(blk + 2);
-            for (int j = 0; j < 8; ++j) scale_min(blk + 4, j, out + kSc + 16 * j + lane, out + kM + 16 * j + lane);
-            uint8_t u[256];
-            for (int e = 0; e < 256; ++e) {   // element e: 64-group e / 64, low nibbles first
-                const uint8_t q = blk[16 + 32 * (e / 64) + e % 32];
-                u[e] = (e % 64) < 32 ? q & 15 : q >> 4;
+            const uint8_t* blk = rows + size_t(n0 + lane) * stride + size_t(b) * kFileBlock;
+            reinterpret_cast<float*>(out + P::kD)[lane] = f16(blk);
+            uint8_t* codes = out + P::kCodes + size_t(lane) * 4;
+            if constexpr (std::is_same_v<P, Q4K>) {
+                reinterpret_cast<float*>(out + P::kDmin)[lane] = f16(blk + 2);
+                for (int j = 0; j < 8; ++j) scale_min(blk + 4, j, out + P::kSc + 16 * j + lane, out + P::kM + 16 * j + lane);
+                uint8_t u[256];
+                for (int e = 0; e < 256; ++e) {   // element e: 64-group e / 64, low nibbles first
+                    const uint8_t q = blk[16 + 32 * (e / 64) + e % 32];
+                    u[e] = (e % 64) < 32 ? q & 15 : q >> 4;
+                }
+                for (int c = 0; c < 32; ++c)
+                    for (int bb = 0; bb < 4; ++bb)
+                        codes[size_t(c) * kChunkBytes + size_t(bb)] = uint8_t(u[8 * c + bb] | (u[8 * c + 4 + bb] << 4));
+            } else {
+                for (int e = 0; e < 32; ++e)
+                    codes[size_t(e / 4) * kChunkBytes + size_t(e % 4)] = uint8_t(int8_t(blk[2 + e]) + 128);
             }
-            for (int c = 0; c < 32; ++c)
-                for (int bb = 0; bb < 4; ++bb)
-                    out[kCodes + size_t(c) * kChunkBytes + size_t(lane) * 4 + size_t(bb)] =
-                        uint8_t(u[8 * c + bb] | (u[8 * c + 4 + bb] << 4));
         }
     }
 }
@@ -596,8 +620,25 @@ constexpr int kMr = 6;
 constexpr int kMr = 1;
 #endif
 
+// 8-bit codes: VNNI's vpdpbusd takes u = q + 128 as they are (the 128 * sum term removes the
+// offset); vpmaddubsw would saturate its int16 pair sums on them (2 * 255 * 127), so the other
+// targets take q back and multiply |q| (<= 128 as u8, even for a stored -128) by the
+// activation with q's sign (|a| <= 127): pair sums stay within int16.
+#if defined(__AVX512VNNI__)
+constexpr bool kVnni = true;
+inline VI dot8(VI acc, VI w, VI /*w signed*/, VI a) { return dot_u8s8(acc, w, a); }
+#else
+constexpr bool kVnni = false;
+inline VI dot8(VI acc, VI w_abs, VI w, VI a) { return dot_u8s8(acc, w_abs, sign_i8(a, w)); }
+#endif
+#if defined(__AVX512F__)
+inline VI vxor(VI a, VI b) { return _mm512_xor_si512(a, b); }
+#else
+inline VI vxor(VI a, VI b) { return _mm256_xor_si256(a, b); }
+#endif
+
 // MR activation rows x one panel over all of K; writes `cols` columns of each out row.
-template <int MR, bool kTwoPass>
+template <class P, int MR, bool kTwoPass>
 void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* panel, float* out, int64_t ldo, int cols) {
     VF acc[MR][kVecsPerPanel];
     for (int m = 0; m < MR; ++m)
@@ -605,40 +646,68 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
     ActRow a[MR];
     for (int m = 0; m < MR; ++m) a[m] = act_row(x + size_t(m) * row_bytes, k);
     const VI low4 = vset1i(0x0f0f0f0f);
-    for (int64_t b = 0; b < k / 256; ++b) {
-        const uint8_t* blk = panel + size_t(b) * kBlockBytes;
-        const int64_t k0 = b * 256;
-        for (int j = 0; j < 8; ++j) {
+    constexpr int kChunksPerSub = P::kBits == 4 ? 4 : 8;   // 32 k each
+    for (int64_t b = 0; b < k / P::kBlockK; ++b) {
+        const uint8_t* blk = panel + size_t(b) * P::kBlockBytes;
+        const int64_t k0 = b * P::kBlockK;
+        for (int j = 0; j < P::kSubBlocks; ++j) {
             VI hi[MR][kVecsPerPanel], lo[MR][kVecsPerPanel];
             for (int m = 0; m < MR; ++m)
                 for (int v = 0; v < kVecsPerPanel; ++v) hi[m][v] = lo[m][v] = vzeroi();
-            for (int c = 4 * j; c < 4 * j + 4; ++c) {
-                VI w0[kVecsPerPanel], w1[kVecsPerPanel];
-                for (int v = 0; v < kVecsPerPanel; ++v) {
-                    const VI w = vloadi(blk + kCodes + size_t(c) * kChunkBytes + size_t(v) * kLanes * 4);
-                    w0[v] = vand(w, low4);
-                    w1[v] = vand(vsrl16(w, 4), low4);
-                }
-                for (int m = 0; m < MR; ++m) {
-                    const auto* h = reinterpret_cast<const uint8_t*>(a[m].hi + k0 + 8 * c);
-                    const VI ah0 = vset1i(load_i32(h)), ah1 = vset1i(load_i32(h + 4));
-                    for (int v = 0; v < kVecsPerPanel; ++v) hi[m][v] = dot_u8s8(dot_u8s8(hi[m][v], w0[v], ah0), w1[v], ah1);
-                    if constexpr (kTwoPass) {
-                        const auto* l = reinterpret_cast<const uint8_t*>(a[m].lo + k0 + 8 * c);
-                        const VI al0 = vset1i(load_i32(l)), al1 = vset1i(load_i32(l + 4));
-                        for (int v = 0; v < kVecsPerPanel; ++v) lo[m][v] = dot_u8s8(dot_u8s8(lo[m][v], w0[v], al0), w1[v], al1);
+            for (int c = kChunksPerSub * j; c < kChunksPerSub * (j + 1); ++c) {
+                const uint8_t* chunk = blk + P::kCodes + size_t(c) * kChunkBytes;
+                if constexpr (P::kBits == 4) {
+                    VI w0[kVecsPerPanel], w1[kVecsPerPanel];
+                    for (int v = 0; v < kVecsPerPanel; ++v) {
+                        const VI w = vloadi(chunk + size_t(v) * kLanes * 4);
+                        w0[v] = vand(w, low4);
+                        w1[v] = vand(vsrl16(w, 4), low4);
+                    }
+                    for (int m = 0; m < MR; ++m) {
+                        const auto* h = reinterpret_cast<const uint8_t*>(a[m].hi + k0 + 8 * c);
+                        const VI ah0 = vset1i(load_i32(h)), ah1 = vset1i(load_i32(h + 4));
+                        for (int v = 0; v < kVecsPerPanel; ++v) hi[m][v] = dot_u8s8(dot_u8s8(hi[m][v], w0[v], ah0), w1[v], ah1);
+                        if constexpr (kTwoPass) {
+                            const auto* l = reinterpret_cast<const uint8_t*>(a[m].lo + k0 + 8 * c);
+                            const VI al0 = vset1i(load_i32(l)), al1 = vset1i(load_i32(l + 4));
+                            for (int v = 0; v < kVecsPerPanel; ++v)
+                                lo[m][v] = dot_u8s8(dot_u8s8(lo[m][v], w0[v], al0), w1[v], al1);
+                        }
+                    }
+                } else {
+                    VI w[kVecsPerPanel], wu[kVecsPerPanel];   // wu: the u8 operand (u, or |q|)
+                    for (int v = 0; v < kVecsPerPanel; ++v) {
+                        w[v] = wu[v] = vloadi(chunk + size_t(v) * kLanes * 4);
+                        if constexpr (!kVnni) {
+                            w[v] = vxor(w[v], vset1i(int(0x80808080u)));   // back to q, signed
+                            wu[v] = abs_i8(w[v]);
+                        }
+                    }
+                    for (int m = 0; m < MR; ++m) {
+                        const VI ah = vset1i(load_i32(reinterpret_cast<const uint8_t*>(a[m].hi + k0 + 4 * c)));
+                        for (int v = 0; v < kVecsPerPanel; ++v) hi[m][v] = dot8(hi[m][v], wu[v], w[v], ah);
+                        if constexpr (kTwoPass) {
+                            const VI al = vset1i(load_i32(reinterpret_cast<const uint8_t*>(a[m].lo + k0 + 4 * c)));
+                            for (int v = 0; v < kVecsPerPanel; ++v) lo[m][v] = dot8(lo[m][v], wu[v], w[v], al);
+                        }
                     }
                 }
             }
             VF s[kVecsPerPanel], sz[kVecsPerPanel];
             for (int v = 0; v < kVecsPerPanel; ++v) {
-                s[v] = vmul(vload(reinterpret_cast<const float*>(blk + kD) + v * kLanes), widen_u8(blk + kSc + 16 * j + v * kLanes));
-                sz[v] = vmul(vload(reinterpret_cast<const float*>(blk + kDmin) + v * kLanes),
-                             widen_u8(blk + kM + 16 * j + v * kLanes));
+                const VF d = vload(reinterpret_cast<const float*>(blk + P::kD) + v * kLanes);
+                if constexpr (std::is_same_v<P, Q4K>) {
+                    s[v] = vmul(d, widen_u8(blk + P::kSc + 16 * j + v * kLanes));
+                    sz[v] = vmul(vload(reinterpret_cast<const float*>(blk + P::kDmin) + v * kLanes),
+                                 widen_u8(blk + P::kM + 16 * j + v * kLanes));
+                } else {
+                    s[v] = d;
+                    sz[v] = kVnni ? vmul(d, vset1(128.0f)) : vzero();   // the + 128 was taken off the codes
+                }
             }
             const int64_t g16 = (k0 + 32 * j) / 16;
             for (int m = 0; m < MR; ++m) {
-                const float sa = a[m].scale[b];
+                const float sa = a[m].scale[(k0 + 32 * j) / kQK];
                 float sum = float(a[m].sums_hi[g16] + a[m].sums_hi[g16 + 1]);
                 if constexpr (kTwoPass) sum += float(a[m].sums_lo[g16] + a[m].sums_lo[g16 + 1]) * (1.0f / 128.0f);
                 const VF asum = vset1(sa * sum);
@@ -658,20 +727,21 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
 }
 
 // Every row of one panel: out[r][0, cols) for r < rows.
+template <class P>
 void panel(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, const uint8_t* p, bool two_pass, float* out,
            int64_t ldo, int cols) {
     if (two_pass) {
         for_row_blocks<kMr>(rows, [=]<int M>(int64_t r) {
-            panel_rows<M, true>(x + size_t(r) * row_bytes, row_bytes, k, p, out + r * ldo, ldo, cols);
+            panel_rows<P, M, true>(x + size_t(r) * row_bytes, row_bytes, k, p, out + r * ldo, ldo, cols);
         });
     } else {
         for_row_blocks<kMr>(rows, [=]<int M>(int64_t r) {
-            panel_rows<M, false>(x + size_t(r) * row_bytes, row_bytes, k, p, out + r * ldo, ldo, cols);
+            panel_rows<P, M, false>(x + size_t(r) * row_bytes, row_bytes, k, p, out + r * ldo, ldo, cols);
         });
     }
 }
 
-}  // namespace q4k_panels
+}  // namespace ggml_panels
 
 // ---- types, layout, packer -------------------------------------------------------------------
 
@@ -702,10 +772,12 @@ const TypeEntry* type_entry(kt_dtype d) {
 
 const char* const kMatrix[3] = {"gate", "up", "down"};
 
+enum { kRows = 0, kPanelsQ4K = 1, kPanelsQ80 = 2 };
+
 struct Matrix {
     const TypeEntry* type;
     int64_t rows, cols, row_bytes;   // row_bytes: of the file's rows (what the packer takes)
-    bool panels;                     // Q4_K, stored as q4k_panels; else rows as in the file
+    int panels;                      // 0: rows as in the file; kPanelsQ4K / kPanelsQ80: ggml_panels
     size_t offset;
 };
 struct Layout {
@@ -713,6 +785,11 @@ struct Layout {
     size_t bytes;
     bool ok;
 };
+
+size_t matrix_panel_bytes(const Matrix& m) {
+    return m.panels == kPanelsQ4K ? ggml_panels::panel_bytes<ggml_panels::Q4K>(m.cols)
+                                  : ggml_panels::panel_bytes<ggml_panels::Q80>(m.cols);
+}
 
 Layout layout(const kt_moe_config* c) {
     Layout l{};
@@ -726,9 +803,12 @@ Layout layout(const kt_moe_config* c) {
         m.rows = rows[p];
         m.cols = cols[p];
         m.row_bytes = m.type ? m.cols / m.type->block_elems * m.type->block_bytes : 0;
-        m.panels = m.type && m.type->dtype == KT_DTYPE_GGML_Q4_K && m.cols % 256 == 0;
+        m.panels = !m.type                                                       ? kRows
+                   : m.type->dtype == KT_DTYPE_GGML_Q4_K && m.cols % 256 == 0 ? kPanelsQ4K
+                   : m.type->dtype == KT_DTYPE_GGML_Q8_0 && m.cols % 32 == 0  ? kPanelsQ80
+                                                                              : kRows;
         m.offset = at;
-        at += size_t(round_up(m.panels ? int64_t(q4k_panels::matrix_bytes(m.rows, m.cols)) : m.rows * m.row_bytes, 64));
+        at += size_t(round_up(m.panels ? panels(m.rows) * int64_t(matrix_panel_bytes(m)) : m.rows * m.row_bytes, 64));
     }
     l.bytes = at;
     return l;
@@ -782,11 +862,13 @@ kt_status pack(const kt_moe_config* c, const kt_expert_weights* src, void* dst) 
             if (!m.panels)
                 std::memcpy(static_cast<uint8_t*>(dst) + m.offset + size_t(r * m.row_bytes), row, size_t(m.row_bytes));
         }
-        if (m.panels)
-            for (int64_t q = 0; q < panels(m.rows); ++q)
-                q4k_panels::pack_panel(bytes, size_t(v.row_stride), m.rows, q * kPanel, m.cols,
-                                       static_cast<uint8_t*>(dst) + m.offset + size_t(q) * size_t(m.cols / 256) *
-                                                                             q4k_panels::kBlockBytes);
+        for (int64_t q = 0; m.panels && q < panels(m.rows); ++q) {
+            uint8_t* panel = static_cast<uint8_t*>(dst) + m.offset + size_t(q) * matrix_panel_bytes(m);
+            if (m.panels == kPanelsQ4K)
+                ggml_panels::pack_panel<ggml_panels::Q4K>(bytes, size_t(v.row_stride), m.rows, q * kPanel, m.cols, panel);
+            else
+                ggml_panels::pack_panel<ggml_panels::Q80>(bytes, size_t(v.row_stride), m.rows, q * kPanel, m.cols, panel);
+        }
     }
     return KT_OK;
 }
@@ -804,10 +886,15 @@ void matrix_tile(const Matrix& m, const uint8_t* base, const uint8_t* x, size_t 
                  int pass, float* out, int64_t ldo) {
     const uint8_t* data = base + m.offset;
     if (m.panels) {
-        const size_t panel_bytes = size_t(m.cols / 256) * q4k_panels::kBlockBytes;
-        for (int64_t n = n0; n < n1; n += kPanel)
-            q4k_panels::panel(x, ab, rows, m.cols, data + size_t(n / kPanel) * panel_bytes, pass == 1, out + (n - n0), ldo,
-                              int(std::min<int64_t>(kPanel, n1 - n)));
+        const size_t bytes = matrix_panel_bytes(m);
+        for (int64_t n = n0; n < n1; n += kPanel) {
+            const uint8_t* p = data + size_t(n / kPanel) * bytes;
+            const int cols = int(std::min<int64_t>(kPanel, n1 - n));
+            if (m.panels == kPanelsQ4K)
+                ggml_panels::panel<ggml_panels::Q4K>(x, ab, rows, m.cols, p, pass == 1, out + (n - n0), ldo, cols);
+            else
+                ggml_panels::panel<ggml_panels::Q80>(x, ab, rows, m.cols, p, pass == 1, out + (n - n0), ldo, cols);
+        }
         return;
     }
     float d[kRowBlock];

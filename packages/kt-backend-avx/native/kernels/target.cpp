@@ -30,7 +30,7 @@ Tables build() {
     t.methods[3] = rawint4_kernels("moe.rawint4.p16k8." KT_TARGET_VARIANT);
     t.methods[4] = fp8_kernels("moe.fp8e4m3b128.p16.f16c." KT_TARGET_VARIANT);
     t.methods[5] = fp8_perchannel_kernels("moe.fp8e4m3ch.p16.f16c." KT_TARGET_VARIANT);
-    t.methods[6] = llamafile_kernels("moe.ggml.rows-q4kpanels.i8x2." KT_TARGET_VARIANT);
+    t.methods[6] = llamafile_kernels("moe.ggml.rows-panels.i8x2." KT_TARGET_VARIANT);
     t.api = kt_backend_api{sizeof(kt_backend_api), KT_PLUGIN_ABI_MAJOR, KT_PLUGIN_ABI_MINOR, "avx", KT_TARGET_VARIANT,
                            KT_TARGET_FEATURES, init, sizeof(t.methods) / sizeof(t.methods[0]), nullptr};
     return t;
