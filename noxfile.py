@@ -250,12 +250,12 @@ FUZZ_TARGETS = ("gguf", "checkpoint", "converted", "plugin")
 
 @nox.session
 def fuzz(session):
-    """Each fuzz target (fuzz/fuzz_*.py, atheris) for a bounded time on its seed corpus
-    (rebuilt by fuzz/seeds.py into .fuzz/corpus, which keeps what earlier runs found).
+    """Each fuzz target (fuzz/fuzz_*.py; needs pip install atheris) for a bounded time on its
+    seed corpus (rebuilt by fuzz/seeds.py into .fuzz/corpus, which keeps what earlier runs found).
     A crash leaves its input in .fuzz/crashes/<target>/: fix the reader, then add the input to
     fuzz/regressions/<target>/ (tests/test_fuzz_regressions.py replays them).
     `nox -s fuzz -- 300 plugin` runs only the plugin target, for 300 s."""
-    seconds = session.posargs[0] if session.posargs else "35"   # four targets in about 4 minutes
+    seconds = session.posargs[0] if session.posargs else "30"   # four targets in about 4 minutes
     targets = session.posargs[1:] or FUZZ_TARGETS
     corpus, crashes = ROOT / ".fuzz" / "corpus", ROOT / ".fuzz" / "crashes"
     session.run("python", "fuzz/seeds.py", str(corpus), *targets)
