@@ -549,17 +549,28 @@ namespace ggml_panels {
 
 constexpr size_t kChunkBytes = 64;
 
+// kSubK: k per scale (sub-block); kBig: 8-bit codes up to 255 (Q8_0's q + 128), which
+// vpmaddubsw cannot take as they are (Q6_K's u <= 63 can).
 struct Q4K {
-    static constexpr int64_t kBlockK = 256;
-    static constexpr int kSubBlocks = 8, kBits = 4;
-    static constexpr size_t kD = 0, kDmin = 64, kSc = 128, kM = 256, kCodes = 384;
+    static constexpr int64_t kBlockK = 256, kSubK = 32;
+    static constexpr int kBits = 4;
+    static constexpr bool kBig = false;
+    static constexpr size_t kFileBlock = 144, kD = 0, kDmin = 64, kSc = 128, kM = 256, kCodes = 384;
     static constexpr size_t kBlockBytes = kCodes + 32 * kChunkBytes;
 };
 struct Q80 {
-    static constexpr int64_t kBlockK = 32;
-    static constexpr int kSubBlocks = 1, kBits = 8;
-    static constexpr size_t kD = 0, kCodes = 64;
+    static constexpr int64_t kBlockK = 32, kSubK = 32;
+    static constexpr int kBits = 8;
+    static constexpr bool kBig = true;
+    static constexpr size_t kFileBlock = 34, kD = 0, kCodes = 64;
     static constexpr size_t kBlockBytes = kCodes + 8 * kChunkBytes;
+};
+struct Q6K {   // w = d * sc_j * (u - 32), u in 0..63, int8 sc per 16 k
+    static constexpr int64_t kBlockK = 256, kSubK = 16;
+    static constexpr int kBits = 8;
+    static constexpr bool kBig = false;
+    static constexpr size_t kFileBlock = 210, kD = 0, kSc = 64, kCodes = 320;
+    static constexpr size_t kBlockBytes = kCodes + 64 * kChunkBytes;
 };
 
 template <class P>
@@ -579,13 +590,20 @@ void scale_min(const uint8_t* q, int j, uint8_t* sc, uint8_t* m) {
 // Rows [n0, n0 + 16) of a Q4_K or Q8_0 matrix (row stride `stride` bytes) into one panel.
 template <class P>
 void pack_panel(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t n0, int64_t k, uint8_t* dst) {
-    constexpr size_t kFileBlock = std::is_same_v<P, Q4K> ? 144 : 34;
     for (int64_t b = 0; b < k / P::kBlockK; ++b) {
         uint8_t* out = dst + size_t(b) * P::kBlockBytes;
         for (int lane = 0; lane < kPanel && n0 + lane < n_rows; ++lane) {
-            const uint8_t* blk = rows + size_t(n0 + lane) * stride + size_t(b) * kFileBlock;
-            reinterpret_cast<float*>(out + P::kD)[lane] = f16(blk);
+            const uint8_t* blk = rows + size_t(n0 + lane) * stride + size_t(b) * P::kFileBlock;
             uint8_t* codes = out + P::kCodes + size_t(lane) * 4;
+            if constexpr (std::is_same_v<P, Q6K>) {
+                reinterpret_cast<float*>(out + P::kD)[lane] = f16(blk + 208);
+                for (int j = 0; j < 16; ++j) out[P::kSc + 16 * j + lane] = blk[192 + j];
+                Decoded<256> dec;
+                Q6_K::decode(blk, dec);   // u = q + 32, element order
+                for (int e = 0; e < 256; ++e) codes[size_t(e / 4) * kChunkBytes + size_t(e % 4)] = dec.u[e];
+                continue;
+            }
+            reinterpret_cast<float*>(out + P::kD)[lane] = f16(blk);
             if constexpr (std::is_same_v<P, Q4K>) {
                 reinterpret_cast<float*>(out + P::kDmin)[lane] = f16(blk + 2);
                 for (int j = 0; j < 8; ++j) scale_min(blk + 4, j, out + P::kSc + 16 * j + lane, out + P::kM + 16 * j + lane);
@@ -603,6 +621,15 @@ void pack_panel(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t n0, 
             }
         }
     }
+}
+
+// kLanes i8 -> f32.
+inline VF widen_i8(const uint8_t* p) {
+#if defined(__AVX512F__)
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#else
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+#endif
 }
 
 // kLanes u8 -> f32.
@@ -626,11 +653,14 @@ constexpr int kMr = 1;
 // activation with q's sign (|a| <= 127): pair sums stay within int16.
 #if defined(__AVX512VNNI__)
 constexpr bool kVnni = true;
-inline VI dot8(VI acc, VI w, VI /*w signed*/, VI a) { return dot_u8s8(acc, w, a); }
 #else
 constexpr bool kVnni = false;
-inline VI dot8(VI acc, VI w_abs, VI w, VI a) { return dot_u8s8(acc, w_abs, sign_i8(a, w)); }
 #endif
+template <bool kBig>
+inline VI dot8(VI acc, VI wu, VI w, VI a) {
+    if constexpr (kVnni || !kBig) return dot_u8s8(acc, wu, a);
+    return dot_u8s8(acc, wu, sign_i8(a, w));
+}
 #if defined(__AVX512F__)
 inline VI vxor(VI a, VI b) { return _mm512_xor_si512(a, b); }
 #else
@@ -646,11 +676,11 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
     ActRow a[MR];
     for (int m = 0; m < MR; ++m) a[m] = act_row(x + size_t(m) * row_bytes, k);
     const VI low4 = vset1i(0x0f0f0f0f);
-    constexpr int kChunksPerSub = P::kBits == 4 ? 4 : 8;   // 32 k each
+    constexpr int kChunksPerSub = int(P::kSubK / (P::kBits == 4 ? 8 : 4));
     for (int64_t b = 0; b < k / P::kBlockK; ++b) {
         const uint8_t* blk = panel + size_t(b) * P::kBlockBytes;
         const int64_t k0 = b * P::kBlockK;
-        for (int j = 0; j < P::kSubBlocks; ++j) {
+        for (int j = 0; j < int(P::kBlockK / P::kSubK); ++j) {
             VI hi[MR][kVecsPerPanel], lo[MR][kVecsPerPanel];
             for (int m = 0; m < MR; ++m)
                 for (int v = 0; v < kVecsPerPanel; ++v) hi[m][v] = lo[m][v] = vzeroi();
@@ -678,17 +708,17 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
                     VI w[kVecsPerPanel], wu[kVecsPerPanel];   // wu: the u8 operand (u, or |q|)
                     for (int v = 0; v < kVecsPerPanel; ++v) {
                         w[v] = wu[v] = vloadi(chunk + size_t(v) * kLanes * 4);
-                        if constexpr (!kVnni) {
+                        if constexpr (!kVnni && P::kBig) {
                             w[v] = vxor(w[v], vset1i(int(0x80808080u)));   // back to q, signed
                             wu[v] = abs_i8(w[v]);
                         }
                     }
                     for (int m = 0; m < MR; ++m) {
                         const VI ah = vset1i(load_i32(reinterpret_cast<const uint8_t*>(a[m].hi + k0 + 4 * c)));
-                        for (int v = 0; v < kVecsPerPanel; ++v) hi[m][v] = dot8(hi[m][v], wu[v], w[v], ah);
+                        for (int v = 0; v < kVecsPerPanel; ++v) hi[m][v] = dot8<P::kBig>(hi[m][v], wu[v], w[v], ah);
                         if constexpr (kTwoPass) {
                             const VI al = vset1i(load_i32(reinterpret_cast<const uint8_t*>(a[m].lo + k0 + 4 * c)));
-                            for (int v = 0; v < kVecsPerPanel; ++v) lo[m][v] = dot8(lo[m][v], wu[v], w[v], al);
+                            for (int v = 0; v < kVecsPerPanel; ++v) lo[m][v] = dot8<P::kBig>(lo[m][v], wu[v], w[v], al);
                         }
                     }
                 }
@@ -700,16 +730,20 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
                     s[v] = vmul(d, widen_u8(blk + P::kSc + 16 * j + v * kLanes));
                     sz[v] = vmul(vload(reinterpret_cast<const float*>(blk + P::kDmin) + v * kLanes),
                                  widen_u8(blk + P::kM + 16 * j + v * kLanes));
+                } else if constexpr (std::is_same_v<P, Q6K>) {
+                    s[v] = vmul(d, widen_i8(blk + P::kSc + 16 * j + v * kLanes));
+                    sz[v] = vmul(s[v], vset1(32.0f));
                 } else {
                     s[v] = d;
                     sz[v] = kVnni ? vmul(d, vset1(128.0f)) : vzero();   // the + 128 was taken off the codes
                 }
             }
-            const int64_t g16 = (k0 + 32 * j) / 16;
+            const int64_t g16 = (k0 + P::kSubK * j) / 16;
             for (int m = 0; m < MR; ++m) {
-                const float sa = a[m].scale[(k0 + 32 * j) / kQK];
-                float sum = float(a[m].sums_hi[g16] + a[m].sums_hi[g16 + 1]);
-                if constexpr (kTwoPass) sum += float(a[m].sums_lo[g16] + a[m].sums_lo[g16 + 1]) * (1.0f / 128.0f);
+                const float sa = a[m].scale[(k0 + P::kSubK * j) / kQK];
+                float sum = float(a[m].sums_hi[g16] + (P::kSubK == 32 ? a[m].sums_hi[g16 + 1] : 0));
+                if constexpr (kTwoPass)
+                    sum += float(a[m].sums_lo[g16] + (P::kSubK == 32 ? a[m].sums_lo[g16 + 1] : 0)) * (1.0f / 128.0f);
                 const VF asum = vset1(sa * sum);
                 for (int v = 0; v < kVecsPerPanel; ++v) {
                     const VF dot = vmul(vset1(sa), kTwoPass ? vfma(vcvt(lo[m][v]), vset1(1.0f / 128.0f), vcvt(hi[m][v]))
@@ -772,7 +806,7 @@ const TypeEntry* type_entry(kt_dtype d) {
 
 const char* const kMatrix[3] = {"gate", "up", "down"};
 
-enum { kRows = 0, kPanelsQ4K = 1, kPanelsQ80 = 2 };
+enum { kRows = 0, kPanelsQ4K = 1, kPanelsQ80 = 2, kPanelsQ6K = 3 };
 
 struct Matrix {
     const TypeEntry* type;
@@ -787,8 +821,9 @@ struct Layout {
 };
 
 size_t matrix_panel_bytes(const Matrix& m) {
-    return m.panels == kPanelsQ4K ? ggml_panels::panel_bytes<ggml_panels::Q4K>(m.cols)
-                                  : ggml_panels::panel_bytes<ggml_panels::Q80>(m.cols);
+    return m.panels == kPanelsQ4K   ? ggml_panels::panel_bytes<ggml_panels::Q4K>(m.cols)
+           : m.panels == kPanelsQ6K ? ggml_panels::panel_bytes<ggml_panels::Q6K>(m.cols)
+                                    : ggml_panels::panel_bytes<ggml_panels::Q80>(m.cols);
 }
 
 Layout layout(const kt_moe_config* c) {
@@ -806,6 +841,7 @@ Layout layout(const kt_moe_config* c) {
         m.panels = !m.type                                                       ? kRows
                    : m.type->dtype == KT_DTYPE_GGML_Q4_K && m.cols % 256 == 0 ? kPanelsQ4K
                    : m.type->dtype == KT_DTYPE_GGML_Q8_0 && m.cols % 32 == 0  ? kPanelsQ80
+                   : m.type->dtype == KT_DTYPE_GGML_Q6_K && m.cols % 256 == 0 ? kPanelsQ6K
                                                                               : kRows;
         m.offset = at;
         at += size_t(round_up(m.panels ? panels(m.rows) * int64_t(matrix_panel_bytes(m)) : m.rows * m.row_bytes, 64));
@@ -866,6 +902,8 @@ kt_status pack(const kt_moe_config* c, const kt_expert_weights* src, void* dst) 
             uint8_t* panel = static_cast<uint8_t*>(dst) + m.offset + size_t(q) * matrix_panel_bytes(m);
             if (m.panels == kPanelsQ4K)
                 ggml_panels::pack_panel<ggml_panels::Q4K>(bytes, size_t(v.row_stride), m.rows, q * kPanel, m.cols, panel);
+            else if (m.panels == kPanelsQ6K)
+                ggml_panels::pack_panel<ggml_panels::Q6K>(bytes, size_t(v.row_stride), m.rows, q * kPanel, m.cols, panel);
             else
                 ggml_panels::pack_panel<ggml_panels::Q80>(bytes, size_t(v.row_stride), m.rows, q * kPanel, m.cols, panel);
         }
@@ -892,6 +930,8 @@ void matrix_tile(const Matrix& m, const uint8_t* base, const uint8_t* x, size_t 
             const int cols = int(std::min<int64_t>(kPanel, n1 - n));
             if (m.panels == kPanelsQ4K)
                 ggml_panels::panel<ggml_panels::Q4K>(x, ab, rows, m.cols, p, pass == 1, out + (n - n0), ldo, cols);
+            else if (m.panels == kPanelsQ6K)
+                ggml_panels::panel<ggml_panels::Q6K>(x, ab, rows, m.cols, p, pass == 1, out + (n - n0), ldo, cols);
             else
                 ggml_panels::panel<ggml_panels::Q80>(x, ab, rows, m.cols, p, pass == 1, out + (n - n0), ldo, cols);
         }
