@@ -691,7 +691,7 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
                     for (int v = 0; v < kVecsPerPanel; ++v) {
                         const VI w = vloadi(chunk + size_t(v) * kLanes * 4);
                         w0[v] = vand(w, low4);
-                        w1[v] = vand(vsrl16(w, 4), low4);
+                        w1[v] = vand(vsrl16<4>(w), low4);
                     }
                     for (int m = 0; m < MR; ++m) {
                         const auto* h = reinterpret_cast<const uint8_t*>(a[m].hi + k0 + 8 * c);

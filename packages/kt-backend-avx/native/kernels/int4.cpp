@@ -316,7 +316,7 @@ void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, int64_t g, cons
                 for (int v = 0; v < kVecsPerPanel; ++v) {
                     const VI w = vloadi(panel[f] + block + kHeaderBytes + size_t(c) * kChunkBytes + size_t(v) * kLanes * 4);
                     w0[f][v] = vand(w, low4);
-                    w1[f][v] = vand(vsrl16(w, 4), low4);
+                    w1[f][v] = vand(vsrl16<4>(w), low4);
                 }
             for (int m = 0; m < MR; ++m) {
                 const uint8_t* row = x + m * row_bytes;

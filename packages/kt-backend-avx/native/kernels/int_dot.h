@@ -18,7 +18,8 @@ inline int32_t load_i32(const uint8_t* p) {
 inline VI vzeroi() { return _mm512_setzero_si512(); }
 inline VI vset1i(int32_t v) { return _mm512_set1_epi32(v); }
 inline VI vand(VI a, VI b) { return _mm512_and_si512(a, b); }
-inline VI vsrl16(VI a, int n) { return _mm512_srli_epi16(a, n); }
+template <int N>
+inline VI vsrl16(VI a) { return _mm512_srli_epi16(a, N); }
 inline VF vcvt(VI a) { return _mm512_cvtepi32_ps(a); }
 inline VI vsubi(VI a, VI b) { return _mm512_sub_epi32(a, b); }
 inline VI vaddi(VI a, VI b) { return _mm512_add_epi32(a, b); }
@@ -45,7 +46,8 @@ inline VI sign_i8(VI b, VI a) { return _mm512_mask_sub_epi8(b, _mm512_movepi8_ma
 inline VI vzeroi() { return _mm256_setzero_si256(); }
 inline VI vset1i(int32_t v) { return _mm256_set1_epi32(v); }
 inline VI vand(VI a, VI b) { return _mm256_and_si256(a, b); }
-inline VI vsrl16(VI a, int n) { return _mm256_srli_epi16(a, n); }
+template <int N>
+inline VI vsrl16(VI a) { return _mm256_srli_epi16(a, N); }
 inline VF vcvt(VI a) { return _mm256_cvtepi32_ps(a); }
 inline VI vsubi(VI a, VI b) { return _mm256_sub_epi32(a, b); }
 inline VI vaddi(VI a, VI b) { return _mm256_add_epi32(a, b); }
