@@ -38,7 +38,8 @@ public:
     // Kernels for the batches the main kernels decline (a matrix engine hands decode-sized
     // batches to SIMD kernels): they must read the same packed bytes, so their layout id and
     // packed size must equal the main kernels' (std::invalid_argument otherwise). They must
-    // belong to an initialised backend that outlives the layer. nullptr removes them.
+    // belong to an initialised backend that outlives the layer. nullptr removes them. Set them
+    // before the first forward (kt_core.MoE does, at construction): forwards read them unlocked.
     void set_small_batch_kernels(const kt_method_kernels* kernels);
     const kt_method_kernels* small_batch_kernels() const { return small_batch_; }
     // The kernels a forward of `tokens` tokens runs.
