@@ -13,6 +13,7 @@ def _live() -> int:
 
 def test_weights_are_accounted_and_freed_with_their_layer():
     kt_core.clear_buffer_cache()
+    gc.collect()     # layers of earlier tests still in reference cycles would be freed mid-test
     before = _live()
     rng = np.random.default_rng(0)
     m = kt_core.MoE(num_experts=4, top_k=2, hidden_size=256, intermediate_size=128, method="BF16", backend="reference")
