@@ -23,7 +23,7 @@ PACKAGES = sorted(p.name for p in (ROOT / "packages").iterdir() if (p / "pyproje
 EXAMPLE = ROOT / "examples" / "kt-backend-example"
 WHEELHOUSE = ROOT / "wheelhouse"
 
-nox.options.sessions = ["lint", "tests", "conformance", "example", "install_smoke", "amx_hardware_build"]
+nox.options.sessions = ["lint", "tests", "conformance", "example", "install_smoke", "amx_hardware_build", "abi", "tsan", "fuzz"]
 nox.options.default_venv_backend = "none"
 
 
