@@ -689,7 +689,8 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
                 if constexpr (P::kBits == 4) {
                     VI w0[kVecsPerPanel], w1[kVecsPerPanel];
                     for (int v = 0; v < kVecsPerPanel; ++v) {
-                        const VI w = vloadi(chunk + size_t(v) * kLanes * 4);
+                        VI w = vloadi(chunk + size_t(v) * kLanes * 4);
+                        asm("" : "+v"(w));   // in a register, as int4.cpp explains
                         w0[v] = vand(w, low4);
                         w1[v] = vand(vsrl16<4>(w), low4);
                     }

@@ -314,7 +314,11 @@ void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, int64_t g, cons
             VI w0[F][kVecsPerPanel], w1[F][kVecsPerPanel];
             for (int f = 0; f < F; ++f)
                 for (int v = 0; v < kVecsPerPanel; ++v) {
-                    const VI w = vloadi(panel[f] + block + kHeaderBytes + size_t(c) * kChunkBytes + size_t(v) * kLanes * 4);
+                    VI w = vloadi(panel[f] + block + kHeaderBytes + size_t(c) * kChunkBytes + size_t(v) * kLanes * 4);
+                    // Pin the loaded chunk to a register: otherwise GCC 12 (fused decode) stored it
+                    // to the stack and re-read it as two memory operands, a 64-byte store-to-load
+                    // forward per chunk that Zen 4 cannot do (a quarter of decode's samples stalled).
+                    asm("" : "+v"(w));
                     w0[f][v] = vand(w, low4);
                     w1[f][v] = vand(vsrl16<4>(w), low4);
                 }
