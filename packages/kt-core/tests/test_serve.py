@@ -253,7 +253,13 @@ def test_a_full_queue_answers_503_and_the_waiting_request_is_served(http, client
     waiting = threading.Thread(target=lambda: replies.append(chat(client, "Hi", max_tokens=4)))
     with http.stream("POST", "/v1/chat/completions", json=body) as r:
         lines = r.iter_lines()       # kept: a discarded iterator closes the stream, which cancels the request
-        next(lines)                  # the long request runs
+        next(lines)                  # the long request is accepted...
+        # ...and running, not still queued behind the previous test's cancelled request (the
+        # waiting client would then find the queue full and get the 503 itself).
+        deadline = time.monotonic() + 15
+        while (h := http.get("/health").json())["queued"] or not h["running"]:
+            assert time.monotonic() < deadline, f"the long request never started: {h}"
+            time.sleep(0.02)
         waiting.start()
         deadline = time.monotonic() + 15
         while http.get("/health").json()["queued"] < 1 and time.monotonic() < deadline:
