@@ -59,9 +59,9 @@ kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, i
     const ExpertPanels l = layout(c);
     const auto* base = static_cast<const uint8_t*>(packed);
     tiles::Session session;
-    for (int64_t n = n0; n < n1; n += kPanel)
-        panel_pair<true>(session, static_cast<const uint8_t*>(act), rows, c->hidden, base + l.gate(n / kPanel),
-                         base + l.up(n / kPanel), out + n, ldo, int(std::min<int64_t>(kPanel, n1 - n)), 0);
+    for_gate_up_pairs(l, base, n0, n1, [&](const uint8_t* pa, const uint8_t* pb, int64_t n, int cols_a, int cols_b) {
+        panel_pair<true>(session, static_cast<const uint8_t*>(act), rows, c->hidden, pa, pb, out + n, ldo, cols_a, cols_b);
+    });
     return KT_OK;
 }
 
@@ -72,12 +72,10 @@ kt_status down(const kt_moe_config* c, const void* packed, const void* act, int6
     const ExpertPanels l = layout(c);
     const auto* base = static_cast<const uint8_t*>(packed);
     tiles::Session session;
-    for (int64_t n = n0; n < n1; n += 2 * kPanel) {
-        const int cols_a = int(std::min<int64_t>(kPanel, n1 - n));
-        const int cols_b = int(std::clamp<int64_t>(n1 - n - kPanel, 0, kPanel));
-        panel_pair<false>(session, static_cast<const uint8_t*>(act), rows, c->intermediate, base + l.down(n / kPanel),
-                          cols_b ? base + l.down(n / kPanel + 1) : nullptr, out + n, ldo, cols_a, cols_b);
-    }
+    for_down_pairs(l, base, n0, n1, [&](const uint8_t* pa, const uint8_t* pb, int64_t n, int cols_a, int cols_b) {
+        panel_pair<false>(session, static_cast<const uint8_t*>(act), rows, c->intermediate, pa, pb, out + n, ldo, cols_a,
+                          cols_b);
+    });
     return KT_OK;
 }
 

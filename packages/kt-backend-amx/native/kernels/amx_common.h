@@ -50,6 +50,24 @@ inline tiles::Config tile_config(int rows, int a_colsb) {
     return c;
 }
 
+// The panel pairs of one tile [n0, n1), as every kernel here walks them:
+// fn(pa, pb, n, cols_a, cols_b) writes output columns [n, n + cols_a + cols_b).
+// gate/up: pa = gate panel, pb = up panel of the same 16 channels, cols_b = 0 (fused).
+template <class Fn>
+void for_gate_up_pairs(const ExpertPanels& l, const uint8_t* base, int64_t n0, int64_t n1, Fn&& fn) {
+    for (int64_t n = n0; n < n1; n += kPanel)
+        fn(base + l.gate(n / kPanel), base + l.up(n / kPanel), n, int(std::min<int64_t>(kPanel, n1 - n)), 0);
+}
+// down: two neighbouring panels; pb = nullptr and cols_b = 0 when the tile ends after pa.
+template <class Fn>
+void for_down_pairs(const ExpertPanels& l, const uint8_t* base, int64_t n0, int64_t n1, Fn&& fn) {
+    for (int64_t n = n0; n < n1; n += 2 * kPanel) {
+        const int cols_a = int(std::min<int64_t>(kPanel, n1 - n));
+        const int cols_b = int(std::clamp<int64_t>(n1 - n - kPanel, 0, kPanel));
+        fn(base + l.down(n / kPanel), cols_b ? base + l.down(n / kPanel + 1) : nullptr, n, cols_a, cols_b);
+    }
+}
+
 // Writes one output row of a panel pair: SiLU(a) * b (fused gate/up) or a and b side by side
 // (two down panels; cols_b == 0 when there is no second panel).
 template <bool kFused>

@@ -127,14 +127,12 @@ kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, i
     uint32_t* wa = s.weights.data();
     uint32_t* wb = wa + H / 2 * kPanel;
     tiles::Session session;
-    for (int64_t n = n0; n < n1; n += kPanel) {
-        const uint8_t* pa = base + l.gate(n / kPanel);
-        const uint8_t* pb = base + l.up(n / kPanel);
+    for_gate_up_pairs(l, base, n0, n1, [&](const uint8_t* pa, const uint8_t* pb, int64_t n, int cols_a, int cols_b) {
         decode_panel(pa, H, wa);
         decode_panel(pb, H, wb);
         panel_pair<true>(session, s.planes.data(), s.planes.data() + rows * H, s.has_lo.data(), rows, H, pa, pb, wa, wb,
-                         out + n, ldo, int(std::min<int64_t>(kPanel, n1 - n)), 0);
-    }
+                         out + n, ldo, cols_a, cols_b);
+    });
     return KT_OK;
 }
 
@@ -155,16 +153,12 @@ kt_status down(const kt_moe_config* c, const void* packed, const void* act, int6
     uint32_t* wa = s.weights.data();
     uint32_t* wb = wa + I / 2 * kPanel;
     tiles::Session session;
-    for (int64_t n = n0; n < n1; n += 2 * kPanel) {
-        const int cols_a = int(std::min<int64_t>(kPanel, n1 - n));
-        const int cols_b = int(std::clamp<int64_t>(n1 - n - kPanel, 0, kPanel));
-        const uint8_t* pa = base + l.down(n / kPanel);
-        const uint8_t* pb = cols_b ? base + l.down(n / kPanel + 1) : nullptr;
+    for_down_pairs(l, base, n0, n1, [&](const uint8_t* pa, const uint8_t* pb, int64_t n, int cols_a, int cols_b) {
         decode_panel(pa, I, wa);
         if (pb) decode_panel(pb, I, wb);
         panel_pair<false>(session, s.planes.data(), s.planes.data() + rows * I, s.has_lo.data(), rows, I, pa, pb, wa,
                           pb ? wb : nullptr, out + n, ldo, cols_a, cols_b);
-    }
+    });
     return KT_OK;
 }
 

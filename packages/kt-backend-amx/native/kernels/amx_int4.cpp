@@ -118,14 +118,12 @@ kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, i
     uint8_t* ua = unpacked.data();
     uint8_t* ub = ua + size_t(H) * 16;
     tiles::Session session;
-    for (int64_t n = n0; n < n1; n += kPanel) {
-        const uint8_t* pa = base + l.gate(n / kPanel);
-        const uint8_t* pb = base + l.up(n / kPanel);
+    for_gate_up_pairs(l, base, n0, n1, [&](const uint8_t* pa, const uint8_t* pb, int64_t n, int cols_a, int cols_b) {
         unpack_panel(pa, H, g, ua);
         unpack_panel(pb, H, g, ub);
         panel_pair<true>(session, static_cast<const uint8_t*>(act), rows, H, g, pa, pb, ua, ub, two_pass, out + n, ldo,
-                         int(std::min<int64_t>(kPanel, n1 - n)), 0);
-    }
+                         cols_a, cols_b);
+    });
     return KT_OK;
 }
 
@@ -144,16 +142,12 @@ kt_status down(const kt_moe_config* c, const void* packed, const void* act, int6
     uint8_t* ua = unpacked.data();
     uint8_t* ub = ua + size_t(I) * 16;
     tiles::Session session;
-    for (int64_t n = n0; n < n1; n += 2 * kPanel) {
-        const int cols_a = int(std::min<int64_t>(kPanel, n1 - n));
-        const int cols_b = int(std::clamp<int64_t>(n1 - n - kPanel, 0, kPanel));
-        const uint8_t* pa = base + l.down(n / kPanel);
-        const uint8_t* pb = cols_b ? base + l.down(n / kPanel + 1) : nullptr;
+    for_down_pairs(l, base, n0, n1, [&](const uint8_t* pa, const uint8_t* pb, int64_t n, int cols_a, int cols_b) {
         unpack_panel(pa, I, g, ua);
         if (pb) unpack_panel(pb, I, g, ub);
         panel_pair<false>(session, static_cast<const uint8_t*>(act), rows, I, g, pa, pb, ua, pb ? ub : nullptr, two_pass,
                           out + n, ldo, cols_a, cols_b);
-    }
+    });
     return KT_OK;
 }
 

@@ -84,11 +84,10 @@ kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, i
     const auto* base = static_cast<const uint8_t*>(packed);
     const bool two_pass = !(c->quant_flags & KT_QUANT_FAST_ACTIVATIONS);
     tiles::Session session;
-    for (int64_t n = n0; n < n1; n += kPanel) {
-        const int cols = int(std::min<int64_t>(kPanel, n1 - n));
-        panel_pair<true>(session, static_cast<const uint8_t*>(act), rows, c->hidden, base + l.gate(n / kPanel),
-                         base + l.up(n / kPanel), two_pass, out + n, ldo, cols, 0);
-    }
+    for_gate_up_pairs(l, base, n0, n1, [&](const uint8_t* pa, const uint8_t* pb, int64_t n, int cols_a, int cols_b) {
+        panel_pair<true>(session, static_cast<const uint8_t*>(act), rows, c->hidden, pa, pb, two_pass, out + n, ldo, cols_a,
+                         cols_b);
+    });
     return KT_OK;
 }
 
@@ -100,12 +99,10 @@ kt_status down(const kt_moe_config* c, const void* packed, const void* act, int6
     const auto* base = static_cast<const uint8_t*>(packed);
     const bool two_pass = !(c->quant_flags & KT_QUANT_FAST_ACTIVATIONS);
     tiles::Session session;
-    for (int64_t n = n0; n < n1; n += 2 * kPanel) {
-        const int cols_a = int(std::min<int64_t>(kPanel, n1 - n));
-        const int cols_b = int(std::clamp<int64_t>(n1 - n - kPanel, 0, kPanel));
-        panel_pair<false>(session, static_cast<const uint8_t*>(act), rows, c->intermediate, base + l.down(n / kPanel),
-                          cols_b ? base + l.down(n / kPanel + 1) : nullptr, two_pass, out + n, ldo, cols_a, cols_b);
-    }
+    for_down_pairs(l, base, n0, n1, [&](const uint8_t* pa, const uint8_t* pb, int64_t n, int cols_a, int cols_b) {
+        panel_pair<false>(session, static_cast<const uint8_t*>(act), rows, c->intermediate, pa, pb, two_pass, out + n, ldo,
+                          cols_a, cols_b);
+    });
     return KT_OK;
 }
 
