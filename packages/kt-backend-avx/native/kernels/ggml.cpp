@@ -607,11 +607,9 @@ void pack_panel(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t n0, 
             if constexpr (std::is_same_v<P, Q4K>) {
                 reinterpret_cast<float*>(out + P::kDmin)[lane] = f16(blk + 2);
                 for (int j = 0; j < 8; ++j) scale_min(blk + 4, j, out + P::kSc + 16 * j + lane, out + P::kM + 16 * j + lane);
-                uint8_t u[256];
-                for (int e = 0; e < 256; ++e) {   // element e: 64-group e / 64, low nibbles first
-                    const uint8_t q = blk[16 + 32 * (e / 64) + e % 32];
-                    u[e] = (e % 64) < 32 ? q & 15 : q >> 4;
-                }
+                Decoded<256> dec;
+                Q4_K::decode(blk, dec);   // codes in element order (its scales stay as scale_min gives them)
+                const uint8_t* u = dec.u;
                 for (int c = 0; c < 32; ++c)
                     for (int bb = 0; bb < 4; ++bb)
                         codes[size_t(c) * kChunkBytes + size_t(bb)] = uint8_t(u[8 * c + bb] | (u[8 * c + 4 + bb] << 4));
