@@ -6,7 +6,8 @@ rates measured in the same run.
 
 Builds a synthetic Qwen3-30B-A3B-shaped model (hidden 2048, intermediate 768; `--experts`
 routed experts per layer, `--layers` MoE layers, bf16) under --workdir, converts it to INT8
-and INT4 (g128), then for each source times:
+and INT4 (g128), adds packed copies in this host's kernel layout to a second folder of each
+(`kt convert --packed`; loaded mapped and copied, weights/packed.py), then for each source times:
   - one layer, and the whole model (every layer into its own kt_core.MoE);
   - warm: files in the page cache; cold: each file evicted first (posix_fadvise DONTNEED,
     which needs no root; the disk is then really read).
@@ -14,7 +15,8 @@ Reference rates, same run, with the pool's thread count (torch's copy_): `copy` 
 memory-to-memory copy into memory written before (the machine's best case), `fresh copy` =
 the same copy into newly allocated memory (what any loader must do: the kernel zeroes each
 new page first); `disk` = reading the files cold into a buffer. "ready GB/s" counts the bytes
-the weights take in the files (what must be read); the ratios divide it by those rates.
+the weights take in the files (what must be read); the ratios divide it by those rates. A
+mapped layer allocates and copies nothing, which is how it can pass `copy`.
 """
 
 from __future__ import annotations
@@ -32,11 +34,16 @@ import torch
 
 import kt_core
 from kt_core.testing.checkpoints import write_checkpoint
-from kt_core.weights import Checkpoint, ConvertedFolder, convert, load_layer
+from kt_core.weights import Checkpoint, ConvertedFolder, add_packed, convert, load_layer
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """The files loading reads: a converted folder's packed copies when it has them."""
+    return sorted(folder.glob("*.packed")) or sorted(folder.glob("*.safetensors"))
 
 
 def evict(folder: Path) -> None:
-    for f in folder.glob("*.safetensors"):
+    for f in weight_files(folder):
         fd = os.open(f, os.O_RDONLY)
         try:
             os.fsync(fd)
@@ -46,15 +53,15 @@ def evict(folder: Path) -> None:
 
 
 def file_bytes(folder: Path) -> int:
-    return sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+    return sum(f.stat().st_size for f in weight_files(folder))
 
 
 def disk_read_rate(folder: Path) -> float:
-    """GB/s reading every safetensors file of folder cold."""
+    """GB/s reading every weight file of folder cold."""
     evict(folder)
     buf = bytearray(64 << 20)
     total, t0 = 0, time.perf_counter()
-    for f in sorted(folder.glob("*.safetensors")):
+    for f in weight_files(folder):
         with open(f, "rb", buffering=0) as fh:
             while n := fh.readinto(buf):
                 total += n
@@ -81,13 +88,14 @@ def moe_for(source, method: str, spec) -> kt_core.MoE:
     if isinstance(source, ConvertedFolder):
         extra = {"group_size": source.group_size, "zero_point": source.zero_point}
     return kt_core.MoE(num_experts=spec["experts"], top_k=8, hidden_size=spec["hidden"],
-                       intermediate_size=spec["intermediate"], method=method, max_tokens=16, **extra)
+                       intermediate_size=spec["intermediate"], method=method, max_tokens=spec.get("max_tokens", 16),
+                       **extra)
 
 
 def warm(folder: Path) -> None:
     """Read every file once so the page cache holds it."""
     buf = bytearray(64 << 20)
-    for f in folder.glob("*.safetensors"):
+    for f in weight_files(folder):
         with open(f, "rb", buffering=0) as fh:
             while fh.readinto(buf):
                 pass
@@ -101,13 +109,35 @@ def time_load(path: Path, method: str, layers: list[int], spec: dict, cold: bool
         warm(path)
     t0 = time.perf_counter()
     source = ConvertedFolder.open(path) if (path / "kt-manifest.json").is_file() else Checkpoint(path)
-    moes = []
+    moes, routes = [], set()
     for layer in layers:
         moe = moe_for(source, method, spec)
-        load_layer(moe, source, layer)
+        routes.add(load_layer(moe, source, layer))
         moes.append(moe)
     seconds = time.perf_counter() - t0
-    return seconds, sum(m.packed_bytes for m in moes)
+    return seconds, sum(m.packed_bytes for m in moes), ", ".join(sorted(routes))
+
+
+def mapped_forward_ratio(path: Path, method: str, spec: dict, tokens: int, repeats: int = 60) -> float:
+    """Median forward time of a mapped packed layer over the same layer copied, interleaved:
+    mapping must not make the kernels slower (page-cache pages, TLB reach)."""
+    source = ConvertedFolder.open(path)
+    layers = {}
+    for route, setting in (("mapped", "1"), ("copied", "0")):
+        os.environ["KT_MAP_WEIGHTS"] = setting
+        layers[route] = moe_for(source, method, spec | {"max_tokens": tokens})
+        assert load_layer(layers[route], source, source.geometry["moe_layers"][0]) == route
+    gen = torch.Generator().manual_seed(0)
+    times = {route: [] for route in layers}
+    for _ in range(repeats):
+        x = torch.randn(tokens, spec["hidden"], dtype=torch.bfloat16, generator=gen)
+        ids = torch.stack([torch.randperm(spec["experts"], generator=gen)[:8] for _ in range(tokens)])
+        w = torch.rand(tokens, 8, generator=gen)
+        for route, moe in layers.items():
+            t0 = time.perf_counter()
+            moe.forward(x, ids, w)
+            times[route].append(time.perf_counter() - t0)
+    return statistics.median(times["mapped"]) / statistics.median(times["copied"])
 
 
 def main() -> None:
@@ -135,13 +165,30 @@ def main() -> None:
             convert(model, out, method=method, group_size=128)
             print(f"converted to {method} in {time.perf_counter() - t0:.1f} s", flush=True)
         sources[method] = out
+        # The same codes plus packed copies in this host's kernel layout (`kt convert --packed`):
+        # the codes are hard links, the packed files are made once.
+        packed = work / f"{out.name}-packed"
+        if not (packed / "kt-manifest.json").is_file() or "packed" not in json.loads((packed / "kt-manifest.json").read_text()):
+            shutil.rmtree(packed, ignore_errors=True)
+            packed.mkdir(parents=True)
+            for f in out.iterdir():
+                if f.suffix == ".json":
+                    shutil.copy(f, packed / f.name)
+                else:
+                    os.link(f, packed / f.name)
+            add_packed(packed)
+        sources[f"{method} packed, mapped"] = packed
+        sources[f"{method} packed, copied"] = packed
     layers = list(Checkpoint(model).spec.moe_layers)
     kt_core.pool.ensure()
     threads = kt_core.pool.info().num_threads
     torch.set_num_threads(threads)
 
     rows = []
-    for method, path in sources.items():
+    for name, path in sources.items():
+        method = name.split()[0]
+        # Packed copies are mapped or copied (weights/packed.py): each is measured on its own.
+        os.environ["KT_MAP_WEIGHTS"] = "0" if name.endswith("copied") else "1" if name.endswith("mapped") else "auto"
         size = file_bytes(path)
         disk = disk_read_rate(path)
         copy, fresh = copy_rate(min(size, 1 << 30), False), copy_rate(min(size, 1 << 30), True)
@@ -150,18 +197,26 @@ def main() -> None:
                 runs = [time_load(path, method, which, spec, cold) for _ in range(args.repeats)]
                 seconds = statistics.median(r[0] for r in runs)
                 read = size * len(which) / len(layers)
-                rows.append({"source": method, "scope": scope, "cache": "cold" if cold else "warm",
+                rows.append({"source": name, "route": runs[0][2], "scope": scope, "cache": "cold" if cold else "warm",
                              "seconds": seconds, "file_gb": read / 1e9, "packed_gb": runs[0][1] / 1e9,
                              "ready_gbps": read / seconds / 1e9, "copy_gbps": copy, "fresh_copy_gbps": fresh,
                              "disk_gbps": disk, "vs_copy": read / seconds / 1e9 / copy,
                              "vs_fresh_copy": read / seconds / 1e9 / fresh, "vs_disk": read / seconds / 1e9 / disk})
                 r = rows[-1]
-                print(f"{method:5} {scope:11} {r['cache']}: {seconds:6.3f} s  {r['ready_gbps']:5.2f} GB/s ready  "
+                print(f"{name:20} {scope:11} {r['cache']}: {seconds:6.3f} s  {r['ready_gbps']:5.2f} GB/s ready  "
                       f"(copy {copy:5.2f}, fresh copy {fresh:5.2f}, disk {disk:5.2f}; {r['vs_copy']:.2f}x copy, "
                       f"{r['vs_fresh_copy']:.2f}x fresh copy, {r['vs_disk']:.2f}x disk)", flush=True)
+    forward_ratios = {}
+    for name, path in sources.items():
+        if name.endswith("mapped"):
+            for tokens in (1, 32):
+                ratio = mapped_forward_ratio(path, name.split()[0], spec, tokens)
+                forward_ratios[f"{name.split()[0]} {tokens} tokens"] = ratio
+                print(f"{name.split()[0]} forward, {tokens} tokens: mapped / copied time {ratio:.3f}", flush=True)
     result = {"command": "python benchmarks/load_weights.py " + " ".join(f"--{k} {v}" for k, v in vars(args).items() if v),
               "machine": {"cpu": platform.processor() or platform.machine(), "threads": threads},
-              "shape": spec | {"layers": args.layers}, "rows": rows}
+              "shape": spec | {"layers": args.layers}, "rows": rows,
+              "mapped_over_copied_forward_time": forward_ratios}
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2))

@@ -28,10 +28,11 @@ def overhead(result: dict) -> str:
 
 def load_weights(result: dict) -> str:
     out = [f"`{result.get('command', 'python benchmarks/load_weights.py')}`, {result['machine']['threads']} threads.", "",
-           "| source | scope | cache | s | ready GB/s | vs copy | vs fresh copy | vs disk |",
-           "|---|---|---|---:|---:|---:|---:|---:|"]
+           "| source | route | scope | cache | s | ready GB/s | vs copy | vs fresh copy | vs disk |",
+           "|---|---|---|---|---:|---:|---:|---:|---:|"]
     for r in result["rows"]:
-        out.append(f"| {r['source']} | {r['scope']} | {r['cache']} | {r['seconds']:.3f} | {r['ready_gbps']:.2f} | "
+        out.append(f"| {r['source']} | {r.get('route', '')} | {r['scope']} | {r['cache']} | {r['seconds']:.3f} | "
+                   f"{r['ready_gbps']:.2f} | "
                    f"{r['vs_copy']:.2f} | {r['vs_fresh_copy']:.2f} | {r['vs_disk']:.2f} |")
     return "\n".join(out)
 

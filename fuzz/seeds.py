@@ -68,15 +68,19 @@ def checkpoint_seeds(tmp: Path) -> dict[str, bytes]:
 
 def converted_seeds(tmp: Path) -> dict[str, bytes]:
     from kt_core.testing.checkpoints import write_checkpoint
-    from kt_core.weights import convert
+    from kt_core.weights import add_packed, convert
 
     src = tmp / "src"
     write_checkpoint(src, "deepseek_v3", hidden=H, intermediate=I, experts=E, top_k=TOP_K, layers=3, dense_prefix=1,
                      keep_truth=False)
     seeds = {}
     for name, kw in (("int8", dict(method="INT8")), ("int4-g32", dict(method="INT4", group_size=32)),
-                     ("int4-g32-zp", dict(method="INT4", group_size=32, zero_point=True))):
+                     ("int4-g32-zp", dict(method="INT4", group_size=32, zero_point=True)),
+                     ("int8-packed", dict(method="INT8")), ("int4-g32-zp-packed", dict(method="INT4", group_size=32,
+                                                                                         zero_point=True))):
         out = convert(src, tmp / name, **kw)
+        if name.endswith("packed"):
+            add_packed(out, backend="reference")      # the layouts fuzz_converted's layers read
         manifest = json.loads((out / "kt-manifest.json").read_text())
         manifest["source"]["path"] = "/nonexistent/kt-fuzz-source"   # no source check against this machine
         files = {p.name: p.read_bytes() for p in sorted(out.iterdir())}

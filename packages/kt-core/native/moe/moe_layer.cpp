@@ -8,11 +8,16 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cerrno>
 #include <cstring>
 #include <exception>
 #include <mutex>
 #include <stdexcept>
 #include <string>
+
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 namespace kt {
 namespace {
@@ -296,7 +301,7 @@ void MoeLayer::load_expert(int64_t expert, const kt_expert_weights& weights) {
     packed_[size_t(expert)] = std::move(packed);
 }
 
-void MoeLayer::load_experts(const int64_t* experts, const kt_expert_weights* weights, size_t count) {
+void MoeLayer::check_expert_list(const int64_t* experts, size_t count) const {
     std::vector<int64_t> seen;
     for (size_t i = 0; i < count; ++i) {
         check_expert_index(experts[i]);
@@ -304,10 +309,15 @@ void MoeLayer::load_experts(const int64_t* experts, const kt_expert_weights* wei
     }
     std::sort(seen.begin(), seen.end());
     if (std::adjacent_find(seen.begin(), seen.end()) != seen.end())
-        throw std::invalid_argument("load_experts got expert " + std::to_string(*std::adjacent_find(seen.begin(), seen.end())) +
+        throw std::invalid_argument("loading got expert " + std::to_string(*std::adjacent_find(seen.begin(), seen.end())) +
                                     " twice in one call");
-    // Each expert is packed by a thread of the NUMA group that will serve it, so the packed
-    // bytes are first touched on that node; the batch lands all-or-nothing.
+}
+
+void MoeLayer::install_in_parallel(const int64_t* experts, size_t count, void (*make)(void*, size_t, NumaBuffer&),
+                                   void* ctx) {
+    check_expert_list(experts, count);
+    // Each expert is made by a thread of the NUMA group that will serve it, so its bytes
+    // are first touched on that node; the batch lands all-or-nothing.
     ThreadPool& pool = global_pool();
     const int groups = pool.num_groups();
     std::vector<std::vector<size_t>> per_group(static_cast<size_t>(groups));
@@ -317,29 +327,112 @@ void MoeLayer::load_experts(const int64_t* experts, const kt_expert_weights* wei
     std::vector<NumaBuffer> buffers(count);
     std::vector<std::exception_ptr> errors(count);
     struct Ctx {
-        const MoeLayer* layer;
-        const int64_t* experts;
-        const kt_expert_weights* weights;
+        void (*make)(void*, size_t, NumaBuffer&);
+        void* ctx;
         std::vector<std::vector<size_t>>* per_group;
         std::vector<NumaBuffer>* buffers;
         std::vector<std::exception_ptr>* errors;
-    } ctx{this, experts, weights, &per_group, &buffers, &errors};
+    } c{make, ctx, &per_group, &buffers, &errors};
     pool.parallel_for_groups(
         ranges.data(),
-        [](void* c, int g, size_t j) {
-            auto* x = static_cast<Ctx*>(c);
+        [](void* p, int g, size_t j) {
+            auto* x = static_cast<Ctx*>(p);
             const size_t i = (*x->per_group)[size_t(g)][j];
             try {
-                (*x->buffers)[i] = x->layer->pack(x->experts[i], x->weights[i]);
+                x->make(x->ctx, i, (*x->buffers)[i]);
             } catch (...) {
                 (*x->errors)[i] = std::current_exception();
             }
         },
-        &ctx);
+        &c);
     for (size_t i = 0; i < count; ++i)
         if (errors[i]) std::rethrow_exception(errors[i]);
     std::lock_guard<std::mutex> lock(g_forward_mutex);   // as in load_expert
     for (size_t i = 0; i < count; ++i) packed_[size_t(experts[i])] = std::move(buffers[i]);
+}
+
+void MoeLayer::load_experts(const int64_t* experts, const kt_expert_weights* weights, size_t count) {
+    struct Ctx {
+        const MoeLayer* layer;
+        const int64_t* experts;
+        const kt_expert_weights* weights;
+    } ctx{this, experts, weights};
+    install_in_parallel(
+        experts, count,
+        [](void* p, size_t i, NumaBuffer& out) {
+            auto* x = static_cast<Ctx*>(p);
+            out = x->layer->pack(x->experts[i], x->weights[i]);
+        },
+        &ctx);
+}
+
+void MoeLayer::load_packed(const int64_t* experts, const uint64_t* offsets, size_t count, int fd) {
+    struct Ctx {
+        const MoeLayer* layer;
+        const int64_t* experts;
+        const uint64_t* offsets;
+        int fd;
+    } ctx{this, experts, offsets, fd};
+    install_in_parallel(
+        experts, count,
+        [](void* p, size_t i, NumaBuffer& out) {
+            auto* x = static_cast<Ctx*>(p);
+            const MoeLayer& l = *x->layer;
+            ThreadPool& pool = global_pool();
+            const int group = l.group_of_expert_[size_t(x->experts[i])] % pool.num_groups();
+            out = make_numa_buffer(l.expert_bytes_, kAlign, pool.group_numa_node(group), true);
+            // pread straight into the node's memory: no file mapping to fault in, no
+            // intermediate copy; the page cache (or the disk) is read once.
+            char* dst = static_cast<char*>(out.get());
+            size_t done = 0;
+            while (done < l.expert_bytes_) {
+                const ssize_t n = ::pread(x->fd, dst + done, l.expert_bytes_ - done, off_t(x->offsets[i] + done));
+                if (n < 0 && errno == EINTR) continue;
+                if (n < 0)
+                    throw std::runtime_error("reading expert " + std::to_string(x->experts[i]) + "'s packed weights at byte " +
+                                             std::to_string(x->offsets[i] + done) + ": " + std::strerror(errno));
+                if (n == 0)
+                    throw std::invalid_argument("the packed file ends at byte " + std::to_string(x->offsets[i] + done) +
+                                                "; expert " + std::to_string(x->experts[i]) + " needs bytes up to " +
+                                                std::to_string(x->offsets[i] + l.expert_bytes_));
+                done += size_t(n);
+            }
+        },
+        &ctx);
+}
+
+void MoeLayer::map_packed(const int64_t* experts, const uint64_t* offsets, size_t count, int fd) {
+    check_expert_list(experts, count);
+    struct stat st;
+    if (::fstat(fd, &st) != 0) throw std::runtime_error(std::string("fstat of the packed file: ") + std::strerror(errno));
+    const uint64_t size = uint64_t(st.st_size);
+    for (size_t i = 0; i < count; ++i) {
+        if (offsets[i] % kAlign)
+            throw std::invalid_argument("expert " + std::to_string(experts[i]) + "'s packed bytes start at byte " +
+                                        std::to_string(offsets[i]) + ", not on a 64-byte boundary");
+        if (offsets[i] > size || size - offsets[i] < expert_bytes_)
+            throw std::invalid_argument("the packed file ends at byte " + std::to_string(size) + "; expert " +
+                                        std::to_string(experts[i]) + " needs bytes up to " +
+                                        std::to_string(offsets[i] + expert_bytes_));
+    }
+    if (count == 0) return;
+    // MAP_POPULATE maps every page now (the page cache's large folios map whole), so a
+    // forward never faults; a cold file is read here, sequentially.
+    void* base = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+    if (base == MAP_FAILED) throw std::runtime_error(std::string("mapping the packed file: ") + std::strerror(errno));
+    std::shared_ptr<void> mapping(base, [size](void* p) { ::munmap(p, size); });
+    std::lock_guard<std::mutex> lock(g_forward_mutex);   // as in load_expert
+    for (size_t i = 0; i < count; ++i)
+        packed_[size_t(experts[i])] = std::shared_ptr<void>(mapping, static_cast<char*>(base) + offsets[i]);
+}
+
+std::vector<char> MoeLayer::copy_packed(int64_t expert) const {
+    check_expert_index(expert);
+    std::lock_guard<std::mutex> lock(g_forward_mutex);
+    const std::shared_ptr<void>& b = packed_[size_t(expert)];
+    if (!b) throw std::invalid_argument("expert " + std::to_string(expert) + " is not loaded");
+    const char* p = static_cast<const char*>(b.get());
+    return std::vector<char>(p, p + expert_bytes_);
 }
 
 void MoeLayer::forward(const void* hidden, kt_dtype hidden_dtype, int64_t tokens, const int64_t* ids,

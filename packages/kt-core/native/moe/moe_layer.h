@@ -6,6 +6,7 @@
 #include "memory/numa_allocator.h"
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,21 @@ public:
     // Pack `count` experts in parallel on the pool; all are installed or, on the first
     // error (std::invalid_argument naming the expert), none.
     void load_experts(const int64_t* experts, const kt_expert_weights* weights, size_t count);
+    // Install `count` experts' packed bytes (this layer's layout, expert_bytes each) read from
+    // file descriptor fd at offsets[i], in parallel, each read by a thread of its NUMA group
+    // into memory on its node; all-or-nothing as load_experts. A short file throws
+    // std::invalid_argument naming the byte it ends at. The caller vouches that the bytes
+    // were written by copy_packed for this layout id (kt_core checks the manifest).
+    void load_packed(const int64_t* experts, const uint64_t* offsets, size_t count, int fd);
+    // Serve `count` experts straight from the page cache: fd is mapped read-only (populated
+    // at once) and expert i's packed bytes are those at offsets[i], which must be 64-byte
+    // aligned and lie inside the file (std::invalid_argument otherwise). No copy and no new
+    // memory: the pages are the file's cached pages, shared with other processes mapping it.
+    // The experts keep the mapping alive; the file must not shrink while they use it (kt
+    // replaces its files by rename, which never does).
+    void map_packed(const int64_t* experts, const uint64_t* offsets, size_t count, int fd);
+    // A copy of a loaded expert's packed bytes (what load_packed reads back).
+    std::vector<char> copy_packed(int64_t expert) const;
     bool expert_loaded(int64_t expert) const;
 
     // out[T, hidden] (f32 or bf16) = sum_j weights[t, j] * expert_{ids[t, j]}(hidden[t]).
@@ -51,6 +67,10 @@ public:
 private:
     void check_expert_index(int64_t expert) const;
     NumaBuffer pack(int64_t expert, const kt_expert_weights& weights) const;
+    // Validates the expert list, runs make(ctx, i, buffer) for each on a thread of the
+    // expert's NUMA group, and installs all buffers or, on the first error, none.
+    void install_in_parallel(const int64_t* experts, size_t count, void (*make)(void*, size_t, NumaBuffer&), void* ctx);
+    void check_expert_list(const int64_t* experts, size_t count) const;   // in range, on the CPU, no repeats
 
     kt_moe_config shape_;
     const kt_method_kernels* kernels_;
@@ -58,7 +78,9 @@ private:
     std::vector<bool> on_cpu_;
     int64_t max_tokens_;
     size_t expert_bytes_;
-    std::vector<NumaBuffer> packed_;            // one per expert, empty when not loaded
+    // One per expert, empty when not loaded: node memory of its own, or a view into a file
+    // mapping that the layer's experts share (shared_ptr's aliasing constructor).
+    std::vector<std::shared_ptr<void>> packed_;
     std::vector<int> group_of_expert_;
 };
 

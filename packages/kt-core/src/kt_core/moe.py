@@ -185,6 +185,26 @@ class MoE:
         if ids:
             self._layer.load_experts(ids, parts)
 
+    def load_packed(self, offsets: dict, fd: int) -> None:
+        """Install experts from bytes packed in this layer's layout (`packed_expert`'s output):
+        {slot: byte offset in the open file fd}, expert_bytes each, read in parallel by the
+        threads of each slot's NUMA node. All land or none."""
+        slots = [int(s) for s in offsets]
+        if slots:
+            self._layer.load_packed(slots, [int(o) for o in offsets.values()], int(fd))
+
+    def map_packed(self, offsets: dict, fd: int) -> None:
+        """Serve experts from the page cache: the open file fd is mapped read-only and slot s's
+        packed bytes are those at offsets[s] (64-byte aligned). The file must not shrink
+        while the layer uses it."""
+        slots = [int(s) for s in offsets]
+        if slots:
+            self._layer.map_packed(slots, [int(o) for o in offsets.values()], int(fd))
+
+    def packed_expert(self, slot: int) -> bytes:
+        """A copy of a loaded expert's packed bytes (layout `layout_id`, `expert_bytes` long)."""
+        return self._layer.copy_packed(int(slot))
+
     def load(self, gate, up, down, physical_to_logical_map=None, *, scales=None, zeros=None) -> None:
         """Load every CPU expert. gate/up: [E_logical, I, H]; down: [E_logical, H, I] (stacked
         tensors or sequences of per-expert matrices); scales/zeros: (gate, up, down) triples of

@@ -164,6 +164,8 @@ def convert_cmd(
     group_size: int = typer.Option(128, help="INT4 group size: 32, 64 or 128"),
     zero_point: bool = typer.Option(False, "--zero-point", help="asymmetric INT4 (zero points per group)"),
     resume: bool = typer.Option(False, "--resume", help="continue an interrupted conversion into OUT"),
+    packed: bool = typer.Option(False, "--packed", help="also store every layer in this host's packed kernel layout: "
+                                "loading on hosts with that layout becomes a copy (the codes' size again on disk)"),
     threads: int = typer.Option(0, help="quantizer threads (default: physical cores)"),
 ) -> None:
     """Quantize a model's routed experts into a kt converted folder, one layer at a time."""
@@ -174,7 +176,7 @@ def convert_cmd(
     try:
         pool.ensure(threads)
         done = convert(model, out, method=method, group_size=group_size, zero_point=zero_point, resume=resume,
-                       progress=True, log=console.print)
+                       progress=True, packed=packed, log=console.print)
     except KTError as exc:
         console.print(f"[red]kt convert: {exc}[/red]")
         raise typer.Exit(1) from exc

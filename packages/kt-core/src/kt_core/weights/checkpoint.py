@@ -51,6 +51,16 @@ class Checkpoint:
                 h.update(f"{shard}:{(self.path / shard).stat().st_size}".encode())
         return h.hexdigest()
 
+    @staticmethod
+    def source_hash_of(model_dir: Path) -> str:
+        """Checkpoint(model_dir).source_hash() without parsing the folder when it has an index:
+        a converted folder checks its source at every open (once per layer through the
+        wrapper), and parsing a large model's index and checking its shards took longer than
+        mapping the layer."""
+        if (model_dir / INDEX).is_file():
+            return hashlib.sha256((model_dir / "config.json").read_bytes() + (model_dir / INDEX).read_bytes()).hexdigest()
+        return Checkpoint(model_dir).source_hash()
+
     # -- tensors ----------------------------------------------------------------------------
     def _weight_map(self) -> dict[str, str]:
         index = self.path / INDEX

@@ -92,10 +92,12 @@ def _write_manifest(out: Path, manifest: dict) -> None:
 
 
 def convert(model_dir: str | Path, out_dir: str | Path, *, method: str = "INT4", group_size: int = 128,
-            zero_point: bool = False, resume: bool = False, progress: bool = False,
+            zero_point: bool = False, resume: bool = False, progress: bool = False, packed: bool = False,
             log: Callable[[str], None] = lambda _: None) -> Path:
     """Convert model_dir's routed experts into out_dir (INT8, or INT4 with group_size and
-    zero_point). Returns out_dir. The source folder is only read."""
+    zero_point). Returns out_dir. The source folder is only read. packed=True also stores
+    each layer in the packed layout of this host's kernels (packed.py): loads on hosts that
+    select the same layout become a copy, at the codes' size again on disk."""
     method = method.upper()
     if method not in CODES_LAYOUT:
         raise KTError(f"kt convert writes {' or '.join(CODES_LAYOUT)}; got method {method!r}")
@@ -134,8 +136,14 @@ def convert(model_dir: str | Path, out_dir: str | Path, *, method: str = "INT4",
                 raise KTError(f"cannot resume {out}: its {key} is {old.get(key)!r}, this conversion's is {manifest[key]!r}")
         if old["source"]["hash"] != manifest["source"]["hash"]:
             raise KTError(f"cannot resume {out}: the source model changed since the conversion started")
-        manifest["layers"] = {k: v for k, v in old.get("layers", {}).items()
-                              if (out / v["file"]).is_file() and (out / v["file"]).stat().st_size == v["bytes"]}
+        def whole(layers: dict) -> dict:
+            return {k: v for k, v in layers.items()
+                    if (out / v["file"]).is_file() and (out / v["file"]).stat().st_size == v["bytes"]}
+
+        manifest["layers"] = whole(old.get("layers", {}))
+        if old.get("packed"):
+            manifest["packed"] = {layout: entry | {"layers": whole(entry["layers"])}
+                                  for layout, entry in old["packed"].items()}
     elif out.exists() and not out.is_dir():
         raise KTError(f"{out} is a file; kt convert writes into a folder")
     elif out.exists() and any(out.iterdir()):
@@ -171,6 +179,10 @@ def convert(model_dir: str | Path, out_dir: str | Path, *, method: str = "INT4",
     manifest["complete"] = True
     manifest["completed_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     _write_manifest(out, manifest)
+    if packed:
+        from .packed import add_packed
+
+        add_packed(out, log=log)
     return out
 
 

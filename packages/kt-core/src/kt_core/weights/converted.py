@@ -97,15 +97,26 @@ def _check_manifest(path: Path, m: dict) -> None:
             raise bad(f"geometry.{key}", "a positive integer", g.get(key))
     if not isinstance(g.get("moe_layers"), list) or not all(_is_int(x) for x in g["moe_layers"]):
         raise bad("geometry.moe_layers", "a list of layer numbers", g.get("moe_layers"))
-    layers = m.get("layers")
-    if not isinstance(layers, dict):
-        raise bad("layers", "an object", layers)
-    for key, entry in layers.items():
-        if not isinstance(entry, dict) or not isinstance(entry.get("file"), str) or not _is_int(entry.get("bytes")):
-            raise bad(f"layers[{key!r}]", '{"file": name, "bytes": size}', entry)
-        name = entry["file"]
-        if not name or Path(name).name != name or name in (".", ".."):   # never a path out of the folder
-            raise bad(f"layers[{key!r}].file", "a file name in the folder", name)
+    def check_layers(field: str, layers) -> None:
+        if not isinstance(layers, dict):
+            raise bad(field, "an object", layers)
+        for key, entry in layers.items():
+            if not isinstance(entry, dict) or not isinstance(entry.get("file"), str) or not _is_int(entry.get("bytes")):
+                raise bad(f"{field}[{key!r}]", '{"file": name, "bytes": size}', entry)
+            name = entry["file"]
+            if not name or Path(name).name != name or name in (".", ".."):   # never a path out of the folder
+                raise bad(f"{field}[{key!r}].file", "a file name in the folder", name)
+
+    check_layers("layers", m.get("layers"))
+    packed = m.get("packed", {})      # optional: packed.py
+    if not isinstance(packed, dict):
+        raise bad("packed", "an object", packed)
+    for layout_id, entry in packed.items():
+        if (not isinstance(entry, dict) or not _is_int(entry.get("expert_bytes"), 1)
+                or not _is_int(entry.get("expert_stride"), entry["expert_bytes"]) or entry["expert_stride"] % 64):
+            raise bad(f"packed[{layout_id!r}]", '{"expert_bytes": size, "expert_stride": a multiple of 64 >= size, '
+                      '"layers": {...}}', entry)
+        check_layers(f"packed[{layout_id!r}].layers", entry.get("layers"))
     src = m.get("source")
     if not isinstance(src, dict) or not isinstance(src.get("path"), str) or not isinstance(src.get("hash"), str):
         raise bad("source", '{"path": ..., "hash": ...}', src)
@@ -144,7 +155,7 @@ class ConvertedFolder:
         if (path / "config.json").is_file():
             from .checkpoint import Checkpoint
 
-            now = Checkpoint(path).source_hash()
+            now = Checkpoint.source_hash_of(path)
             if now != src["hash"]:
                 raise KTError(f"the source model {path} changed since {self.path} was converted from it (config or "
                               "shard index differ); convert it again")

@@ -18,6 +18,7 @@ from ..gguf.reader import GGUFModel, expert_reader, is_gguf, open_gguf
 from .checkpoint import Checkpoint
 from .converted import MANIFEST, ConvertedFolder
 from .experts import checkpoint_experts, float_experts
+from .packed import load_packed_layer, packed_layer
 from .readahead import readahead
 
 # Experts packed per parallel batch: enough to keep every thread busy, few enough that the
@@ -46,7 +47,7 @@ def _check_geometry(moe, hidden: int, intermediate: int, what: str) -> None:
                            f"hidden_size={moe.hidden_size}, intermediate_size={moe.intermediate_size}")
 
 
-def _converted_reader(moe, folder: ConvertedFolder, layer: int):
+def _check_converted(moe, folder: ConvertedFolder) -> None:
     g = folder.geometry
     _check_geometry(moe, g["hidden"], g["intermediate"], f"converted folder {folder.path}")
     wanted = (moe.method, _default_group(moe), moe.zero_point)
@@ -55,8 +56,11 @@ def _converted_reader(moe, folder: ConvertedFolder, layer: int):
         raise WeightsError(f"{folder.path} holds {folder.method} codes (group {folder.group_size}, zero_point "
                            f"{folder.zero_point}); the layer asks for {moe.method} (group {wanted[1]}, zero_point "
                            f"{moe.zero_point}): create it with the folder's settings")
+
+
+def _converted_reader(folder: ConvertedFolder, layer: int):
     tensors = folder.layer_tensors(layer)
-    return g["num_experts"], lambda e: folder.expert(tensors, e)
+    return folder.geometry["num_experts"], lambda e: folder.expert(tensors, e)
 
 
 def _checkpoint_reader(moe, ckpt: Checkpoint, layer: int, quantize_at_load: bool):
@@ -82,13 +86,20 @@ def _checkpoint_reader(moe, ckpt: Checkpoint, layer: int, quantize_at_load: bool
 
 
 def load_layer(moe, source: Checkpoint | ConvertedFolder | GGUFModel | str | Path, layer: int, physical_to_logical_map=None, *,
-               quantize_at_load: bool = False) -> None:
+               quantize_at_load: bool = False) -> str:
     """Load model layer `layer`'s routed experts into `moe` (a kt_core.MoE). Physical slot p
-    gets logical expert physical_to_logical_map[p]; GPU-resident slots are skipped."""
+    gets logical expert physical_to_logical_map[p]; GPU-resident slots are skipped. Returns
+    how: "mapped" or "copied" (a converted folder's packed copy in this layer's layout, served
+    as stored: weights/packed.py) or "packed at load" (packed from codes or checkpoint tensors)."""
     if isinstance(source, (str, Path)):
         source = open_weights(source)
     if isinstance(source, ConvertedFolder):
-        logical, read = _converted_reader(moe, source, layer)
+        _check_converted(moe, source)
+        packed = packed_layer(source, moe.layout_id, moe.expert_bytes, layer)
+        if packed is not None:
+            return load_packed_layer(moe, packed, moe.physical_to_logical(physical_to_logical_map,
+                                                                          source.geometry["num_experts"]))
+        logical, read = _converted_reader(source, layer)
     elif isinstance(source, GGUFModel):
         logical, read = expert_reader(moe, source, layer)
     else:
@@ -103,3 +114,4 @@ def load_layer(moe, source: Checkpoint | ConvertedFolder | GGUFModel | str | Pat
         upcoming = {p: read(p2l[p]) for p in batches[b + 1]} if b + 1 < len(batches) else {}
         readahead(upcoming)      # the disk fetches the next batch while the pool packs this one
         moe.load_experts(current)
+    return "packed at load"
