@@ -7,7 +7,8 @@ rates measured in the same run.
 Builds a synthetic Qwen3-30B-A3B-shaped model (hidden 2048, intermediate 768; `--experts`
 routed experts per layer, `--layers` MoE layers, bf16) under --workdir, converts it to INT8
 and INT4 (g128), adds packed copies in this host's kernel layout to a second folder of each
-(`kt convert --packed`; loaded mapped and copied, weights/packed.py), then for each source times:
+(`kt convert --packed`; loaded mapped and copied, weights/packed.py) and packs the bf16 experts
+as stored (`kt convert --method BF16 --packed`), then for each source times:
   - one layer, and the whole model (every layer into its own kt_core.MoE);
   - warm: files in the page cache; cold: each file evicted first (posix_fadvise DONTNEED,
     which needs no root; the disk is then really read).
@@ -157,6 +158,12 @@ def main() -> None:
         write_checkpoint(model, "qwen3_moe", hidden=spec["hidden"], intermediate=spec["intermediate"],
                          experts=args.experts, layers=args.layers, dense_prefix=0, shards=args.layers, keep_truth=False)
     sources = {"BF16": model}
+    # The checkpoint's own bf16 experts, packed for this host (`kt convert --method BF16 --packed`).
+    bf16_packed = work / f"{model.name}-bf16-packed"
+    if not (bf16_packed / "kt-manifest.json").is_file():
+        shutil.rmtree(bf16_packed, ignore_errors=True)
+        convert(model, bf16_packed, method="BF16", packed=True)
+    sources["BF16 packed, mapped"] = sources["BF16 packed, copied"] = bf16_packed
     for method in ("INT8", "INT4"):
         out = work / f"{model.name}-{method.lower()}"
         if not (out / "kt-manifest.json").is_file():

@@ -162,8 +162,15 @@ def test_bad_conversion_requests(tmp_path, model):
     (tmp_path / "busy" / "notes.txt").write_text("mine")
     with pytest.raises(KTError, match="is not empty and is not a kt converted folder"):
         convert(model, tmp_path / "busy", method="INT8")
-    with pytest.raises(KTError, match="kt convert writes INT8 or INT4; got method 'FP8'"):
+    with pytest.raises(KTError, match="kt convert writes INT8 or INT4 codes, or BF16, FP8, RAWINT4 packed copies "
+                                      r"\(--packed\); got method 'AWQ'"):
+        convert(model, tmp_path / "x", method="AWQ")
+    with pytest.raises(KTError, match="FP8 experts load as the source stores them; `kt convert --method FP8` only "
+                                      "makes packed copies of them, so it needs --packed"):
         convert(model, tmp_path / "x", method="FP8")
+    with pytest.raises(KTError, match="stores BF16 experts; packed copies of method FP8 need a checkpoint that stores "
+                                      "FP8 experts"):
+        convert(model, tmp_path / "x", method="FP8", packed=True)
     with pytest.raises(KTError, match="INT4 group size must be one of"):
         convert(model, tmp_path / "x", method="INT4", group_size=48)
     with pytest.raises(KTError, match="never into the source model folder"):

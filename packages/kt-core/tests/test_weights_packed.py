@@ -18,7 +18,7 @@ from kt_core import KTError, KTMoEWrapper  # noqa: E402
 from kt_core.backends.selection import selector  # noqa: E402
 from kt_core.cli.app import app  # noqa: E402
 from kt_core.testing.checkpoints import write_checkpoint  # noqa: E402
-from kt_core.weights import ConvertedFolder, add_packed, convert, load_layer  # noqa: E402
+from kt_core.weights import Checkpoint, ConvertedFolder, add_packed, convert, load_layer  # noqa: E402
 from kt_core.weights import packed as packed_module  # noqa: E402
 from kt_core.weights.converted import MANIFEST  # noqa: E402
 
@@ -210,3 +210,43 @@ def test_kt_convert_packed_command(model, tmp_path):
     assert result.exit_code == 0, result.output
     assert "packing 3 of 3 layers in" in result.output
     assert ConvertedFolder.open(tmp_path / "out").manifest["packed"]
+
+
+@pytest.mark.parametrize(("model_type", "quant", "method"), [("qwen3_moe", "bf16", "BF16"), ("deepseek_v3", "fp8", "FP8"),
+                                                             ("kimi_k2", "rawint4", "RAWINT4")])
+def test_packed_copies_of_a_checkpoints_own_format(tmp_path, model_type, quant, method):
+    """BF16 / FP8 / RAWINT4 load as the checkpoint stores them; `kt convert --method M --packed`
+    keeps no codes, only packed copies, and falls back to the source for other layouts."""
+    src = tmp_path / "src"
+    write_checkpoint(src, model_type, hidden=H, intermediate=I, experts=E, layers=3, dense_prefix=1, quant=quant)
+    out = convert(src, tmp_path / "out", method=method, packed=True)
+    conv = ConvertedFolder.open(out)
+    (layout, entry), = conv.manifest["packed"].items()
+    assert conv.manifest["layers"] == {} and not list(out.glob("*.safetensors"))
+    assert sorted(entry["layers"]) == [str(L) for L in Checkpoint(src).spec.moe_layers]
+
+    def layer(backend=None):
+        return kt_core.MoE(num_experts=E, top_k=TOP_K, hidden_size=H, intermediate_size=I, method=method,
+                           backend=backend, max_tokens=16)
+
+    fast, direct = layer(), layer()
+    assert load_layer(fast, conv, 2) in ("mapped", "copied")
+    assert load_layer(direct, Checkpoint(src), 2) == "packed at load"
+    assert all(fast.packed_expert(e) == direct.packed_expert(e) for e in range(E))
+    assert torch.equal(forward(fast), forward(direct))
+    kw = dict(layer_idx=2, num_experts=E, num_experts_per_tok=TOP_K, hidden_size=H, moe_intermediate_size=I,
+              chunked_prefill_size=16, method=method)
+    a, b = KTMoEWrapper(**kw, weight_path=str(out)), KTMoEWrapper(**kw, weight_path=str(src))
+    a.load_weights()
+    b.load_weights()
+    assert torch.equal(forward(a), forward(b))
+    # Kernels of another layout read the source model, while it is there.
+    ref = layer("reference")
+    assert ref.layout_id != layout
+    assert load_layer(ref, conv, 2) == "packed at load"
+    src.rename(tmp_path / "moved")
+    conv = ConvertedFolder.open(out)
+    with pytest.raises(KTError, match=rf"holds {method} experts only as packed copies \({layout}\) and none of layer 2 "
+                                      rf"in this host's layout {ref.layout_id}; its source model .* is gone"):
+        load_layer(ref, conv, 2)
+    assert load_layer(layer(), conv, 1) in ("mapped", "copied")

@@ -158,9 +158,11 @@ def bench(
 
 @app.command("convert")
 def convert_cmd(
-    model: str = typer.Argument(..., help="Hugging Face model folder (bf16/fp16/fp32 or FP8 experts)"),
+    model: str = typer.Argument(..., help="Hugging Face model folder (bf16/fp16/fp32 or FP8 experts; RAWINT4 too "
+                                "with --method RAWINT4 --packed)"),
     out: str = typer.Argument(..., help="folder to write (new or empty; or the same folder with --resume)"),
-    method: str = typer.Option("INT4", help="INT8 or INT4"),
+    method: str = typer.Option("INT4", help="INT8 or INT4 codes; or BF16, FP8, RAWINT4 (what the source stores) with "
+                               "--packed: packed copies only"),
     group_size: int = typer.Option(128, help="INT4 group size: 32, 64 or 128"),
     zero_point: bool = typer.Option(False, "--zero-point", help="asymmetric INT4 (zero points per group)"),
     resume: bool = typer.Option(False, "--resume", help="continue an interrupted conversion into OUT"),
@@ -168,7 +170,8 @@ def convert_cmd(
                                 "loading on hosts with that layout becomes a copy (the codes' size again on disk)"),
     threads: int = typer.Option(0, help="quantizer threads (default: physical cores)"),
 ) -> None:
-    """Quantize a model's routed experts into a kt converted folder, one layer at a time."""
+    """Quantize a model's routed experts into a kt converted folder, one layer at a time (or, with
+    --method BF16/FP8/RAWINT4 --packed, store them packed for this host without quantizing)."""
     from .. import pool
     from ..errors import KTError
     from ..weights import convert

@@ -22,7 +22,18 @@ from .. import __version__
 from ..errors import KTError
 from . import codes as kc
 from .checkpoint import Checkpoint
-from .converted import CODES_LAYOUT, FORMAT, FORMAT_VERSION, MANIFEST, layer_file, read_manifest, write_atomically, write_manifest
+from .converted import (
+    AS_STORED_LAYOUT,
+    AS_STORED_METHODS,
+    CODES_LAYOUT,
+    FORMAT,
+    FORMAT_VERSION,
+    MANIFEST,
+    layer_file,
+    read_manifest,
+    write_atomically,
+    write_manifest,
+)
 from .experts import float_experts, projection_shapes
 
 
@@ -99,15 +110,23 @@ def convert(model_dir: str | Path, out_dir: str | Path, *, method: str = "INT4",
     each layer in the packed layout of this host's kernels (packed.py): loads on hosts that
     select the same layout become a copy, at the codes' size again on disk."""
     method = method.upper()
-    if method not in CODES_LAYOUT:
-        raise KTError(f"kt convert writes {' or '.join(CODES_LAYOUT)}; got method {method!r}")
+    as_stored = method in AS_STORED_METHODS
+    if method not in CODES_LAYOUT and not as_stored:
+        raise KTError(f"kt convert writes {' or '.join(CODES_LAYOUT)} codes, or {', '.join(AS_STORED_METHODS)} packed "
+                      f"copies (--packed); got method {method!r}")
+    if as_stored and not packed:
+        raise KTError(f"{method} experts load as the source stores them; `kt convert --method {method}` only makes "
+                      "packed copies of them, so it needs --packed")
     if method == "INT4" and group_size not in kc.INT4_GROUPS:
         raise KTError(f"INT4 group size must be one of {kc.INT4_GROUPS}, got {group_size}")
-    if method == "INT8":
+    if method != "INT4":
         group_size, zero_point = 0, False
     ckpt = Checkpoint(model_dir)
     spec = ckpt.spec
-    if spec.quantization.method not in ("BF16", "FP8"):
+    if as_stored and spec.quantization.method != ("BF16" if method == "BF16" else method):
+        raise KTError(f"{model_dir} stores {spec.quantization.method} experts; packed copies of method {method} need a "
+                      f"checkpoint that stores {method} experts (kt convert --method INT8/INT4 quantizes instead)")
+    if not as_stored and spec.quantization.method not in ("BF16", "FP8"):
         raise KTError(f"{model_dir} stores {spec.quantization.method} experts; kt convert reads bf16/fp16/fp32 or FP8 "
                       f"checkpoints (load {spec.quantization.method} checkpoints directly with method="
                       f"{spec.quantization.method})")
@@ -120,7 +139,8 @@ def convert(model_dir: str | Path, out_dir: str | Path, *, method: str = "INT4",
         raise KTError("kt convert writes into a new folder, never into the source model folder")
     manifest = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "kt_version": __version__, "method": method,
-        "codes_layout": CODES_LAYOUT[method], "group_size": group_size, "zero_point": zero_point,
+        "codes_layout": AS_STORED_LAYOUT if as_stored else CODES_LAYOUT[method], "group_size": group_size,
+        "zero_point": zero_point,
         "source": {"path": str(ckpt.path.resolve()), "hash": ckpt.source_hash(), "model_type": spec.model_type,
                    "quantization": spec.quantization.method},
         "geometry": {"hidden": spec.hidden, "intermediate": spec.intermediate, "num_experts": spec.num_experts,
@@ -156,14 +176,15 @@ def convert(model_dir: str | Path, out_dir: str | Path, *, method: str = "INT4",
     except OSError as exc:
         raise _output_error(exc, out, len(manifest["layers"])) from exc
 
-    per_layer = layer_bytes(method, spec, group_size, zero_point)
-    todo = [L for L in spec.moe_layers if str(L) not in manifest["layers"]]
-    log(f"{spec.model_type}: {len(spec.moe_layers)} MoE layers x {spec.num_experts} experts -> {method}"
-        + (f" g{group_size}{' asym' if zero_point else ''}" if method == "INT4" else "")
-        + f"; {len(todo)} to convert; peak RAM about {per_layer / 2**30:.2f} GiB (one converted layer) plus one "
-          "source layer in the page cache")
+    per_layer = 0 if as_stored else layer_bytes(method, spec, group_size, zero_point)
+    todo = [] if as_stored else [L for L in spec.moe_layers if str(L) not in manifest["layers"]]
+    if not as_stored:
+        log(f"{spec.model_type}: {len(spec.moe_layers)} MoE layers x {spec.num_experts} experts -> {method}"
+            + (f" g{group_size}{' asym' if zero_point else ''}" if method == "INT4" else "")
+            + f"; {len(todo)} to convert; peak RAM about {per_layer / 2**30:.2f} GiB (one converted layer) plus one "
+              "source layer in the page cache")
     _write_manifest(out, manifest)
-    bar = _progress(len(spec.moe_layers), len(spec.moe_layers) - len(todo)) if progress else None
+    bar = _progress("converting", len(spec.moe_layers), len(spec.moe_layers) - len(todo)) if progress and todo else None
     try:
         for layer in todo:
             name = layer_file(layer)
@@ -182,11 +203,11 @@ def convert(model_dir: str | Path, out_dir: str | Path, *, method: str = "INT4",
     if packed:
         from .packed import add_packed
 
-        add_packed(out, log=log)
+        add_packed(out, progress=progress, log=log)
     return out
 
 
-def _progress(total: int, done: int):
+def _progress(what: str, total: int, done: int):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
     from rich.text import Text
 
@@ -194,7 +215,7 @@ def _progress(total: int, done: int):
         def render(self, task):
             return Text(f"{task.speed:.2f} layers/s" if task.speed else "- layers/s")
 
-    bar = Progress(TextColumn("converting"), BarColumn(), MofNCompleteColumn(), TextColumn("layers"), Rate(),
+    bar = Progress(TextColumn(what), BarColumn(), MofNCompleteColumn(), TextColumn("layers"), Rate(),
                    TimeRemainingColumn())
     task = bar.add_task("convert", total=total, completed=done)
     bar.start()

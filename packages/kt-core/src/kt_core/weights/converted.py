@@ -28,6 +28,10 @@ MANIFEST = "kt-manifest.json"
 FORMAT = "kt-converted"
 FORMAT_VERSION = 1
 CODES_LAYOUT = {"INT8": "kt-codes-int8-rowwise-v1", "INT4": "kt-codes-int4-nibble-v1"}
+# Methods a checkpoint's experts load as, stored: a folder of these holds no codes, only packed
+# copies of the source's experts (packed.py), and falls back to the source model elsewhere.
+AS_STORED_LAYOUT = "none: packed copies of the source's experts"
+AS_STORED_METHODS = ("BF16", "FP8", "RAWINT4")
 
 
 def layer_file(layer: int) -> str:
@@ -67,9 +71,10 @@ def read_manifest(folder: Path) -> dict:
         raise KTError(f"{folder} was converted with format version {manifest.get('format_version')}; this kt reads "
                       f"version {FORMAT_VERSION}: convert the model again with this kt")
     method = manifest.get("method")
-    if not isinstance(method, str) or CODES_LAYOUT.get(method) != manifest.get("codes_layout"):
+    layouts = CODES_LAYOUT | dict.fromkeys(AS_STORED_METHODS, AS_STORED_LAYOUT)
+    if not isinstance(method, str) or layouts.get(method) != manifest.get("codes_layout"):
         raise KTError(f"{path}: codes layout {manifest.get('codes_layout')!r} for {method} is not one this kt reads "
-                      f"({CODES_LAYOUT})")
+                      f"({layouts})")
     _check_manifest(path, manifest)
     return manifest
 
@@ -85,7 +90,7 @@ def _check_manifest(path: Path, m: dict) -> None:
         return KTError(f"{path}: {field} should be {want}, found {str(found)[:200]!r}; the converted folder is damaged")
 
     group = m.get("group_size", 0)
-    if m["method"] == "INT4" and group not in INT4_GROUPS or m["method"] == "INT8" and group not in (0, None):
+    if m["method"] == "INT4" and group not in INT4_GROUPS or m["method"] != "INT4" and group not in (0, None):
         raise bad("group_size", f"one of {INT4_GROUPS}" if m["method"] == "INT4" else "0", group)
     if not isinstance(m.get("zero_point", False), bool):
         raise bad("zero_point", "true or false", m.get("zero_point"))
@@ -159,6 +164,24 @@ class ConvertedFolder:
             if now != src["hash"]:
                 raise KTError(f"the source model {path} changed since {self.path} was converted from it (config or "
                               "shard index differ); convert it again")
+
+    @property
+    def as_stored(self) -> bool:
+        """True for a folder of packed copies of the source's own format (no codes)."""
+        return self.method in AS_STORED_METHODS
+
+    def source_checkpoint(self, why: str):
+        """The source model, for the layers this folder has no packed copy of (`why` says which);
+        a KTError when it is gone (check_source already refused a changed one)."""
+        from .checkpoint import Checkpoint
+
+        path = Path(self.manifest["source"]["path"])
+        if not (path / "config.json").is_file():
+            raise KTError(f"{self.path} holds {self.method} experts only as packed copies "
+                          f"({', '.join(self.manifest.get('packed', {})) or 'none yet'}) and {why}; its source model "
+                          f"{path} is gone: run `kt convert SOURCE {self.path} --method {self.method} --packed --resume` "
+                          "on this host, or load the source model itself")
+        return Checkpoint(path)
 
     @property
     def method(self) -> str:

@@ -53,7 +53,8 @@ def _check_converted(moe, folder: ConvertedFolder) -> None:
     wanted = (moe.method, _default_group(moe), moe.zero_point)
     stored = (folder.method, folder.group_size, folder.zero_point)
     if wanted != stored:
-        raise WeightsError(f"{folder.path} holds {folder.method} codes (group {folder.group_size}, zero_point "
+        what = "experts (packed copies)" if folder.as_stored else "codes"
+        raise WeightsError(f"{folder.path} holds {folder.method} {what} (group {folder.group_size}, zero_point "
                            f"{folder.zero_point}); the layer asks for {moe.method} (group {wanted[1]}, zero_point "
                            f"{moe.zero_point}): create it with the folder's settings")
 
@@ -99,7 +100,11 @@ def load_layer(moe, source: Checkpoint | ConvertedFolder | GGUFModel | str | Pat
         if packed is not None:
             return load_packed_layer(moe, packed, moe.physical_to_logical(physical_to_logical_map,
                                                                           source.geometry["num_experts"]))
-        logical, read = _converted_reader(source, layer)
+        if source.as_stored:
+            ckpt = source.source_checkpoint(f"none of layer {layer} in this host's layout {moe.layout_id}")
+            logical, read = _checkpoint_reader(moe, ckpt, layer, quantize_at_load)
+        else:
+            logical, read = _converted_reader(source, layer)
     elif isinstance(source, GGUFModel):
         logical, read = expert_reader(moe, source, layer)
     else:

@@ -105,13 +105,14 @@ def load_packed_layer(moe, path: Path, physical_to_logical: list[int]) -> str:
         os.close(fd)
 
 
-def add_packed(folder: str | Path, *, backend: str | None = None,
+def add_packed(folder: str | Path, *, backend: str | None = None, progress: bool = False,
                log: Callable[[str], None] = lambda _: None) -> str:
     """Store every layer of a complete converted folder in the packed layout of the kernels
     this host selects (or `backend`'s). Returns the layout id. Layers already packed in that
-    layout are kept, so an interrupted run continues where it stopped."""
+    layout are kept, so an interrupted run continues where it stopped. Peak RAM: one packed
+    layer."""
     from ..moe import MoE
-    from .loader import load_layer
+    from .conversion import _progress
 
     conv = ConvertedFolder.open(folder)
     g = conv.geometry
@@ -119,34 +120,51 @@ def add_packed(folder: str | Path, *, backend: str | None = None,
               hidden_size=g["hidden"], intermediate_size=g["intermediate"], method=conv.method,
               group_size=conv.group_size, zero_point=conv.zero_point, backend=backend)
     layout, expert_bytes = moe.layout_id, moe.expert_bytes
-    manifest = conv.manifest
     stride = expert_stride(expert_bytes)
-    entry = manifest.setdefault("packed", {}).get(layout)
+    entry = conv.manifest.setdefault("packed", {}).get(layout)
     if entry is None or (entry["expert_bytes"], entry["expert_stride"]) != (expert_bytes, stride):
-        entry = manifest["packed"][layout] = {"expert_bytes": expert_bytes, "expert_stride": stride, "layers": {}}
+        entry = conv.manifest["packed"][layout] = {"expert_bytes": expert_bytes, "expert_stride": stride, "layers": {}}
     want = g["num_experts"] * stride
-    padding = bytes(stride - expert_bytes)
     todo = [L for L in g["moe_layers"]
             if not (str(L) in entry["layers"] and (conv.path / entry["layers"][str(L)]["file"]).is_file()
                     and (conv.path / entry["layers"][str(L)]["file"]).stat().st_size == want)]
-    log(f"packing {len(todo)} of {len(g['moe_layers'])} layers in {layout} ({moe.backend} kernels, "
-        f"{want / 2**30:.2f} GiB per layer)")
-    for layer in todo:
-        entry["layers"].pop(str(layer), None)
-        load_layer(moe, conv, layer)            # from the codes: this layer has no packed file yet
-        name = packed_file(layer, layout)
-
-        def write(tmp: Path) -> None:
-            with open(tmp, "wb") as f:
-                for e in range(g["num_experts"]):
-                    f.write(moe.packed_expert(e))
-                    f.write(padding)
-
-        try:
-            write_atomically(conv.path / name, write)
-            entry["layers"][str(layer)] = {"file": name, "bytes": want}
-            write_manifest(conv.path, manifest)
-        except OSError as exc:
-            raise KTError(f"writing {conv.path / name} failed: {exc.strerror or exc}; the layers packed so far are "
-                          "kept: fix that and run the same command again") from exc
+    log(f"packing {len(todo)} of {len(g['moe_layers'])} layers in {layout} ({moe.backend} kernels); peak RAM about "
+        f"{want / 2**30:.2f} GiB (one packed layer)")
+    bar = _progress("packing", len(g["moe_layers"]), len(g["moe_layers"]) - len(todo)) if progress and todo else None
+    try:
+        for layer in todo:
+            _pack_layer(conv, moe, layer, packed_file(layer, layout), bytes(stride - expert_bytes))
+            entry["layers"][str(layer)] = {"file": packed_file(layer, layout), "bytes": want}
+            try:
+                write_manifest(conv.path, conv.manifest)
+            except OSError as exc:
+                raise KTError(f"writing {conv.path} manifest failed: {exc.strerror or exc}; the layers packed so far "
+                              "are kept: fix that and run the same command again") from exc
+            if bar:
+                bar[0].advance(bar[1])
+    finally:
+        if bar:
+            bar[0].stop()
     return layout
+
+
+def _pack_layer(conv: ConvertedFolder, moe, layer: int, name: str, padding: bytes) -> None:
+    """Pack `layer` (from the folder's codes, or its source model for packed copies of a
+    checkpoint's own format) and write every logical expert's bytes to `name`, atomically."""
+    from .loader import load_layer
+
+    entry = conv.manifest["packed"][moe.layout_id]
+    entry["layers"].pop(str(layer), None)      # this layer has no packed file yet: load_layer packs it
+    load_layer(moe, conv, layer)
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as f:
+            for e in range(conv.geometry["num_experts"]):
+                f.write(moe.packed_expert(e))
+                f.write(padding)
+
+    try:
+        write_atomically(conv.path / name, write)
+    except OSError as exc:
+        raise KTError(f"writing {conv.path / name} failed: {exc.strerror or exc}; the layers packed so far are kept: "
+                      "fix that and run the same command again") from exc
