@@ -1,7 +1,8 @@
 // ThreadSanitizer stress of kt-core's concurrency: the thread pool's loops from many threads
 // at once, racing submit()/sync(), and MoE forwards of several layers, and of one layer,
-// from many threads while another reloads that layer's experts and another drives the async
-// path. CPython is not TSan-instrumented, so this drives kt-core's native sources directly
+// from many threads while another reloads that layer's experts, another reloads a layer from
+// packed bytes (read or mapped) and another drives the async path. CPython is not
+// TSan-instrumented, so this drives kt-core's native sources directly
 // (built by `nox -s tsan`; see docs/reliability.md). Every result is checked: a wrong sum, a
 // lost job or a forward that differs from its single-threaded value exits non-zero, and so
 // does any TSan report (halt_on_error=1).
@@ -22,6 +23,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 namespace {
 
@@ -295,6 +298,36 @@ void stress_moe(int iterations) {
             if (!m.layer->expert_loaded(e) || m.layer->packed_bytes() != size_t(m.E) * packed_bytes(&m.layer->shape()))
                 fail("reload lost an expert");
         }
+    });
+    // Reloads of layer 2's experts from a file of their packed bytes (what `kt convert
+    // --packed` writes), read (load_packed) or mapped (map_packed), while it is being forwarded:
+    // the mapped experts' shared mapping must outlive every forward still reading it.
+    threads.emplace_back([&] {
+        const Model& m = *models[2];
+        const size_t bytes = packed_bytes(&m.layer->shape()), stride = (bytes + 4095) / 4096 * 4096;
+        char path[] = "/tmp/kt-tsan-packed-XXXXXX";
+        const int fd = ::mkstemp(path);
+        if (fd < 0) return fail("mkstemp failed");
+        ::unlink(path);
+        for (int64_t e = 0; e < m.E; ++e) {
+            const std::vector<char> b = m.layer->copy_packed(e);
+            if (::pwrite(fd, b.data(), b.size(), off_t(size_t(e) * stride)) != ssize_t(b.size())) fail("pwrite failed");
+        }
+        if (::ftruncate(fd, off_t(size_t(m.E) * stride)) != 0) fail("ftruncate failed");
+        std::vector<int64_t> all(size_t(m.E));
+        std::vector<uint64_t> offsets(size_t(m.E));
+        for (int64_t e = 0; e < m.E; ++e) {
+            all[size_t(e)] = e;
+            offsets[size_t(e)] = uint64_t(e) * stride;
+        }
+        for (int it = 0; it < iterations; ++it) {
+            if (it % 2)
+                m.layer->map_packed(all.data(), offsets.data(), all.size(), fd);
+            else
+                m.layer->load_packed(all.data(), offsets.data(), all.size(), fd);
+            if (m.layer->packed_bytes() != size_t(m.E) * bytes) fail("packed reload lost an expert");
+        }
+        ::close(fd);
     });
     for (auto& t : threads) t.join();
 }
