@@ -190,8 +190,8 @@ def _asan_env(site: Path) -> dict:
 def asan(session):
     """kt-core and every backend package built with ASan+UBSan into .sanitize/asan (the
     environment's install is untouched; kt-backend-amx as its emulation build, as in CI), then
-    the conformance suite (every backend, every variant this host runs) and the concurrency
-    tests under them. Any report fails the session. `nox -s asan -- -k INT4` narrows the
+    the conformance suite (every backend, every variant this host runs), the concurrency tests
+    and the packed-layer loads (pread, mmap) under them. Any report fails the session. `nox -s asan -- -k INT4` narrows the
     conformance run."""
     site = SANITIZE / "asan" / "site"
     env = _asan_env(site)
@@ -210,7 +210,8 @@ def asan(session):
                 "print('instrumented:', sorted(e.name for e in eps))", env=env)
     session.run("python", "-m", "pytest", "-q", "-p", "kt_core.testing.plugin", "--pyargs", "kt_core.testing.conformance",
                 *session.posargs, env={**env, **AMX_EMULATION})
-    session.run("python", "-m", "pytest", "-q", "packages/kt-core/tests/test_concurrency.py", env=env)
+    session.run("python", "-m", "pytest", "-q", "packages/kt-core/tests/test_concurrency.py",
+                "packages/kt-core/tests/test_weights_packed.py", env=env)
 
 
 TSAN_SOURCES = ["pool/thread_pool.cpp", "host/topology.cpp", "host/cpu_features.cpp", "memory/numa_allocator.cpp",
