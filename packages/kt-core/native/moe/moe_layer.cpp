@@ -16,6 +16,9 @@
 #include <string>
 
 #include <sys/mman.h>
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22   // Linux 5.14; older C libraries lack the name
+#endif
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -416,11 +419,22 @@ void MoeLayer::map_packed(const int64_t* experts, const uint64_t* offsets, size_
                                         std::to_string(offsets[i] + expert_bytes_));
     }
     if (count == 0) return;
-    // MAP_POPULATE maps every page now (the page cache's large folios map whole), so a
-    // forward never faults; a cold file is read here, sequentially.
-    void* base = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+    void* base = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
     if (base == MAP_FAILED) throw std::runtime_error(std::string("mapping the packed file: ") + std::strerror(errno));
     std::shared_ptr<void> mapping(base, [size](void* p) { ::munmap(p, size); });
+    // Huge-page advice before anything is read: pages this mapping reads from disk then land
+    // in 2 MiB page-cache folios mapped by one PMD entry each (measured here: a cold 324 MiB
+    // layer mapped whole by PMDs, against ~25 % when populated without it), so decode's
+    // scattered expert reads miss the TLB no more than copied, THP-backed weights do. Advice
+    // only: a kernel without file THP ignores it.
+    ::madvise(base, size, MADV_HUGEPAGE);
+    // Map every page now so a forward never faults; a cold file is read here, sequentially.
+    if (::madvise(base, size, MADV_POPULATE_READ) != 0) {
+        if (errno != EINVAL)   // EINVAL: a kernel older than 5.14; touch each page instead
+            throw std::runtime_error(std::string("reading the packed file into memory: ") + std::strerror(errno));
+        volatile const char* p = static_cast<const char*>(base);
+        for (uint64_t at = 0; at < size; at += 4096) (void)p[at];
+    }
     std::lock_guard<std::mutex> lock(g_forward_mutex);   // as in load_expert
     for (size_t i = 0; i < count; ++i)
         packed_[size_t(experts[i])] = std::shared_ptr<void>(mapping, static_cast<char*>(base) + offsets[i]);
