@@ -290,20 +290,15 @@ struct Layer {
         layer->load_experts(experts.data(), weights.data(), weights.size());
     }
 
-    void load_packed(const std::vector<int64_t>& experts, const std::vector<uint64_t>& offsets, int fd) {
+    // load_packed / map_packed: experts[i]'s packed bytes at offsets[i] of the open file fd.
+    using FromFile = void (kt::MoeLayer::*)(const int64_t*, const uint64_t*, size_t, int);
+    template <FromFile kInstall>
+    void from_file(const std::vector<int64_t>& experts, const std::vector<uint64_t>& offsets, int fd) {
         if (offsets.size() != experts.size())
-            throw nb::value_error(("load_packed: " + std::to_string(experts.size()) + " experts but " +
-                                   std::to_string(offsets.size()) + " offsets").c_str());
+            throw nb::value_error((std::to_string(experts.size()) + " experts but " + std::to_string(offsets.size()) +
+                                   " offsets").c_str());
         ReleaseGil release;
-        layer->load_packed(experts.data(), offsets.data(), experts.size(), fd);
-    }
-
-    void map_packed(const std::vector<int64_t>& experts, const std::vector<uint64_t>& offsets, int fd) {
-        if (offsets.size() != experts.size())
-            throw nb::value_error(("map_packed: " + std::to_string(experts.size()) + " experts but " +
-                                   std::to_string(offsets.size()) + " offsets").c_str());
-        ReleaseGil release;
-        layer->map_packed(experts.data(), offsets.data(), experts.size(), fd);
+        (layer.get()->*kInstall)(experts.data(), offsets.data(), experts.size(), fd);
     }
 
     nb::bytes copy_packed(int64_t expert) const {
@@ -678,8 +673,8 @@ NB_MODULE(_native, m) {
              "up_scale"_a = nb::none(), "down_scale"_a = nb::none(), "gate_zero"_a = nb::none(), "up_zero"_a = nb::none(),
              "down_zero"_a = nb::none())
         .def("load_experts", &Layer::load_experts, "experts"_a, "parts"_a)
-        .def("load_packed", &Layer::load_packed, "experts"_a, "offsets"_a, "fd"_a)
-        .def("map_packed", &Layer::map_packed, "experts"_a, "offsets"_a, "fd"_a)
+        .def("load_packed", &Layer::from_file<&kt::MoeLayer::load_packed>, "experts"_a, "offsets"_a, "fd"_a)
+        .def("map_packed", &Layer::from_file<&kt::MoeLayer::map_packed>, "experts"_a, "offsets"_a, "fd"_a)
         .def("copy_packed", &Layer::copy_packed, "expert"_a)
         .def("expert_loaded", [](const Layer& l, int64_t e) { return l.layer->expert_loaded(e); })
         .def("expert_group", [](const Layer& l, int64_t e) { return l.layer->expert_group(e); })

@@ -288,11 +288,15 @@ NumaBuffer MoeLayer::pack(int64_t expert, const kt_expert_weights& weights) cons
                                             " hold NaN or Inf at [" + std::to_string(r) + ", " + std::to_string(c) +
                                             "]; kt refuses non-finite weights at load");
         }
-    ThreadPool& pool = global_pool();
-    const int group = group_of_expert_[size_t(expert)] % pool.num_groups();
-    NumaBuffer buffer = make_numa_buffer(expert_bytes_, kAlign, pool.group_numa_node(group), true);
+    NumaBuffer buffer = expert_buffer(expert);
     check_plugin(kernels_->pack_expert(&shape_, &weights, buffer.get()), "packing expert weights");
     return buffer;
+}
+
+NumaBuffer MoeLayer::expert_buffer(int64_t expert) const {
+    ThreadPool& pool = global_pool();
+    const int group = group_of_expert_[size_t(expert)] % pool.num_groups();
+    return make_numa_buffer(expert_bytes_, kAlign, pool.group_numa_node(group), true);
 }
 
 void MoeLayer::load_expert(int64_t expert, const kt_expert_weights& weights) {
@@ -381,9 +385,7 @@ void MoeLayer::load_packed(const int64_t* experts, const uint64_t* offsets, size
         [](void* p, size_t i, NumaBuffer& out) {
             auto* x = static_cast<Ctx*>(p);
             const MoeLayer& l = *x->layer;
-            ThreadPool& pool = global_pool();
-            const int group = l.group_of_expert_[size_t(x->experts[i])] % pool.num_groups();
-            out = make_numa_buffer(l.expert_bytes_, kAlign, pool.group_numa_node(group), true);
+            out = l.expert_buffer(x->experts[i]);
             // pread straight into the node's memory: no file mapping to fault in, no
             // intermediate copy; the page cache (or the disk) is read once.
             char* dst = static_cast<char*>(out.get());

@@ -67,6 +67,7 @@ public:
 private:
     void check_expert_index(int64_t expert) const;
     NumaBuffer pack(int64_t expert, const kt_expert_weights& weights) const;
+    NumaBuffer expert_buffer(int64_t expert) const;   // expert_bytes_ on the node of its group
     // Validates the expert list, runs make(ctx, i, buffer) for each on a thread of the
     // expert's NUMA group, and installs all buffers or, on the first error, none.
     void install_in_parallel(const int64_t* experts, size_t count, void (*make)(void*, size_t, NumaBuffer&), void* ctx);

@@ -189,17 +189,18 @@ class MoE:
         """Install experts from bytes packed in this layer's layout (`packed_expert`'s output):
         {slot: byte offset in the open file fd}, expert_bytes each, read in parallel by the
         threads of each slot's NUMA node. All land or none."""
-        slots = [int(s) for s in offsets]
-        if slots:
-            self._layer.load_packed(slots, [int(o) for o in offsets.values()], int(fd))
+        self._from_file(self._layer.load_packed, offsets, fd)
 
     def map_packed(self, offsets: dict, fd: int) -> None:
         """Serve experts from the page cache: the open file fd is mapped read-only and slot s's
         packed bytes are those at offsets[s] (64-byte aligned). The file must not shrink
         while the layer uses it."""
-        slots = [int(s) for s in offsets]
-        if slots:
-            self._layer.map_packed(slots, [int(o) for o in offsets.values()], int(fd))
+        self._from_file(self._layer.map_packed, offsets, fd)
+
+    @staticmethod
+    def _from_file(install, offsets: dict, fd: int) -> None:
+        if offsets:
+            install([int(s) for s in offsets], [int(o) for o in offsets.values()], int(fd))
 
     def packed_expert(self, slot: int) -> bytes:
         """A copy of a loaded expert's packed bytes (layout `layout_id`, `expert_bytes` long)."""

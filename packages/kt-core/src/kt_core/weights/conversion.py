@@ -31,6 +31,7 @@ from .converted import (
     MANIFEST,
     layer_file,
     read_manifest,
+    whole_files,
     write_atomically,
     write_manifest,
 )
@@ -123,7 +124,7 @@ def convert(model_dir: str | Path, out_dir: str | Path, *, method: str = "INT4",
         group_size, zero_point = 0, False
     ckpt = Checkpoint(model_dir)
     spec = ckpt.spec
-    if as_stored and spec.quantization.method != ("BF16" if method == "BF16" else method):
+    if as_stored and spec.quantization.method != method:
         raise KTError(f"{model_dir} stores {spec.quantization.method} experts; packed copies of method {method} need a "
                       f"checkpoint that stores {method} experts (kt convert --method INT8/INT4 quantizes instead)")
     if not as_stored and spec.quantization.method not in ("BF16", "FP8"):
@@ -156,13 +157,9 @@ def convert(model_dir: str | Path, out_dir: str | Path, *, method: str = "INT4",
                 raise KTError(f"cannot resume {out}: its {key} is {old.get(key)!r}, this conversion's is {manifest[key]!r}")
         if old["source"]["hash"] != manifest["source"]["hash"]:
             raise KTError(f"cannot resume {out}: the source model changed since the conversion started")
-        def whole(layers: dict) -> dict:
-            return {k: v for k, v in layers.items()
-                    if (out / v["file"]).is_file() and (out / v["file"]).stat().st_size == v["bytes"]}
-
-        manifest["layers"] = whole(old.get("layers", {}))
+        manifest["layers"] = whole_files(out, old.get("layers", {}))
         if old.get("packed"):
-            manifest["packed"] = {layout: entry | {"layers": whole(entry["layers"])}
+            manifest["packed"] = {layout: entry | {"layers": whole_files(out, entry["layers"])}
                                   for layout, entry in old["packed"].items()}
     elif out.exists() and not out.is_dir():
         raise KTError(f"{out} is a file; kt convert writes into a folder")
@@ -176,9 +173,9 @@ def convert(model_dir: str | Path, out_dir: str | Path, *, method: str = "INT4",
     except OSError as exc:
         raise _output_error(exc, out, len(manifest["layers"])) from exc
 
-    per_layer = 0 if as_stored else layer_bytes(method, spec, group_size, zero_point)
     todo = [] if as_stored else [L for L in spec.moe_layers if str(L) not in manifest["layers"]]
     if not as_stored:
+        per_layer = layer_bytes(method, spec, group_size, zero_point)
         log(f"{spec.model_type}: {len(spec.moe_layers)} MoE layers x {spec.num_experts} experts -> {method}"
             + (f" g{group_size}{' asym' if zero_point else ''}" if method == "INT4" else "")
             + f"; {len(todo)} to convert; peak RAM about {per_layer / 2**30:.2f} GiB (one converted layer) plus one "

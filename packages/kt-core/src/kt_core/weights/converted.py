@@ -51,6 +51,12 @@ def write_atomically(path: Path, write) -> None:
         raise
 
 
+def whole_files(folder: Path, layers: dict) -> dict:
+    """The entries of a manifest's {layer: {file, bytes}} whose file is in `folder`, whole."""
+    return {k: v for k, v in layers.items()
+            if (folder / v["file"]).is_file() and (folder / v["file"]).stat().st_size == v["bytes"]}
+
+
 def write_manifest(folder: Path, manifest: dict) -> None:
     write_atomically(folder / MANIFEST, lambda tmp: tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True)))
 

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import KTError
-from .converted import ConvertedFolder, write_atomically, write_manifest
+from .converted import ConvertedFolder, whole_files, write_atomically, write_manifest
 
 # Layout ids become file names: backends name them like "kt-int4-p16-v1".
 _LAYOUT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -125,16 +125,16 @@ def add_packed(folder: str | Path, *, backend: str | None = None, progress: bool
     if entry is None or (entry["expert_bytes"], entry["expert_stride"]) != (expert_bytes, stride):
         entry = conv.manifest["packed"][layout] = {"expert_bytes": expert_bytes, "expert_stride": stride, "layers": {}}
     want = g["num_experts"] * stride
-    todo = [L for L in g["moe_layers"]
-            if not (str(L) in entry["layers"] and (conv.path / entry["layers"][str(L)]["file"]).is_file()
-                    and (conv.path / entry["layers"][str(L)]["file"]).stat().st_size == want)]
+    done = whole_files(conv.path, {k: v for k, v in entry["layers"].items() if v["bytes"] == want})
+    todo = [L for L in g["moe_layers"] if str(L) not in done]
     log(f"packing {len(todo)} of {len(g['moe_layers'])} layers in {layout} ({moe.backend} kernels); peak RAM about "
         f"{want / 2**30:.2f} GiB (one packed layer)")
     bar = _progress("packing", len(g["moe_layers"]), len(g["moe_layers"]) - len(todo)) if progress and todo else None
     try:
         for layer in todo:
-            _pack_layer(conv, moe, layer, packed_file(layer, layout), bytes(stride - expert_bytes))
-            entry["layers"][str(layer)] = {"file": packed_file(layer, layout), "bytes": want}
+            name = packed_file(layer, layout)
+            _pack_layer(conv, moe, layer, name, bytes(stride - expert_bytes))
+            entry["layers"][str(layer)] = {"file": name, "bytes": want}
             try:
                 write_manifest(conv.path, conv.manifest)
             except OSError as exc:
