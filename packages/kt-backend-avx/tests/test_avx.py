@@ -96,6 +96,35 @@ def test_quantized_accuracy(variant, method, tokens):
     assert format_err <= FORMAT_TOL[method], f"{method}: format error {format_err:.2e}"
 
 
+E4M3_FINITE = np.array([c for c in range(256) if c & 0x7F != 0x7F], dtype=np.uint8)
+E4M3_TINY = np.array([c for c in range(256) if c & 0x78 == 0], dtype=np.uint8)   # ±0 and the subnormals
+
+
+@pytest.mark.parametrize("codes", ["every", "tiny"])
+@pytest.mark.parametrize("hidden,intermediate", [(256, 128), (202, 130), (201, 99)])
+@pytest.mark.parametrize("tokens", [1, 3, 40])
+def test_fp8_codes_are_exact(variant, codes, hidden, intermediate, tokens):
+    """Every finite E4M3 code, or only ±0 and the subnormals (which a bf16 conversion must not
+    flush: a flushed subnormal would make the "tiny" case's output zero), on K that are not
+    multiples of 4 or even of 2, for decode (codes converted in registers) and prefill
+    (panels converted once) alike."""
+    rng = np.random.default_rng(hidden + tokens)
+    E, K = 3, 2
+    pool = E4M3_FINITE if codes == "every" else E4M3_TINY
+    shapes = [(E, intermediate, hidden), (E, intermediate, hidden), (E, hidden, intermediate)]
+    w8 = [rng.choice(pool, size=s) for s in shapes]
+    scales = [rng.uniform(0.5, 2.0, size=(E, -(-s[1] // 128), -(-s[2] // 128))).astype(np.float32) for s in shapes]
+    layer = kt_core.MoE(num_experts=E, top_k=K, hidden_size=hidden, intermediate_size=intermediate, method="FP8")
+    assert layer.backend == f"avx/{variant}"
+    layer.load(*w8, scales=tuple(scales))
+    stored = [np.stack([quantize.dequantize_fp8_block(c[e], s[e]) for e in range(E)]) for c, s in zip(w8, scales)]
+    x = rng.standard_normal((tokens, hidden)).astype(np.float32) * (2.0**-8 if codes == "every" else 1.0)
+    ids, wt = random_routing(rng, tokens, E, K)
+    want = moe_reference(x, *stored, ids, wt)
+    assert np.sqrt(np.mean(want**2)) > 0
+    assert relative_error(layer(x, ids, wt), want) <= KERNEL_TOL["FP8"]
+
+
 @pytest.mark.parametrize("group", [32, 64, 128])
 @pytest.mark.parametrize("zero_point", [False, True])
 def test_int4_groups_match_the_reference_backend(variant, group, zero_point):

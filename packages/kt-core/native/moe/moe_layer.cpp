@@ -100,17 +100,20 @@ private:
 };
 
 // KT_TRACE=1 prints each forward's phase times to stderr: where a slow layer spends its time.
+// The line is written when the forward ends, so no phase pays for the write of another.
 class PhaseTimer {
 public:
     PhaseTimer() : enabled_(trace_enabled()), last_(std::chrono::steady_clock::now()) {}
     void mark(const char* phase) {
-        if (!enabled_) return;
+        if (!enabled_ || count_ == kMaxPhases) return;
         const auto now = std::chrono::steady_clock::now();
-        std::fprintf(stderr, "%s %.3f ms  ", phase, std::chrono::duration<double, std::milli>(now - last_).count());
+        phases_[count_++] = {phase, std::chrono::duration<double, std::milli>(now - last_).count()};
         last_ = now;
     }
     ~PhaseTimer() {
-        if (enabled_) std::fputc('\n', stderr);
+        if (!enabled_) return;
+        for (int i = 0; i < count_; ++i) std::fprintf(stderr, "%s %.3f ms  ", phases_[i].name, phases_[i].ms);
+        std::fputc('\n', stderr);
     }
 
 private:
@@ -119,6 +122,13 @@ private:
         static const bool enabled = std::getenv("KT_TRACE") != nullptr;
         return enabled;
     }
+    static constexpr int kMaxPhases = 8;
+    struct Phase {
+        const char* name;
+        double ms;
+    };
+    Phase phases_[kMaxPhases];
+    int count_ = 0;
     bool enabled_;
     std::chrono::steady_clock::time_point last_;
 };
