@@ -15,7 +15,8 @@ from kt_core.testing.reference import bf16_round, moe_reference, random_moe, ran
 VARIANTS = [v.name for v in descriptor.variants]
 # Kernel error bound per method (max |Δ| / RMS vs FP32 over the stored weights). The issue
 # asks for <= 1e-2 (BF16) and 2e-2 (quantized); these are what the kernels reach, with margin.
-# Measured here: BF16 <= 3.5e-5, INT8/INT4/RAWINT4 <= 1e-3 (two-pass int8 activations), FP8 <= 3e-6.
+# Measured here: BF16 <= 3.5e-5, INT8/INT4/RAWINT4 <= 1e-3 (two-pass int8 activations), FP8 <= 3e-6
+# (v3/v4; 2.2e-5 on v4-vnni-bf16, whose split-bf16 activations keep ~16 bits).
 KERNEL_TOL = {"BF16": 1e-4, "INT8": 5e-3, "INT4": 5e-3, "RAWINT4": 5e-3, "FP8": 1e-4, "FP8_PERCHANNEL": 1e-4}
 # Format error (vs the unquantized weights) is the format's, not the kernel's: stated, bounded loosely.
 FORMAT_TOL = {"BF16": 4e-2, "INT8": 0.15, "INT4": 2.0, "RAWINT4": 2.0, "FP8": 0.5, "FP8_PERCHANNEL": 0.5}
