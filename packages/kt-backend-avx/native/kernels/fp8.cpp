@@ -335,18 +335,21 @@ void split_rows_bf16(const uint8_t* act, size_t row_bytes, int64_t rows, int64_t
 
 // MR rows x one panel (pair), two k-pairs per step (a 128-k block holds 32 steps). kFly: w[f] are
 // the panels' codes, converted here as they stream by (one row block); otherwise the widened
-// [ceil(K/2)][16] copies. The two pairs of a step, and the hi and lo passes, sum into separate
-// registers: chained on one, decode ran at vdpbf16ps's latency.
+// [ceil(K/2)][16] copies. With one or two accumulators (decode), the two pairs of a step and the
+// hi and lo passes sum into separate registers: chained on one, decode ran at vdpbf16ps's
+// latency. Larger blocks have enough chains already, and no registers to spare.
 template <int MR, bool kFused, bool kLo, bool kFly>
 void panel_kernel_bf16(const E4M3Converter& cv, const uint32_t* hi, const uint32_t* lo, int64_t k, const void* const* w,
                        const uint8_t* const* panel, float* out, int64_t ldo, int cols) {
-    constexpr int F = kFused ? 2 : 1, L = kLo ? 2 : 1;   // L activation planes
+    constexpr int F = kFused ? 2 : 1;
+    constexpr bool kSplit = MR * F <= 2;
+    constexpr int P = kSplit ? 2 : 1, L = kLo && kSplit ? 2 : 1;   // accumulators per pair parity, per plane
     const int64_t kc = (k + 1) / 2, steps_per_block = kBlock / 4;
-    __m512 acc[MR][F], part[2][L][MR][F];
+    __m512 acc[MR][F], part[P][L][MR][F];
     for (int m = 0; m < MR; ++m)
         for (int f = 0; f < F; ++f) acc[m][f] = _mm512_setzero_ps();
     for (int64_t kb = 0; kb < kblocks(k); ++kb) {
-        for (int p = 0; p < 2; ++p)
+        for (int p = 0; p < P; ++p)
             for (int l = 0; l < L; ++l)
                 for (int m = 0; m < MR; ++m)
                     for (int f = 0; f < F; ++f) part[p][l][m][f] = _mm512_setzero_ps();
@@ -362,20 +365,25 @@ void panel_kernel_bf16(const E4M3Converter& cv, const uint32_t* hi, const uint32
                                               : _mm512_setzero_si512();
                 }
             }
-            for (int p = 0; p < 2; ++p) {
-                const int64_t j = std::min(2 * q + p, kc - 1);   // an odd pair count's last step: its weights are zero
+            for (int pair = 0; pair < 2; ++pair) {
+                const int64_t j = std::min(2 * q + pair, kc - 1);   // an odd pair count's last step: its weights are zero
+                const int p = pair % P;
                 for (int m = 0; m < MR; ++m)
-                    for (int l = 0; l < L; ++l) {
-                        const __m512bh x = (__m512bh)_mm512_set1_epi32(int((l ? lo : hi)[m * kc + j]));
-                        for (int f = 0; f < F; ++f) part[p][l][m][f] = _mm512_dpbf16_ps(part[p][l][m][f], (__m512bh)wv[f][p], x);
+                    for (int plane = 0; plane < (kLo ? 2 : 1); ++plane) {
+                        const __m512bh x = (__m512bh)_mm512_set1_epi32(int((plane ? lo : hi)[m * kc + j]));
+                        const int l = plane % L;
+                        for (int f = 0; f < F; ++f)
+                            part[p][l][m][f] = _mm512_dpbf16_ps(part[p][l][m][f], (__m512bh)wv[f][pair], x);
                     }
             }
         }
         for (int f = 0; f < F; ++f) {
             const __m512 s = _mm512_loadu_ps(reinterpret_cast<const float*>(panel[f] + size_t(kb) * kScaleBytes));
             for (int m = 0; m < MR; ++m) {
-                __m512 sum = _mm512_add_ps(part[0][0][m][f], part[1][0][m][f]);
-                if constexpr (kLo) sum = _mm512_add_ps(sum, _mm512_add_ps(part[0][1][m][f], part[1][1][m][f]));
+                __m512 sum = part[0][0][m][f];
+                for (int p = 0; p < P; ++p)
+                    for (int l = 0; l < L; ++l)
+                        if (p + l > 0) sum = _mm512_add_ps(sum, part[p][l][m][f]);
                 acc[m][f] = _mm512_fmadd_ps(sum, s, acc[m][f]);
             }
         }

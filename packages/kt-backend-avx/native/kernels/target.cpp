@@ -3,6 +3,13 @@
 // checked that the host can execute them.
 #include "methods.h"
 
+// FP8's inner product: byte-table E4M3 -> bf16 and vdpbf16ps where AVX512_BF16 exists, else F16C + FMA.
+#if defined(__AVX512BF16__)
+#define KT_FP8_KERNEL "bf16lut."
+#else
+#define KT_FP8_KERNEL "f16c."
+#endif
+
 #define KT_STR2(x) #x
 #define KT_STR(x) KT_STR2(x)
 
@@ -28,8 +35,8 @@ Tables build() {
     t.methods[1] = int8_kernels("moe.int8.p16k4." KT_TARGET_VARIANT);
     t.methods[2] = int4_kernels("moe.int4g.p16k8." KT_TARGET_VARIANT);
     t.methods[3] = rawint4_kernels("moe.rawint4.p16k8." KT_TARGET_VARIANT);
-    t.methods[4] = fp8_kernels("moe.fp8e4m3b128.p16.f16c." KT_TARGET_VARIANT);
-    t.methods[5] = fp8_perchannel_kernels("moe.fp8e4m3ch.p16.f16c." KT_TARGET_VARIANT);
+    t.methods[4] = fp8_kernels("moe.fp8e4m3b128.p16." KT_FP8_KERNEL KT_TARGET_VARIANT);
+    t.methods[5] = fp8_perchannel_kernels("moe.fp8e4m3ch.p16." KT_FP8_KERNEL KT_TARGET_VARIANT);
     t.methods[6] = llamafile_kernels("moe.ggml.rows-panels.i8x2." KT_TARGET_VARIANT);
     t.api = kt_backend_api{sizeof(kt_backend_api), KT_PLUGIN_ABI_MAJOR, KT_PLUGIN_ABI_MINOR, "avx", KT_TARGET_VARIANT,
                            KT_TARGET_FEATURES, init, sizeof(t.methods) / sizeof(t.methods[0]), nullptr};
