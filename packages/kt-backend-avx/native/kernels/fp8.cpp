@@ -338,10 +338,14 @@ void split_rows_bf16(const uint8_t* act, size_t row_bytes, int64_t rows, int64_t
 // [ceil(K/2)][16] copies. With one or two accumulators (decode), the two pairs of a step and the
 // hi and lo passes sum into separate registers: chained on one, decode ran at vdpbf16ps's
 // latency. Larger blocks have enough chains already, and no registers to spare.
-template <int MR, bool kFused, bool kLo, bool kFly>
+// What a tile computes from its one or two panels: one panel, the gate/up pair with SiLU(gate) * up,
+// or two neighbouring panels at once (down: each activation broadcast feeds two vdpbf16ps).
+enum TileMode { kSinglePanel, kGateUp, kPanelPair };
+
+template <int MR, int kMode, bool kLo, bool kFly>
 void panel_kernel_bf16(const E4M3Converter& cv, const uint32_t* hi, const uint32_t* lo, int64_t k, const void* const* w,
                        const uint8_t* const* panel, float* out, int64_t ldo, int cols) {
-    constexpr int F = kFused ? 2 : 1;
+    constexpr int F = kMode == kSinglePanel ? 1 : 2;
     constexpr bool kSplit = MR * F <= 2;
     constexpr int P = kSplit ? 2 : 1, L = kLo && kSplit ? 2 : 1;   // accumulators per pair parity, per plane
     const int64_t kc = (k + 1) / 2, steps_per_block = kBlock / 4;
@@ -388,57 +392,78 @@ void panel_kernel_bf16(const E4M3Converter& cv, const uint32_t* hi, const uint32
             }
         }
     }
-    for (int m = 0; m < MR; ++m)
-        vstore_partial(out + m * ldo, kFused ? silu_mul(acc[m][0], acc[m][F - 1]) : acc[m][0], cols);
+    for (int m = 0; m < MR; ++m) {
+        vstore_partial(out + m * ldo, kMode == kGateUp ? silu_mul(acc[m][0], acc[m][F - 1]) : acc[m][0], std::min(cols, kPanel));
+        if (kMode == kPanelPair && cols > kPanel) vstore_partial(out + m * ldo + kPanel, acc[m][F - 1], cols - kPanel);
+    }
 }
 
 // The BF16 path for one tile: activations split once; each panel (pair) converted once, or in
-// registers when the tile is one row block.
+// registers when the tile is one row block. kGateUp: panel p of gate and of up (`next` bytes
+// apart); otherwise the tile's panels two at a time (`stride` apart), an odd last one alone.
+template <int kMode, int MR>
+void panels_bf16(const E4M3Converter& cv, const uint32_t* hi, const uint32_t* lo, const uint8_t* lo_flags, int64_t rows,
+                 int64_t k, const uint8_t* const* panel, bool fly, uint32_t* w_planes, float* out, int64_t ldo, int cols) {
+    constexpr int F = kMode == kSinglePanel ? 1 : 2;
+    const int64_t kc = (k + 1) / 2;
+    const void* w[2];
+    for (int f = 0; f < F; ++f) {
+        if (fly) {
+            w[f] = panel[f] + size_t(kblocks(k)) * kScaleBytes;
+        } else {
+            widen_panel_bf16(cv, panel[f], k, w_planes + f * kc * kPanel);
+            w[f] = w_planes + f * kc * kPanel;
+        }
+    }
+    for_row_blocks<MR>(rows, [=, &cv]<int M>(int64_t r) {
+        bool any_lo = false;
+        for (int m = 0; m < M; ++m) any_lo |= lo_flags[r + m] != 0;
+        float* o = out + r * ldo;
+        if (fly && any_lo) {
+            panel_kernel_bf16<M, kMode, true, true>(cv, hi + r * kc, lo + r * kc, k, w, panel, o, ldo, cols);
+        } else if (fly) {
+            panel_kernel_bf16<M, kMode, false, true>(cv, hi + r * kc, lo + r * kc, k, w, panel, o, ldo, cols);
+        } else if (any_lo) {
+            panel_kernel_bf16<M, kMode, true, false>(cv, hi + r * kc, lo + r * kc, k, w, panel, o, ldo, cols);
+        } else {
+            panel_kernel_bf16<M, kMode, false, false>(cv, hi + r * kc, lo + r * kc, k, w, panel, o, ldo, cols);
+        }
+    });
+}
+
 template <bool kFused>
 void tile_bf16(const uint8_t* act, size_t row_bytes, int64_t rows, int64_t k, const uint8_t* first_panel, size_t stride,
                size_t next, int64_t n0, int64_t n1, float* out, int64_t ldo) {
-    constexpr int MR = kFused ? kMrBf16Fused : kMrBf16Plain;
     const int64_t kc = (k + 1) / 2;
-    const bool fly = rows <= MR;
+    const bool fly = rows <= (kFused ? kMrBf16Fused : kMrBf16Plain);
     static const E4M3Converter cv;
     thread_local std::vector<uint32_t> x_planes, w_planes;
     thread_local std::vector<uint8_t> has_lo;
     x_planes.resize(size_t(2 * rows * kc));
     has_lo.resize(size_t(rows));
-    if (!fly) w_planes.resize(size_t((kFused ? 2 : 1) * kc * kPanel));
+    if (!fly) w_planes.resize(size_t(2 * kc * kPanel));
     uint32_t* hi = x_planes.data();
     uint32_t* lo = hi + rows * kc;
     split_rows_bf16(act, row_bytes, rows, k, hi, lo, has_lo.data());
-    const uint8_t* lo_flags = has_lo.data();
-    const size_t codes_at = size_t(kblocks(k)) * kScaleBytes;
-    for (int64_t n = n0; n < n1; n += kPanel) {
-        const uint8_t* panel[2] = {first_panel + size_t((n - n0) / kPanel) * stride, nullptr};
-        panel[1] = panel[0] + next;
-        const void* w[2];
-        if (fly) {
-            w[0] = panel[0] + codes_at;
-            w[1] = panel[1] + codes_at;
+    for (int64_t n = n0; n < n1;) {
+        const uint8_t* p0 = first_panel + size_t((n - n0) / kPanel) * stride;
+        const int64_t left = n1 - n;
+        if constexpr (kFused) {
+            const uint8_t* panel[2] = {p0, p0 + next};
+            panels_bf16<kGateUp, kMrBf16Fused>(cv, hi, lo, has_lo.data(), rows, k, panel, fly, w_planes.data(), out + n, ldo,
+                                               int(std::min<int64_t>(kPanel, left)));
+            n += kPanel;
+        } else if (left > kPanel) {
+            const uint8_t* panel[2] = {p0, p0 + stride};
+            panels_bf16<kPanelPair, kMrBf16Fused>(cv, hi, lo, has_lo.data(), rows, k, panel, fly, w_planes.data(), out + n,
+                                                  ldo, int(std::min<int64_t>(2 * kPanel, left)));
+            n += 2 * kPanel;
         } else {
-            widen_panel_bf16(cv, panel[0], k, w_planes.data());
-            if constexpr (kFused) widen_panel_bf16(cv, panel[1], k, w_planes.data() + kc * kPanel);
-            w[0] = w_planes.data();
-            w[1] = w_planes.data() + kc * kPanel;
+            const uint8_t* panel[2] = {p0, nullptr};
+            panels_bf16<kSinglePanel, kMrBf16Plain>(cv, hi, lo, has_lo.data(), rows, k, panel, fly, w_planes.data(), out + n,
+                                                    ldo, int(left));
+            n += kPanel;
         }
-        const int cols = int(std::min<int64_t>(kPanel, n1 - n));
-        for_row_blocks<MR>(rows, [=]<int M>(int64_t r) {
-            bool any_lo = false;
-            for (int m = 0; m < M; ++m) any_lo |= lo_flags[r + m] != 0;
-            float* o = out + n + r * ldo;
-            if (fly && any_lo) {
-                panel_kernel_bf16<M, kFused, true, true>(cv, hi + r * kc, lo + r * kc, k, w, panel, o, ldo, cols);
-            } else if (fly) {
-                panel_kernel_bf16<M, kFused, false, true>(cv, hi + r * kc, lo + r * kc, k, w, panel, o, ldo, cols);
-            } else if (any_lo) {
-                panel_kernel_bf16<M, kFused, true, false>(cv, hi + r * kc, lo + r * kc, k, w, panel, o, ldo, cols);
-            } else {
-                panel_kernel_bf16<M, kFused, false, false>(cv, hi + r * kc, lo + r * kc, k, w, panel, o, ldo, cols);
-            }
-        });
     }
 }
 #endif
