@@ -1,6 +1,6 @@
 // Group-wise INT4 (and RAWINT4, the same layout with G = 32) on AMX-INT8, in AVX's INT4 format
-// (kt-backend-avx int4.cpp): layout "kt-int4-p16-v1" — per group of G k, a header {s[16],
-// s*z[16]} and G/8 chunks whose low nibbles are one 4-k quad of 16 channels and whose high
+// (kt-backend-avx int4_layout.h): per group of G k, a header ({s[16]}, with zero points {s[16],
+// s*z[16]}) and G/8 chunks whose low nibbles are one 4-k quad of 16 channels and whose high
 // nibbles the next — and two-pass signed int8 activations with per-32 block sums.
 //
 // Each panel is unpacked once per call into int8 B-tile rows (chunk c -> rows 2c = low
@@ -11,24 +11,20 @@
 #include <vector>
 
 #include "amx_common.h"
+#include "int4_layout.h"
 
 namespace KT_TARGET_NAMESPACE {
 namespace {
 
-constexpr size_t kHeaderBytes = 128, kChunkBytes = 64;
+constexpr size_t kChunkBytes = 64;
 AmxMethod g_methods[2];   // INT4, RAWINT4
 
-size_t group_bytes(int64_t g) { return kHeaderBytes + size_t(g) * 8; }
-size_t panel_bytes(int64_t k, int64_t g) { return size_t(k / g) * group_bytes(g); }
-
-template <bool kRaw>
-int64_t group_for(const kt_moe_config* c) { return kRaw ? 32 : (c->group_size == 0 ? 128 : c->group_size); }
-
 // Codes of a whole panel as int8 B-tile rows: [K / 4][64].
-void unpack_panel(const uint8_t* panel, int64_t k, int64_t g, uint8_t* dst) {
+void unpack_panel(const uint8_t* panel, int64_t k, const Int4Layout& lay, uint8_t* dst) {
     const __m512i low4 = _mm512_set1_epi8(0x0f);
+    const int64_t g = lay.g;
     for (int64_t grp = 0; grp < k / g; ++grp) {
-        const uint8_t* chunks = panel + size_t(grp) * group_bytes(g) + kHeaderBytes;
+        const uint8_t* chunks = panel + size_t(grp) * lay.group_bytes() + lay.header_bytes();
         uint8_t* rows = dst + size_t(grp * g / 4) * 64;
         for (int64_t c = 0; c < g / 8; ++c) {
             const __m512i w = _mm512_loadu_si512(chunks + size_t(c) * kChunkBytes);
@@ -39,10 +35,11 @@ void unpack_panel(const uint8_t* panel, int64_t k, int64_t g, uint8_t* dst) {
 }
 
 template <bool kFused>
-void panel_pair(tiles::Session& session, const uint8_t* act, int64_t rows, int64_t k, int64_t g, const uint8_t* pa,
+void panel_pair(tiles::Session& session, const uint8_t* act, int64_t rows, int64_t k, const Int4Layout& lay, const uint8_t* pa,
                 const uint8_t* pb, const uint8_t* ua, const uint8_t* ub, bool two_pass, float* out, int64_t ldo,
                 int cols_a, int cols_b) {
     const size_t row_bytes = int8_row_bytes(k);
+    const int64_t g = lay.g;
     const int64_t step = std::min<int64_t>(g, 64), blocks_per_group = g / 32;
     alignas(64) int32_t c[4][16][16];
     alignas(64) float acc[2][16][16];
@@ -79,7 +76,7 @@ void panel_pair(tiles::Session& session, const uint8_t* act, int64_t rows, int64
                 tiles::store<1>(c[1], 64);
                 tiles::store<3>(c[3], 64);
             }
-            const size_t block = size_t(grp) * group_bytes(g);
+            const size_t block = size_t(grp) * lay.group_bytes();
             for (int m = 0; m < mr; ++m) {
                 const uint8_t* row = x + size_t(m) * row_bytes;
                 const float sa = reinterpret_cast<const Int8Header*>(row)->scale;
@@ -90,11 +87,9 @@ void panel_pair(tiles::Session& session, const uint8_t* act, int64_t rows, int64
                 }
                 const VF asum = vset1(sa * (two_pass ? float(sum_hi) + float(sum_lo) * (1.0f / 128.0f) : float(sum_hi)));
                 for (int f = 0; f < (ub ? 2 : 1); ++f) {
-                    const float* header = reinterpret_cast<const float*>(panel[f] + block);
                     const VF h = vcvt(vloadi(c[f][m]));
                     const VF dot = vmul(vset1(sa), two_pass ? vfma(vcvt(vloadi(c[2 + f][m])), vset1(1.0f / 128.0f), h) : h);
-                    const VF a = vload(acc[f][m]);
-                    vstore(acc[f][m], vfma(vload(header), dot, vsub(a, vmul(vload(header + 16), asum))));
+                    vstore(acc[f][m], lay.update(panel[f] + block, 0, vload(acc[f][m]), dot, asum));
                 }
             }
         }
@@ -109,8 +104,9 @@ kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, i
     const AmxMethod& method = g_methods[kSlot];
     if (!amx_takes(method, rows, c->hidden)) return method.avx.gate_up_tile(c, packed, act, rows, n0, n1, out, ldo);
     if (const kt_status st = check_tile(method.avx.method, "gate/up", n0, n1, c->intermediate)) return st;
-    const int64_t H = c->hidden, g = group_for<kSlot == 1>(c);
-    const ExpertPanels l{H, c->intermediate, panel_bytes(H, g), panel_bytes(c->intermediate, g)};
+    const int64_t H = c->hidden;
+    const Int4Layout lay = int4_layout(c, kSlot == 1);
+    const ExpertPanels l = lay.expert(c);
     const auto* base = static_cast<const uint8_t*>(packed);
     const bool two_pass = !(c->quant_flags & KT_QUANT_FAST_ACTIVATIONS);
     thread_local std::vector<uint8_t> unpacked;
@@ -119,9 +115,9 @@ kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, i
     uint8_t* ub = ua + size_t(H) * 16;
     tiles::Session session;
     for_gate_up_pairs(l, base, n0, n1, [&](const uint8_t* pa, const uint8_t* pb, int64_t n, int cols_a, int cols_b) {
-        unpack_panel(pa, H, g, ua);
-        unpack_panel(pb, H, g, ub);
-        panel_pair<true>(session, static_cast<const uint8_t*>(act), rows, H, g, pa, pb, ua, ub, two_pass, out + n, ldo,
+        unpack_panel(pa, H, lay, ua);
+        unpack_panel(pb, H, lay, ub);
+        panel_pair<true>(session, static_cast<const uint8_t*>(act), rows, H, lay, pa, pb, ua, ub, two_pass, out + n, ldo,
                          cols_a, cols_b);
     });
     return KT_OK;
@@ -133,8 +129,9 @@ kt_status down(const kt_moe_config* c, const void* packed, const void* act, int6
     const AmxMethod& method = g_methods[kSlot];
     if (!amx_takes(method, rows, c->intermediate)) return method.avx.down_tile(c, packed, act, rows, n0, n1, out, ldo);
     if (const kt_status st = check_tile(method.avx.method, "down", n0, n1, c->hidden)) return st;
-    const int64_t I = c->intermediate, g = group_for<kSlot == 1>(c);
-    const ExpertPanels l{c->hidden, I, panel_bytes(c->hidden, g), panel_bytes(I, g)};
+    const int64_t I = c->intermediate;
+    const Int4Layout lay = int4_layout(c, kSlot == 1);
+    const ExpertPanels l = lay.expert(c);
     const auto* base = static_cast<const uint8_t*>(packed);
     const bool two_pass = !(c->quant_flags & KT_QUANT_FAST_ACTIVATIONS);
     thread_local std::vector<uint8_t> unpacked;
@@ -143,9 +140,9 @@ kt_status down(const kt_moe_config* c, const void* packed, const void* act, int6
     uint8_t* ub = ua + size_t(I) * 16;
     tiles::Session session;
     for_down_pairs(l, base, n0, n1, [&](const uint8_t* pa, const uint8_t* pb, int64_t n, int cols_a, int cols_b) {
-        unpack_panel(pa, I, g, ua);
-        if (pb) unpack_panel(pb, I, g, ub);
-        panel_pair<false>(session, static_cast<const uint8_t*>(act), rows, I, g, pa, pb, ua, pb ? ub : nullptr, two_pass,
+        unpack_panel(pa, I, lay, ua);
+        if (pb) unpack_panel(pb, I, lay, ub);
+        panel_pair<false>(session, static_cast<const uint8_t*>(act), rows, I, lay, pa, pb, ua, pb ? ub : nullptr, two_pass,
                           out + n, ldo, cols_a, cols_b);
     });
     return KT_OK;

@@ -539,7 +539,7 @@ using RowDotsFn = void (*)(const uint8_t*, int64_t, const uint8_t*, size_t, int6
 // outer-product kernel like INT4's: per 32-k sub-block, exact integer dots of the unsigned
 // codes with both activation planes (vpdpbusd), then
 //   acc += s_a * (s * dot - s*z * sum(activations of the sub-block)).
-// Codes are laid out as kt-int4-p16-v1's (4-bit: chunk c holds k = 8c..8c+3 in low nibbles and
+// Codes are laid out as INT4's (int4_layout.h) (4-bit: chunk c holds k = 8c..8c+3 in low nibbles and
 // 8c+4..8c+7 in high nibbles, lane-major) or kt-int8-p16k4-v1's (8-bit: chunk c = k 4c..4c+3).
 // Nothing is dequantized: per panel and block,
 //   Q4_K (256 k): f32 d[16], f32 dmin[16], u8 sc[8][16], u8 m[8][16], 32 chunks of 64 bytes

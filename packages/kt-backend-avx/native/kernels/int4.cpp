@@ -1,12 +1,7 @@
 // INT4 experts, group-wise (docs/formats.md): unsigned 4-bit codes u with w = s * (u - z) per
 // group of G consecutive k (32, 64 or 128); symmetric groups store u = q + 8 and z = 8.
 // RAWINT4 (compressed-tensors, Kimi-K2) is the same thing with G = 32 and z = 8, so its codes
-// and bf16 scales are repacked bit-exactly into this layout.
-//
-// Packed layout "kt-int4-p16-v1": per matrix, panels of 16 channels; per panel, per group a
-// 128-byte header {f32 s[16]; f32 s*z[16]} then G/8 chunks of 64 bytes: byte (lane*4 + b) of
-// chunk c holds u[lane][8c + b] in its low nibble and u[lane][8c + 4 + b] in its high one, so
-// `& 15` and `>> 4` give the two 4-k operands of vpdpbusd. Gate and up panels alternate.
+// and bf16 scales are repacked bit-exactly into this layout (int4_layout.h: "kt-int4-p16-v2").
 //
 // Kernel: per group, exact integer dots of the codes with both int8 activation planes
 // (vpdpbusd: unsigned codes x signed activations; without VNNI vpmaddubsw cannot saturate
@@ -16,6 +11,7 @@
 #include <cstring>
 #include <vector>
 
+#include "int4_layout.h"
 #include "int_dot.h"
 #include "lanes.h"
 #include "methods.h"
@@ -23,10 +19,7 @@
 namespace KT_TARGET_NAMESPACE {
 namespace {
 
-constexpr size_t kHeaderBytes = 128, kChunkBytes = 64;
-
-size_t group_bytes(int64_t g) { return kHeaderBytes + size_t(g) * 8; }
-size_t panel_bytes(int64_t k, int64_t g) { return size_t(k / g) * group_bytes(g); }
+constexpr size_t kChunkBytes = 64;
 
 int round_clamped(float x, int lo, int hi) { return int(std::lround(std::clamp(x, float(lo), float(hi)))); }
 
@@ -54,21 +47,19 @@ void quantize_group(const float* w, int64_t g, bool zero_point, uint8_t* u, floa
 }
 
 // Writes one group block for 16 channels from their codes u[lane][G] and (s, z) per lane.
-void write_block(uint8_t* dst, int64_t g, const uint8_t* u, const float* s, const float* z) {
+void write_block(const Int4Layout& lay, uint8_t* dst, const uint8_t* u, const float* s, const float* z) {
     auto* scale = reinterpret_cast<float*>(dst);
     auto* sz = reinterpret_cast<float*>(dst + 64);
-    uint8_t* chunks = dst + kHeaderBytes;
+    uint8_t* chunks = dst + lay.header_bytes();
     for (int lane = 0; lane < kPanel; ++lane) {
         scale[lane] = s[lane];
-        sz[lane] = s[lane] * z[lane];
-        for (int64_t c = 0; c < g / 8; ++c)
+        if (lay.zero_point) sz[lane] = s[lane] * z[lane];
+        for (int64_t c = 0; c < lay.g / 8; ++c)
             for (int b = 0; b < 4; ++b)
                 chunks[size_t(c) * kChunkBytes + size_t(lane) * 4 + size_t(b)] =
-                    uint8_t(u[lane * g + c * 8 + b] | (u[lane * g + c * 8 + 4 + b] << 4));
+                    uint8_t(u[lane * lay.g + c * 8 + b] | (u[lane * lay.g + c * 8 + 4 + b] << 4));
     }
 }
-
-int64_t group_of(const kt_moe_config* c) { return c->group_size == 0 ? 128 : c->group_size; }
 
 kt_status check_group(const char* method, int64_t g, int64_t H, int64_t I) {
     if (g != 32 && g != 64 && g != 128)
@@ -78,10 +69,6 @@ kt_status check_group(const char* method, int64_t g, int64_t H, int64_t I) {
                     "%s: group_size %lld must divide hidden (%lld) and intermediate (%lld), the K of gate/up and of down",
                     method, (long long)g, (long long)H, (long long)I);
     return KT_OK;
-}
-
-ExpertPanels layout(const kt_moe_config* c, int64_t g) {
-    return {c->hidden, c->intermediate, panel_bytes(c->hidden, g), panel_bytes(c->intermediate, g)};
 }
 
 // Source of one channel's codes and group parameters, for either method's input.
@@ -146,7 +133,8 @@ kt_status check_codes(const kt_weight& w, int64_t N, int64_t K, int64_t g, bool 
     return KT_OK;
 }
 
-void pack_matrix(const Source& src, int64_t N, int64_t K, int64_t g, uint8_t* dst, size_t stride_panels) {
+void pack_matrix(const Source& src, const Int4Layout& lay, int64_t N, int64_t K, uint8_t* dst, size_t stride_panels) {
+    const int64_t g = lay.g;
     std::vector<uint8_t> u(size_t(kPanel * K));
     std::vector<float> s(size_t(kPanel * (K / g))), z(size_t(kPanel * (K / g)));
     std::vector<uint8_t> block_u(size_t(kPanel * g));
@@ -157,14 +145,14 @@ void pack_matrix(const Source& src, int64_t N, int64_t K, int64_t g, uint8_t* ds
         std::fill(z.begin(), z.end(), 0.0f);
         for (int lane = 0; lane < kPanel && p * kPanel + lane < N; ++lane)
             src.channel(p * kPanel + lane, u.data() + lane * K, s.data() + lane * (K / g), z.data() + lane * (K / g));
-        uint8_t* panel = dst + size_t(p) * stride_panels * panel_bytes(K, g);
+        uint8_t* panel = dst + size_t(p) * stride_panels * lay.panel_bytes(K);
         for (int64_t grp = 0; grp < K / g; ++grp) {
             for (int lane = 0; lane < kPanel; ++lane) {
                 std::copy_n(u.data() + lane * K + grp * g, g, block_u.data() + lane * g);
                 bs[lane] = s[size_t(lane * (K / g) + grp)];
                 bz[lane] = z[size_t(lane * (K / g) + grp)];
             }
-            write_block(panel + size_t(grp) * group_bytes(g), g, block_u.data(), bs, bz);
+            write_block(lay, panel + size_t(grp) * lay.group_bytes(), block_u.data(), bs, bz);
         }
     }
 }
@@ -201,15 +189,16 @@ struct LayoutWord {
 #endif
 };
 
-void pack_codes_matrix(const kt_weight& w, int64_t N, int64_t K, int64_t g, uint8_t* dst, size_t stride_panels) {
+void pack_codes_matrix(const kt_weight& w, const Int4Layout& lay, int64_t N, int64_t K, uint8_t* dst, size_t stride_panels) {
+    const int64_t g = lay.g;
     const auto* codes = static_cast<const uint8_t*>(w.values.data);
     const auto* scales = static_cast<const float*>(w.scales.data);
     const auto* zeros = static_cast<const uint8_t*>(w.zeros.data);
     const int64_t groups = K / g;
     for (int64_t p = 0; p < panels(N); ++p) {
-        uint8_t* panel = dst + size_t(p) * stride_panels * panel_bytes(K, g);
+        uint8_t* panel = dst + size_t(p) * stride_panels * lay.panel_bytes(K);
         for (int64_t grp = 0; grp < groups; ++grp) {
-            uint8_t* block = panel + size_t(grp) * group_bytes(g);
+            uint8_t* block = panel + size_t(grp) * lay.group_bytes();
             auto* scale = reinterpret_cast<float*>(block);
             auto* sz = reinterpret_cast<float*>(block + 64);
             const uint8_t* rows[kPanel] = {};
@@ -218,19 +207,20 @@ void pack_codes_matrix(const kt_weight& w, int64_t N, int64_t K, int64_t g, uint
                 if (n >= N) continue;      // rows past N stay zero, as the buffer came
                 const float s = scales[n * w.scales.row_stride + grp];
                 scale[lane] = s;
-                sz[lane] = s * (zeros ? float(zeros[n * w.zeros.row_stride + grp]) : 8.0f);
+                if (lay.zero_point) sz[lane] = s * float(zeros[n * w.zeros.row_stride + grp]);
                 rows[lane] = codes + n * w.values.row_stride + grp * g / 2;
             }
-            pack_lanes<LayoutWord>(rows, g / 8, block + kHeaderBytes);
+            pack_lanes<LayoutWord>(rows, g / 8, block + lay.header_bytes());
         }
     }
 }
 
 kt_status pack_int4(const kt_moe_config* c, const kt_expert_weights* src, void* dst) {
-    const int64_t H = c->hidden, I = c->intermediate, g = group_of(c);
+    const Int4Layout lay = int4_layout(c, false);
+    const int64_t H = c->hidden, I = c->intermediate, g = lay.g;
     kt_status st;
     if ((st = check_group("INT4", g, H, I)) != KT_OK) return st;
-    const bool zp = c->quant_flags & KT_QUANT_ZERO_POINT;
+    const bool zp = lay.zero_point;
     const kt_weight* w[3] = {&src->gate, &src->up, &src->down};
     const int64_t rows[3] = {I, I, H}, cols[3] = {H, H, I};
     const char* names[3] = {"gate", "up", "down"};
@@ -240,13 +230,13 @@ kt_status pack_int4(const kt_moe_config* c, const kt_expert_weights* src, void* 
         if (st != KT_OK) return st;
     }
     auto* out = static_cast<uint8_t*>(dst);
-    const ExpertPanels l = layout(c, g);
+    const ExpertPanels l = lay.expert(c);
     const size_t offsets[3] = {l.gate(0), l.up(0), l.down(0)}, strides[3] = {2, 2, 1};
     for (int i = 0; i < 3; ++i) {
         if (w[i]->values.dtype == KT_DTYPE_U8)
-            pack_codes_matrix(*w[i], rows[i], cols[i], g, out + offsets[i], strides[i]);
+            pack_codes_matrix(*w[i], lay, rows[i], cols[i], out + offsets[i], strides[i]);
         else
-            pack_matrix(FloatSource(w[i]->values, g, zp), rows[i], cols[i], g, out + offsets[i], strides[i]);
+            pack_matrix(FloatSource(w[i]->values, g, zp), lay, rows[i], cols[i], out + offsets[i], strides[i]);
     }
     return KT_OK;
 }
@@ -275,10 +265,11 @@ kt_status pack_raw(const kt_moe_config* c, const kt_expert_weights* src, void* d
     if ((st = check_raw(src->up, I, H, "up")) != KT_OK) return st;
     if ((st = check_raw(src->down, H, I, "down")) != KT_OK) return st;
     auto* out = static_cast<uint8_t*>(dst);
-    const ExpertPanels l = layout(c, 32);
-    pack_matrix(RawSource(src->gate), I, H, 32, out + l.gate(0), 2);
-    pack_matrix(RawSource(src->up), I, H, 32, out + l.up(0), 2);
-    pack_matrix(RawSource(src->down), H, I, 32, out + l.down(0), 1);
+    const Int4Layout lay = int4_layout(c, true);
+    const ExpertPanels l = lay.expert(c);
+    pack_matrix(RawSource(src->gate), lay, I, H, out + l.gate(0), 2);
+    pack_matrix(RawSource(src->up), lay, I, H, out + l.up(0), 2);
+    pack_matrix(RawSource(src->down), lay, H, I, out + l.down(0), 1);
     return KT_OK;
 }
 
@@ -294,9 +285,11 @@ constexpr int kMrFused = 1, kMrPlain = 1;
 #endif
 
 template <int MR, bool kFused, bool kTwoPass>
-void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, int64_t g, const uint8_t* pa, const uint8_t* pb,
+void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, Int4Layout lay, const uint8_t* pa, const uint8_t* pb,
                   float* out, int64_t ldo, int cols) {
     constexpr int F = kFused ? 2 : 1;
+    const int64_t g = lay.g;
+    const size_t header_bytes = lay.header_bytes();
     VF acc[MR][F][kVecsPerPanel];
     for (int m = 0; m < MR; ++m)
         for (int f = 0; f < F; ++f)
@@ -309,12 +302,12 @@ void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, int64_t g, cons
         for (int m = 0; m < MR; ++m)
             for (int f = 0; f < F; ++f)
                 for (int v = 0; v < kVecsPerPanel; ++v) hi[m][f][v] = lo[m][f][v] = vzeroi();
-        const size_t block = size_t(grp) * group_bytes(g);
+        const size_t block = size_t(grp) * lay.group_bytes();
         for (int64_t c = 0; c < g / 8; ++c) {
             VI w0[F][kVecsPerPanel], w1[F][kVecsPerPanel];
             for (int f = 0; f < F; ++f)
                 for (int v = 0; v < kVecsPerPanel; ++v) {
-                    VI w = vloadi(panel[f] + block + kHeaderBytes + size_t(c) * kChunkBytes + size_t(v) * kLanes * 4);
+                    VI w = vloadi(panel[f] + block + header_bytes + size_t(c) * kChunkBytes + size_t(v) * kLanes * 4);
                     // Pin the loaded chunk to a register: otherwise GCC 12 (fused decode) stored it
                     // to the stack and re-read it as two memory operands, a 64-byte store-to-load
                     // forward per chunk that Zen 4 cannot do (a quarter of decode's samples stalled).
@@ -347,11 +340,9 @@ void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, int64_t g, cons
             const VF asum = vset1(sa * (kTwoPass ? float(sum_hi) + float(sum_lo) * (1.0f / 128.0f) : float(sum_hi)));
             for (int f = 0; f < F; ++f)
                 for (int v = 0; v < kVecsPerPanel; ++v) {
-                    const float* header = reinterpret_cast<const float*>(panel[f] + block) + v * kLanes;
                     const VF dot = vmul(vset1(sa), kTwoPass ? vfma(vcvt(lo[m][f][v]), vset1(1.0f / 128.0f), vcvt(hi[m][f][v]))
                                                             : vcvt(hi[m][f][v]));
-                    // acc += s * dot - (s z) * sum: the group's share of w . x.
-                    acc[m][f][v] = vfma(vload(header), dot, vsub(acc[m][f][v], vmul(vload(header + 16), asum)));
+                    acc[m][f][v] = lay.update(panel[f] + block, v, acc[m][f][v], dot, asum);
                 }
         }
     }
@@ -365,22 +356,22 @@ void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, int64_t g, cons
 }
 
 template <int MR, bool kFused, bool kTwoPass>
-void rows_kernel(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, int64_t g, const uint8_t* pa,
+void rows_kernel(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, Int4Layout lay, const uint8_t* pa,
                  const uint8_t* pb, float* out, int64_t ldo, int cols) {
     for_row_blocks<MR>(rows, [=]<int M>(int64_t r) {
-        panel_kernel<M, kFused, kTwoPass>(x + r * row_bytes, row_bytes, k, g, pa, pb, out + r * ldo, ldo, cols);
+        panel_kernel<M, kFused, kTwoPass>(x + r * row_bytes, row_bytes, k, lay, pa, pb, out + r * ldo, ldo, cols);
     });
 }
 
 // The activation passes a layer asked for: one with KT_QUANT_FAST_ACTIVATIONS, else two.
 template <bool kFused, int MR>
-void run_rows(const kt_moe_config* c, const void* act, int64_t k, int64_t g, int64_t rows, const uint8_t* pa,
+void run_rows(const kt_moe_config* c, const void* act, int64_t k, Int4Layout lay, int64_t rows, const uint8_t* pa,
               const uint8_t* pb, float* out, int64_t ldo, int cols) {
     const auto* x = static_cast<const uint8_t*>(act);
     if (c->quant_flags & KT_QUANT_FAST_ACTIVATIONS) {
-        rows_kernel<MR, kFused, false>(x, int8_row_bytes(k), rows, k, g, pa, pb, out, ldo, cols);
+        rows_kernel<MR, kFused, false>(x, int8_row_bytes(k), rows, k, lay, pa, pb, out, ldo, cols);
     } else {
-        rows_kernel<MR, kFused, true>(x, int8_row_bytes(k), rows, k, g, pa, pb, out, ldo, cols);
+        rows_kernel<MR, kFused, true>(x, int8_row_bytes(k), rows, k, lay, pa, pb, out, ldo, cols);
     }
 }
 
@@ -389,20 +380,17 @@ kt_status quantize(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int6
 }
 
 template <bool kRaw>
-int64_t group_for(const kt_moe_config* c) { return kRaw ? 32 : group_of(c); }
-
-template <bool kRaw>
-size_t packed_bytes(const kt_moe_config* c) { return layout(c, group_for<kRaw>(c)).bytes(); }
+size_t packed_bytes(const kt_moe_config* c) { return int4_layout(c, kRaw).expert(c).bytes(); }
 
 template <bool kRaw>
 kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                        float* out, int64_t ldo) {
-    const int64_t g = group_for<kRaw>(c);
+    const Int4Layout lay = int4_layout(c, kRaw);
     if (const kt_status st = check_tile(kRaw ? "RAWINT4" : "INT4", "gate/up", n0, n1, c->intermediate)) return st;
-    const ExpertPanels l = layout(c, g);
+    const ExpertPanels l = lay.expert(c);
     const auto* base = static_cast<const uint8_t*>(packed);
     for (int64_t n = n0; n < n1; n += kPanel)
-        run_rows<true, kMrFused>(c, act, c->hidden, g, rows, base + l.gate(n / kPanel), base + l.up(n / kPanel), out + n,
+        run_rows<true, kMrFused>(c, act, c->hidden, lay, rows, base + l.gate(n / kPanel), base + l.up(n / kPanel), out + n,
                                  ldo, int(std::min<int64_t>(kPanel, n1 - n)));
     return KT_OK;
 }
@@ -410,19 +398,19 @@ kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* a
 template <bool kRaw>
 kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                     float* out, int64_t ldo) {
-    const int64_t g = group_for<kRaw>(c);
+    const Int4Layout lay = int4_layout(c, kRaw);
     if (const kt_status st = check_tile(kRaw ? "RAWINT4" : "INT4", "down", n0, n1, c->hidden)) return st;
-    const ExpertPanels l = layout(c, g);
+    const ExpertPanels l = lay.expert(c);
     const auto* base = static_cast<const uint8_t*>(packed);
     for (int64_t n = n0; n < n1; n += kPanel)
-        run_rows<false, kMrPlain>(c, act, c->intermediate, g, rows, base + l.down(n / kPanel), nullptr, out + n, ldo,
+        run_rows<false, kMrPlain>(c, act, c->intermediate, lay, rows, base + l.down(n / kPanel), nullptr, out + n, ldo,
                                   int(std::min<int64_t>(kPanel, n1 - n)));
     return KT_OK;
 }
 
 template <bool kRaw>
 kt_method_kernels int4_table(const char* method, const char* kernel_id) {
-    return method_table(method, "kt-int4-p16-v1", kernel_id, packed_bytes<kRaw>, kRaw ? pack_raw : pack_int4,
+    return method_table(method, kInt4LayoutId, kernel_id, packed_bytes<kRaw>, kRaw ? pack_raw : pack_int4,
                         int8_row_bytes, quantize, gate_up_tile<kRaw>, down_tile<kRaw>);
 }
 

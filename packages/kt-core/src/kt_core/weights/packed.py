@@ -4,7 +4,7 @@ A converted folder holds codes that any backend packs into its own layout at loa
 (converted.py). `kt convert --packed` (or `add_packed(folder)`) also stores every layer as the
 kernels this host selects pack it:
 
-    layer-0003.kt-int4-p16-v1.packed   logical expert e's packed bytes at e * expert_stride
+    layer-0003.kt-int4-p16-v2.packed   logical expert e's packed bytes at e * expert_stride
                                        (expert_bytes, zero-padded to a 4 KiB multiple)
 
 listed in the manifest under `packed[layout_id] = {expert_bytes, expert_stride, layers: {L:
@@ -34,7 +34,7 @@ from pathlib import Path
 from ..errors import KTError
 from .converted import ConvertedFolder, whole_files, write_atomically, write_manifest
 
-# Layout ids become file names: backends name them like "kt-int4-p16-v1".
+# Layout ids become file names: backends name them like "kt-int4-p16-v2".
 _LAYOUT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 

@@ -1,0 +1,42 @@
+// The INT4 group layout "kt-int4-p16-v2" that kt-backend-avx packs and kt-backend-amx reads too
+// (docs/formats.md). Per matrix, panels of 16 channels; per panel, per group of G consecutive k,
+// a header and then G/8 chunks of 64 bytes (byte lane*4 + b of chunk c holds u[lane][8c + b] in
+// its low nibble, u[lane][8c + 4 + b] in its high one). The header is {f32 s[16]} for symmetric
+// groups (z = 8: RAWINT4, and INT4 without zero points) and {f32 s[16]; f32 s*z[16]} with zero
+// points. v1 stored s*z for symmetric groups as well: a third of RAWINT4's bytes (G = 32) were
+// header, and decode streams every byte.
+#pragma once
+#include "common.h"
+
+namespace KT_TARGET_NAMESPACE {
+
+inline constexpr const char* kInt4LayoutId = "kt-int4-p16-v2";
+
+struct Int4Layout {
+    int64_t g;         // group size: 32, 64 or 128
+    bool zero_point;   // asymmetric groups: the header holds s*z too
+
+    size_t header_bytes() const { return zero_point ? 128 : 64; }
+    size_t group_bytes() const { return header_bytes() + size_t(g) * 8; }
+    size_t panel_bytes(int64_t k) const { return size_t(k / g) * group_bytes(); }
+    ExpertPanels expert(const kt_moe_config* c) const {
+        return {c->hidden, c->intermediate, panel_bytes(c->hidden), panel_bytes(c->intermediate)};
+    }
+    // acc + (the group's share of w . x) for one 16-lane group header: s * dot - s*z * asum, where
+    // dot is the integer dot of codes and activations and asum the activations' group sum, both
+    // in activation units. Symmetric groups have s*z = 8 s, exact in f32, so the arithmetic is
+    // v1's bit for bit, and the same expression in every kernel (AMX checks it equals AVX's).
+    VF update(const uint8_t* header, int v, VF acc, VF dot, VF asum) const {
+        const VF s = vload(reinterpret_cast<const float*>(header) + v * kLanes);
+        const VF sz = zero_point ? vload(reinterpret_cast<const float*>(header + 64) + v * kLanes) : vmul(s, vset1(8.0f));
+        return vfma(s, dot, vsub(acc, vmul(sz, asum)));
+    }
+};
+
+// RAWINT4 is always G = 32, symmetric; INT4 takes the layer's group size (0: 128) and zero-point flag.
+inline Int4Layout int4_layout(const kt_moe_config* c, bool raw) {
+    if (raw) return {32, false};
+    return {c->group_size == 0 ? 128 : c->group_size, (c->quant_flags & KT_QUANT_ZERO_POINT) != 0};
+}
+
+}  // namespace KT_TARGET_NAMESPACE
