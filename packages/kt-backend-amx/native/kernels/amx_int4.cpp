@@ -7,7 +7,8 @@
 // nibbles, 2c + 1 = high nibbles: codes 0..15 as u8), in L1/L2 for every row block that
 // follows. Per row block and group, tdpbsud (signed activations x unsigned codes) sums the
 // group exactly in C0-C3 (hi/lo plane x panel a/b); the group's scales apply on the stored
-// accumulators: acc += s_a * (s * dot - s*z * sum(activations of the group)).
+// accumulators: acc += s * dot - s*z * sum(activations of the group); the row's activation
+// scale s_a applies at the end (int4_layout.h).
 #include <vector>
 
 #include "amx_common.h"
@@ -79,22 +80,22 @@ void panel_pair(tiles::Session& session, const uint8_t* act, int64_t rows, int64
             const size_t block = size_t(grp) * lay.group_bytes();
             for (int m = 0; m < mr; ++m) {
                 const uint8_t* row = x + size_t(m) * row_bytes;
-                const float sa = reinterpret_cast<const Int8Header*>(row)->scale;
                 int32_t sum_hi = 0, sum_lo = 0;
                 for (int64_t b = 0; b < blocks_per_group; ++b) {
                     sum_hi += int8_sums_hi(row, k)[grp * blocks_per_group + b];
                     sum_lo += int8_sums_lo(row, k)[grp * blocks_per_group + b];
                 }
-                const VF asum = vset1(sa * (two_pass ? float(sum_hi) + float(sum_lo) * (1.0f / 128.0f) : float(sum_hi)));
+                const VF asum = vset1(int4_raw_sum(sum_hi, sum_lo, two_pass));
                 for (int f = 0; f < (ub ? 2 : 1); ++f) {
-                    const VF h = vcvt(vloadi(c[f][m]));
-                    const VF dot = vmul(vset1(sa), two_pass ? vfma(vcvt(vloadi(c[2 + f][m])), vset1(1.0f / 128.0f), h) : h);
+                    const VF dot = int4_raw_dot(vloadi(c[f][m]), two_pass ? vloadi(c[2 + f][m]) : vzeroi(), two_pass);
                     vstore(acc[f][m], lay.update(panel[f] + block, 0, vload(acc[f][m]), dot, asum));
                 }
             }
         }
-        for (int m = 0; m < mr; ++m)
-            write_pair_row<kFused>(out + (m0 + m) * ldo, vload(acc[0][m]), vload(acc[1][m]), cols_a, cols_b);
+        for (int m = 0; m < mr; ++m) {
+            const VF sa = vset1(int4_row_scale(reinterpret_cast<const Int8Header*>(x + size_t(m) * row_bytes)->scale, two_pass));
+            write_pair_row<kFused>(out + (m0 + m) * ldo, vmul(vload(acc[0][m]), sa), vmul(vload(acc[1][m]), sa), cols_a, cols_b);
+        }
     }
 }
 

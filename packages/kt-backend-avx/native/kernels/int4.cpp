@@ -5,7 +5,8 @@
 //
 // Kernel: per group, exact integer dots of the codes with both int8 activation planes
 // (vpdpbusd: unsigned codes x signed activations; without VNNI vpmaddubsw cannot saturate
-// since u <= 15), then acc += s_a * (s * dot - s*z * sum(activations in the group)).
+// since u <= 15), then acc += s * dot - s*z * sum(activations in the group), the row's
+// activation scale s_a applied once at the end.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -331,25 +332,23 @@ void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, Int4Layout lay,
         }
         for (int m = 0; m < MR; ++m) {
             const uint8_t* row = x + m * row_bytes;
-            const float sa = reinterpret_cast<const Int8Header*>(row)->scale;
             int32_t sum_hi = 0, sum_lo = 0;
             for (int64_t b = 0; b < blocks_per_group; ++b) {
                 sum_hi += int8_sums_hi(row, k)[grp * blocks_per_group + b];
                 sum_lo += int8_sums_lo(row, k)[grp * blocks_per_group + b];
             }
-            const VF asum = vset1(sa * (kTwoPass ? float(sum_hi) + float(sum_lo) * (1.0f / 128.0f) : float(sum_hi)));
+            const VF asum = vset1(int4_raw_sum(sum_hi, sum_lo, kTwoPass));
             for (int f = 0; f < F; ++f)
-                for (int v = 0; v < kVecsPerPanel; ++v) {
-                    const VF dot = vmul(vset1(sa), kTwoPass ? vfma(vcvt(lo[m][f][v]), vset1(1.0f / 128.0f), vcvt(hi[m][f][v]))
-                                                            : vcvt(hi[m][f][v]));
-                    acc[m][f][v] = lay.update(panel[f] + block, v, acc[m][f][v], dot, asum);
-                }
+                for (int v = 0; v < kVecsPerPanel; ++v)
+                    acc[m][f][v] = lay.update(panel[f] + block, v, acc[m][f][v],
+                                              int4_raw_dot(hi[m][f][v], lo[m][f][v], kTwoPass), asum);
         }
     }
     for (int m = 0; m < MR; ++m)
         for (int v = 0; v < kVecsPerPanel; ++v) {
-            VF r = acc[m][0][v];
-            if constexpr (kFused) r = silu_mul(acc[m][0][v], acc[m][F - 1][v]);
+            const VF sa = vset1(int4_row_scale(reinterpret_cast<const Int8Header*>(x + m * row_bytes)->scale, kTwoPass));
+            VF r = vmul(acc[m][0][v], sa);
+            if constexpr (kFused) r = silu_mul(r, vmul(acc[m][F - 1][v], sa));
             const int n = std::min(kLanes, cols - v * kLanes);
             if (n > 0) vstore_partial(out + m * ldo + v * kLanes, r, n);
         }

@@ -7,6 +7,7 @@
 // header, and decode streams every byte.
 #pragma once
 #include "common.h"
+#include "int_dot.h"
 
 namespace KT_TARGET_NAMESPACE {
 
@@ -22,16 +23,26 @@ struct Int4Layout {
     ExpertPanels expert(const kt_moe_config* c) const {
         return {c->hidden, c->intermediate, panel_bytes(c->hidden), panel_bytes(c->intermediate)};
     }
-    // acc + (the group's share of w . x) for one 16-lane group header: s * dot - s*z * asum, where
-    // dot is the integer dot of codes and activations and asum the activations' group sum, both
-    // in activation units. Symmetric groups have s*z = 8 s, exact in f32, so the arithmetic is
-    // v1's bit for bit, and the same expression in every kernel (AMX checks it equals AVX's).
+    // acc + (the group's share of w . x) for one 16-lane group header: s * dot - s*z * asum, with
+    // dot the integer dot of codes and activations and asum the activations' group sum, both in
+    // raw units (int4_raw_dot / int4_raw_sum; the row's scale applies once, at the end).
+    // Symmetric groups: s * (dot - 8 asum), where 8 asum is exact, so a compiler fusing the
+    // subtraction cannot change the result (AMX's kernels must equal AVX's bit for bit).
     VF update(const uint8_t* header, int v, VF acc, VF dot, VF asum) const {
         const VF s = vload(reinterpret_cast<const float*>(header) + v * kLanes);
-        const VF sz = zero_point ? vload(reinterpret_cast<const float*>(header + 64) + v * kLanes) : vmul(s, vset1(8.0f));
-        return vfma(s, dot, vsub(acc, vmul(sz, asum)));
+        if (zero_point) return vfma(s, dot, vsub(acc, vmul(vload(reinterpret_cast<const float*>(header + 64) + v * kLanes), asum)));
+        return vfma(s, vsub(dot, vmul(vset1(8.0f), asum)), acc);
     }
 };
+
+// The group's activation terms in raw units: with two int8 planes, 128 * hi + lo (exact in int32:
+// |hi| <= 15 * 127 * 128 per group), so one conversion replaces two and the 1/128 and the row's
+// scale s_a move out of the group loop into int4_row_scale.
+inline VF int4_raw_dot(VI hi, VI lo, bool two_pass) { return vcvt(two_pass ? vaddi(vslli32<7>(hi), lo) : hi); }
+inline float int4_raw_sum(int32_t sum_hi, int32_t sum_lo, bool two_pass) {
+    return two_pass ? float(128 * sum_hi + sum_lo) : float(sum_hi);
+}
+inline float int4_row_scale(float sa, bool two_pass) { return two_pass ? sa * (1.0f / 128.0f) : sa; }
 
 // RAWINT4 is always G = 32, symmetric; INT4 takes the layer's group size (0: 128) and zero-point flag.
 inline Int4Layout int4_layout(const kt_moe_config* c, bool raw) {
