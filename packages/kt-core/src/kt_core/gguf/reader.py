@@ -281,12 +281,16 @@ class GGUFModel:
                 types.append(t)
                 matrices.append(data)
                 continue
-            names = [f"blk.{layer}.ffn_{proj}.{e}.weight" for e in range(g.num_experts)]
-            if not all(n in self.tensors for n in names):
+            # A file cannot hold more per-expert tensors than tensors: checked first, since a corrupt
+            # expert count (billions) made building the name list run out of memory (found by fuzzing).
+            complete = g.num_experts <= len(self.tensors) and all(
+                f"blk.{layer}.ffn_{proj}.{e}.weight" in self.tensors for e in range(g.num_experts))
+            if not complete:
                 moe = self.moe_layers()
                 raise WeightsError(f"layer {layer} of {self.path} has no routed experts ({fused} is missing); its MoE "
                                    f"layers are {moe[0]}..{moe[-1]}" if moe else
                                    f"{self.path} has no routed expert tensors ({fused})")
+            names = [f"blk.{layer}.ffn_{proj}.{e}.weight" for e in range(g.num_experts)]
             parts = [self._tensor(n, f"[K, N] = {list(shapes[proj])}", shapes[proj]) for n in names]
             kinds = sorted({p[0] for p in parts})
             if len(kinds) > 1:
