@@ -73,6 +73,18 @@ inline void load_row(const kt_matrix& m, int64_t row, float* out) {
     }
 }
 
+// Index of the first of n values `bad` holds for, or -1. Loads read every weight: the scan is
+// branch-free so it vectorises, and the position is searched for only when there is one.
+template <class T, class Pred>
+int64_t find_first(const T* p, int64_t n, Pred bad) {
+    int any = 0;
+    for (int64_t i = 0; i < n; ++i) any |= bad(p[i]);
+    if (!any) return -1;
+    int64_t i = 0;
+    while (!bad(p[i])) ++i;
+    return i;
+}
+
 // Checks a floating weight of the layer's shape, as every quantize-at-load method needs.
 inline kt_status expect_float_weight(const kt_weight& w, int64_t rows, int64_t cols, const char* name,
                                      const char* method) {

@@ -74,12 +74,10 @@ kt_status check(const kt_weight& w, int64_t N, int64_t K, const char* name) {
     if (w.zeros.data) return fail(KT_ERROR_INVALID_ARGUMENT, "%s: %s takes no zero points", method, name);
     for (int64_t r = 0; r < N; ++r) {
         const auto* codes = static_cast<const uint8_t*>(w.values.data) + r * w.values.row_stride;
-        int bad = 0;   // branch-free so the scan vectorises: every code is read at load
-        for (int64_t c = 0; c < K; ++c) bad |= (codes[c] & 0x7f) == 0x7f;
-        if (!bad) continue;
-        const int64_t c = std::find_if(codes, codes + K, [](uint8_t b) { return (b & 0x7f) == 0x7f; }) - codes;
-        return fail(KT_ERROR_INVALID_ARGUMENT, "%s: %s holds the E4M3 NaN code 0x%02X at [%lld, %lld]; kt refuses "
-                    "non-finite weights at load", method, name, codes[c], (long long)r, (long long)c);
+        const int64_t c = find_first(codes, K, [](uint8_t b) { return (b & 0x7f) == 0x7f; });
+        if (c >= 0)
+            return fail(KT_ERROR_INVALID_ARGUMENT, "%s: %s holds the E4M3 NaN code 0x%02X at [%lld, %lld]; kt refuses "
+                        "non-finite weights at load", method, name, codes[c], (long long)r, (long long)c);
     }
     for (int64_t r = 0; r < sr; ++r)
         for (int64_t c = 0; c < sc; ++c)
@@ -335,15 +333,15 @@ void split_rows_bf16(const uint8_t* act, size_t row_bytes, int64_t rows, int64_t
     }
 }
 
+// What a tile computes from its one or two panels: one panel, the gate/up pair with SiLU(gate) * up,
+// or two neighbouring panels at once (down: each activation broadcast feeds two vdpbf16ps).
+enum TileMode { kSinglePanel, kGateUp, kPanelPair };
+
 // MR rows x one panel (pair), two k-pairs per step (a 128-k block holds 32 steps). kFly: w[f] are
 // the panels' codes, converted here as they stream by (one row block); otherwise the widened
 // [ceil(K/2)][16] copies. With one or two accumulators (decode), the two pairs of a step and the
 // hi and lo passes sum into separate registers: chained on one, decode ran at vdpbf16ps's
 // latency. Larger blocks have enough chains already, and no registers to spare.
-// What a tile computes from its one or two panels: one panel, the gate/up pair with SiLU(gate) * up,
-// or two neighbouring panels at once (down: each activation broadcast feeds two vdpbf16ps).
-enum TileMode { kSinglePanel, kGateUp, kPanelPair };
-
 template <int MR, int kMode, bool kLo, bool kFly>
 void panel_kernel_bf16(const E4M3Converter& cv, const uint32_t* hi, const uint32_t* lo, int64_t k, const void* const* w,
                        const uint8_t* const* panel, float* out, int64_t ldo, int cols) {
@@ -400,14 +398,14 @@ void panel_kernel_bf16(const E4M3Converter& cv, const uint32_t* hi, const uint32
     }
 }
 
-// The BF16 path for one tile: activations split once; each panel (pair) converted once, or in
-// registers when the tile is one row block. kGateUp: panel p of gate and of up (`next` bytes
-// apart); otherwise the tile's panels two at a time (`stride` apart), an odd last one alone.
+// One panel (pair) for every row block of a tile: converted once into w_planes, or in registers
+// as it streams by when the rows make a single block (decode).
 template <int kMode, int MR>
 void panels_bf16(const E4M3Converter& cv, const uint32_t* hi, const uint32_t* lo, const uint8_t* lo_flags, int64_t rows,
-                 int64_t k, const uint8_t* const* panel, bool fly, uint32_t* w_planes, float* out, int64_t ldo, int cols) {
+                 int64_t k, const uint8_t* const* panel, uint32_t* w_planes, float* out, int64_t ldo, int cols) {
     constexpr int F = kMode == kSinglePanel ? 1 : 2;
     const int64_t kc = (k + 1) / 2;
+    const bool fly = rows <= MR;
     const void* w[2];
     for (int f = 0; f < F; ++f) {
         if (fly) {
@@ -433,17 +431,18 @@ void panels_bf16(const E4M3Converter& cv, const uint32_t* hi, const uint32_t* lo
     });
 }
 
+// The BF16 path for one tile: activations split once. kGateUp: panel p of gate and of up (`next`
+// bytes apart); otherwise the tile's panels two at a time (`stride` apart), an odd last one alone.
 template <bool kFused>
 void tile_bf16(const uint8_t* act, size_t row_bytes, int64_t rows, int64_t k, const uint8_t* first_panel, size_t stride,
                size_t next, int64_t n0, int64_t n1, float* out, int64_t ldo) {
     const int64_t kc = (k + 1) / 2;
-    const bool fly = rows <= (kFused ? kMrBf16Fused : kMrBf16Plain);
     static const E4M3Converter cv;
     thread_local std::vector<uint32_t> x_planes, w_planes;
     thread_local std::vector<uint8_t> has_lo;
     x_planes.resize(size_t(2 * rows * kc));
     has_lo.resize(size_t(rows));
-    if (!fly) w_planes.resize(size_t(2 * kc * kPanel));
+    if (rows > std::min(kMrBf16Fused, kMrBf16Plain)) w_planes.resize(size_t(2 * kc * kPanel));   // some panel is widened
     uint32_t* hi = x_planes.data();
     uint32_t* lo = hi + rows * kc;
     split_rows_bf16(act, row_bytes, rows, k, hi, lo, has_lo.data());
@@ -452,17 +451,17 @@ void tile_bf16(const uint8_t* act, size_t row_bytes, int64_t rows, int64_t k, co
         const int64_t left = n1 - n;
         if constexpr (kFused) {
             const uint8_t* panel[2] = {p0, p0 + next};
-            panels_bf16<kGateUp, kMrBf16Fused>(cv, hi, lo, has_lo.data(), rows, k, panel, fly, w_planes.data(), out + n, ldo,
+            panels_bf16<kGateUp, kMrBf16Fused>(cv, hi, lo, has_lo.data(), rows, k, panel, w_planes.data(), out + n, ldo,
                                                int(std::min<int64_t>(kPanel, left)));
             n += kPanel;
         } else if (left > kPanel) {
             const uint8_t* panel[2] = {p0, p0 + stride};
-            panels_bf16<kPanelPair, kMrBf16Fused>(cv, hi, lo, has_lo.data(), rows, k, panel, fly, w_planes.data(), out + n,
+            panels_bf16<kPanelPair, kMrBf16Fused>(cv, hi, lo, has_lo.data(), rows, k, panel, w_planes.data(), out + n,
                                                   ldo, int(std::min<int64_t>(2 * kPanel, left)));
             n += 2 * kPanel;
         } else {
             const uint8_t* panel[2] = {p0, nullptr};
-            panels_bf16<kSinglePanel, kMrBf16Plain>(cv, hi, lo, has_lo.data(), rows, k, panel, fly, w_planes.data(), out + n,
+            panels_bf16<kSinglePanel, kMrBf16Plain>(cv, hi, lo, has_lo.data(), rows, k, panel, w_planes.data(), out + n,
                                                     ldo, int(left));
             n += kPanel;
         }

@@ -79,11 +79,10 @@ kt_status expect_int8_codes(const kt_weight& w, int64_t rows, int64_t cols, cons
     if (w.zeros.data) return fail(KT_ERROR_INVALID_ARGUMENT, "INT8: %s is symmetric; zero points must not be given", name);
     for (int64_t r = 0; r < rows; ++r) {
         const int8_t* row = static_cast<const int8_t*>(w.values.data) + r * w.values.row_stride;
-        int bad = 0;   // branch-free so the scan vectorises: it reads every code at load
-        for (int64_t c = 0; c < cols; ++c) bad |= row[c] == -128;
-        if (bad)
+        const int64_t c = find_first(row, cols, [](int8_t q) { return q == -128; });
+        if (c >= 0)
             return fail(KT_ERROR_INVALID_ARGUMENT, "INT8: %s codes hold -128 at [%lld, %lld]; INT8 codes are in [-127, 127]",
-                        name, (long long)r, (long long)(std::find(row, row + cols, int8_t(-128)) - row));
+                        name, (long long)r, (long long)c);
     }
     return KT_OK;
 }
