@@ -284,6 +284,9 @@ constexpr int kMrFused = 3, kMrPlain = 6;
 #else
 constexpr int kMrFused = 1, kMrPlain = 1;
 #endif
+// Gate/up tiles of up to this many rows stream gate then up (gate_up_in_order, common.h): at
+// 32 tokens <= 2 rows was 1.05x, <= 4 rows 0.97x (paired A/B, 2 threads).
+constexpr int64_t kInOrderRows = 2;
 
 template <int MR, bool kFused, bool kTwoPass>
 void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, Int4Layout lay, const uint8_t* pa, const uint8_t* pb,
@@ -388,6 +391,13 @@ kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* a
     if (const kt_status st = check_tile(kRaw ? "RAWINT4" : "INT4", "gate/up", n0, n1, c->intermediate)) return st;
     const ExpertPanels l = lay.expert(c);
     const auto* base = static_cast<const uint8_t*>(packed);
+    if (rows <= kInOrderRows) {
+        gate_up_in_order<kInOrderRows>(rows, base + l.gate(n0 / kPanel), base + l.up(n0 / kPanel), l.gate(1), n0, n1, out, ldo,
+                         [&](const uint8_t* panel, float* o) {
+                             run_rows<false, kMrPlain>(c, act, c->hidden, lay, rows, panel, nullptr, o, kPanel, kPanel);
+                         });
+        return KT_OK;
+    }
     for (int64_t n = n0; n < n1; n += kPanel)
         run_rows<true, kMrFused>(c, act, c->hidden, lay, rows, base + l.gate(n / kPanel), base + l.up(n / kPanel), out + n,
                                  ldo, int(std::min<int64_t>(kPanel, n1 - n)));
