@@ -946,6 +946,8 @@ void matrix_tile(const Matrix& m, const uint8_t* base, const uint8_t* x, size_t 
     }
 }
 
+constexpr int64_t kWholeTileRows = 8;
+
 kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                        float* out, int64_t ldo) {
     const Layout l = layout(c);
@@ -955,19 +957,24 @@ kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* a
     const auto* base = static_cast<const uint8_t*>(packed);
     const auto* x = static_cast<const uint8_t*>(act);
     const size_t ab = act_row_bytes(c->hidden);
-    // One panel's width at a time: gate and up into L1-sized scratch, then SiLU(gate) * up.
+    // Gate's columns, then up's into scratch, then SiLU(gate) * up. Up to kWholeTileRows rows
+    // (decode) the whole tile of gate and then of up: each matrix read as one forward stream,
+    // not alternating between the two every panel (paired A/B, 1 token, 2 threads: Q4_K 1.09x,
+    // Q6_K 1.10x, Q8_0 1.09x; Q4_K at 32 tokens 1.06-1.08x). More rows take one panel's width
+    // at a time, so the scratch stays L1-sized while the panel's rows are reused.
+    const int64_t span = rows <= kWholeTileRows ? n1 - n0 : kPanel;
     thread_local std::vector<float> scratch;
-    scratch.resize(size_t(2 * rows * kPanel));
+    scratch.resize(size_t(2 * rows * span));
     float* g = scratch.data();
-    float* u = g + rows * kPanel;
-    for (int64_t n = n0; n < n1; n += kPanel) {
-        const int64_t e = std::min(n1, n + kPanel);
-        matrix_tile(l.m[0], base, x, ab, rows, n, e, pass, g, kPanel);
-        matrix_tile(l.m[1], base, x, ab, rows, n, e, pass, u, kPanel);
+    float* u = g + rows * span;
+    for (int64_t n = n0; n < n1; n += span) {
+        const int64_t e = std::min(n1, n + span);
+        matrix_tile(l.m[0], base, x, ab, rows, n, e, pass, g, span);
+        matrix_tile(l.m[1], base, x, ab, rows, n, e, pass, u, span);
         for (int64_t r = 0; r < rows; ++r)
             for (int64_t i = 0; i < e - n; ++i) {
-                const float gv = g[r * kPanel + i];
-                out[r * ldo + n + i] = gv / (1.0f + std::exp(-gv)) * u[r * kPanel + i];
+                const float gv = g[r * span + i];
+                out[r * ldo + n + i] = gv / (1.0f + std::exp(-gv)) * u[r * span + i];
             }
     }
     return KT_OK;
