@@ -342,15 +342,47 @@ struct Layer {
                     static_cast<const float*>(weights.data()), out.data()};
     }
 
-    void forward(const Array& hidden, const Array& ids, const Array& weights, nb::ndarray<> out) {
-        const Call c = prepare(hidden, ids, weights, out);
+    // kt_core.MoE's torch fast path: C-contiguous CPU tensors of the layer's shapes, already in
+    // the kernels' dtypes (checked in Python), passed as their data addresses. Exporting four
+    // tensors through DLPack is ~10 us a call warm and several times that with the caches
+    // cold after a forward. Wrong addresses are the caller's bug: this is not a public API.
+    static Call at(uintptr_t hidden, int hidden_dtype, int64_t tokens, uintptr_t ids, uintptr_t weights, uintptr_t out,
+                   int out_dtype) {
+        for (int d : {hidden_dtype, out_dtype})
+            if (d != KT_DTYPE_F32 && d != KT_DTYPE_BF16)
+                throw nb::value_error(("forward_at takes float32 or bfloat16 tensors, got dtype code " + std::to_string(d)).c_str());
+        if (tokens < 0) throw nb::value_error(("forward_at got " + std::to_string(tokens) + " tokens").c_str());
+        if (tokens > 0 && (!hidden || !ids || !weights || !out)) throw nb::value_error("forward_at got a null address");
+        return Call{reinterpret_cast<const void*>(hidden), kt_dtype(hidden_dtype), kt_dtype(out_dtype), tokens,
+                    reinterpret_cast<const int64_t*>(ids), reinterpret_cast<const float*>(weights),
+                    reinterpret_cast<void*>(out)};
+    }
+
+    void run(const Call& c) {
         ReleaseGil release;
         layer->forward(c.hidden, c.hidden_dtype, c.tokens, c.ids, c.weights, c.out, c.out_dtype);
     }
 
+    void forward(const Array& hidden, const Array& ids, const Array& weights, nb::ndarray<> out) {
+        run(prepare(hidden, ids, weights, out));
+    }
+
+    void forward_at(uintptr_t hidden, int hidden_dtype, int64_t tokens, uintptr_t ids, uintptr_t weights, uintptr_t out,
+                    int out_dtype) {
+        run(at(hidden, hidden_dtype, tokens, ids, weights, out, out_dtype));
+    }
+
     void submit_forward(const Array& hidden, const Array& ids, const Array& weights, nb::ndarray<> out,
                         nb::object keep_alive) {
-        const Call c = prepare(hidden, ids, weights, out);
+        submit(prepare(hidden, ids, weights, out), std::move(keep_alive));
+    }
+
+    void submit_forward_at(uintptr_t hidden, int hidden_dtype, int64_t tokens, uintptr_t ids, uintptr_t weights,
+                           uintptr_t out, int out_dtype, nb::object keep_alive) {
+        submit(at(hidden, hidden_dtype, tokens, ids, weights, out, out_dtype), std::move(keep_alive));
+    }
+
+    void submit(const Call& c, nb::object keep_alive) {
         if (kt::global_pool().job_pending())
             throw std::runtime_error("a forward is already submitted; call sync_forward() before submitting another");
         // Validate on this thread so bad input raises here, not at sync().
@@ -622,6 +654,7 @@ NB_MODULE(_native, m) {
         },
         "num_threads"_a = 0, "virtual_numa"_a = 0, "pin"_a = true, "spin_us"_a = 100);
     m.def("pool_exists", &kt::global_pool_exists);
+    m.def("pool_wake", &kt::wake_global_pool, "wake parked workers (they spin spin_us waiting for the next loop)");
     m.def("pool_info", &pool_info);
     m.def("pool_sync", &pool_sync, "wait for the submitted forward; the caller joins its work");
     m.def("pool_job_pending", [] { return kt::global_pool().job_pending(); });
@@ -680,6 +713,10 @@ NB_MODULE(_native, m) {
         .def("expert_group", [](const Layer& l, int64_t e) { return l.layer->expert_group(e); })
         .def("forward", &Layer::forward, "hidden"_a, "topk_ids"_a, "topk_weights"_a, "out"_a)
         .def("submit_forward", &Layer::submit_forward, "hidden"_a, "topk_ids"_a, "topk_weights"_a, "out"_a, "keep_alive"_a)
+        .def("forward_at", &Layer::forward_at, "hidden"_a, "hidden_dtype"_a, "tokens"_a, "topk_ids"_a, "topk_weights"_a,
+             "out"_a, "out_dtype"_a)
+        .def("submit_forward_at", &Layer::submit_forward_at, "hidden"_a, "hidden_dtype"_a, "tokens"_a, "topk_ids"_a,
+             "topk_weights"_a, "out"_a, "out_dtype"_a, "keep_alive"_a)
         .def_prop_ro("packed_bytes", [](const Layer& l) { return l.layer->packed_bytes(); })
         .def_prop_ro("expert_bytes", [](const Layer& l) { return l.layer->kernels().packed_expert_bytes(&l.layer->shape()); })
         .def_prop_ro("layout_id", [](const Layer& l) { return std::string(l.layer->kernels().layout_id); })

@@ -463,6 +463,7 @@ std::vector<char> MoeLayer::copy_packed(int64_t expert) const {
 
 void MoeLayer::forward(const void* hidden, kt_dtype hidden_dtype, int64_t tokens, const int64_t* ids,
                        const float* weights, void* out, kt_dtype out_dtype) const {
+    PhaseTimer timer;   // from entry: KT_TRACE's phases then add up to the whole call
     const int64_t T = tokens, K = shape_.top_k, H = shape_.hidden, I = shape_.intermediate, E = shape_.num_experts;
     if (T < 0 || T > max_tokens_)
         throw std::invalid_argument("forward got " + std::to_string(T) + " tokens; this layer takes at most " +
@@ -483,6 +484,7 @@ void MoeLayer::forward(const void* hidden, kt_dtype hidden_dtype, int64_t tokens
             throw std::runtime_error("expert " + std::to_string(e) +
                                      " has no weights: call load_weights / load_weights_from_tensors first");
     if (T == 0) return;
+    timer.mark("check");
     const kt_method_kernels* const kernels = &kernels_for(T);
     ThreadPool& pool = global_pool();
     const size_t in_elem = dtype_size(hidden_dtype);
@@ -549,7 +551,6 @@ void MoeLayer::forward(const void* hidden, kt_dtype hidden_dtype, int64_t tokens
     }();
 
     FailureSlot failure;
-    PhaseTimer timer;
     const bool serial = S * H * I * 3 < kSerialMacs;
     ThreadPool* workers = serial ? nullptr : &pool;
     const int threads = serial ? 1 : pool.num_threads(), groups = pool.num_groups();

@@ -4,7 +4,8 @@
     layer.load(gate, up, down)            # [E, I, H], [E, I, H], [E, H, I]; torch or NumPy
     out = layer(hidden, topk_ids, topk_weights)
 
-Tensors may be torch (any float dtype, CPU or not) or NumPy; they cross into C++ through DLPack.
+Tensors may be torch (any float dtype, CPU or not) or NumPy; they cross into C++ through DLPack, or as
+addresses when they are CPU torch tensors already in the kernels' dtypes and layout (_arrays.direct_forward_args).
 """
 
 from __future__ import annotations
@@ -266,12 +267,20 @@ class MoE:
 
     def _finish(self, hidden, out):
         if _arrays.is_torch(hidden):
+            if hidden.is_cpu and hidden.dtype == out.dtype:
+                return out
             return out.to(device=hidden.device, dtype=hidden.dtype)
         return out.astype(hidden.dtype, copy=False) if isinstance(hidden, np.ndarray) else out
 
     def forward(self, hidden_states, topk_ids, topk_weights):
         """out[t] = sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(hidden_states[t]); ids of -1
         and GPU-resident experts contribute nothing. Same dtype and device as hidden_states."""
+        _native.pool_wake()  # parked workers wake while the arguments are prepared
+        direct = _arrays.direct_forward_args(hidden_states, topk_ids, topk_weights, self.hidden_size, self.top_k,
+                                             self.max_tokens)
+        if direct is not None:
+            self._layer.forward_at(*direct[0])
+            return direct[1]
         h, ids, w, out = self._prepare(hidden_states, topk_ids, topk_weights)
         self._layer.forward(h, ids, w, out)
         return self._finish(hidden_states, out)
@@ -280,9 +289,16 @@ class MoE:
 
     def submit(self, hidden_states, topk_ids, topk_weights) -> None:
         """Start a forward on the pool and return at once (the GIL is released while it runs)."""
-        h, ids, w, out = self._prepare(hidden_states, topk_ids, topk_weights)
-        # The native layer (not self) is pinned until sync, so dropping self runs __del__.
-        self._layer.submit_forward(h, ids, w, out, (self._layer, h, ids, w, out))
+        _native.pool_wake()
+        direct = _arrays.direct_forward_args(hidden_states, topk_ids, topk_weights, self.hidden_size, self.top_k,
+                                             self.max_tokens)
+        # The native layer (not self) and the arrays are pinned until sync, so dropping self runs __del__.
+        if direct is not None:
+            out = direct[1]
+            self._layer.submit_forward_at(*direct[0], (self._layer, hidden_states, topk_ids, topk_weights, out))
+        else:
+            h, ids, w, out = self._prepare(hidden_states, topk_ids, topk_weights)
+            self._layer.submit_forward(h, ids, w, out, (self._layer, h, ids, w, out))
         self._pending = (hidden_states, out, os.getpid())
 
     def sync(self):
