@@ -107,3 +107,14 @@ def test_idle_pool_does_not_spin():
     after = resource.getrusage(resource.RUSAGE_SELF)
     busy = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     assert busy < 0.1, f"idle pool used {busy:.2f} s of CPU in 0.5 s"
+
+
+def test_spin_window_comes_from_kt_spin_us():
+    code = "import kt_core; from kt_core import _native; kt_core.pool.ensure(); print(_native.pool_info()['spin_us'])"
+    assert run_python(code).stdout.split() == ["100"]
+    result = run_python(code, KT_SPIN_US="5000")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["5000"]
+    for bad, message in (("-1", "must be >= 0"), ("2ms", "must be an integer")):
+        result = run_python(code, KT_SPIN_US=bad)
+        assert result.returncode != 0 and message in result.stderr, result.stderr

@@ -17,16 +17,34 @@ class PoolInfo:
     virtual_numa: int
 
 
-def configure(num_threads: int = 0, virtual_numa: int | None = None, pin: bool = True, spin_us: int = 100) -> None:
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {raw!r}") from None
+
+
+def configure(num_threads: int = 0, virtual_numa: int | None = None, pin: bool = True,
+              spin_us: int | None = None) -> None:
     """(Re)create the pool. num_threads 0 = one per physical core; virtual_numa splits the
     cores into that many groups (KT_VIRTUAL_NUMA is the default) to exercise multi-node
-    placement on a single-node machine."""
+    placement on a single-node machine. spin_us: how long an idle worker spins before it parks
+    (KT_SPIN_US, default 100). Between layers longer than that, the next forward pays the
+    workers' wake-up: where kt's cores do nothing else between MoE layers (attention on a GPU),
+    a few milliseconds keep them awake (docs/serving.md)."""
     if num_threads < 0:
         raise ValueError(f"num_threads must be >= 0 (0 = one per physical core), got {num_threads}")
     if virtual_numa is None:
-        virtual_numa = int(os.environ.get("KT_VIRTUAL_NUMA", "0") or 0)
+        virtual_numa = _env_int("KT_VIRTUAL_NUMA", 0)
     if virtual_numa < 0:
         raise ValueError(f"virtual_numa must be >= 0, got {virtual_numa}")
+    if spin_us is None:
+        spin_us = _env_int("KT_SPIN_US", 100)
+    if spin_us < 0:
+        raise ValueError(f"spin_us (KT_SPIN_US) must be >= 0 microseconds, got {spin_us}")
     host()  # the features plugins see must be set before any plugin runs
     _native.configure_pool(num_threads, virtual_numa, pin, spin_us)
     _native.pool_info()  # start the workers now, so later ensure() calls see a configured pool
