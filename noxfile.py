@@ -190,8 +190,8 @@ def _asan_env(site: Path) -> dict:
 def asan(session):
     """kt-core and every backend package built with ASan+UBSan into .sanitize/asan (the
     environment's install is untouched; kt-backend-amx as its emulation build, as in CI), then
-    the conformance suite (every backend, every variant this host runs), the concurrency tests
-    and the packed-layer loads (pread, mmap) under them. Any report fails the session. `nox -s asan -- -k INT4` narrows the
+    the conformance suite (every backend, every variant this host runs), the concurrency tests,
+    the packed-layer loads (pread, mmap) and the forward's argument paths under them. Any report fails the session. `nox -s asan -- -k INT4` narrows the
     conformance run."""
     site = SANITIZE / "asan" / "site"
     env = _asan_env(site)
@@ -211,7 +211,7 @@ def asan(session):
     session.run("python", "-m", "pytest", "-q", "-p", "kt_core.testing.plugin", "--pyargs", "kt_core.testing.conformance",
                 *session.posargs, env={**env, **AMX_EMULATION})
     session.run("python", "-m", "pytest", "-q", "packages/kt-core/tests/test_concurrency.py",
-                "packages/kt-core/tests/test_weights_packed.py", env=env)
+                "packages/kt-core/tests/test_weights_packed.py", "packages/kt-core/tests/test_forward_arguments.py", env=env)
 
 
 TSAN_SOURCES = ["pool/thread_pool.cpp", "host/topology.cpp", "host/cpu_features.cpp", "memory/numa_allocator.cpp",
