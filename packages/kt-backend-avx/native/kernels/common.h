@@ -158,6 +158,25 @@ void gate_up_in_order(int64_t rows, const uint8_t* gate, const uint8_t* up, size
     }
 }
 
+// Prefetches `bytes` from `p` into L2, spread over `steps` calls of step(). Prefill tiles give it
+// the next panel (pair) while the current panel's first row block computes, so that the next
+// panel's first row block (FP8: its widening) does not wait on DRAM. Null / 0 bytes: no-op.
+// Paired A/B, Qwen3-30B-A3B layer, 256 / 1024 tokens, 2 threads (1 thread alike): INT8 1.16x /
+// 1.06x, INT4 1.09x / 1.01x, BF16 1.05x / 1.03x, FP8 1.17x / 1.05x (DeepSeek-V3 FP8 256: 1.08x).
+class PrefetchAhead {
+public:
+    PrefetchAhead(const uint8_t* p, size_t bytes, int64_t steps)
+        : at_(p), end_(p + bytes), lines_(int64_t(bytes / 64) / std::max<int64_t>(1, steps) + 1) {}
+    void step() {
+        for (int64_t i = 0; i < lines_ && at_ < end_; ++i, at_ += 64) _mm_prefetch(reinterpret_cast<const char*>(at_), _MM_HINT_T1);
+    }
+
+private:
+    const uint8_t* at_;
+    const uint8_t* end_;
+    int64_t lines_;
+};
+
 // The core hands tiles that start on a panel and stay inside the matrix; say so if not.
 inline kt_status check_tile(const char* method, const char* which, int64_t n0, int64_t n1, int64_t n) {
     if (n0 % kPanel == 0 && n0 < n1 && n1 <= n) return KT_OK;

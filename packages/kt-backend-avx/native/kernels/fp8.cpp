@@ -354,8 +354,7 @@ void panel_kernel_bf16(const E4M3Converter& cv, const uint32_t* hi, const uint32
     constexpr bool kSplit = MR * F <= 2;
     constexpr int P = kSplit ? 2 : 1, L = kLo && kSplit ? 2 : 1;   // accumulators per pair parity, per plane
     const int64_t kc = (k + 1) / 2, steps_per_block = kBlock / 4;
-    const uint8_t* const prefetch_end = prefetch + prefetch_bytes;
-    const int64_t prefetch_lines = int64_t(prefetch_bytes / 64) / std::max<int64_t>(1, (kc + 1) / 2) + 1;   // per step
+    PrefetchAhead ahead(prefetch, prefetch_bytes, (kc + 1) / 2);
     __m512 acc[MR][F], part[P][L][MR][F];
     for (int m = 0; m < MR; ++m)
         for (int f = 0; f < F; ++f) acc[m][f] = _mm512_setzero_ps();
@@ -366,8 +365,7 @@ void panel_kernel_bf16(const E4M3Converter& cv, const uint32_t* hi, const uint32
                     for (int f = 0; f < F; ++f) part[p][l][m][f] = _mm512_setzero_ps();
         const int64_t q1 = std::min((kc + 1) / 2, (kb + 1) * steps_per_block);
         for (int64_t q = kb * steps_per_block; q < q1; ++q) {
-            for (int64_t i = 0; i < prefetch_lines && prefetch < prefetch_end; ++i, prefetch += 64)
-                _mm_prefetch(reinterpret_cast<const char*>(prefetch), _MM_HINT_T1);
+            ahead.step();
             __m512i wv[F][2];
             for (int f = 0; f < F; ++f) {
                 if constexpr (kFly) {

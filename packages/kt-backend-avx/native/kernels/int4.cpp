@@ -290,9 +290,10 @@ constexpr int64_t kInOrderRows = 2;
 
 template <int MR, bool kFused, bool kTwoPass>
 void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, Int4Layout lay, const uint8_t* pa, const uint8_t* pb,
-                  float* out, int64_t ldo, int cols) {
+                  float* out, int64_t ldo, int cols, const uint8_t* prefetch = nullptr, size_t prefetch_bytes = 0) {
     constexpr int F = kFused ? 2 : 1;
     const int64_t g = lay.g;
+    PrefetchAhead ahead(prefetch, prefetch_bytes, k / 8);
     const size_t header_bytes = lay.header_bytes();
     VF acc[MR][F][kVecsPerPanel];
     for (int m = 0; m < MR; ++m)
@@ -308,6 +309,7 @@ void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, Int4Layout lay,
                 for (int v = 0; v < kVecsPerPanel; ++v) hi[m][f][v] = lo[m][f][v] = vzeroi();
         const size_t block = size_t(grp) * lay.group_bytes();
         for (int64_t c = 0; c < g / 8; ++c) {
+            ahead.step();
             VI w0[F][kVecsPerPanel], w1[F][kVecsPerPanel];
             for (int f = 0; f < F; ++f)
                 for (int v = 0; v < kVecsPerPanel; ++v) {
@@ -359,21 +361,24 @@ void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, Int4Layout lay,
 
 template <int MR, bool kFused, bool kTwoPass>
 void rows_kernel(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, Int4Layout lay, const uint8_t* pa,
-                 const uint8_t* pb, float* out, int64_t ldo, int cols) {
+                 const uint8_t* pb, float* out, int64_t ldo, int cols, const uint8_t* next, size_t next_bytes) {
     for_row_blocks<MR>(rows, [=]<int M>(int64_t r) {
-        panel_kernel<M, kFused, kTwoPass>(x + r * row_bytes, row_bytes, k, lay, pa, pb, out + r * ldo, ldo, cols);
+        panel_kernel<M, kFused, kTwoPass>(x + r * row_bytes, row_bytes, k, lay, pa, pb, out + r * ldo, ldo, cols,
+                                          r == 0 ? next : nullptr, r == 0 ? next_bytes : 0);
     });
 }
 
 // The activation passes a layer asked for: one with KT_QUANT_FAST_ACTIVATIONS, else two.
 template <bool kFused, int MR>
 void run_rows(const kt_moe_config* c, const void* act, int64_t k, Int4Layout lay, int64_t rows, const uint8_t* pa,
-              const uint8_t* pb, float* out, int64_t ldo, int cols) {
+              const uint8_t* pb, float* out, int64_t ldo, int cols, const uint8_t* next = nullptr, size_t next_bytes = 0) {
     const auto* x = static_cast<const uint8_t*>(act);
+    // The first row block fetches `next` (the following panel or pair) into L2: PrefetchAhead.
+    if (rows <= MR) next_bytes = 0;   // one row block: nothing to overlap with the fetch
     if (c->quant_flags & KT_QUANT_FAST_ACTIVATIONS) {
-        rows_kernel<MR, kFused, false>(x, int8_row_bytes(k), rows, k, lay, pa, pb, out, ldo, cols);
+        rows_kernel<MR, kFused, false>(x, int8_row_bytes(k), rows, k, lay, pa, pb, out, ldo, cols, next, next_bytes);
     } else {
-        rows_kernel<MR, kFused, true>(x, int8_row_bytes(k), rows, k, lay, pa, pb, out, ldo, cols);
+        rows_kernel<MR, kFused, true>(x, int8_row_bytes(k), rows, k, lay, pa, pb, out, ldo, cols, next, next_bytes);
     }
 }
 
@@ -400,7 +405,8 @@ kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* a
     }
     for (int64_t n = n0; n < n1; n += kPanel)
         run_rows<true, kMrFused>(c, act, c->hidden, lay, rows, base + l.gate(n / kPanel), base + l.up(n / kPanel), out + n,
-                                 ldo, int(std::min<int64_t>(kPanel, n1 - n)));
+                                 ldo, int(std::min<int64_t>(kPanel, n1 - n)), base + l.gate(n / kPanel + 1),
+                                 n + kPanel < n1 ? 2 * l.gate_up_panel : 0);
     return KT_OK;
 }
 
@@ -413,7 +419,8 @@ kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act,
     const auto* base = static_cast<const uint8_t*>(packed);
     for (int64_t n = n0; n < n1; n += kPanel)
         run_rows<false, kMrPlain>(c, act, c->intermediate, lay, rows, base + l.down(n / kPanel), nullptr, out + n, ldo,
-                                  int(std::min<int64_t>(kPanel, n1 - n)));
+                                  int(std::min<int64_t>(kPanel, n1 - n)), base + l.down(n / kPanel + 1),
+                                  n + kPanel < n1 ? l.down_panel : 0);
     return KT_OK;
 }
 

@@ -139,7 +139,7 @@ inline VI dot_pass(VI acc, VI a, VI w) {
 // MR activation rows x one panel (gate/up pair when kFused) over all of K, both code planes.
 template <int MR, bool kFused, bool kTwoPass>
 void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa, const uint8_t* pb, float* out,
-                  int64_t ldo, int cols) {
+                  int64_t ldo, int cols, const uint8_t* next = nullptr, size_t next_bytes = 0) {
     constexpr int F = kFused ? 2 : 1;
     VI hi[MR][F][kVecsPerPanel], lo[MR][F][kVecsPerPanel];
     for (int m = 0; m < MR; ++m)
@@ -149,7 +149,9 @@ void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* 
     const uint8_t* codes_lo = int8_lo(x, k);
     const uint8_t* panel[2] = {pa + kHeaderBytes, pb ? pb + kHeaderBytes : nullptr};
     const int64_t kc = chunks(k);
+    PrefetchAhead ahead(next, next_bytes, kc);
     for (int64_t j = 0; j < kc; ++j) {
+        ahead.step();
         VI w[F][kVecsPerPanel];
         for (int f = 0; f < F; ++f)
             for (int v = 0; v < kVecsPerPanel; ++v)
@@ -191,21 +193,24 @@ void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* 
 
 template <int MR, bool kFused, bool kTwoPass>
 void rows_kernel(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, const uint8_t* pa, const uint8_t* pb,
-                 float* out, int64_t ldo, int cols) {
+                 float* out, int64_t ldo, int cols, const uint8_t* next, size_t next_bytes) {
     for_row_blocks<MR>(rows, [=]<int M>(int64_t r) {
-        panel_kernel<M, kFused, kTwoPass>(x + r * row_bytes, row_bytes, k, pa, pb, out + r * ldo, ldo, cols);
+        panel_kernel<M, kFused, kTwoPass>(x + r * row_bytes, row_bytes, k, pa, pb, out + r * ldo, ldo, cols,
+                                          r == 0 ? next : nullptr, r == 0 ? next_bytes : 0);
     });
 }
 
 // The activation passes a layer asked for: one with KT_QUANT_FAST_ACTIVATIONS, else two.
 template <bool kFused, int MR>
 void run_rows(const kt_moe_config* c, const void* act, int64_t k, int64_t rows, const uint8_t* pa, const uint8_t* pb,
-              float* out, int64_t ldo, int cols) {
+              float* out, int64_t ldo, int cols, const uint8_t* next = nullptr, size_t next_bytes = 0) {
     const auto* x = static_cast<const uint8_t*>(act);
+    // The first row block fetches `next` (the following panel or pair) into L2: PrefetchAhead.
+    if (rows <= MR) next_bytes = 0;   // one row block: nothing to overlap with the fetch
     if (c->quant_flags & KT_QUANT_FAST_ACTIVATIONS) {
-        rows_kernel<MR, kFused, false>(x, int8_row_bytes(k), rows, k, pa, pb, out, ldo, cols);
+        rows_kernel<MR, kFused, false>(x, int8_row_bytes(k), rows, k, pa, pb, out, ldo, cols, next, next_bytes);
     } else {
-        rows_kernel<MR, kFused, true>(x, int8_row_bytes(k), rows, k, pa, pb, out, ldo, cols);
+        rows_kernel<MR, kFused, true>(x, int8_row_bytes(k), rows, k, pa, pb, out, ldo, cols, next, next_bytes);
     }
 }
 
@@ -227,7 +232,8 @@ kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* a
     }
     for (int64_t n = n0; n < n1; n += kPanel)
         run_rows<true, kMrFused>(c, act, c->hidden, rows, base + l.gate(n / kPanel), base + l.up(n / kPanel), out + n, ldo,
-                                 int(std::min<int64_t>(kPanel, n1 - n)));
+                                 int(std::min<int64_t>(kPanel, n1 - n)), base + l.gate(n / kPanel + 1),
+                                 n + kPanel < n1 ? 2 * l.gate_up_panel : 0);
     return KT_OK;
 }
 
@@ -238,7 +244,8 @@ kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act,
     const auto* base = static_cast<const uint8_t*>(packed);
     for (int64_t n = n0; n < n1; n += kPanel)
         run_rows<false, kMrPlain>(c, act, c->intermediate, rows, base + l.down(n / kPanel), nullptr, out + n, ldo,
-                                  int(std::min<int64_t>(kPanel, n1 - n)));
+                                  int(std::min<int64_t>(kPanel, n1 - n)), base + l.down(n / kPanel + 1),
+                                  n + kPanel < n1 ? l.down_panel : 0);
     return KT_OK;
 }
 
