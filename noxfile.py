@@ -191,8 +191,8 @@ def asan(session):
     """kt-core and every backend package built with ASan+UBSan into .sanitize/asan (the
     environment's install is untouched; kt-backend-amx as its emulation build, as in CI), then
     the conformance suite (every backend, every variant this host runs), the concurrency tests,
-    the packed-layer loads (pread, mmap) and the forward's argument paths under them. Any report fails the session. `nox -s asan -- -k INT4` narrows the
-    conformance run."""
+    the packed-layer loads (pread, mmap) and the forward's argument paths under them. Any report
+    fails the session. `nox -s asan -- -k INT4` narrows the conformance run."""
     site = SANITIZE / "asan" / "site"
     env = _asan_env(site)
     # kt-core first: the backends' CMake imports kt_core (the instrumented one, hence
