@@ -100,14 +100,13 @@ constexpr int kMrFused = 8, kMrPlain = 12;
 // x: split-bf16 rows (see common.h); kLo adds the low halves' pass.
 template <int MR, int kMode, bool kLo>
 void panel_kernel_split(const uint8_t* x, size_t row_bytes, int64_t kc, const uint8_t* pa, const uint8_t* pb, float* out,
-                        int64_t ldo, int cols, PrefetchAhead ahead) {
+                        int64_t ldo, int cols) {
     constexpr bool kTwo = kMode != kSingle;
     __m512 acc_a[MR], acc_b[MR];
     for (int m = 0; m < MR; ++m) acc_a[m] = acc_b[m] = _mm512_setzero_ps();
     const uint8_t* hi = x + sizeof(SplitBf16Header);
     const size_t lo_offset = size_t(kc) * 4;
     for (int64_t j = 0; j < kc; ++j) {
-        ahead.step();
         const __m512bh wa = (__m512bh)_mm512_loadu_si512(pa + size_t(j) * kChunkBytes);
         __m512bh wb;
         if constexpr (kTwo) wb = (__m512bh)_mm512_loadu_si512(pb + size_t(j) * kChunkBytes);
@@ -130,13 +129,13 @@ void panel_kernel_split(const uint8_t* x, size_t row_bytes, int64_t kc, const ui
 
 template <int MR, int kMode>
 void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t kc, const uint8_t* pa, const uint8_t* pb, float* out,
-                  int64_t ldo, int cols, PrefetchAhead ahead) {
+                  int64_t ldo, int cols) {
     bool lo = false;
     for (int m = 0; m < MR; ++m) lo |= reinterpret_cast<const SplitBf16Header*>(x + m * row_bytes)->has_lo != 0;
     if (lo) {
-        panel_kernel_split<MR, kMode, true>(x, row_bytes, kc, pa, pb, out, ldo, cols, ahead);
+        panel_kernel_split<MR, kMode, true>(x, row_bytes, kc, pa, pb, out, ldo, cols);
     } else {
-        panel_kernel_split<MR, kMode, false>(x, row_bytes, kc, pa, pb, out, ldo, cols, ahead);
+        panel_kernel_split<MR, kMode, false>(x, row_bytes, kc, pa, pb, out, ldo, cols);
     }
 }
 #else
@@ -149,7 +148,7 @@ constexpr int kMrFused = 2, kMrPlain = 4;
 // x: f32 rows.
 template <int MR, int kMode>
 void panel_kernel(const uint8_t* xb, size_t row_bytes, int64_t kc, const uint8_t* pa, const uint8_t* pb, float* out,
-                  int64_t ldo, int cols, PrefetchAhead ahead) {
+                  int64_t ldo, int cols) {
     const auto* x = reinterpret_cast<const float*>(xb);
     const int64_t ldx = int64_t(row_bytes / sizeof(float));
     constexpr bool kTwo = kMode != kSingle;
@@ -157,7 +156,6 @@ void panel_kernel(const uint8_t* xb, size_t row_bytes, int64_t kc, const uint8_t
     for (int m = 0; m < MR; ++m)
         for (int v = 0; v < kVecsPerPanel; ++v) acc_a[m][v] = acc_b[m][v] = vzero();
     for (int64_t j = 0; j < kc; ++j) {
-        ahead.step();
         for (int v = 0; v < kVecsPerPanel; ++v) {
             const VI wa = vloadi(pa + size_t(j) * kChunkBytes + size_t(v) * kLanes * 4);
             const VF a0 = bf16_even(wa), a1 = bf16_odd(wa);
@@ -181,12 +179,9 @@ void panel_kernel(const uint8_t* xb, size_t row_bytes, int64_t kc, const uint8_t
 // Row blocks of MR, then the remainder through the matching smaller instantiation.
 template <int MR, int kMode>
 void rows_kernel(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t kc, const uint8_t* pa, const uint8_t* pb,
-                 float* out, int64_t ldo, int cols, const uint8_t* next, size_t next_bytes) {
-    // The first row block fetches `next` (the following panel or pair) into L2: PrefetchAhead.
-    if (rows <= MR) next_bytes = 0;   // one row block: nothing to overlap with the fetch
+                 float* out, int64_t ldo, int cols) {
     for_row_blocks<MR>(rows, [=]<int M>(int64_t r) {
-        panel_kernel<M, kMode>(x + r * row_bytes, row_bytes, kc, pa, pb, out + r * ldo, ldo, cols,
-                               PrefetchAhead(r == 0 ? next : nullptr, r == 0 ? next_bytes : 0, kc));
+        panel_kernel<M, kMode>(x + r * row_bytes, row_bytes, kc, pa, pb, out + r * ldo, ldo, cols);
     });
 }
 
@@ -198,12 +193,12 @@ inline size_t act_row_bytes(int64_t k) { return f32_row_bytes(k); }
 
 template <int kMode>
 void run_rows(const void* x, int64_t k, int64_t rows, const uint8_t* pa, const uint8_t* pb, float* out, int64_t ldo,
-              int cols, const uint8_t* next = nullptr, size_t next_bytes = 0) {
+              int cols) {
     const auto* xb = static_cast<const uint8_t*>(x);
     if constexpr (kMode == kSingle) {
-        rows_kernel<kMrPlain, kSingle>(xb, act_row_bytes(k), rows, chunks(k), pa, pb, out, ldo, cols, next, next_bytes);
+        rows_kernel<kMrPlain, kSingle>(xb, act_row_bytes(k), rows, chunks(k), pa, pb, out, ldo, cols);
     } else {
-        rows_kernel<kMrFused, kMode>(xb, act_row_bytes(k), rows, chunks(k), pa, pb, out, ldo, cols, next, next_bytes);
+        rows_kernel<kMrFused, kMode>(xb, act_row_bytes(k), rows, chunks(k), pa, pb, out, ldo, cols);
     }
 }
 
@@ -214,8 +209,7 @@ kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* a
     const auto* base = static_cast<const uint8_t*>(packed);
     for (int64_t n = n0; n < n1; n += kPanel)
         run_rows<kFused>(act, c->hidden, rows, base + l.gate(n / kPanel), base + l.up(n / kPanel), out + n, ldo,
-                         int(std::min<int64_t>(kPanel, n1 - n)), base + l.gate(n / kPanel + 1),
-                         n + kPanel < n1 ? 2 * l.gate_up_panel : 0);
+                         int(std::min<int64_t>(kPanel, n1 - n)));
     return KT_OK;
 }
 
@@ -228,8 +222,7 @@ kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act,
     int64_t n = n0;
     for (; n + kPanel < n1; n += 2 * kPanel)
         run_rows<kPair>(act, I, rows, base + l.down(n / kPanel), base + l.down(n / kPanel + 1), out + n, ldo,
-                        int(std::min<int64_t>(2 * kPanel, n1 - n)), base + l.down(n / kPanel + 2),
-                        size_t(std::clamp<int64_t>((n1 - n - kPanel - 1) / kPanel, 0, 2)) * l.down_panel);
+                        int(std::min<int64_t>(2 * kPanel, n1 - n)));
     if (n < n1) run_rows<kSingle>(act, I, rows, base + l.down(n / kPanel), nullptr, out + n, ldo, int(n1 - n));
     return KT_OK;
 }

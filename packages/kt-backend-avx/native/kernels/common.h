@@ -160,11 +160,14 @@ void gate_up_in_order(int64_t rows, const uint8_t* gate, const uint8_t* up, size
 
 // Prefetches `bytes` from `p` into L2, spread over `steps` calls of step(). Prefill tiles give it
 // the next panel (pair) while the current panel's first row block computes, so that the next
-// panel's first row block (FP8: its widening) does not wait on DRAM. Null / 0 bytes: no-op.
-// Paired A/B, Qwen3-30B-A3B layer, 256 / 1024 tokens, 2 threads (1 thread alike): INT8 1.16x /
-// 1.06x, INT4 1.09x / 1.01x, BF16 1.05x / 1.03x, FP8 1.17x / 1.05x (DeepSeek-V3 FP8 256: 1.08x).
+// panel's first row block (FP8: its widening) does not wait on DRAM. Kernels take it behind a
+// template flag, so the other row blocks' inner loops do not even test it (left in, the test cost
+// BF16's register-bound down kernel ~30 %). Paired A/B (a runtime switch between the prefetching
+// and the plain first block), Qwen3-30B-A3B layer, 256 tokens, 2 threads: FP8 1.18x, INT8 1.10x,
+// INT4 1.06x; BF16 0.96x, so BF16 does not use it.
 class PrefetchAhead {
 public:
+    PrefetchAhead() = default;
     PrefetchAhead(const uint8_t* p, size_t bytes, int64_t steps)
         : at_(p), end_(p + bytes), lines_(int64_t(bytes / 64) / std::max<int64_t>(1, steps) + 1) {}
     void step() {
@@ -172,9 +175,9 @@ public:
     }
 
 private:
-    const uint8_t* at_;
-    const uint8_t* end_;
-    int64_t lines_;
+    const uint8_t* at_ = nullptr;
+    const uint8_t* end_ = nullptr;
+    int64_t lines_ = 0;
 };
 
 // The core hands tiles that start on a panel and stay inside the matrix; say so if not.

@@ -346,15 +346,13 @@ enum TileMode { kSinglePanel, kGateUp, kPanelPair };
 // [ceil(K/2)][16] copies. With one or two accumulators (decode), the two pairs of a step and the
 // hi and lo passes sum into separate registers: chained on one, decode ran at vdpbf16ps's
 // latency. Larger blocks have enough chains already, and no registers to spare.
-template <int MR, int kMode, bool kLo, bool kFly>
+template <int MR, int kMode, bool kLo, bool kFly, bool kAhead = false>
 void panel_kernel_bf16(const E4M3Converter& cv, const uint32_t* hi, const uint32_t* lo, int64_t k, const void* const* w,
-                       const uint8_t* const* panel, float* out, int64_t ldo, int cols, const uint8_t* prefetch = nullptr,
-                       size_t prefetch_bytes = 0) {
+                       const uint8_t* const* panel, float* out, int64_t ldo, int cols, PrefetchAhead ahead = {}) {
     constexpr int F = kMode == kSinglePanel ? 1 : 2;
     constexpr bool kSplit = MR * F <= 2;
     constexpr int P = kSplit ? 2 : 1, L = kLo && kSplit ? 2 : 1;   // accumulators per pair parity, per plane
     const int64_t kc = (k + 1) / 2, steps_per_block = kBlock / 4;
-    PrefetchAhead ahead(prefetch, prefetch_bytes, (kc + 1) / 2);
     __m512 acc[MR][F], part[P][L][MR][F];
     for (int m = 0; m < MR; ++m)
         for (int f = 0; f < F; ++f) acc[m][f] = _mm512_setzero_ps();
@@ -365,7 +363,7 @@ void panel_kernel_bf16(const E4M3Converter& cv, const uint32_t* hi, const uint32
                     for (int f = 0; f < F; ++f) part[p][l][m][f] = _mm512_setzero_ps();
         const int64_t q1 = std::min((kc + 1) / 2, (kb + 1) * steps_per_block);
         for (int64_t q = kb * steps_per_block; q < q1; ++q) {
-            ahead.step();
+            if constexpr (kAhead) ahead.step();
             __m512i wv[F][2];
             for (int f = 0; f < F; ++f) {
                 if constexpr (kFly) {
@@ -436,12 +434,17 @@ void panels_bf16(const E4M3Converter& cv, const uint32_t* hi, const uint32_t* lo
             // widening them does not wait on DRAM (a sixth of prefill's samples did: paired A/B,
             // Qwen3 FP8 256 tokens 1.17-1.19x, 1024 tokens 1.05-1.06x, DeepSeek-V3 256 tokens
             // 1.06-1.09x, 1 and 2 threads).
-            const uint8_t* pf = r == 0 ? next : nullptr;
-            const size_t pf_bytes = pf ? next_bytes : 0;
-            if (any_lo)
-                panel_kernel_bf16<M, kMode, true, false>(cv, hi + r * kc, lo + r * kc, k, w, panel, o, ldo, cols, pf, pf_bytes);
+            bool ahead = false;
+            if constexpr (M == MR) ahead = r == 0 && next_bytes;
+            const PrefetchAhead fetch(next, next_bytes, (kc + 1) / 2);
+            if (ahead && any_lo)
+                panel_kernel_bf16<M, kMode, true, false, true>(cv, hi + r * kc, lo + r * kc, k, w, panel, o, ldo, cols, fetch);
+            else if (ahead)
+                panel_kernel_bf16<M, kMode, false, false, true>(cv, hi + r * kc, lo + r * kc, k, w, panel, o, ldo, cols, fetch);
+            else if (any_lo)
+                panel_kernel_bf16<M, kMode, true, false>(cv, hi + r * kc, lo + r * kc, k, w, panel, o, ldo, cols);
             else
-                panel_kernel_bf16<M, kMode, false, false>(cv, hi + r * kc, lo + r * kc, k, w, panel, o, ldo, cols, pf, pf_bytes);
+                panel_kernel_bf16<M, kMode, false, false>(cv, hi + r * kc, lo + r * kc, k, w, panel, o, ldo, cols);
         }
     });
 }

@@ -288,12 +288,11 @@ constexpr int kMrFused = 1, kMrPlain = 1;
 // 32 tokens <= 2 rows was 1.05x, <= 4 rows 0.97x (paired A/B, 2 threads).
 constexpr int64_t kInOrderRows = 2;
 
-template <int MR, bool kFused, bool kTwoPass>
+template <int MR, bool kFused, bool kTwoPass, bool kAhead = false>
 void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, Int4Layout lay, const uint8_t* pa, const uint8_t* pb,
-                  float* out, int64_t ldo, int cols, const uint8_t* prefetch = nullptr, size_t prefetch_bytes = 0) {
+                  float* out, int64_t ldo, int cols, PrefetchAhead ahead = {}) {
     constexpr int F = kFused ? 2 : 1;
     const int64_t g = lay.g;
-    PrefetchAhead ahead(prefetch, prefetch_bytes, k / 8);
     const size_t header_bytes = lay.header_bytes();
     VF acc[MR][F][kVecsPerPanel];
     for (int m = 0; m < MR; ++m)
@@ -309,7 +308,7 @@ void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, Int4Layout lay,
                 for (int v = 0; v < kVecsPerPanel; ++v) hi[m][f][v] = lo[m][f][v] = vzeroi();
         const size_t block = size_t(grp) * lay.group_bytes();
         for (int64_t c = 0; c < g / 8; ++c) {
-            ahead.step();
+            if constexpr (kAhead) ahead.step();
             VI w0[F][kVecsPerPanel], w1[F][kVecsPerPanel];
             for (int f = 0; f < F; ++f)
                 for (int v = 0; v < kVecsPerPanel; ++v) {
@@ -363,8 +362,13 @@ template <int MR, bool kFused, bool kTwoPass>
 void rows_kernel(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, Int4Layout lay, const uint8_t* pa,
                  const uint8_t* pb, float* out, int64_t ldo, int cols, const uint8_t* next, size_t next_bytes) {
     for_row_blocks<MR>(rows, [=]<int M>(int64_t r) {
-        panel_kernel<M, kFused, kTwoPass>(x + r * row_bytes, row_bytes, k, lay, pa, pb, out + r * ldo, ldo, cols,
-                                          r == 0 ? next : nullptr, r == 0 ? next_bytes : 0);
+        if constexpr (M == MR)
+            if (r == 0 && next_bytes) {
+                panel_kernel<M, kFused, kTwoPass, true>(x, row_bytes, k, lay, pa, pb, out, ldo, cols,
+                                                        PrefetchAhead(next, next_bytes, k / 8));
+                return;
+            }
+        panel_kernel<M, kFused, kTwoPass>(x + r * row_bytes, row_bytes, k, lay, pa, pb, out + r * ldo, ldo, cols);
     });
 }
 

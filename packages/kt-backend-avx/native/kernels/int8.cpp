@@ -137,9 +137,9 @@ inline VI dot_pass(VI acc, VI a, VI w) {
 }
 
 // MR activation rows x one panel (gate/up pair when kFused) over all of K, both code planes.
-template <int MR, bool kFused, bool kTwoPass>
+template <int MR, bool kFused, bool kTwoPass, bool kAhead = false>
 void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa, const uint8_t* pb, float* out,
-                  int64_t ldo, int cols, const uint8_t* next = nullptr, size_t next_bytes = 0) {
+                  int64_t ldo, int cols, PrefetchAhead ahead = {}) {
     constexpr int F = kFused ? 2 : 1;
     VI hi[MR][F][kVecsPerPanel], lo[MR][F][kVecsPerPanel];
     for (int m = 0; m < MR; ++m)
@@ -149,9 +149,8 @@ void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* 
     const uint8_t* codes_lo = int8_lo(x, k);
     const uint8_t* panel[2] = {pa + kHeaderBytes, pb ? pb + kHeaderBytes : nullptr};
     const int64_t kc = chunks(k);
-    PrefetchAhead ahead(next, next_bytes, kc);
     for (int64_t j = 0; j < kc; ++j) {
-        ahead.step();
+        if constexpr (kAhead) ahead.step();
         VI w[F][kVecsPerPanel];
         for (int f = 0; f < F; ++f)
             for (int v = 0; v < kVecsPerPanel; ++v)
@@ -195,8 +194,13 @@ template <int MR, bool kFused, bool kTwoPass>
 void rows_kernel(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, const uint8_t* pa, const uint8_t* pb,
                  float* out, int64_t ldo, int cols, const uint8_t* next, size_t next_bytes) {
     for_row_blocks<MR>(rows, [=]<int M>(int64_t r) {
-        panel_kernel<M, kFused, kTwoPass>(x + r * row_bytes, row_bytes, k, pa, pb, out + r * ldo, ldo, cols,
-                                          r == 0 ? next : nullptr, r == 0 ? next_bytes : 0);
+        if constexpr (M == MR)
+            if (r == 0 && next_bytes) {
+                panel_kernel<M, kFused, kTwoPass, true>(x, row_bytes, k, pa, pb, out, ldo, cols,
+                                                        PrefetchAhead(next, next_bytes, chunks(k)));
+                return;
+            }
+        panel_kernel<M, kFused, kTwoPass>(x + r * row_bytes, row_bytes, k, pa, pb, out + r * ldo, ldo, cols);
     });
 }
 
