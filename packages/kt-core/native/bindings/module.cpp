@@ -654,7 +654,6 @@ NB_MODULE(_native, m) {
         },
         "num_threads"_a = 0, "virtual_numa"_a = 0, "pin"_a = true, "spin_us"_a = 100);
     m.def("pool_exists", &kt::global_pool_exists);
-    m.def("pool_wake", &kt::wake_global_pool, "wake parked workers (they spin spin_us waiting for the next loop)");
     m.def("pool_info", &pool_info);
     m.def("pool_sync", &pool_sync, "wait for the submitted forward; the caller joins its work");
     m.def("pool_job_pending", [] { return kt::global_pool().job_pending(); });

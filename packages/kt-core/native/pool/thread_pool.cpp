@@ -538,12 +538,6 @@ void configure_global_pool(const PoolConfig& config) {
     }
 }
 
-void wake_global_pool() {
-    GlobalPool& g = global();
-    std::lock_guard<std::mutex> lock(g.mutex);   // not replaced under the wake
-    if (g.pool) g.pool->wake();
-}
-
 bool global_pool_exists() {
     GlobalPool& g = global();
     std::lock_guard<std::mutex> lock(g.mutex);

@@ -79,9 +79,6 @@ private:
 ThreadPool& global_pool();
 void configure_global_pool(const PoolConfig& config);
 bool global_pool_exists();
-// ThreadPool::wake() on the global pool if there is one (never creates it). The Python layer
-// calls it first thing in a forward, so parked workers wake while Python prepares the call.
-void wake_global_pool();
 
 // Mutexes held by code that uses the pool across calls to global_pool() (the MoE forward
 // lock): configure_global_pool() and fork() take them, in registration order, before the

@@ -265,6 +265,10 @@ class MoE:
         out = _arrays.output_like(h, tokens, self.hidden_size)
         return h, ids, w, out
 
+    def _direct(self, hidden, topk_ids, topk_weights):
+        """(forward_at arguments, output) when the tensors can go as addresses, else None."""
+        return _arrays.direct_forward_args(hidden, topk_ids, topk_weights, self.hidden_size, self.top_k, self.max_tokens)
+
     def _finish(self, hidden, out):
         if _arrays.is_torch(hidden):
             if hidden.is_cpu and hidden.dtype == out.dtype:
@@ -275,9 +279,7 @@ class MoE:
     def forward(self, hidden_states, topk_ids, topk_weights):
         """out[t] = sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(hidden_states[t]); ids of -1
         and GPU-resident experts contribute nothing. Same dtype and device as hidden_states."""
-        _native.pool_wake()  # parked workers wake while the arguments are prepared
-        direct = _arrays.direct_forward_args(hidden_states, topk_ids, topk_weights, self.hidden_size, self.top_k,
-                                             self.max_tokens)
+        direct = self._direct(hidden_states, topk_ids, topk_weights)
         if direct is not None:
             self._layer.forward_at(*direct[0])
             return direct[1]
@@ -289,9 +291,7 @@ class MoE:
 
     def submit(self, hidden_states, topk_ids, topk_weights) -> None:
         """Start a forward on the pool and return at once (the GIL is released while it runs)."""
-        _native.pool_wake()
-        direct = _arrays.direct_forward_args(hidden_states, topk_ids, topk_weights, self.hidden_size, self.top_k,
-                                             self.max_tokens)
+        direct = self._direct(hidden_states, topk_ids, topk_weights)
         # The native layer (not self) and the arrays are pinned until sync, so dropping self runs __del__.
         if direct is not None:
             out = direct[1]
