@@ -166,18 +166,28 @@ def test_bad_quantized_input_fails_at_load(variant):
         fp8.load_expert(0, codes, codes, dcodes)
 
 
-@pytest.mark.parametrize("method", ["INT8", "INT4"])
+@pytest.mark.parametrize("method", ["INT8", "INT4", "BF16", "FP8"])
 def test_fast_activations_trade_accuracy_for_speed(variant, method):
     rng = np.random.default_rng(11)
     w = random_moe(rng, 4, 256, 128)
     x = rng.standard_normal((20, 256)).astype(np.float32)
     ids, wt = random_routing(rng, 20, 4, 2)
     want = moe_reference(x, *quantize.dequantized_weights(method, *w), ids, wt)
+    gate, up, down, scales = quantize.checkpoint_inputs(method, *w)
     errors = {}
     for fast in (False, True):
         layer = kt_core.MoE(num_experts=4, top_k=2, hidden_size=256, intermediate_size=128, method=method,
                             fast_activations=fast)
-        layer.load(*w)
+        layer.load(gate, up, down, scales=scales)
         errors[fast] = relative_error(layer(x, ids, wt), want)
-    # One int8 pass: the per-token activation rounding kt-kernel also makes (~1e-1 here).
-    assert errors[False] <= KERNEL_TOL[method] < errors[True] <= 0.3, errors
+    assert errors[False] <= KERNEL_TOL[method], errors
+    if method in ("INT8", "INT4"):
+        # One int8 pass: the per-token activation rounding kt-kernel also makes (~1e-1 here).
+        assert KERNEL_TOL[method] < errors[True] <= 0.3, errors
+    elif "bf16" in variant:
+        # The split-bf16 kernels drop the low halves: x and the intermediate at bf16, as kt-kernel
+        # and torch's bf16 MoE carry them (measured 1.4e-2 here for BF16, 1.3e-2 at 2048 x 768).
+        assert 1e-3 < errors[True] <= 3e-2, errors
+    else:
+        # Targets without AVX512_BF16 multiply f32 activations exactly: no faster mode to take.
+        assert errors[True] == errors[False], errors

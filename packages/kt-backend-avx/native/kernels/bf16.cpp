@@ -5,7 +5,8 @@
 // buffer; down panels follow. N pads to 16 and K to 2 with zeros.
 //
 // Targets with AVX512_BF16 take split-bf16 activations (hi + lo, f32-like accuracy; one pass
-// when the input was bf16 already) and vdpbf16ps (32 MACs per instruction); the others take
+// when the input was bf16 already; always one with KT_QUANT_FAST_ACTIVATIONS, which rounds the
+// f32 intermediate to bf16 as kt-kernel and torch do) and vdpbf16ps (32 MACs per instruction); the others take
 // f32 activations and widen the weights exactly (a shift and a mask).
 // Every weight byte is read once per row block of MR tokens: decode (MR >= tokens) streams
 // the expert once; prefill reuses each panel from L2 across row blocks.
@@ -127,11 +128,13 @@ void panel_kernel_split(const uint8_t* x, size_t row_bytes, int64_t kc, const ui
     for (int m = 0; m < MR; ++m) store_row<kMode>(out + m * ldo, &acc_a[m], &acc_b[m], cols);
 }
 
+// one_pass: the layer asked for fast activations (KT_QUANT_FAST_ACTIVATIONS), so the low halves
+// are left out even where they are nonzero: bf16 activations, kt-kernel's and torch's precision.
 template <int MR, int kMode>
 void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t kc, const uint8_t* pa, const uint8_t* pb, float* out,
-                  int64_t ldo, int cols) {
+                  int64_t ldo, int cols, bool one_pass) {
     bool lo = false;
-    for (int m = 0; m < MR; ++m) lo |= reinterpret_cast<const SplitBf16Header*>(x + m * row_bytes)->has_lo != 0;
+    for (int m = 0; m < MR && !one_pass; ++m) lo |= reinterpret_cast<const SplitBf16Header*>(x + m * row_bytes)->has_lo != 0;
     if (lo) {
         panel_kernel_split<MR, kMode, true>(x, row_bytes, kc, pa, pb, out, ldo, cols);
     } else {
@@ -145,10 +148,10 @@ constexpr int kMrFused = 6, kMrPlain = 8;
 constexpr int kMrFused = 2, kMrPlain = 4;
 #endif
 
-// x: f32 rows.
+// x: f32 rows (exact f32 products: no faster mode, so one_pass changes nothing here).
 template <int MR, int kMode>
 void panel_kernel(const uint8_t* xb, size_t row_bytes, int64_t kc, const uint8_t* pa, const uint8_t* pb, float* out,
-                  int64_t ldo, int cols) {
+                  int64_t ldo, int cols, bool /*one_pass*/) {
     const auto* x = reinterpret_cast<const float*>(xb);
     const int64_t ldx = int64_t(row_bytes / sizeof(float));
     constexpr bool kTwo = kMode != kSingle;
@@ -179,9 +182,9 @@ void panel_kernel(const uint8_t* xb, size_t row_bytes, int64_t kc, const uint8_t
 // Row blocks of MR, then the remainder through the matching smaller instantiation.
 template <int MR, int kMode>
 void rows_kernel(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t kc, const uint8_t* pa, const uint8_t* pb,
-                 float* out, int64_t ldo, int cols) {
+                 float* out, int64_t ldo, int cols, bool one_pass) {
     for_row_blocks<MR>(rows, [=]<int M>(int64_t r) {
-        panel_kernel<M, kMode>(x + r * row_bytes, row_bytes, kc, pa, pb, out + r * ldo, ldo, cols);
+        panel_kernel<M, kMode>(x + r * row_bytes, row_bytes, kc, pa, pb, out + r * ldo, ldo, cols, one_pass);
     });
 }
 
@@ -192,13 +195,14 @@ inline size_t act_row_bytes(int64_t k) { return f32_row_bytes(k); }
 #endif
 
 template <int kMode>
-void run_rows(const void* x, int64_t k, int64_t rows, const uint8_t* pa, const uint8_t* pb, float* out, int64_t ldo,
-              int cols) {
+void run_rows(const kt_moe_config* c, const void* x, int64_t k, int64_t rows, const uint8_t* pa, const uint8_t* pb,
+              float* out, int64_t ldo, int cols) {
     const auto* xb = static_cast<const uint8_t*>(x);
+    const bool one_pass = (c->quant_flags & KT_QUANT_FAST_ACTIVATIONS) != 0;
     if constexpr (kMode == kSingle) {
-        rows_kernel<kMrPlain, kSingle>(xb, act_row_bytes(k), rows, chunks(k), pa, pb, out, ldo, cols);
+        rows_kernel<kMrPlain, kSingle>(xb, act_row_bytes(k), rows, chunks(k), pa, pb, out, ldo, cols, one_pass);
     } else {
-        rows_kernel<kMrFused, kMode>(xb, act_row_bytes(k), rows, chunks(k), pa, pb, out, ldo, cols);
+        rows_kernel<kMrFused, kMode>(xb, act_row_bytes(k), rows, chunks(k), pa, pb, out, ldo, cols, one_pass);
     }
 }
 
@@ -208,7 +212,7 @@ kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* a
     const ExpertPanels l = layout(c);
     const auto* base = static_cast<const uint8_t*>(packed);
     for (int64_t n = n0; n < n1; n += kPanel)
-        run_rows<kFused>(act, c->hidden, rows, base + l.gate(n / kPanel), base + l.up(n / kPanel), out + n, ldo,
+        run_rows<kFused>(c, act, c->hidden, rows, base + l.gate(n / kPanel), base + l.up(n / kPanel), out + n, ldo,
                          int(std::min<int64_t>(kPanel, n1 - n)));
     return KT_OK;
 }
@@ -221,9 +225,9 @@ kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act,
     const auto* base = static_cast<const uint8_t*>(packed);
     int64_t n = n0;
     for (; n + kPanel < n1; n += 2 * kPanel)
-        run_rows<kPair>(act, I, rows, base + l.down(n / kPanel), base + l.down(n / kPanel + 1), out + n, ldo,
+        run_rows<kPair>(c, act, I, rows, base + l.down(n / kPanel), base + l.down(n / kPanel + 1), out + n, ldo,
                         int(std::min<int64_t>(2 * kPanel, n1 - n)));
-    if (n < n1) run_rows<kSingle>(act, I, rows, base + l.down(n / kPanel), nullptr, out + n, ldo, int(n1 - n));
+    if (n < n1) run_rows<kSingle>(c, act, I, rows, base + l.down(n / kPanel), nullptr, out + n, ldo, int(n1 - n));
     return KT_OK;
 }
 

@@ -307,8 +307,9 @@ void widen_panel_bf16(const E4M3Converter& cv, const uint8_t* panel, int64_t k, 
 // convert to sixteen bf16 that, read as eight 32-bit lanes, are already the (k, k+1) pairs.
 // has_lo[r]: row r has a nonzero low half (rows that were bf16 already, as a bf16 model's
 // hidden states are, skip that pass).
+// one_pass (KT_QUANT_FAST_ACTIVATIONS): every row is rounded to bf16 and has_lo is 0.
 void split_rows_bf16(const uint8_t* act, size_t row_bytes, int64_t rows, int64_t k, uint32_t* hi, uint32_t* lo,
-                     uint8_t* has_lo) {
+                     uint8_t* has_lo, bool one_pass) {
     const int64_t kc = (k + 1) / 2, padded = 2 * kc;
     for (int64_t r = 0; r < rows; ++r) {
         const auto* x = reinterpret_cast<const float*>(act + size_t(r) * row_bytes);   // padded to even k
@@ -318,8 +319,9 @@ void split_rows_bf16(const uint8_t* act, size_t row_bytes, int64_t rows, int64_t
         for (; c + 16 <= padded; c += 16) {
             const __m512 v = _mm512_loadu_ps(x + c);
             const __m256bh vh = _mm512_cvtneps_pbh(v);
-            const __m512 back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)vh), 16));
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(h + c / 2), (__m256i)vh);
+            if (one_pass) continue;
+            const __m512 back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)vh), 16));
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(l + c / 2), (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(v, back)));
         }
         for (; c < padded; c += 2) {
@@ -332,7 +334,7 @@ void split_rows_bf16(const uint8_t* act, size_t row_bytes, int64_t rows, int64_t
             l[c / 2] = uint32_t(ll[0]) | uint32_t(ll[1]) << 16;
         }
         uint32_t any = 0;
-        for (int64_t j = 0; j < kc; ++j) any |= l[j] & 0x7fff7fffu;   // -0 counts as zero
+        for (int64_t j = 0; j < kc && !one_pass; ++j) any |= l[j] & 0x7fff7fffu;   // -0 counts as zero
         has_lo[r] = any != 0;
     }
 }
@@ -453,7 +455,7 @@ void panels_bf16(const E4M3Converter& cv, const uint32_t* hi, const uint32_t* lo
 // bytes apart); otherwise the tile's panels two at a time (`stride` apart), an odd last one alone.
 template <bool kFused>
 void tile_bf16(const uint8_t* act, size_t row_bytes, int64_t rows, int64_t k, const uint8_t* first_panel, size_t stride,
-               size_t next, int64_t n0, int64_t n1, float* out, int64_t ldo) {
+               size_t next, int64_t n0, int64_t n1, float* out, int64_t ldo, bool one_pass) {
     const int64_t kc = (k + 1) / 2;
     static const E4M3Converter cv;
     thread_local std::vector<uint32_t> x_planes, w_planes;
@@ -463,7 +465,7 @@ void tile_bf16(const uint8_t* act, size_t row_bytes, int64_t rows, int64_t k, co
     if (rows > std::min(kMrBf16Fused, kMrBf16Plain)) w_planes.resize(size_t(2 * kc * kPanel));   // some panel is widened
     uint32_t* hi = x_planes.data();
     uint32_t* lo = hi + rows * kc;
-    split_rows_bf16(act, row_bytes, rows, k, hi, lo, has_lo.data());
+    split_rows_bf16(act, row_bytes, rows, k, hi, lo, has_lo.data(), one_pass);
     if (rows <= kInOrderRows) {
         if constexpr (kFused) {
             gate_up_in_order<kInOrderRows>(rows, first_panel, first_panel + next, stride, n0, n1, out, ldo, [&](const uint8_t* p, float* o) {
@@ -513,7 +515,7 @@ kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* a
     const auto* base = static_cast<const uint8_t*>(packed);
 #if defined(__AVX512BF16__)
     tile_bf16<true>(static_cast<const uint8_t*>(act), f32_row_bytes(H), rows, H, base + l.gate(n0 / kPanel), l.gate(1), l.up(0),
-                    n0, n1, out, ldo);
+                    n0, n1, out, ldo, (c->quant_flags & KT_QUANT_FAST_ACTIVATIONS) != 0);
 #else
     for (int64_t n = n0; n < n1; n += kPanel)
         rows_kernel<kMrFused, true>(static_cast<const uint8_t*>(act), f32_row_bytes(H), rows, H, base + l.gate(n / kPanel),
@@ -530,7 +532,7 @@ kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act,
     const auto* base = static_cast<const uint8_t*>(packed);
 #if defined(__AVX512BF16__)
     tile_bf16<false>(static_cast<const uint8_t*>(act), f32_row_bytes(I), rows, I, base + l.down(n0 / kPanel), l.down_panel, 0,
-                     n0, n1, out, ldo);
+                     n0, n1, out, ldo, (c->quant_flags & KT_QUANT_FAST_ACTIVATIONS) != 0);
 #else
     for (int64_t n = n0; n < n1; n += kPanel)
         rows_kernel<kMrPlain, false>(static_cast<const uint8_t*>(act), f32_row_bytes(I), rows, I, base + l.down(n / kPanel),

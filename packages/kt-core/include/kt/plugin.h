@@ -73,8 +73,9 @@ typedef enum kt_dtype {
 
 /* kt_moe_config.quant_flags */
 #define KT_QUANT_ZERO_POINT 1u   /* asymmetric: per-group zero points (AWQ/GPTQ style) */
-#define KT_QUANT_FAST_ACTIVATIONS 2u  /* integer kernels may quantize activations more coarsely
-                                       * (one int8 pass instead of two): faster compute-bound
+#define KT_QUANT_FAST_ACTIVATIONS 2u  /* kernels may carry activations more coarsely (integer
+                                       * kernels: one int8 pass instead of two; split-bf16
+                                       * kernels: bf16 only, no low half): faster compute-bound
                                        * prefill, larger error; kernels without a faster mode
                                        * ignore it */
 

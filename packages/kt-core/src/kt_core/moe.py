@@ -40,7 +40,8 @@ class MoE:
             raise ValueError(f"group_size must be >= 0 (0 = the method's default), got {group_size}")
         self.group_size, self.zero_point = int(group_size), bool(zero_point)
         # Integer kernels quantize activations in two int8 passes by default (~1e-3 of the output
-        # RMS); fast_activations allows one (kt-kernel's choice: faster prefill, up to ~15%).
+        # RMS) and split-bf16 kernels (BF16, FP8) carry a low half; fast_activations allows one
+        # int8 pass (kt-kernel's choice: faster prefill, up to ~15%) or bf16 alone (~1.5e-2).
         self.fast_activations = bool(fast_activations)
         mask = [False] * self.num_experts if gpu_experts_mask is None else [bool(x) for x in list(gpu_experts_mask)]
         if len(mask) != self.num_experts:
