@@ -34,6 +34,19 @@ def test_json_schema_and_plot(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_fast_activations_reach_the_layers(tmp_path):
+    out = tmp_path / "bench.json"
+    r = kt("bench", *TINY, "--method", "INT8", "--fast-activations", "--json", str(out))
+    assert r.returncode == 0, r.stderr + r.stdout
+    data = json.loads(out.read_text())
+    assert data["config"]["fast_activations"] is True
+    assert data["layers"]["INT8"]["fast_activations"] is True   # read back from the layer itself
+    assert "kt: fast_activations" in r.stdout
+    default = tmp_path / "default.json"
+    assert kt("bench", *TINY, "--method", "INT8", "--json", str(default)).returncode == 0
+    assert json.loads(default.read_text())["layers"]["INT8"]["fast_activations"] is False
+
+
 def test_preset_shapes_are_used():
     from kt_core.model_shapes import SHAPES
 

@@ -11,6 +11,8 @@ def render(result: dict, console: Console) -> None:
     bw = ", ".join(f"{n} thread(s) {b['median_gbps']:.1f} GB/s" for n, b in result["bandwidth"].items())
     console.print(f"[bold]{s['name']}[/bold]: hidden {s['hidden']}, intermediate {s['intermediate']}, "
                   f"{s['experts']} experts, top-{s['top_k']}; read bandwidth {bw}")
+    if result["config"].get("fast_activations"):
+        console.print("kt: fast_activations (one int8 activation pass; bf16 activations for BF16 and FP8)")
     for n, b in result["bandwidth"].items():
         groups = b.get("per_group", [])
         if len(groups) > 1:

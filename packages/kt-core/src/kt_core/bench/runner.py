@@ -49,6 +49,7 @@ class BenchConfig:
     seed: int = 0
     memory_limit_bytes: int | None = None   # default: MemAvailable
     compare_kt_kernel: str | None = None     # a venv with kt-kernel 0.7.2 (benchmarks/setup_kt_kernel.sh)
+    fast_activations: bool = False           # MoE(fast_activations=...): coarser activations, faster prefill
     extra: dict = field(default_factory=dict)
 
 
@@ -96,7 +97,8 @@ def measure_bandwidth(mib: int, repeats: int = 5) -> dict:
     return {"median_gbps": statistics.median(rates), "best_gbps": max(rates), "buffer_mib": mib, "per_group": nodes}
 
 
-def measure_peak(method: str, backend: str | None, rng, warmup: int, repeats: int, hidden: int, inter: int) -> dict:
+def measure_peak(method: str, backend: str | None, rng, warmup: int, repeats: int, hidden: int, inter: int,
+                 fast_activations: bool = False) -> dict:
     """GMAC/s of the method's kernels on this layer's expert shape when compute is all that
     matters: two experts, 512 tokens each routed to both (512 multiply-adds per weight element
     per call, so streaming the weights costs nothing and the call's fixed costs vanish). The best
@@ -104,7 +106,7 @@ def measure_peak(method: str, backend: str | None, rng, warmup: int, repeats: in
     varied."""
     experts, tokens = 2, 512
     layer = MoE(num_experts=experts, top_k=experts, hidden_size=hidden, intermediate_size=inter, method=method,
-                max_tokens=tokens, backend=backend)
+                max_tokens=tokens, backend=backend, fast_activations=fast_activations)
     for e in range(experts):
         g, u, d, scales = _expert_weights(rng, method, hidden, inter)
         layer.load_expert(e, g, u, d, scales)
@@ -128,7 +130,7 @@ def run(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -> dict
                     "numa_nodes": len(host().numa_nodes), "python": platform.python_version()},
         "shape": asdict(shape),
         "config": {"methods": cfg.methods, "tokens": cfg.tokens, "threads": cfg.threads, "backend": cfg.backend,
-                   "repeats": cfg.repeats, "warmup": cfg.warmup},
+                   "repeats": cfg.repeats, "warmup": cfg.warmup, "fast_activations": cfg.fast_activations},
         "bandwidth": {}, "peak": {}, "layers": {}, "rows": [], "skipped": [],
     }
     say = progress or (lambda _msg: None)
@@ -140,7 +142,7 @@ def run(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -> dict
         try:
             layer = MoE(num_experts=shape.experts, top_k=shape.top_k, hidden_size=shape.hidden,
                         intermediate_size=shape.intermediate, method=method, max_tokens=max(cfg.tokens),
-                        backend=cfg.backend)
+                        backend=cfg.backend, fast_activations=cfg.fast_activations)
         except KTError as exc:
             result["skipped"].append({"method": method, "reason": str(exc)})
             continue
@@ -206,9 +208,11 @@ def _measure(cfg: BenchConfig, result: dict, layers: dict, rng, shared: Path | N
                         layer.load_expert(e, g, u, d, scales)
                 result["layers"][method] = {"backend": layer.backend, "kernel_id": layer.kernel_id,
                                             "layout_id": layer.layout_id, "expert_bytes": layer.expert_bytes,
+                                            "fast_activations": layer.fast_activations,
                                             "load_s": time.perf_counter() - t0}
             say(f"peak compute, {method}, {threads} thread(s)")
-            peak = measure_peak(method, cfg.backend, rng, cfg.warmup, cfg.repeats, shape.hidden, shape.intermediate)
+            peak = measure_peak(method, cfg.backend, rng, cfg.warmup, cfg.repeats, shape.hidden, shape.intermediate,
+                                cfg.fast_activations)
             result["peak"][key] = peak
             bw = result["bandwidth"][str(threads)]["median_gbps"]
             for tokens in cfg.tokens:

@@ -108,6 +108,9 @@ def bench(
     plot_path: str = typer.Option(None, "--plot", help="write a PNG of latency and roofline position here"),
     compare_kt_kernel: str = typer.Option(None, "--compare-kt-kernel", metavar="VENV",
                                           help="also measure kt-kernel 0.7.2 installed in this venv, same run"),
+    fast_activations: bool = typer.Option(False, "--fast-activations",
+                                          help="kt's layers carry activations coarsely (one int8 pass; bf16 for BF16 and "
+                                               "FP8): faster prefill, kt-kernel's error level"),
 ) -> None:
     """Benchmark one MoE layer against this host's measured bandwidth and compute peak."""
     from rich.progress import Progress
@@ -136,7 +139,8 @@ def bench(
                      top_k or base.top_k, moe_layers or base.moe_layers)
     cfg = BenchConfig(shape=shape, methods=[m.upper() for m in methods], tokens=sorted(set(tokens)),
                       threads=sorted(set(threads)) or [host().physical_cores], backend=backend, repeats=repeats,
-                      warmup=warmup, bandwidth_mib=bandwidth_mib, compare_kt_kernel=compare_kt_kernel)
+                      warmup=warmup, bandwidth_mib=bandwidth_mib, compare_kt_kernel=compare_kt_kernel,
+                      fast_activations=fast_activations)
     try:
         with Progress(console=console, transient=True) as bar:
             task = bar.add_task("kt bench", total=None)
