@@ -17,7 +17,9 @@ def table(result: dict) -> str:
     bw = result["bandwidth"]
     out = []
     args = result["args"]
-    fast = " (kt: fast_activations: one int8 activation pass, or bf16 activations for BF16/FP8)" if args.get("kt_fast_activations") else ""
+    fast = ""
+    if args.get("kt_fast_activations"):
+        fast = " (kt: fast_activations: one int8 activation pass, or bf16 activations for BF16/FP8)"
     for shape in result["shapes"]:
         s = shape["shape"]
         out.append(f"**{s['name']}** (hidden {s['hidden']}, intermediate {s['intermediate']}, {s['experts']} experts, "
