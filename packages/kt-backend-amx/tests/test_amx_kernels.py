@@ -17,6 +17,7 @@ E, H, I, K = 8, 256, 128, 4
 
 CASES = [
     ("BF16", {}, 1e-4),
+    ("BF16", {"fast_activations": True}, 3e-2),   # bf16 activations: kt-kernel's and torch's level
     ("INT8", {}, 2e-3),
     ("INT8", {"fast_activations": True}, 0.15),   # one int8 activation pass: kt-kernel's error level
     ("INT4", {"group_size": 32}, 2e-3),
@@ -55,6 +56,8 @@ def test_matches_avx_and_reference(amx, native, method, kw, tol):
     err = relative_error(got, moe_reference(x, *dequantized_weights(method, *w, group_size=kw.get("group_size", 0),
                                                           zero_point=kw.get("zero_point", False)), ids, wt))
     assert err < tol, f"{method} {kw}: {err:.2e} vs float64 over the stored weights"
+    if kw.get("fast_activations"):   # the coarser activations really were taken
+        assert err > 1e-3, f"{method} {kw}: {err:.2e} is the default's precision"
 
 
 @pytest.mark.parametrize("rows", [1, 5, 15, 16, 17, 33])
@@ -72,9 +75,11 @@ def test_every_tile_height(amx, rows):
         assert relative_error(got, ref) < 1e-4, (method, rows)
 
 
-@pytest.mark.parametrize("method,tol", [("RAWINT4", 2e-3), ("FP8", 1e-4), ("FP8_PERCHANNEL", 1e-4)])
-def test_checkpoint_formats(amx, native, method, tol):
-    """Formats loaded as checkpoints ship them: codes + scales, packed without conversion."""
+@pytest.mark.parametrize("method,fast,tol", [("RAWINT4", False, 2e-3), ("FP8", False, 1e-4), ("FP8_PERCHANNEL", False, 1e-4),
+                                             ("FP8", True, 3e-2)])
+def test_checkpoint_formats(amx, native, method, fast, tol):
+    """Formats loaded as checkpoints ship them: codes + scales, packed without conversion.
+    FP8 with fast_activations: bf16 activations on both backends."""
     rng = np.random.default_rng(3)
     w = random_moe(rng, E, H, I)
     gate, up, down, scales = checkpoint_inputs(method, *w)
@@ -82,7 +87,8 @@ def test_checkpoint_formats(amx, native, method, tol):
     ids, wt = random_routing(rng, 48, E, K)
     outs = []
     for backend in ("amx", "avx"):
-        m = MoE(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, method=method, backend=backend)
+        m = MoE(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, method=method, backend=backend,
+                fast_activations=fast)
         m.load(gate, up, down, scales=scales)
         before = native.emulated_dot_instructions() if hasattr(native, "emulated_dot_instructions") else None
         outs.append(np.asarray(m(x, ids, wt)))
@@ -94,6 +100,8 @@ def test_checkpoint_formats(amx, native, method, tol):
         assert relative_error(outs[0], outs[1]) < 1e-4
     err = relative_error(outs[0], moe_reference(x, *dequantized_weights(method, *w), ids, wt))
     assert err < tol, f"{method}: {err:.2e} vs float64 over the stored weights"
+    if method.startswith("FP8"):   # exact to ~1e-6 by default; bf16 activations only when asked
+        assert (err > 1e-3) == fast, f"{method} fast_activations={fast}: {err:.2e}"
 
 
 def test_decode_goes_to_avx_on_the_same_packed_weights(amx, monkeypatch):

@@ -1,7 +1,8 @@
 // BF16 on AMX-BF16, in AVX's BF16 format (kt-backend-avx bf16.cpp): layout
 // "kt-bf16-p16k2-v1", whose 64-byte chunks (16 channels x a (k, k+1) bf16 pair) are exactly
 // the rows of an AMX B tile, and split-bf16 activations x = hi + lo (f32-like accuracy; a
-// row block whose rows were bf16 already has no lo plane and costs one pass).
+// row block whose rows were bf16 already has no lo plane and costs one pass, and so does every
+// block of a layer with KT_QUANT_FAST_ACTIVATIONS: bf16 activations, as in kt-backend-avx).
 //
 // Per 16-row block and panel pair: C0/C1 accumulate panel a/b in f32 over both planes,
 // A4/A5 = the hi/lo rows, B6/B7 = the panels; 32 k per step.
@@ -19,7 +20,7 @@ ExpertPanels layout(const kt_moe_config* c) {
 
 template <bool kFused>
 void panel_pair(tiles::Session& session, const uint8_t* act, int64_t rows, int64_t k, const uint8_t* pa,
-                const uint8_t* pb, float* out, int64_t ldo, int cols_a, int cols_b) {
+                const uint8_t* pb, float* out, int64_t ldo, int cols_a, int cols_b, bool one_pass) {
     const size_t row_bytes = split_bf16_row_bytes(k), lo_offset = size_t(round_up(k, 2)) * 2;
     alignas(64) float c[2][16][16];
     for (int64_t m0 = 0; m0 < rows; m0 += 16) {
@@ -27,7 +28,7 @@ void panel_pair(tiles::Session& session, const uint8_t* act, int64_t rows, int64
         session.use(tile_config(mr, 64));
         const uint8_t* x = act + size_t(m0) * row_bytes;
         bool any_lo = false;
-        for (int m = 0; m < mr; ++m) any_lo |= reinterpret_cast<const SplitBf16Header*>(x + size_t(m) * row_bytes)->has_lo != 0;
+        for (int m = 0; m < mr && !one_pass; ++m) any_lo |= reinterpret_cast<const SplitBf16Header*>(x + size_t(m) * row_bytes)->has_lo != 0;
         const uint8_t* hi = x + sizeof(SplitBf16Header);
         tiles::zero<0>();
         tiles::zero<1>();
@@ -60,7 +61,8 @@ kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, i
     const auto* base = static_cast<const uint8_t*>(packed);
     tiles::Session session;
     for_gate_up_pairs(l, base, n0, n1, [&](const uint8_t* pa, const uint8_t* pb, int64_t n, int cols_a, int cols_b) {
-        panel_pair<true>(session, static_cast<const uint8_t*>(act), rows, c->hidden, pa, pb, out + n, ldo, cols_a, cols_b);
+        panel_pair<true>(session, static_cast<const uint8_t*>(act), rows, c->hidden, pa, pb, out + n, ldo, cols_a, cols_b,
+                         (c->quant_flags & KT_QUANT_FAST_ACTIVATIONS) != 0);
     });
     return KT_OK;
 }
@@ -74,7 +76,7 @@ kt_status down(const kt_moe_config* c, const void* packed, const void* act, int6
     tiles::Session session;
     for_down_pairs(l, base, n0, n1, [&](const uint8_t* pa, const uint8_t* pb, int64_t n, int cols_a, int cols_b) {
         panel_pair<false>(session, static_cast<const uint8_t*>(act), rows, c->intermediate, pa, pb, out + n, ldo, cols_a,
-                          cols_b);
+                          cols_b, (c->quant_flags & KT_QUANT_FAST_ACTIVATIONS) != 0);
     });
     return KT_OK;
 }

@@ -42,7 +42,8 @@ void decode_panel(const uint8_t* panel, int64_t k, uint32_t* dst) {
 }
 
 // f32 rows -> bf16 hi and lo planes [rows][K]; has_lo[r] says whether row r needs the lo pass.
-void split_rows(const uint8_t* act, int64_t rows, int64_t k, uint16_t* hi, uint16_t* lo, uint8_t* has_lo) {
+// one_pass (KT_QUANT_FAST_ACTIVATIONS): only the hi plane, every has_lo 0.
+void split_rows(const uint8_t* act, int64_t rows, int64_t k, uint16_t* hi, uint16_t* lo, uint8_t* has_lo, bool one_pass) {
     const size_t row_bytes = f32_row_bytes(k);
     for (int64_t r = 0; r < rows; ++r) {
         const auto* x = reinterpret_cast<const float*>(act + size_t(r) * row_bytes);
@@ -50,9 +51,10 @@ void split_rows(const uint8_t* act, int64_t rows, int64_t k, uint16_t* hi, uint1
         for (int64_t c = 0; c < k; c += 16) {   // k is a multiple of 32 on this path
             const __m512 v = _mm512_loadu_ps(x + c);
             const __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + r * k + c), h);
+            if (one_pass) continue;
             const __m512 back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
             const __m256i l = (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(v, back));
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + r * k + c), h);
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + r * k + c), l);
             any = _mm512_or_si512(any, _mm512_cvtepu16_epi32(_mm256_and_si256(l, _mm256_set1_epi16(0x7fff))));
         }
@@ -123,7 +125,8 @@ kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, i
     s.planes.resize(size_t(2 * rows * H));
     s.has_lo.resize(size_t(rows));
     s.weights.resize(size_t(H) * kPanel);   // two panels of H / 2 pair rows x 16
-    split_rows(static_cast<const uint8_t*>(act), rows, H, s.planes.data(), s.planes.data() + rows * H, s.has_lo.data());
+    split_rows(static_cast<const uint8_t*>(act), rows, H, s.planes.data(), s.planes.data() + rows * H, s.has_lo.data(),
+               (c->quant_flags & KT_QUANT_FAST_ACTIVATIONS) != 0);
     uint32_t* wa = s.weights.data();
     uint32_t* wb = wa + H / 2 * kPanel;
     tiles::Session session;
@@ -149,7 +152,8 @@ kt_status down(const kt_moe_config* c, const void* packed, const void* act, int6
     s.planes.resize(size_t(2 * rows * I));
     s.has_lo.resize(size_t(rows));
     s.weights.resize(size_t(I) * kPanel);
-    split_rows(static_cast<const uint8_t*>(act), rows, I, s.planes.data(), s.planes.data() + rows * I, s.has_lo.data());
+    split_rows(static_cast<const uint8_t*>(act), rows, I, s.planes.data(), s.planes.data() + rows * I, s.has_lo.data(),
+               (c->quant_flags & KT_QUANT_FAST_ACTIVATIONS) != 0);
     uint32_t* wa = s.weights.data();
     uint32_t* wb = wa + I / 2 * kPanel;
     tiles::Session session;
