@@ -219,15 +219,11 @@ constexpr int kMrBf16Fused = 4, kMrBf16Plain = 8;
 // up (gate_up_in_order, common.h), down panel by panel rather than in pairs. Paired A/B, 2
 // threads: 1.06x at 1 token, 1.09x at 4, 1.07x at 32 (<= 4 rows: 1.035x at 32).
 constexpr int64_t kInOrderRows = 2;
-// How far ahead (bytes) a decode tile prefetches the codes it streams. Decode's loop (a load, the
-// five-operation E4M3 conversion, the dots) held too few loads in flight for one core to stream at
-// DRAM speed (L3-resident it ran at ~20 GB/s per core, INT8 at ~35). With this prefetch and the
+// Decode prefetches the codes it streams kDecodePrefetch bytes ahead (common.h): with it and the
 // unclamped whole-step loop, paired A/B against the clamped loop without it, 1-token decode:
 // DeepSeek-V3-64e 1.19x (2 threads) / 1.26x (1 thread), Qwen3-30B-A3B 1.10-1.12x (1 and 2
-// threads), 4 tokens 1.11x, 32 tokens 1.18x. 1 and 4 KiB measured 1.03-1.14x. Tried, not kept:
-// a second set of accumulators for alternate steps (0.95-0.99x) and converting step q + 1
-// before step q's dots (software pipelining, 0.97-1.00x).
-constexpr int64_t kDecodePrefetch = 2048;
+// threads), 4 tokens 1.11x, 32 tokens 1.18x. Tried, not kept: a second set of accumulators for
+// alternate steps (0.95-0.99x), converting step q + 1 before step q's dots (0.97-1.00x).
 
 // E4M3 magnitude code c (0..127) -> the bf16 bits of its value / 256, exact; 0x7f (NaN) is
 // refused at load. The kernels look the high and low bytes up with vpermi2b (a 128-entry byte
@@ -375,7 +371,7 @@ void panel_kernel_bf16(const E4M3Converter& cv, const uint32_t* hi, const uint32
         const int64_t q0 = kb * steps_per_block, q1 = std::min((kc + 1) / 2, (kb + 1) * steps_per_block);
         // One step: k rows 4q..4q+3. kWhole: all four exist (every step but a K % 4 != 0 tail),
         // so the codes load whole and both pair indices are in range without clamps; decode
-        // (kFly) also prefetches its stream kDecodePrefetch bytes ahead (see there).
+        // (kFly) also prefetches its stream kDecodePrefetch bytes ahead (common.h).
         const auto step = [&]<bool kWhole>(int64_t q) {
             if constexpr (kAhead) ahead.step();
             __m512i wv[F][2];

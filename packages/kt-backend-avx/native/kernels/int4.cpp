@@ -288,7 +288,8 @@ constexpr int kMrFused = 1, kMrPlain = 1;
 // 32 tokens <= 2 rows was 1.05x, <= 4 rows 0.97x (paired A/B, 2 threads).
 constexpr int64_t kInOrderRows = 2;
 
-template <int MR, bool kFused, bool kTwoPass, bool kAhead = false>
+// kStream: decode-sized tiles also prefetch their own stream kDecodePrefetch bytes ahead (common.h).
+template <int MR, bool kFused, bool kTwoPass, bool kAhead = false, bool kStream = false>
 void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, Int4Layout lay, const uint8_t* pa, const uint8_t* pb,
                   float* out, int64_t ldo, int cols, PrefetchAhead ahead = {}) {
     constexpr int F = kFused ? 2 : 1;
@@ -312,6 +313,11 @@ void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, Int4Layout lay,
             VI w0[F][kVecsPerPanel], w1[F][kVecsPerPanel];
             for (int f = 0; f < F; ++f)
                 for (int v = 0; v < kVecsPerPanel; ++v) {
+                    if constexpr (kStream)
+                        if (v == 0)
+                            _mm_prefetch(reinterpret_cast<const char*>(panel[f] + block + header_bytes + size_t(c) * kChunkBytes +
+                                                                       kDecodePrefetch),
+                                         _MM_HINT_T0);
                     VI w = vloadi(panel[f] + block + header_bytes + size_t(c) * kChunkBytes + size_t(v) * kLanes * 4);
                     // Pin the loaded chunk to a register: otherwise GCC 12 (fused decode) stored it
                     // to the stack and re-read it as two memory operands, a 64-byte store-to-load
@@ -361,6 +367,12 @@ void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, Int4Layout lay,
 template <int MR, bool kFused, bool kTwoPass>
 void rows_kernel(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, Int4Layout lay, const uint8_t* pa,
                  const uint8_t* pb, float* out, int64_t ldo, int cols, const uint8_t* next, size_t next_bytes) {
+    if (rows <= kInOrderRows) {   // decode: one stream per panel, prefetched (kStream)
+        for_row_blocks<kInOrderRows>(rows, [=]<int M>(int64_t r) {
+            panel_kernel<M, kFused, kTwoPass, false, true>(x + r * row_bytes, row_bytes, k, lay, pa, pb, out + r * ldo, ldo, cols);
+        });
+        return;
+    }
     for_row_blocks<MR>(rows, [=]<int M>(int64_t r) {
         if constexpr (M == MR)
             if (r == 0 && next_bytes) {
