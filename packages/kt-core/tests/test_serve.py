@@ -330,6 +330,19 @@ def test_dry_run_prints_the_transformers_settings():
     assert "kt's transformers server" in r.output and "experts                INT8" in r.output
     assert "cpuinfer threads       3 (given)" in r.output and "threadpool count       1 (kt doctor:" in r.output
     assert "http://127.0.0.1:9000/v1" in r.output and "one request at a time" in r.output
+    assert "activations            f32-exact" in r.output
+    r = CliRunner().invoke(app, ["run", "--dry-run", "--fast-activations"])
+    assert r.exit_code == 0, r.output
+    assert "activations            fast: one int8 pass" in r.output
+
+
+def test_fast_activations_reach_the_patched_layers(cache):
+    with tiny_server(cache, fast_activations=True) as s:
+        layers = list(s.engine.patch.layers.values())
+        assert layers and all(layer.moe.fast_activations for layer in layers)
+        reply = openai.OpenAI(base_url=s.url, api_key="unused", max_retries=0).chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], **GREEDY)
+        assert reply.usage.completion_tokens > 0   # it still serves
 
 
 def test_dry_run_with_sglang_and_a_gpu_prints_the_sglang_command(tmp_path, monkeypatch):
@@ -357,6 +370,10 @@ def test_dry_run_with_sglang_and_a_gpu_prints_the_sglang_command(tmp_path, monke
     r = CliRunner().invoke(app, ["run", str(tmp_path), "--dry-run"])
     assert re.search(rf"--kt-weight-path {re.escape(str(tmp_path))} --kt-cpuinfer \d+ --kt-threadpool-count \d+",
                      r.output.replace("\n", ""))
+    # kt-kernel has no such setting (it always runs at that precision): said, not passed on.
+    r = CliRunner().invoke(app, ["run", str(tmp_path), "--dry-run", "--fast-activations"])
+    assert "fast" not in r.output.split("would run")[1].split("\n")[1]
+    assert "--fast-activations: nothing to pass on" in r.output
 
 
 def test_sigterm_stops_kt_run_cleanly(tmp_path, cache):

@@ -202,6 +202,9 @@ def run_cmd(
     kt_num_gpu_experts: int = typer.Option(0, "--kt-num-gpu-experts", help="experts per layer kept as torch tensors"),
     kt_max_deferred: int = typer.Option(0, "--kt-max-deferred-experts-per-token",
                                         help="each token's lowest-weight experts added into the next layer"),
+    fast_activations: bool = typer.Option(False, "--fast-activations",
+                                          help="kt's layers carry activations coarsely (one int8 pass; bf16 for BF16 "
+                                               "and FP8): faster prefill at kt-kernel's precision"),
     host: str = typer.Option("127.0.0.1", help="address to listen on"),
     port: int = typer.Option(8000, help="port to listen on (0: any free port)"),
     served_model_name: str = typer.Option(None, "--served-model-name", help="model id clients ask for"),
@@ -216,7 +219,8 @@ def run_cmd(
 
     settings = ServeSettings(model=model, method=kt_method, weight_path=kt_weight_path, cpuinfer=kt_cpuinfer,
                              threadpool_count=kt_threadpool_count, num_gpu_experts=kt_num_gpu_experts,
-                             max_deferred_experts_per_token=kt_max_deferred, host=host, port=port,
+                             max_deferred_experts_per_token=kt_max_deferred, fast_activations=fast_activations,
+                             host=host, port=port,
                              served_model_name=served_model_name, max_queue=max_queue)
     try:
         run(settings, console, dry_run=dry_run)

@@ -109,7 +109,8 @@ class Engine:
             model = AutoModelForCausalLM.from_pretrained(settings.model, dtype="auto").eval()
         patch = patch_model(model, method=settings.method, weight_path=settings.weight_path,
                             num_gpu_experts=settings.num_gpu_experts,
-                            max_deferred_experts_per_token=settings.max_deferred_experts_per_token)
+                            max_deferred_experts_per_token=settings.max_deferred_experts_per_token,
+                            fast_activations=settings.fast_activations)
         log(f"loaded {settings.model} and moved its experts onto kt ({patch.method} on {', '.join(patch.backends)}, "
             f"{len(patch.layers)} MoE layers, {patch.freed_bytes / 2**20:.1f} MiB of torch expert weights freed) in "
             f"{time.perf_counter() - start:.1f} s")

@@ -25,6 +25,9 @@ def run(settings: ServeSettings, console: Console, *, dry_run: bool = False) -> 
         cmd = sglang.command(s, model_path)
         console.print(f"SGLang ({why}): {'would run' if dry_run else 'running'}", highlight=False)
         console.print(escape(shlex.join(cmd)), soft_wrap=True, highlight=False)
+        if s.fast_activations:
+            console.print("--fast-activations: nothing to pass on, kt-kernel's kernels always run at that precision",
+                          highlight=False)
         if not dry_run:
             # Replaced by SGLang: its own signal handling and exit status are kt run's.
             os.execv(cmd[0], cmd)
