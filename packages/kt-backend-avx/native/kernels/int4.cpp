@@ -367,8 +367,9 @@ void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, Int4Layout lay,
 template <int MR, bool kFused, bool kTwoPass>
 void rows_kernel(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, Int4Layout lay, const uint8_t* pa,
                  const uint8_t* pb, float* out, int64_t ldo, int cols, const uint8_t* next, size_t next_bytes) {
-    if (rows <= kInOrderRows) {   // decode: one stream per panel, prefetched (kStream)
-        for_row_blocks<kInOrderRows>(rows, [=]<int M>(int64_t r) {
+    if (rows <= kInOrderRows) {   // decode: prefetched (kStream), in the row blocks the path below forms
+        constexpr int kDecodeMr = MR < int(kInOrderRows) ? MR : int(kInOrderRows);
+        for_row_blocks<kDecodeMr>(rows, [=]<int M>(int64_t r) {
             panel_kernel<M, kFused, kTwoPass, false, true>(x + r * row_bytes, row_bytes, k, lay, pa, pb, out + r * ldo, ldo, cols);
         });
         return;
