@@ -62,7 +62,7 @@ kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, i
     tiles::Session session;
     for_gate_up_pairs(l, base, n0, n1, [&](const uint8_t* pa, const uint8_t* pb, int64_t n, int cols_a, int cols_b) {
         panel_pair<true>(session, static_cast<const uint8_t*>(act), rows, c->hidden, pa, pb, out + n, ldo, cols_a, cols_b,
-                         (c->quant_flags & KT_QUANT_FAST_ACTIVATIONS) != 0);
+                         one_activation_pass(c));
     });
     return KT_OK;
 }
@@ -76,7 +76,7 @@ kt_status down(const kt_moe_config* c, const void* packed, const void* act, int6
     tiles::Session session;
     for_down_pairs(l, base, n0, n1, [&](const uint8_t* pa, const uint8_t* pb, int64_t n, int cols_a, int cols_b) {
         panel_pair<false>(session, static_cast<const uint8_t*>(act), rows, c->intermediate, pa, pb, out + n, ldo, cols_a,
-                          cols_b, (c->quant_flags & KT_QUANT_FAST_ACTIVATIONS) != 0);
+                          cols_b, one_activation_pass(c));
     });
     return KT_OK;
 }

@@ -126,7 +126,7 @@ kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, i
     s.has_lo.resize(size_t(rows));
     s.weights.resize(size_t(H) * kPanel);   // two panels of H / 2 pair rows x 16
     split_rows(static_cast<const uint8_t*>(act), rows, H, s.planes.data(), s.planes.data() + rows * H, s.has_lo.data(),
-               (c->quant_flags & KT_QUANT_FAST_ACTIVATIONS) != 0);
+               one_activation_pass(c));
     uint32_t* wa = s.weights.data();
     uint32_t* wb = wa + H / 2 * kPanel;
     tiles::Session session;
@@ -153,7 +153,7 @@ kt_status down(const kt_moe_config* c, const void* packed, const void* act, int6
     s.has_lo.resize(size_t(rows));
     s.weights.resize(size_t(I) * kPanel);
     split_rows(static_cast<const uint8_t*>(act), rows, I, s.planes.data(), s.planes.data() + rows * I, s.has_lo.data(),
-               (c->quant_flags & KT_QUANT_FAST_ACTIVATIONS) != 0);
+               one_activation_pass(c));
     uint32_t* wa = s.weights.data();
     uint32_t* wb = wa + I / 2 * kPanel;
     tiles::Session session;

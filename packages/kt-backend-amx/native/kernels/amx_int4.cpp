@@ -109,7 +109,7 @@ kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, i
     const Int4Layout lay = int4_layout(c, kSlot == 1);
     const ExpertPanels l = lay.expert(c);
     const auto* base = static_cast<const uint8_t*>(packed);
-    const bool two_pass = !(c->quant_flags & KT_QUANT_FAST_ACTIVATIONS);
+    const bool two_pass = !one_activation_pass(c);
     thread_local std::vector<uint8_t> unpacked;
     unpacked.resize(size_t(2 * H) * 16);
     uint8_t* ua = unpacked.data();
@@ -134,7 +134,7 @@ kt_status down(const kt_moe_config* c, const void* packed, const void* act, int6
     const Int4Layout lay = int4_layout(c, kSlot == 1);
     const ExpertPanels l = lay.expert(c);
     const auto* base = static_cast<const uint8_t*>(packed);
-    const bool two_pass = !(c->quant_flags & KT_QUANT_FAST_ACTIVATIONS);
+    const bool two_pass = !one_activation_pass(c);
     thread_local std::vector<uint8_t> unpacked;
     unpacked.resize(size_t(2 * I) * 16);
     uint8_t* ua = unpacked.data();

@@ -82,7 +82,7 @@ kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, i
     if (const kt_status st = check_tile("INT8", "gate/up", n0, n1, c->intermediate)) return st;
     const ExpertPanels l = layout(c);
     const auto* base = static_cast<const uint8_t*>(packed);
-    const bool two_pass = !(c->quant_flags & KT_QUANT_FAST_ACTIVATIONS);
+    const bool two_pass = !one_activation_pass(c);
     tiles::Session session;
     for_gate_up_pairs(l, base, n0, n1, [&](const uint8_t* pa, const uint8_t* pb, int64_t n, int cols_a, int cols_b) {
         panel_pair<true>(session, static_cast<const uint8_t*>(act), rows, c->hidden, pa, pb, two_pass, out + n, ldo, cols_a,
@@ -97,7 +97,7 @@ kt_status down(const kt_moe_config* c, const void* packed, const void* act, int6
     if (const kt_status st = check_tile("INT8", "down", n0, n1, c->hidden)) return st;
     const ExpertPanels l = layout(c);
     const auto* base = static_cast<const uint8_t*>(packed);
-    const bool two_pass = !(c->quant_flags & KT_QUANT_FAST_ACTIVATIONS);
+    const bool two_pass = !one_activation_pass(c);
     tiles::Session session;
     for_down_pairs(l, base, n0, n1, [&](const uint8_t* pa, const uint8_t* pb, int64_t n, int cols_a, int cols_b) {
         panel_pair<false>(session, static_cast<const uint8_t*>(act), rows, c->intermediate, pa, pb, two_pass, out + n, ldo,

@@ -198,7 +198,7 @@ template <int kMode>
 void run_rows(const kt_moe_config* c, const void* x, int64_t k, int64_t rows, const uint8_t* pa, const uint8_t* pb,
               float* out, int64_t ldo, int cols) {
     const auto* xb = static_cast<const uint8_t*>(x);
-    const bool one_pass = (c->quant_flags & KT_QUANT_FAST_ACTIVATIONS) != 0;
+    const bool one_pass = one_activation_pass(c);
     if constexpr (kMode == kSingle) {
         rows_kernel<kMrPlain, kSingle>(xb, act_row_bytes(k), rows, chunks(k), pa, pb, out, ldo, cols, one_pass);
     } else {

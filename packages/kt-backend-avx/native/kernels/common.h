@@ -189,6 +189,10 @@ private:
     int64_t lines_ = 0;
 };
 
+// The layer asked for one activation pass (KT_QUANT_FAST_ACTIVATIONS): one int8 plane for the
+// integer kernels, bf16 without the low half for the split-bf16 ones.
+inline bool one_activation_pass(const kt_moe_config* c) { return (c->quant_flags & KT_QUANT_FAST_ACTIVATIONS) != 0; }
+
 // The core hands tiles that start on a panel and stay inside the matrix; say so if not.
 inline kt_status check_tile(const char* method, const char* which, int64_t n0, int64_t n1, int64_t n) {
     if (n0 % kPanel == 0 && n0 < n1 && n1 <= n) return KT_OK;

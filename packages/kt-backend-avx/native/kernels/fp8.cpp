@@ -219,11 +219,6 @@ constexpr int kMrBf16Fused = 4, kMrBf16Plain = 8;
 // up (gate_up_in_order, common.h), down panel by panel rather than in pairs. Paired A/B, 2
 // threads: 1.06x at 1 token, 1.09x at 4, 1.07x at 32 (<= 4 rows: 1.035x at 32).
 constexpr int64_t kInOrderRows = 2;
-// Decode prefetches the codes it streams kDecodePrefetch bytes ahead (common.h): with it and the
-// unclamped whole-step loop, paired A/B against the clamped loop without it, 1-token decode:
-// DeepSeek-V3-64e 1.19x (2 threads) / 1.26x (1 thread), Qwen3-30B-A3B 1.10-1.12x (1 and 2
-// threads), 4 tokens 1.11x, 32 tokens 1.18x. Tried, not kept: a second set of accumulators for
-// alternate steps (0.95-0.99x), converting step q + 1 before step q's dots (0.97-1.00x).
 
 // E4M3 magnitude code c (0..127) -> the bf16 bits of its value / 256, exact; 0x7f (NaN) is
 // refused at load. The kernels look the high and low bytes up with vpermi2b (a 128-entry byte
@@ -371,19 +366,21 @@ void panel_kernel_bf16(const E4M3Converter& cv, const uint32_t* hi, const uint32
         const int64_t q0 = kb * steps_per_block, q1 = std::min((kc + 1) / 2, (kb + 1) * steps_per_block);
         // One step: k rows 4q..4q+3. kWhole: all four exist (every step but a K % 4 != 0 tail),
         // so the codes load whole and both pair indices are in range without clamps; decode
-        // (kFly) also prefetches its stream kDecodePrefetch bytes ahead (common.h).
+        // (kFly) also prefetches its stream kDecodePrefetch bytes ahead (common.h). Both against
+        // the clamped loop without the prefetch, paired A/B, 1-token decode: DeepSeek-V3-64e
+        // 1.19x (2 threads) / 1.26x (1 thread), Qwen3-30B-A3B 1.10-1.12x, 4 tokens 1.11x, 32
+        // tokens 1.18x. Tried, not kept: a second set of accumulators for alternate steps
+        // (0.95-0.99x), converting step q + 1 before step q's dots (0.97-1.00x).
         const auto step = [&]<bool kWhole>(int64_t q) {
             if constexpr (kAhead) ahead.step();
             __m512i wv[F][2];
             for (int f = 0; f < F; ++f) {
-                if constexpr (kFly) {
+                if constexpr (kFly && kWhole) {
                     const auto* codes = static_cast<const uint8_t*>(w[f]) + size_t(4 * q) * kPanel;
-                    if constexpr (kWhole) {
-                        _mm_prefetch(reinterpret_cast<const char*>(codes + kDecodePrefetch), _MM_HINT_T0);
-                        cv.convert(_mm512_loadu_si512(codes), wv[f]);
-                    } else {
-                        cv.convert_rows(static_cast<const uint8_t*>(w[f]), q, k, wv[f]);
-                    }
+                    _mm_prefetch(reinterpret_cast<const char*>(codes + kDecodePrefetch), _MM_HINT_T0);
+                    cv.convert(_mm512_loadu_si512(codes), wv[f]);
+                } else if constexpr (kFly) {
+                    cv.convert_rows(static_cast<const uint8_t*>(w[f]), q, k, wv[f]);
                 } else {
                     wv[f][0] = _mm512_loadu_si512(static_cast<const uint32_t*>(w[f]) + 2 * q * kPanel);
                     wv[f][1] = kWhole || 2 * q + 1 < kc
@@ -534,7 +531,7 @@ kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* a
     const auto* base = static_cast<const uint8_t*>(packed);
 #if defined(__AVX512BF16__)
     tile_bf16<true>(static_cast<const uint8_t*>(act), f32_row_bytes(H), rows, H, base + l.gate(n0 / kPanel), l.gate(1), l.up(0),
-                    n0, n1, out, ldo, (c->quant_flags & KT_QUANT_FAST_ACTIVATIONS) != 0);
+                    n0, n1, out, ldo, one_activation_pass(c));
 #else
     for (int64_t n = n0; n < n1; n += kPanel)
         rows_kernel<kMrFused, true>(static_cast<const uint8_t*>(act), f32_row_bytes(H), rows, H, base + l.gate(n / kPanel),
@@ -551,7 +548,7 @@ kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act,
     const auto* base = static_cast<const uint8_t*>(packed);
 #if defined(__AVX512BF16__)
     tile_bf16<false>(static_cast<const uint8_t*>(act), f32_row_bytes(I), rows, I, base + l.down(n0 / kPanel), l.down_panel, 0,
-                     n0, n1, out, ldo, (c->quant_flags & KT_QUANT_FAST_ACTIVATIONS) != 0);
+                     n0, n1, out, ldo, one_activation_pass(c));
 #else
     for (int64_t n = n0; n < n1; n += kPanel)
         rows_kernel<kMrPlain, false>(static_cast<const uint8_t*>(act), f32_row_bytes(I), rows, I, base + l.down(n / kPanel),

@@ -953,7 +953,7 @@ kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* a
     const Layout l = layout(c);
     if (!l.ok) return check_config(c);
     if (const kt_status st = check_tile_range("gate/up", n0, n1, c->intermediate)) return st;
-    const int pass = (c->quant_flags & KT_QUANT_FAST_ACTIVATIONS) ? 0 : 1;
+    const int pass = one_activation_pass(c) ? 0 : 1;
     const auto* base = static_cast<const uint8_t*>(packed);
     const auto* x = static_cast<const uint8_t*>(act);
     const size_t ab = act_row_bytes(c->hidden);
@@ -985,7 +985,7 @@ kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act,
     const Layout l = layout(c);
     if (!l.ok) return check_config(c);
     if (const kt_status st = check_tile_range("down", n0, n1, c->hidden)) return st;
-    const int pass = (c->quant_flags & KT_QUANT_FAST_ACTIVATIONS) ? 0 : 1;
+    const int pass = one_activation_pass(c) ? 0 : 1;
     matrix_tile(l.m[2], static_cast<const uint8_t*>(packed), static_cast<const uint8_t*>(act), act_row_bytes(c->intermediate),
                 rows, n0, n1, pass, out + n0, ldo);
     return KT_OK;

@@ -392,7 +392,7 @@ void run_rows(const kt_moe_config* c, const void* act, int64_t k, Int4Layout lay
     const auto* x = static_cast<const uint8_t*>(act);
     // The first row block fetches `next` (the following panel or pair) into L2: PrefetchAhead.
     if (rows <= MR) next_bytes = 0;   // one row block: nothing to overlap with the fetch
-    if (c->quant_flags & KT_QUANT_FAST_ACTIVATIONS) {
+    if (one_activation_pass(c)) {
         rows_kernel<MR, kFused, false>(x, int8_row_bytes(k), rows, k, lay, pa, pb, out, ldo, cols, next, next_bytes);
     } else {
         rows_kernel<MR, kFused, true>(x, int8_row_bytes(k), rows, k, lay, pa, pb, out, ldo, cols, next, next_bytes);

@@ -14,6 +14,8 @@ from ..model_shapes import SHAPES, MoEShape, shape_for
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="kt: run the routed experts of Mixture-of-Experts models on the CPU.")
 console = Console()
+FAST_ACTIVATIONS_HELP = ("kt's layers carry activations coarsely (one int8 pass; bf16 for BF16 and FP8): faster prefill "
+                         "at kt-kernel's precision")
 
 
 @app.command()
@@ -108,9 +110,7 @@ def bench(
     plot_path: str = typer.Option(None, "--plot", help="write a PNG of latency and roofline position here"),
     compare_kt_kernel: str = typer.Option(None, "--compare-kt-kernel", metavar="VENV",
                                           help="also measure kt-kernel 0.7.2 installed in this venv, same run"),
-    fast_activations: bool = typer.Option(False, "--fast-activations",
-                                          help="kt's layers carry activations coarsely (one int8 pass; bf16 for BF16 and "
-                                               "FP8): faster prefill, kt-kernel's error level"),
+    fast_activations: bool = typer.Option(False, "--fast-activations", help=FAST_ACTIVATIONS_HELP),
 ) -> None:
     """Benchmark one MoE layer against this host's measured bandwidth and compute peak."""
     from rich.progress import Progress
@@ -202,9 +202,7 @@ def run_cmd(
     kt_num_gpu_experts: int = typer.Option(0, "--kt-num-gpu-experts", help="experts per layer kept as torch tensors"),
     kt_max_deferred: int = typer.Option(0, "--kt-max-deferred-experts-per-token",
                                         help="each token's lowest-weight experts added into the next layer"),
-    fast_activations: bool = typer.Option(False, "--fast-activations",
-                                          help="kt's layers carry activations coarsely (one int8 pass; bf16 for BF16 "
-                                               "and FP8): faster prefill at kt-kernel's precision"),
+    fast_activations: bool = typer.Option(False, "--fast-activations", help=FAST_ACTIVATIONS_HELP),
     host: str = typer.Option("127.0.0.1", help="address to listen on"),
     port: int = typer.Option(8000, help="port to listen on (0: any free port)"),
     served_model_name: str = typer.Option(None, "--served-model-name", help="model id clients ask for"),
