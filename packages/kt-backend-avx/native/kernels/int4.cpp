@@ -293,6 +293,18 @@ template <int MR, bool kFused, bool kTwoPass, bool kAhead = false, bool kStream 
 void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, Int4Layout lay, const uint8_t* pa, const uint8_t* pb,
                   float* out, int64_t ldo, int cols, PrefetchAhead ahead = {}) {
     constexpr int F = kFused ? 2 : 1;
+    // Each 64-byte chunk holds two codes per lane and k-quad (low and high nibble): two vpdpbusd
+    // per accumulator, one waiting on the other. With few accumulators (decode: one row, one
+    // panel) that latency chain sets the pace. kSplit gives the high nibbles accumulators of their
+    // own, summed at the group's end (exact: integers, so results are bit-identical). One core on
+    // cache-resident experts (benchmarks/decode_ceiling.py): INT4 25.4 -> 30.0 GB/s, RAWINT4 (a
+    // group epilogue every 4 chunks) 29.6 -> 30.6. AVX2's dot chains through a one-cycle vpaddd
+    // instead, and has no registers to spare.
+#if defined(__AVX512VNNI__)
+    constexpr bool kSplit = MR * F * kVecsPerPanel <= 2;
+#else
+    constexpr bool kSplit = false;
+#endif
     const int64_t g = lay.g;
     const size_t header_bytes = lay.header_bytes();
     VF acc[MR][F][kVecsPerPanel];
@@ -303,10 +315,10 @@ void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, Int4Layout lay,
     const VI low4 = vset1i(0x0f0f0f0f);
     const int64_t groups = k / g, blocks_per_group = g / 32;
     for (int64_t grp = 0; grp < groups; ++grp) {
-        VI hi[MR][F][kVecsPerPanel], lo[MR][F][kVecsPerPanel];
+        VI hi[MR][F][kVecsPerPanel], lo[MR][F][kVecsPerPanel], hi1[MR][F][kVecsPerPanel], lo1[MR][F][kVecsPerPanel];
         for (int m = 0; m < MR; ++m)
             for (int f = 0; f < F; ++f)
-                for (int v = 0; v < kVecsPerPanel; ++v) hi[m][f][v] = lo[m][f][v] = vzeroi();
+                for (int v = 0; v < kVecsPerPanel; ++v) hi[m][f][v] = lo[m][f][v] = hi1[m][f][v] = lo1[m][f][v] = vzeroi();
         const size_t block = size_t(grp) * lay.group_bytes();
         for (int64_t c = 0; c < g / 8; ++c) {
             if constexpr (kAhead) ahead.step();
@@ -335,8 +347,17 @@ void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, Int4Layout lay,
                 const VI al0 = vset1i(load_i32(int8_lo(row, k) + at)), al1 = vset1i(load_i32(int8_lo(row, k) + at + 4));
                 for (int f = 0; f < F; ++f)
                     for (int v = 0; v < kVecsPerPanel; ++v) {
-                        hi[m][f][v] = dot_u8s8(dot_u8s8(hi[m][f][v], w0[f][v], ah0), w1[f][v], ah1);
-                        if constexpr (kTwoPass) lo[m][f][v] = dot_u8s8(dot_u8s8(lo[m][f][v], w0[f][v], al0), w1[f][v], al1);
+                        if constexpr (kSplit) {
+                            hi[m][f][v] = dot_u8s8(hi[m][f][v], w0[f][v], ah0);
+                            hi1[m][f][v] = dot_u8s8(hi1[m][f][v], w1[f][v], ah1);
+                            if constexpr (kTwoPass) {
+                                lo[m][f][v] = dot_u8s8(lo[m][f][v], w0[f][v], al0);
+                                lo1[m][f][v] = dot_u8s8(lo1[m][f][v], w1[f][v], al1);
+                            }
+                        } else {
+                            hi[m][f][v] = dot_u8s8(dot_u8s8(hi[m][f][v], w0[f][v], ah0), w1[f][v], ah1);
+                            if constexpr (kTwoPass) lo[m][f][v] = dot_u8s8(dot_u8s8(lo[m][f][v], w0[f][v], al0), w1[f][v], al1);
+                        }
                     }
             }
         }
@@ -349,9 +370,14 @@ void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, Int4Layout lay,
             }
             const VF asum = vset1(int4_raw_sum(sum_hi, sum_lo, kTwoPass));
             for (int f = 0; f < F; ++f)
-                for (int v = 0; v < kVecsPerPanel; ++v)
+                for (int v = 0; v < kVecsPerPanel; ++v) {
+                    if constexpr (kSplit) {
+                        hi[m][f][v] = vaddi(hi[m][f][v], hi1[m][f][v]);
+                        lo[m][f][v] = vaddi(lo[m][f][v], lo1[m][f][v]);
+                    }
                     acc[m][f][v] = lay.update(panel[f] + block, v, acc[m][f][v],
                                               int4_raw_dot(hi[m][f][v], lo[m][f][v], kTwoPass), asum);
+                }
         }
     }
     for (int m = 0; m < MR; ++m)

@@ -112,8 +112,14 @@ public:
     }
     ~PhaseTimer() {
         if (!enabled_) return;
-        for (int i = 0; i < count_; ++i) std::fprintf(stderr, "%s %.3f ms  ", phases_[i].name, phases_[i].ms);
-        std::fputc('\n', stderr);
+        // One write: stderr is unbuffered, and a write per phase added ~50 us to a traced decode call.
+        char line[512];
+        int at = 0;
+        for (int i = 0; i < count_ && at < int(sizeof line); ++i)
+            at += std::snprintf(line + at, sizeof line - size_t(at), "%s %.3f ms  ", phases_[i].name, phases_[i].ms);
+        at = std::min(at, int(sizeof line) - 1);
+        line[at++] = '\n';
+        std::fwrite(line, 1, size_t(at), stderr);
     }
 
 private:
