@@ -140,7 +140,9 @@ def bench(session):
     regenerates the marked sections of docs/performance.md.
     moe_layer.py (a quick set: Qwen3-30B-A3B layer, 1 and 32 tokens, every method, 1 thread and
     all cores) compares against kt-kernel 0.7.2 when benchmarks/setup_kt_kernel.sh has created
-    .bench/kt-kernel-venv; its generated weights are kept in .bench/moe_layer_data for the next run."""
+    .bench/kt-kernel-venv; its generated weights are kept in .bench/moe_layer_data for the next run.
+    decode_ceiling.py: each method's cache-resident decode rate per core, and decode against a
+    probe taken right before each batch."""
     results = ROOT / "results"
     results.mkdir(exist_ok=True)
     session.run("python", "benchmarks/overhead.py", "--json", str(results / "overhead.json"), *session.posargs)
@@ -154,6 +156,7 @@ def bench(session):
     else:
         session.log("no .bench/kt-kernel-venv: kt-kernel columns skipped (benchmarks/setup_kt_kernel.sh creates it)")
     session.run(*moe)
+    session.run("python", "benchmarks/decode_ceiling.py", "--json", str(results / "decode_ceiling.json"))
     session.run("python", "benchmarks/load_weights.py", "--layers", "4", "--experts", "128", "--json",
                 str(results / "load_weights.json"))
     session.run("python", "benchmarks/update_docs.py", "--results", str(results))

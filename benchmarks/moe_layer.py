@@ -8,6 +8,9 @@ Measured in one run, so the ratios hold on a noisy machine:
     benchmarks/stream_read.c, compiled here with gcc -fopenmp, each thread summing its slice of a
     1 GiB buffer (>> L3) on huge pages, as kt's allocator places the expert weights (also reported:
     the same on 4 KiB pages, and torch.sum; torch.sum is the fallback without a compiler);
+  - and right before and right after each of kt's memory-bound rows (<= 32 tokens) the same probe
+    with the row's thread count on 256 MiB (three passes): the bandwidth drifts by half within
+    minutes here, so the row's share of these adjacent probes is the figure to read for decode;
 then per shape (weights written once to a data directory and memory-mapped by every side, so all
 see the same bytes; see moe_data.py) and per thread count N, one side at a time:
   - plain torch, bf16: per routed expert F.silu(x @ gate.T) * (x @ up.T) @ down.T, weighted and
@@ -137,6 +140,13 @@ def bandwidth_torch(threads: int, mib: int, passes: int) -> list[float]:
     return out
 
 
+def adjacent_probe(exe: Path | None, threads: int) -> float:
+    """A short probe next to one row: the median of three passes over 256 MiB (>> L3)."""
+    if exe is not None:
+        return float(np.median(bandwidth_c(exe, threads, 256, 3, "huge")))
+    return float(np.median(bandwidth_torch(threads, 256, 3)))
+
+
 def measure_bandwidth(exe: Path | None, threads: int, mib: int, passes: int) -> dict:
     res = {"threads": threads, "buffer_mib": mib}
     settle()
@@ -210,7 +220,8 @@ def measure_side(fn, inp: Inputs, bytes_per_expert: int, args, data: Path, truth
     return row
 
 
-def run_kt(shape: moe_data.Shape, data: Path, method: str, threads: int, tokens: list[int], args, source_bytes: int):
+def run_kt(shape: moe_data.Shape, data: Path, method: str, threads: int, tokens: list[int], args, source_bytes: int,
+           probe_exe: Path | None):
     import kt_core
     from kt_core.errors import KTError
 
@@ -242,15 +253,25 @@ def run_kt(shape: moe_data.Shape, data: Path, method: str, threads: int, tokens:
     with torch.inference_mode():
         for T in tokens:
             inp = Inputs(data, T)
+            memory_bound = T <= MEMORY_BOUND_TOKENS
+            before = adjacent_probe(probe_exe, threads) if memory_bound else None
             settle()
             try:
                 rows[T] = measure_side(layer, inp, bpe, args, data, moe_data.truth_format(method), T)
             except (KTError, ValueError, RuntimeError) as exc:
                 rows[T] = {"error": f"{type(exc).__name__}: {exc}"}
+            if memory_bound and "gbps_median" in rows[T]:
+                adjacent = [before, adjacent_probe(probe_exe, threads)]
+                rows[T]["adjacent_bandwidth_gbps"] = adjacent
+                rows[T]["pct_adjacent_bandwidth"] = 100 * rows[T]["gbps_median"] / float(np.mean(adjacent))
             log(f"    kt {method:7s} T={T:<5d} N={threads}: " + fmt_row(rows[T]))
     del layer
     gc.collect()
     return info, rows
+
+
+# Rows up to this many tokens stream the weights (the "% of bandwidth" rows).
+MEMORY_BOUND_TOKENS = 32
 
 
 def run_torch(shape: moe_data.Shape, data: Path, threads: int, tokens: list[int], args) -> dict:
@@ -327,7 +348,7 @@ def print_tables(result: dict) -> None:
         if "refused" in sh:
             print(f"{title}\n  refused: {sh['refused']}")
             continue
-        head = ["method", "T", "N", "kt ms", "±", "kt GB/s", "%BW", "torch ms", "kt×torch", "kt-kernel ms", "±",
+        head = ["method", "T", "N", "kt ms", "±", "kt GB/s", "%BW", "%adj", "torch ms", "kt×torch", "kt-kernel ms", "±",
                 "kk GB/s", "kt×kk", "err kt", "err kk", "other"]
         body = []
         for r in sh["rows"]:
@@ -348,6 +369,7 @@ def print_tables(result: dict) -> None:
             body.append([r["method"], str(r["tokens"]), str(r["threads"]), ms(kt), sp(kt),
                          f"{kt['gbps_median']:.1f}" if "gbps_median" in kt else "",
                          f"{kt['pct_bandwidth']:.0f}%" if "pct_bandwidth" in kt else "",
+                         f"{kt['pct_adjacent_bandwidth']:.0f}%" if "pct_adjacent_bandwidth" in kt else "",
                          ms(tr), ratio(tr, kt), ms(kk), sp(kk),
                          f"{kk['gbps_median']:.1f}" if "gbps_median" in kk else "", ratio(kk, kt), err(kt), err(kk),
                          f"{max(x.get('foreign_cpu', 0.0) for x in (kt, tr, kk)):.0%}"])
@@ -362,6 +384,8 @@ def print_tables(result: dict) -> None:
                        + (f"; 4 KiB pages {b['small_pages_gbps']:.1f}" if b.get("small_pages_gbps") else "")
                        + f"; torch.sum {b['torch_sum_median_gbps']:.1f})" for n, b in sorted(result["bandwidth"].items()))
         notes.append(f"read bandwidth ({next(iter(result['bandwidth'].values()))['method']}): {bw}")
+        notes.append("%BW: kt's GB/s over the run's median bandwidth; %adj: over the mean of the probes taken right "
+                     "before and after the row (same threads, 256 MiB)")
         notes.append("kt×torch, kt×kk: their median / kt's median (>1: kt faster); err: max|out - ref| / rms(ref) "
                      "vs float64 (INT8/INT4 vs the bf16 weights, so it includes the format's rounding); other: CPU "
                      "share other processes used while the row was measured (high: timings disturbed)")
@@ -455,7 +479,7 @@ def main() -> None:
             samples = {n: [measure_bandwidth(exe, n, args.bandwidth_mib, 10)] for n in threads}
             for shape_name in args.shapes:
                 result["shapes"].append(run_shape(moe_data.SHAPES[shape_name], base / shape_name, args, sides, threads,
-                                                  tokens, rounds, work))
+                                                  tokens, rounds, work, exe))
             for n in threads:  # again at the end: the machine is shared, bandwidth drifts
                 samples[n].append(measure_bandwidth(exe, n, args.bandwidth_mib, 10))
             result["bandwidth"] = {n: bandwidth_summary(samples[n]) for n in threads}
@@ -484,7 +508,7 @@ def _bench_dir() -> Path:
 
 
 def run_shape(shape: moe_data.Shape, data: Path, args, sides: set[str], threads: list[int], tokens: list[int],
-              rounds: int, work: Path) -> dict:
+              rounds: int, work: Path, probe_exe: Path | None) -> dict:
     methods = list(dict.fromkeys(args.methods))
     out = {"shape": {"name": shape.name, "hidden": shape.hidden, "intermediate": shape.intermediate,
                      "experts": shape.experts, "top_k": shape.top_k}, "kt_layers": {}, "kt_kernel_layers": {}}
@@ -515,7 +539,7 @@ def run_shape(shape: moe_data.Shape, data: Path, args, sides: set[str], threads:
                     cells.setdefault((m, T, n), {})["torch"] = row
         if "kt" in sides:
             for m in methods:
-                info, rows = run_kt(shape, data, m, n, tokens, args, source[m])
+                info, rows = run_kt(shape, data, m, n, tokens, args, source[m], probe_exe)
                 out["kt_layers"][f"{m} N={n}"] = info
                 if "skipped" in info:
                     log(f"    kt {m:7s} N={n}: skipped: {info['skipped']}")
