@@ -158,14 +158,22 @@ void gate_up_in_order(int64_t rows, const uint8_t* gate, const uint8_t* up, size
     }
 }
 
-// How far ahead (bytes) a decode-sized tile prefetches the weight stream it reads, into L1. The
-// decode loops of FP8 (a five-operation E4M3 conversion per 64 weights) and INT4 (unpacking, and
-// a per-group epilogue: RAWINT4's groups are 32 wide) hold too few loads in flight for one core
-// to stream at DRAM speed: L3-resident, FP8 decode ran at ~20 GB/s per core, INT8 at ~35. Paired
-// A/B, 1-token decode (fp8.cpp, int4.cpp): FP8 1.10-1.26x, INT4 0.97-1.19x, RAWINT4 1.07-1.14x;
-// 1 and 4 KiB measured alike for FP8. INT8 and BF16, closer to the bandwidth already, do not;
-// LLAMAFILE's Q4_K / Q8_0 panels measured 0.78-0.92x with it, so they do not either.
-constexpr size_t kDecodePrefetch = 2048;
+// How a decode-sized tile prefetches the weight stream it reads, once per 64-byte line: into L2
+// 16 KiB ahead, and from there into L1 8 KiB ahead. FP8's and INT4's decode loops do enough per
+// line that the hardware prefetchers do not keep one core's share of DRAM in flight; session 7's
+// 2 KiB into L1 helped, but capped a core near 2 KiB per DRAM latency. Against that, call by call
+// in one process (cold experts, 1-token decode, Qwen3-30B-A3B): FP8 1.25x (2 threads) / 1.38x
+// (1 thread), DeepSeek-V3-64e FP8 1.17x; INT4 1.19x on 1 thread, on 2 threads 1.25x while this
+// shared host's other tenants left bandwidth free and 0.96-1.00x while they did not; RAWINT4
+// 1.5-1.6x / 0.93-0.98x in those two states. Other distances (L1 at 2-12 KiB, L2 at 8 or 32 KiB,
+// either alone) were slower in a first A/B that partly ran from L3. INT8 measured 0.92x / 0.81x
+// with it (its lighter loop streams on the hardware prefetch), so INT8 and BF16 do without, and
+// LLAMAFILE's Q4_K / Q8_0 panels measured 0.78-0.92x with session 7's prefetch.
+constexpr size_t kDecodePrefetchL1 = 8192, kDecodePrefetchL2 = 16384;
+inline void prefetch_decode_stream(const void* line) {
+    _mm_prefetch(static_cast<const char*>(line) + kDecodePrefetchL1, _MM_HINT_T0);
+    _mm_prefetch(static_cast<const char*>(line) + kDecodePrefetchL2, _MM_HINT_T1);
+}
 
 // Prefetches `bytes` from `p` into L2, spread over `steps` calls of step(). Prefill tiles give it
 // the next panel (pair) while the current panel's first row block computes, so that the next

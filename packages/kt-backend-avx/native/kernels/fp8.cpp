@@ -366,18 +366,20 @@ void panel_kernel_bf16(const E4M3Converter& cv, const uint32_t* hi, const uint32
         const int64_t q0 = kb * steps_per_block, q1 = std::min((kc + 1) / 2, (kb + 1) * steps_per_block);
         // One step: k rows 4q..4q+3. kWhole: all four exist (every step but a K % 4 != 0 tail),
         // so the codes load whole and both pair indices are in range without clamps; decode
-        // (kFly) also prefetches its stream kDecodePrefetch bytes ahead (common.h). Both against
-        // the clamped loop without the prefetch, paired A/B, 1-token decode: DeepSeek-V3-64e
-        // 1.19x (2 threads) / 1.26x (1 thread), Qwen3-30B-A3B 1.10-1.12x, 4 tokens 1.11x, 32
-        // tokens 1.18x. Tried, not kept: a second set of accumulators for alternate steps
-        // (0.95-0.99x), converting step q + 1 before step q's dots (0.97-1.00x).
+        // (kFly) also prefetches its stream (prefetch_decode_stream, common.h). Both against
+        // the clamped loop without a prefetch, paired A/B, 1-token decode (session 7, a 2 KiB L1
+        // prefetch): DeepSeek-V3-64e 1.19x (2 threads) / 1.26x (1 thread), Qwen3-30B-A3B
+        // 1.10-1.12x, 4 tokens 1.11x, 32 tokens 1.18x; session 8's L2 + L1 prefetch against that:
+        // Qwen3-30B-A3B 1.25x / 1.38x, DeepSeek-V3-64e 1.17x (2 threads). Tried, not kept: a second
+        // set of accumulators for alternate steps (0.95-0.99x), converting step q + 1 before step
+        // q's dots (0.97-1.00x).
         const auto step = [&]<bool kWhole>(int64_t q) {
             if constexpr (kAhead) ahead.step();
             __m512i wv[F][2];
             for (int f = 0; f < F; ++f) {
                 if constexpr (kFly && kWhole) {
                     const auto* codes = static_cast<const uint8_t*>(w[f]) + size_t(4 * q) * kPanel;
-                    _mm_prefetch(reinterpret_cast<const char*>(codes + kDecodePrefetch), _MM_HINT_T0);
+                    prefetch_decode_stream(codes);
                     cv.convert(_mm512_loadu_si512(codes), wv[f]);
                 } else if constexpr (kFly) {
                     cv.convert_rows(static_cast<const uint8_t*>(w[f]), q, k, wv[f]);

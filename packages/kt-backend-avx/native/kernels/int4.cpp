@@ -288,7 +288,7 @@ constexpr int kMrFused = 1, kMrPlain = 1;
 // 32 tokens <= 2 rows was 1.05x, <= 4 rows 0.97x (paired A/B, 2 threads).
 constexpr int64_t kInOrderRows = 2;
 
-// kStream: decode-sized tiles also prefetch their own stream kDecodePrefetch bytes ahead (common.h).
+// kStream: decode-sized tiles also prefetch their own stream (prefetch_decode_stream, common.h).
 template <int MR, bool kFused, bool kTwoPass, bool kAhead = false, bool kStream = false>
 void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, Int4Layout lay, const uint8_t* pa, const uint8_t* pb,
                   float* out, int64_t ldo, int cols, PrefetchAhead ahead = {}) {
@@ -326,10 +326,7 @@ void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, Int4Layout lay,
             for (int f = 0; f < F; ++f)
                 for (int v = 0; v < kVecsPerPanel; ++v) {
                     if constexpr (kStream)
-                        if (v == 0)
-                            _mm_prefetch(reinterpret_cast<const char*>(panel[f] + block + header_bytes + size_t(c) * kChunkBytes +
-                                                                       kDecodePrefetch),
-                                         _MM_HINT_T0);
+                        if (v == 0) prefetch_decode_stream(panel[f] + block + header_bytes + size_t(c) * kChunkBytes);
                     VI w = vloadi(panel[f] + block + header_bytes + size_t(c) * kChunkBytes + size_t(v) * kLanes * 4);
                     // Pin the loaded chunk to a register: otherwise GCC 12 (fused decode) stored it
                     // to the stack and re-read it as two memory operands, a 64-byte store-to-load
