@@ -159,19 +159,23 @@ void gate_up_in_order(int64_t rows, const uint8_t* gate, const uint8_t* up, size
 }
 
 // How a decode-sized tile prefetches the weight stream it reads, once per 64-byte line: into L2
-// 16 KiB ahead, and from there into L1 8 KiB ahead. FP8's and INT4's decode loops do enough per
-// line that the hardware prefetchers do not keep one core's share of DRAM in flight; session 7's
-// 2 KiB into L1 helped, but capped a core near 2 KiB per DRAM latency. Against that, call by call
-// in one process (cold experts, 1-token decode, Qwen3-30B-A3B): FP8 1.25x (2 threads) / 1.38x
-// (1 thread), DeepSeek-V3-64e FP8 1.17x; INT4 1.19x on 1 thread, on 2 threads 1.25x while this
-// shared host's other tenants left bandwidth free and 0.96-1.00x while they did not; RAWINT4
-// 1.5-1.6x / 0.93-0.98x in those two states. Other distances (L1 at 2-12 KiB, L2 at 8 or 32 KiB,
-// either alone) were slower in a first A/B that partly ran from L3. INT8 measured 0.92x / 0.81x
-// with it (its lighter loop streams on the hardware prefetch), so INT8 and BF16 do without, and
-// LLAMAFILE's Q4_K / Q8_0 panels measured 0.78-0.92x with session 7's prefetch.
-constexpr size_t kDecodePrefetchL1 = 8192, kDecodePrefetchL2 = 16384;
+// 16 KiB ahead, and from there into L1 kL1Ahead bytes ahead (FP8 8 KiB, INT4 / RAWINT4 4 KiB).
+// FP8's and INT4's decode loops do enough per line that the hardware prefetchers do not keep one
+// core's share of DRAM in flight; session 7's 2 KiB into L1 helped, but capped a core near 2 KiB
+// per DRAM latency. Against that, call by call in one process (each call a fresh routing, the
+// variants in rotation; 1-token decode, Qwen3-30B-A3B; 2 / 1 threads): FP8 1.36x / 1.36x
+// (DeepSeek-V3-64e 1.17x on 2), INT4 1.19x / 1.13x, RAWINT4 1.04x / 0.90x. On this shared host
+// the gains move with what the other tenants leave free: in rounds where they left bandwidth
+// free, INT4 gained 1.25x and RAWINT4 1.5-1.6x on 2 threads; where they did not, 0.93-1.00x.
+// L1 at 4 against 8 KiB: INT4 1.01x / 1.07x, RAWINT4 1.03x / 1.04x, FP8 0.995x / 0.95x; L2 at
+// 24 KiB 0.97-1.00x; other distances and either level alone were slower in a first A/B that
+// partly ran from L3. INT8 measured 0.92x / 0.81x with it (its lighter loop streams on the
+// hardware prefetch), so INT8 and BF16 do without; LLAMAFILE's Q4_K panels 0.98x (and 0.78-0.92x
+// with session 7's prefetch).
+constexpr size_t kDecodePrefetchL2 = 16384;
+template <size_t kL1Ahead>
 inline void prefetch_decode_stream(const void* line) {
-    _mm_prefetch(static_cast<const char*>(line) + kDecodePrefetchL1, _MM_HINT_T0);
+    _mm_prefetch(static_cast<const char*>(line) + kL1Ahead, _MM_HINT_T0);
     _mm_prefetch(static_cast<const char*>(line) + kDecodePrefetchL2, _MM_HINT_T1);
 }
 

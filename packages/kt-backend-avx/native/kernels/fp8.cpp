@@ -370,7 +370,7 @@ void panel_kernel_bf16(const E4M3Converter& cv, const uint32_t* hi, const uint32
         // the clamped loop without a prefetch, paired A/B, 1-token decode (session 7, a 2 KiB L1
         // prefetch): DeepSeek-V3-64e 1.19x (2 threads) / 1.26x (1 thread), Qwen3-30B-A3B
         // 1.10-1.12x, 4 tokens 1.11x, 32 tokens 1.18x; session 8's L2 + L1 prefetch against that:
-        // Qwen3-30B-A3B 1.25x / 1.38x, DeepSeek-V3-64e 1.17x (2 threads). Tried, not kept: a second
+        // Qwen3-30B-A3B 1.36x (1 and 2 threads), DeepSeek-V3-64e 1.17x (2 threads). Tried, not kept: a second
         // set of accumulators for alternate steps (0.95-0.99x), converting step q + 1 before step
         // q's dots (0.97-1.00x).
         const auto step = [&]<bool kWhole>(int64_t q) {
@@ -379,7 +379,7 @@ void panel_kernel_bf16(const E4M3Converter& cv, const uint32_t* hi, const uint32
             for (int f = 0; f < F; ++f) {
                 if constexpr (kFly && kWhole) {
                     const auto* codes = static_cast<const uint8_t*>(w[f]) + size_t(4 * q) * kPanel;
-                    prefetch_decode_stream(codes);
+                    prefetch_decode_stream<8192>(codes);
                     cv.convert(_mm512_loadu_si512(codes), wv[f]);
                 } else if constexpr (kFly) {
                     cv.convert_rows(static_cast<const uint8_t*>(w[f]), q, k, wv[f]);

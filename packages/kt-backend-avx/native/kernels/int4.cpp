@@ -326,7 +326,7 @@ void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, Int4Layout lay,
             for (int f = 0; f < F; ++f)
                 for (int v = 0; v < kVecsPerPanel; ++v) {
                     if constexpr (kStream)
-                        if (v == 0) prefetch_decode_stream(panel[f] + block + header_bytes + size_t(c) * kChunkBytes);
+                        if (v == 0) prefetch_decode_stream<4096>(panel[f] + block + header_bytes + size_t(c) * kChunkBytes);
                     VI w = vloadi(panel[f] + block + header_bytes + size_t(c) * kChunkBytes + size_t(v) * kLanes * 4);
                     // Pin the loaded chunk to a register: otherwise GCC 12 (fused decode) stored it
                     // to the stack and re-read it as two memory operands, a 64-byte store-to-load
