@@ -113,7 +113,7 @@ def main() -> None:
     h = kt_core.host()
     result = {"machine": {"cpu": h.brand, "isa_level": h.isa_level, "python": platform.python_version(),
                           "kt_core": kt_core.__version__},
-              "config": {k: v for k, v in vars(args).items() if k != "json"}, "rows": []}
+              "config": {k: v for k, v in vars(args).items() if k != "json"}, "ceilings": {}, "rows": []}
     print(f"{h.brand} ({h.isa_level}); layer {args.experts} x (hidden {args.hidden}, intermediate {args.intermediate}), "
           f"1 token, top-{TOP_K}; medians of {args.rounds} rounds")
     print(f"{'method':8s} {'core ceiling':>12s} {'threads':>7s} {'probe':>6s} {'per thread':>10s} {'decode':>6s} "
@@ -121,7 +121,7 @@ def main() -> None:
     rng = np.random.default_rng(args.seed)
     for method in args.methods:
         core = ceiling(method, args, rng)
-        result["ceilings"] = {**result.get("ceilings", {}), method: core}
+        result["ceilings"][method] = core
         for threads in args.threads:
             r = measure(method, threads, args, rng)
             result["rows"].append(r)

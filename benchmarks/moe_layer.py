@@ -54,6 +54,8 @@ METHODS = ("BF16", "INT8", "INT4", "RAWINT4", "FP8")
 KT_KERNEL_METHOD = {"BF16": "BF16", "INT8": "AMXINT8", "INT4": "AMXINT4", "RAWINT4": "RAWINT4", "FP8": "FP8"}
 SIDES = ("torch", "kt", "kt-kernel")
 GIB = 2**30
+# Rows up to this many tokens stream the weights (the "% of bandwidth" rows; report.py shows those).
+MEMORY_BOUND_TOKENS = 32
 
 
 def log(msg: str) -> None:
@@ -268,10 +270,6 @@ def run_kt(shape: moe_data.Shape, data: Path, method: str, threads: int, tokens:
     del layer
     gc.collect()
     return info, rows
-
-
-# Rows up to this many tokens stream the weights (the "% of bandwidth" rows).
-MEMORY_BOUND_TOKENS = 32
 
 
 def run_torch(shape: moe_data.Shape, data: Path, threads: int, tokens: list[int], args) -> dict:

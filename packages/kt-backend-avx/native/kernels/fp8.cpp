@@ -370,9 +370,9 @@ void panel_kernel_bf16(const E4M3Converter& cv, const uint32_t* hi, const uint32
         // the clamped loop without a prefetch, paired A/B, 1-token decode (session 7, a 2 KiB L1
         // prefetch): DeepSeek-V3-64e 1.19x (2 threads) / 1.26x (1 thread), Qwen3-30B-A3B
         // 1.10-1.12x, 4 tokens 1.11x, 32 tokens 1.18x; session 8's L2 + L1 prefetch against that:
-        // Qwen3-30B-A3B 1.36x (1 and 2 threads), DeepSeek-V3-64e 1.17x (2 threads). Tried, not kept: a second
-        // set of accumulators for alternate steps (0.95-0.99x), converting step q + 1 before step
-        // q's dots (0.97-1.00x).
+        // Qwen3-30B-A3B 1.36x (1 and 2 threads), DeepSeek-V3-64e 1.17x (2 threads). Tried, not
+        // kept: a second set of accumulators for alternate steps (0.95-0.99x), converting step
+        // q + 1 before step q's dots (0.97-1.00x).
         const auto step = [&]<bool kWhole>(int64_t q) {
             if constexpr (kAhead) ahead.step();
             __m512i wv[F][2];
