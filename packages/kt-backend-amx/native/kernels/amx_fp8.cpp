@@ -1,44 +1,26 @@
-// FP8 (E4M3, 128x128 block scales) and FP8_PERCHANNEL on AMX-BF16, in AVX's FP8 format
-// (kt-backend-avx fp8.cpp): layout "kt-fp8-p16-v1" — per panel of 16 channels, one f32[16]
-// scale vector per 128-k block (2^8 folded in) and K rows of 16 code bytes — and f32
-// activation rows.
+// FP8 (E4M3, 128x128 block scales) and FP8_PERCHANNEL on AMX-BF16, in AVX's FP8 layout
+// (kt-backend-avx fp8_layout.h, "kt-fp8-p16-v2"): per panel of 16 channels, one f32[16] scale
+// vector per 128-k block (2^8 folded in) and the codes in groups of four k rows; f32 activation
+// rows.
 //
 // Per call, the rows are split once into bf16 hi + lo planes (f32-like accuracy) and each
-// panel is decoded once into bf16 B-tile rows: E4M3 has 4 significant bits, so the decode is
-// exact (value / 256, the f16 bit trick). Per 16-row block and 128-k block, tdpbf16ps sums
-// into C0/C1 (panel a/b); the block's scales apply on the stored sums.
+// panel is converted once into bf16 B-tile rows by AVX's byte-table converter: E4M3 has 4
+// significant bits, so the conversion is exact (value / 256). Per 16-row block and 128-k block,
+// tdpbf16ps sums into C0/C1 (panel a/b); the block's scales apply on the stored sums.
 #include <vector>
 
 #include "amx_common.h"
+#include "fp8_layout.h"
 
 namespace KT_TARGET_NAMESPACE {
 namespace {
 
-constexpr int64_t kBlock = 128;
-constexpr size_t kScaleBytes = 64;
 AmxMethod g_methods[2];   // FP8, FP8_PERCHANNEL
 
-int64_t kblocks(int64_t k) { return (k + kBlock - 1) / kBlock; }
-size_t panel_bytes(int64_t k) { return size_t(kblocks(k)) * kScaleBytes + size_t(k) * kPanel; }
-
-// 16 E4M3 codes -> 16 floats equal to value / 256 (E4M3 bits placed in an IEEE half).
-inline __m512 decode16(const uint8_t* p) {
-    const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7f)), 7),
-                                      _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8));
-    return _mm512_cvtph_ps(h);
-}
-
-// A panel's codes as B-tile rows [K / 2][16] of bf16 (k, k + 1) pairs; exact, as the values
-// have 4 significant bits.
+// A panel's codes as B-tile rows [K / 2][16] of bf16 (k, k + 1) pairs.
 void decode_panel(const uint8_t* panel, int64_t k, uint32_t* dst) {
-    const uint8_t* codes = panel + size_t(kblocks(k)) * kScaleBytes;
-    const __m512i high = _mm512_set1_epi32(int(0xffff0000u));
-    for (int64_t j = 0; j < k / 2; ++j) {
-        const __m512i a = _mm512_castps_si512(decode16(codes + size_t(2 * j) * kPanel));
-        const __m512i b = _mm512_castps_si512(decode16(codes + size_t(2 * j + 1) * kPanel));
-        _mm512_storeu_si512(dst + j * kPanel, _mm512_or_si512(_mm512_srli_epi32(a, 16), _mm512_and_si512(b, high)));
-    }
+    static const E4M3Converter cv;
+    widen_fp8_panel(cv, panel, k, dst);
 }
 
 // f32 rows -> bf16 hi and lo planes [rows][K]; has_lo[r] says whether row r needs the lo pass.
@@ -76,10 +58,10 @@ void panel_pair(tiles::Session& session, const uint16_t* hi, const uint16_t* lo,
         bool any_lo = false;
         for (int m = 0; m < mr; ++m) any_lo |= has_lo[m0 + m] != 0;
         std::memset(acc, 0, sizeof acc);
-        for (int64_t kb = 0; kb < kblocks(k); ++kb) {
+        for (int64_t kb = 0; kb < fp8_kblocks(k); ++kb) {
             tiles::zero<0>();
             tiles::zero<1>();
-            for (int64_t k0 = kb * kBlock; k0 < std::min(k, (kb + 1) * kBlock); k0 += 32) {
+            for (int64_t k0 = kb * kFp8Block; k0 < std::min(k, (kb + 1) * kFp8Block); k0 += 32) {
                 tiles::load<4>(hi + m0 * k + k0, row_bytes);
                 tiles::load<6>(wa + k0 / 2 * kPanel, 64);
                 tiles::dpbf16ps<0, 4, 6>();
@@ -96,7 +78,7 @@ void panel_pair(tiles::Session& session, const uint16_t* hi, const uint16_t* lo,
             tiles::store<0>(c[0], 64);
             if (wb) tiles::store<1>(c[1], 64);
             for (int f = 0; f < (wb ? 2 : 1); ++f) {
-                const VF s = vload(reinterpret_cast<const float*>(panel[f] + size_t(kb) * kScaleBytes));
+                const VF s = vload(reinterpret_cast<const float*>(panel[f] + size_t(kb) * kFp8ScaleBytes));
                 for (int m = 0; m < mr; ++m) vstore(acc[f][m], vfma(vload(c[f][m]), s, vload(acc[f][m])));
             }
         }
@@ -119,7 +101,7 @@ kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, i
     const int64_t H = c->hidden;
     if (!amx_takes(method, rows, H)) return method.avx.gate_up_tile(c, packed, act, rows, n0, n1, out, ldo);
     if (const kt_status st = check_tile(method.avx.method, "gate/up", n0, n1, c->intermediate)) return st;
-    const ExpertPanels l{H, c->intermediate, panel_bytes(H), panel_bytes(c->intermediate)};
+    const ExpertPanels l{H, c->intermediate, fp8_panel_bytes(H), fp8_panel_bytes(c->intermediate)};
     const auto* base = static_cast<const uint8_t*>(packed);
     thread_local Scratch s;
     s.planes.resize(size_t(2 * rows * H));
@@ -146,7 +128,7 @@ kt_status down(const kt_moe_config* c, const void* packed, const void* act, int6
     const int64_t I = c->intermediate;
     if (!amx_takes(method, rows, I)) return method.avx.down_tile(c, packed, act, rows, n0, n1, out, ldo);
     if (const kt_status st = check_tile(method.avx.method, "down", n0, n1, c->hidden)) return st;
-    const ExpertPanels l{c->hidden, I, panel_bytes(c->hidden), panel_bytes(I)};
+    const ExpertPanels l{c->hidden, I, fp8_panel_bytes(c->hidden), fp8_panel_bytes(I)};
     const auto* base = static_cast<const uint8_t*>(packed);
     thread_local Scratch s;
     s.planes.resize(size_t(2 * rows * I));

@@ -1,9 +1,7 @@
 // FP8 experts, consumed as the checkpoint ships them (docs/formats.md): E4M3 bytes with
-// DeepSeek-V3's 128x128 block scales (FP8) or one scale per output channel (FP8_PERCHANNEL).
-//
-// Packed layout "kt-fp8-p16-v1": per matrix, panels of 16 channels; a panel is a header of
-// one 64-byte f32[16] scale vector per 128-wide k block (a block format repeats its scalar,
-// a per-channel one its 16 channels' scales) followed by K rows of 16 code bytes.
+// DeepSeek-V3's 128x128 block scales (FP8) or one scale per output channel (FP8_PERCHANNEL),
+// repacked into 16-channel panels (fp8_layout.h: "kt-fp8-p16-v2" on AVX512_BF16 targets,
+// "kt-fp8-p16-v1" on the others).
 //
 // Decoding is exact and branch-free, to value / 256 (the 2^8 is folded into the block scales at
 // pack time). AVX512_BF16 targets look each code's bf16 bytes up in two 128-entry byte tables
@@ -13,16 +11,12 @@
 #include <cmath>
 #include <vector>
 
+#include "fp8_layout.h"
 #include "methods.h"
 
 namespace KT_TARGET_NAMESPACE {
 namespace {
 
-constexpr int64_t kBlock = 128;
-constexpr size_t kScaleBytes = 64;
-
-int64_t kblocks(int64_t k) { return (k + kBlock - 1) / kBlock; }
-size_t panel_bytes(int64_t k) { return size_t(kblocks(k)) * kScaleBytes + size_t(k) * kPanel; }
 
 #if !defined(__AVX512BF16__)
 // 16 E4M3 codes -> 16 floats equal to value / 256.
@@ -64,7 +58,7 @@ kt_status check(const kt_weight& w, int64_t N, int64_t K, const char* name) {
         return fail(KT_ERROR_INVALID_ARGUMENT, "%s: %s should be E4M3 bytes (uint8 or float8_e4m3fn) [%lld, %lld], got %s [%lld, %lld]",
                     method, name, (long long)N, (long long)K, dtype_name(w.values.dtype), (long long)w.values.rows,
                     (long long)w.values.cols);
-    const int64_t sr = kPerChannel ? N : kblocks(N), sc = kPerChannel ? 1 : kblocks(K);
+    const int64_t sr = kPerChannel ? N : fp8_kblocks(N), sc = kPerChannel ? 1 : fp8_kblocks(K);
     if (!w.scales.data)
         return fail(KT_ERROR_INVALID_ARGUMENT, "%s: %s scale is missing (float32 [%lld, %lld] expected)", method, name,
                     (long long)sr, (long long)sc);
@@ -89,23 +83,29 @@ kt_status check(const kt_weight& w, int64_t N, int64_t K, const char* name) {
 
 template <bool kPerChannel>
 void pack_matrix(const kt_weight& w, int64_t N, int64_t K, uint8_t* dst, size_t stride_panels) {
-    const size_t pb = panel_bytes(K);
+    const size_t pb = fp8_panel_bytes(K);
     for (int64_t p = 0; p < panels(N); ++p) {
         uint8_t* panel = dst + size_t(p) * stride_panels * pb;
         auto* scales = reinterpret_cast<float*>(panel);
-        uint8_t* codes = panel + size_t(kblocks(K)) * kScaleBytes;
+        uint8_t* codes = panel + fp8_codes_at(K);
         for (int lane = 0; lane < kPanel && p * kPanel + lane < N; ++lane) {
             const int64_t n = p * kPanel + lane;
-            for (int64_t kb = 0; kb < kblocks(K); ++kb)
-                scales[kb * kPanel + lane] = 256.0f * (kPerChannel ? scale_at(w.scales, n, 0) : scale_at(w.scales, n / kBlock, kb));
+            for (int64_t kb = 0; kb < fp8_kblocks(K); ++kb)
+                scales[kb * kPanel + lane] = 256.0f * (kPerChannel ? scale_at(w.scales, n, 0) : scale_at(w.scales, n / kFp8Block, kb));
             const auto* src = static_cast<const uint8_t*>(w.values.data) + n * w.values.row_stride;
-            for (int64_t k = 0; k < K; ++k) codes[size_t(k) * kPanel + size_t(lane)] = src[k];
+            size_t at[kFp8RowGroup];   // this lane's offsets within a row group
+            for (int r = 0; r < kFp8RowGroup; ++r) at[r] = fp8_code_offset(r, lane);
+            for (int64_t k0 = 0; k0 < K; k0 += kFp8RowGroup)
+                for (int r = 0; r < kFp8RowGroup && k0 + r < K; ++r) codes[size_t(k0) * kPanel + at[r]] = src[k0 + r];
         }
+        // v2 pads K to whole row groups: zero codes, so the padding adds nothing to the dots.
+        for (int64_t k = K; k < fp8_code_rows(K); ++k)
+            for (int lane = 0; lane < kPanel; ++lane) codes[fp8_code_offset(k, lane)] = 0;
     }
 }
 
 ExpertPanels layout(const kt_moe_config* c) {
-    return {c->hidden, c->intermediate, panel_bytes(c->hidden), panel_bytes(c->intermediate)};
+    return {c->hidden, c->intermediate, fp8_panel_bytes(c->hidden), fp8_panel_bytes(c->intermediate)};
 }
 
 size_t packed_bytes(const kt_moe_config* c) { return layout(c).bytes(); }
@@ -142,18 +142,18 @@ void panel_kernel(const uint8_t* xb, size_t row_bytes, int64_t k, const uint8_t*
     const auto* x = reinterpret_cast<const float*>(xb);
     const int64_t ldx = int64_t(row_bytes / sizeof(float));
     const uint8_t* panel[2] = {pa, pb};
-    const size_t codes_at = size_t(kblocks(k)) * kScaleBytes;
+    const size_t codes_at = fp8_codes_at(k);
     VF acc[MR][F][kVecsPerPanel];
     for (int m = 0; m < MR; ++m)
         for (int f = 0; f < F; ++f)
             for (int v = 0; v < kVecsPerPanel; ++v) acc[m][f][v] = vzero();
-    for (int64_t kb = 0; kb < kblocks(k); ++kb) {
+    for (int64_t kb = 0; kb < fp8_kblocks(k); ++kb) {
         VF part[MR][F][kVecsPerPanel];
         for (int m = 0; m < MR; ++m)
             for (int f = 0; f < F; ++f)
                 for (int v = 0; v < kVecsPerPanel; ++v) part[m][f][v] = vzero();
-        const int64_t k1 = std::min(k, (kb + 1) * kBlock);
-        for (int64_t kk = kb * kBlock; kk < k1; ++kk)
+        const int64_t k1 = std::min(k, (kb + 1) * kFp8Block);
+        for (int64_t kk = kb * kFp8Block; kk < k1; ++kk)
             for (int f = 0; f < F; ++f)
                 for (int v = 0; v < kVecsPerPanel; ++v) {
                     const VF w = kDecoded ? vload(decoded[f] + size_t(kk) * kPanel + size_t(v) * kLanes)
@@ -162,7 +162,7 @@ void panel_kernel(const uint8_t* xb, size_t row_bytes, int64_t k, const uint8_t*
                 }
         for (int f = 0; f < F; ++f)
             for (int v = 0; v < kVecsPerPanel; ++v) {
-                const VF s = vload(reinterpret_cast<const float*>(panel[f] + size_t(kb) * kScaleBytes) + v * kLanes);
+                const VF s = vload(reinterpret_cast<const float*>(panel[f] + size_t(kb) * kFp8ScaleBytes) + v * kLanes);
                 for (int m = 0; m < MR; ++m) acc[m][f][v] = vfma(part[m][f][v], s, acc[m][f][v]);
             }
     }
@@ -177,7 +177,7 @@ void panel_kernel(const uint8_t* xb, size_t row_bytes, int64_t k, const uint8_t*
 
 // Widens a panel's K x 16 codes to f32 once, for tiles with several row blocks.
 void decode_panel(const uint8_t* panel, int64_t k, float* dst) {
-    const uint8_t* codes = panel + size_t(kblocks(k)) * kScaleBytes;
+    const uint8_t* codes = panel + fp8_codes_at(k);
     for (int64_t kk = 0; kk < k; ++kk)
         for (int v = 0; v < kVecsPerPanel; ++v) vstore(dst + kk * kPanel + v * kLanes, decode(codes + kk * kPanel, v));
 }
@@ -219,89 +219,6 @@ constexpr int kMrBf16Fused = 4, kMrBf16Plain = 8;
 // up (gate_up_in_order, common.h), down panel by panel rather than in pairs. Paired A/B, 2
 // threads: 1.06x at 1 token, 1.09x at 4, 1.07x at 32 (<= 4 rows: 1.035x at 32).
 constexpr int64_t kInOrderRows = 2;
-
-// E4M3 magnitude code c (0..127) -> the bf16 bits of its value / 256, exact; 0x7f (NaN) is
-// refused at load. The kernels look the high and low bytes up with vpermi2b (a 128-entry byte
-// table per instruction) and OR the sign into the high byte.
-constexpr uint16_t e4m3_bf16_bits(int c) {
-    const int e = c >> 3, m = c & 7;
-    if (e == 0) {   // zero and the subnormals m * 2^-17 (after the / 256) = 1.f * 2^(t - 17), t = log2(m)
-        if (m == 0) return 0;
-        const int t = m >= 4 ? 2 : m >= 2 ? 1 : 0;
-        return uint16_t(((t + 110) << 7) | ((m << (7 - t)) & 0x7f));
-    }
-    return uint16_t(((e + 112) << 7) | (m << 4));
-}
-
-struct ByteTables {
-    alignas(64) uint8_t high[128], low[128];
-};
-constexpr ByteTables e4m3_byte_tables() {
-    ByteTables t{};
-    for (int c = 0; c < 128; ++c) {
-        t.high[c] = uint8_t(e4m3_bf16_bits(c) >> 8);
-        t.low[c] = uint8_t(e4m3_bf16_bits(c) & 0xff);
-    }
-    return t;
-}
-constexpr ByteTables kE4M3Bytes = e4m3_byte_tables();
-static_assert(e4m3_bf16_bits(0x08) == 0x3880 && e4m3_bf16_bits(0x01) == 0x3700 && e4m3_bf16_bits(0x03) == 0x37C0 &&
-                  e4m3_bf16_bits(0x07) == 0x3860 && e4m3_bf16_bits(0x7e) == 0x3FE0,
-              "E4M3 -> bf16(value / 256): 2^-14, 2^-17, 1.5 * 2^-16, 1.75 * 2^-15, 448 / 256");
-
-// Four k-rows of a panel (64 code bytes: rows k..k+3, 16 channels each) -> two vectors of bf16
-// pairs per channel lane: pairs[0] lane i = (w[k][i], w[k+1][i]), pairs[1] the same for k+2, k+3.
-// Six vector operations per 64 weights: two table lookups, the sign, two byte interleaves.
-struct E4M3Converter {
-    __m512i high_lo, high_hi, low_lo, low_hi, sign, order0, order1;
-    E4M3Converter() {
-        high_lo = _mm512_load_si512(kE4M3Bytes.high);
-        high_hi = _mm512_load_si512(kE4M3Bytes.high + 64);
-        low_lo = _mm512_load_si512(kE4M3Bytes.low);
-        low_hi = _mm512_load_si512(kE4M3Bytes.low + 64);
-        sign = _mm512_set1_epi8(char(0x80));
-        // Byte 4i + {0, 1, 2, 3} of a pair vector: low(row r, ch i), high(r, i), low(r + 1, i), high(r + 1, i);
-        // indices >= 64 pick from the high bytes.
-        alignas(64) uint8_t idx[2][64];
-        for (int half = 0; half < 2; ++half)
-            for (int i = 0; i < 16; ++i) {
-                const int r = 32 * half + i;
-                idx[half][4 * i] = uint8_t(r);
-                idx[half][4 * i + 1] = uint8_t(64 + r);
-                idx[half][4 * i + 2] = uint8_t(r + 16);
-                idx[half][4 * i + 3] = uint8_t(64 + r + 16);
-            }
-        order0 = _mm512_load_si512(idx[0]);
-        order1 = _mm512_load_si512(idx[1]);
-    }
-    void convert(__m512i codes, __m512i* pairs) const {
-        const __m512i low = _mm512_permutex2var_epi8(low_lo, codes, low_hi);   // index bit 7 (the sign) is ignored
-        const __m512i high = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(high_lo, codes, high_hi), codes, sign,
-                                                       0xF8);   // A | (B & C): the sign bit
-        pairs[0] = _mm512_permutex2var_epi8(low, order0, high);
-        pairs[1] = _mm512_permutex2var_epi8(low, order1, high);
-    }
-    // Rows 4q..4q+3 of a panel with k rows; rows past k read as zero codes (whatever follows the
-    // codes must not reach the dot: a NaN pattern times a zero activation is NaN).
-    void convert_rows(const uint8_t* codes, int64_t q, int64_t k, __m512i* pairs) const {
-        const int64_t rows = std::min<int64_t>(4, k - 4 * q);
-        const uint8_t* p = codes + size_t(4 * q) * kPanel;
-        const __m512i v = rows == 4 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(~0ull >> (64 - 16 * rows), p);
-        convert(v, pairs);
-    }
-};
-
-// Panel codes -> [ceil(K/2)][16] 32-bit lanes of bf16 pairs, for tiles with several row blocks.
-void widen_panel_bf16(const E4M3Converter& cv, const uint8_t* panel, int64_t k, uint32_t* dst) {
-    const uint8_t* codes = panel + size_t(kblocks(k)) * kScaleBytes;
-    const int64_t kc = (k + 1) / 2;
-    for (int64_t q = 0; 2 * q < kc; ++q) {
-        __m512i pairs[2];
-        cv.convert_rows(codes, q, k, pairs);
-        _mm512_storeu_si512(dst + 2 * q * kPanel, pairs[0]);
-        if (2 * q + 1 < kc) _mm512_storeu_si512(dst + (2 * q + 1) * kPanel, pairs[1]);
-    }
-}
 
 // f32 activation rows -> hi and lo bf16 pair planes, [rows][ceil(K/2)] each. Sixteen floats
 // convert to sixteen bf16 that, read as eight 32-bit lanes, are already the (k, k+1) pairs.
@@ -354,18 +271,18 @@ void panel_kernel_bf16(const E4M3Converter& cv, const uint32_t* hi, const uint32
     constexpr int F = kMode == kSinglePanel ? 1 : 2;
     constexpr bool kSplit = MR * F <= 2;
     constexpr int P = kSplit ? 2 : 1, L = kLo && kSplit ? 2 : 1;   // accumulators per pair parity, per plane
-    const int64_t kc = (k + 1) / 2, steps_per_block = kBlock / 4;
+    const int64_t kc = (k + 1) / 2, steps_per_block = kFp8Block / 4;
     __m512 acc[MR][F], part[P][L][MR][F];
     for (int m = 0; m < MR; ++m)
         for (int f = 0; f < F; ++f) acc[m][f] = _mm512_setzero_ps();
-    for (int64_t kb = 0; kb < kblocks(k); ++kb) {
+    for (int64_t kb = 0; kb < fp8_kblocks(k); ++kb) {
         for (int p = 0; p < P; ++p)
             for (int l = 0; l < L; ++l)
                 for (int m = 0; m < MR; ++m)
                     for (int f = 0; f < F; ++f) part[p][l][m][f] = _mm512_setzero_ps();
         const int64_t q0 = kb * steps_per_block, q1 = std::min((kc + 1) / 2, (kb + 1) * steps_per_block);
         // One step: k rows 4q..4q+3. kWhole: all four exist (every step but a K % 4 != 0 tail),
-        // so the codes load whole and both pair indices are in range without clamps; decode
+        // so both pair indices are in range without clamps; decode
         // (kFly) also prefetches its stream (prefetch_decode_stream, common.h). Both against
         // the clamped loop without a prefetch, paired A/B, 1-token decode (session 7, a 2 KiB L1
         // prefetch): DeepSeek-V3-64e 1.19x (2 threads) / 1.26x (1 thread), Qwen3-30B-A3B
@@ -377,12 +294,10 @@ void panel_kernel_bf16(const E4M3Converter& cv, const uint32_t* hi, const uint32
             if constexpr (kAhead) ahead.step();
             __m512i wv[F][2];
             for (int f = 0; f < F; ++f) {
-                if constexpr (kFly && kWhole) {
+                if constexpr (kFly) {   // the codes are padded to whole row groups (fp8_layout.h)
                     const auto* codes = static_cast<const uint8_t*>(w[f]) + size_t(4 * q) * kPanel;
-                    prefetch_decode_stream<8192>(codes);
+                    if constexpr (kWhole) prefetch_decode_stream<8192>(codes);
                     cv.convert(_mm512_loadu_si512(codes), wv[f]);
-                } else if constexpr (kFly) {
-                    cv.convert_rows(static_cast<const uint8_t*>(w[f]), q, k, wv[f]);
                 } else {
                     wv[f][0] = _mm512_loadu_si512(static_cast<const uint32_t*>(w[f]) + 2 * q * kPanel);
                     wv[f][1] = kWhole || 2 * q + 1 < kc
@@ -407,7 +322,7 @@ void panel_kernel_bf16(const E4M3Converter& cv, const uint32_t* hi, const uint32
         for (int64_t q = q0; q < whole; ++q) step.template operator()<true>(q);
         for (int64_t q = whole; q < q1; ++q) step.template operator()<false>(q);
         for (int f = 0; f < F; ++f) {
-            const __m512 s = _mm512_loadu_ps(reinterpret_cast<const float*>(panel[f] + size_t(kb) * kScaleBytes));
+            const __m512 s = _mm512_loadu_ps(reinterpret_cast<const float*>(panel[f] + size_t(kb) * kFp8ScaleBytes));
             for (int m = 0; m < MR; ++m) {
                 __m512 sum = part[0][0][m][f];
                 for (int p = 0; p < P; ++p)
@@ -435,9 +350,9 @@ void panels_bf16(const E4M3Converter& cv, const uint32_t* hi, const uint32_t* lo
     const void* w[2];
     for (int f = 0; f < F; ++f) {
         if (fly) {
-            w[f] = panel[f] + size_t(kblocks(k)) * kScaleBytes;
+            w[f] = panel[f] + fp8_codes_at(k);
         } else {
-            widen_panel_bf16(cv, panel[f], k, w_planes + f * kc * kPanel);
+            widen_fp8_panel(cv, panel[f], k, w_planes + f * kc * kPanel);
             w[f] = w_planes + f * kc * kPanel;
         }
     }
@@ -561,7 +476,7 @@ kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act,
 
 template <bool kPerChannel>
 kt_method_kernels fp8_table(const char* method, const char* kernel_id) {
-    return method_table(method, "kt-fp8-p16-v1", kernel_id, packed_bytes, pack<kPerChannel>, f32_row_bytes,
+    return method_table(method, kFp8LayoutId, kernel_id, packed_bytes, pack<kPerChannel>, f32_row_bytes,
                         quantize_f32_rows, gate_up_tile, down_tile);
 }
 
