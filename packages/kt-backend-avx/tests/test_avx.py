@@ -155,6 +155,10 @@ def test_bad_quantized_input_fails_at_load(variant):
         layer.load_expert(0, packed, packed, packed, scales=(scale[:, :2], scale, scale))
     with pytest.raises(ValueError, match="RAWINT4: gate weight_packed should be int32"):
         layer.load_expert(0, g[0], u[0], d[0], scales=(scale, scale, scale))
+    off = scale.copy()   # f32 scales are taken only as bf16 values: the layout keeps bf16
+    off[5, 1] = np.nextafter(off[5, 1], np.float32(np.inf))
+    with pytest.raises(ValueError, match=r"RAWINT4: gate weight_scale \[5, 1\] = .* is not a bf16 value"):
+        layer.load_expert(0, packed, packed, packed, scales=(off, scale, scale))
     fp8 = kt_core.MoE(num_experts=2, top_k=1, hidden_size=96, intermediate_size=64, method="FP8")
     codes, s = quantize.quantize_fp8_block(g[0])
     bad = codes.copy()

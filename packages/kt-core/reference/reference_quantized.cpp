@@ -391,6 +391,18 @@ struct RawInt4 {
         if ((st = expect(w.scales, who + " scales", kScaleDtypes, m.rows, m.cols / kGroup,
                          " (weight_scale: one per 32 elements)")) != KT_OK)
             return st;
+        // The checkpoint's scales are bf16 (the optimized backends keep them as bf16): f32 ones
+        // are taken when each is a bf16 value, as an upcast checkpoint's are.
+        if (w.scales.dtype == KT_DTYPE_F32)
+            for (int64_t r = 0; r < m.rows; ++r)
+                for (int64_t c = 0; c < m.cols / kGroup; ++c) {
+                    const float v = static_cast<const float*>(w.scales.data)[r * w.scales.row_stride + c];
+                    if (bf16_to_f32(f32_to_bf16(v)) != v)
+                        return fail(KT_ERROR_INVALID_ARGUMENT, who + " weight_scale [" + std::to_string(r) + ", " +
+                                                                   std::to_string(c) + "] = " + std::to_string(v) +
+                                                                   " is not a bf16 value; RAWINT4 takes bf16 scales "
+                                                                   "(f32 ones only if each is a bf16 value)");
+                }
         return expect_absent(w.zeros, who + " zeros", "RAWINT4 is symmetric");
     }
     static void pack(const kt_weight& w, const MatrixLayout& m, char* dst) {

@@ -357,6 +357,10 @@ def test_rawint4_refuses_wrong_inputs():
         load_one("RAWINT4", floats(80, 64), hidden=80)
     with pytest.raises(ValueError, match="group_size must be 0 or 32, got 64"):
         load_one("RAWINT4", packed, scales=scale, group_size=64)
+    off = [s.copy() for s in scale]   # f32 scales only as bf16 values, as every backend keeps them
+    off[0][5, 1] = np.nextafter(off[0][5, 1], np.float32(np.inf))
+    with pytest.raises(ValueError, match=r"RAWINT4: gate weight_scale \[5, 1\] = .* is not a bf16 value"):
+        load_one("RAWINT4", packed, scales=tuple(off))
 
 
 @pytest.mark.parametrize("method", ["FP8", "FP8_PERCHANNEL"])

@@ -1,7 +1,8 @@
 // INT4 experts, group-wise (docs/formats.md): unsigned 4-bit codes u with w = s * (u - z) per
 // group of G consecutive k (32, 64 or 128); symmetric groups store u = q + 8 and z = 8.
 // RAWINT4 (compressed-tensors, Kimi-K2) is the same thing with G = 32 and z = 8, so its codes
-// and bf16 scales are repacked bit-exactly into this layout (int4_layout.h: "kt-int4-p16-v2").
+// and bf16 scales are repacked bit-exactly into its own variant of the layout (int4_layout.h:
+// "kt-int4-p16-v2" for INT4, "kt-rawint4-p16-v1" with bf16 scales for RAWINT4).
 //
 // Kernel: per group, exact integer dots of the codes with both int8 activation planes
 // (vpdpbusd: unsigned codes x signed activations; without VNNI vpmaddubsw cannot saturate
@@ -53,7 +54,10 @@ void write_block(const Int4Layout& lay, uint8_t* dst, const uint8_t* u, const fl
     auto* sz = reinterpret_cast<float*>(dst + 64);
     uint8_t* chunks = dst + lay.header_bytes();
     for (int lane = 0; lane < kPanel; ++lane) {
-        scale[lane] = s[lane];
+        if (lay.bf16_scales)
+            reinterpret_cast<uint16_t*>(dst)[lane] = f32_to_bf16(s[lane]);   // exact: check_raw
+        else
+            scale[lane] = s[lane];
         if (lay.zero_point) sz[lane] = s[lane] * z[lane];
         for (int64_t c = 0; c < lay.g / 8; ++c)
             for (int b = 0; b < 4; ++b)
@@ -255,6 +259,15 @@ kt_status check_raw(const kt_weight& w, int64_t N, int64_t K, const char* name) 
                     (long long)N, (long long)(K / 32), dtype_name(w.scales.dtype), (long long)w.scales.rows,
                     (long long)w.scales.cols);
     if (w.zeros.data) return fail(KT_ERROR_INVALID_ARGUMENT, "RAWINT4: %s is symmetric; zero points must not be given", name);
+    if (w.scales.dtype == KT_DTYPE_F32)   // the layout keeps bf16 scales: f32 ones must be bf16 values
+        for (int64_t r = 0; r < N; ++r)
+            for (int64_t c = 0; c < K / 32; ++c) {
+                const float v = static_cast<const float*>(w.scales.data)[r * w.scales.row_stride + c];
+                if (bf16_to_f32(f32_to_bf16(v)) != v)
+                    return fail(KT_ERROR_INVALID_ARGUMENT, "RAWINT4: %s weight_scale [%lld, %lld] = %g is not a bf16 value; "
+                                "RAWINT4 takes the checkpoint's bf16 scales (f32 ones only if each is a bf16 value; "
+                                "INT4 takes f32 scales)", name, (long long)r, (long long)c, double(v));
+            }
     return KT_OK;
 }
 
@@ -466,7 +479,7 @@ kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act,
 
 template <bool kRaw>
 kt_method_kernels int4_table(const char* method, const char* kernel_id) {
-    return method_table(method, kInt4LayoutId, kernel_id, packed_bytes<kRaw>, kRaw ? pack_raw : pack_int4,
+    return method_table(method, int4_layout_id(kRaw), kernel_id, packed_bytes<kRaw>, kRaw ? pack_raw : pack_int4,
                         int8_row_bytes, quantize, gate_up_tile<kRaw>, down_tile<kRaw>);
 }
 

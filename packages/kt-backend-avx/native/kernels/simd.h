@@ -32,6 +32,10 @@ inline VI vloadi(const void* p) { return _mm512_loadu_si512(p); }
 // bf16 pairs packed in 32-bit lanes -> the f32 values of the even and odd element (exact).
 inline VF bf16_even(VI w) { return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)); }
 inline VF bf16_odd(VI w) { return _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32(int(0xffff0000u)))); }
+// kLanes consecutive bf16 -> f32 (exact).
+inline VF vload_bf16(const uint16_t* p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
 inline VF vroundint(VF x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 inline VF vpow2i(VF n) {   // 2^n for integral n in [-126, 127]
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
@@ -54,6 +58,9 @@ inline VF vmax(VF bound, VF x) { return _mm256_max_ps(bound, x); }
 inline VI vloadi(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 inline VF bf16_even(VI w) { return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)); }
 inline VF bf16_odd(VI w) { return _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(int(0xffff0000u)))); }
+inline VF vload_bf16(const uint16_t* p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+}
 inline VF vroundint(VF x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 inline VF vpow2i(VF n) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
