@@ -17,7 +17,6 @@
 namespace KT_TARGET_NAMESPACE {
 namespace {
 
-
 #if !defined(__AVX512BF16__)
 // 16 E4M3 codes -> 16 floats equal to value / 256.
 #if defined(__AVX512F__)
