@@ -26,16 +26,27 @@ struct Int4Layout {
     ExpertPanels expert(const kt_moe_config* c) const {
         return {c->hidden, c->intermediate, panel_bytes(c->hidden), panel_bytes(c->intermediate)};
     }
-    // acc + (the group's share of w . x) for one 16-lane group header: s * dot - s*z * asum, with
-    // dot the integer dot of codes and activations and asum the activations' group sum, both in
-    // raw units (int4_raw_dot / int4_raw_sum; the row's scale applies once, at the end).
-    // Symmetric groups: s * (dot - 8 asum), where 8 asum is exact, so a compiler fusing the
-    // subtraction cannot change the result (AMX's kernels must equal AVX's bit for bit).
-    VF update(const uint8_t* header, int v, VF acc, VF dot, VF asum) const {
-        const VF s = bf16_scales ? vload_bf16(reinterpret_cast<const uint16_t*>(header) + v * kLanes)
-                                 : vload(reinterpret_cast<const float*>(header) + v * kLanes);
-        if (zero_point) return vfma(s, dot, vsub(acc, vmul(vload(reinterpret_cast<const float*>(header + 64) + v * kLanes), asum)));
+    // The group header's scales s (and s*z) for lanes v * kLanes.., as f32.
+    VF scale(const uint8_t* header, int v) const {
+        return bf16_scales ? vload_bf16(reinterpret_cast<const uint16_t*>(header) + v * kLanes)
+                           : vload(reinterpret_cast<const float*>(header) + v * kLanes);
+    }
+    VF scale_times_zero(const uint8_t* header, int v) const {
+        return vload(reinterpret_cast<const float*>(header + 64) + v * kLanes);
+    }
+    // acc + (the group's share of w . x): s * dot - s*z * asum, with dot the integer dot of codes
+    // and activations and asum the activations' group sum, both in raw units (int4_raw_dot /
+    // int4_raw_sum; the row's scale applies once, at the end). Symmetric groups: s * (dot -
+    // 8 asum), where 8 asum is exact, so a compiler fusing the subtraction cannot change the
+    // result (AMX's kernels must equal AVX's bit for bit: both apply these).
+    template <bool kZeroPoint>
+    static VF apply(VF s, VF sz, VF acc, VF dot, VF asum) {
+        if constexpr (kZeroPoint) return vfma(s, dot, vsub(acc, vmul(sz, asum)));
         return vfma(s, vsub(dot, vmul(vset1(8.0f), asum)), acc);
+    }
+    VF update(const uint8_t* header, int v, VF acc, VF dot, VF asum) const {
+        if (zero_point) return apply<true>(scale(header, v), scale_times_zero(header, v), acc, dot, asum);
+        return apply<false>(scale(header, v), vzero(), acc, dot, asum);
     }
 };
 
