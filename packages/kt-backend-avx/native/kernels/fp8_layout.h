@@ -11,7 +11,7 @@
 //   16 (lane / 4) + 8 (r / 2) + 2 (lane % 4) + r % 2. Why: the byte-table lookups return a
 //   vector of low and one of high bf16 bytes in code order, and vpunpcklbw / vpunpckhbw of those
 //   two are then exactly the (k, k+1) and (k+2, k+3) bf16 pairs per channel that vdpbf16ps
-//   takes. v1's order needed two more vpermi2b for that interleave: on a Zen 4 core a 512-bit
+//   takes. v1's order needed two vpermi2b instead of the unpacks: on a Zen 4 core a 512-bit
 //   vpermi2b and vdpbf16ps issue one per cycle from the same pipes, an unpack ~1.6 per cycle.
 #pragma once
 #include <algorithm>
