@@ -14,8 +14,6 @@
 //   takes. v1's order needed two vpermi2b instead of the unpacks: on a Zen 4 core a 512-bit
 //   vpermi2b and vdpbf16ps issue one per cycle from the same pipes, an unpack ~1.6 per cycle.
 #pragma once
-#include <algorithm>
-
 #include "common.h"
 
 namespace KT_TARGET_NAMESPACE {
