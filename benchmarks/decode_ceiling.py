@@ -32,8 +32,8 @@ import numpy as np
 import torch
 
 import kt_core
+from kt.bench.runner import _expert_weights
 from kt_core import _native
-from kt_core.bench.runner import _expert_weights
 
 TOP_K = 8
 

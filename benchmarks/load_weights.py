@@ -34,8 +34,8 @@ from pathlib import Path
 import torch
 
 import kt_core
-from kt_core.testing.checkpoints import write_checkpoint
-from kt_core.weights import Checkpoint, ConvertedFolder, add_packed, convert, load_layer
+from kt.testing.checkpoints import write_checkpoint
+from kt.weights import Checkpoint, ConvertedFolder, add_packed, convert, load_layer
 
 
 def weight_files(folder: Path) -> list[Path]:

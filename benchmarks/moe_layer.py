@@ -47,7 +47,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from kt_core.bench.kt_kernel import RUNNER, moe_data  # noqa: E402  (shared with `kt bench --compare-kt-kernel`)
+from kt.bench.kt_kernel import RUNNER, moe_data  # noqa: E402  (shared with `kt bench --compare-kt-kernel`)
 
 ROOT = Path(__file__).resolve().parent.parent
 METHODS = ("BF16", "INT8", "INT4", "RAWINT4", "FP8")

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import report as moe_layer_report  # noqa: E402  (benchmarks/report.py)
 
-from kt_core.bench.report import markdown as kt_bench_markdown  # noqa: E402
+from kt.bench.report import markdown as kt_bench_markdown  # noqa: E402
 
 
 def overhead(result: dict) -> str:

@@ -1,4 +1,4 @@
-"""Fuzz target: kt_core.weights.Checkpoint — a Hugging Face model folder (config.json, the
+"""Fuzz target: kt.weights.Checkpoint — a Hugging Face model folder (config.json, the
 shard index, safetensors shards) as the loader and `kt convert` read it: the model spec from
 config.json, the weight map, every expert tensor of the first MoE layers in the checkpoint's
 format (float, FP8 blocks, RAWINT4, fused), and their dequantization.
@@ -23,9 +23,9 @@ _scratch = None
 def _setup():
     global _scratch, _allowed, Checkpoint, checkpoint_experts, float_experts
     if _scratch is None:
+        from kt.weights.checkpoint import Checkpoint
+        from kt.weights.experts import checkpoint_experts, float_experts
         from kt_core.errors import KTError
-        from kt_core.weights.checkpoint import Checkpoint
-        from kt_core.weights.experts import checkpoint_experts, float_experts
 
         _scratch, _allowed = _harness.Scratch(), (KTError,)
 

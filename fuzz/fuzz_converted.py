@@ -29,9 +29,9 @@ _scratch = None
 def _setup():
     global _scratch, _allowed, _layers, load_layer, ConvertedFolder
     if _scratch is None:
+        from kt.weights import ConvertedFolder, load_layer
         from kt_core import MoE
         from kt_core.errors import KTError
-        from kt_core.weights import ConvertedFolder, load_layer
 
         _scratch, _allowed = _harness.Scratch(), (KTError,)
         # One layer per setting a folder can hold; the reference backend runs everywhere.

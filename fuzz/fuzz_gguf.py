@@ -1,4 +1,4 @@
-"""Fuzz target: kt_core.gguf — a .gguf file's header, metadata and tensor table, the model
+"""Fuzz target: kt.gguf — a .gguf file's header, metadata and tensor table, the model
 geometry derived from them, and every MoE layer's expert views.
 
 Documented errors (kt_core/gguf/reader.py): KTError for every problem with the file
@@ -20,8 +20,8 @@ _allowed = None
 def _setup():
     global _scratch, _allowed, GGUFModel
     if _scratch is None:
+        from kt.gguf.reader import GGUFModel
         from kt_core.errors import KTError
-        from kt_core.gguf.reader import GGUFModel
 
         _scratch, _allowed = _harness.Scratch(), (KTError,)
 

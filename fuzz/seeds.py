@@ -46,7 +46,7 @@ def gguf_seeds(tmp: Path) -> dict[str, bytes]:
 
 
 def checkpoint_seeds(tmp: Path) -> dict[str, bytes]:
-    from kt_core.testing.checkpoints import write_checkpoint
+    from kt.testing.checkpoints import write_checkpoint
 
     seeds = {}
     for name, model_type, quant in (("deepseek-bf16", "deepseek_v3", None), ("qwen3-fp8", "qwen3_moe", "fp8"),
@@ -67,8 +67,8 @@ def checkpoint_seeds(tmp: Path) -> dict[str, bytes]:
 
 
 def converted_seeds(tmp: Path) -> dict[str, bytes]:
-    from kt_core.testing.checkpoints import write_checkpoint
-    from kt_core.weights import add_packed, convert
+    from kt.testing.checkpoints import write_checkpoint
+    from kt.weights import add_packed, convert
 
     src = tmp / "src"
     write_checkpoint(src, "deepseek_v3", hidden=H, intermediate=I, experts=E, top_k=TOP_K, layers=3, dense_prefix=1,

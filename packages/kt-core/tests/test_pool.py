@@ -115,6 +115,7 @@ def test_spin_window_comes_from_kt_spin_us():
     result = run_python(code, KT_SPIN_US="5000")
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["5000"]
-    for bad, message in (("-1", "must be >= 0"), ("2ms", "must be an integer")):
+    for bad, message in (("-1", "must be in [0, 10000000]"), ("99999999999", "must be in [0, 10000000]"),
+                         ("2ms", "must be an integer")):
         result = run_python(code, KT_SPIN_US=bad)
         assert result.returncode != 0 and message in result.stderr, result.stderr

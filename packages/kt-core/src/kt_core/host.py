@@ -105,7 +105,7 @@ def host() -> Host:
     cpu = _native.cpu_features()
     topo = _native.topology()
     detected = frozenset(cpu["features"])
-    max_isa = os.environ.get("KT_MAX_ISA") or None
+    max_isa = os.environ.get("KT_MAX_ISA", "").strip().lower() or None
     features, cap_notes = _cap(cpu["arch"], detected, max_isa)
     _native.set_host_features(sorted(features))
     return Host(

@@ -18,7 +18,7 @@ import numpy as np
 from . import _arrays, _native, pool
 from .backends.selection import canonical_method, selector
 from .errors import BackendError, WeightsError
-from .gguf.types import ggml_type
+from .formats.ggml import ggml_type
 
 
 class MoE:
@@ -104,7 +104,7 @@ class MoE:
             return ()
         if weight_types is None or len(weight_types) != 3:
             raise ValueError("method LLAMAFILE needs weight_types=(gate, up, down), their ggml types such as "
-                             "('Q4_K', 'Q4_K', 'Q6_K'); KTMoEWrapper and kt_core.gguf read them from the GGUF file")
+                             "('Q4_K', 'Q4_K', 'Q6_K'); KTMoEWrapper and kt.gguf read them from the GGUF file")
         names = tuple(ggml_type(t).name for t in weight_types)
         for name, t in zip(("gate", "up", "down"), names):
             k = self.intermediate_size if name == "down" else self.hidden_size

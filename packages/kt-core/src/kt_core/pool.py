@@ -27,6 +27,16 @@ def _env_int(name: str, default: int) -> int:
         raise ValueError(f"{name} must be an integer, got {raw!r}") from None
 
 
+# Bounds the native pool takes (C ints); past them a setting is a typo, not a choice.
+MAX_THREADS = 4096
+MAX_SPIN_US = 10_000_000   # 10 s
+
+
+def _check_range(name: str, value: int, most: int, meaning: str) -> None:
+    if not 0 <= value <= most:
+        raise ValueError(f"{name} must be in [0, {most}] ({meaning}), got {value}")
+
+
 def configure(num_threads: int = 0, virtual_numa: int | None = None, pin: bool = True,
               spin_us: int | None = None) -> None:
     """(Re)create the pool. num_threads 0 = one per physical core; virtual_numa splits the
@@ -35,16 +45,13 @@ def configure(num_threads: int = 0, virtual_numa: int | None = None, pin: bool =
     (KT_SPIN_US, default 100). Between layers longer than that, the next forward pays the
     workers' wake-up: where kt's cores do nothing else between MoE layers (attention on a GPU),
     a few milliseconds keep them awake (docs/serving.md)."""
-    if num_threads < 0:
-        raise ValueError(f"num_threads must be >= 0 (0 = one per physical core), got {num_threads}")
     if virtual_numa is None:
         virtual_numa = _env_int("KT_VIRTUAL_NUMA", 0)
-    if virtual_numa < 0:
-        raise ValueError(f"virtual_numa must be >= 0, got {virtual_numa}")
     if spin_us is None:
         spin_us = _env_int("KT_SPIN_US", 100)
-    if spin_us < 0:
-        raise ValueError(f"spin_us (KT_SPIN_US) must be >= 0 microseconds, got {spin_us}")
+    _check_range("num_threads (cpuinfer_threads)", num_threads, MAX_THREADS, "0 = one per physical core")
+    _check_range("virtual_numa (KT_VIRTUAL_NUMA)", virtual_numa, MAX_THREADS, "0 = the real NUMA nodes")
+    _check_range("spin_us (KT_SPIN_US)", spin_us, MAX_SPIN_US, "microseconds an idle worker spins")
     host()  # the features plugins see must be set before any plugin runs
     _native.configure_pool(num_threads, virtual_numa, pin, spin_us)
     _native.pool_info()  # start the workers now, so later ensure() calls see a configured pool

@@ -18,6 +18,7 @@ from .backends.selection import canonical_method
 from .errors import KTError
 from .host import host
 from .moe import MoE
+from .weight_source import weight_source
 
 log = logging.getLogger("kt_core")
 
@@ -56,41 +57,29 @@ class KTMoEWrapper:
             mask = [False] * self.num_experts
         self.gpu_experts_mask = mask
 
-        group_size, zero_point = self._converted_settings(group_size, zero_point)
+        stored = self._stored_settings()
+        group_size = group_size or stored.get("group_size", 0)
+        zero_point = zero_point or stored.get("zero_point", False)
         self._configure_pool(cpuinfer_threads, threadpool_count)
         self._moe = MoE(num_experts=self.num_experts, top_k=self.num_experts_per_tok, hidden_size=self.hidden_size,
                         intermediate_size=self.moe_intermediate_size, method=self.method, gpu_experts_mask=mask,
                         max_tokens=self.chunked_prefill_size, backend=backend, group_size=group_size,
                         zero_point=zero_point, fast_activations=fast_activations,
-                        weight_types=self._gguf_types())
+                        weight_types=stored.get("weight_types"))
         requested = canonical_method(self.method)
         if self.method.startswith("AMX") and "amx_tile" not in host().features:
             log.info("method %s runs as %s on %s: this CPU has no usable AMX", self.method, requested, self._moe.backend)
         self._capture_batch_sizes: list[int] = []
 
-    def _converted_settings(self, group_size: int, zero_point: bool) -> tuple[int, bool]:
-        """A kt converted folder fixes the INT4 group and zero point: take them from its manifest
-        unless given (a conflicting choice is refused at load, naming both)."""
-        from pathlib import Path
-
-        from .weights.converted import MANIFEST, read_manifest
-
-        if not self.weight_path or not (Path(self.weight_path) / MANIFEST).is_file():
-            return group_size, zero_point
-        manifest = read_manifest(Path(self.weight_path))
-        return (group_size or int(manifest.get("group_size", 0)), zero_point or bool(manifest.get("zero_point")))
-
-    def _gguf_types(self) -> tuple[str, str, str] | None:
-        """LLAMAFILE's packed size depends on the ggml types of this layer's experts: read them
-        from the GGUF file at weight_path (its metadata only; the model is parsed once per process)."""
-        if canonical_method(self.method) != "LLAMAFILE":
-            return None
-        if not self.weight_path:
+    def _stored_settings(self) -> dict:
+        """Settings the files at weight_path fix: a kt converted folder's INT4 group and zero point
+        (a conflicting choice is refused at load, naming both), a GGUF layer's ggml types."""
+        if canonical_method(self.method) == "LLAMAFILE" and not self.weight_path:
             raise KTError("method LLAMAFILE reads its experts from a GGUF file: pass weight_path= (a .gguf file, one "
                           "file of a split set, or their folder)")
-        from .gguf import open_gguf
-
-        return open_gguf(self.weight_path).layer_experts(self.layer_idx).types
+        if not self.weight_path:
+            return {}
+        return weight_source().layer_settings(self.weight_path, self.layer_idx, canonical_method(self.method))
 
     @staticmethod
     def _configure_pool(cpuinfer_threads, threadpool_count) -> None:
@@ -121,9 +110,7 @@ class KTMoEWrapper:
         if not self.weight_path:
             raise KTError("load_weights() reads experts from weight_path, and this KTMoEWrapper has none; pass "
                           "weight_path= (a model folder or a kt converted folder) or use load_weights_from_tensors()")
-        from .weights import load_layer
-
-        load_layer(self._moe, self.weight_path, self.layer_idx, physical_to_logical_map_cpu,
+        weight_source().load_layer(self._moe, self.weight_path, self.layer_idx, physical_to_logical_map_cpu,
                    quantize_at_load=self.cpu_save)
 
     # -- forward --------------------------------------------------------------------------

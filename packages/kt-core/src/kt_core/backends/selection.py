@@ -55,7 +55,8 @@ class Candidate:
 
 
 def _env_list(name: str) -> list[str]:
-    return [x.strip() for x in os.environ.get(name, "").split(",") if x.strip()]
+    """A comma list of backend names; names are case-insensitive (backends name themselves in lower case)."""
+    return [x.strip().lower() for x in os.environ.get(name, "").split(",") if x.strip()]
 
 
 def _judge(d: BackendDescriptor, v: Variant, h: Host, disabled: set[str], allowed: list[str] | None,
@@ -99,7 +100,7 @@ class Selector:
         self.broken = [d for d in discovered if d.descriptor is None]
         allowed = _env_list("KT_BACKENDS") or None
         disabled = set(_env_list("KT_DISABLE_BACKENDS"))
-        forced = os.environ.get("KT_CPU_VARIANT") or None
+        forced = os.environ.get("KT_CPU_VARIANT", "").strip().lower() or None
         self.allowed = allowed
         self.candidates: list[Candidate] = []
         for item in discovered:
@@ -139,7 +140,9 @@ class Selector:
                 raise BackendSelectionError(f"KT_CPU_VARIANT={forced!r} cannot run here: {reasons}")
 
     def _order_key(self, c: Candidate):
-        position = self.allowed.index(c.backend) if self.allowed else 0
+        # Backends KT_BACKENDS leaves out are not runnable, but `kt backends` still lists them: last.
+        allowed = self.allowed or []
+        position = allowed.index(c.backend) if c.backend in allowed else len(allowed)
         return (position, -int(c.tier), -c.rank, c.backend, c.variant)
 
     def ranked(self, method: str) -> list[Candidate]:

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
-
 from .. import pool
 from ..backends import explain
 from ..errors import KTError
@@ -79,38 +76,3 @@ def collect() -> dict:
         "backend_error": backend_error,
         "recommended": recommended(h),
     }
-
-
-def _gib(n) -> str:
-    return "?" if not n else f"{n / 2**30:.1f} GiB"
-
-
-def render(r: dict, console: Console) -> None:
-    cpu, cores, mem = r["cpu"], r["cores"], r["memory"]
-    console.print(f"[bold]CPU[/bold]      {cpu['brand']} ({cpu['vendor']}, {cpu['arch']}), ISA level "
-                  f"[bold]{cpu['isa_level']}[/bold]" + (f" (capped by KT_MAX_ISA={cpu['max_isa']})" if cpu["max_isa"] else ""))
-    console.print(f"features  {' '.join(cpu['features'])}")
-    for note in cpu["notes"]:
-        console.print(f"[yellow]  note: {note}[/yellow]")
-    console.print(f"[bold]cores[/bold]    {cores['physical']} physical, {cores['logical']} logical; "
-                  f"L2 {cores['l2_bytes'] // 1024} KiB, L3 {cores['l3_bytes'] // 2**20} MiB ({cores['topology_source']})")
-    for n in r["numa"]:
-        console.print(f"[bold]NUMA[/bold]     node {n['node']}: {_gib(n['memory_bytes'])}, cores {n['cores']}")
-    console.print(f"[bold]memory[/bold]   {_gib(mem['total_bytes'])} total, {_gib(mem['available_bytes'])} available; "
-                  f"transparent huge pages: {mem['transparent_hugepages']}; reserved huge pages: {mem['hugepages_total']}")
-    p = r["pool"]
-    console.print(f"[bold]pool[/bold]     {p['threads']} threads in groups (node, threads) {p['groups']}, "
-                  f"pinned to CPUs {p['pinned_cpus']}")
-    if r["backend_error"]:
-        console.print(f"[red]backends: {r['backend_error']}[/red]")
-    table = Table(title="backends", show_lines=False)
-    for col in ("backend", "variant", "score", "chosen for", "why"):
-        table.add_column(col)
-    for b in r["backends"]:
-        table.add_row(b["backend"], b["variant"], str(b["score"]), ", ".join(b["chosen_for"]) or "-", b["reason"])
-    console.print(table)
-    rec = r["recommended"]
-    console.print(f"[bold green]recommended[/bold green] cpuinfer_threads={rec['cpuinfer_threads']}: "
-                  f"{rec['cpuinfer_threads_reason']}")
-    console.print(f"[bold green]recommended[/bold green] threadpool_count={rec['threadpool_count']}: "
-                  f"{rec['threadpool_count_reason']}")

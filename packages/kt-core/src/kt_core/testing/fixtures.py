@@ -1,7 +1,11 @@
 """pytest fixtures backend test suites share. Import them into a conftest.py:
 
-    from kt_core.testing.fixtures import clean_kt_environment  # noqa: F401
+    from kt_core.testing.fixtures import clean_kt_environment, run_python  # noqa: F401
 """
+
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -19,3 +23,11 @@ def clean_kt_environment(monkeypatch):
     selection.reset()
     yield
     selection.reset()
+
+
+def run_python(code: str, **env) -> subprocess.CompletedProcess:
+    """Run code in a fresh interpreter without the caller's KT_* settings, plus `env` (for
+    settings fixed at first use, and crash isolation)."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("KT_")}
+    full_env.update(env)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=300)

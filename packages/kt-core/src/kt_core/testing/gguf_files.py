@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..gguf.types import ggml_type
+from ..formats.ggml import ggml_type
 
 # Byte offsets of each type's f16 scale fields within a block, and a magnitude that keeps
 # weights around 0.1 (the largest sub-scale x code product differs per type; small ones are

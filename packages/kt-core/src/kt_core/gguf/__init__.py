@@ -1,6 +1,0 @@
-"""GGUF models for method LLAMAFILE: the reader and the ggml block types kt runs."""
-
-from .reader import GGUFModel, LayerExperts, is_gguf, open_gguf, split_files
-from .types import GGML_TYPES, GgmlType, ggml_type
-
-__all__ = ["GGML_TYPES", "GGUFModel", "GgmlType", "LayerExperts", "ggml_type", "is_gguf", "open_gguf", "split_files"]

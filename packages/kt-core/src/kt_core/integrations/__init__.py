@@ -1,1 +1,0 @@
-"""kt inside other frameworks: `kt_core.integrations.transformers` patches Hugging Face models."""

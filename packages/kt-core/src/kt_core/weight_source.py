@@ -1,0 +1,32 @@
+"""Where KTMoEWrapper(weight_path=...) gets its experts from files.
+
+Reading model folders, kt converted folders and GGUF files is the application's job (the `kt`
+package), not the runtime's: kt-core finds a reader through the entry point group
+`kt.weight_sources` instead of importing one, so the runtime depends on nothing above it and a
+deployment that loads tensors itself (load_weights_from_tensors) needs no reader at all.
+
+A weight source is an object with two methods:
+  layer_settings(path, layer_idx, method) -> dict   settings fixed by the files, any of
+      group_size, zero_point (a kt converted folder's), weight_types (a GGUF layer's ggml types)
+  load_layer(moe, path, layer_idx, physical_to_logical_map, quantize_at_load) -> None
+"""
+
+from __future__ import annotations
+
+import functools
+from importlib.metadata import entry_points
+
+from .errors import KTError
+
+ENTRY_POINT_GROUP = "kt.weight_sources"
+
+
+@functools.cache
+def weight_source():
+    """The installed weight source (the first registered, by name); KTError when none is."""
+    found = sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name)
+    if not found:
+        raise KTError("weight_path= reads experts from model folders, kt converted folders and GGUF files "
+                      "through the kt application, which is not installed: pip install kt (or load the "
+                      "tensors yourself with load_weights_from_tensors)")
+    return found[0].load()

@@ -1,0 +1,201 @@
+"""The application's commands: `kt demo`, `kt bench`, `kt convert`, `kt run`, `kt chat` (kt-core owns the
+`kt` script and `kt version` / `kt doctor` / `kt backends`; kt_core.cli dispatches here)."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+from rich.console import Console
+
+from ..models.shapes import SHAPES, MoEShape, shape_for
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="kt: run the routed experts of Mixture-of-Experts models on the CPU.")
+console = Console()
+FAST_ACTIVATIONS_HELP = ("kt's layers carry activations coarsely (one int8 pass; bf16 for BF16 and FP8): faster prefill "
+                         "at kt-kernel's precision")
+
+
+@app.command()
+def demo(
+    method: str = typer.Option("BF16", help="expert weight format (BF16 must reproduce torch's text exactly)"),
+    tokens: int = typer.Option(48, min=1, help="tokens to generate"),
+    prompt: str = typer.Option("The quick brown fox", help="text to continue"),
+    backend: str = typer.Option(None, help="force a backend (default: the best installed for the method)"),
+) -> None:
+    """Generate with a built-in tiny Qwen3-MoE model (seeded random weights, written to the user
+    cache on first use), first with torch's experts, then with kt's: both texts, whether they
+    agree, and tokens/s of each."""
+    from .demo import run
+
+    run(console, method=method, tokens=tokens, prompt=prompt, backend=backend)
+
+
+@app.command()
+def bench(
+    model: str = typer.Option(None, help="a model folder (its config.json) or a preset: " + ", ".join(SHAPES)),
+    hidden: int = typer.Option(None, help="hidden size (instead of --model)"),
+    intermediate: int = typer.Option(None, help="expert intermediate size"),
+    experts: int = typer.Option(None, help="routed experts in the layer"),
+    top_k: int = typer.Option(None, help="experts per token"),
+    moe_layers: int = typer.Option(None, help="MoE layers of the model, for the whole-model estimate"),
+    methods: list[str] = typer.Option(["BF16"], "--method", "--methods", help="weight formats to run (repeatable)"),
+    tokens: list[int] = typer.Option([1, 4, 32, 256, 1024], "--tokens", help="tokens per call (repeatable)"),
+    threads: list[int] = typer.Option([], "--threads", help="thread counts (repeatable); default: physical cores"),
+    backend: str = typer.Option(None, help="force a backend (default: the best installed for each method)"),
+    repeats: int = typer.Option(5, help="timed calls per row"),
+    warmup: int = typer.Option(2, help="untimed calls before them"),
+    bandwidth_mib: int = typer.Option(1024, help="buffer size of the bandwidth probe"),
+    json_path: str = typer.Option(None, "--json", help="write the results here"),
+    plot_path: str = typer.Option(None, "--plot", help="write a PNG of latency and roofline position here"),
+    compare_kt_kernel: str = typer.Option(None, "--compare-kt-kernel", metavar="VENV",
+                                          help="also measure kt-kernel 0.7.2 installed in this venv, same run"),
+    fast_activations: bool = typer.Option(False, "--fast-activations", help=FAST_ACTIVATIONS_HELP),
+) -> None:
+    """Benchmark one MoE layer against this host's measured bandwidth and compute peak."""
+    from rich.progress import Progress
+
+    from kt_core.errors import KTError
+    from kt_core.host import host
+
+    from ..bench import BenchConfig, MemoryRefusal, run
+    from ..bench.report import plot, render
+
+    if model:
+        try:
+            base = shape_for(model)
+        except KTError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--model") from None
+        except KeyError:
+            raise typer.BadParameter(f"unknown model {model!r}: neither a preset ({', '.join(SHAPES)}) nor a folder "
+                                     "with a config.json", param_hint="--model") from None
+    else:
+        missing = [n for n, v in (("--hidden", hidden), ("--intermediate", intermediate), ("--experts", experts),
+                                  ("--top-k", top_k)) if v is None]
+        if missing:
+            raise typer.BadParameter(f"give --model or all of --hidden --intermediate --experts --top-k "
+                                     f"(missing {', '.join(missing)})")
+        base = MoEShape("custom", hidden, intermediate, experts, top_k, moe_layers or 1)
+    shape = MoEShape(base.name, hidden or base.hidden, intermediate or base.intermediate, experts or base.experts,
+                     top_k or base.top_k, moe_layers or base.moe_layers)
+    cfg = BenchConfig(shape=shape, methods=[m.upper() for m in methods], tokens=sorted(set(tokens)),
+                      threads=sorted(set(threads)) or [host().physical_cores], backend=backend, repeats=repeats,
+                      warmup=warmup, bandwidth_mib=bandwidth_mib, compare_kt_kernel=compare_kt_kernel,
+                      fast_activations=fast_activations)
+    try:
+        with Progress(console=console, transient=True) as bar:
+            task = bar.add_task("kt bench", total=None)
+            result = run(cfg, progress=lambda msg: bar.update(task, description=msg))
+    except MemoryRefusal as exc:
+        console.print(f"[red]kt bench: {exc}[/red]")
+        raise typer.Exit(2) from exc
+    except (KTError, FileNotFoundError) as exc:
+        console.print(f"[red]kt bench: {exc}[/red]")
+        raise typer.Exit(1) from exc
+    render(result, console)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(result, f, indent=2)
+    if plot_path:
+        plot(result, plot_path)
+        console.print(f"plot written to {plot_path}")
+
+
+@app.command("convert")
+def convert_cmd(
+    model: str = typer.Argument(..., help="Hugging Face model folder (bf16/fp16/fp32 or FP8 experts; RAWINT4 too "
+                                "with --method RAWINT4 --packed)"),
+    out: str = typer.Argument(..., help="folder to write (new or empty; or the same folder with --resume)"),
+    method: str = typer.Option("INT4", help="INT8 or INT4 codes; or BF16, FP8, RAWINT4 (what the source stores) with "
+                               "--packed: packed copies only"),
+    group_size: int = typer.Option(128, help="INT4 group size: 32, 64 or 128"),
+    zero_point: bool = typer.Option(False, "--zero-point", help="asymmetric INT4 (zero points per group)"),
+    resume: bool = typer.Option(False, "--resume", help="continue an interrupted conversion into OUT"),
+    packed: bool = typer.Option(False, "--packed", help="also store every layer in this host's packed kernel layout: "
+                                "loading on hosts with that layout becomes a copy (the codes' size again on disk)"),
+    threads: int = typer.Option(0, help="quantizer threads (default: physical cores)"),
+) -> None:
+    """Quantize a model's routed experts into a kt converted folder, one layer at a time (or, with
+    --method BF16/FP8/RAWINT4 --packed, store them packed for this host without quantizing)."""
+    from kt_core import pool
+    from kt_core.errors import KTError
+
+    from ..weights import convert
+
+    try:
+        pool.ensure(threads)
+        done = convert(model, out, method=method, group_size=group_size, zero_point=zero_point, resume=resume,
+                       progress=True, packed=packed, log=console.print)
+    except KTError as exc:
+        console.print(f"[red]kt convert: {exc}[/red]")
+        raise typer.Exit(1) from exc
+    console.print(f"converted folder ready: {done}")
+
+
+@app.command("run")
+def run_cmd(
+    model: str = typer.Argument("tiny", help="Hugging Face model folder (with tokenizer), or 'tiny': the built-in preset"),
+    kt_method: str = typer.Option("BF16", "--kt-method", help="expert weight format: BF16, FP32, INT8, INT4, FP8, RAWINT4"),
+    kt_weight_path: str = typer.Option(None, "--kt-weight-path",
+                                       help="read the experts from here: a kt convert folder, or a checkpoint as stored"),
+    kt_cpuinfer: int = typer.Option(None, "--kt-cpuinfer", help="kt pool threads (default: kt doctor's, physical cores)"),
+    kt_threadpool_count: int = typer.Option(None, "--kt-threadpool-count",
+                                            help="thread groups (default: kt doctor's, NUMA nodes)"),
+    kt_num_gpu_experts: int = typer.Option(0, "--kt-num-gpu-experts", help="experts per layer kept as torch tensors"),
+    kt_max_deferred: int = typer.Option(0, "--kt-max-deferred-experts-per-token",
+                                        help="each token's lowest-weight experts added into the next layer"),
+    fast_activations: bool = typer.Option(False, "--fast-activations", help=FAST_ACTIVATIONS_HELP),
+    host: str = typer.Option("127.0.0.1", help="address to listen on"),
+    port: int = typer.Option(8000, help="port to listen on (0: any free port)"),
+    served_model_name: str = typer.Option(None, "--served-model-name", help="model id clients ask for"),
+    max_queue: int = typer.Option(64, help="requests that may wait behind the running one (503 beyond)"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="print what would run, start nothing"),
+) -> None:
+    """Serve MODEL over an OpenAI-compatible HTTP API with its routed experts on kt (SGLang with
+    --kt-* flags instead, where SGLang and a CUDA GPU are present)."""
+    from kt_core.errors import KTError
+
+    from ..serve.launch import run
+    from ..serve.settings import ServeSettings
+
+    settings = ServeSettings(model=model, method=kt_method, weight_path=kt_weight_path, cpuinfer=kt_cpuinfer,
+                             threadpool_count=kt_threadpool_count, num_gpu_experts=kt_num_gpu_experts,
+                             max_deferred_experts_per_token=kt_max_deferred, fast_activations=fast_activations,
+                             host=host, port=port,
+                             served_model_name=served_model_name, max_queue=max_queue)
+    try:
+        run(settings, console, dry_run=dry_run)
+    except (KTError, ImportError, OSError) as exc:
+        console.print(f"[red]kt run: {exc}[/red]", soft_wrap=True)
+        raise typer.Exit(1) from exc
+
+
+@app.command()
+def chat(
+    url: str = typer.Option("http://127.0.0.1:8000/v1", help="an OpenAI-compatible endpoint"),
+    model: str = typer.Option(None, help="model id (default: the first the server lists)"),
+    max_tokens: int = typer.Option(256, min=1, help="most tokens per reply"),
+    temperature: float = typer.Option(0.7, min=0, help="sampling temperature (0: greedy)"),
+    system: str = typer.Option(None, help="a system message to start every conversation with"),
+) -> None:
+    """Chat with an OpenAI-compatible server (kt run's or any): streamed replies, history,
+    /clear, /exit, token counts. Reads lines from stdin when it is not a terminal."""
+    from .chat import ChatError, run
+
+    try:
+        run(console, url=url, model=model, max_tokens=max_tokens, temperature=temperature, system=system)
+    except ChatError as exc:
+        console.print(f"[red]kt chat: {exc}[/red]", soft_wrap=True)
+        raise typer.Exit(1) from exc
+    except ImportError as exc:
+        console.print(f"[red]kt chat needs httpx ({exc}): pip install 'kt-core[serve]'[/red]", soft_wrap=True)
+        raise typer.Exit(1) from exc
+
+
+def main(argv: list[str]) -> int:
+    try:
+        app(args=argv, prog_name="kt", standalone_mode=True)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return 0

@@ -1,0 +1,1 @@
+"""kt inside other frameworks: `kt.integrations.transformers` patches Hugging Face models."""

@@ -1,0 +1,97 @@
+"""KTExperts: the module that takes the place of a transformers MoE block's routed experts.
+
+The block keeps its router, shared experts and everything else; it calls
+`experts(hidden [T, H], top_k_index [T, k], top_k_weights [T, k])` as before, and gets the
+weighted sum of the chosen experts. Each pick is computed either by kt on the CPU or, for
+GPU-resident experts, by torch on the model's device — overlapped: kt's forward is submitted,
+torch computes its experts, then the two are added after kt's sync.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kt_core.moe import MoE
+
+from .deferral import Handoff, lowest_weight_picks
+from .stats import ExpertStats
+
+
+class KTExperts(nn.Module):
+    def __init__(self, *, layer: int, order: int, num_experts: int, moe: MoE | None, gpu_mask: tuple[bool, ...],
+                 resident_gate_up: torch.Tensor, resident_down: torch.Tensor, defer: int, handoff: Handoff | None,
+                 stats: ExpertStats | None, original: nn.Module | None):
+        super().__init__()
+        self.layer, self.order, self.num_experts = layer, order, num_experts
+        self.moe = moe                      # None when every expert of the layer is GPU-resident
+        self.gpu_mask = gpu_mask
+        self.defer, self.handoff, self.stats = defer, handoff, stats
+        # The torch experts module this one replaced, kept only with free_originals=False (to
+        # compare against); stored outside _modules so the model's parameters do not include it.
+        self.__dict__["original"] = original
+        slots = torch.full((num_experts,), -1, dtype=torch.int64)
+        resident = [e for e in range(num_experts) if gpu_mask[e]]
+        slots[resident] = torch.arange(len(resident))
+        # Buffers, so model.to(device) takes the GPU-resident experts and their slot map along;
+        # not persistent: a checkpoint of the patched model keeps its original expert names.
+        self.register_buffer("resident_slot", slots.to(resident_gate_up.device), persistent=False)
+        self.register_buffer("resident_gate_up", resident_gate_up, persistent=False)   # [G, 2I, H]
+        self.register_buffer("resident_down", resident_down, persistent=False)         # [G, H, I]
+
+    def extra_repr(self) -> str:
+        kt = f"{self.moe.method} on {self.moe.backend}" if self.moe is not None else "none"
+        return (f"layer={self.layer}, experts={self.num_experts}, gpu_resident={sum(self.gpu_mask)}, kt={kt}, "
+                f"deferred_per_token={self.defer}")
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+        tokens = hidden_states.shape[0]
+        if self.stats is not None:
+            self.stats.record(self.layer, top_k_index)
+        carried = self.handoff.take(self.order, tokens) if self.handoff is not None else None
+        slot = self.resident_slot[top_k_index]          # GPU-resident slot of each pick; -1: kt's
+        kt_ids, deferred = top_k_index, None
+        if self.defer and self.moe is not None:
+            deferred = lowest_weight_picks(top_k_weights, slot >= 0, self.defer)
+            kt_ids = top_k_index.masked_fill(deferred, -1)
+        # kt skips GPU-resident ids itself (its gpu_experts_mask), so they need no masking here.
+        kt_result = self._start_kt(hidden_states, kt_ids, top_k_weights)
+        out = self._resident(hidden_states, slot, top_k_weights)
+        if kt_result is not None:
+            cpu = kt_result()
+            out = cpu if out is None else out + cpu
+        if deferred is not None:
+            # The input is copied: the deferred forward outlives this call and its caller's tensors.
+            later = self._start_kt(hidden_states.clone(), top_k_index.masked_fill(~deferred, -1), top_k_weights)
+            self.handoff.put(self.order, tokens, later)
+        if out is None:      # no kt experts and no resident pick: nothing routed contributes
+            out = torch.zeros_like(hidden_states)
+        return out if carried is None else out + carried
+
+    def _start_kt(self, hidden: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> Callable[[], torch.Tensor] | None:
+        """Start kt's share; returns the function that waits for it and gives its output."""
+        if self.moe is None:
+            return None
+        step = self.moe.max_tokens
+        if hidden.shape[0] <= step:
+            self.moe.submit(hidden, ids, weights)
+            return self.moe.sync
+        # Longer than one kt forward takes (chunked prefill): chunk by chunk, not overlapped.
+        out = torch.cat([self.moe.forward(hidden[i:i + step], ids[i:i + step], weights[i:i + step])
+                         for i in range(0, hidden.shape[0], step)])
+        return lambda: out
+
+    def _resident(self, hidden: torch.Tensor, slot: torch.Tensor, weights: torch.Tensor) -> torch.Tensor | None:
+        """The GPU-resident picks, computed as transformers' eager experts do, or None if there are none."""
+        if self.resident_gate_up.shape[0] == 0:
+            return None
+        out = torch.zeros_like(hidden)
+        for s in torch.unique(slot[slot >= 0]).tolist():
+            token, pick = torch.where(slot == s)
+            gate, up = F.linear(hidden[token], self.resident_gate_up[s]).chunk(2, dim=-1)
+            y = F.linear(F.silu(gate) * up, self.resident_down[s]) * weights[token, pick, None]
+            out.index_add_(0, token, y.to(out.dtype))
+        return out

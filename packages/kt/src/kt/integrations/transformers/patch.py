@@ -1,0 +1,214 @@
+"""patch_model: a loaded transformers MoE model's routed experts, moved onto kt in place."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from kt_core.backends.selection import canonical_method
+from kt_core.errors import KTError
+from kt_core.moe import MoE
+
+from ...gguf.reader import GGUFModel
+from ...models import ACTIVATIONS, FAMILIES, Family
+from ...weights import ConvertedFolder, load_layer, open_weights
+from .deferral import Handoff
+from .experts import KTExperts
+from .placement import gpu_expert_masks
+from .stats import ExpertStats, load_counts
+
+_LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
+
+
+@dataclass
+class KTPatch:
+    """What patch_model did: the kt experts module of each MoE layer (by decoder layer index),
+    the GPU-resident masks, the statistics being recorded, the bytes of torch expert weights freed
+    and the kt backends the layers run on."""
+    family: Family
+    model_type: str
+    method: str
+    layers: dict[int, KTExperts]
+    gpu_masks: dict[int, tuple[bool, ...]]
+    stats: ExpertStats | None = None
+    freed_bytes: int = 0
+    backends: tuple[str, ...] = ()
+
+    def save_stats(self, path: str | os.PathLike | None = None) -> Path:
+        """Write the expert activation counts recorded so far (to record_stats's path by default)."""
+        if self.stats is None:
+            raise KTError("this model was patched without record_stats; there are no expert statistics to save")
+        return self.stats.save(path)
+
+
+def supported_model_types() -> list[str]:
+    return sorted(t for f in FAMILIES if f.transformers_blocks and f.activation == "silu" for t in f.model_types)
+
+
+def _family(model_type: str) -> Family:
+    for fam in FAMILIES:
+        if model_type in fam.model_types and fam.transformers_blocks:
+            if fam.activation != "silu":
+                raise KTError(f"{model_type} experts compute {ACTIVATIONS[fam.activation]}; kt's kernels compute "
+                              f"{ACTIVATIONS['silu']}, so kt cannot run this model's experts")
+            return fam
+    raise KTError(f"model_type {model_type!r} is not an MoE family kt's transformers integration supports; "
+                  f"supported: {', '.join(supported_model_types())}")
+
+
+def _config_int(cfg, keys: tuple[str, ...], what: str, model_type: str) -> int:
+    for key in keys:
+        value = getattr(cfg, key, None)
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise KTError(f"this {model_type} config's {key} ({what}) must be a positive integer, got {value!r}")
+            return value
+    raise KTError(f"this {model_type} config has none of {', '.join(keys)} ({what})")
+
+
+def _moe_blocks(model: nn.Module, fam: Family, model_type: str) -> list[tuple[int, nn.Module]]:
+    """(decoder layer index, block) of every MoE block, in layer order."""
+    found = []
+    for name, module in model.named_modules():
+        if type(module).__name__ in fam.transformers_blocks:
+            m = _LAYER_INDEX.search(name)
+            found.append((int(m.group(1)) if m else len(found), module))
+    if not found:
+        raise KTError(f"this {model_type} model has no MoE layers: none of its modules is a "
+                      f"{' or '.join(fam.transformers_blocks)} (every layer is a dense MLP), so kt has nothing to run")
+    return sorted(found, key=lambda item: item[0])
+
+
+def _expert_tensors(block: nn.Module, fam: Family, layer: int, model_type: str):
+    """The fused gate_up [E, 2I, H] and down [E, H, I] parameters of one block, checked."""
+    te = fam.transformers_experts
+    experts = getattr(block, te.attr, None)
+    if isinstance(experts, KTExperts):
+        raise KTError("this model is already patched: its experts run on kt")
+    gate_up, down = getattr(experts, te.gate_up, None), getattr(experts, te.down, None)
+    if not isinstance(gate_up, torch.Tensor) or not isinstance(down, torch.Tensor):
+        raise KTError(f"layer {layer}: the {model_type} block's {te.attr!r} module holds no fused {te.gate_up}/{te.down} "
+                      "tensors; kt reads the transformers 5 expert layout")
+    biases = [n for n, _ in experts.named_parameters() if "bias" in n]
+    if biases:
+        raise KTError(f"layer {layer}: the experts have biases ({', '.join(biases)}); kt's kernels compute "
+                      f"{ACTIVATIONS['silu']}")
+    if gate_up.is_meta or down.is_meta:
+        raise KTError(f"layer {layer}: the expert weights are on the meta device (not loaded); load the model's "
+                      "weights before patching it")
+    if gate_up.dim() != 3 or down.dim() != 3 or gate_up.shape[1] % 2:
+        raise KTError(f"layer {layer}: expected {te.gate_up} [E, 2I, H] and {te.down} [E, H, I], got "
+                      f"{list(gate_up.shape)} and {list(down.shape)}")
+    e, two_i, h = gate_up.shape
+    if tuple(down.shape) != (e, h, two_i // 2):
+        raise KTError(f"layer {layer}: {te.gate_up} {list(gate_up.shape)} and {te.down} {list(down.shape)} disagree; "
+                      f"expected {te.down} [{e}, {h}, {two_i // 2}]")
+    return experts, gate_up, down
+
+
+def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None = None, num_gpu_experts: int = 0,
+                placement: str = "uniform", stats_file: str | os.PathLike | None = None, placement_seed: int = 42,
+                max_deferred_experts_per_token: int = 0, group_size: int = 0, zero_point: bool = False,
+                record_stats: str | os.PathLike | None = None, free_originals: bool = True, max_tokens: int = 4096,
+                fast_activations: bool = False, weight_path: str | os.PathLike | None = None) -> KTPatch:
+    """Run every MoE block's routed experts of a loaded transformers model on kt, in place.
+
+    The router, shared experts, attention and everything else stay torch modules; `generate()`
+    works unchanged. Expert weights are taken from the model and packed into `method`'s layout now
+    (`group_size`/`zero_point` for INT4, `backend` to force one); with `free_originals` the torch
+    copies are released. `num_gpu_experts` experts per layer (on average, chosen by `placement`:
+    uniform, frequency (needs `stats_file`), front-loading, random (`placement_seed`)) stay torch
+    modules on the model's device, overlapped with kt's CPU work. `max_deferred_experts_per_token`
+    of each token's lowest-weight CPU experts are added into the next MoE layer's output instead.
+    `record_stats=PATH` counts each expert's activations per layer, saved by `KTPatch.save_stats()`
+    and at exit. Forwards above `max_tokens` tokens run on kt in chunks of that size.
+
+    `weight_path`: read kt's experts from there instead of the model's tensors — a `kt convert`
+    folder (INT8/INT4; its group size and zero points are used unless given), a Hugging Face
+    folder loaded as stored (BF16, FP8, RAWINT4), or a GGUF file / split set with
+    method="LLAMAFILE" (each layer's ggml types come from the file). GPU-resident experts still
+    come from the model.
+    """
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if not model_type:
+        raise KTError(f"{type(model).__name__} has no config.model_type; patch_model takes a transformers model")
+    fam = _family(model_type)
+    cfg = getattr(config, fam.text_config_key) if fam.text_config_key else config
+    act = getattr(cfg, "hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        raise KTError(f"this {model_type} model's experts use hidden_act={act!r}; kt's kernels compute {ACTIVATIONS['silu']}")
+    blocks = _moe_blocks(model, fam, model_type)
+    tensors = [_expert_tensors(block, fam, layer, model_type) for layer, block in blocks]
+    num_experts, two_i, hidden = tensors[0][1].shape
+    intermediate = two_i // 2
+    for (layer, _), (_, gate_up, _) in zip(blocks, tensors):
+        if tuple(gate_up.shape) != (num_experts, two_i, hidden):
+            raise KTError(f"layer {layer}'s experts are {list(gate_up.shape)}, layer {blocks[0][0]}'s "
+                          f"{[num_experts, two_i, hidden]}; kt expects one geometry per model")
+    top_k = _config_int(cfg, fam.top_k_key, "experts per token", model_type)
+    if top_k > num_experts:
+        raise KTError(f"this {model_type} config routes {top_k} experts per token of {num_experts}")
+    defer = max_deferred_experts_per_token
+    if isinstance(defer, bool) or not isinstance(defer, int) or not 0 <= defer < top_k:
+        raise KTError(f"max_deferred_experts_per_token must be an integer in [0, {top_k - 1}] (at least one of the "
+                      f"{top_k} experts of each token stays in its own layer), got {defer!r}")
+
+    layer_ids = [layer for layer, _ in blocks]
+    counts = load_counts(stats_file, num_experts=num_experts, model_type=model_type) if stats_file is not None else None
+    masks = gpu_expert_masks(placement, layers=layer_ids, num_experts=num_experts, num_gpu_experts=num_gpu_experts,
+                             counts=counts, seed=placement_seed)
+    stats = None
+    if record_stats is not None:
+        stats = ExpertStats(model_type=model_type, num_experts=num_experts, top_k=top_k, layers=layer_ids,
+                            path=record_stats)
+        atexit.register(stats.save_if_unsaved)
+    handoff = Handoff() if defer else None
+    source = None
+    if weight_path is not None:
+        # Opened once: a converted folder's manifest and source hash, or a checkpoint's shard index.
+        source = open_weights(weight_path)
+        if isinstance(source, ConvertedFolder):
+            group_size, zero_point = group_size or source.group_size, zero_point or source.zero_point
+
+    patched: dict[int, KTExperts] = {}
+    freed = 0
+    with torch.no_grad():
+        for order, ((layer, block), (experts, gate_up, down)) in enumerate(zip(blocks, tensors)):
+            mask = masks[layer]
+            moe = None
+            if not all(mask):
+                # A GGUF source fixes each layer's ggml types (LLAMAFILE's packed size depends on them).
+                types = source.layer_experts(layer).types if isinstance(source, GGUFModel) else None
+                moe = MoE(num_experts=num_experts, top_k=top_k, hidden_size=hidden, intermediate_size=intermediate,
+                          method=method, gpu_experts_mask=mask, max_tokens=max_tokens, backend=backend,
+                          group_size=group_size, zero_point=zero_point, fast_activations=fast_activations,
+                          weight_types=types if canonical_method(method) == "LLAMAFILE" else None)
+                if source is not None:
+                    load_layer(moe, source, layer)
+                else:
+                    w = gate_up.detach()
+                    moe.load(w[:, :intermediate], w[:, intermediate:], down.detach())
+            resident = torch.tensor([e for e in range(num_experts) if mask[e]], dtype=torch.int64, device=gate_up.device)
+            last = order == len(blocks) - 1
+            module = KTExperts(layer=layer, order=order, num_experts=num_experts, moe=moe, gpu_mask=mask,
+                               resident_gate_up=gate_up.detach().index_select(0, resident),
+                               resident_down=down.detach().index_select(0, resident),
+                               defer=0 if last else defer, handoff=handoff, stats=stats,
+                               original=None if free_originals else experts)
+            if free_originals:
+                for p in (gate_up, down):
+                    freed += p.numel() * p.element_size()
+                    # Empty in place, so the memory goes even if something else holds the old module.
+                    p.data = torch.empty((0,) + tuple(p.shape[1:]), dtype=p.dtype, device=p.device)
+            setattr(block, fam.transformers_experts.attr, module)
+            patched[layer] = module
+    backends = tuple(sorted({m.moe.backend for m in patched.values() if m.moe is not None}))
+    return KTPatch(family=fam, model_type=model_type, method=canonical_method(method),
+                   layers=patched, gpu_masks=masks, stats=stats, freed_bytes=freed, backends=backends)

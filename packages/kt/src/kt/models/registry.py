@@ -1,0 +1,121 @@
+"""One entry per MoE model family: which config.json keys give its geometry, which layers
+are MoE layers, and where the routed experts' tensors are in its checkpoint.
+
+Adding a family is adding one `Family(...)` below. Everything that reads a model — the
+checkpoint loader, `kt convert`, the transformers integration — goes through these entries;
+nothing else in kt branches on a model's name. Key lists are tried in order, so families
+whose configs spell a field differently (MiniMax has no `num_experts`) need no special code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kt_core.errors import KTError
+
+
+@dataclass(frozen=True)
+class ExpertNames:
+    """Per-expert tensors: `{prefix}.{expert}.{gate|up|down}.weight` (plus quantization suffixes)."""
+    gate: str = "gate_proj"
+    up: str = "up_proj"
+    down: str = "down_proj"
+
+
+@dataclass(frozen=True)
+class FusedExperts:
+    """All experts of a layer in two tensors (GPT-OSS, Qwen3-VL-MoE):
+    `{prefix}.{gate_up}` [E, H, 2I] and `{prefix}.{down}` [E, I, H] (input dimension first).
+    gate and up are the two halves of the last axis, or its even/odd columns (`interleaved`)."""
+    gate_up: str = "gate_up_proj"
+    down: str = "down_proj"
+    interleaved: bool = False
+
+
+@dataclass(frozen=True)
+class TransformersExperts:
+    """Where a transformers (5.x) MoE block keeps its routed experts: the block calls
+    `block.{attr}(hidden [T, H], top_k_index [T, k], top_k_weights [T, k]) -> [T, H]` after its
+    own router, and that module holds `{gate_up}` [E, 2I, H] (I gate rows, then I up rows) and
+    `{down}` [E, H, I]. kt.integrations.transformers replaces that one module."""
+    attr: str = "experts"
+    gate_up: str = "gate_up_proj"
+    down: str = "down_proj"
+
+
+# What each `Family.activation` computes, for messages; kt's kernels compute "silu".
+ACTIVATIONS = {
+    "silu": "SiLU(x·gateᵀ) * (x·upᵀ), then ·downᵀ, without biases",
+    "gpt-oss-swiglu": "a clamped SwiGLU ((clamp(up) + 1) * g * sigmoid(1.702 g), g = min(gate, 7)) with per-expert "
+                      "biases on gate/up and down",
+}
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    model_types: tuple[str, ...]                  # config.json "model_type" values
+    experts_key: tuple[str, ...]                  # routed experts per layer
+    intermediate_key: tuple[str, ...] = ("moe_intermediate_size",)
+    top_k_key: tuple[str, ...] = ("num_experts_per_tok",)
+    hidden_key: tuple[str, ...] = ("hidden_size",)
+    layers_key: tuple[str, ...] = ("num_hidden_layers",)
+    # Which layers are MoE: not among the first `dense_prefix_key` layers, not listed in
+    # `dense_layers_key`, and on the family's stride: (L + 1) % step == 0 (Qwen's
+    # decoder_sparse_step) or L % freq == 0 (DeepSeek's moe_layer_freq).
+    dense_prefix_key: str | None = None
+    sparse_step_key: str | None = None
+    layer_freq_key: str | None = None
+    dense_layers_key: str | None = None
+    experts_prefix: str = "model.layers.{layer}.mlp.experts"
+    per_expert: ExpertNames | None = field(default_factory=ExpertNames)
+    fused: FusedExperts | None = None
+    # What the experts compute. kt's kernels compute SiLU(x·gateᵀ) * (x·upᵀ) then ·downᵀ with
+    # no biases ("silu"); a family whose experts differ is readable but refused at run time.
+    activation: str = "silu"
+    text_config_key: str | None = None            # multimodal configs nest the text model
+    # The transformers MoE block class names for this family (kt.integrations.transformers).
+    transformers_blocks: tuple[str, ...] = ()
+    transformers_experts: TransformersExperts = field(default_factory=TransformersExperts)
+
+    def expert_tensor(self, layer: int, expert: int, proj: str) -> str:
+        """Name of one expert's projection weight (without the `.weight` suffix)."""
+        assert self.per_expert is not None
+        prefix = self.experts_prefix.format(layer=layer)
+        return f"{prefix}.{expert}.{getattr(self.per_expert, proj)}"
+
+
+_DEEPSEEK = dict(experts_key=("n_routed_experts",), dense_prefix_key="first_k_dense_replace",
+                 layer_freq_key="moe_layer_freq")
+_MIXTRAL_STYLE = dict(experts_key=("num_local_experts",), intermediate_key=("intermediate_size",),
+                      experts_prefix="model.layers.{layer}.block_sparse_moe.experts",
+                      per_expert=ExpertNames(gate="w1", up="w3", down="w2"))
+
+FAMILIES: tuple[Family, ...] = (
+    Family("deepseek", ("deepseek_v2", "deepseek_v3", "kimi_k2"), **_DEEPSEEK,
+           transformers_blocks=("DeepseekV2Moe", "DeepseekV3MoE")),
+    # transformers 5 saves Qwen3-MoE's expert count as num_local_experts.
+    Family("qwen-moe", ("qwen2_moe", "qwen3_moe"), experts_key=("num_experts", "num_local_experts"),
+           sparse_step_key="decoder_sparse_step",
+           dense_layers_key="mlp_only_layers", transformers_blocks=("Qwen2MoeSparseMoeBlock", "Qwen3MoeSparseMoeBlock")),
+    Family("qwen3-vl-moe", ("qwen3_vl_moe",), experts_key=("num_experts",), sparse_step_key="decoder_sparse_step",
+           dense_layers_key="mlp_only_layers", text_config_key="text_config",
+           experts_prefix="model.language_model.layers.{layer}.mlp.experts", per_expert=None, fused=FusedExperts()),
+    Family("mixtral", ("mixtral",), **_MIXTRAL_STYLE, transformers_blocks=("MixtralSparseMoeBlock",)),
+    Family("minimax", ("minimax", "minimax_m2"), **_MIXTRAL_STYLE),
+    Family("glm4-moe", ("glm4_moe",), experts_key=("n_routed_experts",), dense_prefix_key="first_k_dense_replace",
+           transformers_blocks=("Glm4MoeMoE",)),
+    Family("olmoe", ("olmoe",), experts_key=("num_experts",), intermediate_key=("intermediate_size",),
+           transformers_blocks=("OlmoeSparseMoeBlock",)),
+    Family("gpt-oss", ("gpt_oss",), experts_key=("num_local_experts",), intermediate_key=("intermediate_size",),
+           top_k_key=("num_experts_per_tok", "experts_per_token"), per_expert=None,
+           fused=FusedExperts(interleaved=True), activation="gpt-oss-swiglu", transformers_blocks=("GptOssMLP",)),
+)
+
+
+def family_for(model_type: str) -> Family:
+    for fam in FAMILIES:
+        if model_type in fam.model_types:
+            return fam
+    known = sorted(t for f in FAMILIES for t in f.model_types)
+    raise KTError(f"model_type {model_type!r} is not an MoE family kt knows; supported: {', '.join(known)}")

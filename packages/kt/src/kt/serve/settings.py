@@ -1,0 +1,79 @@
+"""What `kt run` serves and how: the model, kt's expert settings, the host's thread defaults."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from kt_core.errors import KTError
+
+PRESET_NAME = "tiny"
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    model: str = PRESET_NAME               # a Hugging Face model folder, or "tiny" (the built-in preset)
+    method: str = "BF16"
+    weight_path: str | None = None         # a kt convert folder or a checkpoint read as stored
+    cpuinfer: int | None = None            # kt pool threads; None: kt doctor's recommendation
+    threadpool_count: int | None = None    # thread groups; None: kt doctor's recommendation
+    num_gpu_experts: int = 0
+    max_deferred_experts_per_token: int = 0
+    fast_activations: bool = False         # kt's layers: one int8 activation pass / bf16 (kt-kernel's precision)
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_name: str | None = None   # None: "tiny", or the folder's name
+    max_queue: int = 64                    # requests waiting behind the running one
+    threads_reason: str = ""
+    pools_reason: str = ""
+
+    @property
+    def is_preset(self) -> bool:
+        return self.model == PRESET_NAME
+
+    def resolved(self) -> ServeSettings:
+        """Checked, with the host defaults (kt doctor's recommendations) and the served name filled in."""
+        from kt_core.cli.doctor import recommended
+
+        if not self.is_preset and not (Path(self.model) / "config.json").is_file():
+            raise KTError(f"{self.model} is neither a model folder (no config.json in it) nor the built-in preset "
+                          f"{PRESET_NAME!r}")
+        for name in ("num_gpu_experts", "max_deferred_experts_per_token"):
+            if getattr(self, name) < 0:
+                raise KTError(f"--kt-{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        for name in ("cpuinfer", "threadpool_count"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise KTError(f"--kt-{name.replace('_', '-')} must be >= 1, got {value}")
+        if not 0 <= self.port < 65536:
+            raise KTError(f"--port must be in 1..65535 (or 0 for any free port), got {self.port}")
+        if self.max_queue < 1:
+            raise KTError(f"--max-queue must be >= 1, got {self.max_queue}")
+        rec = recommended()
+        threads, threads_reason = self.cpuinfer, "given"
+        if threads is None:
+            threads, threads_reason = rec["cpuinfer_threads"], "kt doctor: " + rec["cpuinfer_threads_reason"]
+        pools, pools_reason = self.threadpool_count, "given"
+        if pools is None:
+            pools, pools_reason = rec["threadpool_count"], "kt doctor: " + rec["threadpool_count_reason"]
+        name = self.served_model_name or (PRESET_NAME if self.is_preset else Path(self.model).resolve().name)
+        return dataclasses.replace(self, method=self.method.upper(), cpuinfer=threads, threadpool_count=pools,
+                                   served_model_name=name, threads_reason=threads_reason, pools_reason=pools_reason)
+
+    def describe(self) -> list[tuple[str, str]]:
+        """(setting, value) rows for --dry-run and the start-up banner."""
+        return [
+            ("model", self.model + (" (the built-in tiny Qwen3-MoE preset)" if self.is_preset else "")),
+            ("served as", str(self.served_model_name)),
+            ("experts", f"{self.method}" + (f" from {self.weight_path}" if self.weight_path else
+                                            " packed from the model's own weights")),
+            ("cpuinfer threads", f"{self.cpuinfer} ({self.threads_reason})"),
+            ("threadpool count", f"{self.threadpool_count} ({self.pools_reason})"),
+            ("GPU-resident experts", f"{self.num_gpu_experts} per layer (torch on the model's device)"),
+            ("deferred experts", f"{self.max_deferred_experts_per_token} per token"),
+            ("activations", "fast: one int8 pass, bf16 for BF16/FP8 (kt-kernel's precision)" if self.fast_activations
+             else "f32-exact (two int8 passes; split bf16)"),
+            ("listen", f"http://{self.host}:{self.port}/v1"),
+            ("scheduling", f"one request at a time, FIFO queue of up to {self.max_queue} waiting (503 beyond)"),
+        ]

@@ -1,0 +1,132 @@
+"""Tiny synthetic Hugging Face checkpoints of every registered MoE family, for tests and
+benchmarks: a real config.json layout (the family's own keys), random expert weights in the
+family's tensor names, optionally FP8-block or compressed-tensors INT4 quantized, sharded
+with an index like the real ones, plus a few non-expert tensors the loader must ignore.
+
+    experts = write_checkpoint(tmp_path, "qwen3_moe", quant="fp8")
+    experts[layer] -> (gate [E, I, H], up, down [E, H, I]) float64, the weights the
+                      checkpoint's tensors stand for (dequantized for FP8 / RAWINT4)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from kt_core.testing import quantize as Q
+
+from ..models import FAMILIES, family_for
+
+
+def make_config(model_type: str, *, hidden: int, intermediate: int, experts: int, top_k: int, layers: int,
+                dense_prefix: int = 1, quant: str | None = None) -> dict:
+    fam = family_for(model_type)
+    text = {fam.hidden_key[0]: hidden, fam.intermediate_key[0]: intermediate, fam.experts_key[0]: experts,
+            fam.top_k_key[0]: top_k, fam.layers_key[0]: layers, "vocab_size": 64, "torch_dtype": "bfloat16"}
+    if fam.dense_prefix_key:
+        text[fam.dense_prefix_key] = dense_prefix
+    if fam.sparse_step_key:
+        text[fam.sparse_step_key] = 1
+    if fam.layer_freq_key:
+        text[fam.layer_freq_key] = 1
+    cfg = {"model_type": model_type, fam.text_config_key: text} if fam.text_config_key else {"model_type": model_type,
+                                                                                               **text}
+    if quant == "fp8":
+        cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128],
+                                      "activation_scheme": "dynamic"}
+    elif quant == "rawint4":
+        cfg["quantization_config"] = {"quant_method": "compressed-tensors", "format": "pack-quantized",
+                                      "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "int",
+                                                                                "symmetric": True, "group_size": 32,
+                                                                                "strategy": "group"}}}}
+    return cfg
+
+
+def _expert_tensors(fam, layer: int, gate, up, down, quant: str | None, truth: bool = True) -> tuple[dict, tuple]:
+    """Checkpoint tensors of one layer and (when truth) the float64 weights they stand for."""
+    import torch
+
+    out = {}
+    if fam.fused is not None:
+        E, I, H = gate.shape
+        gate_up = np.empty((E, H, 2 * I), np.float32)
+        if fam.fused.interleaved:
+            gate_up[:, :, 0::2], gate_up[:, :, 1::2] = gate.transpose(0, 2, 1), up.transpose(0, 2, 1)
+        else:
+            gate_up[:, :, :I], gate_up[:, :, I:] = gate.transpose(0, 2, 1), up.transpose(0, 2, 1)
+        prefix = fam.experts_prefix.format(layer=layer)
+        out[f"{prefix}.{fam.fused.gate_up}"] = torch.from_numpy(gate_up).to(torch.bfloat16)
+        out[f"{prefix}.{fam.fused.down}"] = torch.from_numpy(np.ascontiguousarray(down.transpose(0, 2, 1))).to(torch.bfloat16)
+        return out, tuple(Q.bf16_round(m).astype(np.float64) for m in (gate, up, down)) if truth else ()
+    real = []
+    for proj, stack in (("gate", gate), ("up", up), ("down", down)):
+        deq = np.empty(stack.shape, np.float64) if truth else None
+        for e in range(stack.shape[0]):
+            base = fam.expert_tensor(layer, e, proj)
+            if quant == "fp8":
+                codes, scale_inv = Q.quantize_fp8_block(stack[e])
+                out[f"{base}.weight"] = torch.from_numpy(codes).view(torch.float8_e4m3fn)
+                out[f"{base}.weight_scale_inv"] = torch.from_numpy(scale_inv)
+                if truth:
+                    deq[e] = Q.dequantize_fp8_block(codes, scale_inv)
+            elif quant == "rawint4":
+                packed, scale = Q.pack_rawint4(stack[e])
+                out[f"{base}.weight_packed"] = torch.from_numpy(packed)
+                out[f"{base}.weight_scale"] = Q.scale_as_torch_bf16(scale)
+                out[f"{base}.weight_shape"] = torch.tensor(stack[e].shape, dtype=torch.int32)
+                if truth:
+                    deq[e] = Q.dequantize_rawint4(packed, scale)
+            else:
+                out[f"{base}.weight"] = torch.from_numpy(np.ascontiguousarray(stack[e])).to(torch.bfloat16)
+                if truth:
+                    deq[e] = Q.bf16_round(stack[e])
+        real.append(deq)
+    return out, tuple(real)
+
+
+def write_checkpoint(folder, model_type: str, *, hidden: int = 128, intermediate: int = 64, experts: int = 8,
+                     top_k: int = 2, layers: int = 3, dense_prefix: int = 1, quant: str | None = None, shards: int = 2,
+                     seed: int = 0, keep_truth: bool = True) -> dict[int, tuple]:
+    """Write a checkpoint into folder; returns {moe layer: (gate, up, down) float64} (empty
+    when keep_truth is False: benchmarks write models too big to hold twice). Layers are
+    spread over the shards in order and each shard is written once its layers are done, so
+    with shards == layers only one layer is ever in memory."""
+    import torch
+    from safetensors.torch import save_file
+
+    from ..models import spec_from_config
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg = make_config(model_type, hidden=hidden, intermediate=intermediate, experts=experts, top_k=top_k, layers=layers,
+                      dense_prefix=dense_prefix, quant=quant)
+    spec = spec_from_config(cfg)
+    rng = np.random.default_rng(seed)
+    shards = max(1, min(shards, layers))
+    shard_of = [layer * shards // layers for layer in range(layers)]
+    name_of = [f"model-{i + 1:05d}-of-{shards:05d}.safetensors" for i in range(shards)]
+    pending = {"model.embed_tokens.weight": torch.randn(64, hidden).to(torch.bfloat16)}
+    truth, weight_map = {}, {}
+    for layer in range(layers):
+        pending[f"model.layers.{layer}.self_attn.q_proj.weight"] = torch.zeros(hidden, hidden, dtype=torch.bfloat16)
+        if layer in spec.moe_layers:
+            weights = [rng.standard_normal((experts, *shape), dtype=np.float32) * 0.1
+                       for shape in ((intermediate, hidden), (intermediate, hidden), (hidden, intermediate))]
+            layer_tensors, real = _expert_tensors(spec.family, layer, *weights, quant, keep_truth)
+            del weights
+            if keep_truth:
+                truth[layer] = real
+            pending.update(layer_tensors)
+        if layer == layers - 1 or shard_of[layer + 1] != shard_of[layer]:
+            shard = name_of[shard_of[layer]]
+            save_file({n: t.contiguous() for n, t in pending.items()}, str(folder / shard), metadata={"format": "pt"})
+            weight_map.update(dict.fromkeys(pending, shard))
+            pending = {}
+    (folder / "config.json").write_text(json.dumps(cfg, indent=1))
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return truth
+
+
+FAMILY_MODEL_TYPES = tuple(f.model_types[0] for f in FAMILIES)

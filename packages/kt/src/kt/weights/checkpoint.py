@@ -1,0 +1,132 @@
+"""A Hugging Face model folder: config.json + (sharded) *.safetensors, read lazily.
+
+Tensors come straight out of the memory-mapped shards (safetensors' views, no copy); a
+layer's experts are read one layer at a time by the loader and by `kt convert`. Every
+problem — a missing shard, a truncated file, a tensor of the wrong shape or dtype — is a
+KTError naming the file or tensor, what was expected and what was found.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from kt_core.errors import KTError, WeightsError
+
+from ..models import ModelSpec, read_config, spec_from_config
+
+INDEX = "model.safetensors.index.json"
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        raise KTError("reading checkpoints needs PyTorch: pip install torch") from None
+    return torch
+
+
+class Checkpoint:
+    """Read-only access to one model folder's tensors."""
+
+    def __init__(self, model_dir: str | Path):
+        self.path = Path(model_dir)
+        if not self.path.is_dir():
+            raise KTError(f"model folder {self.path} does not exist")
+        self.config = read_config(self.path)
+        self.spec: ModelSpec = spec_from_config(self.config)
+        self._handles: dict[str, object] = {}    # before _weight_map: without an index it opens shards
+        self.weight_map = self._weight_map()
+
+    # -- identity -------------------------------------------------------------------------
+    def source_hash(self) -> str:
+        """sha256 of config.json and the shard index (or the shard names and sizes): what a
+        converted folder records to notice that its source changed."""
+        h = hashlib.sha256((self.path / "config.json").read_bytes())
+        index = self.path / INDEX
+        if index.is_file():
+            h.update(index.read_bytes())
+        else:
+            for shard in sorted(set(self.weight_map.values())):
+                h.update(f"{shard}:{(self.path / shard).stat().st_size}".encode())
+        return h.hexdigest()
+
+    @staticmethod
+    def source_hash_of(model_dir: Path) -> str:
+        """Checkpoint(model_dir).source_hash() without parsing the folder when it has an index:
+        a converted folder checks its source at every open (once per layer through the
+        wrapper), and parsing a large model's index and checking its shards took longer than
+        mapping the layer."""
+        if (model_dir / INDEX).is_file():
+            return hashlib.sha256((model_dir / "config.json").read_bytes() + (model_dir / INDEX).read_bytes()).hexdigest()
+        return Checkpoint(model_dir).source_hash()
+
+    # -- tensors ----------------------------------------------------------------------------
+    def _weight_map(self) -> dict[str, str]:
+        index = self.path / INDEX
+        if index.is_file():
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, IndexError) as exc:
+                raise KTError(f"{index} is not a safetensors index (no weight_map): {exc}") from None
+            # Fuzzing: a weight_map of another shape raised AttributeError/TypeError below, and a
+            # shard named "../x" or "/x" read outside the model folder.
+            if not isinstance(weight_map, dict) or not all(
+                    isinstance(s, str) and s and Path(s).name == s and s not in (".", "..")
+                    for s in weight_map.values()):
+                raise KTError(f"{index}: weight_map should map tensor names to shard file names in {self.path}; "
+                              f"found {str(weight_map)[:200]}")
+            missing = sorted({s for s in weight_map.values() if not (self.path / s).is_file()})
+            if missing:
+                raise KTError(f"{self.path} is missing shard(s) {', '.join(missing)} listed in {INDEX}")
+            return dict(weight_map)
+        shards = sorted(p.name for p in self.path.glob("*.safetensors"))
+        if not shards:
+            raise KTError(f"{self.path} has no *.safetensors files (and no {INDEX})")
+        weight_map = {}
+        for shard in shards:
+            for name in self._open(shard).keys():
+                weight_map[name] = shard
+        return weight_map
+
+    def _open(self, shard: str):
+        handle = self._handles.get(shard)
+        if handle is None:
+            _torch()
+            from safetensors import safe_open
+
+            path = self.path / shard
+            try:
+                handle = safe_open(str(path), framework="pt")
+            except Exception as exc:   # safetensors raises its own error types
+                raise KTError(f"{path} is not a readable safetensors file (truncated or corrupted?): {exc}") from None
+            self._handles[shard] = handle
+        return handle
+
+    def has(self, name: str) -> bool:
+        return name in self.weight_map
+
+    def tensor(self, name: str):
+        shard = self.weight_map.get(name)
+        if shard is None:
+            raise WeightsError(f"tensor {name} is not in the checkpoint at {self.path} "
+                               f"(a {self.spec.model_type} checkpoint should have it)")
+        try:
+            return self._open(shard).get_tensor(name)
+        except KTError:
+            raise
+        except Exception as exc:
+            raise KTError(f"reading {name} from {self.path / shard} failed (truncated or corrupted?): {exc}") from None
+
+    def close(self) -> None:
+        self._handles.clear()
+
+
+def expect_tensor(t, name: str, shape: tuple[int, ...], dtypes: tuple, what: str):
+    """t itself, or a WeightsError naming the tensor, the expected and the found shape/dtype."""
+    if tuple(t.shape) != tuple(shape) or t.dtype not in dtypes:
+        want = " or ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise WeightsError(f"{name} should be {want} {list(shape)} ({what}); found {str(t.dtype).replace('torch.', '')} "
+                           f"{list(t.shape)}")
+    return t

@@ -1,0 +1,88 @@
+"""One layer's routed experts as a checkpoint stores them, in the form MoE.load_experts takes.
+
+`checkpoint_experts` reads the checkpoint's own format (float, FP8 blocks, compressed-tensors
+INT4) per the model family's registry entry — per-expert tensors or fused [E, H, 2I] ones —
+checking every tensor's shape and dtype; `float_experts` gives floats for the methods that
+quantize (FP8 blocks are dequantized exactly as docs/formats.md defines them).
+"""
+
+from __future__ import annotations
+
+import math
+
+from kt_core.errors import WeightsError
+
+from .checkpoint import Checkpoint, _torch, expect_tensor
+
+FP8_BLOCK = 128
+PROJECTIONS = ("gate", "up", "down")
+
+
+def projection_shapes(spec) -> dict[str, tuple[int, int]]:
+    """[N, K] of each expert matrix of a model (a ModelSpec): rows are output channels."""
+    return {"gate": (spec.intermediate, spec.hidden), "up": (spec.intermediate, spec.hidden),
+            "down": (spec.hidden, spec.intermediate)}
+
+
+def _fused(ckpt: Checkpoint, layer: int, expert: int):
+    torch = _torch()
+    fam, s = ckpt.spec.family, ckpt.spec
+    prefix = fam.experts_prefix.format(layer=layer)
+    floats = (torch.bfloat16, torch.float16, torch.float32)
+    gate_up = expect_tensor(ckpt.tensor(f"{prefix}.{fam.fused.gate_up}"), f"{prefix}.{fam.fused.gate_up}",
+                            (s.num_experts, s.hidden, 2 * s.intermediate), floats, "fused [experts, hidden, 2*intermediate]")
+    down = expect_tensor(ckpt.tensor(f"{prefix}.{fam.fused.down}"), f"{prefix}.{fam.fused.down}",
+                         (s.num_experts, s.intermediate, s.hidden), floats, "fused [experts, intermediate, hidden]")
+    g = gate_up[expert]
+    gate, up = (g[:, 0::2], g[:, 1::2]) if fam.fused.interleaved else (g[:, :s.intermediate], g[:, s.intermediate:])
+    return gate.t().contiguous(), up.t().contiguous(), down[expert].t().contiguous()
+
+
+def checkpoint_experts(ckpt: Checkpoint, layer: int, expert: int) -> tuple:
+    """(gate, up, down, scales, zeros) of one expert in the checkpoint's own format."""
+    torch = _torch()
+    fam, quant = ckpt.spec.family, ckpt.spec.quantization
+    if fam.fused is not None:
+        if quant.method != "BF16":
+            raise WeightsError(f"fused expert tensors are read from float checkpoints; this one is {quant.method}")
+        return (*_fused(ckpt, layer, expert), None, None)
+    values, scales = [], []
+    for proj, (n, k) in projection_shapes(ckpt.spec).items():
+        base = fam.expert_tensor(layer, expert, proj)
+        if quant.method == "BF16":
+            values.append(expect_tensor(ckpt.tensor(f"{base}.weight"), f"{base}.weight", (n, k),
+                                        (torch.bfloat16, torch.float16, torch.float32), "float weights"))
+        elif quant.method == "FP8":
+            values.append(expect_tensor(ckpt.tensor(f"{base}.weight"), f"{base}.weight", (n, k),
+                                        (torch.float8_e4m3fn,), "FP8 E4M3 weights"))
+            scales.append(expect_tensor(ckpt.tensor(f"{base}.weight_scale_inv"), f"{base}.weight_scale_inv",
+                                        (math.ceil(n / FP8_BLOCK), math.ceil(k / FP8_BLOCK)),
+                                        (torch.float32, torch.bfloat16), "one scale per 128x128 block"))
+        else:   # RAWINT4: compressed-tensors pack-quantized
+            g = quant.group_size
+            if k % 8 or k % g:
+                raise WeightsError(f"{base}: K = {k} must be a multiple of 8 and of the group size {g}")
+            values.append(expect_tensor(ckpt.tensor(f"{base}.weight_packed"), f"{base}.weight_packed", (n, k // 8),
+                                        (torch.int32,), "8 INT4 codes per int32"))
+            scales.append(expect_tensor(ckpt.tensor(f"{base}.weight_scale"), f"{base}.weight_scale", (n, k // g),
+                                        (torch.bfloat16, torch.float32), f"one scale per {g} elements"))
+    return (*values, tuple(scales) if scales else None, None)
+
+
+def dequantize_fp8(values, scale_inv):
+    """E4M3 bytes [N, K] times their 128x128 block scales, in f32."""
+    torch = _torch()
+    n, k = values.shape
+    s = scale_inv.to(torch.float32).repeat_interleave(FP8_BLOCK, 0)[:n].repeat_interleave(FP8_BLOCK, 1)[:, :k]
+    return values.to(torch.float32) * s
+
+
+def float_experts(ckpt: Checkpoint, layer: int, expert: int) -> tuple:
+    """(gate, up, down) of one expert as floats, for methods that quantize them."""
+    gate, up, down, scales, _ = checkpoint_experts(ckpt, layer, expert)
+    method = ckpt.spec.quantization.method
+    if method == "BF16":
+        return gate, up, down
+    if method == "FP8":
+        return tuple(dequantize_fp8(v, s) for v, s in zip((gate, up, down), scales))
+    raise WeightsError(f"{method} checkpoints are loaded as they are (method {method}); kt does not requantize them")

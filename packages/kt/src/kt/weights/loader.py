@@ -1,0 +1,123 @@
+"""Loading one MoE layer's experts into a kt_core.MoE from a model folder or a converted one.
+
+    source = open_weights(path)          # Checkpoint (HF folder) or ConvertedFolder
+    load_layer(moe, source, layer=3, physical_to_logical_map=p2l)
+
+Checkpoint formats load as they are stored (BF16 from float checkpoints, FP8, RAWINT4);
+INT8/INT4 come from a converted folder, or are quantized at load from a float or FP8
+checkpoint when asked (`quantize_at_load`, kt-kernel's cpu_save-style path). Experts are
+packed in parallel batches, each by a thread of the NUMA node that will serve it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kt_core.errors import KTError, WeightsError
+
+from ..gguf.reader import GGUFModel, expert_reader, is_gguf, open_gguf
+from .checkpoint import Checkpoint
+from .converted import MANIFEST, ConvertedFolder
+from .experts import checkpoint_experts, float_experts
+from .packed import load_packed_layer, packed_layer
+from .readahead import readahead
+
+# Experts packed per parallel batch: enough to keep every thread busy, few enough that the
+# per-expert copies some formats need (fused tensors, FP8 dequantization) stay small.
+BATCH = 32
+# What each checkpoint format can be loaded as without quantizing.
+AS_STORED = {"BF16": ("BF16", "FP32"), "FP8": ("FP8",), "RAWINT4": ("RAWINT4",)}
+
+
+def open_weights(path: str | Path) -> Checkpoint | ConvertedFolder | GGUFModel:
+    path = Path(path)
+    if (path / MANIFEST).is_file():
+        return ConvertedFolder.open(path)
+    if is_gguf(path):
+        return open_gguf(path)
+    return Checkpoint(path)
+
+
+def _default_group(moe) -> int:
+    return moe.group_size or (128 if moe.method == "INT4" else 0)
+
+
+def _check_geometry(moe, hidden: int, intermediate: int, what: str) -> None:
+    if (hidden, intermediate) != (moe.hidden_size, moe.intermediate_size):
+        raise WeightsError(f"{what} has hidden={hidden}, intermediate={intermediate}; the layer was created with "
+                           f"hidden_size={moe.hidden_size}, intermediate_size={moe.intermediate_size}")
+
+
+def _check_converted(moe, folder: ConvertedFolder) -> None:
+    g = folder.geometry
+    _check_geometry(moe, g["hidden"], g["intermediate"], f"converted folder {folder.path}")
+    wanted = (moe.method, _default_group(moe), moe.zero_point)
+    stored = (folder.method, folder.group_size, folder.zero_point)
+    if wanted != stored:
+        what = "experts (packed copies)" if folder.as_stored else "codes"
+        raise WeightsError(f"{folder.path} holds {folder.method} {what} (group {folder.group_size}, zero_point "
+                           f"{folder.zero_point}); the layer asks for {moe.method} (group {wanted[1]}, zero_point "
+                           f"{moe.zero_point}): create it with the folder's settings")
+
+
+def _converted_reader(folder: ConvertedFolder, layer: int):
+    tensors = folder.layer_tensors(layer)
+    return folder.geometry["num_experts"], lambda e: folder.expert(tensors, e)
+
+
+def _checkpoint_reader(moe, ckpt: Checkpoint, layer: int, quantize_at_load: bool):
+    spec = ckpt.spec
+    _check_geometry(moe, spec.hidden, spec.intermediate, f"{spec.model_type} checkpoint {ckpt.path}")
+    if layer not in spec.moe_layers:
+        raise WeightsError(f"layer {layer} of this {spec.model_type} model is not an MoE layer; its MoE layers are "
+                           f"{spec.moe_layers[0]}..{spec.moe_layers[-1]} ({len(spec.moe_layers)} layers)")
+    if spec.family.activation != "silu":
+        raise WeightsError(f"{spec.model_type} experts compute {spec.family.activation}, not SiLU(gate)*up without "
+                           "biases, which is what kt's kernels compute; this family cannot run on kt")
+    stored = spec.quantization.method
+    if moe.method in AS_STORED[stored]:
+        return spec.num_experts, lambda e: checkpoint_experts(ckpt, layer, e)
+    if stored in ("BF16", "FP8") and moe.method in ("INT8", "INT4", "BF16"):
+        if not quantize_at_load:
+            raise KTError(f"{ckpt.path} stores {stored} experts; {moe.method} needs a converted folder (`kt convert "
+                          f"{ckpt.path} OUT --method {moe.method}`) or quantization at load (cpu_save=True / "
+                          "quantize_at_load=True)")
+        return spec.num_experts, lambda e: (*float_experts(ckpt, layer, e), None, None)
+    raise WeightsError(f"{ckpt.path} stores {stored} experts, which load as {' or '.join(AS_STORED[stored])}, "
+                       f"not {moe.method}")
+
+
+def load_layer(moe, source: Checkpoint | ConvertedFolder | GGUFModel | str | Path, layer: int, physical_to_logical_map=None, *,
+               quantize_at_load: bool = False) -> str:
+    """Load model layer `layer`'s routed experts into `moe` (a kt_core.MoE). Physical slot p
+    gets logical expert physical_to_logical_map[p]; GPU-resident slots are skipped. Returns
+    how: "mapped" or "copied" (a converted folder's packed copy in this layer's layout, served
+    as stored: weights/packed.py) or "packed at load" (packed from codes or checkpoint tensors)."""
+    if isinstance(source, (str, Path)):
+        source = open_weights(source)
+    if isinstance(source, ConvertedFolder):
+        _check_converted(moe, source)
+        packed = packed_layer(source, moe.layout_id, moe.expert_bytes, layer)
+        if packed is not None:
+            return load_packed_layer(moe, packed, moe.physical_to_logical(physical_to_logical_map,
+                                                                          source.geometry["num_experts"]))
+        if source.as_stored:
+            ckpt = source.source_checkpoint(f"none of layer {layer} in this host's layout {moe.layout_id}")
+            logical, read = _checkpoint_reader(moe, ckpt, layer, quantize_at_load)
+        else:
+            logical, read = _converted_reader(source, layer)
+    elif isinstance(source, GGUFModel):
+        logical, read = expert_reader(moe, source, layer)
+    else:
+        logical, read = _checkpoint_reader(moe, source, layer, quantize_at_load)
+    p2l = moe.physical_to_logical(physical_to_logical_map, logical)
+    slots = moe.cpu_slots()
+    batches = [slots[i:i + BATCH] for i in range(0, len(slots), BATCH)]
+    upcoming = {p: read(p2l[p]) for p in batches[0]} if batches else {}
+    readahead(upcoming)
+    for b in range(len(batches)):
+        current = upcoming
+        upcoming = {p: read(p2l[p]) for p in batches[b + 1]} if b + 1 < len(batches) else {}
+        readahead(upcoming)      # the disk fetches the next batch while the pool packs this one
+        moe.load_experts(current)
+    return "packed at load"

@@ -1,0 +1,23 @@
+"""kt's weight source for kt-core's KTMoEWrapper(weight_path=...) (entry point group
+`kt.weight_sources`, kt_core/weight_source.py): model folders, kt converted folders, GGUF files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..gguf import open_gguf
+from .converted import MANIFEST, read_manifest
+from .loader import load_layer as _load_layer
+
+
+def layer_settings(path, layer_idx: int, method: str) -> dict:
+    if method == "LLAMAFILE":
+        return {"weight_types": open_gguf(path).layer_experts(layer_idx).types}
+    if (Path(path) / MANIFEST).is_file():
+        manifest = read_manifest(Path(path))
+        return {"group_size": int(manifest.get("group_size", 0)), "zero_point": bool(manifest.get("zero_point"))}
+    return {}
+
+
+def load_layer(moe, path, layer_idx: int, physical_to_logical_map=None, quantize_at_load: bool = False) -> None:
+    _load_layer(moe, path, layer_idx, physical_to_logical_map, quantize_at_load=quantize_at_load)

@@ -1,0 +1,120 @@
+"""`kt bench` behaviour on tiny shapes: flags, JSON schema, plot, refusal. Not its speed."""
+
+import json
+
+import pytest
+
+from conftest import run_python
+
+TINY = ["--hidden", "64", "--intermediate", "32", "--experts", "4", "--top-k", "2", "--tokens", "1", "--tokens", "40",
+        "--threads", "1", "--repeats", "2", "--warmup", "1", "--bandwidth-mib", "16"]
+
+
+def kt(*args, **env):
+    return run_python(f"import sys; from kt_core.cli import main; sys.exit(main([*{list(args)!r}]))", **env)
+
+
+def test_json_schema_and_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    out, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    r = kt("bench", *TINY, "--method", "BF16", "--method", "FP32", "--json", str(out), "--plot", str(png))
+    assert r.returncode == 0, r.stderr + r.stdout
+    data = json.loads(out.read_text())
+    assert data["schema_version"] == 1
+    assert data["shape"] == {"name": "custom", "hidden": 64, "intermediate": 32, "experts": 4, "top_k": 2, "moe_layers": 1}
+    assert set(data["bandwidth"]) == {"1"} and data["bandwidth"]["1"]["median_gbps"] > 0
+    assert [g["group"] for g in data["bandwidth"]["1"]["per_group"]] == [0]
+    assert set(data["peak"]) == {"BF16 N=1", "FP32 N=1"}
+    assert {(r["method"], r["tokens"], r["bound"]) for r in data["rows"]} == {
+        ("BF16", 1, "memory"), ("BF16", 40, "compute"), ("FP32", 1, "memory"), ("FP32", 40, "compute")}
+    for row in data["rows"]:
+        assert row["median_ms"] > 0 and row["gbps"] > 0 and 0 < row["roofline_fraction"]
+    assert set(data["estimate"]["decode_tokens_per_s"]) == {"BF16", "FP32"}
+    assert "all routed experts on this CPU" in data["estimate"]["assumption"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_fast_activations_reach_the_layers(tmp_path):
+    out = tmp_path / "bench.json"
+    r = kt("bench", *TINY, "--method", "INT8", "--fast-activations", "--json", str(out))
+    assert r.returncode == 0, r.stderr + r.stdout
+    data = json.loads(out.read_text())
+    assert data["config"]["fast_activations"] is True
+    assert data["layers"]["INT8"]["fast_activations"] is True   # read back from the layer itself
+    assert "kt: fast_activations" in r.stdout
+    default = tmp_path / "default.json"
+    assert kt("bench", *TINY, "--method", "INT8", "--json", str(default)).returncode == 0
+    assert json.loads(default.read_text())["layers"]["INT8"]["fast_activations"] is False
+
+
+def test_preset_shapes_are_used():
+    from kt.models.shapes import SHAPES
+
+    assert SHAPES["deepseek-v3"].experts == 256 and SHAPES["qwen3-30b-a3b"].intermediate == 768
+
+
+def test_oversized_shape_is_refused_with_what_would_fit():
+    r = kt("bench", "--hidden", "8192", "--intermediate", "8192", "--experts", "512", "--top-k", "8", "--tokens", "1",
+           "--method", "BF16")
+    assert r.returncode == 2
+    assert "needs about" in r.stdout and "GiB is available" in r.stdout and "--experts" in r.stdout
+
+
+def test_unknown_model_and_missing_shape_flags():
+    r = kt("bench", "--model", "gpt-9")
+    assert r.returncode != 0 and "unknown model 'gpt-9'" in (r.stdout + r.stderr)
+    r = kt("bench", "--hidden", "64")
+    assert r.returncode != 0 and "missing --intermediate, --experts, --top-k" in (r.stdout + r.stderr)
+
+
+def test_method_no_backend_provides_is_reported():
+    r = kt("bench", *TINY, "--method", "MXFP3", "--method", "FP32")
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert "skipped MXFP3" in r.stdout
+
+
+def test_compare_kt_kernel_needs_a_venv(tmp_path):
+    r = kt("bench", *TINY, "--method", "BF16", "--compare-kt-kernel", str(tmp_path / "nowhere"))
+    assert r.returncode == 1
+    assert "benchmarks/setup_kt_kernel.sh" in r.stdout
+
+
+def test_compare_kt_kernel_adds_its_column(tmp_path):
+    from pathlib import Path
+
+    venv = Path(__file__).resolve().parents[3] / ".bench" / "kt-kernel-venv"
+    if not (venv / "bin" / "python").is_file():
+        pytest.skip(f"needs kt-kernel 0.7.2 in {venv} (benchmarks/setup_kt_kernel.sh)")
+    out = tmp_path / "bench.json"
+    r = kt("bench", "--hidden", "256", "--intermediate", "128", "--experts", "4", "--top-k", "2", "--tokens", "1",
+           "--threads", "1", "--repeats", "2", "--bandwidth-mib", "16", "--method", "BF16",
+           "--compare-kt-kernel", str(venv), "--json", str(out))
+    assert r.returncode == 0, r.stderr + r.stdout
+    row = json.loads(out.read_text())["rows"][0]
+    assert row["kt_kernel_ms"] > 0 and row["speedup_vs_kt_kernel"] > 0
+
+
+def test_presets_and_model_folders_go_through_the_registry(tmp_path):
+    import json
+
+    from kt.models.shapes import SHAPES, shape_for
+
+    assert (SHAPES["deepseek-v3"].moe_layers, SHAPES["kimi-k2"].experts, SHAPES["glm-4.5"].moe_layers) == (58, 384, 89)
+    cfg = {"model_type": "minimax_m2", "hidden_size": 64, "intermediate_size": 32, "num_local_experts": 4,
+           "num_experts_per_tok": 2, "num_hidden_layers": 3}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    shape = shape_for(str(tmp_path))
+    assert (shape.hidden, shape.intermediate, shape.experts, shape.top_k, shape.moe_layers) == (64, 32, 4, 2, 3)
+
+
+def test_bandwidth_per_numa_group(tmp_path):
+    # Two virtual NUMA groups on this host's cores: one figure per group, all measured at once.
+    out = tmp_path / "bench.json"
+    args = list(TINY)
+    args[args.index("--threads") + 1] = "2"
+    r = kt("bench", *args, "--method", "FP32", "--json", str(out), KT_VIRTUAL_NUMA="2")
+    assert r.returncode == 0, r.stderr + r.stdout
+    groups = json.loads(out.read_text())["bandwidth"]["2"]["per_group"]
+    assert [(g["group"], g["threads"]) for g in groups] == [(0, 1), (1, 1)]
+    assert all(g["median_gbps"] > 0 for g in groups)
+    assert "per NUMA group, all at once" in r.stdout

@@ -1,0 +1,205 @@
+"""GGUF experts (method LLAMAFILE) on the reference backend: the reader, the dequantizer held to
+gguf-py bit for bit, whole MoE forwards against an FP32 MoE over the dequantized weights,
+split and per-expert files, and clear errors for bad files and unsupported types."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+
+from kt.gguf import GGML_TYPES, open_gguf  # noqa: E402
+from kt.weights import load_layer, open_weights  # noqa: E402
+from kt_core import KTMoEWrapper, MoE  # noqa: E402
+from kt_core.backends.reference import _native as reference_native  # noqa: E402
+from kt_core.errors import KTError, WeightsError  # noqa: E402
+from kt_core.testing.gguf_files import dequantize, moe_reference, random_blocks, write_moe_gguf  # noqa: E402
+
+
+def _rel(out, want) -> float:
+    return float(np.abs(np.asarray(out, np.float64) - want).max() / np.sqrt(np.mean(want ** 2)))
+
+
+def _routing(rng, tokens, experts, top_k):
+    ids = np.stack([rng.permutation(experts)[:top_k] for _ in range(tokens)]).astype(np.int64)
+    return ids, rng.random((tokens, top_k)).astype(np.float32)
+
+
+@pytest.mark.parametrize("name", sorted(GGML_TYPES))
+def test_dequantize_matches_gguf_py_bit_for_bit(name):
+    rng = np.random.default_rng(1)
+    blocks = random_blocks(rng, name, (6, 512))
+    want = dequantize(blocks, name).reshape(-1)
+    got = reference_native.ggml_dequantize(GGML_TYPES[name].kt_dtype, np.ascontiguousarray(blocks).reshape(-1))
+    assert got.dtype == np.float32 and got.shape == want.shape
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_dequantize_refuses_partial_blocks_and_unknown_types():
+    with pytest.raises(ValueError, match="not whole blocks of 34"):
+        reference_native.ggml_dequantize(GGML_TYPES["Q8_0"].kt_dtype, np.zeros(35, np.uint8))
+    with pytest.raises(ValueError, match="ggml type 6 is not one"):
+        reference_native.ggml_dequantize(0x100 + 6, np.zeros(22, np.uint8))
+
+
+@pytest.mark.parametrize("types", [("Q4_K", "Q4_K", "Q6_K"), ("Q8_0", "Q8_0", "Q4_0"), ("Q5_K", "Q2_K", "Q3_K"),
+                                   ("IQ4_XS", "IQ4_XS", "Q8_0")])
+def test_wrapper_forward_matches_fp32_moe(tmp_path, types):
+    hidden, inter, experts = 256, 512, 6
+    weights = write_moe_gguf(tmp_path / "m.gguf", hidden=hidden, intermediate=inter, experts=experts, top_k=2,
+                             layers=2, types=types, seed=3)
+    w = KTMoEWrapper(layer_idx=1, num_experts=experts, num_experts_per_tok=2, hidden_size=hidden,
+                     moe_intermediate_size=inter, weight_path=str(tmp_path / "m.gguf"), method="GGUF",
+                     backend="reference")
+    w.load_weights()
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((7, hidden)).astype(np.float32)
+    ids, wt = _routing(rng, 7, experts, 2)
+    want = moe_reference(x, ids, wt, *weights[1])
+    assert _rel(w.forward(x, ids, wt), want) < 1e-5
+
+
+def test_split_files_and_folder(tmp_path):
+    weights = write_moe_gguf(tmp_path / "model.gguf", hidden=256, intermediate=256, experts=4, top_k=2, layers=3,
+                             types=("Q8_0", "Q8_0", "Q8_0"), seed=5, split_max_tensors=2)
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == [f"model-{i:05d}-of-00005.gguf" for i in range(1, 6)]
+    for path in (tmp_path, tmp_path / files[2]):   # the folder, or any file of the set
+        model = open_weights(path)
+        assert len(model.files) == 5 and model.moe_layers() == [0, 1, 2]
+    moe = MoE(num_experts=4, top_k=2, hidden_size=256, intermediate_size=256, method="LLAMAFILE",
+              weight_types=("Q8_0",) * 3, backend="reference")
+    load_layer(moe, tmp_path, 2)
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((3, 256)).astype(np.float32)
+    ids, wt = _routing(rng, 3, 4, 2)
+    assert _rel(moe(x, ids, wt), moe_reference(x, ids, wt, *weights[2])) < 1e-5
+
+    (tmp_path / files[3]).unlink()
+    with pytest.raises(KTError, match="model-00004-of-00005.gguf is missing"):
+        open_gguf(tmp_path / files[0])
+
+
+def test_per_expert_tensors(tmp_path):
+    weights = write_moe_gguf(tmp_path / "m.gguf", hidden=256, intermediate=256, experts=3, top_k=1,
+                             types=("Q4_0", "Q4_K", "Q6_K"), per_expert=True, arch="llama", seed=7)
+    model = open_gguf(tmp_path / "m.gguf")
+    assert model.layer_experts(0).types == ("Q4_0", "Q4_K", "Q6_K")
+    moe = MoE(num_experts=3, top_k=1, hidden_size=256, intermediate_size=256, method="LLAMAFILE",
+              weight_types=("Q4_0", "Q4_K", "Q6_K"), backend="reference")
+    load_layer(moe, model, 0, physical_to_logical_map=[2, 0, 1])
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((4, 256)).astype(np.float32)
+    ids = np.array([[0], [1], [2], [0]], np.int64)
+    wt = np.ones((4, 1), np.float32)
+    gate, up, down = (m[[2, 0, 1]] for m in weights[0])
+    assert _rel(moe(x, ids, wt), moe_reference(x, ids, wt, gate, up, down)) < 1e-5
+
+
+def test_truncated_and_corrupted_files_raise(tmp_path):
+    write_moe_gguf(tmp_path / "m.gguf", hidden=256, intermediate=256, experts=2, top_k=1, seed=9)
+    data = (tmp_path / "m.gguf").read_bytes()
+    (tmp_path / "cut.gguf").write_bytes(data[:len(data) - 1000])
+    with pytest.raises(KTError, match="cut.gguf is not a readable GGUF file"):
+        open_gguf(tmp_path / "cut.gguf")
+    (tmp_path / "head.gguf").write_bytes(data[:40])
+    with pytest.raises(KTError, match="head.gguf is not a readable GGUF file"):
+        open_gguf(tmp_path / "head.gguf")
+    bad = bytearray(data)
+    bad[:4] = b"XXXX"
+    (tmp_path / "magic.gguf").write_bytes(bytes(bad))
+    with pytest.raises(KTError, match="magic.gguf is not a readable GGUF file"):
+        open_gguf(tmp_path / "magic.gguf")
+
+
+def test_geometry_and_types_are_checked(tmp_path):
+    path = tmp_path / "m.gguf"
+    write_moe_gguf(path, hidden=256, intermediate=256, experts=4, top_k=2, types=("Q4_K", "Q4_K", "Q6_K"), seed=10)
+    common = dict(layer_idx=0, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=256, weight_path=str(path),
+                  method="LLAMAFILE", backend="reference")
+    with pytest.raises(WeightsError, match="hidden=256.*hidden_size=512"):
+        KTMoEWrapper(hidden_size=512, **common).load_weights()
+    with pytest.raises(WeightsError, match="routes each token to 2 experts"):
+        KTMoEWrapper(hidden_size=256, **{**common, "num_experts_per_tok": 3}).load_weights()
+    with pytest.raises(WeightsError, match="outside this qwen3moe model's 1 layers"):
+        KTMoEWrapper(hidden_size=256, **{**common, "layer_idx": 4})
+    moe = MoE(num_experts=4, top_k=2, hidden_size=256, intermediate_size=256, method="LLAMAFILE",
+              weight_types=("Q4_K", "Q4_K", "Q4_K"), backend="reference")
+    with pytest.raises(WeightsError, match="stores gate, up, down as Q4_K, Q4_K, Q6_K"):
+        load_layer(moe, path, 0)
+    int8 = MoE(num_experts=4, top_k=2, hidden_size=256, intermediate_size=256, method="INT8", backend="reference")
+    with pytest.raises(WeightsError, match="load with method LLAMAFILE"):
+        load_layer(int8, path, 0)
+
+
+def test_unsupported_types_and_block_sizes(tmp_path):
+    with pytest.raises(ValueError, match="ggml type 'Q5_0' is not one kt reads; known: Q4_0, Q8_0"):
+        MoE(num_experts=2, top_k=1, hidden_size=256, intermediate_size=256, method="LLAMAFILE",
+            weight_types=("Q5_0", "Q4_K", "Q4_K"))
+    with pytest.raises(ValueError, match="down is Q4_K, whose blocks hold 256 elements.*K = 96"):
+        MoE(num_experts=2, top_k=1, hidden_size=256, intermediate_size=96, method="LLAMAFILE",
+            weight_types=("Q4_K", "Q4_K", "Q4_K"))
+    with pytest.raises(ValueError, match="needs weight_types"):
+        MoE(num_experts=2, top_k=1, hidden_size=256, intermediate_size=256, method="LLAMAFILE")
+    # 32-element blocks need only K % 32: no 256 restriction for Q8_0/Q4_0 layers.
+    moe = MoE(num_experts=2, top_k=1, hidden_size=96, intermediate_size=160, method="LLAMAFILE",
+              weight_types=("Q8_0", "Q8_0", "Q4_0"), backend="reference")
+    rng = np.random.default_rng(11)
+    gate, up = (random_blocks(rng, "Q8_0", (2, 160, 96)) for _ in range(2))
+    down = random_blocks(rng, "Q4_0", (2, 96, 160))
+    moe.load(gate, up, down)
+    x = rng.standard_normal((2, 96)).astype(np.float32)
+    ids, wt = np.array([[0], [1]], np.int64), np.ones((2, 1), np.float32)
+    want = moe_reference(x, ids, wt, dequantize(gate, "Q8_0"), dequantize(up, "Q8_0"), dequantize(down, "Q4_0"))
+    assert _rel(moe(x, ids, wt), want) < 1e-5
+
+    # A GGUF whose experts use a type kt does not read names it and the supported ones.
+    w = gguf.GGUFWriter(str(tmp_path / "f16.gguf"), "qwen3moe")
+    for key, value in (("add_block_count", 1), ("add_embedding_length", 64), ("add_expert_feed_forward_length", 32),
+                       ("add_expert_count", 2), ("add_expert_used_count", 1)):
+        getattr(w, key)(value)
+    for proj, shape in (("gate", (2, 32, 64)), ("up", (2, 32, 64)), ("down", (2, 64, 32))):
+        w.add_tensor(f"blk.0.ffn_{proj}_exps.weight", np.zeros(shape, np.float16))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(WeightsError, match="stored as F16, which kt's LLAMAFILE method does not read; it reads Q4_0"):
+        open_gguf(tmp_path / "f16.gguf").layer_experts(0)
+
+
+def test_packer_refuses_wrong_bytes_and_non_finite_scales():
+    moe = MoE(num_experts=1, top_k=1, hidden_size=256, intermediate_size=512, method="LLAMAFILE",
+              weight_types=("Q4_K",) * 3, backend="reference")
+    rng = np.random.default_rng(12)
+    gate, up = (random_blocks(rng, "Q4_K", (512, 256)) for _ in range(2))
+    down = random_blocks(rng, "Q4_K", (256, 512))
+    with pytest.raises(Exception, match=r"gate \(Q4_K\) must be uint8 \[512, 144\]"):
+        moe.load_expert(0, gate[:, :100], up, down)
+    down = down.copy()
+    down[3, 144:146] = np.array([np.inf], np.float16).view(np.uint8)
+    with pytest.raises(Exception, match=r"down \(Q4_K\) row 3 block 1 has a NaN or Inf scale"):
+        moe.load_expert(0, gate, up, down)
+
+
+def test_missing_metadata_is_named(tmp_path):
+    w = gguf.GGUFWriter(str(tmp_path / "bare.gguf"), "qwen3moe")
+    w.add_block_count(1)
+    w.add_expert_count(2)
+    w.add_tensor("blk.0.ffn_gate_exps.weight", random_blocks(np.random.default_rng(0), "Q8_0", (2, 32, 64)),
+                 raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(WeightsError, match="has neither qwen3moe.expert_feed_forward_length nor"):
+        open_gguf(tmp_path / "bare.gguf")
+
+
+def test_backends_list_their_ggml_types():
+    from kt_core.backends import explain
+
+    row = next(r for r in explain() if r["backend"] == "reference")
+    assert "LLAMAFILE" in row["methods"]
+    assert row["ggml_types"] == ["Q4_0", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]

@@ -1,0 +1,239 @@
+"""Loading experts from Hugging Face checkpoints of every registered family and format:
+what the files hold reaches the kernels unchanged (bit-identical to loading the same weights
+from tensors), routing through physical_to_logical_map, and a clear error for each kind of
+bad input."""
+
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("safetensors")
+
+from kt.models import FAMILIES, family_for, spec_from_config  # noqa: E402
+from kt.testing.checkpoints import make_config, write_checkpoint  # noqa: E402
+from kt.weights import Checkpoint, load_layer  # noqa: E402
+from kt_core import KTError, KTMoEWrapper, MoE, WeightsError  # noqa: E402
+from kt_core.testing import quantize as Q  # noqa: E402
+from kt_core.testing.reference import moe_reference, relative_error  # noqa: E402
+
+H, I, E, TOP_K = 128, 64, 8, 2
+RUNNABLE = [f.model_types[0] for f in FAMILIES if f.activation == "silu"] + ["kimi_k2", "minimax_m2", "qwen2_moe"]
+
+
+def wrapper(path, layer, method="BF16", **kw):
+    return KTMoEWrapper(layer_idx=layer, num_experts=kw.pop("num_experts", E), num_experts_per_tok=TOP_K, hidden_size=H,
+                        moe_intermediate_size=I, weight_path=str(path), chunked_prefill_size=16, method=method,
+                        backend=kw.pop("backend", "reference"), **kw)
+
+
+def routing(tokens=6, experts=E, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, H, generator=g)
+    ids = torch.stack([torch.randperm(experts, generator=g)[:TOP_K] for _ in range(tokens)])
+    return x, ids, torch.rand(tokens, TOP_K, generator=g)
+
+
+def reference(truth, x, ids, w, mask=None):
+    return moe_reference(x.double().numpy(), *truth, ids.numpy(), w.double().numpy(), mask)
+
+
+@pytest.mark.parametrize("model_type", RUNNABLE)
+def test_every_family_loads_its_bf16_experts(tmp_path, model_type):
+    truth = write_checkpoint(tmp_path, model_type, hidden=H, intermediate=I, experts=E)
+    layer = max(truth)
+    kt = wrapper(tmp_path, layer)
+    kt.load_weights()
+    x, ids, w = routing()
+    out = kt.forward(x, ids, w).double().numpy()
+    # The reference backend with f32 activations over bf16 weights: only accumulation order differs.
+    assert relative_error(out, reference(truth[layer], x, ids, w)) < 1e-5
+
+
+@pytest.mark.parametrize(("model_type", "quant", "method"), [("deepseek_v3", "fp8", "FP8"),
+                                                             ("minimax_m2", "fp8", "FP8"),
+                                                             ("kimi_k2", "rawint4", "RAWINT4")])
+def test_quantized_checkpoints_load_as_stored(tmp_path, model_type, quant, method):
+    truth = write_checkpoint(tmp_path, model_type, hidden=H, intermediate=I, experts=E, quant=quant)
+    spec = Checkpoint(tmp_path).spec
+    assert spec.quantization.method == method
+    layer = spec.moe_layers[0]
+    kt = wrapper(tmp_path, layer, method)
+    kt.load_weights()
+    x, ids, w = routing()
+    assert relative_error(kt.forward(x, ids, w).double().numpy(), reference(truth[layer], x, ids, w)) < 1e-5
+
+
+@pytest.mark.parametrize("backend", ["reference", "avx"])
+@pytest.mark.parametrize(("method", "quant"), [("INT8", None), ("INT4", None), ("INT4", "fp8"), ("BF16", "fp8")])
+def test_quantize_at_load_matches_loading_the_same_floats(tmp_path, backend, method, quant):
+    from kt_core.backends.selection import selector
+
+    if not any(c.backend == backend and c.runnable for c in selector().candidates):
+        pytest.skip(f"backend {backend} is not installed or cannot run here")
+    truth = write_checkpoint(tmp_path, "qwen3_moe", hidden=H, intermediate=I, experts=E, quant=quant)
+    layer = min(truth)
+    opts = {"group_size": 32} if method == "INT4" else {}
+    with pytest.raises(KTError, match=f"needs a converted folder .*kt convert.*--method {method}.*cpu_save=True"):
+        wrapper(tmp_path, layer, method, backend=backend, **opts).load_weights()
+    kt = wrapper(tmp_path, layer, method, backend=backend, cpu_save=True, **opts)
+    kt.load_weights()
+    same = wrapper(tmp_path, layer, method, backend=backend, **opts)
+    same.load_weights_from_tensors(*(torch.from_numpy(m.astype(np.float32)) for m in truth[layer]))
+    x, ids, w = routing()
+    assert torch.equal(kt.forward(x, ids, w), same.forward(x, ids, w))
+
+
+def test_physical_to_logical_map_and_gpu_slots(tmp_path):
+    truth = write_checkpoint(tmp_path, "deepseek_v3", hidden=H, intermediate=I, experts=E)
+    layer = min(truth)
+    physical = 10                                   # 8 logical experts + 2 redundant copies (EPLB)
+    p2l = torch.tensor([3, 1, 4, 1, 5, 0, 2, 6, 7, 3])
+    mask = [p in (0, 9) for p in range(physical)]   # slots 0 and 9 are GPU-resident
+    kt = wrapper(tmp_path, layer, num_experts=physical, gpu_experts_mask=torch.tensor(mask))
+    kt.load_weights(p2l)
+    x, ids, w = routing(experts=physical)
+    expect = reference(tuple(m[p2l.numpy()] for m in truth[layer]), x, ids, w, np.array(mask))
+    assert relative_error(kt.forward(x, ids, w).double().numpy(), expect) < 1e-5
+
+
+def test_fused_layouts_are_split_correctly(tmp_path):
+    # qwen3_vl_moe stores [E, H, 2I] halves; GPT-OSS interleaves gate/up columns but its
+    # experts are not SiLU: readable, refused at run time.
+    truth = write_checkpoint(tmp_path / "vl", "qwen3_vl_moe", hidden=H, intermediate=I, experts=E)
+    kt = wrapper(tmp_path / "vl", 1)
+    kt.load_weights()
+    x, ids, w = routing()
+    assert relative_error(kt.forward(x, ids, w).double().numpy(), reference(truth[1], x, ids, w)) < 1e-5
+    from kt.weights.experts import checkpoint_experts
+
+    oss = write_checkpoint(tmp_path / "oss", "gpt_oss", hidden=H, intermediate=I, experts=E)
+    gate, up, down, _, _ = checkpoint_experts(Checkpoint(tmp_path / "oss"), 0, 5)
+    for got, want in zip((gate, up, down), oss[0]):
+        assert np.array_equal(got.double().numpy(), want[5])
+    with pytest.raises(WeightsError, match="gpt_oss experts compute gpt-oss-swiglu, not SiLU"):
+        wrapper(tmp_path / "oss", 0).load_weights()
+
+
+def test_config_key_variants_and_moe_layer_rules():
+    assert spec_from_config(make_config("minimax_m2", hidden=64, intermediate=32, experts=16, top_k=2,
+                                        layers=4)).num_experts == 16      # MiniMax has no num_experts key
+    cfg = make_config("qwen2_moe", hidden=64, intermediate=32, experts=8, top_k=2, layers=6)
+    cfg.update(decoder_sparse_step=2, mlp_only_layers=[3])
+    assert spec_from_config(cfg).moe_layers == (1, 5)                      # (L + 1) % 2 == 0, minus layer 3
+    cfg = make_config("deepseek_v3", hidden=64, intermediate=32, experts=8, top_k=2, layers=5, dense_prefix=3)
+    assert spec_from_config(cfg).moe_layers == (3, 4)
+    with pytest.raises(KTError, match="model_type 'llama' is not an MoE family kt knows; supported: .*qwen3_moe"):
+        spec_from_config({"model_type": "llama"})
+    with pytest.raises(KTError, match="none of num_local_experts"):
+        spec_from_config({"model_type": "mixtral", "hidden_size": 8, "intermediate_size": 8, "num_experts_per_tok": 2,
+                          "num_hidden_layers": 1})
+    cfg = make_config("deepseek_v3", hidden=64, intermediate=32, experts=8, top_k=2, layers=2, dense_prefix=2)
+    with pytest.raises(KTError, match="has no MoE layers"):
+        spec_from_config(cfg)
+    assert family_for("kimi_k2").name == "deepseek"
+
+
+def test_bad_checkpoints_give_clear_errors(tmp_path):
+    write_checkpoint(tmp_path, "qwen3_moe", hidden=H, intermediate=I, experts=E, layers=2, dense_prefix=0)
+    shards = sorted(tmp_path.glob("*.safetensors"))
+    with pytest.raises(WeightsError, match="layer 7 of this qwen3_moe model is not an MoE layer"):
+        wrapper(tmp_path, 7).load_weights()
+    with pytest.raises(WeightsError, match="hidden=128, intermediate=64; the layer was created with hidden_size=64"):
+        KTMoEWrapper(0, E, TOP_K, 64, I, weight_path=str(tmp_path), method="BF16", backend="reference").load_weights()
+
+    # A truncated shard: clear error at first read, never a crash.
+    data = shards[1].read_bytes()
+    shards[1].write_bytes(data[: len(data) // 2])
+    with pytest.raises(KTError, match="not a readable safetensors file|truncated or corrupted"):
+        wrapper(tmp_path, 1).load_weights()
+    shards[1].write_bytes(data)
+
+    # A missing shard.
+    shards[0].rename(tmp_path / "elsewhere")
+    with pytest.raises(KTError, match=f"missing shard\\(s\\) {shards[0].name} listed in model.safetensors.index.json"):
+        wrapper(tmp_path, 0).load_weights()
+    (tmp_path / "elsewhere").rename(shards[0])
+
+    # A tensor of the wrong shape, then of the wrong dtype.
+    from safetensors.torch import load_file, save_file
+
+    name = "model.layers.1.mlp.experts.3.up_proj.weight"
+    shard = next(s for s in shards if name in load_file(str(s)))
+    tensors = load_file(str(shard))
+    original = tensors[name]
+    tensors[name] = original[:, :-1].contiguous()
+    save_file(tensors, str(shard))
+    with pytest.raises(WeightsError, match=rf"{name} should be bfloat16 or float16 or float32 \[64, 128\].*found "
+                                           r"bfloat16 \[64, 127\]"):
+        wrapper(tmp_path, 1).load_weights()
+    tensors[name] = original.to(torch.int8)
+    save_file(tensors, str(shard))
+    with pytest.raises(WeightsError, match=rf"{name} should be .*found int8 \[64, 128\]"):
+        wrapper(tmp_path, 1).load_weights()
+
+    # A missing tensor, and no config at all.
+    del tensors[name]
+    save_file(tensors, str(shard))
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    del index["weight_map"][name]
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(WeightsError, match=f"tensor {name} is not in the checkpoint"):
+        wrapper(tmp_path, 1).load_weights()
+    (tmp_path / "config.json").unlink()
+    with pytest.raises(KTError, match="not a Hugging Face model folder: no config.json"):
+        wrapper(tmp_path, 1).load_weights()
+
+
+def test_a_failed_load_leaves_no_expert_half_loaded(tmp_path):
+    write_checkpoint(tmp_path, "qwen3_moe", hidden=H, intermediate=I, experts=E, layers=1, dense_prefix=0)
+    from safetensors.torch import load_file, save_file
+
+    name = "model.layers.0.mlp.experts.6.down_proj.weight"
+    shard = next(s for s in tmp_path.glob("*.safetensors") if name in load_file(str(s)))
+    tensors = load_file(str(shard))
+    tensors[name] = tensors[name].clone()
+    tensors[name][0, 0] = float("nan")
+    save_file(tensors, str(shard))
+    moe = MoE(num_experts=E, top_k=TOP_K, hidden_size=H, intermediate_size=I, method="BF16", backend="reference")
+    with pytest.raises(ValueError, match="expert 6 down hold NaN or Inf"):
+        load_layer(moe, tmp_path, 0)
+    assert not any(moe._layer.expert_loaded(e) for e in range(E))
+
+
+def test_quant_helpers_round_trip():
+    # FP8 -> float for quantizing (convert, cpu_save): the exact product, rounded once to f32.
+    from kt.weights.experts import dequantize_fp8
+
+    w = np.random.default_rng(0).standard_normal((130, 200)).astype(np.float32)
+    codes, scale_inv = Q.quantize_fp8_block(w)
+    got = dequantize_fp8(torch.from_numpy(codes).view(torch.float8_e4m3fn), torch.from_numpy(scale_inv))
+    assert got.dtype == torch.float32
+    assert np.array_equal(got.numpy(), Q.dequantize_fp8_block(codes, scale_inv).astype(np.float32))
+
+
+def test_readahead_accepts_every_weight_form(tmp_path):
+    # Best effort by design: file-backed views, NumPy arrays, None parts and empty tensors.
+    from kt.weights.readahead import readahead
+
+    write_checkpoint(tmp_path, "qwen3_moe", hidden=H, intermediate=I, experts=E, layers=1, dense_prefix=0)
+    ckpt = Checkpoint(tmp_path)
+    view = ckpt.tensor("model.layers.0.mlp.experts.0.gate_proj.weight")
+    readahead({0: (view, np.zeros((4, 4), np.float32), None, (torch.empty(0), None), None)})
+
+
+def test_folders_without_an_index(tmp_path):
+    # save_pretrained writes small models as one model.safetensors and no index.
+    truth = write_checkpoint(tmp_path, "qwen3_moe", hidden=H, intermediate=I, experts=E, layers=1, dense_prefix=0,
+                             shards=1)
+    (tmp_path / "model.safetensors.index.json").unlink()
+    (tmp_path / "model-00001-of-00001.safetensors").rename(tmp_path / "model.safetensors")
+    kt = wrapper(tmp_path, 0)
+    kt.load_weights()
+    x, ids, w = routing()
+    assert relative_error(kt.forward(x, ids, w).double().numpy(), reference(truth[0], x, ids, w)) < 1e-5
+    for f in tmp_path.glob("*.safetensors"):
+        f.unlink()
+    with pytest.raises(KTError, match="has no \\*.safetensors files"):
+        Checkpoint(tmp_path)

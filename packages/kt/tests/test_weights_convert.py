@@ -1,0 +1,213 @@
+"""`kt convert` and converted folders: codes identical to quantizing at load, resumable,
+atomic (no file that looks valid after a failure), the source never touched, and a clear
+error for every mismatch between a folder and what loads it."""
+
+import errno
+import hashlib
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("safetensors")
+
+from typer.testing import CliRunner  # noqa: E402
+
+from kt.cli.app import app  # noqa: E402
+from kt.testing.checkpoints import write_checkpoint  # noqa: E402
+from kt.weights import conversion as convert_module  # noqa: E402
+from kt.weights import convert  # noqa: E402
+from kt.weights.converted import MANIFEST  # noqa: E402
+from kt_core import KTError, KTMoEWrapper, WeightsError  # noqa: E402
+from kt_core.backends.selection import selector  # noqa: E402
+
+H, I, E, TOP_K = 128, 64, 8, 2
+BACKENDS = sorted({c.backend for c in selector().candidates if c.runnable and "INT4" in c.methods})
+
+
+def wrapper(path, layer, method, **kw):
+    return KTMoEWrapper(layer_idx=layer, num_experts=E, num_experts_per_tok=TOP_K, hidden_size=H,
+                        moe_intermediate_size=I, weight_path=str(path), chunked_prefill_size=16, method=method, **kw)
+
+
+def forward(kt):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(7, H, generator=g)
+    ids = torch.stack([torch.randperm(E, generator=g)[:TOP_K] for _ in range(7)])
+    return kt.forward(x, ids, torch.rand(7, TOP_K, generator=g))
+
+
+def tree_digest(folder):
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("model")
+    write_checkpoint(path, "deepseek_v3", hidden=H, intermediate=I, experts=E, layers=4, dense_prefix=1)
+    return path
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("method", "group", "zp"), [("INT8", 0, False), ("INT4", 32, False), ("INT4", 64, True)])
+def test_converted_folder_loads_exactly_like_quantizing_at_load(tmp_path, model, backend, method, group, zp):
+    before = tree_digest(model)
+    out = convert(model, tmp_path / "out", method=method, group_size=group or 128, zero_point=zp)
+    assert tree_digest(model) == before, "kt convert must never modify its source"
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert manifest["complete"] and sorted(manifest["layers"]) == ["1", "2", "3"]
+    for layer in (1, 3):
+        # The folder fixes group and zero point: the wrapper takes them from the manifest.
+        from_folder = wrapper(out, layer, method, backend=backend)
+        from_folder.load_weights()
+        online = wrapper(model, layer, method, backend=backend, cpu_save=True, group_size=group, zero_point=zp)
+        online.load_weights()
+        assert torch.equal(forward(from_folder), forward(online))
+
+
+def test_fp8_sources_convert_through_their_dequantized_weights(tmp_path):
+    src = tmp_path / "fp8"
+    write_checkpoint(src, "deepseek_v3", hidden=H, intermediate=I, experts=E, layers=2, quant="fp8")
+    out = convert(src, tmp_path / "out", method="INT4", group_size=32)
+    a = wrapper(out, 1, "INT4", backend="reference")
+    a.load_weights()
+    b = wrapper(src, 1, "INT4", backend="reference", cpu_save=True, group_size=32)
+    b.load_weights()
+    assert torch.equal(forward(a), forward(b))
+
+
+def test_interrupted_conversion_resumes_to_the_same_files(tmp_path, model, monkeypatch):
+    straight = convert(model, tmp_path / "straight", method="INT4", group_size=32)
+    real_save, calls = convert_module._save_layer, []
+
+    def interrupted(path, tensors, metadata):
+        calls.append(path)
+        if len(calls) == 2:
+            real_save(path, tensors, metadata)          # the file is written, then the process dies
+            raise KeyboardInterrupt
+        real_save(path, tensors, metadata)
+
+    monkeypatch.setattr(convert_module, "_save_layer", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        convert(model, tmp_path / "resumed", method="INT4", group_size=32)
+    resumed = tmp_path / "resumed"
+    assert sorted(p.name for p in resumed.iterdir()) == ["config.json", MANIFEST, "layer-0001.safetensors"]
+    with pytest.raises(KTError, match=r"unfinished conversion \(1 of 3 layers\); run `kt convert ... --resume`"):
+        wrapper(resumed, 1, "INT4", backend="reference").load_weights()
+    with pytest.raises(KTError, match="already holds a kt conversion; pass --resume"):
+        convert(model, resumed, method="INT4", group_size=32)
+    with pytest.raises(KTError, match="cannot resume .*group_size is 32, this conversion's is 64"):
+        convert(model, resumed, method="INT4", group_size=64, resume=True)
+    monkeypatch.setattr(convert_module, "_save_layer", real_save)
+    convert(model, resumed, method="INT4", group_size=32, resume=True)
+    layers = [f"layer-{i:04d}.safetensors" for i in (1, 2, 3)]
+    assert {n: d for n, d in tree_digest(resumed).items() if n in layers} == \
+        {n: d for n, d in tree_digest(straight).items() if n in layers}
+
+
+def test_a_full_disk_leaves_no_file_that_looks_valid(tmp_path, model, monkeypatch):
+    real_save = convert_module._save_layer
+
+    def disk_full(path, tensors, metadata):
+        if path.name.startswith(".layer-0002"):
+            path.write_bytes(b"\0" * 100)            # half a file, then the disk is full
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_save(path, tensors, metadata)
+
+    monkeypatch.setattr(convert_module, "_save_layer", disk_full)
+    with pytest.raises(KTError, match="writing .*layer-0002.safetensors failed: the disk is full. 1 layers are complete; "
+                                      "make room and run the same kt convert with --resume"):
+        convert(model, tmp_path / "out", method="INT8")
+    names = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert names == ["config.json", MANIFEST, "layer-0001.safetensors"]
+    assert not json.loads((tmp_path / "out" / MANIFEST).read_text())["complete"]
+
+
+def test_folder_mismatches_are_refused(tmp_path, model):
+    out = convert(model, tmp_path / "out", method="INT4", group_size=32)
+    with pytest.raises(WeightsError, match="holds INT4 codes .*the layer asks for INT8"):
+        wrapper(out, 1, "INT8", backend="reference").load_weights()
+    with pytest.raises(WeightsError, match=r"holds INT4 codes \(group 32.*asks for INT4 \(group 64"):
+        wrapper(out, 1, "INT4", backend="reference", group_size=64).load_weights()
+    with pytest.raises(WeightsError, match="has no layer 0; its MoE layers are"):
+        wrapper(out, 0, "INT4", backend="reference").load_weights()
+
+    # A damaged layer file.
+    layer = out / "layer-0002.safetensors"
+    data = layer.read_bytes()
+    layer.write_bytes(data[:-10])
+    with pytest.raises(KTError, match="should hold .* bytes, found .*: the converted folder is damaged"):
+        wrapper(out, 2, "INT4", backend="reference").load_weights()
+    layer.write_bytes(data)
+
+    # A manifest of another format version.
+    manifest = json.loads((out / MANIFEST).read_text())
+    (out / MANIFEST).write_text(json.dumps(manifest | {"format_version": 99}))
+    with pytest.raises(KTError, match="converted with format version 99; this kt reads version 1"):
+        wrapper(out, 1, "INT4", backend="reference").load_weights()
+    (out / MANIFEST).write_text(json.dumps(manifest))
+
+    # The source changed after conversion.
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(config | {"rope_theta": 1.0}))
+    try:
+        with pytest.raises(KTError, match="source model .* changed since .* was converted"):
+            wrapper(out, 1, "INT4", backend="reference").load_weights()
+    finally:
+        (model / "config.json").write_text(json.dumps(config, indent=1))
+
+
+def test_bad_conversion_requests(tmp_path, model):
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("mine")
+    with pytest.raises(KTError, match="is not empty and is not a kt converted folder"):
+        convert(model, tmp_path / "busy", method="INT8")
+    with pytest.raises(KTError, match="kt convert writes INT8 or INT4 codes, or BF16, FP8, RAWINT4 packed copies "
+                                      r"\(--packed\); got method 'AWQ'"):
+        convert(model, tmp_path / "x", method="AWQ")
+    with pytest.raises(KTError, match="FP8 experts load as the source stores them; `kt convert --method FP8` only "
+                                      "makes packed copies of them, so it needs --packed"):
+        convert(model, tmp_path / "x", method="FP8")
+    with pytest.raises(KTError, match="stores BF16 experts; packed copies of method FP8 need a checkpoint that stores "
+                                      "FP8 experts"):
+        convert(model, tmp_path / "x", method="FP8", packed=True)
+    with pytest.raises(KTError, match="INT4 group size must be one of"):
+        convert(model, tmp_path / "x", method="INT4", group_size=48)
+    with pytest.raises(KTError, match="never into the source model folder"):
+        convert(model, model, method="INT8")
+    raw = tmp_path / "kimi"
+    write_checkpoint(raw, "kimi_k2", hidden=H, intermediate=I, experts=E, layers=2, quant="rawint4")
+    with pytest.raises(KTError, match="stores RAWINT4 experts; kt convert reads bf16/fp16/fp32 or FP8"):
+        convert(raw, tmp_path / "y", method="INT4")
+
+
+def test_kt_convert_command(tmp_path, model):
+    runner = CliRunner()
+    result = runner.invoke(app, ["convert", str(model), str(tmp_path / "out"), "--method", "INT4", "--group-size", "64"])
+    assert result.exit_code == 0, result.output
+    assert "peak RAM about" in result.output and "converted folder ready" in result.output
+    kt = wrapper(tmp_path / "out", 2, "INT4", backend="reference")
+    kt.load_weights()
+    assert torch.isfinite(forward(kt)).all()
+    again = runner.invoke(app, ["convert", str(model), str(tmp_path / "out"), "--group-size", "64"])
+    assert again.exit_code == 1 and "already holds a kt conversion" in " ".join(again.output.split())
+
+
+@pytest.mark.parametrize("model_type", ["deepseek_v2", "kimi_k2", "qwen2_moe", "qwen3_moe", "qwen3_vl_moe", "mixtral",
+                                        "minimax_m2", "glm4_moe", "olmoe"])
+def test_every_family_converts_and_loads(tmp_path, model_type):
+    from kt_core.testing.reference import moe_reference, relative_error
+
+    truth = write_checkpoint(tmp_path / "m", model_type, hidden=H, intermediate=I, experts=E, layers=2)
+    out = convert(tmp_path / "m", tmp_path / "out", method="INT8")
+    layer = max(truth)
+    kt = wrapper(out, layer, "INT8", backend="reference")
+    kt.load_weights()
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(7, H, generator=g)
+    ids = torch.stack([torch.randperm(E, generator=g)[:TOP_K] for _ in range(7)])
+    w = torch.rand(7, TOP_K, generator=g)
+    expect = moe_reference(x.double().numpy(), *truth[layer], ids.numpy(), w.double().numpy())
+    # Against the unquantized weights per-channel int8 costs 3.5e-2 - 6.5e-2 of the output RMS
+    # (max error / RMS, docs/backends.md); 1e-1 leaves margin, a wrong tensor gives ~1.
+    assert relative_error(kt.forward(x, ids, w).double().numpy(), expect) < 1e-1
