@@ -337,7 +337,21 @@ def test_int4_refuses_group_not_dividing_k():
     with pytest.raises(ValueError, match="group size 64 does not divide hidden = 96"):
         load_one("INT4", floats(96, 64), hidden=96, group_size=64)
     with pytest.raises(ValueError, match="group size 128 does not divide intermediate = 64"):
-        load_one("INT4", floats(), group_size=0)
+        load_one("INT4", floats(), group_size=128)
+
+
+@pytest.mark.parametrize(("hidden", "intermediate", "group"), [(128, 64, 64), (2880, 64, 64), (320, 96, 32), (256, 256, 128)])
+def test_int4_default_group_is_the_largest_dividing_both(hidden, intermediate, group):
+    """kt-kernel takes GPT-OSS's hidden 2880 and a 320/96 layer: the default group follows the shape."""
+    m = layer("INT4", hidden=hidden, intermediate=intermediate, experts=1, top_k=1)
+    assert m.group_size == group
+    m.load_expert(0, *floats(hidden, intermediate))
+
+
+def test_int4_refuses_a_shape_no_group_divides():
+    with pytest.raises(ValueError, match=r"INT4 needs a group size in \(32, 64, 128\) dividing hidden \(96\) and "
+                                         r"intermediate \(40\), and none does"):
+        layer("INT4", hidden=96, intermediate=40, experts=1, top_k=1)
 
 
 def test_rawint4_refuses_wrong_inputs():

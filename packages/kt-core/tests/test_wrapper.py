@@ -65,6 +65,14 @@ def test_amx_method_names_run_where_there_is_no_amx():
         make("GGUF")
 
 
+@pytest.mark.parametrize(("hidden", "intermediate", "group"), [(2880, 64, 64), (320, 96, 32)])
+def test_amxint4_takes_layers_whose_sizes_are_no_multiple_of_128(hidden, intermediate, group):
+    """kt-kernel accepts GPT-OSS's hidden 2880: the group is the largest of 128/64/32 dividing both
+    sizes, and repr says which."""
+    wrapper = make("AMXINT4", hidden_size=hidden, moe_intermediate_size=intermediate)
+    assert wrapper._moe.group_size == group and f"group_size={group}" in repr(wrapper)
+
+
 def test_submit_and_sync_forward():
     wrapper = make()
     w = weights()

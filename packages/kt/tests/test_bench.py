@@ -25,10 +25,13 @@ def test_json_schema_and_plot(tmp_path):
     assert set(data["bandwidth"]) == {"1"} and data["bandwidth"]["1"]["median_gbps"] > 0
     assert [g["group"] for g in data["bandwidth"]["1"]["per_group"]] == [0]
     assert set(data["peak"]) == {"BF16 N=1", "FP32 N=1"}
-    assert {(r["method"], r["tokens"], r["bound"]) for r in data["rows"]} == {
-        ("BF16", 1, "memory"), ("BF16", 40, "compute"), ("FP32", 1, "memory"), ("FP32", 40, "compute")}
+    assert {(r["method"], r["tokens"]) for r in data["rows"]} == {("BF16", 1), ("BF16", 40), ("FP32", 1), ("FP32", 40)}
     for row in data["rows"]:
         assert row["median_ms"] > 0 and row["gbps"] > 0 and 0 < row["roofline_fraction"]
+        # the bound is the nearer limit, read from the two ratios, not from the token count
+        fractions = {"memory": row["bandwidth_fraction"], "compute": row["compute_fraction"]}
+        assert row["bound"] == max(fractions, key=fractions.get)
+        assert row["roofline_fraction"] == fractions[row["bound"]]
     assert set(data["estimate"]["decode_tokens_per_s"]) == {"BF16", "FP32"}
     assert "all routed experts on this CPU" in data["estimate"]["assumption"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -57,7 +60,39 @@ def test_oversized_shape_is_refused_with_what_would_fit():
     r = kt("bench", "--hidden", "8192", "--intermediate", "8192", "--experts", "512", "--top-k", "8", "--tokens", "1",
            "--method", "BF16")
     assert r.returncode == 2
-    assert "needs about" in r.stdout and "GiB is available" in r.stdout and "--experts" in r.stdout
+    assert "needs about" in r.stderr and "GiB is available" in r.stderr and "--experts" in r.stderr
+
+
+def test_fewer_experts_advice_stays_below_the_model_s_count():
+    from kt.bench import BenchConfig, MemoryRefusal, run
+    from kt.models.shapes import MoEShape
+
+    shape = MoEShape("m", 2048, 1024, 64, 8, 1)
+    cfg = BenchConfig(shape=shape, methods=["BF16"], tokens=[1], threads=[1], memory_limit_bytes=200 * 2**20)
+    with pytest.raises(MemoryRefusal, match=r"--experts (\d+)") as e:
+        run(cfg)
+    import re
+
+    assert int(re.search(r"--experts (\d+)", str(e.value)).group(1)) < 64
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--tokens", "0"], "Invalid value for '--tokens'"),
+    (["--method", "INT5"], "INT5: not a method of any installed backend"),
+    (["--threads", "0"], "Invalid value for '--threads'"),
+])
+def test_bad_flags_are_refused_before_any_work(args, message):
+    r = kt("bench", "--model", "olmoe-1b-7b", *args)
+    assert r.returncode == 2 and message in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def test_plot_without_matplotlib_is_refused_before_the_benchmark(tmp_path):
+    code = ("import sys, importlib.util; real = importlib.util.find_spec; "
+            "importlib.util.find_spec = lambda n, *a: None if n == 'matplotlib' else real(n, *a); "
+            f"from kt_core.cli import main; sys.exit(main(['bench', *{TINY!r}, '--plot', 'x.png']))")
+    r = run_python(code)
+    assert r.returncode == 2 and "needs matplotlib: pip install 'kt[plot]'" in r.stdout + r.stderr
+    assert "bandwidth" not in r.stdout   # nothing ran
 
 
 def test_unknown_model_and_missing_shape_flags():
@@ -67,16 +102,16 @@ def test_unknown_model_and_missing_shape_flags():
     assert r.returncode != 0 and "missing --intermediate, --experts, --top-k" in (r.stdout + r.stderr)
 
 
-def test_method_no_backend_provides_is_reported():
+def test_method_no_backend_provides_is_refused():
     r = kt("bench", *TINY, "--method", "MXFP3", "--method", "FP32")
-    assert r.returncode == 0, r.stderr + r.stdout
-    assert "skipped MXFP3" in r.stdout
+    assert r.returncode == 2, r.stderr + r.stdout
+    assert "MXFP3: not a method of any installed backend" in r.stderr
 
 
 def test_compare_kt_kernel_needs_a_venv(tmp_path):
     r = kt("bench", *TINY, "--method", "BF16", "--compare-kt-kernel", str(tmp_path / "nowhere"))
     assert r.returncode == 1
-    assert "benchmarks/setup_kt_kernel.sh" in r.stdout
+    assert "benchmarks/setup_kt_kernel.sh" in r.stderr
 
 
 def test_compare_kt_kernel_adds_its_column(tmp_path):

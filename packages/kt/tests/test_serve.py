@@ -178,6 +178,13 @@ def test_malformed_requests_get_a_4xx_with_a_reason(http, path, body, status, re
     assert reason in err["message"] and err["param"] == param and err["type"] == "invalid_request_error"
 
 
+def test_the_root_lists_the_endpoints_and_unknown_paths_name_them(http):
+    root = http.get("/")
+    assert root.status_code == 200 and "POST /v1/chat/completions" in root.json()["endpoints"]
+    r = http.get("/nope")
+    assert r.status_code == 404 and "no such endpoint: GET /nope; this server has GET /health" in r.json()["error"]["message"]
+
+
 def test_the_server_keeps_serving_after_bad_requests(http, client):
     assert http.get("/v1/completions").status_code == 405
     assert http.post("/health", json={}).status_code == 405
@@ -334,6 +341,24 @@ def test_dry_run_prints_the_transformers_settings():
     r = CliRunner().invoke(app, ["run", "--dry-run", "--fast-activations"])
     assert r.exit_code == 0, r.output
     assert "activations            fast: one int8 pass" in r.output
+
+
+def test_dry_run_checks_the_method_the_folder_and_the_port(tmp_path):
+    r = CliRunner().invoke(app, ["run", "--dry-run", "--kt-method", "int5"])
+    assert r.exit_code == 1 and "--kt-method int5: not a method of any installed backend" in r.output
+    from kt.testing.checkpoints import write_checkpoint
+    from kt.weights import convert
+
+    write_checkpoint(tmp_path / "m", "qwen3_moe", hidden=64, intermediate=32, experts=4, layers=1, dense_prefix=0)
+    folder = convert(tmp_path / "m", tmp_path / "conv", method="INT8")
+    r = CliRunner().invoke(app, ["run", "--dry-run", "--kt-method", "INT4", "--kt-weight-path", str(folder)])
+    assert r.exit_code == 1 and "holds INT8 experts" in r.output and "run with --kt-method INT8" in r.output
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        r = CliRunner().invoke(app, ["run", "--dry-run", "--port", str(port)])
+    assert r.exit_code == 1 and f"cannot listen on 127.0.0.1:{port}" in r.output and "--port" in r.output
 
 
 def test_fast_activations_reach_the_patched_layers(cache):

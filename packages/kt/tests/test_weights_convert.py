@@ -5,6 +5,7 @@ error for every mismatch between a folder and what loads it."""
 import errno
 import hashlib
 import json
+import os
 
 import pytest
 
@@ -20,6 +21,8 @@ from kt.weights import convert  # noqa: E402
 from kt.weights.converted import MANIFEST  # noqa: E402
 from kt_core import KTError, KTMoEWrapper, WeightsError  # noqa: E402
 from kt_core.backends.selection import selector  # noqa: E402
+
+from conftest import run_python  # noqa: E402
 
 H, I, E, TOP_K = 128, 64, 8, 2
 BACKENDS = sorted({c.backend for c in selector().candidates if c.runnable and "INT4" in c.methods})
@@ -52,7 +55,7 @@ def model(tmp_path_factory):
 @pytest.mark.parametrize(("method", "group", "zp"), [("INT8", 0, False), ("INT4", 32, False), ("INT4", 64, True)])
 def test_converted_folder_loads_exactly_like_quantizing_at_load(tmp_path, model, backend, method, group, zp):
     before = tree_digest(model)
-    out = convert(model, tmp_path / "out", method=method, group_size=group or 128, zero_point=zp)
+    out = convert(model, tmp_path / "out", method=method, group_size=group or None, zero_point=zp)
     assert tree_digest(model) == before, "kt convert must never modify its source"
     manifest = json.loads((out / MANIFEST).read_text())
     assert manifest["complete"] and sorted(manifest["layers"]) == ["1", "2", "3"]
@@ -191,6 +194,44 @@ def test_kt_convert_command(tmp_path, model):
     assert torch.isfinite(forward(kt)).all()
     again = runner.invoke(app, ["convert", str(model), str(tmp_path / "out"), "--group-size", "64"])
     assert again.exit_code == 1 and "already holds a kt conversion" in " ".join(again.output.split())
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--threads", "-3"], "Invalid value for '--threads'"),
+    (["--method", "INT8", "--group-size", "64"], "--group-size applies to INT4 only"),
+    (["--method", "INT8", "--zero-point"], "--zero-point applies to INT4 only"),
+    (["--method", "INT4", "--group-size", "48"], "INT4 group size must be one of (32, 64, 128), got 48"),
+])
+def test_kt_convert_refuses_bad_flags_and_writes_nothing(tmp_path, model, args, message):
+    r = run_python(f"import sys; from kt_core.cli import main; "
+                   f"sys.exit(main(['convert', {str(model)!r}, {str(tmp_path / 'out')!r}, *{args!r}]))")
+    assert r.returncode in (1, 2) and message in r.stdout + r.stderr, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "out").exists()
+
+
+def test_kt_convert_without_torch_leaves_no_folder(tmp_path, model):
+    code = (f"import sys; sys.modules['torch'] = None; from kt_core.cli import main; "
+            f"sys.exit(main(['convert', {str(model)!r}, {str(tmp_path / 'out')!r}]))")
+    r = run_python(code)
+    assert r.returncode == 1 and "needs PyTorch: pip install torch" in r.stderr, r.stdout + r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_int4_group_defaults_to_the_largest_dividing_both_sizes(tmp_path):
+    """GPT-OSS's hidden 2880 is no multiple of 128: kt-kernel takes such layers, so kt picks 64."""
+    write_checkpoint(tmp_path / "m", "qwen3_moe", hidden=320, intermediate=96, experts=4, layers=1, dense_prefix=0)
+    out = convert(tmp_path / "m", tmp_path / "out", method="INT4")
+    assert json.loads((out / "kt-manifest.json").read_text())["group_size"] == 32
+
+
+def test_converted_files_take_the_umask(tmp_path, model):
+    old = os.umask(0o022)
+    try:
+        out = convert(model, tmp_path / "out", method="INT8")
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir() if p.is_file()}
+    assert set(modes.values()) == {0o644}, modes
 
 
 @pytest.mark.parametrize("model_type", ["deepseek_v2", "kimi_k2", "qwen2_moe", "qwen3_moe", "qwen3_vl_moe", "mixtral",

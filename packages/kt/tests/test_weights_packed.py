@@ -50,7 +50,7 @@ def model(tmp_path_factory):
                 ids=["int8", "int4-g32-asym", "int4-g128"])
 def converted(request, model, tmp_path_factory):
     method, group, zp = request.param
-    return convert(model, tmp_path_factory.mktemp("conv") / "out", method=method, group_size=group or 128,
+    return convert(model, tmp_path_factory.mktemp("conv") / "out", method=method, group_size=group or None,
                    zero_point=zp)
 
 

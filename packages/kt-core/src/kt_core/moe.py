@@ -10,6 +10,7 @@ addresses when they are CPU torch tensors already in the kernels' dtypes and lay
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 
@@ -18,7 +19,10 @@ import numpy as np
 from . import _arrays, _native, pool
 from .backends.selection import canonical_method, selector
 from .errors import BackendError, WeightsError
+from .formats.codes import int4_group_for
 from .formats.ggml import ggml_type
+
+log = logging.getLogger("kt_core")
 
 
 class MoE:
@@ -39,6 +43,11 @@ class MoE:
         if group_size < 0:
             raise ValueError(f"group_size must be >= 0 (0 = the method's default), got {group_size}")
         self.group_size, self.zero_point = int(group_size), bool(zero_point)
+        if self.method == "INT4" and not self.group_size:
+            self.group_size = int4_group_for(self.hidden_size, self.intermediate_size)
+            if self.group_size != 128:
+                log.info("INT4 layer %dx%d: group size %d, the largest of 128/64/32 dividing both", self.hidden_size,
+                         self.intermediate_size, self.group_size)
         # Integer kernels quantize activations in two int8 passes by default (~1e-3 of the output
         # RMS) and split-bf16 kernels (BF16, FP8) carry a low half; fast_activations allows one
         # int8 pass (kt-kernel's choice: faster prefill, up to ~15%) or bf16 alone (~1.5e-2).

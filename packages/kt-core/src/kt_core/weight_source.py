@@ -21,6 +21,10 @@ from .errors import KTError
 ENTRY_POINT_GROUP = "kt.weight_sources"
 
 
+def has_weight_source() -> bool:
+    return bool(entry_points(group=ENTRY_POINT_GROUP))
+
+
 @functools.cache
 def weight_source():
     """The installed weight source (the first registered, by name); KTError when none is."""

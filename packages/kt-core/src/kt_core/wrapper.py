@@ -18,7 +18,7 @@ from .backends.selection import canonical_method
 from .errors import KTError
 from .host import host
 from .moe import MoE
-from .weight_source import weight_source
+from .weight_source import has_weight_source, weight_source
 
 log = logging.getLogger("kt_core")
 
@@ -79,6 +79,8 @@ class KTMoEWrapper:
                           "file of a split set, or their folder)")
         if not self.weight_path:
             return {}
+        if canonical_method(self.method) != "LLAMAFILE" and not has_weight_source():
+            return {}     # kt-kernel passes weight_path even to layers loaded from tensors; load_weights() explains
         return weight_source().layer_settings(self.weight_path, self.layer_idx, canonical_method(self.method))
 
     @staticmethod
@@ -145,4 +147,5 @@ class KTMoEWrapper:
     def __repr__(self) -> str:
         return (f"KTMoEWrapper(layer_idx={self.layer_idx}, experts={self.num_experts}, top_k={self.num_experts_per_tok}, "
                 f"hidden={self.hidden_size}, intermediate={self.moe_intermediate_size}, method={self.method}, "
-                f"backend={self.backend}, layout={self._moe.layout_id})")
+                f"backend={self.backend}, layout={self._moe.layout_id}"
+                + (f", group_size={self._moe.group_size}" if self._moe.group_size else "") + ")")

@@ -145,6 +145,10 @@ class Selector:
         position = allowed.index(c.backend) if c.backend in allowed else len(allowed)
         return (position, -int(c.tier), -c.rank, c.backend, c.variant)
 
+    def methods(self) -> set[str]:
+        """Every method some installed backend variant provides (runnable here or not)."""
+        return {m for c in self.candidates for m in c.methods}
+
     def ranked(self, method: str) -> list[Candidate]:
         """Runnable candidates providing `method`, best first (before any native import)."""
         m = canonical_method(method)

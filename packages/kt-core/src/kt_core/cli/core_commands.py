@@ -73,13 +73,13 @@ def _methods_text(row: dict, verbose: bool) -> str:
     return ",".join(out) or "-"
 
 
-def _table(rows: list[list[str]], header: list[str], verbose: bool) -> list[str]:
-    """Columns padded to their widest cell; the last column is cut at the terminal's edge."""
+def _table(rows: list[list[str]], header: list[str], verbose: bool, indent: str = "  ") -> list[str]:
+    """Columns padded to their widest cell, each line indented; the last column is cut at the terminal's edge."""
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]
     cols = shutil.get_terminal_size((120, 24)).columns
     lines = []
     for r in [header, *rows]:
-        line = "  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1]
+        line = indent + "  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1]
         if not verbose and len(line) > cols:
             line = line[:max(cols - 1, 40)] + "…"
         lines.append(line)
@@ -108,7 +108,7 @@ def render_backends(data: dict, verbose: bool) -> None:
         return
     print("kt backends, best first (score = tier.rank, 0 = cannot run here):")
     for line in backend_lines(data["variants"], verbose):
-        print("  " + line)
+        print(line)
 
 
 def _gib(n) -> str:
@@ -141,11 +141,11 @@ def render_doctor(r: dict, verbose: bool) -> None:
           f"pages: {mem['transparent_hugepages']}; reserved huge pages: {mem['hugepages_total']}")
     print(f"pool      {pool_text(r['pool'])}")
     if r["backend_error"]:
-        print(f"backends: {r['backend_error']}")
+        print(f"kt doctor: {r['backend_error']}", file=sys.stderr)
     else:
         print("backends  (score = tier.rank, 0 = cannot run here)")
         for line in backend_lines(r["backends"], verbose):
-            print("  " + line)
+            print(line)
     rec = r["recommended"]
     print(f"recommended cpuinfer_threads={rec['cpuinfer_threads']}: {rec['cpuinfer_threads_reason']}")
     print(f"recommended threadpool_count={rec['threadpool_count']}: {rec['threadpool_count_reason']}")

@@ -16,6 +16,16 @@ from .. import _arrays, _native, pool
 INT4_GROUPS = (32, 64, 128)
 
 
+def int4_group_for(hidden: int, intermediate: int) -> int:
+    """INT4's group when none is asked for: the largest of INT4_GROUPS dividing both K's (hidden,
+    gate/up's; intermediate, down's), as kt-kernel takes GPT-OSS's 2880 or a 320/96 layer."""
+    fits = [g for g in sorted(INT4_GROUPS, reverse=True) if hidden % g == 0 and intermediate % g == 0]
+    if not fits:
+        raise ValueError(f"INT4 needs a group size in {INT4_GROUPS} dividing hidden ({hidden}) and intermediate "
+                         f"({intermediate}), and none does: use INT8 or BF16 for this layer")
+    return fits[0]
+
+
 def _float_source(matrix, name: str):
     x = _arrays.to_cpu_contiguous(matrix, name)
     if _arrays.is_torch(x):

@@ -15,25 +15,24 @@ import numpy as np
 import pytest
 
 from ..errors import BackendError
+from ..formats.codes import int4_group_for
 from ..moe import MoE
 from .gguf_files import random_blocks
 from .quantize import checkpoint_inputs
 from .reference import random_moe, random_routing, relative_error
 
-# Group sizes a group-wise format takes, preferred first; RAWINT4's is fixed by the format.
-GROUP_SIZES = {"INT4": (128, 64, 32), "RAWINT4": (32,)}
-
 
 def _group_size(method, hidden, intermediate):
-    """The layer's group_size: for INT4 the largest group dividing both K dimensions (hidden,
-    intermediate), 0 (the format's own) for the rest; skips shapes no group divides."""
-    sizes = GROUP_SIZES.get(method)
-    if sizes is None:
-        return 0
-    fits = [g for g in sizes if hidden % g == 0 and intermediate % g == 0]
-    if not fits:
-        pytest.skip(f"{method} needs a group size in {sizes} dividing hidden={hidden} and intermediate={intermediate}")
-    return fits[0] if method == "INT4" else 0
+    """The layer's group_size: INT4's default for the shape (int4_group_for), 0 (the format's own)
+    for the rest; skips shapes no group divides (RAWINT4's is fixed at 32)."""
+    try:
+        if method == "INT4":
+            return int4_group_for(hidden, intermediate)
+    except ValueError as exc:
+        pytest.skip(str(exc))
+    if method == "RAWINT4" and (hidden % 32 or intermediate % 32):
+        pytest.skip(f"RAWINT4's group of 32 must divide hidden={hidden} and intermediate={intermediate}")
+    return 0
 
 
 def _ggml_types(hidden, intermediate):

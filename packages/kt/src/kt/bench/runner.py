@@ -4,8 +4,8 @@ Limits: read bandwidth with the pool's threads (native streaming sum over a buff
 than the caches) and the selected kernels' compute peak (the same method on a single small
 expert whose weights stay in L2, every token routed to it: no memory traffic to wait for).
 Rows: median latency and spread of timed calls after warm-up, tokens/s, GB/s of the distinct
-expert bytes a call touches, and the roofline position — fraction of bandwidth while the call
-is memory-bound (<= 32 tokens), fraction of peak compute after.
+expert bytes a call touches, and the roofline position: the fractions of bandwidth and of peak
+compute the call reaches, the larger of them naming what bounds it.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from kt_core.testing.reference import random_routing
 from ..models.shapes import MoEShape
 
 SCHEMA_VERSION = 1
-MEMORY_BOUND_TOKENS = 32
 
 
 class MemoryRefusal(KTError):
@@ -147,13 +146,15 @@ def run(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -> dict
         except KTError as exc:
             result["skipped"].append({"method": method, "reason": str(exc)})
             continue
-        need = shape.experts * layer.expert_bytes + 4 * max(cfg.tokens) * shape.top_k * (shape.hidden + shape.intermediate) * 4
+        buffers = 4 * max(cfg.tokens) * shape.top_k * (shape.hidden + shape.intermediate) * 4
+        need = shape.experts * layer.expert_bytes + buffers
         if need > 0.9 * limit:
+            fit = min(shape.experts - 1, int((0.9 * limit - buffers) // max(1, layer.expert_bytes)))
+            advice = f"fewer experts (--experts {fit}), " if fit >= shape.top_k else ""
             raise MemoryRefusal(
                 f"{shape.name} with {method} needs about {need / 2**30:.1f} GiB ({shape.experts} experts x "
                 f"{layer.expert_bytes / 2**20:.1f} MiB packed, plus buffers); {limit / 2**30:.1f} GiB is available. "
-                f"Try fewer experts (--experts {max(1, int(0.9 * limit // max(1, layer.expert_bytes) // 2))}), "
-                "a smaller method (INT4), or a smaller model")
+                f"Try {advice}a smaller method (INT4), or a smaller model")
         layers[method] = layer
     # With a kt-kernel comparison both sides read one set of weights and routings (moe_data's
     # files): the same bytes, not merely the same distribution.
@@ -226,8 +227,12 @@ def _measure(cfg: BenchConfig, result: dict, layers: dict, rng, shared: Path | N
                 macs = tokens * shape.top_k * 3 * shape.hidden * shape.intermediate
                 row = {"method": method, "threads": threads, "tokens": tokens, "median_ms": med * 1e3,
                        "spread": spread, "tokens_per_s": tokens / med, "gbps": gbps,
-                       "gmacs": macs / med / 1e9, "bound": "memory" if tokens <= MEMORY_BOUND_TOKENS else "compute"}
-                row["roofline_fraction"] = gbps / bw if row["bound"] == "memory" else row["gmacs"] / peak["gmacs"]
+                       "gmacs": macs / med / 1e9, "bandwidth_fraction": gbps / bw,
+                       "compute_fraction": macs / med / 1e9 / peak["gmacs"]}
+                # Bound by whichever limit the call is closer to, read from the two ratios (a token
+                # count cannot say it: INT4 at 32 tokens is compute-bound, BF16 is not).
+                row["bound"] = "memory" if row["bandwidth_fraction"] >= row["compute_fraction"] else "compute"
+                row["roofline_fraction"] = max(row["bandwidth_fraction"], row["compute_fraction"])
                 result["rows"].append(row)
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import typer
@@ -10,9 +11,11 @@ from rich.console import Console
 
 from ..models.shapes import SHAPES, MoEShape, shape_for
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+# Plain click errors: one line naming the flag, not a box whose wrapping splits the message.
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="kt: run the routed experts of Mixture-of-Experts models on the CPU.")
 console = Console()
+err_console = Console(stderr=True)
 FAST_ACTIVATIONS_HELP = ("kt's layers carry activations coarsely (one int8 pass; bf16 for BF16 and FP8): faster prefill "
                          "at kt-kernel's precision")
 
@@ -41,12 +44,12 @@ def bench(
     top_k: int = typer.Option(None, help="experts per token"),
     moe_layers: int = typer.Option(None, help="MoE layers of the model, for the whole-model estimate"),
     methods: list[str] = typer.Option(["BF16"], "--method", "--methods", help="weight formats to run (repeatable)"),
-    tokens: list[int] = typer.Option([1, 4, 32, 256, 1024], "--tokens", help="tokens per call (repeatable)"),
-    threads: list[int] = typer.Option([], "--threads", help="thread counts (repeatable); default: physical cores"),
+    tokens: list[int] = typer.Option([1, 4, 32, 256, 1024], "--tokens", min=1, help="tokens per call (repeatable)"),
+    threads: list[int] = typer.Option([], "--threads", min=1, help="thread counts (repeatable); default: physical cores"),
     backend: str = typer.Option(None, help="force a backend (default: the best installed for each method)"),
-    repeats: int = typer.Option(5, help="timed calls per row"),
-    warmup: int = typer.Option(2, help="untimed calls before them"),
-    bandwidth_mib: int = typer.Option(1024, help="buffer size of the bandwidth probe"),
+    repeats: int = typer.Option(5, min=1, help="timed calls per row"),
+    warmup: int = typer.Option(2, min=0, help="untimed calls before them"),
+    bandwidth_mib: int = typer.Option(1024, min=1, help="buffer size of the bandwidth probe"),
     json_path: str = typer.Option(None, "--json", help="write the results here"),
     plot_path: str = typer.Option(None, "--plot", help="write a PNG of latency and roofline position here"),
     compare_kt_kernel: str = typer.Option(None, "--compare-kt-kernel", metavar="VENV",
@@ -56,12 +59,21 @@ def bench(
     """Benchmark one MoE layer against this host's measured bandwidth and compute peak."""
     from rich.progress import Progress
 
+    from kt_core.backends.selection import canonical_method, selector
     from kt_core.errors import KTError
     from kt_core.host import host
 
     from ..bench import BenchConfig, MemoryRefusal, run
     from ..bench.report import plot, render
 
+    known = selector().methods()
+    unknown = [m for m in methods if canonical_method(m) not in known]
+    if unknown:
+        raise typer.BadParameter(f"{', '.join(unknown)}: not a method of any installed backend; they provide "
+                                 f"{', '.join(sorted(known))}", param_hint="--method")
+    if plot_path and importlib.util.find_spec("matplotlib") is None:
+        raise typer.BadParameter("writing a plot needs matplotlib: pip install 'kt[plot]' (checked before the "
+                                 "benchmark runs)", param_hint="--plot")
     if model:
         try:
             base = shape_for(model)
@@ -88,11 +100,9 @@ def bench(
             task = bar.add_task("kt bench", total=None)
             result = run(cfg, progress=lambda msg: bar.update(task, description=msg))
     except MemoryRefusal as exc:
-        console.print(f"[red]kt bench: {exc}[/red]")
-        raise typer.Exit(2) from exc
+        fail("kt bench", exc, 2)
     except (KTError, FileNotFoundError) as exc:
-        console.print(f"[red]kt bench: {exc}[/red]")
-        raise typer.Exit(1) from exc
+        fail("kt bench", exc, 1)
     render(result, console)
     if json_path:
         with open(json_path, "w") as f:
@@ -109,12 +119,13 @@ def convert_cmd(
     out: str = typer.Argument(..., help="folder to write (new or empty; or the same folder with --resume)"),
     method: str = typer.Option("INT4", help="INT8 or INT4 codes; or BF16, FP8, RAWINT4 (what the source stores) with "
                                "--packed: packed copies only"),
-    group_size: int = typer.Option(128, help="INT4 group size: 32, 64 or 128"),
+    group_size: int = typer.Option(None, help="INT4 group size: 32, 64 or 128 (default: the largest dividing the "
+                                   "model's hidden and intermediate sizes)"),
     zero_point: bool = typer.Option(False, "--zero-point", help="asymmetric INT4 (zero points per group)"),
     resume: bool = typer.Option(False, "--resume", help="continue an interrupted conversion into OUT"),
     packed: bool = typer.Option(False, "--packed", help="also store every layer in this host's packed kernel layout: "
                                 "loading on hosts with that layout becomes a copy (the codes' size again on disk)"),
-    threads: int = typer.Option(0, help="quantizer threads (default: physical cores)"),
+    threads: int = typer.Option(0, min=0, help="quantizer threads (default: physical cores)"),
 ) -> None:
     """Quantize a model's routed experts into a kt converted folder, one layer at a time (or, with
     --method BF16/FP8/RAWINT4 --packed, store them packed for this host without quantizing)."""
@@ -128,8 +139,7 @@ def convert_cmd(
         done = convert(model, out, method=method, group_size=group_size, zero_point=zero_point, resume=resume,
                        progress=True, packed=packed, log=console.print)
     except KTError as exc:
-        console.print(f"[red]kt convert: {exc}[/red]")
-        raise typer.Exit(1) from exc
+        fail("kt convert", exc, 1)
     console.print(f"converted folder ready: {done}")
 
 
@@ -167,8 +177,7 @@ def run_cmd(
     try:
         run(settings, console, dry_run=dry_run)
     except (KTError, ImportError, OSError) as exc:
-        console.print(f"[red]kt run: {exc}[/red]", soft_wrap=True)
-        raise typer.Exit(1) from exc
+        fail("kt run", exc, 1)
 
 
 @app.command()
@@ -186,11 +195,16 @@ def chat(
     try:
         run(console, url=url, model=model, max_tokens=max_tokens, temperature=temperature, system=system)
     except ChatError as exc:
-        console.print(f"[red]kt chat: {exc}[/red]", soft_wrap=True)
-        raise typer.Exit(1) from exc
+        fail("kt chat", exc, 1)
     except ImportError as exc:
-        console.print(f"[red]kt chat needs httpx ({exc}): pip install 'kt-core[serve]'[/red]", soft_wrap=True)
-        raise typer.Exit(1) from exc
+        fail("kt chat", f"needs httpx ({exc}): pip install 'kt[serve]'", 1)
+
+
+def fail(command: str, error, code: int):
+    """One line on stderr, then exit `code`. Printed without markup: an install hint such as
+    `pip install 'kt[serve]'` is text, not a style tag."""
+    err_console.print(f"{command}: {error}", style="red", markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
 
 
 def main(argv: list[str]) -> int:

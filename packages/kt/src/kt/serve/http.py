@@ -30,6 +30,9 @@ class _Disconnected(Exception):
     pass
 
 
+ENDPOINTS = ("GET /health", "GET /v1/models", "POST /v1/chat/completions", "POST /v1/completions")
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "kt"
@@ -43,8 +46,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- routing --------------------------------------------------------------------------
     def do_GET(self):
-        path = self.path.split("?", 1)[0].rstrip("/")
+        path = self.path.split("?", 1)[0].rstrip("/") or "/"
         engine = self.engine
+        if path == "/":
+            return self._json(200, {"object": "server", "model": engine.name, "endpoints": list(ENDPOINTS)})
         if path == "/health":
             status = engine.status()
             if engine.closing:
@@ -59,8 +64,7 @@ class _Handler(BaseHTTPRequestHandler):
                                                    f"server serves {engine.name!r}", code="model_not_found"))
         if path in ("/v1/chat/completions", "/v1/completions"):
             return self._error(P.RequestError(405, f"{path} takes POST"))
-        return self._error(P.RequestError(404, f"no such endpoint: GET {path}; this server has /health, /v1/models, "
-                                               "POST /v1/chat/completions and POST /v1/completions"))
+        return self._error(P.RequestError(404, f"no such endpoint: GET {path}; this server has {', '.join(ENDPOINTS)}"))
 
     def do_POST(self):
         path = self.path.split("?", 1)[0].rstrip("/")

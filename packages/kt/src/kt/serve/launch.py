@@ -6,10 +6,13 @@ from __future__ import annotations
 import os
 import shlex
 import signal
+import socket
 import threading
 
 from rich.console import Console
 from rich.markup import escape
+
+from kt_core.errors import KTError
 
 from . import sglang
 from .settings import ServeSettings
@@ -32,12 +35,26 @@ def run(settings: ServeSettings, console: Console, *, dry_run: bool = False) -> 
             # Replaced by SGLang: its own signal handling and exit status are kt run's.
             os.execv(cmd[0], cmd)
         return
+    check_port(s.host, s.port)
     console.print(f"kt's transformers server ({why})", highlight=False)
     for key, value in s.describe():
         console.print(f"  {key:<22} {escape(value)}", soft_wrap=True, highlight=False)
     if dry_run:
         return
     serve(s, console)
+
+
+def check_port(host: str, port: int) -> None:
+    """Refuse a port already in use before the model loads (minutes on a real model), binding
+    as the server will (address reuse on, so a port in TIME_WAIT is not "in use")."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise KTError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; pick another with --port "
+                          "(0: any free port) or --host") from None
 
 
 def serve(s: ServeSettings, console: Console) -> None:

@@ -50,6 +50,7 @@ class ServeSettings:
             raise KTError(f"--port must be in 1..65535 (or 0 for any free port), got {self.port}")
         if self.max_queue < 1:
             raise KTError(f"--max-queue must be >= 1, got {self.max_queue}")
+        self._check_method()
         rec = recommended()
         threads, threads_reason = self.cpuinfer, "given"
         if threads is None:
@@ -60,6 +61,23 @@ class ServeSettings:
         name = self.served_model_name or (PRESET_NAME if self.is_preset else Path(self.model).resolve().name)
         return dataclasses.replace(self, method=self.method.upper(), cpuinfer=threads, threadpool_count=pools,
                                    served_model_name=name, threads_reason=threads_reason, pools_reason=pools_reason)
+
+    def _check_method(self) -> None:
+        """--kt-method against the installed backends and --kt-weight-path, before any loading."""
+        from kt_core.backends.selection import canonical_method, selector
+
+        from ..weights.converted import MANIFEST, read_manifest
+
+        method = canonical_method(self.method)
+        known = selector().methods()
+        if method not in known:
+            raise KTError(f"--kt-method {self.method}: not a method of any installed backend; they provide "
+                          f"{', '.join(sorted(known))}")
+        if self.weight_path and (Path(self.weight_path) / MANIFEST).is_file():
+            stored = str(read_manifest(Path(self.weight_path)).get("method", "")).upper()
+            if stored != method:
+                raise KTError(f"--kt-weight-path {self.weight_path} holds {stored} experts (a kt convert folder); "
+                              f"run with --kt-method {stored}, or convert the model again with --method {method}")
 
     def describe(self) -> list[tuple[str, str]]:
         """(setting, value) rows for --dry-run and the start-up banner."""

@@ -22,7 +22,7 @@ from kt_core import __version__
 from kt_core.errors import KTError
 from kt_core.formats import codes as kc
 
-from .checkpoint import Checkpoint
+from .checkpoint import Checkpoint, _torch
 from .converted import (
     AS_STORED_LAYOUT,
     AS_STORED_METHODS,
@@ -104,11 +104,12 @@ def _write_manifest(out: Path, manifest: dict) -> None:
         raise _output_error(exc, out / MANIFEST, len(manifest["layers"])) from exc
 
 
-def convert(model_dir: str | Path, out_dir: str | Path, *, method: str = "INT4", group_size: int = 128,
+def convert(model_dir: str | Path, out_dir: str | Path, *, method: str = "INT4", group_size: int | None = None,
             zero_point: bool = False, resume: bool = False, progress: bool = False, packed: bool = False,
             log: Callable[[str], None] = lambda _: None) -> Path:
     """Convert model_dir's routed experts into out_dir (INT8, or INT4 with group_size and
-    zero_point). Returns out_dir. The source folder is only read. packed=True also stores
+    zero_point; group_size None = the largest of 128/64/32 dividing the model's K's). Returns
+    out_dir. The source folder is only read. packed=True also stores
     each layer in the packed layout of this host's kernels (packed.py): loads on hosts that
     select the same layout become a copy, at the codes' size again on disk."""
     method = method.upper()
@@ -119,12 +120,21 @@ def convert(model_dir: str | Path, out_dir: str | Path, *, method: str = "INT4",
     if as_stored and not packed:
         raise KTError(f"{method} experts load as the source stores them; `kt convert --method {method}` only makes "
                       "packed copies of them, so it needs --packed")
-    if method == "INT4" and group_size not in kc.INT4_GROUPS:
+    if method != "INT4" and (group_size is not None or zero_point):
+        given = "--group-size" if group_size is not None else "--zero-point"
+        raise KTError(f"{given} applies to INT4 only; method {method} has no groups (drop it, or use --method INT4)")
+    if method == "INT4" and group_size is not None and group_size not in kc.INT4_GROUPS:
         raise KTError(f"INT4 group size must be one of {kc.INT4_GROUPS}, got {group_size}")
-    if method != "INT4":
-        group_size, zero_point = 0, False
+    _torch()    # before anything is written: a folder left half-made for want of torch helps no one
     ckpt = Checkpoint(model_dir)
     spec = ckpt.spec
+    if method != "INT4":
+        group_size = 0
+    elif group_size is None:
+        try:
+            group_size = kc.int4_group_for(spec.hidden, spec.intermediate)
+        except ValueError as exc:
+            raise KTError(str(exc)) from None
     if as_stored and spec.quantization.method != method:
         raise KTError(f"{model_dir} stores {spec.quantization.method} experts; packed copies of method {method} need a "
                       f"checkpoint that stores {method} experts (kt convert --method INT8/INT4 quantizes instead)")

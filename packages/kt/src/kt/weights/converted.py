@@ -13,6 +13,7 @@ place, so an interrupted conversion never leaves a file that looks valid.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -39,12 +40,22 @@ def layer_file(layer: int) -> str:
     return f"layer-{layer:04d}.safetensors"
 
 
+@functools.cache
+def _umask() -> int:
+    """Read once: the only way to read the umask is to set it, which races with other threads."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_atomically(path: Path, write) -> None:
-    """write(tmp_path) then fsync and rename onto path; the temporary file is removed on failure."""
+    """write(tmp_path) then fsync and rename onto path; the temporary file is removed on failure.
+    The file gets the mode the umask gives a new file (safetensors creates its files 0600)."""
     tmp = path.with_name(f".{path.name}.partial")
     try:
         write(tmp)
         with open(tmp, "rb+") as f:
+            os.fchmod(f.fileno(), 0o666 & ~_umask())
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:

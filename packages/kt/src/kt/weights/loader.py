@@ -38,10 +38,6 @@ def open_weights(path: str | Path) -> Checkpoint | ConvertedFolder | GGUFModel:
     return Checkpoint(path)
 
 
-def _default_group(moe) -> int:
-    return moe.group_size or (128 if moe.method == "INT4" else 0)
-
-
 def _check_geometry(moe, hidden: int, intermediate: int, what: str) -> None:
     if (hidden, intermediate) != (moe.hidden_size, moe.intermediate_size):
         raise WeightsError(f"{what} has hidden={hidden}, intermediate={intermediate}; the layer was created with "
@@ -51,7 +47,7 @@ def _check_geometry(moe, hidden: int, intermediate: int, what: str) -> None:
 def _check_converted(moe, folder: ConvertedFolder) -> None:
     g = folder.geometry
     _check_geometry(moe, g["hidden"], g["intermediate"], f"converted folder {folder.path}")
-    wanted = (moe.method, _default_group(moe), moe.zero_point)
+    wanted = (moe.method, moe.group_size, moe.zero_point)
     stored = (folder.method, folder.group_size, folder.zero_point)
     if wanted != stored:
         what = "experts (packed copies)" if folder.as_stored else "codes"

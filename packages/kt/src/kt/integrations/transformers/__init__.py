@@ -7,7 +7,7 @@
     patch = patch_model(model, method="INT4", num_gpu_experts=8, placement="uniform")
     model.generate(...)                   # unchanged
 
-Needs torch and transformers (pip install 'kt-core[transformers]').
+Needs torch and transformers (pip install 'kt[transformers]').
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ try:
     import transformers  # noqa: F401
 except ImportError as exc:
     raise ImportError(f"kt.integrations.transformers needs torch and transformers ({exc}); "
-                      "pip install 'kt-core[transformers]'") from exc
+                      "pip install 'kt[transformers]'") from exc
 
 from .deferral import lowest_weight_picks
 from .experts import KTExperts
