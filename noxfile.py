@@ -20,8 +20,11 @@ import nox
 
 ROOT = Path(__file__).parent
 PACKAGES = sorted(p.name for p in (ROOT / "packages").iterdir() if (p / "pyproject.toml").is_file())
-# Packages with C++ (a CMakeLists.txt); the application `kt` is pure Python.
-NATIVE_PACKAGES = [p for p in PACKAGES if (ROOT / "packages" / p / "CMakeLists.txt").is_file()]
+# Packages with C++ (a CMakeLists.txt; the application `kt` is pure Python), in build order: each
+# builds against the installed packages before it (kt-backend-amx on kt-backend-avx's kernels).
+BUILD_FIRST = ("kt-core", "kt-backend-avx")
+NATIVE_PACKAGES = sorted((p for p in PACKAGES if (ROOT / "packages" / p / "CMakeLists.txt").is_file()),
+                         key=lambda p: (BUILD_FIRST.index(p) if p in BUILD_FIRST else len(BUILD_FIRST), p))
 EXAMPLE = ROOT / "examples" / "kt-backend-example"
 WHEELHOUSE = ROOT / "wheelhouse"
 
@@ -119,6 +122,46 @@ def install_smoke(session):
         session.chdir(str(ROOT))
 
 
+@nox.session
+def packaging(session):
+    """What a user building from source meets, checked on a fresh clone of HEAD:
+    - `uv build --all-packages`: every package's sdist, then each wheel built from its sdist alone,
+      in an isolated environment (kt-core's sdist holds its CMake helpers; the backends' builds
+      get kt-core, and kt-backend-amx kt-backend-avx, as build requirements);
+    - `pip wheel` of each sdist with only `--find-links` to the others (PyPI-style inputs);
+    - `uv sync --all-packages`: a development environment whose `kt backends` sees every backend;
+    - the wheels installed into a clean venv with only `--find-links`: kt doctor, a forward."""
+    env = {"UV_FIND_LINKS": os.environ.get("PIP_FIND_LINKS", ""), "UV_NO_PROGRESS": "1"}
+    with tempfile.TemporaryDirectory() as tmp:
+        clone, dist = Path(tmp) / "kt", Path(tmp) / "dist"
+        session.run("git", "clone", "-q", str(ROOT), str(clone), external=True)
+        session.chdir(str(clone))
+        session.run("uv", "build", "--all-packages", "-o", str(dist), env=env)
+        sdists = sorted(dist.glob("*.tar.gz"))
+        wheels = sorted(dist.glob("*.whl"))
+        names = {p.name.split("-")[0] for p in sdists}
+        assert names == {p.replace("-", "_") for p in PACKAGES}, (names, PACKAGES)
+        assert len(wheels) == len(PACKAGES), wheels
+        # Each sdist alone, as pip builds it from PyPI: build isolation, the sibling wheels as the index.
+        rebuilt = Path(tmp) / "rebuilt"
+        for sdist in sdists:
+            session.run("python", "-m", "pip", "wheel", "-q", "--no-deps", "--find-links", str(dist), "-w", str(rebuilt),
+                        str(sdist))
+        session.run("uv", "sync", "--all-packages", env=env)
+        backends = session.run(str(clone / ".venv" / "bin" / "kt"), "backends", "--json", silent=True, external=True,
+                               env={"PYTHONPATH": ""})
+        for name in ("reference", "avx", "amx"):
+            assert f'"backend": "{name}"' in backends, backends
+        venv = Path(tmp) / "venv"
+        session.run(sys.executable, "-m", "venv", str(venv))
+        py = str(venv / "bin" / "python")
+        session.run(py, "-m", "pip", "install", "-q", "--find-links", str(dist), "kt", "kt-backend-avx")
+        session.chdir(tmp)
+        session.run(str(venv / "bin" / "kt"), "doctor", env={"PYTHONPATH": ""}, external=True)
+        session.run(py, "-c", SMOKE_FORWARD, env={"PYTHONPATH": ""}, external=True)
+        session.chdir(str(ROOT))
+
+
 SMOKE_FORWARD = """
 import numpy as np, kt_core
 from kt_core.testing.reference import bf16_round, random_moe, random_routing, moe_reference, relative_error
@@ -200,9 +243,9 @@ def asan(session):
     fails the session. `nox -s asan -- -k INT4` narrows the conformance run."""
     site = SANITIZE / "asan" / "site"
     env = _asan_env(site)
-    # kt-core first: the backends' CMake imports kt_core (the instrumented one, hence
-    # LD_PRELOAD) for its CMake config.
-    for package in sorted(NATIVE_PACKAGES, key=lambda p: p != "kt-core"):
+    # In build order: the backends' CMake imports kt_core (the instrumented one, hence
+    # LD_PRELOAD) for its CMake config, kt-backend-amx kt_backend_avx for its kernels.
+    for package in NATIVE_PACKAGES:
         session.run("python", "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps", "--upgrade",
                     "--target", str(site), f"--config-settings=build-dir={SANITIZE / 'asan' / 'build' / package}",
                     "--config-settings=cmake.build-type=RelWithDebInfo",

@@ -19,7 +19,7 @@ HEADER_1_0 = ABI_DIR / "kt-1.0"                     # plugin.h as released with 
 DESCRIPTOR = """
 from kt_core.backends import BackendDescriptor, Tier, Variant
 descriptor = BackendDescriptor(name={name!r}, abi_version={abi!r}, tier=Tier.GENERIC_SIMD,
-    variants=(Variant("v1", module="fake_{name}_native", methods=("FP32",)),))
+    variants=(Variant("v1", module="fake_{name}_native", methods={methods!r}),))
 """
 NATIVE = """
 import ctypes
@@ -52,11 +52,11 @@ def build(out: Path, *, include: Path, name: str, defines: dict[str, str] | None
     return lib
 
 
-def register(root: Path, plugins: dict[str, tuple[Path, tuple[int, int]]]) -> None:
-    """Entry points for {name: (library, descriptor abi_version)} under root (on sys.path)."""
+def register(root: Path, plugins: dict[str, tuple]) -> None:
+    """Entry points for {name: (library, descriptor abi_version[, methods])} under root (on sys.path)."""
     sources = {}
-    for name, (lib, abi) in plugins.items():
-        sources[name] = DESCRIPTOR.format(name=name, abi=abi)
+    for name, (lib, abi, *methods) in plugins.items():
+        sources[name] = DESCRIPTOR.format(name=name, abi=abi, methods=tuple(methods[0]) if methods else ("FP32",))
         sources[f"{name}_native"] = NATIVE.format(lib=str(lib))
     fake_plugins.install(root, sources)
     for mod in [m for m in sys.modules if m.startswith("fake_") and m != "fake_plugins"]:
@@ -68,3 +68,10 @@ def native_lib(name: str):
     import importlib
 
     return importlib.import_module(f"fake_{name}_native").lib
+
+
+def native_lib_capsule(name: str):
+    """The registered plugin's backend table, in its PyCapsule (what backend_api() returns)."""
+    import importlib
+
+    return importlib.import_module(f"fake_{name}_native").backend_api("v1")

@@ -79,6 +79,19 @@ def test_plugin_built_against_the_current_header_loads(tmp_path, plugins):
     check_forward(layer("cur"))
 
 
+@pytest.mark.parametrize("pad", [8, 64])
+def test_method_tables_are_walked_with_their_own_size(tmp_path, plugins, pad):
+    """Two method tables, each longer than this header's kt_method_kernels (as a plugin built
+    against a later minor, whose table gained fields, lays them out): the host reads the second
+    at the plugin's stride, and it computes."""
+    lib = abi_plugins.build(tmp_path, include=HEADER, name="wide", defines={"KT_TEST_METHOD_PAD": str(pad)})
+    plugins(wide=(lib, CURRENT, ("FP32", "BF16")))
+    assert [m["method"] for m in _native.load_backend(abi_plugins.native_lib_capsule("wide"), "wide", "v1").methods] \
+        == ["FP32", "BF16"]
+    moe = kt_core.MoE(num_experts=4, top_k=2, hidden_size=64, intermediate_size=32, method="BF16", backend="wide")
+    check_forward(moe)
+
+
 def test_a_newer_minor_is_refused_naming_both_versions(tmp_path, plugins):
     newer = f"{CURRENT[0]}.{CURRENT[1] + 1}"
     lib = abi_plugins.build(tmp_path, include=HEADER, name="newer", defines={"KT_TEST_CLAIM_MINOR": str(CURRENT[1] + 1)})

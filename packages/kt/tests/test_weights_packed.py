@@ -18,6 +18,7 @@ from kt.cli.app import app  # noqa: E402
 from kt.testing.checkpoints import write_checkpoint  # noqa: E402
 from kt.weights import Checkpoint, ConvertedFolder, add_packed, convert, load_layer  # noqa: E402
 from kt.weights import packed as packed_module  # noqa: E402
+from kt.weights import packing as packing_module  # noqa: E402
 from kt.weights.converted import MANIFEST  # noqa: E402
 from kt_core import KTError, KTMoEWrapper  # noqa: E402
 from kt_core.backends.selection import selector  # noqa: E402
@@ -114,7 +115,7 @@ def test_the_wrapper_loads_packed_folders_and_hosts_with_another_layout_use_the_
 
 def test_resume_and_interrupted_packing_keep_what_is_whole(model, tmp_path, monkeypatch):
     out = convert(model, tmp_path / "out", method="INT8")
-    real, calls = packed_module.write_atomically, []
+    real, calls = packing_module.write_atomically, []
 
     def interrupted(path, write):
         calls.append(path)
@@ -122,10 +123,10 @@ def test_resume_and_interrupted_packing_keep_what_is_whole(model, tmp_path, monk
             raise KeyboardInterrupt          # dies while writing the second layer
         real(path, write)
 
-    monkeypatch.setattr(packed_module, "write_atomically", interrupted)
+    monkeypatch.setattr(packing_module, "write_atomically", interrupted)
     with pytest.raises(KeyboardInterrupt):
         add_packed(out)
-    monkeypatch.setattr(packed_module, "write_atomically", real)
+    monkeypatch.setattr(packing_module, "write_atomically", real)
     (layout, entry), = json.loads((out / MANIFEST).read_text())["packed"].items()
     assert sorted(entry["layers"]) == ["0"]
     first = (out / entry["layers"]["0"]["file"]).read_bytes()

@@ -1,5 +1,7 @@
 """kt-backend-avx's descriptor: pure data; the native module is imported only when selected."""
 
+from pathlib import Path
+
 from kt_core.backends import BackendDescriptor, Tier, Variant
 
 _V3 = frozenset({"avx2", "fma", "f16c"})
@@ -22,3 +24,9 @@ descriptor = BackendDescriptor(
         Variant("x86-64-v4-vnni-bf16", module=_MODULE, requires=_V4_VNNI_BF16, methods=_METHODS, rank=3, ggml_types=_GGML),
     ),
 )
+
+
+def kernel_sources_dir() -> str:
+    """The installed x86 method kernels' sources (packers, activation quantizers, tiles), for a
+    backend that compiles them into its own target (kt-backend-amx's CMake asks for this)."""
+    return str(Path(__file__).parent / "kernels")

@@ -11,6 +11,9 @@
  *  - A newer core serves an older plugin of the same major: the core never reads a field
  *    past the plugin's `struct_size` (use KT_HAS_FIELD) and treats missing ones as absent.
  *  - New fields are only ever appended, and bump MINOR.
+ *  - An array of tables (kt_backend_api.methods) is walked with the stride of its first
+ *    element's `struct_size`, which every element must share: a table that grows in a later
+ *    minor moves no other table, for plugins built against either header.
  *
  * Threading: kernels are called concurrently from the core's pool threads on disjoint
  * outputs; they must be reentrant and must not create threads. A whole-op entry

@@ -119,8 +119,19 @@ void validate_and_init_backend(const kt_backend_api* api, const std::string& exp
         throw std::runtime_error(who + " executes instructions this host cannot run (missing: " + list +
                                  "); its descriptor under-states what it needs, so it was not used");
     }
+    if (api->num_methods && !api->methods)
+        throw std::runtime_error(who + ": backend table lists " + std::to_string(api->num_methods) +
+                                 " methods and no method tables");
     for (size_t i = 0; i < api->num_methods; ++i) {
-        const kt_method_kernels& m = api->methods[i];
+        // Element 0's struct_size is the stride (method_table): check it before any other element is read.
+        if (api->methods[0].struct_size < offsetof(kt_method_kernels, down_tile) + sizeof(kt_method_kernels::down_tile))
+            throw std::runtime_error(who + ": method table #0 is " + std::to_string(api->methods[0].struct_size) +
+                                     " bytes, smaller than ABI 1.0's; the plugin is corrupt");
+        const kt_method_kernels& m = method_table(api, i);
+        if (m.struct_size != api->methods[0].struct_size)
+            throw std::runtime_error(who + ": method table #" + std::to_string(i) + " is " + std::to_string(m.struct_size) +
+                                     " bytes and #0 is " + std::to_string(api->methods[0].struct_size) +
+                                     "; the tables of one array must have one size");
         const bool whole_op = KT_HAS_FIELD(&m, kt_method_kernels, moe_forward) && m.moe_forward;
         const bool tiles = m.quantize_activations && m.activation_row_bytes && m.gate_up_tile && m.down_tile &&
                            m.gate_up_block > 0 && m.down_block > 0;

@@ -16,6 +16,14 @@ const kt_host_api* host_api();
 void set_host_features(std::vector<std::string> features);
 bool host_has_feature(const std::string& name);
 
+// Method table i of a validated backend. The array is walked with its elements' own size
+// (methods[0].struct_size, the same for every element: validation checks it), never with this
+// header's sizeof: a plugin built against another minor has tables of another length.
+inline const kt_method_kernels& method_table(const kt_backend_api* api, size_t i) {
+    const char* base = reinterpret_cast<const char*>(api->methods);
+    return *reinterpret_cast<const kt_method_kernels*>(base + i * api->methods[0].struct_size);
+}
+
 // The message a plugin recorded with set_error() on this thread, then cleared.
 std::string take_plugin_error();
 

@@ -182,9 +182,9 @@ struct Backend {
 
     const kt_method_kernels* method(const std::string& name) const {
         for (size_t i = 0; i < api->num_methods; ++i)
-            if (name == api->methods[i].method) return &api->methods[i];
+            if (name == kt::method_table(api, i).method) return &kt::method_table(api, i);
         std::string have;
-        for (size_t i = 0; i < api->num_methods; ++i) have += (i ? ", " : "") + std::string(api->methods[i].method);
+        for (size_t i = 0; i < api->num_methods; ++i) have += (i ? ", " : "") + std::string(kt::method_table(api, i).method);
         throw nb::value_error(("backend '" + std::string(api->name) + "' has no method '" + name +
                                "'; it provides: " + have).c_str());
     }
@@ -679,7 +679,7 @@ NB_MODULE(_native, m) {
         .def_prop_ro("methods", [](const Backend& b) {
             nb::list out;
             for (size_t i = 0; i < b.api->num_methods; ++i) {
-                const auto& k = b.api->methods[i];
+                const auto& k = kt::method_table(b.api, i);
                 out.append(kv("method", std::string(k.method), "layout_id", std::string(k.layout_id),
                                     "kernel_id", std::string(k.kernel_id),
                                     "whole_op", bool(KT_HAS_FIELD(&k, kt_method_kernels, moe_forward) && k.moe_forward)));

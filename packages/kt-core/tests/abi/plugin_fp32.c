@@ -116,9 +116,34 @@ static const kt_method_kernels kMethods[] = {{
     gate_up_tile, down_tile, NULL,
 }};
 
+#ifndef KT_TEST_METHOD_PAD
 static const kt_backend_api kApi = {
     sizeof(kt_backend_api), KT_TEST_CLAIM_MAJOR, KT_TEST_CLAIM_MINOR, KT_TEST_NAME, "v1", "",
     init, 1, kMethods,
 };
 
 const kt_backend_api* kt_test_backend(void) { return &kApi; }
+#else
+/* -DKT_TEST_METHOD_PAD=N: two method tables ("FP32", then the same kernels as "BF16") laid out
+ * as a plugin built against a later minor lays them out, each element N bytes longer than this
+ * header's kt_method_kernels (fields appended) and its struct_size saying so. A host that walked
+ * the array with its own sizeof would read the second table from the middle of the first. */
+typedef struct padded_method {
+    kt_method_kernels k;
+    char appended[KT_TEST_METHOD_PAD];
+} padded_method;
+static padded_method kPadded[2];
+static kt_backend_api kApi;
+
+const kt_backend_api* kt_test_backend(void) {
+    for (int i = 0; i < 2; ++i) {
+        kPadded[i].k = kMethods[0];
+        kPadded[i].k.struct_size = sizeof(padded_method);
+        memset(kPadded[i].appended, 0x5a, sizeof kPadded[i].appended);
+    }
+    kPadded[1].k.method = "BF16";
+    kApi = (kt_backend_api){sizeof(kt_backend_api), KT_TEST_CLAIM_MAJOR, KT_TEST_CLAIM_MINOR, KT_TEST_NAME, "v1", "",
+                            init, 2, &kPadded[0].k};
+    return &kApi;
+}
+#endif

@@ -9,6 +9,7 @@ COMMANDS = {
     "chat": "chat with an OpenAI-compatible server",
     "convert": "quantize a model's routed experts into a kt converted folder",
     "bench": "benchmark one MoE layer against this host's bandwidth and compute peak",
+    "config": "user-level defaults of run, bench and convert (~/.config/kt/config.yaml)",
 }
 
 

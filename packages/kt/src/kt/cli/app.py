@@ -9,6 +9,8 @@ import json
 import typer
 from rich.console import Console
 
+from kt_core.errors import KTError
+
 from ..models.shapes import SHAPES, MoEShape, shape_for
 
 # Plain click errors: one line naming the flag, not a box whose wrapping splits the message.
@@ -60,7 +62,6 @@ def bench(
     from rich.progress import Progress
 
     from kt_core.backends.selection import canonical_method, selector
-    from kt_core.errors import KTError
     from kt_core.host import host
 
     from ..bench import BenchConfig, MemoryRefusal, run
@@ -130,7 +131,6 @@ def convert_cmd(
     """Quantize a model's routed experts into a kt converted folder, one layer at a time (or, with
     --method BF16/FP8/RAWINT4 --packed, store them packed for this host without quantizing)."""
     from kt_core import pool
-    from kt_core.errors import KTError
 
     from ..weights import convert
 
@@ -164,7 +164,6 @@ def run_cmd(
 ) -> None:
     """Serve MODEL over an OpenAI-compatible HTTP API with its routed experts on kt (SGLang with
     --kt-* flags instead, where SGLang and a CUDA GPU are present)."""
-    from kt_core.errors import KTError
 
     from ..serve.launch import run
     from ..serve.settings import ServeSettings
@@ -207,9 +206,129 @@ def fail(command: str, error, code: int):
     raise typer.Exit(code)
 
 
-def main(argv: list[str]) -> int:
+config_app = typer.Typer(help="user-level defaults of kt run, kt bench and kt convert (a YAML file)",
+                         no_args_is_help=True)
+app.add_typer(config_app, name="config")
+
+
+def _option(key: str):
+    """The click option a config key names, checked against the command."""
+    from ..config import split_key
+
+    command, name = split_key(key)
+    cmd = typer.main.get_command(app).commands[command]
+    options = {p.name: p for p in cmd.params if p.param_type_name == "option"}
+    if name not in options:
+        raise KTError(f"kt {command} has no option {name!r}; it has {', '.join(sorted(options))}")
+    return options[name]
+
+
+def _checked_value(command: str, option, values: list[str]):
+    """The value as kt COMMAND would take it from its flag: parsed by the command itself, so
+    whatever the flag refuses (a type, a range) the config refuses too."""
+    import yaml
+
+    flag = option.opts[0]
+    if option.is_flag:
+        value = yaml.safe_load(values[0]) if len(values) == 1 else None
+        if not isinstance(value, bool):
+            raise KTError(f"{command}.{option.name} is the flag {flag}: true or false, got {' '.join(values)}")
+        return value
+    if not option.multiple and len(values) != 1:
+        raise KTError(f"{command}.{option.name} takes one value, got {len(values)}")
+    args = [a for v in values for a in (flag, v)]
+    cmd = typer.main.get_command(app).commands[command]
+    parsed = cmd.make_context(f"kt {command}", args, resilient_parsing=True).params.get(option.name)
+    if parsed is None or (option.multiple and len(parsed) != len(values)):
+        raise KTError(f"{' '.join(values)} is not a value kt {command} {flag} takes (kt {command} --help)")
+    return list(parsed) if option.multiple else parsed
+
+
+def _config_fail(exc) -> None:
+    fail("kt config", exc, 1)
+
+
+@config_app.command("list")
+def config_list() -> None:
+    """Every setting, as COMMAND.OPTION = VALUE."""
+    from ..config import config_path, load
+
     try:
-        app(args=argv, prog_name="kt", standalone_mode=True)
+        data = load()
+    except KTError as exc:
+        _config_fail(exc)
+    for command, options in sorted(data.items()):
+        for name, value in sorted(options.items()):
+            print(f"{command}.{name} = {value!r}")
+    if not data:
+        print(f"no settings ({config_path()} does not exist or is empty)")
+
+
+@config_app.command("get")
+def config_get(key: str = typer.Argument(..., help="COMMAND.OPTION, e.g. run.kt_method")) -> None:
+    """One setting's value (exit 1 when it is not set)."""
+    from ..config import load, split_key
+
+    try:
+        command, name = split_key(key)
+        _option(key)
+        options = load().get(command, {})
+    except KTError as exc:
+        _config_fail(exc)
+    if name not in options:
+        fail("kt config", f"{key} is not set", 1)
+    print(options[name])
+
+
+@config_app.command("set")
+def config_set(key: str = typer.Argument(..., help="COMMAND.OPTION, e.g. run.kt_method"),
+               values: list[str] = typer.Argument(..., help="the value (several for a repeatable option)")) -> None:
+    """Set a default, checked as the command checks its flag."""
+    from ..config import load, save, split_key
+
+    try:
+        command, name = split_key(key)
+        value = _checked_value(command, _option(key), values)
+        data = load()
+        data.setdefault(command, {})[name] = value
+        path = save(data)
+    except KTError as exc:
+        _config_fail(exc)
+    print(f"{key} = {value!r} ({path})")
+
+
+@config_app.command("unset")
+def config_unset(key: str = typer.Argument(..., help="COMMAND.OPTION")) -> None:
+    """Remove a setting (the command's own default applies again)."""
+    from ..config import load, save, split_key
+
+    try:
+        command, name = split_key(key)
+        data = load()
+        data.get(command, {}).pop(name, None)
+        save(data)
+    except KTError as exc:
+        _config_fail(exc)
+
+
+@config_app.command("path")
+def config_path_cmd() -> None:
+    """Where the settings live ($KT_CONFIG, else $XDG_CONFIG_HOME/kt/config.yaml)."""
+    from ..config import config_path
+
+    print(config_path())
+
+
+def main(argv: list[str]) -> int:
+    from ..config import load
+
+    try:
+        defaults = load() if argv and argv[0] in ("run", "bench", "convert") else {}
+    except KTError as exc:
+        err_console.print(f"kt {argv[0]}: {exc}", style="red", markup=False, highlight=False, soft_wrap=True)
+        return 1
+    try:
+        app(args=argv, prog_name="kt", standalone_mode=True, default_map=defaults)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     return 0

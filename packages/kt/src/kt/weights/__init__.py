@@ -4,6 +4,6 @@ from .checkpoint import Checkpoint
 from .conversion import convert
 from .converted import ConvertedFolder
 from .loader import load_layer, open_weights
-from .packed import add_packed
+from .packing import add_packed
 
 __all__ = ["add_packed", "Checkpoint", "ConvertedFolder", "convert", "load_layer", "open_weights"]

@@ -37,6 +37,8 @@ from .converted import (
     write_manifest,
 )
 from .experts import float_experts, projection_shapes
+from .packing import add_packed
+from .progress import layer_progress
 
 
 def _layer_layout(method: str, spec, group: int, zero_point: bool) -> dict[str, tuple]:
@@ -192,7 +194,7 @@ def convert(model_dir: str | Path, out_dir: str | Path, *, method: str = "INT4",
             + f"; {len(todo)} to convert; peak RAM about {per_layer / 2**30:.2f} GiB (one converted layer) plus one "
               "source layer in the page cache")
     _write_manifest(out, manifest)
-    bar = _progress("converting", len(spec.moe_layers), len(spec.moe_layers) - len(todo)) if progress and todo else None
+    bar = layer_progress("converting", len(spec.moe_layers), len(spec.moe_layers) - len(todo)) if progress and todo else None
     try:
         for layer in todo:
             name = layer_file(layer)
@@ -209,22 +211,5 @@ def convert(model_dir: str | Path, out_dir: str | Path, *, method: str = "INT4",
     manifest["completed_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     _write_manifest(out, manifest)
     if packed:
-        from .packed import add_packed
-
         add_packed(out, progress=progress, log=log)
     return out
-
-
-def _progress(what: str, total: int, done: int):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
-    from rich.text import Text
-
-    class Rate(ProgressColumn):
-        def render(self, task):
-            return Text(f"{task.speed:.2f} layers/s" if task.speed else "- layers/s")
-
-    bar = Progress(TextColumn(what), BarColumn(), MofNCompleteColumn(), TextColumn("layers"), Rate(),
-                   TimeRemainingColumn())
-    task = bar.add_task("convert", total=total, completed=done)
-    bar.start()
-    return bar, task

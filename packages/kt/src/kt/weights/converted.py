@@ -24,7 +24,7 @@ import numpy as np
 from kt_core.errors import KTError, WeightsError
 from kt_core.formats.codes import INT4_GROUPS, layout
 
-from .checkpoint import _torch
+from .checkpoint import Checkpoint, _torch
 
 MANIFEST = "kt-manifest.json"
 FORMAT = "kt-converted"
@@ -176,8 +176,6 @@ class ConvertedFolder:
         src = self.manifest["source"]
         path = Path(src["path"])
         if (path / "config.json").is_file():
-            from .checkpoint import Checkpoint
-
             now = Checkpoint.source_hash_of(path)
             if now != src["hash"]:
                 raise KTError(f"the source model {path} changed since {self.path} was converted from it (config or "
@@ -191,8 +189,6 @@ class ConvertedFolder:
     def source_checkpoint(self, why: str):
         """The source model, for the layers this folder has no packed copy of (`why` says which);
         a KTError when it is gone (check_source already refused a changed one)."""
-        from .checkpoint import Checkpoint
-
         path = Path(self.manifest["source"]["path"])
         if not (path / "config.json").is_file():
             raise KTError(f"{self.path} holds {self.method} experts only as packed copies "

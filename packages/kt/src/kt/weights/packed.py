@@ -1,8 +1,8 @@
 """Packed copies of a converted folder's layers, in one backend layout: loading without packing.
 
 A converted folder holds codes that any backend packs into its own layout at load
-(converted.py). `kt convert --packed` (or `add_packed(folder)`) also stores every layer as the
-kernels this host selects pack it:
+(converted.py). `kt convert --packed` (or `add_packed(folder)`, packing.py) also stores every
+layer as the kernels this host selects pack it:
 
     layer-0003.kt-int4-p16-v2.packed   logical expert e's packed bytes at e * expert_stride
                                        (expert_bytes, zero-padded to a 4 KiB multiple)
@@ -28,12 +28,11 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
 from pathlib import Path
 
 from kt_core.errors import KTError
 
-from .converted import ConvertedFolder, whole_files, write_atomically, write_manifest
+from .converted import ConvertedFolder
 
 # Layout ids become file names: backends name them like "kt-int4-p16-v2".
 _LAYOUT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -104,69 +103,3 @@ def load_packed_layer(moe, path: Path, physical_to_logical: list[int]) -> str:
         return "copied"
     finally:
         os.close(fd)
-
-
-def add_packed(folder: str | Path, *, backend: str | None = None, progress: bool = False,
-               log: Callable[[str], None] = lambda _: None) -> str:
-    """Store every layer of a complete converted folder in the packed layout of the kernels
-    this host selects (or `backend`'s). Returns the layout id. Layers already packed in that
-    layout are kept, so an interrupted run continues where it stopped. Peak RAM: one packed
-    layer."""
-    from kt_core.moe import MoE
-
-    from .conversion import _progress
-
-    conv = ConvertedFolder.open(folder)
-    g = conv.geometry
-    moe = MoE(num_experts=g["num_experts"], top_k=min(int(g.get("top_k") or 1), g["num_experts"]),
-              hidden_size=g["hidden"], intermediate_size=g["intermediate"], method=conv.method,
-              group_size=conv.group_size, zero_point=conv.zero_point, backend=backend)
-    layout, expert_bytes = moe.layout_id, moe.expert_bytes
-    stride = expert_stride(expert_bytes)
-    entry = conv.manifest.setdefault("packed", {}).get(layout)
-    if entry is None or (entry["expert_bytes"], entry["expert_stride"]) != (expert_bytes, stride):
-        entry = conv.manifest["packed"][layout] = {"expert_bytes": expert_bytes, "expert_stride": stride, "layers": {}}
-    want = g["num_experts"] * stride
-    done = whole_files(conv.path, {k: v for k, v in entry["layers"].items() if v["bytes"] == want})
-    todo = [L for L in g["moe_layers"] if str(L) not in done]
-    log(f"packing {len(todo)} of {len(g['moe_layers'])} layers in {layout} ({moe.backend} kernels); peak RAM about "
-        f"{want / 2**30:.2f} GiB (one packed layer)")
-    bar = _progress("packing", len(g["moe_layers"]), len(g["moe_layers"]) - len(todo)) if progress and todo else None
-    try:
-        for layer in todo:
-            name = packed_file(layer, layout)
-            _pack_layer(conv, moe, layer, name, bytes(stride - expert_bytes))
-            entry["layers"][str(layer)] = {"file": name, "bytes": want}
-            try:
-                write_manifest(conv.path, conv.manifest)
-            except OSError as exc:
-                raise KTError(f"writing {conv.path} manifest failed: {exc.strerror or exc}; the layers packed so far "
-                              "are kept: fix that and run the same command again") from exc
-            if bar:
-                bar[0].advance(bar[1])
-    finally:
-        if bar:
-            bar[0].stop()
-    return layout
-
-
-def _pack_layer(conv: ConvertedFolder, moe, layer: int, name: str, padding: bytes) -> None:
-    """Pack `layer` (from the folder's codes, or its source model for packed copies of a
-    checkpoint's own format) and write every logical expert's bytes to `name`, atomically."""
-    from .loader import load_layer
-
-    entry = conv.manifest["packed"][moe.layout_id]
-    entry["layers"].pop(str(layer), None)      # this layer has no packed file yet: load_layer packs it
-    load_layer(moe, conv, layer)
-
-    def write(tmp: Path) -> None:
-        with open(tmp, "wb") as f:
-            for e in range(conv.geometry["num_experts"]):
-                f.write(moe.packed_expert(e))
-                f.write(padding)
-
-    try:
-        write_atomically(conv.path / name, write)
-    except OSError as exc:
-        raise KTError(f"writing {conv.path / name} failed: {exc.strerror or exc}; the layers packed so far are kept: "
-                      "fix that and run the same command again") from exc
