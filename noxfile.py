@@ -5,11 +5,12 @@ every workspace package installed), so the C++ is built once per change, not onc
 — on a 2-core machine that is the difference between minutes and tens of minutes.
 `install_smoke` is the exception by design: it builds a fresh venv from the wheelhouse alone.
 
-    .venv/bin/nox -s lint tests conformance example install_smoke
+    .venv/bin/nox -s lint tests target_conformance example install_smoke
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -28,7 +29,8 @@ NATIVE_PACKAGES = sorted((p for p in PACKAGES if (ROOT / "packages" / p / "CMake
 EXAMPLE = ROOT / "examples" / "kt-backend-example"
 WHEELHOUSE = ROOT / "wheelhouse"
 
-nox.options.sessions = ["lint", "tests", "conformance", "example", "install_smoke", "amx_hardware_build", "abi", "tsan", "fuzz"]
+nox.options.sessions = ["lint", "tests", "target_conformance", "example", "install_smoke", "packaging", "amx_hardware_build",
+                        "abi", "tsan", "fuzz"]
 nox.options.default_venv_backend = "none"
 
 
@@ -54,6 +56,23 @@ def conformance(session):
     """Every installed backend, every variant this host can run, against the reference backend."""
     session.run("python", "-m", "pytest", "-q", "-p", "kt_core.testing.plugin", "--pyargs", "kt_core.testing.conformance",
                 *session.posargs, env=AMX_EMULATION)
+
+
+def _isa_targets() -> list[str]:
+    """Every backend target of the workspace, by name: kt-backend-avx's targets.json (the list
+    its CMake, dispatch table and descriptor are made from) and kt-backend-amx's build."""
+    avx = json.loads((ROOT / "packages" / "kt-backend-avx" / "src" / "kt_backend_avx" / "targets.json").read_text())
+    return [f"avx/{t['name']}" for t in avx["targets"]] + ["amx/amx-emulated", "reference/baseline"]
+
+
+@nox.session
+@nox.parametrize("target", _isa_targets())
+def target_conformance(session, target):
+    """One target's conformance against the reference backend, forced with KT_CPU_VARIANT, so a
+    broken target fails by name; a target this host cannot execute is skipped, naming the
+    missing features (kt-backend-avx's x86-64-v3 also runs under qemu in its own tests)."""
+    session.run("python", "-m", "pytest", "-q", "-p", "kt_core.testing.plugin", "--kt-variant", target, "--pyargs",
+                "kt_core.testing.conformance", "-rs", *session.posargs, env=AMX_EMULATION)
 
 
 @nox.session
@@ -147,6 +166,7 @@ def packaging(session):
         for sdist in sdists:
             session.run("python", "-m", "pip", "wheel", "-q", "--no-deps", "--find-links", str(dist), "-w", str(rebuilt),
                         str(sdist))
+        assert len(list(rebuilt.glob("*.whl"))) == len(sdists), sorted(rebuilt.iterdir())
         session.run("uv", "sync", "--all-packages", env=env)
         backends = session.run(str(clone / ".venv" / "bin" / "kt"), "backends", "--json", silent=True, external=True,
                                env={"PYTHONPATH": ""})

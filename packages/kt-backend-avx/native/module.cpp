@@ -8,20 +8,18 @@
 
 #include <string>
 
-#include "targets.h"
+#include "targets.h"   // generated from targets.json
 
 namespace nb = nanobind;
 
 NB_MODULE(_native, m) {
-    m.doc() = "kt AVX backend: x86-64-v3, x86-64-v4 and x86-64-v4-vnni-bf16 expert kernels";
+    m.doc() = "kt AVX backend: the x86 expert kernels of every target in targets.json";
     m.def("backend_api", [](const std::string& variant) {
-        const kt_backend_api* api = nullptr;
-        if (variant == "x86-64-v3") api = kt_avx_x86_64_v3::backend_api();
-        else if (variant == "x86-64-v4") api = kt_avx_x86_64_v4::backend_api();
-        else if (variant == "x86-64-v4-vnni-bf16") api = kt_avx_x86_64_v4_vnni_bf16::backend_api();
-        else
-            throw nb::value_error(("kt-backend-avx has variants x86-64-v3, x86-64-v4, x86-64-v4-vnni-bf16; asked for '" +
-                                   variant + "'").c_str());
-        return nb::capsule(static_cast<const void*>(api), KT_BACKEND_CAPSULE_NAME);
+        std::string known;
+        for (const KtTarget& t : kTargets) {
+            if (variant == t.variant) return nb::capsule(static_cast<const void*>(t.backend_api()), KT_BACKEND_CAPSULE_NAME);
+            known += (known.empty() ? "" : ", ") + std::string(t.variant);
+        }
+        throw nb::value_error(("kt-backend-avx has variants " + known + "; asked for '" + variant + "'").c_str());
     });
 }

@@ -122,7 +122,7 @@ struct ExpertPanels {
 // ceil(MR/2), ceil(MR/4), ..., 1 (so 2 rows left of MR = 3 run as one block of 2, not two of 1):
 // about log2(MR) more instantiations of each microkernel. Blocks must
 // capture by value: a by-reference closure inlined into a microkernel made GCC reload its
-// sizes inside the hot loop (INT4 prefill 35% slower, measured).
+// sizes inside the hot loop (INT4 prefill a third slower).
 template <int MR, class Block>
 void for_row_blocks(int64_t rows, const Block& block, int64_t first = 0) {
     int64_t r = 0;
@@ -135,9 +135,8 @@ void for_row_blocks(int64_t rows, const Block& block, int64_t first = 0) {
 // over gate panel p, then over up panel p, which follows it in the layout, so the tile reads its
 // bytes as one forward stream. The fused kernel streams both panels at once, two streams a panel
 // apart, which the hardware prefetchers follow worse: a core then waits on DRAM more, most where
-// the kernel has the most arithmetic per byte (paired A/B, 1-token decode, Zen 4: INT4 1.15-1.28x,
-// FP8 on vdpbf16ps 1.06-1.12x, INT8 1.03x; BF16 1.00x, so it keeps the fused kernel). With more
-// rows the fused kernel's shared activation loads win (INT4 at <= 4 rows: 0.97x at 32 tokens).
+// the kernel has the most arithmetic per byte (BF16 gains nothing and keeps the fused kernel).
+// With more rows the fused kernel's shared activation loads win (figures: docs/performance.md).
 // `plain(panel, out)` runs the one-matrix kernel on all `rows`, kPanel outputs per row.
 template <int64_t kMaxRows, class Plain>
 void gate_up_in_order(int64_t rows, const uint8_t* gate, const uint8_t* up, size_t panel_stride, int64_t n0, int64_t n1,
@@ -161,17 +160,10 @@ void gate_up_in_order(int64_t rows, const uint8_t* gate, const uint8_t* up, size
 // How a decode-sized tile prefetches the weight stream it reads, once per 64-byte line: into L2
 // 16 KiB ahead, and from there into L1 kL1Ahead bytes ahead (FP8 8 KiB, INT4 / RAWINT4 4 KiB).
 // FP8's and INT4's decode loops do enough per line that the hardware prefetchers do not keep one
-// core's share of DRAM in flight; session 7's 2 KiB into L1 helped, but capped a core near 2 KiB
-// per DRAM latency. Against that, call by call in one process (each call a fresh routing, the
-// variants in rotation; 1-token decode, Qwen3-30B-A3B; 2 / 1 threads): FP8 1.36x / 1.36x
-// (DeepSeek-V3-64e 1.17x on 2), INT4 1.19x / 1.13x, RAWINT4 1.04x / 0.90x. On this shared host
-// the gains move with what the other tenants leave free: in rounds where they left bandwidth
-// free, INT4 gained 1.25x and RAWINT4 1.5-1.6x on 2 threads; where they did not, 0.93-1.00x.
-// L1 at 4 against 8 KiB: INT4 1.01x / 1.07x, RAWINT4 1.03x / 1.04x, FP8 0.995x / 0.95x; L2 at
-// 24 KiB 0.97-1.00x; other distances and either level alone were slower in a first A/B that
-// partly ran from L3. INT8 measured 0.92x / 0.81x with it (its lighter loop streams on the
-// hardware prefetch), so INT8 and BF16 do without; LLAMAFILE's Q4_K panels 0.98x (and 0.78-0.92x
-// with session 7's prefetch).
+// core's share of DRAM in flight, and a prefetch only 2 KiB ahead into L1 caps a core near 2 KiB
+// per DRAM latency. INT8's lighter loop streams on the hardware prefetch (a software prefetch
+// slowed it), so INT8, BF16 and LLAMAFILE do without. The distances were chosen by call-by-call
+// A/B runs; their figures are in docs/performance.md ("Decode: ceilings, and a deeper prefetch (session 8 ...)").
 constexpr size_t kDecodePrefetchL2 = 16384;
 template <size_t kL1Ahead>
 inline void prefetch_decode_stream(const void* line) {

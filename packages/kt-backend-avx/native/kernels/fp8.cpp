@@ -215,8 +215,8 @@ void rows_kernel(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, co
 // compute-bound at 34-58 % of the read bandwidth).
 constexpr int kMrBf16Fused = 4, kMrBf16Plain = 8;
 // Tiles of up to this many rows stream their panels one at a time in address order: gate then
-// up (gate_up_in_order, common.h), down panel by panel rather than in pairs. Paired A/B, 2
-// threads: 1.06x at 1 token, 1.09x at 4, 1.07x at 32 (<= 4 rows: 1.035x at 32).
+// up (gate_up_in_order, common.h), down panel by panel rather than in pairs (measured in
+// docs/performance.md; more rows gain less).
 constexpr int64_t kInOrderRows = 2;
 
 // f32 activation rows -> hi and lo bf16 pair planes, [rows][ceil(K/2)] each. Sixteen floats
@@ -282,13 +282,9 @@ void panel_kernel_bf16(const E4M3Converter& cv, const uint32_t* hi, const uint32
         const int64_t q0 = kb * steps_per_block, q1 = std::min((kc + 1) / 2, (kb + 1) * steps_per_block);
         // One step: k rows 4q..4q+3. kWhole: all four exist (every step but a K % 4 != 0 tail),
         // so both pair indices are in range without clamps; decode
-        // (kFly) also prefetches its stream (prefetch_decode_stream, common.h). Both against
-        // the clamped loop without a prefetch, paired A/B, 1-token decode (session 7, a 2 KiB L1
-        // prefetch): DeepSeek-V3-64e 1.19x (2 threads) / 1.26x (1 thread), Qwen3-30B-A3B
-        // 1.10-1.12x, 4 tokens 1.11x, 32 tokens 1.18x; session 8's L2 + L1 prefetch against that:
-        // Qwen3-30B-A3B 1.36x (1 and 2 threads), DeepSeek-V3-64e 1.17x (2 threads). Tried, not
-        // kept: a second set of accumulators for alternate steps (0.95-0.99x), converting step
-        // q + 1 before step q's dots (0.97-1.00x).
+        // (kFly) also prefetches its stream (prefetch_decode_stream, common.h). The figures, and
+        // what was tried and not kept (a second accumulator set, converting a step ahead), are
+        // in docs/performance.md.
         const auto step = [&]<bool kWhole>(int64_t q) {
             if constexpr (kAhead) ahead.step();
             __m512i wv[F][2];
@@ -365,9 +361,8 @@ void panels_bf16(const E4M3Converter& cv, const uint32_t* hi, const uint32_t* lo
             panel_kernel_bf16<M, kMode, false, true>(cv, hi + r * kc, lo + r * kc, k, w, panel, o, ldo, cols);
         } else {
             // The first row block fetches the next panels' codes into L2 while it computes, so
-            // widening them does not wait on DRAM (a sixth of prefill's samples did: paired A/B,
-            // Qwen3 FP8 256 tokens 1.17-1.19x, 1024 tokens 1.05-1.06x, DeepSeek-V3 256 tokens
-            // 1.06-1.09x, 1 and 2 threads).
+            // widening them does not wait on DRAM (a sixth of prefill's samples did; the gain is
+            // in docs/performance.md).
             bool ahead = false;
             if constexpr (M == MR) ahead = r == 0 && next_bytes;
             const PrefetchAhead fetch(next, next_bytes, (kc + 1) / 2);

@@ -959,8 +959,8 @@ kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* a
     const size_t ab = act_row_bytes(c->hidden);
     // Gate's columns, then up's into scratch, then SiLU(gate) * up. Up to kWholeTileRows rows
     // (decode) the whole tile of gate and then of up: each matrix read as one forward stream,
-    // not alternating between the two every panel (paired A/B, 1 token, 2 threads: Q4_K 1.09x,
-    // Q6_K 1.10x, Q8_0 1.09x; Q4_K at 32 tokens 1.06-1.08x). More rows take one panel's width
+    // not alternating between the two every panel, which the hardware prefetchers follow
+    // worse (docs/performance.md). More rows take one panel's width
     // at a time, so the scratch stays L1-sized while the panel's rows are reused.
     const int64_t span = rows <= kWholeTileRows ? n1 - n0 : kPanel;
     thread_local std::vector<float> scratch;

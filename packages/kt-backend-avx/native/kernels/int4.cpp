@@ -297,8 +297,8 @@ constexpr int kMrFused = 3, kMrPlain = 6;
 #else
 constexpr int kMrFused = 1, kMrPlain = 1;
 #endif
-// Gate/up tiles of up to this many rows stream gate then up (gate_up_in_order, common.h): at
-// 32 tokens <= 2 rows was 1.05x, <= 4 rows 0.97x (paired A/B, 2 threads).
+// Gate/up tiles of up to this many rows stream gate then up (gate_up_in_order, common.h); at 4
+// rows the fused kernel's shared activation loads already win (docs/performance.md).
 constexpr int64_t kInOrderRows = 2;
 
 // kStream: decode-sized tiles also prefetch their own stream (prefetch_decode_stream, common.h).
@@ -375,9 +375,7 @@ void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, Int4Layout lay,
         // int accumulator through the stack once per group. It did while this loop's runtime
         // trip count and Int4Layout::update's runtime header tests sat inside it; hence the rows'
         // activation sums first, in a loop of their own, the headers read once per group, and the
-        // header kind chosen outside the rows. Against that, call by call in one process (outputs
-        // bit-identical), Qwen3-30B-A3B layer: RAWINT4 (g32) 1.34-1.42x at 256 and 1024 tokens
-        // (1 and 2 threads), 1.09x at 32; INT4 g128 1.05-1.17x; 1-token decode 0.98-1.02x.
+        // header kind chosen outside the rows (prefill gain, bit-identical, in docs/performance.md).
         float asums[MR];
         for (int m = 0; m < MR; ++m) {
             const uint8_t* row = x + m * row_bytes;

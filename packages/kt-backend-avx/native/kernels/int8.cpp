@@ -123,8 +123,8 @@ constexpr int kMrFused = 6, kMrPlain = 12;
 #else
 constexpr int kMrFused = 1, kMrPlain = 2;
 #endif
-// Gate/up tiles of one row stream gate then up (gate_up_in_order, common.h): 1.03x at 1 token,
-// but <= 2 rows was 0.98x at 32 tokens (paired A/B, 2 threads): INT8's kernel does less per byte.
+// Gate/up tiles of one row stream gate then up (gate_up_in_order, common.h); from two rows the
+// fused kernel wins, as INT8's kernel does less per byte than INT4's (docs/performance.md).
 constexpr int64_t kInOrderRows = 1;
 
 // One int8 pass of code plane `a` against one weight vector.

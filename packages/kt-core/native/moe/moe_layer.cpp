@@ -468,217 +468,276 @@ std::vector<char> MoeLayer::copy_packed(int64_t expert) const {
     return std::vector<char>(p, p + expert_bytes_);
 }
 
-void MoeLayer::forward(const void* hidden, kt_dtype hidden_dtype, int64_t tokens, const int64_t* ids,
-                       const float* weights, void* out, kt_dtype out_dtype) const {
-    PhaseTimer timer;   // from entry: KT_TRACE's phases then add up to the whole call
-    const int64_t T = tokens, K = shape_.top_k, H = shape_.hidden, I = shape_.intermediate, E = shape_.num_experts;
-    if (T < 0 || T > max_tokens_)
-        throw std::invalid_argument("forward got " + std::to_string(T) + " tokens; this layer takes at most " +
-                                    std::to_string(max_tokens_) +
-                                    " (chunked_prefill_size): split the batch or raise chunked_prefill_size");
-    if (out_dtype != KT_DTYPE_F32 && out_dtype != KT_DTYPE_BF16)
-        throw std::invalid_argument("output must be float32 or bfloat16");
-    for (int64_t i = 0; i < T * K; ++i)
-        if (ids[i] < -1 || ids[i] >= E)
-            throw std::invalid_argument("topk_ids[" + std::to_string(i / K) + ", " + std::to_string(i % K) +
-                                        "] = " + std::to_string(ids[i]) + " is outside [-1, " + std::to_string(E) +
-                                        "); use -1 for 'no expert'");
+// One forward's state and its phases, in the order the data flows (DESIGN.md §3):
+// bucket -> quantize (and gather) -> gate/up -> quantize intermediate -> down -> reduce.
+class ForwardPass {
+public:
+    ForwardPass(const MoeLayer& layer, const kt_method_kernels& kernels, int64_t tokens)
+        : layer_(layer), k_(kernels), shape_(layer.shape_), T(tokens), K(shape_.top_k), H(shape_.hidden),
+          I(shape_.intermediate), E(shape_.num_experts), pool_(global_pool()) {}
 
-    // packed_ is read under the lock: load_expert(s) on another thread installs entries under it.
-    std::lock_guard<std::mutex> lock(g_forward_mutex);
-    for (int64_t e = 0; e < E; ++e)
-        if (on_cpu_[size_t(e)] && !packed_[size_t(e)])
-            throw std::runtime_error("expert " + std::to_string(e) +
-                                     " has no weights: call load_weights / load_weights_from_tensors first");
-    if (T == 0) return;
-    timer.mark("check");
-    const kt_method_kernels* const kernels = &kernels_for(T);
-    ThreadPool& pool = global_pool();
-    const size_t in_elem = dtype_size(hidden_dtype);
-
-    if (KT_HAS_FIELD(kernels, kt_method_kernels, moe_forward) && kernels->moe_forward) {
-        std::vector<const void*> experts(size_t(E), nullptr);
-        for (int64_t e = 0; e < E; ++e) experts[size_t(e)] = packed_[size_t(e)].get();
-        ScratchPlan plan;
-        const size_t at_out = plan.add(size_t(T * H) * 4);
-        char* base = plan.materialise();
-        float* out32 = out_dtype == KT_DTYPE_F32 ? static_cast<float*>(out) : reinterpret_cast<float*>(base + at_out);
-        check_plugin(kernels->moe_forward(&shape_, experts.data(), hidden, hidden_dtype, T, ids, weights, out32),
-                     "the backend's moe_forward");
-        if (out_dtype == KT_DTYPE_BF16)
-            for (int64_t i = 0; i < T * H; ++i) static_cast<uint16_t*>(out)[i] = f32_to_bf16(out32[i]);
-        return;
-    }
-
-    // A forward that will use the pool wakes it now, so workers parked between layers are
-    // spinning by the time the first tile loop starts (bucketing and small phases run here).
-    if (T * K * H * I * 3 >= kSerialMacs) pool.wake();
-
-    // Bucket (token, slot) pairs by expert; skipped ones (id -1, GPU-resident) get no row.
-    std::vector<int64_t> count(size_t(E), 0);
-    for (int64_t i = 0; i < T * K; ++i)
-        if (ids[i] >= 0 && on_cpu_[size_t(ids[i])]) ++count[size_t(ids[i])];
-    std::vector<int64_t> offset(size_t(E) + 1, 0);
-    std::vector<int32_t> active;   // experts with rows, in expert order
-    for (int64_t e = 0; e < E; ++e) {
-        offset[size_t(e) + 1] = offset[size_t(e)] + count[size_t(e)];
-        if (count[size_t(e)]) active.push_back(int32_t(e));
-    }
-    const int64_t S = offset[size_t(E)];
-    if (active.empty()) {   // every slot is -1 or GPU-resident: the CPU part of this layer is zero
-        std::memset(out, 0, size_t(T * H) * (out_dtype == KT_DTYPE_F32 ? 4 : 2));
-        return;
-    }
-    std::vector<int64_t> row_of_slot(static_cast<size_t>(T * K), -1), token_of_row(static_cast<size_t>(S));
-    {
-        std::vector<int64_t> fill(offset.begin(), offset.end() - 1);
+    // Rows per expert: each (token, slot) routed to a CPU expert gets a row; ids of -1 and
+    // GPU-resident experts get none. False when no slot has a CPU expert.
+    bool bucket(const int64_t* ids) {
+        // A forward that will use the pool wakes it now, so workers parked between layers are
+        // spinning by the time the first tile loop starts (bucketing and small phases run here).
+        if (T * K * H * I * 3 >= kSerialMacs) pool_.wake();
+        count_.assign(size_t(E), 0);
         for (int64_t i = 0; i < T * K; ++i)
-            if (ids[i] >= 0 && on_cpu_[size_t(ids[i])]) {
+            if (routed(ids[i])) ++count_[size_t(ids[i])];
+        offset_.assign(size_t(E) + 1, 0);
+        for (int64_t e = 0; e < E; ++e) {
+            offset_[size_t(e) + 1] = offset_[size_t(e)] + count_[size_t(e)];
+            if (count_[size_t(e)]) active_.push_back(int32_t(e));
+        }
+        S = offset_[size_t(E)];
+        if (active_.empty()) return false;
+        row_of_slot_.assign(size_t(T * K), -1);
+        token_of_row_.resize(size_t(S));
+        std::vector<int64_t> fill(offset_.begin(), offset_.end() - 1);
+        for (int64_t i = 0; i < T * K; ++i)
+            if (routed(ids[i])) {
                 const int64_t r = fill[size_t(ids[i])]++;
-                row_of_slot[size_t(i)] = r;
-                token_of_row[size_t(r)] = i / K;
+                row_of_slot_[size_t(i)] = r;
+                token_of_row_[size_t(r)] = i / K;
             }
+        allocate();
+        return true;
     }
 
-    const size_t row_h = kernels->activation_row_bytes(H), row_i = kernels->activation_row_bytes(I);
-    ScratchPlan plan;
-    const size_t at_act_tokens = plan.add(size_t(T) * row_h), at_act_rows = plan.add(size_t(S) * row_h),
-                 at_inter = plan.add(size_t(S * I) * 4), at_act2 = plan.add(size_t(S) * row_i),
-                 at_down = plan.add(size_t(S * H) * 4);
-    char* base = plan.materialise();
-    char* act_tokens = base + at_act_tokens;
-    char* const act_rows = base + at_act_rows;
-    float* inter = reinterpret_cast<float*>(base + at_inter);
-    char* act2 = base + at_act2;
-    float* down_out = reinterpret_cast<float*>(base + at_down);
-    const auto pack_of = [&] {
-        std::vector<const void*> p(static_cast<size_t>(E));
-        for (int64_t e = 0; e < E; ++e) p[size_t(e)] = packed_[size_t(e)].get();
-        return p;
-    }();
+    // Every token quantized once, in chunks of rows; then each expert's rows gathered.
+    void quantize_tokens(const void* hidden, kt_dtype hidden_dtype) {
+        const size_t in_elem = dtype_size(hidden_dtype);
+        const int64_t chunk = std::max<int64_t>(1, (T + 4 * threads_ - 1) / (4 * threads_));
+        auto quantize = [&](size_t c) {
+            const int64_t t0 = int64_t(c) * chunk, rows = std::min(chunk, T - t0);
+            const kt_status st = k_.quantize_activations(static_cast<const char*>(hidden) + size_t(t0 * H) * in_elem,
+                                                         hidden_dtype, rows, H, H, act_tokens_ + size_t(t0) * row_h_);
+            if (st != KT_OK) failure_.record(st, "quantizing activations");
+        };
+        parallel(row_workers_, size_t((T + chunk - 1) / chunk), quantize);
+        failure_.rethrow();
+        auto gather = [&](size_t r) {
+            std::memcpy(act_rows_ + r * row_h_, act_tokens_ + size_t(token_of_row_[r]) * row_h_, row_h_);
+        };
+        parallel(row_workers_, size_t(S), gather);
+    }
 
-    FailureSlot failure;
-    const bool serial = S * H * I * 3 < kSerialMacs;
-    ThreadPool* workers = serial ? nullptr : &pool;
-    const int threads = serial ? 1 : pool.num_threads(), groups = pool.num_groups();
-    timer.mark("route");
+    // Fused gate/up + SiLU(gate)*up per (expert, intermediate block). When every tile is a
+    // whole expert (one block spans I: decode's 8 experts on a few threads, or many experts),
+    // the tile quantizes its expert's rows itself, in parallel and while they are in its cache,
+    // rather than one thread doing every expert after the barrier (docs/performance.md).
+    void gate_up() {
+        const TilePlan plan = plan_tiles(I, k_.gate_up_block);
+        quantized_in_tiles_ = plan.block >= I;
+        auto tile = [&](const Tile& t) {
+            const int32_t e = active_[size_t(t.active)];
+            const int64_t r0 = offset_[size_t(e)];
+            const kt_status st = k_.gate_up_tile(&shape_, packed(e), act_rows_ + size_t(r0) * row_h_, count_[size_t(e)],
+                                                 t.n0, t.n1, inter_ + r0 * I, I);
+            if (st != KT_OK) failure_.record(st, "the gate/up kernel");
+            else if (quantized_in_tiles_) quantize_expert_intermediate(size_t(t.active));
+        };
+        run_tiles(plan, tile);
+        failure_.rethrow();
+    }
 
-    // 1. Quantize every token once, in chunks of rows; then gather each expert's rows.
-    const int64_t quant_chunk = std::max<int64_t>(1, (T + 4 * threads - 1) / (4 * threads));
-    auto quantize_tokens = [&](size_t c) {
-        const int64_t t0 = int64_t(c) * quant_chunk, rows = std::min(quant_chunk, T - t0);
-        const kt_status st = kernels->quantize_activations(static_cast<const char*>(hidden) + size_t(t0 * H) * in_elem,
-                                                            hidden_dtype, rows, H, H, act_tokens + size_t(t0) * row_h);
-        if (st != KT_OK) failure.record(st, "quantizing activations");
-    };
-    // Decode-sized phases (a few rows) cost less on this thread than a fork-join.
-    ThreadPool* row_workers = T * H <= kSmallPhaseElements ? nullptr : workers;
-    parallel(row_workers, size_t((T + quant_chunk - 1) / quant_chunk), quantize_tokens);
-    failure.rethrow();
-    auto gather = [&](size_t r) {
-        std::memcpy(act_rows + r * row_h, act_tokens + size_t(token_of_row[r]) * row_h, row_h);
-    };
-    parallel(row_workers, size_t(S), gather);
-    timer.mark("quantize+gather");
+    // The intermediate rows quantized for the down projection, per expert (unless gate_up did).
+    void quantize_intermediate() {
+        if (quantized_in_tiles_) return;
+        auto each = [&](size_t a) { quantize_expert_intermediate(a); };
+        parallel(S * I <= kSmallPhaseElements ? nullptr : workers_, active_.size(), each);
+        failure_.rethrow();
+    }
 
-    auto plan_tiles = [&](int64_t n, int64_t kernel_block) {
+    // Down projection per (expert, hidden block).
+    void down() {
+        const TilePlan plan = plan_tiles(H, k_.down_block);
+        auto tile = [&](const Tile& t) {
+            const int32_t e = active_[size_t(t.active)];
+            const int64_t r0 = offset_[size_t(e)];
+            const kt_status st = k_.down_tile(&shape_, packed(e), act2_ + size_t(r0) * row_i_, count_[size_t(e)], t.n0,
+                                              t.n1, down_out_ + r0 * H, H);
+            if (st != KT_OK) failure_.record(st, "the down kernel");
+        };
+        run_tiles(plan, tile);
+        failure_.rethrow();
+    }
+
+    // Weighted sum per token in slot order (deterministic; FP32 accumulation).
+    void reduce(const float* weights, void* out, kt_dtype out_dtype) {
+        auto token = [&](size_t t) {
+            thread_local std::vector<float> acc;
+            acc.assign(size_t(H), 0.0f);
+            for (int64_t j = 0; j < K; ++j) {
+                const int64_t r = row_of_slot_[t * size_t(K) + size_t(j)];
+                if (r < 0) continue;
+                const float w = weights[t * size_t(K) + size_t(j)];
+                const float* src = down_out_ + r * H;
+                for (int64_t h = 0; h < H; ++h) acc[size_t(h)] += w * src[h];
+            }
+            if (out_dtype == KT_DTYPE_F32) {
+                std::memcpy(static_cast<float*>(out) + t * size_t(H), acc.data(), size_t(H) * 4);
+            } else {
+                uint16_t* dst = static_cast<uint16_t*>(out) + t * size_t(H);
+                for (int64_t h = 0; h < H; ++h) dst[h] = f32_to_bf16(acc[size_t(h)]);
+            }
+        };
+        parallel(row_workers_, size_t(T), token);
+    }
+
+private:
+    bool routed(int64_t id) const { return id >= 0 && layer_.on_cpu_[size_t(id)]; }
+    const void* packed(int32_t e) const { return layer_.packed_[size_t(e)].get(); }
+
+    // Scratch for every phase, and who runs the phases: below kSerialMacs the calling thread
+    // alone; decode-sized row phases (a few rows) on the calling thread even when tiles use the pool.
+    void allocate() {
+        row_h_ = k_.activation_row_bytes(H);
+        row_i_ = k_.activation_row_bytes(I);
+        ScratchPlan plan;
+        const size_t at_act_tokens = plan.add(size_t(T) * row_h_), at_act_rows = plan.add(size_t(S) * row_h_),
+                     at_inter = plan.add(size_t(S * I) * 4), at_act2 = plan.add(size_t(S) * row_i_),
+                     at_down = plan.add(size_t(S * H) * 4);
+        char* base = plan.materialise();
+        act_tokens_ = base + at_act_tokens;
+        act_rows_ = base + at_act_rows;
+        inter_ = reinterpret_cast<float*>(base + at_inter);
+        act2_ = base + at_act2;
+        down_out_ = reinterpret_cast<float*>(base + at_down);
+        serial_ = S * H * I * 3 < kSerialMacs;
+        workers_ = serial_ ? nullptr : &pool_;
+        threads_ = serial_ ? 1 : pool_.num_threads();
+        row_workers_ = T * H <= kSmallPhaseElements ? nullptr : workers_;
+    }
+
+    void quantize_expert_intermediate(size_t a) {
+        const int32_t e = active_[a];
+        const int64_t r0 = offset_[size_t(e)];
+        const kt_status st = k_.quantize_activations(inter_ + r0 * I, KT_DTYPE_F32, count_[size_t(e)], I, I,
+                                                     act2_ + size_t(r0) * row_i_);
+        if (st != KT_OK) failure_.record(st, "quantizing intermediate activations");
+    }
+
+    // (expert x output block) tiles over n output columns, grouped by the NUMA group holding
+    // each expert; ~4 tiles per thread where the experts allow, never below the kernel's block.
+    TilePlan plan_tiles(int64_t n, int64_t kernel_block) const {
+        const int groups = pool_.num_groups();
         TilePlan tp;
         tp.per_group.resize(size_t(groups));
         tp.ranges.assign(size_t(groups), 0);
-        const int64_t wanted = std::max<int64_t>(1, (4 * threads + int64_t(active.size()) - 1) / int64_t(active.size()));
-        const int64_t block = std::max(kernel_block, int64_t(round_up(size_t((n + wanted - 1) / wanted), size_t(kernel_block))));
-        for (size_t a = 0; a < active.size(); ++a) {
-            const int g = group_of_expert_[size_t(active[a])] % groups;
-            for (int64_t n0 = 0; n0 < n; n0 += block) tp.per_group[size_t(g)].push_back({int32_t(a), n0, std::min(n, n0 + block)});
+        const int64_t wanted = std::max<int64_t>(1, (4 * threads_ + int64_t(active_.size()) - 1) / int64_t(active_.size()));
+        tp.block = std::max(kernel_block, int64_t(round_up(size_t((n + wanted - 1) / wanted), size_t(kernel_block))));
+        for (size_t a = 0; a < active_.size(); ++a) {
+            const int g = layer_.group_of_expert_[size_t(active_[a])] % groups;
+            for (int64_t n0 = 0; n0 < n; n0 += tp.block)
+                tp.per_group[size_t(g)].push_back({int32_t(a), n0, std::min(n, n0 + tp.block)});
         }
         for (int g = 0; g < groups; ++g) tp.ranges[size_t(g)] = tp.per_group[size_t(g)].size();
-        tp.block = block;
         return tp;
-    };
-    auto run_tiles = [&](const TilePlan& tp, auto& body) {
-        if (serial) {
+    }
+
+    template <class Body>
+    void run_tiles(const TilePlan& tp, Body& body) {
+        if (serial_) {
             for (const auto& tiles : tp.per_group)
                 for (const Tile& t : tiles) body(t);
             return;
         }
-        using Body = std::remove_reference_t<decltype(body)>;
         struct Ctx { const TilePlan* tp; Body* body; } ctx{&tp, &body};
-        pool.parallel_for_groups(
+        pool_.parallel_for_groups(
             tp.ranges.data(),
             [](void* c, int g, size_t i) {
                 auto* x = static_cast<Ctx*>(c);
                 (*x->body)(x->tp->per_group[size_t(g)][i]);
             },
             &ctx);
-    };
-
-    // The intermediate rows of one expert, quantized for the down projection (step 3).
-    auto quantize_inter = [&](size_t a) {
-        const int32_t e = active[a];
-        const int64_t r0 = offset[size_t(e)];
-        const kt_status st = kernels->quantize_activations(inter + r0 * I, KT_DTYPE_F32, count[size_t(e)], I, I,
-                                                            act2 + size_t(r0) * row_i);
-        if (st != KT_OK) failure.record(st, "quantizing intermediate activations");
-    };
-
-    // 2. Fused gate/up + SiLU(gate)*up per (expert, intermediate block).
-    const TilePlan gate_up_plan = plan_tiles(I, kernels->gate_up_block);
-    // When every tile is a whole expert (one block spans I: decode's 8 experts on a few threads,
-    // or many experts), the tile quantizes its expert's rows itself, in parallel and while they
-    // are in its cache, rather than one thread doing every expert after the barrier (decode:
-    // 7-17 us; paired A/B 1.02-1.06x INT4, 1.01x FP8, 1.02x at 4 tokens).
-    const bool quantize_in_tiles = gate_up_plan.block >= I;
-    auto gate_up = [&](const Tile& tile) {
-        const int32_t e = active[size_t(tile.active)];
-        const int64_t r0 = offset[size_t(e)];
-        const kt_status st = kernels->gate_up_tile(&shape_, pack_of[size_t(e)], act_rows + size_t(r0) * row_h,
-                                                    count[size_t(e)], tile.n0, tile.n1, inter + r0 * I, I);
-        if (st != KT_OK) failure.record(st, "the gate/up kernel");
-        else if (quantize_in_tiles) quantize_inter(size_t(tile.active));
-    };
-    run_tiles(gate_up_plan, gate_up);
-    failure.rethrow();
-    timer.mark("gate_up");
-
-    // 3. Otherwise the intermediate rows are quantized here, per expert.
-    if (!quantize_in_tiles) {
-        parallel(S * I <= kSmallPhaseElements ? nullptr : workers, active.size(), quantize_inter);
-        failure.rethrow();
     }
+
+    const MoeLayer& layer_;
+    const kt_method_kernels& k_;
+    const kt_moe_config& shape_;
+    const int64_t T, K, H, I, E;
+    int64_t S = 0;                       // rows: routed (token, slot) pairs
+    ThreadPool& pool_;
+    std::vector<int64_t> count_, offset_;   // rows per expert, first row of each
+    std::vector<int32_t> active_;           // experts with rows, in expert order
+    std::vector<int64_t> row_of_slot_, token_of_row_;
+    size_t row_h_ = 0, row_i_ = 0;          // bytes of one quantized hidden / intermediate row
+    char* act_tokens_ = nullptr;
+    char* act_rows_ = nullptr;
+    float* inter_ = nullptr;
+    char* act2_ = nullptr;
+    float* down_out_ = nullptr;
+    bool serial_ = true, quantized_in_tiles_ = false;
+    ThreadPool* workers_ = nullptr;
+    ThreadPool* row_workers_ = nullptr;
+    int threads_ = 1;
+    FailureSlot failure_;
+};
+
+void MoeLayer::check_forward_arguments(int64_t tokens, const int64_t* ids, kt_dtype out_dtype) const {
+    const int64_t K = shape_.top_k, E = shape_.num_experts;
+    if (tokens < 0 || tokens > max_tokens_)
+        throw std::invalid_argument("forward got " + std::to_string(tokens) + " tokens; this layer takes at most " +
+                                    std::to_string(max_tokens_) +
+                                    " (chunked_prefill_size): split the batch or raise chunked_prefill_size");
+    if (out_dtype != KT_DTYPE_F32 && out_dtype != KT_DTYPE_BF16)
+        throw std::invalid_argument("output must be float32 or bfloat16");
+    for (int64_t i = 0; i < tokens * K; ++i)
+        if (ids[i] < -1 || ids[i] >= E)
+            throw std::invalid_argument("topk_ids[" + std::to_string(i / K) + ", " + std::to_string(i % K) +
+                                        "] = " + std::to_string(ids[i]) + " is outside [-1, " + std::to_string(E) +
+                                        "); use -1 for 'no expert'");
+}
+
+void MoeLayer::forward_whole_op(const kt_method_kernels& kernels, const void* hidden, kt_dtype hidden_dtype,
+                                int64_t tokens, const int64_t* ids, const float* weights, void* out,
+                                kt_dtype out_dtype) const {
+    const int64_t H = shape_.hidden;
+    std::vector<const void*> experts(packed_.size(), nullptr);
+    for (size_t e = 0; e < packed_.size(); ++e) experts[e] = packed_[e].get();
+    ScratchPlan plan;
+    const size_t at_out = plan.add(size_t(tokens * H) * 4);
+    char* base = plan.materialise();
+    float* out32 = out_dtype == KT_DTYPE_F32 ? static_cast<float*>(out) : reinterpret_cast<float*>(base + at_out);
+    check_plugin(kernels.moe_forward(&shape_, experts.data(), hidden, hidden_dtype, tokens, ids, weights, out32),
+                 "the backend's moe_forward");
+    if (out_dtype == KT_DTYPE_BF16)
+        for (int64_t i = 0; i < tokens * H; ++i) static_cast<uint16_t*>(out)[i] = f32_to_bf16(out32[i]);
+}
+
+void MoeLayer::forward(const void* hidden, kt_dtype hidden_dtype, int64_t tokens, const int64_t* ids,
+                       const float* weights, void* out, kt_dtype out_dtype) const {
+    PhaseTimer timer;   // from entry: KT_TRACE's phases then add up to the whole call
+    check_forward_arguments(tokens, ids, out_dtype);
+    // packed_ is read under the lock: load_expert(s) on another thread installs entries under it.
+    std::lock_guard<std::mutex> lock(g_forward_mutex);
+    for (int64_t e = 0; e < shape_.num_experts; ++e)
+        if (on_cpu_[size_t(e)] && !packed_[size_t(e)])
+            throw std::runtime_error("expert " + std::to_string(e) +
+                                     " has no weights: call load_weights / load_weights_from_tensors first");
+    if (tokens == 0) return;
+    timer.mark("check");
+    const kt_method_kernels& kernels = kernels_for(tokens);
+    if (KT_HAS_FIELD(&kernels, kt_method_kernels, moe_forward) && kernels.moe_forward)
+        return forward_whole_op(kernels, hidden, hidden_dtype, tokens, ids, weights, out, out_dtype);
+
+    ForwardPass pass(*this, kernels, tokens);
+    if (!pass.bucket(ids)) {   // every slot is -1 or GPU-resident: the CPU part of this layer is zero
+        std::memset(out, 0, size_t(tokens * shape_.hidden) * (out_dtype == KT_DTYPE_F32 ? 4 : 2));
+        return;
+    }
+    timer.mark("route");
+    pass.quantize_tokens(hidden, hidden_dtype);
+    timer.mark("quantize+gather");
+    pass.gate_up();
+    timer.mark("gate_up");
+    pass.quantize_intermediate();
     timer.mark("quantize_inter");
-
-    // 4. Down projection per (expert, hidden block).
-    const TilePlan down_plan = plan_tiles(H, kernels->down_block);
-    auto down = [&](const Tile& tile) {
-        const int32_t e = active[size_t(tile.active)];
-        const int64_t r0 = offset[size_t(e)];
-        const kt_status st = kernels->down_tile(&shape_, pack_of[size_t(e)], act2 + size_t(r0) * row_i,
-                                                 count[size_t(e)], tile.n0, tile.n1, down_out + r0 * H, H);
-        if (st != KT_OK) failure.record(st, "the down kernel");
-    };
-    run_tiles(down_plan, down);
-    failure.rethrow();
+    pass.down();
     timer.mark("down");
-
-    // 5. Weighted sum per token in slot order (deterministic; FP32 accumulation).
-    auto reduce = [&](size_t t) {
-        thread_local std::vector<float> acc;
-        acc.assign(size_t(H), 0.0f);
-        for (int64_t j = 0; j < K; ++j) {
-            const int64_t r = row_of_slot[t * size_t(K) + size_t(j)];
-            if (r < 0) continue;
-            const float w = weights[t * size_t(K) + size_t(j)];
-            const float* src = down_out + r * H;
-            for (int64_t h = 0; h < H; ++h) acc[size_t(h)] += w * src[h];
-        }
-        if (out_dtype == KT_DTYPE_F32) {
-            std::memcpy(static_cast<float*>(out) + t * size_t(H), acc.data(), size_t(H) * 4);
-        } else {
-            uint16_t* dst = static_cast<uint16_t*>(out) + t * size_t(H);
-            for (int64_t h = 0; h < H; ++h) dst[h] = f32_to_bf16(acc[size_t(h)]);
-        }
-    };
-    parallel(row_workers, size_t(T), reduce);
+    pass.reduce(weights, out, out_dtype);
     timer.mark("reduce");
 }
 

@@ -65,6 +65,10 @@ public:
     int expert_group(int64_t expert) const;      // pool group holding the expert
 
 private:
+    friend class ForwardPass;   // forward's phases (moe_layer.cpp) read the placement and packed weights
+    void check_forward_arguments(int64_t tokens, const int64_t* ids, kt_dtype out_dtype) const;
+    void forward_whole_op(const kt_method_kernels& kernels, const void* hidden, kt_dtype hidden_dtype, int64_t tokens,
+                          const int64_t* ids, const float* weights, void* out, kt_dtype out_dtype) const;
     void check_expert_index(int64_t expert) const;
     NumaBuffer pack(int64_t expert, const kt_expert_weights& weights) const;
     NumaBuffer expert_buffer(int64_t expert) const;   // expert_bytes_ on the node of its group

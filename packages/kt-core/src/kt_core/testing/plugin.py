@@ -27,6 +27,8 @@ def pytest_addoption(parser):
     group = parser.getgroup("kt", "kt backend conformance")
     group.addoption("--kt-backend", action="append", default=[],
                     help="backend to test (repeatable); default: every installed backend")
+    group.addoption("--kt-variant", action="append", default=[], metavar="BACKEND/VARIANT",
+                    help="only this variant (repeatable), e.g. avx/x86-64-v3; default: every variant")
     group.addoption("--kt-tolerance", action="append", default=[], metavar="METHOD=VALUE",
                     help="override a method's tolerance, e.g. INT4=0.05")
 
@@ -38,7 +40,13 @@ def _variants(config):
     for name in wanted:
         if name not in names:
             raise pytest.UsageError(f"--kt-backend {name}: no such installed backend (installed: {', '.join(sorted(names))})")
-    return [(d, v) for d in found if not wanted or d.name in wanted for v in d.variants]
+    pairs = [(d, v) for d in found if not wanted or d.name in wanted for v in d.variants]
+    only = config.getoption("--kt-variant")
+    named = {f"{d.name}/{v.name}" for d, v in pairs}
+    for name in only:
+        if name not in named:
+            raise pytest.UsageError(f"--kt-variant {name}: no such variant (installed: {', '.join(sorted(named))})")
+    return [(d, v) for d, v in pairs if not only or f"{d.name}/{v.name}" in only]
 
 
 def pytest_generate_tests(metafunc):
