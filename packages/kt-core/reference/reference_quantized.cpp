@@ -7,7 +7,7 @@
 // double: for every format that product is exact, so the accumulation is the only rounding
 // the reference adds to the format's own.
 #include "reference_common.h"
-#include "quant/quant_rules.h"
+#include <kt/formats/quant_rules.h>
 
 #include <algorithm>
 #include <cmath>
@@ -257,7 +257,7 @@ kt_status check_e4m3_values(const char* method, const kt_weight& w, const Matrix
     return KT_OK;
 }
 
-// ---- quantizers: kt::quant (native/quant/quant_rules.h) -------------------------------
+// ---- quantizers: kt::quant (include/kt/formats/quant_rules.h) -------------------------------
 
 float quantize_symmetric(const float* w, int64_t count, float max_code, int lo, int hi, uint8_t* codes) {
     return kt::quant::quantize_symmetric(w, count, max_code, lo, hi, reinterpret_cast<int8_t*>(codes));

@@ -13,6 +13,8 @@
 #include <cstring>
 #include <vector>
 
+#include <kt/formats/quant_rules.h>
+
 #include "int4_layout.h"
 #include "int_dot.h"
 #include "lanes.h"
@@ -23,28 +25,18 @@ namespace {
 
 constexpr size_t kChunkBytes = 64;
 
-int round_clamped(float x, int lo, int hi) { return int(std::lround(std::clamp(x, float(lo), float(hi)))); }
-
-// One group of one channel: codes u (0..15) and (s, z), exactly as the reference backend.
+// One group of one channel: codes u (0..15) and (s, z) by kt-core's INT4 rules (kt/formats/quant_rules.h),
+// the arithmetic every backend and kt convert share.
 void quantize_group(const float* w, int64_t g, bool zero_point, uint8_t* u, float* s_out, float* z_out) {
     if (!zero_point) {
-        float amax = 0.0f;
-        for (int64_t i = 0; i < g; ++i) amax = std::max(amax, std::fabs(w[i]));
-        const float s = amax / 7.0f;
-        for (int64_t i = 0; i < g; ++i) u[i] = uint8_t((s == 0.0f ? 0 : round_clamped(w[i] / s, -8, 7)) + 8);
-        *s_out = s;
+        int8_t q[128];   // g <= 128 (check_group)
+        *s_out = kt::quant::quantize_symmetric(w, g, 7.0f, -8, 7, q);
+        for (int64_t i = 0; i < g; ++i) u[i] = uint8_t(q[i] + 8);
         *z_out = 8.0f;
         return;
     }
-    float lo = 0.0f, hi = 0.0f;
-    for (int64_t i = 0; i < g; ++i) {
-        lo = std::min(lo, w[i]);
-        hi = std::max(hi, w[i]);
-    }
-    const float s = (hi - lo) / 15.0f;
-    const int z = s == 0.0f ? 0 : round_clamped(-lo / s, 0, 15);
-    for (int64_t i = 0; i < g; ++i) u[i] = uint8_t(s == 0.0f ? 0 : std::clamp(round_clamped(w[i] / s, -15, 15) + z, 0, 15));
-    *s_out = s;
+    int z = 0;
+    *s_out = kt::quant::quantize_asymmetric(w, g, u, &z);
     *z_out = float(z);
 }
 

@@ -12,6 +12,8 @@
 #include <cstring>
 #include <vector>
 
+#include <kt/formats/quant_rules.h>
+
 #include "int_dot.h"
 #include "lanes.h"
 #include "methods.h"
@@ -38,12 +40,7 @@ const int8_t* channel_codes(const kt_weight& w, int64_t n, int8_t* q, float* sca
         return static_cast<const int8_t*>(m.data) + n * m.row_stride;
     }
     load_row(m, n, row.data());
-    float amax = 0.0f;
-    for (int64_t k = 0; k < m.cols; ++k) amax = std::max(amax, std::fabs(row[size_t(k)]));
-    const float s = amax / 127.0f;
-    for (int64_t k = 0; k < m.cols; ++k)
-        q[k] = int8_t(s > 0.0f ? std::clamp(std::lround(row[size_t(k)] / s), -127L, 127L) : 0L);
-    *scale = s;
+    *scale = kt::quant::quantize_symmetric(row.data(), m.cols, 127.0f, -127, 127, q);   // kt/formats/quant_rules.h
     return q;
 }
 

@@ -1,7 +1,7 @@
 #include "quant/kt_codes.h"
 
 #include "pool/thread_pool.h"
-#include "quant/quant_rules.h"
+#include <kt/formats/quant_rules.h>
 
 #include <cstring>
 #include <stdexcept>

@@ -1,12 +1,18 @@
-// The integer quantization rules of docs/formats.md, in the f32 arithmetic they fix. Shared
-// by the reference backend's packers and kt convert's quantizer (native/quant/kt_codes), so
-// a converted folder holds exactly the codes online quantization would produce.
+// The integer quantization rules of docs/formats.md (INT8, INT4 symmetric and with zero points),
+// in the f32 arithmetic they fix: kt-core's public definition of the formats, used by kt convert's
+// quantizer (native/quant/kt_codes), the reference backend and every backend's packers, so a
+// converted folder holds exactly the codes online quantization would produce on any backend.
+//
+// The functions have internal linkage (an unnamed namespace) on purpose: backends compile them
+// into translation units built with different ISA flags, and one shared inline definition would
+// let the linker keep, say, the AVX-512 copy for the baseline code's calls.
 #pragma once
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 
 namespace kt::quant {
+namespace {
 
 // Nearest, ties away from zero, of the f32 quotient (std::lround's rounding). Clamping
 // first keeps the conversion defined when a subnormal scale makes the quotient huge, and
@@ -44,4 +50,5 @@ inline float quantize_asymmetric(const float* w, int64_t count, uint8_t* codes, 
     return s;
 }
 
+}  // namespace
 }  // namespace kt::quant
