@@ -20,11 +20,18 @@ def test_json_schema_and_plot(tmp_path):
     r = kt("bench", *TINY, "--method", "BF16", "--method", "FP32", "--json", str(out), "--plot", str(png))
     assert r.returncode == 0, r.stderr + r.stdout
     data = json.loads(out.read_text())
-    assert data["schema_version"] == 1
+    assert data["schema_version"] == 2
     assert data["shape"] == {"name": "custom", "hidden": 64, "intermediate": 32, "experts": 4, "top_k": 2, "moe_layers": 1}
     assert set(data["bandwidth"]) == {"1"} and data["bandwidth"]["1"]["median_gbps"] > 0
     assert [g["group"] for g in data["bandwidth"]["1"]["per_group"]] == [0]
-    assert set(data["peak"]) == {"BF16 N=1", "FP32 N=1"}
+    assert set(data["peak"]) == {"BF16 N=1", "FP32 N=1"}      # kt's kernel peak, apart from the hardware's roof
+    from kt_core import probes
+
+    assert list(data["compute_roof"]["1"]) == probes.compute_peak_kinds()
+    assert all(v > 0 for v in data["compute_roof"]["1"].values())
+    kinds = {r["method"]: r["roof_kind"] for r in data["rows"]}
+    assert kinds["FP32"] in ("f32_fma", "kernel_peak")
+    assert kinds["BF16"] == next((k for k in ("bf16_dot", "f32_fma") if k in data["compute_roof"]["1"]), "kernel_peak")
     assert {(r["method"], r["tokens"]) for r in data["rows"]} == {("BF16", 1), ("BF16", 40), ("FP32", 1), ("FP32", 40)}
     for row in data["rows"]:
         assert row["median_ms"] > 0 and row["gbps"] > 0 and 0 < row["roofline_fraction"]

@@ -3,6 +3,7 @@
 #include <kt/plugin.h>
 
 #include "abi/host_api.h"
+#include "probes/compute_peak.h"
 #include "host/cpu_features.h"
 #include "host/topology.h"
 #include "memory/numa_allocator.h"
@@ -662,6 +663,14 @@ NB_MODULE(_native, m) {
     m.def("bench_fork_join", &bench_fork_join, "iterations"_a, "range"_a);
     m.def("bench_read_bandwidth", &bench_read_bandwidth, "bytes"_a, "repeats"_a);
     m.def("bench_read_bandwidth_per_group", &bench_read_bandwidth_per_group, "bytes_per_group"_a, "repeats"_a);
+    m.def("compute_peak_kinds", &kt::compute_peak_kinds);
+    m.def(
+        "compute_peak_macs",
+        [](const std::string& kind, double seconds) {
+            ReleaseGil release;
+            return kt::compute_peak_macs(kind, seconds);
+        },
+        "kind"_a, "seconds"_a);
     m.def("quantize_int8_codes", &quantize_int8_codes, "source"_a, "codes"_a, "scales"_a);
     m.def("quantize_int4_codes", &quantize_int4_codes, "source"_a, "group"_a, "zero_point"_a, "packed"_a, "scales"_a,
           "zeros"_a = nb::none());

@@ -1,11 +1,13 @@
 """Measure one MoE layer per (threads, method, token count), and the host's limits in the same run.
 
-Limits: read bandwidth with the pool's threads (native streaming sum over a buffer far larger
-than the caches) and the selected kernels' compute peak (the same method on a single small
-expert whose weights stay in L2, every token routed to it: no memory traffic to wait for).
+Limits, from the hardware: read bandwidth with the pool's threads (native streaming sum over a
+buffer far larger than the caches) and the compute roof, the measured multiply-add peak of the
+instructions the method's arithmetic maps to (f32 FMA, bf16 dot, int8 dot; kt_core.probes).
+Separately, kt's own kernel peak: the same method on a single small expert whose weights stay
+in L2, every token routed to it (what kt's kernels reach when memory is no limit).
 Rows: median latency and spread of timed calls after warm-up, tokens/s, GB/s of the distinct
-expert bytes a call touches, and the roofline position: the fractions of bandwidth and of peak
-compute the call reaches, the larger of them naming what bounds it.
+expert bytes a call touches, and the roofline position: the fractions of bandwidth and of the
+hardware's compute roof the call reaches, the larger of them naming what bounds it.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from kt_core import _native, pool
+from kt_core import pool, probes
+from kt_core.backends.selection import canonical_method
 from kt_core.errors import KTError
 from kt_core.host import host
 from kt_core.moe import MoE
@@ -29,7 +32,12 @@ from kt_core.testing.reference import random_routing
 
 from ..models.shapes import MoEShape
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# The instructions a method's multiply-adds run on, by preference: its compute roof is the
+# first this host measures (kt_core.probes.compute_peak_kinds).
+ROOF_KINDS = {"FP32": ("f32_fma",), "BF16": ("bf16_dot", "f32_fma"), "FP8": ("bf16_dot", "f32_fma"),
+              "FP8_PERCHANNEL": ("bf16_dot", "f32_fma"), "INT8": ("int8_dot",), "INT4": ("int8_dot",),
+              "RAWINT4": ("int8_dot",), "LLAMAFILE": ("int8_dot",)}
 
 
 class MemoryRefusal(KTError):
@@ -88,9 +96,9 @@ def _time_calls(fn: Callable[[int], None], warmup: int, repeats: int) -> list[fl
 def measure_bandwidth(mib: int, repeats: int = 5) -> dict:
     """Whole-pool read bandwidth over an interleaved buffer, and per NUMA group with every
     group reading its own node's buffer at once (as the MoE path does)."""
-    rates = _native.bench_read_bandwidth(mib * 2**20, repeats)
+    rates = probes.read_bandwidth(mib, repeats)
     info = pool.info()
-    per_group = _native.bench_read_bandwidth_per_group(max(64, mib // len(info.groups)) * 2**20, repeats)
+    per_group = probes.read_bandwidth_per_group(max(64, mib // len(info.groups)), repeats)
     nodes = [{"group": g, "numa_node": node, "threads": threads,
               "median_gbps": statistics.median(r[g] for r in per_group)}
              for g, (node, threads) in enumerate(info.groups)]
@@ -131,7 +139,7 @@ def run(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -> dict
         "shape": asdict(shape),
         "config": {"methods": cfg.methods, "tokens": cfg.tokens, "threads": cfg.threads, "backend": cfg.backend,
                    "repeats": cfg.repeats, "warmup": cfg.warmup, "fast_activations": cfg.fast_activations},
-        "bandwidth": {}, "peak": {}, "layers": {}, "rows": [], "skipped": [],
+        "bandwidth": {}, "compute_roof": {}, "peak": {}, "layers": {}, "rows": [], "skipped": [],
     }
     say = progress or (lambda _msg: None)
     if cfg.compare_kt_kernel and not (Path(cfg.compare_kt_kernel) / "bin" / "python").is_file():
@@ -194,6 +202,8 @@ def _measure(cfg: BenchConfig, result: dict, layers: dict, rng, shared: Path | N
         pool.configure(num_threads=threads)
         say(f"bandwidth, {threads} thread(s)")
         result["bandwidth"][str(threads)] = measure_bandwidth(cfg.bandwidth_mib)
+        say(f"compute roof, {threads} thread(s)")
+        roof = result["compute_roof"][str(threads)] = {k: probes.compute_peak(k) for k in probes.compute_peak_kinds()}
         for method, layer in layers.items():
             key = f"{method} N={threads}"
             if method not in result["layers"]:   # load once; later thread counts reuse it
@@ -217,6 +227,10 @@ def _measure(cfg: BenchConfig, result: dict, layers: dict, rng, shared: Path | N
                                 cfg.fast_activations)
             result["peak"][key] = peak
             bw = result["bandwidth"][str(threads)]["median_gbps"]
+            # The hardware's roof for this method's arithmetic; kt's kernel peak where the host
+            # measures none of its instructions (a host without AVX2).
+            roof_kind = next((k for k in ROOF_KINDS.get(canonical_method(method), ()) if k in roof), "kernel_peak")
+            roof_gmacs = roof.get(roof_kind, peak["gmacs"])
             for tokens in cfg.tokens:
                 say(f"{method}, {tokens} token(s), {threads} thread(s)")
                 inputs = _inputs(shape, tokens, cfg.warmup + cfg.repeats, rng, shared)
@@ -228,7 +242,8 @@ def _measure(cfg: BenchConfig, result: dict, layers: dict, rng, shared: Path | N
                 row = {"method": method, "threads": threads, "tokens": tokens, "median_ms": med * 1e3,
                        "spread": spread, "tokens_per_s": tokens / med, "gbps": gbps,
                        "gmacs": macs / med / 1e9, "bandwidth_fraction": gbps / bw,
-                       "compute_fraction": macs / med / 1e9 / peak["gmacs"]}
+                       "roof_kind": roof_kind, "compute_fraction": macs / med / 1e9 / roof_gmacs,
+                       "kernel_peak_fraction": macs / med / 1e9 / peak["gmacs"]}
                 # Bound by whichever limit the call is closer to, read from the two ratios (a token
                 # count cannot say it: INT4 at 32 tokens is compute-bound, BF16 is not).
                 row["bound"] = "memory" if row["bandwidth_fraction"] >= row["compute_fraction"] else "compute"
