@@ -31,7 +31,7 @@ import numpy as np
 
 import kt_core
 from kt_core import _native, pool
-from kt_core.testing.gguf_files import random_blocks
+from kt_core.testing.ggml_blocks import random_blocks
 
 METHODS = {"LLAMAFILE Q4_K": ("LLAMAFILE", ("Q4_K",) * 3), "LLAMAFILE Q8_0": ("LLAMAFILE", ("Q8_0",) * 3),
            "INT4": ("INT4", None), "INT8": ("INT8", None)}

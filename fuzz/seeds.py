@@ -30,7 +30,7 @@ H, I, E, TOP_K = 32, 32, 2, 1
 
 
 def gguf_seeds(tmp: Path) -> dict[str, bytes]:
-    from kt_core.testing.gguf_files import write_moe_gguf
+    from kt.testing.gguf_files import write_moe_gguf
 
     seeds = {}
     for name, kw in {"fused-q8": dict(types=("Q8_0", "Q8_0", "Q8_0")),

@@ -12,7 +12,8 @@ import kt_core
 from kt_backend_avx import descriptor
 from kt_core.backends import discovery, selection
 from kt_core.errors import BackendError
-from kt_core.testing.gguf_files import dequantize, moe_reference, random_blocks, write_moe_gguf
+from kt_core.testing.ggml_blocks import dequantize, random_blocks
+from kt_core.testing.reference import moe_reference
 
 gguf = pytest.importorskip("gguf")
 
@@ -53,7 +54,7 @@ def test_matches_fp32_over_dequantized_weights(variant, types, tokens):
     x = rng.standard_normal((tokens, hidden)).astype(np.float32)
     ids = np.stack([rng.permutation(experts)[:top_k] for _ in range(tokens)]).astype(np.int64)
     w = rng.random((tokens, top_k)).astype(np.float32)
-    want = moe_reference(x, ids, w, *dense)
+    want = moe_reference(x, *dense, ids, w)
     assert _rel(layer(x, ids, w), want) < TOL
     oracle = _layer(types, hidden, inter, experts, top_k, backend="reference")
     oracle.load(*blocks)
@@ -68,7 +69,7 @@ def test_fast_activations_and_32_element_blocks(variant):
     x = rng.standard_normal((9, hidden)).astype(np.float32)
     ids = np.stack([rng.permutation(4)[:2] for _ in range(9)]).astype(np.int64)
     w = rng.random((9, 2)).astype(np.float32)
-    want = moe_reference(x, ids, w, *dense)
+    want = moe_reference(x, *dense, ids, w)
     for fast, tol in ((False, TOL), (True, FAST_TOL)):
         layer = _layer(types, hidden, inter, 4, 2, fast_activations=fast)
         layer.load(*blocks)
@@ -76,7 +77,9 @@ def test_fast_activations_and_32_element_blocks(variant):
 
 
 def test_gguf_file_through_the_wrapper(variant, tmp_path):
-    weights = write_moe_gguf(tmp_path / "m.gguf", hidden=256, intermediate=512, experts=8, top_k=2, layers=2,
+    """A GGUF file read by the kt application (KTMoEWrapper(weight_path=) finds its reader), run here."""
+    gguf_files = pytest.importorskip("kt.testing.gguf_files", reason="reading GGUF files is the kt application's")
+    weights = gguf_files.write_moe_gguf(tmp_path / "m.gguf", hidden=256, intermediate=512, experts=8, top_k=2, layers=2,
                              split_max_tensors=3, seed=2)
     w = kt_core.KTMoEWrapper(layer_idx=1, num_experts=8, num_experts_per_tok=2, hidden_size=256,
                              moe_intermediate_size=512, weight_path=str(tmp_path), method="LLAMAFILE")
@@ -85,7 +88,7 @@ def test_gguf_file_through_the_wrapper(variant, tmp_path):
     x = rng.standard_normal((4, 256)).astype(np.float32)
     ids = np.array([[0, 7], [3, -1], [5, 6], [1, 2]], np.int64)
     wt = rng.random((4, 2)).astype(np.float32)
-    assert _rel(w.forward(x, ids, wt), moe_reference(x, ids, wt, *weights[1])) < TOL
+    assert _rel(w.forward(x, ids, wt), moe_reference(x, *weights[1], ids, wt)) < TOL
 
 
 def test_nan_activations_stay_in_their_token(variant):
@@ -137,4 +140,4 @@ def test_q8_0_full_code_range(variant):
     x = rng.standard_normal((tokens, hidden)).astype(np.float32)
     ids = np.stack([rng.permutation(experts)[:top_k] for _ in range(tokens)]).astype(np.int64)
     w = rng.random((tokens, top_k)).astype(np.float32)
-    assert _rel(layer(x, ids, w), moe_reference(x, ids, w, *dense)) < TOL
+    assert _rel(layer(x, ids, w), moe_reference(x, *dense, ids, w)) < TOL

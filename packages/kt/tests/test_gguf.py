@@ -10,11 +10,13 @@ import pytest
 gguf = pytest.importorskip("gguf")
 
 from kt.gguf import GGML_TYPES, open_gguf  # noqa: E402
+from kt.testing.gguf_files import write_moe_gguf  # noqa: E402
 from kt.weights import load_layer, open_weights  # noqa: E402
 from kt_core import KTMoEWrapper, MoE  # noqa: E402
 from kt_core.backends.reference import _native as reference_native  # noqa: E402
 from kt_core.errors import KTError, WeightsError  # noqa: E402
-from kt_core.testing.gguf_files import dequantize, moe_reference, random_blocks, write_moe_gguf  # noqa: E402
+from kt_core.testing.ggml_blocks import dequantize, random_blocks  # noqa: E402
+from kt_core.testing.reference import moe_reference  # noqa: E402
 
 
 def _rel(out, want) -> float:
@@ -56,7 +58,7 @@ def test_wrapper_forward_matches_fp32_moe(tmp_path, types):
     rng = np.random.default_rng(4)
     x = rng.standard_normal((7, hidden)).astype(np.float32)
     ids, wt = _routing(rng, 7, experts, 2)
-    want = moe_reference(x, ids, wt, *weights[1])
+    want = moe_reference(x, *weights[1], ids, wt)
     assert _rel(w.forward(x, ids, wt), want) < 1e-5
 
 
@@ -74,7 +76,7 @@ def test_split_files_and_folder(tmp_path):
     rng = np.random.default_rng(6)
     x = rng.standard_normal((3, 256)).astype(np.float32)
     ids, wt = _routing(rng, 3, 4, 2)
-    assert _rel(moe(x, ids, wt), moe_reference(x, ids, wt, *weights[2])) < 1e-5
+    assert _rel(moe(x, ids, wt), moe_reference(x, *weights[2], ids, wt)) < 1e-5
 
     (tmp_path / files[3]).unlink()
     with pytest.raises(KTError, match="model-00004-of-00005.gguf is missing"):
@@ -94,7 +96,7 @@ def test_per_expert_tensors(tmp_path):
     ids = np.array([[0], [1], [2], [0]], np.int64)
     wt = np.ones((4, 1), np.float32)
     gate, up, down = (m[[2, 0, 1]] for m in weights[0])
-    assert _rel(moe(x, ids, wt), moe_reference(x, ids, wt, gate, up, down)) < 1e-5
+    assert _rel(moe(x, ids, wt), moe_reference(x, gate, up, down, ids, wt)) < 1e-5
 
 
 def test_truncated_and_corrupted_files_raise(tmp_path):
@@ -151,7 +153,7 @@ def test_unsupported_types_and_block_sizes(tmp_path):
     moe.load(gate, up, down)
     x = rng.standard_normal((2, 96)).astype(np.float32)
     ids, wt = np.array([[0], [1]], np.int64), np.ones((2, 1), np.float32)
-    want = moe_reference(x, ids, wt, dequantize(gate, "Q8_0"), dequantize(up, "Q8_0"), dequantize(down, "Q4_0"))
+    want = moe_reference(x, dequantize(gate, "Q8_0"), dequantize(up, "Q8_0"), dequantize(down, "Q4_0"), ids, wt)
     assert _rel(moe(x, ids, wt), want) < 1e-5
 
     # A GGUF whose experts use a type kt does not read names it and the supported ones.

@@ -97,7 +97,7 @@ def test_checkpoint_experts_load_as_stored(tmp_path, quant, method, tolerance):
 def test_gguf_experts_load_as_stored(tmp_path, types):
     # LLAMAFILE: kt reads the ggml blocks; torch runs the weights they dequantize to. Measured
     # 1.3e-4 / 1.5e-4 (kt's int8 activation rounding); 2e-3 as for RAWINT4.
-    from kt_core.testing.gguf_files import write_moe_gguf
+    from kt.testing.gguf_files import write_moe_gguf
 
     path = tmp_path / "tiny.gguf"
     truth = write_moe_gguf(path, hidden=128, intermediate=64, experts=8, top_k=2, layers=3, types=types)
@@ -113,7 +113,7 @@ def test_gguf_experts_load_as_stored(tmp_path, types):
 
 
 def test_gguf_needs_the_llamafile_method(tmp_path):
-    from kt_core.testing.gguf_files import write_moe_gguf
+    from kt.testing.gguf_files import write_moe_gguf
 
     path = tmp_path / "tiny.gguf"
     truth = write_moe_gguf(path, hidden=128, intermediate=64, experts=8, top_k=2, layers=3, types=("Q8_0",) * 3)

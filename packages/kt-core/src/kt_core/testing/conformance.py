@@ -17,7 +17,7 @@ import pytest
 from ..errors import BackendError
 from ..formats.codes import int4_group_for
 from ..moe import MoE
-from .gguf_files import random_blocks
+from .ggml_blocks import random_blocks
 from .quantize import checkpoint_inputs
 from .reference import random_moe, random_routing, relative_error
 

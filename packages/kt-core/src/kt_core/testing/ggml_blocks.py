@@ -1,0 +1,43 @@
+"""ggml blocks for tests and the conformance suite, made with the `gguf` package (kt's GGUF
+files for tests are written by kt.testing.gguf_files from these).
+
+Blocks are real encodings: `gguf.quants.quantize` of random weights for the types it can
+encode (Q4_0, Q8_0), random bytes with finite, moderate f16 scales for the others (gguf-py
+has no K-quant encoder; every bit pattern of their codes is a valid block). The dequantized
+weights come from `gguf.quants.dequantize`, the oracle the kernels are held to.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..formats.ggml import ggml_type
+
+# Byte offsets of each type's f16 scale fields within a block, and a magnitude that keeps
+# weights around 0.1 (the largest sub-scale x code product differs per type; small ones are
+# f16 subnormals, which the kernels must decode too).
+_F16_FIELDS = {"Q4_0": (0,), "Q8_0": (0,), "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2),
+               "Q6_K": (208,), "IQ4_XS": (0,)}
+_SCALE = {"Q2_K": 2e-3, "Q3_K": 5e-4, "Q4_K": 1e-4, "Q5_K": 5e-5, "Q6_K": 2.5e-5, "IQ4_XS": 2.5e-5}
+
+
+def random_blocks(rng: np.random.Generator, type_name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """uint8 [..., N, bytes per row] of ggml type `type_name` for float shape [..., N, K]."""
+    import gguf
+
+    t = ggml_type(type_name)
+    qtype = gguf.GGMLQuantizationType[t.name]
+    if t.name in ("Q4_0", "Q8_0"):
+        return gguf.quants.quantize((rng.standard_normal(shape) * 0.05).astype(np.float32), qtype)
+    *lead, n, k = shape
+    blocks = rng.integers(0, 256, size=(*lead, n, k // t.block_elems, t.block_bytes), dtype=np.uint8)
+    for at in _F16_FIELDS[t.name]:
+        scales = (rng.uniform(0.25, 1.0, size=blocks.shape[:-1]) * _SCALE[t.name]).astype(np.float16)
+        blocks[..., at:at + 2] = scales[..., None].view(np.uint8)
+    return blocks.reshape(*lead, n, t.row_bytes(k))
+
+
+def dequantize(blocks: np.ndarray, type_name: str) -> np.ndarray:
+    import gguf
+
+    return gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType[ggml_type(type_name).name])
