@@ -86,10 +86,10 @@ def test_ineligible_tensors_take_the_checked_path(layer):
 @pytest.mark.parametrize(
     "make, message",
     [
-        (lambda x, ids, w: (x[:, :-1], ids, w), "hidden_states must be"),
-        (lambda x, ids, w: (x, ids[:, :-1], w), "topk_ids must be"),
-        (lambda x, ids, w: (x, ids, w[:-1]), "topk_weights must be"),
-        (lambda x, ids, w: (torch.cat([x] * 5), torch.cat([ids] * 5), torch.cat([w] * 5)), "max_tokens"),
+        (lambda x, ids, w: (x[:, :-1], ids, w), "hidden_states must have shape"),
+        (lambda x, ids, w: (x, ids[:, :-1], w), "topk_ids must have shape"),
+        (lambda x, ids, w: (x, ids, w[:-1]), "topk_weights must have shape"),
+        (lambda x, ids, w: (torch.cat([x] * 5), torch.cat([ids] * 5), torch.cat([w] * 5)), "chunked_prefill_size"),
         (lambda x, ids, w: (x, ids + E, w), "outside"),
     ],
 )

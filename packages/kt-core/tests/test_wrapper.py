@@ -134,12 +134,12 @@ def loaded():
 
 def test_wrong_hidden_shape(loaded):
     ids, tw = routing(3)
-    with pytest.raises(ValueError, match=r"hidden_states must be \[tokens, 64\], got \[3, 63\]"):
+    with pytest.raises(ValueError, match=r"hidden_states must have shape \[3, 64\], got \[3, 63\]"):
         loaded.forward(torch.randn(3, 63), ids, tw)
 
 
 def test_wrong_ids_shape(loaded):
-    with pytest.raises(ValueError, match=r"topk_ids must be \[3, 2\]"):
+    with pytest.raises(ValueError, match=r"topk_ids must have shape \[3, 2\], got \[3, 3\]"):
         loaded.forward(torch.randn(3, H), torch.zeros(3, 3, dtype=torch.int64), torch.ones(3, 2))
 
 
@@ -154,12 +154,18 @@ def test_ids_out_of_range(loaded):
         loaded.forward(torch.randn(2, H), ids, torch.ones(2, 2))
     with pytest.raises(ValueError, match=r"= -2 is outside"):
         loaded.forward(torch.randn(2, H), -2 * torch.ones(2, 2, dtype=torch.int64), torch.ones(2, 2))
+    with pytest.raises(ValueError, match=r"topk_ids\[1, 1\] = 8 is outside \[-1, 8\)"):
+        loaded.submit_forward(torch.randn(2, H), ids, torch.ones(2, 2))   # refused at submit, not at sync
+    loaded.submit_forward(torch.randn(2, H), ids.clamp(max=7), torch.ones(2, 2))   # and nothing was left pending
+    assert loaded.sync_forward().shape == (2, H)
 
 
 def test_too_many_tokens(loaded):
     ids, tw = routing(65)
-    with pytest.raises(ValueError, match="65 tokens, more than max_tokens .chunked_prefill_size. = 64"):
+    with pytest.raises(ValueError, match=r"forward got 65 tokens; this layer takes at most 64 \(chunked_prefill_size\)"):
         loaded.forward(torch.randn(65, H), ids, tw)
+    with pytest.raises(ValueError, match=r"forward got 65 tokens; this layer takes at most 64"):
+        loaded.submit_forward(torch.randn(65, H), ids, tw)      # refused at submit, not at sync
 
 
 def test_non_contiguous_and_strided_inputs_are_handled(loaded):

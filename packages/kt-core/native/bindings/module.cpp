@@ -388,6 +388,7 @@ struct Layer {
             throw std::runtime_error("a forward is already submitted; call sync_forward() before submitting another");
         // Validate on this thread so bad input raises here, not at sync().
         kt::MoeLayer* l = layer.get();
+        l->check_forward_arguments(c.tokens, c.ids, c.out_dtype);
         {
             ReleaseGil release;
             kt::global_pool().submit([l, c] { l->forward(c.hidden, c.hidden_dtype, c.tokens, c.ids, c.weights, c.out, c.out_dtype); });

@@ -48,6 +48,11 @@ public:
     void forward(const void* hidden, kt_dtype hidden_dtype, int64_t tokens, const int64_t* ids,
                  const float* weights, void* out, kt_dtype out_dtype) const;
 
+    // The checks forward() starts with (token count, output dtype, every id in [-1, E)), for a
+    // caller that queues the forward and must refuse bad input before it runs (submit).
+    // Argument checking lives here and in the bindings' shape checks, not in Python.
+    void check_forward_arguments(int64_t tokens, const int64_t* ids, kt_dtype out_dtype) const;
+
     const kt_moe_config& shape() const { return shape_; }
     const kt_method_kernels& kernels() const { return *kernels_; }
 
@@ -66,7 +71,6 @@ public:
 
 private:
     friend class ForwardPass;   // forward's phases (moe_layer.cpp) read the placement and packed weights
-    void check_forward_arguments(int64_t tokens, const int64_t* ids, kt_dtype out_dtype) const;
     void forward_whole_op(const kt_method_kernels& kernels, const void* hidden, kt_dtype hidden_dtype, int64_t tokens,
                           const int64_t* ids, const float* weights, void* out, kt_dtype out_dtype) const;
     void check_expert_index(int64_t expert) const;
