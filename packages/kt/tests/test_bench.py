@@ -63,6 +63,18 @@ def test_preset_shapes_are_used():
     assert SHAPES["deepseek-v3"].experts == 256 and SHAPES["qwen3-30b-a3b"].intermediate == 768
 
 
+def test_the_kt_kernel_harness_shapes_restate_the_presets():
+    """moe_data.py runs in kt-kernel's venv without kt, so it keeps its own rows: they must agree."""
+    from kt.bench.kt_kernel import moe_data
+    from kt.models.shapes import SHAPES
+
+    q, d = moe_data.SHAPES["qwen3-30b-a3b"], moe_data.SHAPES["deepseek-v3-64e"]
+    assert (q.hidden, q.intermediate, q.experts, q.top_k) == tuple(getattr(SHAPES["qwen3-30b-a3b"], f) for f in
+                                                                   ("hidden", "intermediate", "experts", "top_k"))
+    v3 = SHAPES["deepseek-v3"]
+    assert (d.hidden, d.intermediate, d.top_k) == (v3.hidden, v3.intermediate, v3.top_k)   # cut to 64 experts
+
+
 def test_oversized_shape_is_refused_with_what_would_fit():
     r = kt("bench", "--hidden", "8192", "--intermediate", "8192", "--experts", "512", "--top-k", "8", "--tokens", "1",
            "--method", "BF16")

@@ -56,6 +56,8 @@ class Shape:
         return 3 * self.hidden * self.intermediate
 
 
+# The benchmarks' two layers. This file also runs in kt-kernel's venv, where kt is not installed,
+# so it cannot read kt.models' presets; test_bench.py checks these rows against them.
 SHAPES = {
     "qwen3-30b-a3b": Shape("qwen3-30b-a3b", hidden=2048, intermediate=768, experts=128, top_k=8),
     "deepseek-v3-64e": Shape("deepseek-v3-64e", hidden=7168, intermediate=2048, experts=64, top_k=8),
