@@ -87,14 +87,15 @@ class _Handler(BaseHTTPRequestHandler):
             if self.log_fn is not None:
                 self.log_fn(f"request failed: {traceback.format_exc()}")
             return self._error(P.RequestError(500, f"internal error: {type(exc).__name__}: {exc}"))
-        try:
-            if stream:
-                self._stream(job, chat, include_usage)
-            else:
-                self._complete(job, chat)
-        except _Disconnected:
-            job.cancel()
-            self.close_connection = True
+        with self.in_flight:
+            try:
+                if stream:
+                    self._stream(job, chat, include_usage)
+                else:
+                    self._complete(job, chat)
+            except _Disconnected:
+                job.cancel()
+                self.close_connection = True
 
     # -- request and response plumbing ------------------------------------------------------
     def _body(self) -> dict:
@@ -204,17 +205,43 @@ class _Handler(BaseHTTPRequestHandler):
         self._send_chunk(b"")
 
 
+class _InFlight:
+    """Counts the responses being written (a context manager around each), so close() can wait
+    for them to be finished before the process exits."""
+
+    def __init__(self):
+        self._count = 0
+        self._idle = threading.Condition()
+
+    def __enter__(self):
+        with self._idle:
+            self._count += 1
+
+    def __exit__(self, *exc):
+        with self._idle:
+            self._count -= 1
+            if self._count == 0:
+                self._idle.notify_all()
+
+    def wait_idle(self, timeout: float) -> bool:
+        with self._idle:
+            return self._idle.wait_for(lambda: self._count == 0, timeout)
+
+
 class Server:
     """The HTTP server on (host, port) in front of an engine; port 0 takes any free port."""
 
     def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 8000,
                  log: Callable[[str], None] | None = None):
         # staticmethod: a plain function stored on the class would be bound to the handler.
-        handler = type("Handler", (_Handler,), {"engine": engine, "log_fn": None if log is None else staticmethod(log)})
+        self.in_flight = _InFlight()
+        handler = type("Handler", (_Handler,), {"engine": engine, "log_fn": None if log is None else staticmethod(log),
+                                                "in_flight": self.in_flight})
         self.engine = engine
         self.httpd = ThreadingHTTPServer((host, port), handler)
         # Connection threads are daemons: an idle keep-alive connection must not hold up exit;
-        # every request in flight is ended by engine.close() before the process goes.
+        # every request in flight is ended by engine.close(), and close() waits until its handler
+        # has written that ending (a loaded host used to exit mid-chunk).
         self.httpd.daemon_threads = True
         self.host, self.port = self.httpd.server_address[:2]
         self._thread: threading.Thread | None = None
@@ -240,6 +267,7 @@ class Server:
         if self._serving:        # shutdown() waits for serve_forever, so only after it started
             self.httpd.shutdown()
         self.engine.close()
+        self.in_flight.wait_idle(timeout=10.0)
         self.httpd.server_close()
         if self._thread is not None:
             self._thread.join()
