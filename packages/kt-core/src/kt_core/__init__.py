@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import backends, pool
-from .errors import BackendError, BackendSelectionError, KTError, WeightsError
+from .errors import BackendError, BackendSelectionError, KTError, SettingError, WeightsError
 from .host import Host, host
 from .moe import MoE, clear_buffer_cache
 from .wrapper import KTMoEWrapper
@@ -32,6 +32,6 @@ def abi_version() -> tuple[int, int]:
     return (_native.ABI_MAJOR, _native.ABI_MINOR)
 
 
-__all__ = ["BackendError", "BackendSelectionError", "Host", "KTError", "KTMoEWrapper", "MoE", "WeightsError",
+__all__ = ["BackendError", "BackendSelectionError", "Host", "KTError", "KTMoEWrapper", "MoE", "SettingError", "WeightsError",
            "__version__", "abi_version", "backends", "clear_buffer_cache", "get_cmake_dir", "get_include", "host",
            "pool"]

@@ -15,3 +15,7 @@ class BackendSelectionError(BackendError):
 
 class WeightsError(KTError, ValueError):
     """Expert weights of the wrong shape, dtype or count."""
+
+
+class SettingError(KTError, ValueError):
+    """A KT_* variable or a pool setting outside what it takes (a ValueError to Python callers)."""

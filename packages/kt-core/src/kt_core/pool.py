@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 
 from . import _native
+from .errors import SettingError
 from .host import host
 
 
@@ -24,7 +25,7 @@ def _env_int(name: str, default: int) -> int:
     try:
         return int(raw)
     except ValueError:
-        raise ValueError(f"{name} must be an integer, got {raw!r}") from None
+        raise SettingError(f"{name} must be an integer, got {raw!r}") from None
 
 
 # Bounds the native pool takes (C ints); past them a setting is a typo, not a choice.
@@ -34,7 +35,7 @@ MAX_SPIN_US = 10_000_000   # 10 s
 
 def _check_range(name: str, value: int, most: int, meaning: str) -> None:
     if not 0 <= value <= most:
-        raise ValueError(f"{name} must be in [0, {most}] ({meaning}), got {value}")
+        raise SettingError(f"{name} must be in [0, {most}] ({meaning}), got {value}")
 
 
 def configure(num_threads: int = 0, virtual_numa: int | None = None, pin: bool = True,

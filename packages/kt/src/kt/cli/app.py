@@ -202,8 +202,12 @@ def chat(
 def fail(command: str, error, code: int):
     """One line on stderr, then exit `code`. Printed without markup: an install hint such as
     `pip install 'kt[serve]'` is text, not a style tag."""
-    err_console.print(f"{command}: {error}", style="red", markup=False, highlight=False, soft_wrap=True)
+    error_line(command, error)
     raise typer.Exit(code)
+
+
+def error_line(command: str, error) -> None:
+    err_console.print(f"{command}: {error}", style="red", markup=False, highlight=False, soft_wrap=True)
 
 
 config_app = typer.Typer(help="user-level defaults of kt run, kt bench and kt convert (a YAML file)",
@@ -325,10 +329,13 @@ def main(argv: list[str]) -> int:
     try:
         defaults = load() if argv and argv[0] in ("run", "bench", "convert") else {}
     except KTError as exc:
-        err_console.print(f"kt {argv[0]}: {exc}", style="red", markup=False, highlight=False, soft_wrap=True)
+        error_line(f"kt {argv[0]}", exc)
         return 1
     try:
         app(args=argv, prog_name="kt", standalone_mode=True, default_map=defaults)
+    except KTError as exc:   # a setting (KT_*), a backend choice: what the commands did not catch themselves
+        error_line(f"kt {argv[0]}", exc)
+        return 1
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     return 0
