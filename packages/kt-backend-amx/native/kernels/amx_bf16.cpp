@@ -1,5 +1,5 @@
 // BF16 on AMX-BF16, in AVX's BF16 format (kt-backend-avx bf16.cpp): layout
-// "kt-bf16-p16k2-v1", whose 64-byte chunks (16 channels x a (k, k+1) bf16 pair) are exactly
+// "kt-bf16-p16k2-v1" (kt/formats/packed_layouts.h), whose 64-byte chunks (16 channels x a (k, k+1) bf16 pair) are exactly
 // the rows of an AMX B tile, and split-bf16 activations x = hi + lo (f32-like accuracy; a
 // row block whose rows were bf16 already has no lo plane and costs one pass, and so does every
 // block of a layer with KT_QUANT_FAST_ACTIVATIONS: bf16 activations, as in kt-backend-avx).
@@ -13,10 +13,7 @@ namespace {
 
 AmxMethod g_bf16;
 
-size_t panel_bytes(int64_t k) { return size_t((k + 1) / 2) * 64; }
-ExpertPanels layout(const kt_moe_config* c) {
-    return {c->hidden, c->intermediate, panel_bytes(c->hidden), panel_bytes(c->intermediate)};
-}
+ExpertPanels layout(const kt_moe_config* c) { return kt::layouts::bf16::expert(c->hidden, c->intermediate); }
 
 template <bool kFused>
 void panel_pair(tiles::Session& session, const uint8_t* act, int64_t rows, int64_t k, const uint8_t* pa,

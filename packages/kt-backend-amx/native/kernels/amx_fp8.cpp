@@ -101,7 +101,7 @@ kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, i
     const int64_t H = c->hidden;
     if (!amx_takes(method, rows, H)) return method.avx.gate_up_tile(c, packed, act, rows, n0, n1, out, ldo);
     if (const kt_status st = check_tile(method.avx.method, "gate/up", n0, n1, c->intermediate)) return st;
-    const ExpertPanels l{H, c->intermediate, fp8_panel_bytes(H), fp8_panel_bytes(c->intermediate)};
+    const ExpertPanels l = kFp8Geometry.expert(H, c->intermediate);
     const auto* base = static_cast<const uint8_t*>(packed);
     thread_local Scratch s;
     s.planes.resize(size_t(2 * rows * H));
@@ -128,7 +128,7 @@ kt_status down(const kt_moe_config* c, const void* packed, const void* act, int6
     const int64_t I = c->intermediate;
     if (!amx_takes(method, rows, I)) return method.avx.down_tile(c, packed, act, rows, n0, n1, out, ldo);
     if (const kt_status st = check_tile(method.avx.method, "down", n0, n1, c->hidden)) return st;
-    const ExpertPanels l{c->hidden, I, fp8_panel_bytes(c->hidden), fp8_panel_bytes(I)};
+    const ExpertPanels l = kFp8Geometry.expert(c->hidden, I);
     const auto* base = static_cast<const uint8_t*>(packed);
     thread_local Scratch s;
     s.planes.resize(size_t(2 * rows * I));

@@ -1,5 +1,5 @@
 // INT8 on AMX-INT8, in AVX's INT8 format (kt-backend-avx int8.cpp): layout
-// "kt-int8-p16k4-v1", whose 64-byte chunks (16 channels x 4 consecutive k) are exactly the
+// "kt-int8-p16k4-v1" (kt/formats/packed_layouts.h), whose 64-byte chunks (16 channels x 4 consecutive k) are exactly the
 // rows of an AMX B tile, and two-pass int8 activations stored + 128 — VNNI's unsigned
 // operand, which tdpbusd takes as it is; the panel header's comp = 128 * sum(w) takes the
 // offset back out, as on AVX-512.
@@ -15,13 +15,10 @@
 namespace KT_TARGET_NAMESPACE {
 namespace {
 
-constexpr size_t kHeaderBytes = 128;
+constexpr size_t kHeaderBytes = kt::layouts::int8::kHeaderBytes;
 AmxMethod g_int8;
 
-size_t panel_bytes(int64_t k) { return kHeaderBytes + size_t((k + 3) / 4) * 64; }
-ExpertPanels layout(const kt_moe_config* c) {
-    return {c->hidden, c->intermediate, panel_bytes(c->hidden), panel_bytes(c->intermediate)};
-}
+ExpertPanels layout(const kt_moe_config* c) { return kt::layouts::int8::expert(c->hidden, c->intermediate); }
 
 template <bool kFused>
 void panel_pair(tiles::Session& session, const uint8_t* act, int64_t rows, int64_t k, const uint8_t* pa,

@@ -1,4 +1,4 @@
-// BF16 experts. Packed layout "kt-bf16-p16k2-v1": each matrix [N, K] becomes panels of 16
+// BF16 experts. Packed layout "kt-bf16-p16k2-v1" (kt/formats/packed_layouts.h): each matrix [N, K] becomes panels of 16
 // output channels; a panel is K/2 chunks of 64 bytes, chunk j holding (w[n][2j], w[n][2j+1])
 // for its 16 channels n — one AVX-512 register, the operand order of vdpbf16ps. Gate and up
 // panels alternate ([gate 0][up 0][gate 1][up 1]...) so the fused gate/up kernel streams one
@@ -23,7 +23,7 @@ namespace {
 constexpr size_t kChunkBytes = kPanel * 2 * sizeof(uint16_t);   // 16 channels x 2 k
 
 int64_t chunks(int64_t k) { return round_up(k, 2) / 2; }
-size_t panel_bytes(int64_t k) { return size_t(chunks(k)) * kChunkBytes; }
+namespace layout_bf16 = kt::layouts::bf16;   // the layout's geometry: kt-core's public definition
 
 // Packs rows [n0, n0+16) of a matrix into one panel (missing rows stay zero).
 // Chunk c of a panel holds the k pair (2c, 2c+1) of each channel: a 32-bit word per lane, moved
@@ -48,9 +48,7 @@ void pack_panel(const kt_matrix& m, int64_t n0, uint16_t* dst, std::vector<float
     pack_lanes(rows, K / 2, reinterpret_cast<uint8_t*>(dst));
 }
 
-ExpertPanels layout(const kt_moe_config* c) {
-    return {c->hidden, c->intermediate, panel_bytes(c->hidden), panel_bytes(c->intermediate)};
-}
+ExpertPanels layout(const kt_moe_config* c) { return layout_bf16::expert(c->hidden, c->intermediate); }
 
 size_t packed_bytes(const kt_moe_config* c) { return layout(c).bytes(); }
 
@@ -239,7 +237,7 @@ kt_method_kernels bf16_kernels(const char* kernel_id) {
 #else
     constexpr QuantizeFn quantize = quantize_f32_rows;
 #endif
-    return method_table("BF16", "kt-bf16-p16k2-v1", kernel_id, packed_bytes, pack, act_row_bytes, quantize, gate_up_tile,
+    return method_table("BF16", layout_bf16::kId, kernel_id, packed_bytes, pack, act_row_bytes, quantize, gate_up_tile,
                         down_tile);
 }
 

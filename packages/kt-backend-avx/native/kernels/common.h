@@ -27,7 +27,7 @@ inline kt_status fail(kt_status code, const char* fmt, ...) {
 }
 
 inline int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
-inline int64_t panels(int64_t n) { return (n + kPanel - 1) / kPanel; }
+inline int64_t panels(int64_t n) { return kt::layouts::panel_count(n); }
 
 inline const char* dtype_name(kt_dtype d) {
     switch (d) {
@@ -103,18 +103,8 @@ inline kt_status expect_float_weight(const kt_weight& w, int64_t rows, int64_t c
 
 // --- the expert layout every method shares ------------------------------------------------
 
-// Gate and up panels alternate ([gate 0][up 0][gate 1][up 1]...) so the fused gate/up kernel
-// streams one buffer; the down panels follow. Panel sizes are the method's own: a gate/up
-// panel has K = hidden, a down panel K = intermediate. Offsets in bytes from the expert start.
-struct ExpertPanels {
-    int64_t hidden, intermediate;
-    size_t gate_up_panel, down_panel;
-
-    size_t gate(int64_t p) const { return size_t(2 * p) * gate_up_panel; }
-    size_t up(int64_t p) const { return gate(p) + gate_up_panel; }
-    size_t down(int64_t p) const { return gate(panels(intermediate)) + size_t(p) * down_panel; }
-    size_t bytes() const { return down(panels(hidden)); }
-};
+// Gate and up panels alternate, then the down panels (kt::layouts::ExpertPanels).
+using kt::layouts::ExpertPanels;
 
 // --- tile plumbing shared by every method ------------------------------------------------
 

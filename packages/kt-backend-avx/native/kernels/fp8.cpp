@@ -104,7 +104,7 @@ void pack_matrix(const kt_weight& w, int64_t N, int64_t K, uint8_t* dst, size_t 
 }
 
 ExpertPanels layout(const kt_moe_config* c) {
-    return {c->hidden, c->intermediate, fp8_panel_bytes(c->hidden), fp8_panel_bytes(c->intermediate)};
+    return kFp8Geometry.expert(c->hidden, c->intermediate);
 }
 
 size_t packed_bytes(const kt_moe_config* c) { return layout(c).bytes(); }

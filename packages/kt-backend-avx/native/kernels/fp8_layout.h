@@ -1,63 +1,39 @@
-// The FP8 (E4M3) panel layouts that kt-backend-avx packs and kt-backend-amx reads too
-// (docs/formats.md), and the E4M3 -> bf16 conversion both use on AVX512_BF16 targets.
-//
-// Per matrix, panels of 16 channels; a panel is a header of one 64-byte f32[16] scale vector per
-// 128-wide k block (a block format repeats its scalar, a per-channel one its 16 channels' scales;
-// 2^8 folded in, since the codes decode to value / 256) followed by the code bytes:
-// - "kt-fp8-p16-v1" (targets without AVX512_BF16, which widen codes through F16C): K rows of 16
-//   codes, row k's code of channel `lane` at 16 k + lane.
-// - "kt-fp8-p16-v2" (AVX512_BF16 targets and AMX): K padded with zero codes to a multiple of 4,
-//   in groups of four k rows (64 bytes); in a group, row r's code of channel `lane` sits at byte
-//   16 (lane / 4) + 8 (r / 2) + 2 (lane % 4) + r % 2. Why: the byte-table lookups return a
-//   vector of low and one of high bf16 bytes in code order, and vpunpcklbw / vpunpckhbw of those
-//   two are then exactly the (k, k+1) and (k+2, k+3) bf16 pairs per channel that vdpbf16ps
-//   takes. v1's order needed two vpermi2b instead of the unpacks: on a Zen 4 core a 512-bit
-//   vpermi2b and vdpbf16ps issue one per cycle from the same pipes, an unpack ~1.6 per cycle.
+// FP8 (E4M3) on this target: which of kt-core's FP8 panel layouts it packs
+// (kt/formats/packed_layouts.h: "kt-fp8-p16-v2" on AVX512_BF16 targets, whose byte-table
+// lookups and unpacks need the four-row groups; "kt-fp8-p16-v1" on the others, which widen
+// codes through F16C), and the E4M3 -> bf16 converter the AVX512_BF16 kernels and AMX use.
+// v1's order needed two vpermi2b instead of the unpacks: on a Zen 4 core a 512-bit vpermi2b
+// and vdpbf16ps issue one per cycle from the same pipes, an unpack ~1.6 per cycle.
 #pragma once
+#include <kt/formats/packed_layouts.h>
+
 #include "common.h"
 
 namespace KT_TARGET_NAMESPACE {
 
-constexpr int64_t kFp8Block = 128;          // k (and, for FP8, n) per scale block
-constexpr size_t kFp8ScaleBytes = 64;       // one f32[16] scale vector per k block
+namespace fp8_layout = kt::layouts::fp8;
+constexpr int64_t kFp8Block = fp8_layout::kBlock;
+constexpr size_t kFp8ScaleBytes = fp8_layout::kScaleBytes;
 
 #if defined(__AVX512BF16__)
-inline constexpr const char* kFp8LayoutId = "kt-fp8-p16-v2";
+inline constexpr const char* kFp8LayoutId = fp8_layout::kIdQuads;
 inline constexpr int64_t kFp8RowGroup = 4;
 #else
-inline constexpr const char* kFp8LayoutId = "kt-fp8-p16-v1";
+inline constexpr const char* kFp8LayoutId = fp8_layout::kIdRows;
 inline constexpr int64_t kFp8RowGroup = 1;
 #endif
+inline constexpr fp8_layout::Geometry kFp8Geometry{kFp8RowGroup};
 
-inline int64_t fp8_kblocks(int64_t k) { return (k + kFp8Block - 1) / kFp8Block; }
-inline int64_t fp8_code_rows(int64_t k) { return (k + kFp8RowGroup - 1) / kFp8RowGroup * kFp8RowGroup; }
-inline size_t fp8_codes_at(int64_t k) { return size_t(fp8_kblocks(k)) * kFp8ScaleBytes; }
-inline size_t fp8_panel_bytes(int64_t k) { return fp8_codes_at(k) + size_t(fp8_code_rows(k)) * kPanel; }
-
-// Byte offset, from the panel's first code, of row k's code for channel `lane`.
-inline size_t fp8_code_offset(int64_t k, int lane) {
-    if constexpr (kFp8RowGroup == 1) return size_t(k) * kPanel + size_t(lane);
-    const int r = int(k % 4);
-    return size_t(k - r) * kPanel + size_t(16 * (lane / 4) + 8 * (r / 2) + 2 * (lane % 4) + r % 2);
-}
+inline int64_t fp8_kblocks(int64_t k) { return fp8_layout::Geometry::kblocks(k); }
+inline int64_t fp8_code_rows(int64_t k) { return kFp8Geometry.code_rows(k); }
+inline size_t fp8_codes_at(int64_t k) { return fp8_layout::Geometry::codes_at(k); }
+inline size_t fp8_panel_bytes(int64_t k) { return kFp8Geometry.panel_bytes(k); }
+inline size_t fp8_code_offset(int64_t k, int lane) { return kFp8Geometry.code_offset(k, lane); }
 
 #if defined(__AVX512BF16__)
-// E4M3 magnitude code c (0..127) -> the bf16 bits of its value / 256, exact; 0x7f (NaN) is
-// refused at load. The converter looks the high and low bytes up with vpermi2b (a 128-entry byte
-// table per instruction) and ORs the sign into the high byte.
-constexpr uint16_t e4m3_bf16_bits(int c) {
-    const int e = c >> 3, m = c & 7;
-    if (e == 0) {   // zero and the subnormals m * 2^-17 (after the / 256) = 1.f * 2^(t - 17), t = log2(m)
-        if (m == 0) return 0;
-        const int t = m >= 4 ? 2 : m >= 2 ? 1 : 0;
-        return uint16_t(((t + 110) << 7) | ((m << (7 - t)) & 0x7f));
-    }
-    return uint16_t(((e + 112) << 7) | (m << 4));
-}
-static_assert(e4m3_bf16_bits(0x08) == 0x3880 && e4m3_bf16_bits(0x01) == 0x3700 && e4m3_bf16_bits(0x03) == 0x37C0 &&
-                  e4m3_bf16_bits(0x07) == 0x3860 && e4m3_bf16_bits(0x7e) == 0x3FE0,
-              "E4M3 -> bf16(value / 256): 2^-14, 2^-17, 1.5 * 2^-16, 1.75 * 2^-15, 448 / 256");
-
+// The converter looks each code's high and low bf16 bytes (kt::layouts::fp8::e4m3_bf16_bits)
+// up with vpermi2b (a 128-entry byte table per instruction) and ORs the sign into the high byte.
+using fp8_layout::e4m3_bf16_bits;
 struct E4M3ByteTables {
     alignas(64) uint8_t high[128], low[128];
 };

@@ -1,31 +1,16 @@
-// The INT4 group layouts that kt-backend-avx packs and kt-backend-amx reads too
-// (docs/formats.md). Per matrix, panels of 16 channels; per panel, per group of G consecutive k,
-// a header and then G/8 chunks of 64 bytes (byte lane*4 + b of chunk c holds u[lane][8c + b] in
-// its low nibble, u[lane][8c + 4 + b] in its high one).
-// - "kt-int4-p16-v2" (INT4): the header is {f32 s[16]} for symmetric groups (z = 8) and
-//   {f32 s[16]; f32 s*z[16]} with zero points. v1 stored s*z for symmetric groups as well.
-// - "kt-rawint4-p16-v1" (RAWINT4: G = 32, symmetric, bf16 scales as the checkpoint ships them):
-//   the header is {bf16 s[16]}, 32 bytes. Decode streams every byte, and with 256 bytes of codes
-//   per group an f32 header was a fifth of them: 288 bytes per group instead of 320 (a Qwen3
-//   expert 2.65 MB instead of 2.95). Chunks then start 32 bytes into a cache line every other
-//   group: each 256-bit half of a load stays inside one line.
+// INT4 and RAWINT4 on this target: kt-core's group layouts (kt/formats/packed_layouts.h:
+// "kt-int4-p16-v2", "kt-rawint4-p16-v1"), which kt-backend-amx reads too, with the vector
+// reads of a group header and the arithmetic every INT4 kernel applies per group.
 #pragma once
+#include <kt/formats/packed_layouts.h>
+
 #include "common.h"
 #include "int_dot.h"
 
 namespace KT_TARGET_NAMESPACE {
 
-struct Int4Layout {
-    int64_t g;           // group size: 32, 64 or 128
-    bool zero_point;     // asymmetric groups: the header holds s*z too
-    bool bf16_scales;    // RAWINT4: s as bf16, no s*z
-
-    size_t header_bytes() const { return zero_point ? 128 : bf16_scales ? 32 : 64; }
-    size_t group_bytes() const { return header_bytes() + size_t(g) * 8; }
-    size_t panel_bytes(int64_t k) const { return size_t(k / g) * group_bytes(); }
-    ExpertPanels expert(const kt_moe_config* c) const {
-        return {c->hidden, c->intermediate, panel_bytes(c->hidden), panel_bytes(c->intermediate)};
-    }
+struct Int4Layout : kt::layouts::int4::Geometry {
+    ExpertPanels expert(const kt_moe_config* c) const { return Geometry::expert(c->hidden, c->intermediate); }
     // The group header's scales s (and s*z) for lanes v * kLanes.., as f32.
     VF scale(const uint8_t* header, int v) const {
         return bf16_scales ? vload_bf16(reinterpret_cast<const uint16_t*>(header) + v * kLanes)
@@ -59,12 +44,12 @@ inline float int4_raw_sum(int32_t sum_hi, int32_t sum_lo, bool two_pass) {
 }
 inline float int4_row_scale(float sa, bool two_pass) { return two_pass ? sa * (1.0f / 128.0f) : sa; }
 
-inline const char* int4_layout_id(bool raw) { return raw ? "kt-rawint4-p16-v1" : "kt-int4-p16-v2"; }
+inline const char* int4_layout_id(bool raw) { return raw ? kt::layouts::int4::kRawId : kt::layouts::int4::kId; }
 
 // RAWINT4 is always G = 32, symmetric; INT4 takes the layer's group size (0: 128) and zero-point flag.
 inline Int4Layout int4_layout(const kt_moe_config* c, bool raw) {
-    if (raw) return {32, false, true};
-    return {c->group_size == 0 ? 128 : c->group_size, (c->quant_flags & KT_QUANT_ZERO_POINT) != 0, false};
+    return {kt::layouts::int4::geometry(raw, c->group_size == 0 ? 128 : c->group_size,
+                                        (c->quant_flags & KT_QUANT_ZERO_POINT) != 0)};
 }
 
 }  // namespace KT_TARGET_NAMESPACE

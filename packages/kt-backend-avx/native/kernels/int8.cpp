@@ -1,5 +1,5 @@
 // INT8 experts: symmetric per-output-channel int8 weights (docs/formats.md), two-pass int8
-// activations (common.h) quantized once per token. Packed layout "kt-int8-p16k4-v1": per matrix, panels of 16
+// activations (common.h) quantized once per token. Packed layout "kt-int8-p16k4-v1" (kt/formats/packed_layouts.h): per matrix, panels of 16
 // channels, each a 128-byte header {f32 scale[16]; i32 comp[16] = 128 * sum_k q} followed by
 // K/4 chunks of 64 bytes (16 channels x 4 consecutive k) — the operand layout of vpdpbusd.
 // Gate and up panels alternate; down panels follow.
@@ -21,7 +21,8 @@
 namespace KT_TARGET_NAMESPACE {
 namespace {
 
-constexpr size_t kHeaderBytes = 128, kChunkBytes = kPanel * 4;
+namespace layout_int8 = kt::layouts::int8;   // the layout's geometry: kt-core's public definition
+constexpr size_t kHeaderBytes = layout_int8::kHeaderBytes, kChunkBytes = kPanel * 4;
 #if defined(__AVX512VNNI__)
 constexpr bool kOffsetActivations = true;
 #else
@@ -29,7 +30,6 @@ constexpr bool kOffsetActivations = false;
 #endif
 
 int64_t chunks(int64_t k) { return round_up(k, 4) / 4; }
-size_t panel_bytes(int64_t k) { return kHeaderBytes + size_t(chunks(k)) * kChunkBytes; }
 
 // One channel's codes and scale: kt's pre-quantized int8 codes with their f32 scale
 // (docs/formats.md) used in place, or quantized from floats into q.
@@ -89,9 +89,7 @@ kt_status expect_weight(const kt_weight& w, int64_t rows, int64_t cols, const ch
                                          : expect_float_weight(w, rows, cols, name, "INT8");
 }
 
-ExpertPanels layout(const kt_moe_config* c) {
-    return {c->hidden, c->intermediate, panel_bytes(c->hidden), panel_bytes(c->intermediate)};
-}
+ExpertPanels layout(const kt_moe_config* c) { return layout_int8::expert(c->hidden, c->intermediate); }
 
 size_t packed_bytes(const kt_moe_config* c) { return layout(c).bytes(); }
 
@@ -253,7 +251,7 @@ kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act,
 }  // namespace
 
 kt_method_kernels int8_kernels(const char* kernel_id) {
-    return method_table("INT8", "kt-int8-p16k4-v1", kernel_id, packed_bytes, pack, int8_row_bytes, quantize, gate_up_tile,
+    return method_table("INT8", layout_int8::kId, kernel_id, packed_bytes, pack, int8_row_bytes, quantize, gate_up_tile,
                         down_tile);
 }
 

@@ -4,13 +4,14 @@
 // register or two AVX2 registers (kVecsPerPanel).
 #pragma once
 #include <immintrin.h>
+#include <kt/formats/packed_layouts.h>
 
 #include <cstdint>
 #include <cstring>
 
 namespace KT_TARGET_NAMESPACE {
 
-constexpr int kPanel = 16;   // output channels per packed panel, for every target
+using kt::layouts::kPanel;   // output channels per packed panel, for every layout and target
 
 #if defined(__AVX512F__)
 constexpr int kLanes = 16;

@@ -1,0 +1,66 @@
+"""kt-core's public layout header (kt/formats/packed_layouts.h) describes the bytes kt-backend-avx
+packs: a reader compiled against that header alone — as a BLIS, KML or third-party backend would
+read avx's packed experts without a second copy — recovers, from `packed_expert`, exactly the
+weights the kernels compute with, on every variant this host runs and every layout."""
+
+import ctypes
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kt_core
+from kt_core.testing import quantize
+from kt_core.testing.reference import random_moe
+
+READER = Path(__file__).parent / "layout_reader" / "layout_reader.cpp"
+
+
+@pytest.fixture(scope="module")
+def reader(tmp_path_factory):
+    lib = tmp_path_factory.mktemp("layout_reader") / "liblayout_reader.so"
+    subprocess.run(["g++", "-std=c++17", "-O1", "-shared", "-fPIC", "-Wall", "-Werror", f"-I{kt_core.get_include()}",
+                    str(READER), "-o", str(lib)], check=True)
+    fn = ctypes.CDLL(str(lib)).kt_unpack_expert
+    fn.restype = ctypes.c_size_t
+    fn.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int,
+                   *[np.ctypeslib.ndpointer(np.float32, flags="C_CONTIGUOUS")] * 3]
+    return fn
+
+
+# (method, group size, zero points, hidden, intermediate): K not a multiple of 4 or even 2 where the
+# layout pads (BF16, INT8, FP8), every INT4 header kind.
+CASES = [("BF16", 0, False, 202, 99), ("BF16", 0, False, 256, 128), ("INT8", 0, False, 202, 130),
+         ("INT4", 32, False, 256, 160), ("INT4", 64, True, 256, 128), ("INT4", 128, False, 256, 128),
+         ("RAWINT4", 0, False, 256, 160), ("FP8", 0, False, 202, 130), ("FP8_PERCHANNEL", 0, False, 256, 144)]
+
+
+@pytest.mark.parametrize("method,group,zero_point,hidden,intermediate", CASES, ids=[f"{c[0]}-g{c[1]}-z{int(c[2])}-{c[3]}x{c[4]}" for c in CASES])
+def test_public_header_reads_avx_packed_experts(reader, variant, method, group, zero_point, hidden, intermediate):
+    rng = np.random.default_rng(hidden + intermediate + group)
+    E = 2
+    w = random_moe(rng, E, hidden, intermediate)
+    gate, up, down, scales = quantize.checkpoint_inputs(method, *w)
+    layer = kt_core.MoE(num_experts=E, top_k=1, hidden_size=hidden, intermediate_size=intermediate, method=method,
+                        group_size=group, zero_point=zero_point)
+    assert layer.backend == f"avx/{variant}"
+    layer.load(gate, up, down, scales=scales)
+    stored = quantize.dequantized_weights(method, *w, group_size=group, zero_point=zero_point)
+    for e in range(E):
+        packed = layer.packed_expert(e)
+        got = [np.zeros((intermediate, hidden), np.float32), np.zeros((intermediate, hidden), np.float32),
+               np.zeros((hidden, intermediate), np.float32)]
+        n = reader(layer.layout_id.encode(), packed, hidden, intermediate, group or 128, int(zero_point), *got)
+        assert n == len(packed) == layer.expert_bytes, f"{layer.layout_id}: header says {n} bytes, avx packed {len(packed)}"
+        for name, g, want in zip(("gate", "up", "down"), got, stored):
+            want = np.asarray(want[e], np.float64)
+            # The reader applies the header's f32 arithmetic (INT4 zero points: s*u - s*z); the
+            # oracle computes in float64: they agree to f32 rounding of the largest weight.
+            err = np.max(np.abs(g - want)) / np.max(np.abs(want))
+            assert err <= 1e-6, f"{layer.layout_id} {name} of expert {e}: max error {err:.1e} of max |w|"
+
+
+def test_unknown_layout_is_not_read(reader):
+    z = np.zeros((16, 16), np.float32)
+    assert reader(b"kt-ggml-v2", b"\0" * 64, 16, 16, 128, 0, z, z, z) == 0
