@@ -5,7 +5,7 @@ every workspace package installed), so the C++ is built once per change, not onc
 — on a 2-core machine that is the difference between minutes and tens of minutes.
 `install_smoke` is the exception by design: it builds a fresh venv from the wheelhouse alone.
 
-    .venv/bin/nox -s lint tests target_conformance example install_smoke
+    .venv/bin/nox -s lint tests target_conformance target_alone example install_smoke
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ NATIVE_PACKAGES = sorted((p for p in PACKAGES if (ROOT / "packages" / p / "CMake
 EXAMPLE = ROOT / "examples" / "kt-backend-example"
 WHEELHOUSE = ROOT / "wheelhouse"
 
-nox.options.sessions = ["lint", "tests", "target_conformance", "example", "install_smoke", "packaging", "amx_hardware_build",
-                        "abi", "tsan", "fuzz"]
+nox.options.sessions = ["lint", "tests", "target_conformance", "target_alone", "example", "install_smoke", "packaging",
+                        "amx_hardware_build", "abi", "tsan", "fuzz"]
 nox.options.default_venv_backend = "none"
 
 
@@ -58,11 +58,19 @@ def conformance(session):
                 *session.posargs, env=AMX_EMULATION)
 
 
+def _targets(package: str) -> list[dict]:
+    """A backend's targets.json: the list its CMake, dispatch table and descriptor are made from."""
+    module = package.replace("-", "_")
+    return json.loads((ROOT / "packages" / package / "src" / module / "targets.json").read_text())["targets"]
+
+
 def _isa_targets() -> list[str]:
-    """Every backend target of the workspace, by name: kt-backend-avx's targets.json (the list
-    its CMake, dispatch table and descriptor are made from) and kt-backend-amx's build."""
-    avx = json.loads((ROOT / "packages" / "kt-backend-avx" / "src" / "kt_backend_avx" / "targets.json").read_text())
-    return [f"avx/{t['name']}" for t in avx["targets"]] + ["amx/amx-emulated", "reference/baseline"]
+    """Every backend target this workspace's installed builds hold, by name: kt-backend-avx's
+    every target, kt-backend-amx's emulation build (.ci/setup's; the hardware one is
+    amx_hardware_build's) and the reference backend."""
+    amx = [t["name"] for t in _targets("kt-backend-amx") if t["emulated"]]
+    return ([f"avx/{t['name']}" for t in _targets("kt-backend-avx")] + [f"amx/{name}" for name in amx]
+            + ["reference/baseline"])
 
 
 @nox.session
@@ -73,6 +81,38 @@ def target_conformance(session, target):
     missing features (kt-backend-avx's x86-64-v3 also runs under qemu in its own tests)."""
     session.run("python", "-m", "pytest", "-q", "-p", "kt_core.testing.plugin", "--kt-variant", target, "--pyargs",
                 "kt_core.testing.conformance", "-rs", *session.posargs, env=AMX_EMULATION)
+
+
+@nox.session
+@nox.parametrize("target", [t["name"] for t in _targets("kt-backend-avx")])
+def target_alone(session, target):
+    """kt-backend-avx built with only this target (CMake's KT_AVX_TARGETS), installed apart from
+    the workspace's build and run through the conformance suite: a target that only compiles,
+    links or dispatches with the others' help fails here by name. Where the host cannot execute
+    the target, the build and its dispatch table are still checked and the suite skips it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        site = Path(tmp) / "site"
+        session.run("python", "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", tmp,
+                    f"--config-settings=cmake.define.KT_AVX_TARGETS={target}",
+                    f"--config-settings=build-dir={tmp}/build", str(ROOT / "packages" / "kt-backend-avx"))
+        (wheel,) = Path(tmp).glob("kt_backend_avx-*.whl")
+        session.run("python", "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel))
+        env = {"PYTHONPATH": str(site), **AMX_EMULATION}
+        session.run("python", "-c", f"""
+import kt_backend_avx as avx, kt_backend_avx._native as native
+assert avx.__file__.startswith({str(site)!r}), avx.__file__
+assert avx._build.TARGETS == ({target!r},), avx._build.TARGETS
+assert [v.name for v in avx.descriptor.variants] == [{target!r}]
+try:
+    native.backend_api("not-{target}")
+except ValueError as e:
+    assert "has variants {target};" in str(e), e
+else:
+    raise AssertionError("a single-target build served another target")
+""", env=env)
+        session.run("python", "-m", "pytest", "-q", "-p", "kt_core.testing.plugin", "--kt-variant", f"avx/{target}",
+                    "--pyargs", "kt_core.testing.conformance", "-rs", "-p", "no:cacheprovider", *session.posargs,
+                    env=env)
 
 
 @nox.session

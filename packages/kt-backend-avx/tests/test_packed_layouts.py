@@ -36,7 +36,10 @@ CASES = [("BF16", 0, False, 202, 99), ("BF16", 0, False, 256, 128), ("INT8", 0, 
          ("RAWINT4", 0, False, 256, 160), ("FP8", 0, False, 202, 130), ("FP8_PERCHANNEL", 0, False, 256, 144)]
 
 
-@pytest.mark.parametrize("method,group,zero_point,hidden,intermediate", CASES, ids=[f"{c[0]}-g{c[1]}-z{int(c[2])}-{c[3]}x{c[4]}" for c in CASES])
+CASE_IDS = [f"{m}-g{g}-z{int(z)}-{h}x{i}" for m, g, z, h, i in CASES]
+
+
+@pytest.mark.parametrize("method,group,zero_point,hidden,intermediate", CASES, ids=CASE_IDS)
 def test_public_header_reads_avx_packed_experts(reader, variant, method, group, zero_point, hidden, intermediate):
     rng = np.random.default_rng(hidden + intermediate + group)
     E = 2

@@ -30,3 +30,18 @@ function(kt_add_isa_target name)
   target_include_directories(${name} PRIVATE ${ARG_INCLUDES})
   kt_target_warnings(${name})
 endfunction()
+
+# kt_json_string_list(<out> <json-array>): the strings of a JSON array as a CMake list (backends
+# read their targets.json — names, features, -m flags — with it).
+function(kt_json_string_list out json)
+  set(items "")
+  string(JSON n LENGTH "${json}")
+  if(n GREATER 0)
+    math(EXPR last "${n} - 1")
+    foreach(j RANGE ${last})
+      string(JSON item GET "${json}" ${j})
+      list(APPEND items "${item}")
+    endforeach()
+  endif()
+  set(${out} "${items}" PARENT_SCOPE)
+endfunction()

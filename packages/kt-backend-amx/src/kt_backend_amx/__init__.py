@@ -7,15 +7,17 @@ features only then), or `amx-emulated`, the same kernels on software tiles, buil
 KT_AMX_EMULATE=1 for tests and usable only when KT_AMX_EMULATE=1 is set at run time too.
 """
 
+import json
 import os
+from pathlib import Path
 
 from kt_core.backends import BackendDescriptor, Tier, Variant
 
 from ._build import EMULATED, VARIANT
 
-_V4_VNNI_BF16 = frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd",
-                           "avx512_vnni", "avx512_bf16", "avx512_vbmi"})
-_AMX = frozenset({"amx_tile", "amx_int8", "amx_bf16"})
+# This build's target, as targets.json (which CMake compiled it from) declares it.
+_TARGET = next(t for t in json.loads((Path(__file__).parent / "targets.json").read_text())["targets"]
+               if t["name"] == VARIANT)
 _METHODS = ("BF16", "INT8", "INT4", "RAWINT4", "FP8", "FP8_PERCHANNEL")
 
 
@@ -33,6 +35,6 @@ descriptor = BackendDescriptor(
     arch=("x86_64",),
     description="Intel AMX tile kernels for prefill" + (" (software tile emulation build)" if EMULATED else ""),
     variants=(Variant(VARIANT, module="kt_backend_amx._native",
-                      requires=_V4_VNNI_BF16 if EMULATED else _V4_VNNI_BF16 | _AMX, methods=_METHODS, rank=1),),
+                      requires=frozenset(_TARGET["features"]), methods=_METHODS, rank=_TARGET["rank"]),),
     probe=_probe,
 )

@@ -5,12 +5,16 @@ from pathlib import Path
 
 from kt_core.backends import BackendDescriptor, Tier, Variant
 
+from . import _build
+
 _METHODS = ("BF16", "INT8", "INT4", "RAWINT4", "FP8", "FP8_PERCHANNEL", "LLAMAFILE")
 # ggml block types the LLAMAFILE kernels read (native/kernels/ggml.cpp), the same on every target.
 _GGML = ("Q4_0", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
 _MODULE = "kt_backend_avx._native"
-# The one list of targets, which CMake compiles and the native module dispatches on.
-TARGETS = json.loads((Path(__file__).parent / "targets.json").read_text())["targets"]
+# The one list of targets, which CMake compiles and the native module dispatches on; a build may
+# hold only some of them (CMake's KT_AVX_TARGETS), and _build.py says which.
+TARGETS = [t for t in json.loads((Path(__file__).parent / "targets.json").read_text())["targets"]
+           if t["name"] in _build.TARGETS]
 
 descriptor = BackendDescriptor(
     name="avx",
