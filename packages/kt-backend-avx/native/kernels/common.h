@@ -153,7 +153,7 @@ void gate_up_in_order(int64_t rows, const uint8_t* gate, const uint8_t* up, size
 // core's share of DRAM in flight, and a prefetch only 2 KiB ahead into L1 caps a core near 2 KiB
 // per DRAM latency. INT8's lighter loop streams on the hardware prefetch (a software prefetch
 // slowed it), so INT8, BF16 and LLAMAFILE do without. The distances were chosen by call-by-call
-// A/B runs; their figures are in docs/performance.md ("Decode: ceilings, and a deeper prefetch (session 8 ...)").
+// A/B runs; their figures are in docs/performance.md (its decode prefetch section).
 constexpr size_t kDecodePrefetchL2 = 16384;
 template <size_t kL1Ahead>
 inline void prefetch_decode_stream(const void* line) {
