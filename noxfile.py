@@ -215,10 +215,13 @@ def packaging(session):
         venv = Path(tmp) / "venv"
         session.run(sys.executable, "-m", "venv", str(venv))
         py = str(venv / "bin" / "python")
-        session.run(py, "-m", "pip", "install", "-q", "--find-links", str(dist), "kt", "kt-backend-avx")
+        session.run(py, "-m", "pip", "install", "-q", "--find-links", str(dist), "kt", "kt-backend-avx", "kt-kernel-compat")
         session.chdir(tmp)
         session.run(str(venv / "bin" / "kt"), "doctor", env={"PYTHONPATH": ""}, external=True)
         session.run(py, "-c", SMOKE_FORWARD, env={"PYTHONPATH": ""}, external=True)
+        # SGLang's kt integration imports these; kt's packages alone (no kt-kernel) provide them.
+        session.run(py, "-c", "from kt_kernel import KTMoEWrapper, generate_gpu_experts_masks; "
+                    "KTMoEWrapper.set_capture_batch_sizes([1, 2])", env={"PYTHONPATH": ""}, external=True)
         session.chdir(str(ROOT))
 
 

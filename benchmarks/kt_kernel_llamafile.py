@@ -30,10 +30,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, required=True)
     ap.add_argument("--warmup", type=int, default=3)
     args = ap.parse_args()
-    import kt_kernel  # noqa: F401  (picks the CPU variant and registers it as module kt_kernel_ext)
     import kt_kernel_ext
     from kt_kernel_ext.kvcache import ggml_type
     from kt_kernel_ext.moe import MOE, MOEConfig
+
+    import kt_kernel  # noqa: F401  (picks the CPU variant and registers it as module kt_kernel_ext)
 
     data = Path(args.data)
     gate, up, down = (torch.from_numpy(np.load(data / f"{p}.npy")) for p in ("gate", "up", "down"))

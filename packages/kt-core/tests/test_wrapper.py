@@ -5,7 +5,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kt_core import KTMoEWrapper  # noqa: E402
+from kt_core import KTError, KTMoEWrapper  # noqa: E402
 from kt_core.testing.reference import moe_reference, relative_error  # noqa: E402
 
 E, K, H, I = 8, 2, 64, 32
@@ -110,13 +110,130 @@ def test_physical_to_logical_map_permutes_experts():
     assert relative_error(wrapper.forward(x, ids, tw).numpy(), reference(x, permuted, ids, tw)) < 1e-5
 
 
-def test_capture_sizes_and_buffer_cache():
+def test_capture_sizes_are_class_level_and_buffer_cache():
+    """SGLang's cuda_graph_runner calls KTMoEWrapper.set_capture_batch_sizes on the class."""
+    KTMoEWrapper.set_capture_batch_sizes([4, 1, 2, 4])
+    assert KTMoEWrapper.get_capture_batch_sizes() == [1, 2, 4]
     wrapper = make()
-    wrapper.set_capture_batch_sizes([4, 1, 2, 4])
     assert wrapper.get_capture_batch_sizes() == [1, 2, 4]
-    with pytest.raises(ValueError, match="capture batch sizes must be in"):
-        wrapper.set_capture_batch_sizes([65])
+    with pytest.raises(ValueError, match="capture batch sizes must be positive token counts"):
+        KTMoEWrapper.set_capture_batch_sizes([0, 3])
     wrapper.clear_buffer_cache()
+
+
+def test_gpu_experts_mask_copy_takes_effect_on_the_next_forward():
+    """SGLang's dynamic expert update: wrapper.gpu_experts_mask.copy_(new); every expert is held
+    on the CPU (as in kt-kernel), so any expert can move either way."""
+    w = weights()
+    x = torch.randn(6, H)
+    ids, tw = routing(6)
+    first = torch.tensor([e < 4 for e in range(E)])
+    wrapper = make(gpu_experts_mask=first)
+    assert wrapper.gpu_experts_mask.dtype == torch.bool and wrapper.num_gpu_experts == 4
+    wrapper.load_weights_from_tensors(*w)
+    assert relative_error(wrapper.forward(x, ids, tw).numpy(), reference(x, w, ids, tw, first.numpy())) < 1e-5
+    second = torch.tensor([e % 3 == 0 for e in range(E)])
+    wrapper.gpu_experts_mask.copy_(second)
+    assert relative_error(wrapper.forward(x, ids, tw).numpy(), reference(x, w, ids, tw, second.numpy())) < 1e-5
+    wrapper.gpu_experts_mask.fill_(False)
+    wrapper.submit_forward(x, ids, tw)
+    assert relative_error(wrapper.sync_forward(x).numpy(), reference(x, w, ids, tw)) < 1e-5
+
+
+def test_without_cpu_copies_gpu_experts_cannot_move_here():
+    w = weights()
+    wrapper = make(gpu_experts_mask=torch.tensor([e < 2 for e in range(E)]), cpu_copy_of_gpu_experts=False)
+    wrapper.load_weights_from_tensors(*w)
+    assert wrapper._moe.packed_bytes == (E - 2) * wrapper._moe.expert_bytes
+    wrapper.gpu_experts_mask[0] = False
+    ids, tw = routing(2)
+    with pytest.raises(ValueError, match="expert 0 cannot move to the CPU: the layer was made with it GPU-resident"):
+        wrapper.forward(torch.randn(2, H), ids, tw)
+
+
+def test_select_deferred_experts_protects_an_expert_for_the_whole_batch():
+    from kt_core import select_deferred_experts
+    ids = torch.tensor([[0, 1], [1, 2], [3, -1]])
+    scores = torch.tensor([[0.9, 0.1], [0.7, 0.3], [0.6, 0.4]])
+    immediate, deferred = select_deferred_experts(ids, scores, 1)
+    # protected: 0 (token 0), 1 (token 1), 3 (token 2): token 0's pick of 1 stays immediate.
+    assert immediate.tolist() == [[0, 1], [1, -1], [3, -1]]
+    assert deferred.tolist() == [[-1, -1], [-1, 2], [-1, -1]]
+    none, everything = select_deferred_experts(ids.numpy(), scores.numpy(), 0)
+    assert isinstance(none, np.ndarray) and (none == -1).all() and everything.tolist() == ids.tolist()
+    kept, _ = select_deferred_experts(ids, scores, 5)
+    assert kept.tolist() == ids.tolist()
+
+
+def hand_deferral(ids, scores, protected_k):
+    """select_deferred_experts' rule, written out loop by loop (the test's own oracle)."""
+    ids, scores = ids.tolist(), scores.tolist()
+    protected = set()
+    for row, sc in zip(ids, scores):
+        order = sorted(range(len(row)), key=lambda j: -sc[j])[:protected_k]
+        protected |= {row[j] for j in order if row[j] >= 0}
+    immediate = [[e if e in protected else -1 for e in row] for row in ids]
+    deferred = [[-1 if e in protected else e for e in row] for row in ids]
+    return torch.tensor(immediate), torch.tensor(deferred)
+
+
+def test_deferred_experts_land_in_the_next_layers_output():
+    """Layer 0 defers one pick per token: its output holds the immediate picks, and the deferred
+    ones (computed after its sync) are added into layer 1's output; the last layer defers nothing."""
+    w0, w1 = weights(0), weights(5)
+    layer0, layer1 = make(layer_idx=0, max_deferred_experts_per_token=1), make(layer_idx=1)
+    layer0.load_weights_from_tensors(*w0)
+    layer1.load_weights_from_tensors(*w1)
+    for tokens in (1, 3, 8, 64):
+        x0, x1 = torch.randn(tokens, H), torch.randn(tokens, H)
+        ids0, tw0 = routing(tokens, seed=tokens)
+        ids1, tw1 = routing(tokens, seed=tokens + 1)
+        immediate, deferred = hand_deferral(ids0, tw0, K - 1)
+        want0 = reference(x0, w0, immediate, tw0)
+        want1 = reference(x1, w1, ids1, tw1) + reference(x0, w0, deferred, tw0)
+        layer0.submit_forward(x0, ids0, tw0)
+        out0 = layer0.sync_forward(x0)
+        x0.fill_(7.0)   # the caller reuses its buffer: the deferred forward has its own copy
+        out1 = layer1.forward(x1, ids1, tw1)
+        assert relative_error(out0.numpy(), want0) < 1e-5, tokens
+        assert relative_error(out1.numpy(), want1) < 1e-5, tokens
+
+
+def test_a_deferred_output_nobody_collects_is_an_error():
+    layer0 = make(layer_idx=0, max_deferred_experts_per_token=1)
+    layer0.load_weights_from_tensors(*weights())
+    x = torch.randn(3, H)
+    ids, tw = routing(3)
+    layer0.forward(x, ids, tw)
+    with pytest.raises(KTError, match="layer 0 deferred experts into layer 1, but layer 0 ran next"):
+        layer0.forward(x, ids, tw)
+    layer0.max_deferred_experts_per_token = 0
+    layer0.forward(x, ids, tw)   # the pool was left idle: the next forward runs
+
+
+def test_generate_gpu_experts_masks_takes_the_hottest_pairs_over_all_layers():
+    from kt_core import generate_gpu_experts_masks
+    freq = torch.tensor([[1.0, 5.0, 0.0], [3.0, 2.0, 3.0]])
+    mask = generate_gpu_experts_masks(freq, 3)
+    assert mask.dtype == torch.bool and mask.tolist() == [[False, True, False], [True, False, True]]
+    assert not generate_gpu_experts_masks(freq, 0).any() and generate_gpu_experts_masks(freq, 99).all()
+    assert generate_gpu_experts_masks(freq.numpy(), 1).tolist() == [[False, True, False], [False, False, False]]
+    with pytest.raises(ValueError, match=r"must be \[num_layers, num_experts\], got shape \(3,\)"):
+        generate_gpu_experts_masks(np.ones(3), 1)
+
+
+def test_kt_kernel_arguments_kt_cannot_honour_are_refused_by_name():
+    with pytest.raises(KTError, match="mode='sft': kt serves inference only"):
+        make(mode="sft")
+    with pytest.raises(KTError, match="swiglu_limit=7.0, swiglu_alpha=1.702: kt's kernels compute plain SiLU"):
+        make(swiglu_limit=7.0, swiglu_alpha=1.702)
+    with pytest.raises(ValueError, match="numa_nodes lists 2 nodes; it must list one per thread pool"):
+        make(numa_nodes=[0, 1])
+    with pytest.raises(KTError, match=r"numa_nodes=\[1\]: kt places its pool groups on NUMA nodes 0..0"):
+        make(numa_nodes=[1])
+    with pytest.raises(ValueError, match=r"max_deferred_experts_per_token must be in \[0, num_experts_per_tok=2\]"):
+        make(max_deferred_experts_per_token=3)
+    make(numa_nodes=[0], swiglu_limit=0.0)
 
 
 def test_load_weights_without_weight_path_says_what_is_missing():

@@ -720,6 +720,9 @@ NB_MODULE(_native, m) {
         .def("copy_packed", &Layer::copy_packed, "expert"_a)
         .def("expert_loaded", [](const Layer& l, int64_t e) { return l.layer->expert_loaded(e); })
         .def("expert_group", [](const Layer& l, int64_t e) { return l.layer->expert_group(e); })
+        .def("set_routed", [](Layer& l, std::vector<bool> routed) { l.layer->set_routed(std::move(routed)); },
+             "routed"_a, nb::call_guard<nb::gil_scoped_release>())
+        .def("routed", [](const Layer& l) { return l.layer->routed(); })
         .def("forward", &Layer::forward, "hidden"_a, "topk_ids"_a, "topk_weights"_a, "out"_a)
         .def("submit_forward", &Layer::submit_forward, "hidden"_a, "topk_ids"_a, "topk_weights"_a, "out"_a, "keep_alive"_a)
         .def("forward_at", &Layer::forward_at, "hidden"_a, "hidden_dtype"_a, "tokens"_a, "topk_ids"_a, "topk_weights"_a,

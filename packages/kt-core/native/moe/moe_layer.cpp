@@ -194,6 +194,7 @@ MoeLayer::MoeLayer(const kt_moe_config& shape, const kt_method_kernels* kernels,
         throw std::invalid_argument("expert placement mask has " + std::to_string(on_cpu_.size()) +
                                     " entries, expected num_experts=" + std::to_string(shape_.num_experts));
     if (max_tokens_ <= 0) throw std::invalid_argument("max_tokens (chunked_prefill_size) must be positive");
+    routed_ = on_cpu_;
     expert_bytes_ = kernels_->packed_expert_bytes(&shape_);
     packed_.resize(size_t(shape_.num_experts));
     // Experts are sharded over NUMA groups in contiguous runs: each group streams only
@@ -293,6 +294,23 @@ void MoeLayer::check_expert_index(int64_t expert) const {
     if (!on_cpu_[size_t(expert)])
         throw std::invalid_argument("expert " + std::to_string(expert) +
                                     " is marked GPU-resident in the placement mask; it is not loaded on the CPU");
+}
+
+void MoeLayer::set_routed(std::vector<bool> routed) {
+    if (int64_t(routed.size()) != shape_.num_experts)
+        throw std::invalid_argument("expert routing mask has " + std::to_string(routed.size()) +
+                                    " entries, expected num_experts=" + std::to_string(shape_.num_experts));
+    for (size_t e = 0; e < routed.size(); ++e)
+        if (routed[e] && !on_cpu_[e])
+            throw std::invalid_argument("expert " + std::to_string(e) + " cannot move to the CPU: the layer was made "
+                                        "with it GPU-resident, so it holds no CPU copy of it");
+    std::lock_guard<std::mutex> lock(g_forward_mutex);
+    routed_ = std::move(routed);
+}
+
+std::vector<bool> MoeLayer::routed() const {
+    std::lock_guard<std::mutex> lock(g_forward_mutex);
+    return routed_;
 }
 
 NumaBuffer MoeLayer::pack(int64_t expert, const kt_expert_weights& weights) const {
@@ -587,7 +605,7 @@ public:
     }
 
 private:
-    bool routed(int64_t id) const { return id >= 0 && layer_.on_cpu_[size_t(id)]; }
+    bool routed(int64_t id) const { return id >= 0 && layer_.routed_[size_t(id)]; }
     const void* packed(int32_t e) const { return layer_.packed_[size_t(e)].get(); }
 
     // Scratch for every phase, and who runs the phases: below kSerialMacs the calling thread
@@ -696,7 +714,7 @@ void MoeLayer::forward_whole_op(const kt_method_kernels& kernels, const void* hi
                                 kt_dtype out_dtype) const {
     const int64_t H = shape_.hidden;
     std::vector<const void*> experts(packed_.size(), nullptr);
-    for (size_t e = 0; e < packed_.size(); ++e) experts[e] = packed_[e].get();
+    for (size_t e = 0; e < packed_.size(); ++e) experts[e] = routed_[e] ? packed_[e].get() : nullptr;
     ScratchPlan plan;
     const size_t at_out = plan.add(size_t(tokens * H) * 4);
     char* base = plan.materialise();
@@ -714,7 +732,7 @@ void MoeLayer::forward(const void* hidden, kt_dtype hidden_dtype, int64_t tokens
     // packed_ is read under the lock: load_expert(s) on another thread installs entries under it.
     std::lock_guard<std::mutex> lock(g_forward_mutex);
     for (int64_t e = 0; e < shape_.num_experts; ++e)
-        if (on_cpu_[size_t(e)] && !packed_[size_t(e)])
+        if (routed_[size_t(e)] && !packed_[size_t(e)])
             throw std::runtime_error("expert " + std::to_string(e) +
                                      " has no weights: call load_weights / load_weights_from_tensors first");
     if (tokens == 0) return;

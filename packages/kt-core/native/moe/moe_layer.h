@@ -42,6 +42,14 @@ public:
     std::vector<char> copy_packed(int64_t expert) const;
     bool expert_loaded(int64_t expert) const;
 
+    // Which experts forwards compute from now on (SGLang moves experts between GPU and CPU at
+    // run time: kt-kernel's gpu_experts_mask.copy_). routed[e] may be true only for an expert
+    // the layer holds on the CPU (expert_on_cpu at construction), std::invalid_argument
+    // otherwise; a routed expert without weights fails the next forward, naming it. Takes the
+    // forward lock, so it lands between forwards, never inside one.
+    void set_routed(std::vector<bool> routed);
+    std::vector<bool> routed() const;
+
     // out[T, hidden] (f32 or bf16) = sum_j weights[t, j] * expert_{ids[t, j]}(hidden[t]).
     // Validates ids before any work (std::invalid_argument naming the first bad one).
     // Thread-safe: forwards of different layers are serialised on the process pool.
@@ -84,7 +92,8 @@ private:
     kt_moe_config shape_;
     const kt_method_kernels* kernels_;
     const kt_method_kernels* small_batch_ = nullptr;
-    std::vector<bool> on_cpu_;
+    std::vector<bool> on_cpu_;    // experts this layer may hold (placement at construction)
+    std::vector<bool> routed_;    // experts forwards compute now: a subset of on_cpu_ (set_routed)
     int64_t max_tokens_;
     size_t expert_bytes_;
     // One per expert, empty when not loaded: node memory of its own, or a view into a file

@@ -10,6 +10,7 @@ from pathlib import Path
 from . import backends, pool
 from .errors import BackendError, BackendSelectionError, KTError, SettingError, WeightsError
 from .host import Host, host
+from .hybrid import generate_gpu_experts_masks, select_deferred_experts
 from .moe import MoE, clear_buffer_cache
 from .wrapper import KTMoEWrapper
 
@@ -33,5 +34,5 @@ def abi_version() -> tuple[int, int]:
 
 
 __all__ = ["BackendError", "BackendSelectionError", "Host", "KTError", "KTMoEWrapper", "MoE", "SettingError", "WeightsError",
-           "__version__", "abi_version", "backends", "clear_buffer_cache", "get_cmake_dir", "get_include", "host",
-           "pool"]
+           "__version__", "abi_version", "backends", "clear_buffer_cache", "generate_gpu_experts_masks", "get_cmake_dir",
+           "get_include", "host", "pool", "select_deferred_experts"]

@@ -14,6 +14,14 @@ def is_torch(x) -> bool:
     return type(x).__module__.startswith("torch")
 
 
+def cpu_copy_f32(x):
+    """A float32 CPU copy of x that no caller holds (a torch tensor stays one)."""
+    if is_torch(x):
+        import torch
+        return x.detach().to("cpu", torch.float32, copy=True).contiguous()
+    return np.array(x, dtype=np.float32, copy=True)
+
+
 def to_cpu_contiguous(x, name: str):
     """A CPU, C-contiguous view or copy of x (torch tensor or array-like)."""
     if is_torch(x):

@@ -55,6 +55,9 @@ class MoE:
         mask = [False] * self.num_experts if gpu_experts_mask is None else [bool(x) for x in list(gpu_experts_mask)]
         if len(mask) != self.num_experts:
             raise ValueError(f"gpu_experts_mask has {len(mask)} entries, expected num_experts={self.num_experts}")
+        # The experts this layer holds on the CPU (fixed); which of them forwards compute can
+        # change at run time (set_gpu_experts_mask).
+        self.held_on_cpu = tuple(not g for g in mask)
         self.gpu_experts_mask = tuple(mask)
         self.weight_types = self._weight_types(weight_types)
         pool.ensure()
@@ -235,7 +238,7 @@ class MoE:
             return None if extra is None else tuple(None if m is None else m[e] for m in extra)
 
         self.load_experts({p: (gate[e], up[e], down[e], pick(scales, e), pick(zeros, e))
-                           for p, e in enumerate(p2l) if not self.gpu_experts_mask[p]})
+                           for p, e in enumerate(p2l) if self.held_on_cpu[p]})
 
     def physical_to_logical(self, physical_to_logical_map, logical: int) -> list[int]:
         """The logical expert each physical slot holds (SGLang's expert-location map),
@@ -255,8 +258,20 @@ class MoE:
         return p2l
 
     def cpu_slots(self) -> list[int]:
-        """Physical expert slots kt holds (not GPU-resident)."""
-        return [p for p in range(self.num_experts) if not self.gpu_experts_mask[p]]
+        """Physical expert slots kt holds (not GPU-resident when the layer was made)."""
+        return [p for p in range(self.num_experts) if self.held_on_cpu[p]]
+
+    def set_gpu_experts_mask(self, gpu_experts_mask: Sequence[bool]) -> None:
+        """From the next forward on, experts marked True are the GPU's (skipped here) and the
+        others are computed here; only experts the layer holds (held_on_cpu) can be computed
+        here. Between forwards only: a submitted forward must be synced first."""
+        mask = [bool(x) for x in list(gpu_experts_mask)]
+        if len(mask) != self.num_experts:
+            raise ValueError(f"gpu_experts_mask has {len(mask)} entries, expected num_experts={self.num_experts}")
+        if self._pending is not None:
+            raise RuntimeError("set_gpu_experts_mask() with a forward in flight on this layer; sync() it first")
+        self._layer.set_routed([not g for g in mask])
+        self.gpu_experts_mask = tuple(mask)
 
     # -- forward --------------------------------------------------------------------------
     def _prepare(self, hidden, topk_ids, topk_weights):

@@ -1,35 +1,75 @@
 """KTMoEWrapper — kt-kernel 0.7.2's wrapper API, on kt-core.
 
 Same constructor arguments, same methods, so SGLang-style callers switch by changing the
-import. Differences, all deliberate:
+import (the `kt_kernel` import name itself is the kt-kernel-compat package's). Semantics as
+kt-kernel's: every expert is held on the CPU and `gpu_experts_mask` (a bool tensor whose
+in-place updates take effect on the next forward) says which the GPU computes; deferred
+experts are added into the next layer's output; capture batch sizes are class-level.
+Differences, all deliberate:
  - works with a CPU-only torch (kt-kernel asks for pinned memory and cannot even be built);
  - the method names a weight format; the backend comes from the hardware (AMXINT8 on a CPU
    without AMX runs on the best backend that has INT8, with a notice);
- - load_weights_from_tensors works for every method and writes nothing to weight_path.
+ - load_weights_from_tensors works for every method and writes nothing to weight_path;
+ - a deferred output that no next layer collects is an error, not a silently lost sum.
 """
 
 from __future__ import annotations
 
 import logging
 import warnings
+from typing import ClassVar
 
-from . import _native, pool
+import numpy as np
+
+from . import _arrays, _native, pool
 from .backends.selection import canonical_method
 from .errors import KTError
 from .host import host
+from .hybrid import select_deferred_experts
 from .moe import MoE
 from .weight_source import has_weight_source, weight_source
 
 log = logging.getLogger("kt_core")
 
 
+def _bool_mask(values, like=None):
+    """A CPU bool tensor (torch installed) or NumPy array: the wrapper's own copy, which
+    callers update in place (`copy_` / `[:] =`)."""
+    flags = np.array([bool(x) for x in values], dtype=bool)
+    try:
+        import torch
+    except ImportError:
+        return flags
+    return torch.from_numpy(flags.copy())
+
+
+def _mask_bytes(mask) -> bytes:
+    return (mask.detach().cpu().numpy() if _arrays.is_torch(mask) else np.asarray(mask, dtype=bool)).tobytes()
+
+
+def _add(out, carry):
+    """out + carry, summed in f32 and returned in out's dtype (kt-kernel adds a deferred output
+    into the next layer's f32 accumulation)."""
+    if _arrays.is_torch(out):
+        return (out.float() + carry.to(out.device).float()).to(out.dtype)
+    return (np.asarray(out, np.float32) + np.asarray(carry, np.float32)).astype(out.dtype)
+
+
 class KTMoEWrapper:
+    # kt-kernel's class-level state: the CUDA-graph capture sizes (token counts) SGLang's
+    # cuda_graph_runner sets before any layer exists, and the layers whose deferred experts are
+    # still on the pool, by layer_idx, for the next layer to collect.
+    _capture_batch_sizes: ClassVar[list[int]] = []
+    _deferred: ClassVar[dict[int, KTMoEWrapper]] = {}
+
     def __init__(self, layer_idx: int, num_experts: int, num_experts_per_tok: int, hidden_size: int,
                  moe_intermediate_size: int, gpu_experts_mask=None, cpuinfer_threads: int | None = None,
                  threadpool_count: int = 1, weight_path: str | None = None, chunked_prefill_size: int = 4096,
                  cpu_save: bool = False, max_deferred_experts_per_token: int | None = None, method: str = "AMXINT4",
-                 numa_nodes=None, *, num_gpu_experts: int | None = None, backend: str | None = None,
-                 group_size: int = 0, zero_point: bool = False, fast_activations: bool = False, **unused):
+                 numa_nodes=None, mode: str = "inference", *, num_gpu_experts: int | None = None,
+                 swiglu_limit: float = 0.0, swiglu_alpha: float = 0.0, backend: str | None = None,
+                 group_size: int = 0, zero_point: bool = False, fast_activations: bool = False,
+                 cpu_copy_of_gpu_experts: bool = True, **unused):
         self.layer_idx = int(layer_idx)
         self.num_experts = int(num_experts)
         self.num_experts_per_tok = int(num_experts_per_tok)
@@ -38,9 +78,15 @@ class KTMoEWrapper:
         self.weight_path = weight_path
         self.chunked_prefill_size = int(chunked_prefill_size)
         self.cpu_save = bool(cpu_save)
-        self.max_deferred_experts_per_token = max_deferred_experts_per_token
         self.method = str(method).upper()
         self.numa_nodes = numa_nodes
+        self.swiglu_limit, self.swiglu_alpha = float(swiglu_limit or 0.0), float(swiglu_alpha or 0.0)
+        self._refuse_unsupported(mode, threadpool_count)
+        defer = int(max_deferred_experts_per_token or 0)
+        if not 0 <= defer <= self.num_experts_per_tok:
+            raise ValueError(f"max_deferred_experts_per_token must be in [0, num_experts_per_tok="
+                             f"{self.num_experts_per_tok}], got {max_deferred_experts_per_token}")
+        self.max_deferred_experts_per_token = defer
         if unused:
             log.debug("KTMoEWrapper ignores kt-kernel arguments it has no use for: %s", sorted(unused))
 
@@ -53,23 +99,50 @@ class KTMoEWrapper:
         elif gpu_experts_mask is not None:
             raw = gpu_experts_mask.cpu().tolist() if hasattr(gpu_experts_mask, "cpu") else list(gpu_experts_mask)
             mask = [bool(x) for x in raw]
+            if len(mask) != self.num_experts:
+                raise ValueError(f"gpu_experts_mask has {len(mask)} entries, expected num_experts={self.num_experts}")
         else:
             mask = [False] * self.num_experts
-        self.gpu_experts_mask = mask
+        self.gpu_experts_mask = _bool_mask(mask)
+        self.num_gpu_experts = sum(mask)
 
         stored = self._stored_settings()
         group_size = group_size or stored.get("group_size", 0)
         zero_point = zero_point or stored.get("zero_point", False)
         self._configure_pool(cpuinfer_threads, threadpool_count)
+        # kt-kernel holds every expert on the CPU, so a mask update can move any expert here;
+        # cpu_copy_of_gpu_experts=False saves that memory and fixes the CPU's set at construction.
         self._moe = MoE(num_experts=self.num_experts, top_k=self.num_experts_per_tok, hidden_size=self.hidden_size,
-                        intermediate_size=self.moe_intermediate_size, method=self.method, gpu_experts_mask=mask,
+                        intermediate_size=self.moe_intermediate_size, method=self.method,
+                        gpu_experts_mask=None if cpu_copy_of_gpu_experts else mask,
                         max_tokens=self.chunked_prefill_size, backend=backend, group_size=group_size,
                         zero_point=zero_point, fast_activations=fast_activations,
                         weight_types=stored.get("weight_types"))
+        self._applied_mask = b""
+        self._apply_mask()
         requested = canonical_method(self.method)
         if self.method.startswith("AMX") and "amx_tile" not in host().features:
             log.info("method %s runs as %s on %s: this CPU has no usable AMX", self.method, requested, self._moe.backend)
-        self._capture_batch_sizes: list[int] = []
+        self._carry = None            # the previous layer's deferred output, added at sync
+        self._deferred_job = None     # (hidden, deferred ids, weights) to submit after sync
+
+    def _refuse_unsupported(self, mode: str, threadpool_count) -> None:
+        """kt-kernel arguments kt cannot honour yet: refused by name, never computed wrongly."""
+        if mode != "inference":
+            raise KTError(f"mode={mode!r}: kt serves inference only (kt-kernel's mode='sft', expert LoRA training "
+                          "and serving, is not in kt yet)")
+        if self.swiglu_limit or self.swiglu_alpha:
+            raise KTError(f"swiglu_limit={self.swiglu_limit}, swiglu_alpha={self.swiglu_alpha}: kt's kernels compute "
+                          "plain SiLU(gate) * up; the clamped SwiGLU (GPT-OSS, DeepSeek-V4, MiniMax-M3) is not in kt yet")
+        if self.numa_nodes is not None:
+            nodes = [int(n) for n in self.numa_nodes]
+            if len(nodes) != int(threadpool_count or 1):
+                raise ValueError(f"numa_nodes lists {len(nodes)} nodes; it must list one per thread pool "
+                                 f"(threadpool_count={threadpool_count})")
+            if nodes != list(range(len(nodes))):
+                raise KTError(f"numa_nodes={nodes}: kt places its pool groups on NUMA nodes 0..{len(nodes) - 1} "
+                              "and cannot restrict a layer to other nodes yet; run under `numactl "
+                              f"--cpunodebind={','.join(map(str, nodes))} --membind={','.join(map(str, nodes))}` instead")
 
     def _stored_settings(self) -> dict:
         """Settings the files at weight_path fix: a kt converted folder's INT4 group and zero point
@@ -115,25 +188,83 @@ class KTMoEWrapper:
         weight_source().load_layer(self._moe, self.weight_path, self.layer_idx, physical_to_logical_map_cpu,
                    quantize_at_load=self.cpu_save)
 
+    # -- GPU experts ----------------------------------------------------------------------
+    def _apply_mask(self) -> None:
+        """Hands gpu_experts_mask to the layer when it changed since the last forward."""
+        now = _mask_bytes(self.gpu_experts_mask)
+        if now == self._applied_mask:
+            return
+        if len(now) != self.num_experts:
+            raise ValueError(f"gpu_experts_mask now has {len(now)} entries, expected num_experts={self.num_experts}")
+        self._moe.set_gpu_experts_mask([bool(b) for b in now])
+        self._applied_mask = now
+
     # -- forward --------------------------------------------------------------------------
     def forward(self, hidden_states, topk_ids, topk_weights, cuda_stream=None):
-        return self._moe.forward(hidden_states, topk_ids, topk_weights)
+        self.submit_forward(hidden_states, topk_ids, topk_weights, cuda_stream)
+        return self.sync_forward(hidden_states, cuda_stream)
 
     def submit_forward(self, hidden_states, topk_ids, topk_weights, cuda_stream=None) -> None:
-        self._moe.submit(hidden_states, topk_ids, topk_weights)
+        """Start this layer's forward on the pool. With max_deferred_experts_per_token, the
+        picks select_deferred_experts defers run after sync_forward returns, and their output
+        is added into the next layer's."""
+        self._apply_mask()
+        self._carry = self._collect_deferred()
+        ids, self._deferred_job = topk_ids, None
+        if self.max_deferred_experts_per_token:
+            protected = self.num_experts_per_tok - self.max_deferred_experts_per_token
+            ids, deferred = select_deferred_experts(topk_ids, topk_weights, protected)
+            # Copies: the caller may overwrite its buffers before the deferred forward runs. In
+            # f32, so the deferred sum is rounded once, when added into the next layer's output.
+            self._deferred_job = (_arrays.cpu_copy_f32(hidden_states), deferred, _arrays.cpu_copy_f32(topk_weights))
+        self._moe.submit(hidden_states, ids, topk_weights)
 
     def sync_forward(self, hidden_states=None, cuda_stream=None):
-        return self._moe.sync()
+        """This layer's output (plus the previous layer's deferred experts); then starts this
+        layer's deferred experts on the pool."""
+        out = self._moe.sync()
+        if self._carry is not None:
+            out, self._carry = _add(out, self._carry), None
+        if self._deferred_job is not None:
+            hidden, ids, weights = self._deferred_job
+            self._deferred_job = None
+            self._moe.submit(hidden, ids, weights)
+            KTMoEWrapper._deferred[self.layer_idx] = self
+        return out
+
+    def _collect_deferred(self):
+        """The deferred output of layer layer_idx - 1, waited for; None if it deferred nothing.
+        Any other layer's deferred output has lost its consumer: an error naming it."""
+        pending = KTMoEWrapper._deferred
+        if not pending:
+            return None
+        previous = pending.pop(self.layer_idx - 1, None)
+        result = previous._moe.sync() if previous is not None else None
+        if pending:
+            lost = sorted(pending)
+            for layer in lost:
+                pending.pop(layer)._moe.sync()
+            raise KTError(f"layer {lost[0]} deferred experts into layer {lost[0] + 1}, but layer {self.layer_idx} ran "
+                          "next, so their output was dropped; set max_deferred_experts_per_token=0 on the last MoE "
+                          "layer and on layers whose next layer is not a KTMoEWrapper")
+        return result
+
+    def select_deferred_experts(self, expert_ids, expert_scores, protected_k: int):
+        return select_deferred_experts(expert_ids, expert_scores, protected_k)
 
     # -- kt-kernel's buffer management ----------------------------------------------------
-    def set_capture_batch_sizes(self, sizes) -> None:
-        sizes = sorted({int(s) for s in sizes})
-        if any(s <= 0 or s > self.chunked_prefill_size for s in sizes):
-            raise ValueError(f"capture batch sizes must be in [1, {self.chunked_prefill_size}], got {sizes}")
-        self._capture_batch_sizes = sizes
+    @staticmethod
+    def set_capture_batch_sizes(capture_bs) -> None:
+        """The token counts CUDA graphs are captured for (class-level, as SGLang calls it before
+        any layer exists); kt-cuda keeps pinned staging buffers of each size."""
+        sizes = sorted({int(s) for s in capture_bs})
+        if any(s <= 0 for s in sizes):
+            raise ValueError(f"capture batch sizes must be positive token counts, got {sizes}")
+        KTMoEWrapper._capture_batch_sizes = sizes
 
-    def get_capture_batch_sizes(self) -> list[int]:
-        return list(self._capture_batch_sizes)
+    @staticmethod
+    def get_capture_batch_sizes() -> list[int]:
+        return list(KTMoEWrapper._capture_batch_sizes)
 
     @staticmethod
     def clear_buffer_cache() -> None:

@@ -29,7 +29,8 @@ from .descriptor import BackendDescriptor, Tier, Variant
 from .discovery import Discovered, discover
 
 # Method names kt-kernel users pass, mapped to the format they name.
-METHOD_ALIASES = {"AMXINT8": "INT8", "AMXINT4": "INT4", "GGUF": "LLAMAFILE"}
+# kt-kernel 0.7.2's method names (SGLang passes them) for kt's formats.
+METHOD_ALIASES = {"AMXINT8": "INT8", "AMXINT4": "INT4", "MOE_INT8": "INT8", "MOE_INT4": "INT4", "GGUF": "LLAMAFILE"}
 
 
 def canonical_method(method: str) -> str:

@@ -49,8 +49,9 @@ FORMAT = {"BF16": "BF16", "AMXINT8": "INT8", "AMXINT4": "INT4", "RAWINT4": "RAWI
 def make_pool(threads: int):
     """One subpool on NUMA node 0 with `threads` workers, as KTMoEWrapper(cpuinfer_threads=threads,
     threadpool_count=1) builds it. kt-kernel adds its own task-queue thread, which busy-polls."""
-    import kt_kernel  # noqa: F401  (picks the CPU variant and registers it as module kt_kernel_ext)
     import kt_kernel_ext
+
+    import kt_kernel  # noqa: F401  (picks the CPU variant and registers it as module kt_kernel_ext)
 
     wc = kt_kernel_ext.WorkerPoolConfig()
     wc.subpool_count = 1
@@ -61,8 +62,9 @@ def make_pool(threads: int):
 
 def build(method: str, cpu, shape: moe_data.Shape, data: Path, max_len: int, keep: list, scratch: str):
     """Construct and load the kt-kernel backend object; returns (moe, class name)."""
-    from kt_kernel.utils import amx as kt_amx
     from kt_kernel_ext.moe import MOEConfig
+
+    from kt_kernel.utils import amx as kt_amx
 
     E = shape.experts
     mask = torch.zeros(E, dtype=torch.bool)
