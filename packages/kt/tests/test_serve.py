@@ -399,6 +399,32 @@ def test_dry_run_with_sglang_and_a_gpu_prints_the_sglang_command(tmp_path, monke
     r = CliRunner().invoke(app, ["run", str(tmp_path), "--dry-run", "--fast-activations"])
     assert "fast" not in r.output.split("would run")[1].split("\n")[1]
     assert "--fast-activations: nothing to pass on" in r.output
+    # Every other --kt-* flag of SGLang's server_args.py, kt's names in kt-kernel's spelling, and
+    # everything after `--` passed on unchanged.
+    r = CliRunner().invoke(app, ["run", str(tmp_path), "--dry-run", "--kt-method", "int4", "--kt-threadpool-count", "2",
+                                 "--kt-numa-nodes", "0,1", "--kt-gpu-experts-ratio", "0.25",
+                                 "--kt-gpu-prefill-token-threshold", "2048", "--kt-expert-placement-strategy",
+                                 "frequency", "--kt-enable-dynamic-expert-update", "--record-kt-gpu-expert-distribution",
+                                 "--kt-expert-lora-path", "/lora", "--", "--tp", "2", "--disable-cuda-graph"])
+    assert r.exit_code == 0, r.output
+    line = r.output.replace("\n", "")
+    assert "--kt-method AMXINT4 " in line
+    assert line.rstrip().endswith("--kt-numa-nodes 0 1 --kt-gpu-experts-ratio 0.25 --kt-gpu-prefill-token-threshold 2048 "
+                                  "--kt-expert-placement-strategy frequency --kt-expert-lora-path /lora "
+                                  "--kt-enable-dynamic-expert-update --record-kt-gpu-expert-distribution --tp 2 "
+                                  "--disable-cuda-graph"), line
+    for args, message in ((["--kt-method", "FP32"], "FP32 has no kt-kernel method"),
+                          (["--kt-numa-nodes", "0,1", "--kt-threadpool-count", "1"], "lists 2 node.s., one per thread"),
+                          (["--kt-gpu-experts-ratio", "1.5"], r"a fraction of all experts, in \[0, 1\]"),
+                          (["--kt-expert-placement-strategy", "hottest"], "choose one of frequency, front-loading")):
+        r = CliRunner().invoke(app, ["run", str(tmp_path), "--dry-run", *args])
+        assert r.exit_code == 1 and re.search(message, r.output), r.output
+
+
+def test_sglang_only_flags_are_refused_where_kts_server_serves(tmp_path):
+    r = CliRunner().invoke(app, ["run", "--dry-run", "--kt-gpu-experts-ratio", "0.5", "--", "--tp", "2"])
+    assert r.exit_code == 1
+    assert "--kt-gpu-experts-ratio, arguments after --: only SGLang takes these, and it does not serve here" in r.output
 
 
 def test_sigterm_stops_kt_run_cleanly(tmp_path, cache):

@@ -143,8 +143,9 @@ def convert_cmd(
     console.print(f"converted folder ready: {done}")
 
 
-@app.command("run")
+@app.command("run", context_settings={"allow_extra_args": True})
 def run_cmd(
+    ctx: typer.Context,
     model: str = typer.Argument("tiny", help="Hugging Face model folder (with tokenizer), or 'tiny': the built-in preset"),
     kt_method: str = typer.Option("BF16", "--kt-method", help="expert weight format: BF16, FP32, INT8, INT4, FP8, RAWINT4"),
     kt_weight_path: str = typer.Option(None, "--kt-weight-path",
@@ -156,6 +157,18 @@ def run_cmd(
     kt_max_deferred: int = typer.Option(0, "--kt-max-deferred-experts-per-token",
                                         help="each token's lowest-weight experts added into the next layer"),
     fast_activations: bool = typer.Option(False, "--fast-activations", help=FAST_ACTIVATIONS_HELP),
+    kt_numa_nodes: str = typer.Option(None, "--kt-numa-nodes", help="SGLang: NUMA node of each thread pool, e.g. 0,1"),
+    kt_gpu_experts_ratio: float = typer.Option(None, "--kt-gpu-experts-ratio",
+                                               help="SGLang: fraction of all experts on the GPU (overrides the count)"),
+    kt_gpu_prefill_token_threshold: int = typer.Option(None, "--kt-gpu-prefill-token-threshold",
+                                                       help="SGLang: from this many tokens, prefill whole layers on the GPU"),
+    kt_expert_placement_strategy: str = typer.Option(None, "--kt-expert-placement-strategy",
+                                                     help="SGLang: frequency, front-loading, uniform or random"),
+    kt_enable_dynamic_expert_update: bool = typer.Option(False, "--kt-enable-dynamic-expert-update",
+                                                         help="SGLang: re-pick the GPU experts after GPU prefills"),
+    record_kt_gpu_expert_distribution: bool = typer.Option(False, "--record-kt-gpu-expert-distribution",
+                                                           help="SGLang: record the GPU expert mask per forward"),
+    kt_expert_lora_path: str = typer.Option(None, "--kt-expert-lora-path", help="SGLang: a PEFT expert adapter"),
     host: str = typer.Option("127.0.0.1", help="address to listen on"),
     port: int = typer.Option(8000, help="port to listen on (0: any free port)"),
     served_model_name: str = typer.Option(None, "--served-model-name", help="model id clients ask for"),
@@ -163,20 +176,42 @@ def run_cmd(
     dry_run: bool = typer.Option(False, "--dry-run", help="print what would run, start nothing"),
 ) -> None:
     """Serve MODEL over an OpenAI-compatible HTTP API with its routed experts on kt (SGLang with
-    --kt-* flags instead, where SGLang and a CUDA GPU are present)."""
+    --kt-* flags instead, where SGLang and a CUDA GPU are present; arguments after `--` go to
+    SGLang unchanged, e.g. `kt run MODEL -- --tp 2 --disable-cuda-graph`)."""
 
     from ..serve.launch import run
     from ..serve.settings import ServeSettings
 
+    extra = list(ctx.args)
+    if model.startswith("-"):   # `kt run -- --tp 2`: no MODEL before `--`, so click gave it SGLang's first argument
+        model, extra = "tiny", [model, *extra]
     settings = ServeSettings(model=model, method=kt_method, weight_path=kt_weight_path, cpuinfer=kt_cpuinfer,
                              threadpool_count=kt_threadpool_count, num_gpu_experts=kt_num_gpu_experts,
                              max_deferred_experts_per_token=kt_max_deferred, fast_activations=fast_activations,
                              host=host, port=port,
-                             served_model_name=served_model_name, max_queue=max_queue)
+                             served_model_name=served_model_name, max_queue=max_queue,
+                             numa_nodes=numa_node_list(kt_numa_nodes),
+                             gpu_experts_ratio=kt_gpu_experts_ratio,
+                             gpu_prefill_token_threshold=kt_gpu_prefill_token_threshold,
+                             expert_placement_strategy=kt_expert_placement_strategy,
+                             dynamic_expert_update=kt_enable_dynamic_expert_update,
+                             record_gpu_expert_distribution=record_kt_gpu_expert_distribution,
+                             expert_lora_path=kt_expert_lora_path, sglang_args=tuple(extra))
     try:
         run(settings, console, dry_run=dry_run)
     except (KTError, ImportError, OSError) as exc:
         fail("kt run", exc, 1)
+
+
+def numa_node_list(text: str | None) -> tuple[int, ...] | None:
+    """--kt-numa-nodes 0,1 (or "0 1") as node ids."""
+    if text is None:
+        return None
+    try:
+        return tuple(int(n) for n in text.replace(",", " ").split())
+    except ValueError:
+        raise typer.BadParameter(f"NUMA node ids separated by commas, e.g. 0,1; got {text!r}",
+                                 param_hint="--kt-numa-nodes") from None
 
 
 @app.command()

@@ -35,6 +35,10 @@ def run(settings: ServeSettings, console: Console, *, dry_run: bool = False) -> 
             # Replaced by SGLang: its own signal handling and exit status are kt run's.
             os.execv(cmd[0], cmd)
         return
+    sglang_only = s.sglang_only()
+    if sglang_only:
+        raise KTError(f"{', '.join(sglang_only)}: only SGLang takes these, and it does not serve here ({why}); "
+                      "kt's transformers server would ignore them")
     check_port(s.host, s.port)
     console.print(f"kt's transformers server ({why})", highlight=False)
     for key, value in s.describe():

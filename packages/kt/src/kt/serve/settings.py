@@ -9,6 +9,8 @@ from pathlib import Path
 from kt_core.errors import KTError
 
 PRESET_NAME = "tiny"
+# SGLang's --kt-expert-placement-strategy choices.
+PLACEMENT_STRATEGIES = ("frequency", "front-loading", "uniform", "random")
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,27 @@ class ServeSettings:
     max_queue: int = 64                    # requests waiting behind the running one
     threads_reason: str = ""
     pools_reason: str = ""
+    # SGLang's other --kt-* flags (kvcache-ai's server_args.py), passed on when SGLang serves.
+    numa_nodes: tuple[int, ...] | None = None
+    gpu_experts_ratio: float | None = None
+    gpu_prefill_token_threshold: int | None = None
+    expert_placement_strategy: str | None = None
+    dynamic_expert_update: bool = False
+    record_gpu_expert_distribution: bool = False
+    expert_lora_path: str | None = None
+    sglang_args: tuple[str, ...] = ()      # everything after `--`, for SGLang unchanged
+
+    def sglang_only(self) -> list[str]:
+        """The flags given that only SGLang serves (kt's transformers server has no use for them)."""
+        given = [("--kt-numa-nodes", self.numa_nodes is not None),
+                 ("--kt-gpu-experts-ratio", self.gpu_experts_ratio is not None),
+                 ("--kt-gpu-prefill-token-threshold", self.gpu_prefill_token_threshold is not None),
+                 ("--kt-expert-placement-strategy", self.expert_placement_strategy is not None),
+                 ("--kt-enable-dynamic-expert-update", self.dynamic_expert_update),
+                 ("--record-kt-gpu-expert-distribution", self.record_gpu_expert_distribution),
+                 ("--kt-expert-lora-path", self.expert_lora_path is not None),
+                 ("arguments after --", bool(self.sglang_args))]
+        return [flag for flag, on in given if on]
 
     @property
     def is_preset(self) -> bool:
@@ -46,6 +69,13 @@ class ServeSettings:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise KTError(f"--kt-{name.replace('_', '-')} must be >= 1, got {value}")
+        if self.gpu_experts_ratio is not None and not 0.0 <= self.gpu_experts_ratio <= 1.0:
+            raise KTError(f"--kt-gpu-experts-ratio is a fraction of all experts, in [0, 1]; got {self.gpu_experts_ratio}")
+        if self.gpu_prefill_token_threshold is not None and self.gpu_prefill_token_threshold < 0:
+            raise KTError(f"--kt-gpu-prefill-token-threshold must be >= 0, got {self.gpu_prefill_token_threshold}")
+        if self.expert_placement_strategy not in (None, *PLACEMENT_STRATEGIES):
+            raise KTError(f"--kt-expert-placement-strategy {self.expert_placement_strategy!r}: choose one of "
+                          f"{', '.join(PLACEMENT_STRATEGIES)}")
         if not 0 <= self.port < 65536:
             raise KTError(f"--port must be in 1..65535 (or 0 for any free port), got {self.port}")
         if self.max_queue < 1:
@@ -58,6 +88,9 @@ class ServeSettings:
         pools, pools_reason = self.threadpool_count, "given"
         if pools is None:
             pools, pools_reason = rec["threadpool_count"], "kt doctor: " + rec["threadpool_count_reason"]
+        if self.numa_nodes is not None and len(self.numa_nodes) != pools:
+            raise KTError(f"--kt-numa-nodes lists {len(self.numa_nodes)} node(s), one per thread pool, and "
+                          f"--kt-threadpool-count is {pools} ({pools_reason})")
         name = self.served_model_name or (PRESET_NAME if self.is_preset else Path(self.model).resolve().name)
         return dataclasses.replace(self, method=self.method.upper(), cpuinfer=threads, threadpool_count=pools,
                                    served_model_name=name, threads_reason=threads_reason, pools_reason=pools_reason)
