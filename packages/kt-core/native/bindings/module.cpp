@@ -2,6 +2,7 @@
 // (nb::ndarray) so no torch is linked; every check that can fail says what it expected.
 #include <kt/plugin.h>
 
+#include "abi/forward_api.h"
 #include "abi/host_api.h"
 #include "probes/compute_peak.h"
 #include "host/cpu_features.h"
@@ -657,6 +658,9 @@ NB_MODULE(_native, m) {
         "num_threads"_a = 0, "virtual_numa"_a = 0, "pin"_a = true, "spin_us"_a = 100);
     m.def("pool_exists", &kt::global_pool_exists);
     m.def("pool_info", &pool_info);
+    m.def("forward_api", [] {
+        return nb::capsule(static_cast<const void*>(kt::forward_api()), KT_FORWARD_API_CAPSULE);
+    }, "kt/forward.h's table, for device bridges (kt-cuda)");
     m.def("pool_sync", &pool_sync, "wait for the submitted forward; the caller joins its work");
     m.def("pool_job_pending", [] { return kt::global_pool().job_pending(); });
     m.def("_at_exit", &at_exit);
@@ -720,6 +724,9 @@ NB_MODULE(_native, m) {
         .def("copy_packed", &Layer::copy_packed, "expert"_a)
         .def("expert_loaded", [](const Layer& l, int64_t e) { return l.layer->expert_loaded(e); })
         .def("expert_group", [](const Layer& l, int64_t e) { return l.layer->expert_group(e); })
+        // The `layer` argument of kt/forward.h (kt_core.MoE.native_handle): valid while this
+        // object lives.
+        .def_prop_ro("handle", [](const Layer& l) { return reinterpret_cast<uintptr_t>(l.layer.get()); })
         .def("set_routed", [](Layer& l, std::vector<bool> routed) { l.layer->set_routed(std::move(routed)); },
              "routed"_a, nb::call_guard<nb::gil_scoped_release>())
         .def("routed", [](const Layer& l) { return l.layer->routed(); })

@@ -148,6 +148,12 @@ class MoE:
         return None if c is None else f"{c.backend}/{c.variant}"
 
     @property
+    def native_handle(self) -> int:
+        """The `layer` argument of kt/forward.h's table (kt_core._native.forward_api()), for
+        device bridges such as kt-cuda; valid while this object lives."""
+        return self._layer.handle
+
+    @property
     def layout_id(self) -> str:
         return self._layer.layout_id
 

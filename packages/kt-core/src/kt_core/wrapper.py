@@ -21,7 +21,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from . import _arrays, _native, pool
+from . import _arrays, _native, device_bridge, pool
 from .backends.selection import canonical_method
 from .errors import KTError
 from .host import host
@@ -123,6 +123,7 @@ class KTMoEWrapper:
         requested = canonical_method(self.method)
         if self.method.startswith("AMX") and "amx_tile" not in host().features:
             log.info("method %s runs as %s on %s: this CPU has no usable AMX", self.method, requested, self._moe.backend)
+        self._bridge = None           # the device bridge of the submitted forward (kt-cuda), if any
         self._carry = None            # the previous layer's deferred output, added at sync
         self._deferred_job = None     # (hidden, deferred ids, weights) to submit after sync
 
@@ -204,11 +205,29 @@ class KTMoEWrapper:
         self.submit_forward(hidden_states, topk_ids, topk_weights, cuda_stream)
         return self.sync_forward(hidden_states, cuda_stream)
 
+    def _bridge_for(self, hidden_states):
+        """The device bridge (kt-cuda) for CUDA tensors, when installed and usable here. Layers
+        that defer experts take the synchronous path: their deferred part is not stream-ordered."""
+        if not _arrays.is_torch(hidden_states) or hidden_states.device.type == "cpu":
+            return None
+        bridge = device_bridge.provider(hidden_states.device.type)
+        if bridge is not None and self.max_deferred_experts_per_token:
+            log.info("layer %d defers experts: its forwards copy to the CPU synchronously (the %s bridge does not "
+                     "order deferred experts on the stream)", self.layer_idx, hidden_states.device.type)
+            return None
+        return bridge
+
     def submit_forward(self, hidden_states, topk_ids, topk_weights, cuda_stream=None) -> None:
         """Start this layer's forward on the pool. With max_deferred_experts_per_token, the
         picks select_deferred_experts defers run after sync_forward returns, and their output
-        is added into the next layer's."""
+        is added into the next layer's. CUDA tensors go through kt-cuda where it is installed:
+        stream-ordered on cuda_stream (default: the current stream), nothing blocks."""
         self._apply_mask()
+        self._bridge = self._bridge_for(hidden_states)
+        if self._bridge is not None:
+            self._bridge.submit(self._moe, hidden_states, topk_ids, topk_weights, cuda_stream,
+                                KTMoEWrapper._capture_batch_sizes, self.chunked_prefill_size)
+            return
         self._carry = self._collect_deferred()
         ids, self._deferred_job = topk_ids, None
         if self.max_deferred_experts_per_token:
@@ -221,7 +240,11 @@ class KTMoEWrapper:
 
     def sync_forward(self, hidden_states=None, cuda_stream=None):
         """This layer's output (plus the previous layer's deferred experts); then starts this
-        layer's deferred experts on the pool."""
+        layer's deferred experts on the pool. Through kt-cuda: a persistent device buffer, valid
+        until the layer two further on syncs as many tokens (kt-kernel's slots)."""
+        if self._bridge is not None:
+            return self._bridge.sync(self._moe, hidden_states, cuda_stream, self.layer_idx % 2,
+                                     self.chunked_prefill_size)
         out = self._moe.sync()
         if self._carry is not None:
             out, self._carry = _add(out, self._carry), None

@@ -146,6 +146,8 @@ def render_doctor(r: dict, verbose: bool) -> None:
         print("backends  (score = tier.rank, 0 = cannot run here)")
         for line in backend_lines(r["backends"], verbose):
             print(line)
+    for b in r["device_bridges"]:
+        print(f"device    {b['kind']} bridge ({b['entry_point']}): {'used' if b['usable'] else 'unused'}: {b['why']}")
     rec = r["recommended"]
     print(f"recommended cpuinfer_threads={rec['cpuinfer_threads']}: {rec['cpuinfer_threads_reason']}")
     print(f"recommended threadpool_count={rec['threadpool_count']}: {rec['threadpool_count_reason']}")

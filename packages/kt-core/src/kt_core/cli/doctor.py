@@ -6,6 +6,7 @@ from pathlib import Path
 
 from .. import pool
 from ..backends import explain
+from ..device_bridge import report as bridge_report
 from ..errors import KTError
 from ..host import host
 
@@ -74,5 +75,6 @@ def collect() -> dict:
                  "pinned_cpus": list(info.pinned_cpus)},
         "backends": backends,
         "backend_error": backend_error,
+        "device_bridges": [{"kind": k, "entry_point": ep, "usable": ok, "why": why} for k, ep, ok, why in bridge_report()],
         "recommended": recommended(h),
     }
