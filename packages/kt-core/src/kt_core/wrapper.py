@@ -124,6 +124,7 @@ class KTMoEWrapper:
         if self.method.startswith("AMX") and "amx_tile" not in host().features:
             log.info("method %s runs as %s on %s: this CPU has no usable AMX", self.method, requested, self._moe.backend)
         self._bridge = None           # the device bridge of the submitted forward (kt-cuda), if any
+        self._write_job = None        # (thread, outcome) of submit_write_weight_scale_to_buffer
         self._carry = None            # the previous layer's deferred output, added at sync
         self._deferred_job = None     # (hidden, deferred ids, weights) to submit after sync
 
@@ -274,6 +275,49 @@ class KTMoEWrapper:
 
     def select_deferred_experts(self, expert_ids, expert_scores, protected_k: int):
         return select_deferred_experts(expert_ids, expert_scores, protected_k)
+
+    # -- layerwise prefill: an expert's weights for the GPU -----------------------------------
+    def submit_write_weight_scale_to_buffer(self, gpu_tp_count: int, expert_id: int, w13_weight_ptrs,
+                                            w13_scale_ptrs, w2_weight_ptrs, w2_scale_ptrs) -> None:
+        """Start writing logical expert `expert_id` of this layer, as the checkpoint stores it
+        (BF16, FP8, RAWINT4), into each GPU rank's host buffers in SGLang's tensor-parallel
+        layout (kt.weights.gpu_buffers says which); sync_write_weight_scale_to_buffer() waits.
+        Read from weight_path, off the calling thread."""
+        import threading
+
+        if self._write_job is not None:
+            raise RuntimeError("a weight write is in flight; call sync_write_weight_scale_to_buffer() first")
+        if not self.weight_path:
+            raise KTError("submit_write_weight_scale_to_buffer reads the expert from weight_path, and this "
+                          "KTMoEWrapper has none")
+        if not 0 <= int(expert_id) < self.num_experts:
+            raise ValueError(f"expert_id {expert_id} is outside [0, {self.num_experts})")
+        source = weight_source()
+        if not hasattr(source, "write_expert_for_gpu"):
+            raise KTError("the installed weight source cannot write experts for the GPU; upgrade kt")
+        args = (self.weight_path, self.layer_idx, int(expert_id), canonical_method(self.method),
+                self.moe_intermediate_size, int(gpu_tp_count), list(w13_weight_ptrs), list(w13_scale_ptrs),
+                list(w2_weight_ptrs), list(w2_scale_ptrs))
+        outcome: list[BaseException] = []
+
+        def write():
+            try:
+                source.write_expert_for_gpu(*args)
+            except BaseException as exc:   # handed to sync_write_weight_scale_to_buffer
+                outcome.append(exc)
+
+        thread = threading.Thread(target=write, name=f"kt-write-expert-{self.layer_idx}-{expert_id}", daemon=True)
+        thread.start()
+        self._write_job = (thread, outcome)
+
+    def sync_write_weight_scale_to_buffer(self) -> None:
+        """Wait for the write submit_write_weight_scale_to_buffer started; its error is raised here."""
+        if self._write_job is None:
+            return
+        (thread, outcome), self._write_job = self._write_job, None
+        thread.join()
+        if outcome:
+            raise outcome[0]
 
     # -- kt-kernel's buffer management ----------------------------------------------------
     @staticmethod

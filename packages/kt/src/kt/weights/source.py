@@ -21,3 +21,10 @@ def layer_settings(path, layer_idx: int, method: str) -> dict:
 
 def load_layer(moe, path, layer_idx: int, physical_to_logical_map=None, quantize_at_load: bool = False) -> None:
     _load_layer(moe, path, layer_idx, physical_to_logical_map, quantize_at_load=quantize_at_load)
+
+
+def write_expert_for_gpu(path, layer_idx: int, expert: int, method: str, intermediate: int, tp: int, w13_weight,
+                         w13_scale, w2_weight, w2_scale) -> None:
+    """KTMoEWrapper.submit_write_weight_scale_to_buffer's work (gpu_buffers.py)."""
+    from .gpu_buffers import write_expert
+    write_expert(path, layer_idx, expert, method, intermediate, tp, w13_weight, w13_scale, w2_weight, w2_scale)
