@@ -229,8 +229,8 @@ def test_kt_kernel_arguments_kt_cannot_honour_are_refused_by_name():
         make(swiglu_limit=7.0, swiglu_alpha=1.702)
     with pytest.raises(ValueError, match="numa_nodes lists 2 nodes; it must list one per thread pool"):
         make(numa_nodes=[0, 1])
-    with pytest.raises(KTError, match=r"numa_nodes=\[1\]: kt places its pool groups on NUMA nodes 0..0"):
-        make(numa_nodes=[1])
+    with pytest.raises(KTError, match=r"numa_nodes=\[7\]: kt's pool has no threads on NUMA node\(s\) \[7\]"):
+        make(numa_nodes=[7])
     with pytest.raises(ValueError, match=r"max_deferred_experts_per_token must be in \[0, num_experts_per_tok=2\]"):
         make(max_deferred_experts_per_token=3)
     make(numa_nodes=[0], swiglu_limit=0.0)
@@ -350,3 +350,45 @@ def test_nan_weights_refused_at_load():
     down[1, 0, 0] = float("inf")
     with pytest.raises(ValueError, match=r"expert 1 down hold NaN or Inf at \[0, 0\]"):
         wrapper.load_weights_from_tensors(*weights()[:2], down)
+
+
+NUMA_NODES = """
+import numpy as np, torch
+from kt_core import KTMoEWrapper, KTError, pool
+from kt_core.testing.reference import moe_reference, relative_error
+assert len(pool.info().groups) == 2, pool.info()
+E, K, H, I = 12, 2, 64, 32
+g = torch.Generator().manual_seed(0)
+w = [torch.randn(E, *s, generator=g) / s[1] ** 0.5 for s in ((I, H), (I, H), (H, I))]
+args = dict(num_experts=E, num_experts_per_tok=K, hidden_size=H, moe_intermediate_size=I, chunked_prefill_size=16,
+            method="BF16", backend="reference")
+everywhere = KTMoEWrapper(layer_idx=0, threadpool_count=2, **args)
+assert [everywhere._moe.expert_group(e) for e in range(E)] == [0] * 6 + [1] * 6
+one = KTMoEWrapper(layer_idx=1, threadpool_count=1, numa_nodes=[1], **args)
+two = KTMoEWrapper(layer_idx=2, threadpool_count=2, numa_nodes=[1, 0], **args)
+assert {one._moe.expert_group(e) for e in range(E)} == {1}
+assert [two._moe.expert_group(e) for e in range(E)] == [1] * 6 + [0] * 6
+assert KTMoEWrapper(layer_idx=4, threadpool_count=1, numa_nodes=[0], **args)._moe.expert_group(E - 1) == 0
+x = torch.randn(9, H, generator=g)
+ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(9)])
+tw = torch.rand(9, K, generator=g)
+want = moe_reference(x.numpy(), *[t.bfloat16().float().numpy() for t in w], ids.numpy(), tw.numpy())
+for kt in (everywhere, one, two):
+    kt.load_weights_from_tensors(*w)
+    assert relative_error(kt.forward(x, ids, tw).numpy(), want) < 1e-5
+try:
+    KTMoEWrapper(layer_idx=3, threadpool_count=1, numa_nodes=[2], **args)
+except KTError as e:
+    assert "kt's pool has 2 virtual groups (KT_VIRTUAL_NUMA), numbered 0..1" in str(e), e
+else:
+    raise AssertionError("numa_nodes=[3] accepted")
+print("ok")
+"""
+
+
+def test_numa_nodes_place_a_layers_experts_on_those_groups():
+    """kt-kernel's numa_nodes: the layer's experts live (memory) and run (threads) on those
+    nodes; here two virtual groups stand for two nodes."""
+    from kt_core.testing.fixtures import run_python
+    r = run_python(NUMA_NODES, KT_VIRTUAL_NUMA="2")
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr

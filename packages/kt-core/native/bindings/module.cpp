@@ -730,6 +730,7 @@ NB_MODULE(_native, m) {
         .def("set_routed", [](Layer& l, std::vector<bool> routed) { l.layer->set_routed(std::move(routed)); },
              "routed"_a, nb::call_guard<nb::gil_scoped_release>())
         .def("routed", [](const Layer& l) { return l.layer->routed(); })
+        .def("set_groups", [](Layer& l, std::vector<int> groups) { l.layer->set_groups(groups); }, "groups"_a)
         .def("forward", &Layer::forward, "hidden"_a, "topk_ids"_a, "topk_weights"_a, "out"_a)
         .def("submit_forward", &Layer::submit_forward, "hidden"_a, "topk_ids"_a, "topk_weights"_a, "out"_a, "keep_alive"_a)
         .def("forward_at", &Layer::forward_at, "hidden"_a, "hidden_dtype"_a, "tokens"_a, "topk_ids"_a, "topk_weights"_a,

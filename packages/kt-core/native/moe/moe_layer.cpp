@@ -205,9 +205,32 @@ MoeLayer::MoeLayer(const kt_moe_config& shape, const kt_method_kernels* kernels,
     // locked by a thread that does not exist there).
     static const bool registered = (register_pool_user_mutex(&g_forward_mutex), true);
     (void)registered;
+    std::vector<int> all(static_cast<size_t>(groups));
+    for (int g = 0; g < groups; ++g) all[size_t(g)] = g;
+    place_on(all);
+}
+
+void MoeLayer::place_on(const std::vector<int>& groups) {
     group_of_expert_.resize(size_t(shape_.num_experts));
-    for (int64_t e = 0; e < shape_.num_experts; ++e)
-        group_of_expert_[size_t(e)] = int(e * groups / shape_.num_experts);
+    const int64_t n = int64_t(groups.size());
+    for (int64_t e = 0; e < shape_.num_experts; ++e) group_of_expert_[size_t(e)] = groups[size_t(e * n / shape_.num_experts)];
+}
+
+void MoeLayer::set_groups(const std::vector<int>& groups) {
+    const int pool_groups = global_pool().num_groups();
+    if (groups.empty()) throw std::invalid_argument("a layer needs at least one pool group");
+    std::vector<bool> seen(static_cast<size_t>(pool_groups), false);
+    for (int g : groups) {
+        if (g < 0 || g >= pool_groups)
+            throw std::invalid_argument("pool group " + std::to_string(g) + " does not exist; the pool has " +
+                                        std::to_string(pool_groups) + " group(s)");
+        if (seen[size_t(g)]) throw std::invalid_argument("pool group " + std::to_string(g) + " is listed twice");
+        seen[size_t(g)] = true;
+    }
+    std::lock_guard<std::mutex> lock(g_forward_mutex);
+    for (const auto& p : packed_)
+        if (p) throw std::invalid_argument("set the layer's pool groups before loading any expert");
+    place_on(groups);
 }
 
 void MoeLayer::set_small_batch_kernels(const kt_method_kernels* kernels) {

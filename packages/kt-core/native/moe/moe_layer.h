@@ -48,6 +48,11 @@ public:
     // otherwise; a routed expert without weights fails the next forward, naming it. Takes the
     // forward lock, so it lands between forwards, never inside one.
     void set_routed(std::vector<bool> routed);
+
+    // The pool groups (NUMA nodes, or virtual groups) this layer's experts live and run on:
+    // experts are sharded over them in contiguous runs (default: every group). Before any
+    // expert is loaded, std::invalid_argument otherwise or for a group outside the pool.
+    void set_groups(const std::vector<int>& groups);
     std::vector<bool> routed() const;
 
     // out[T, hidden] (f32 or bf16) = sum_j weights[t, j] * expert_{ids[t, j]}(hidden[t]).
@@ -88,6 +93,7 @@ private:
     // expert's NUMA group, and installs all buffers or, on the first error, none.
     void install_in_parallel(const int64_t* experts, size_t count, void (*make)(void*, size_t, NumaBuffer&), void* ctx);
     void check_expert_list(const int64_t* experts, size_t count) const;   // in range, on the CPU, no repeats
+    void place_on(const std::vector<int>& groups);   // experts over these groups in contiguous runs
 
     kt_moe_config shape_;
     const kt_method_kernels* kernels_;

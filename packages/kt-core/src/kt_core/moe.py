@@ -29,7 +29,8 @@ class MoE:
     def __init__(self, *, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
                  method: str = "BF16", gpu_experts_mask: Sequence[bool] | None = None, max_tokens: int = 4096,
                  backend: str | None = None, group_size: int = 0, zero_point: bool = False,
-                 fast_activations: bool = False, weight_types: Sequence[str] | None = None):
+                 fast_activations: bool = False, weight_types: Sequence[str] | None = None,
+                 pool_groups: Sequence[int] | None = None):
         for name, value in (("num_experts", num_experts), ("top_k", top_k), ("hidden_size", hidden_size),
                             ("intermediate_size", intermediate_size), ("max_tokens", max_tokens)):
             if int(value) <= 0:
@@ -80,6 +81,8 @@ class MoE:
                                        self.num_experts, self.top_k, [not g for g in mask], self.max_tokens,
                                        self.group_size, self.zero_point, self.fast_activations,
                                        [ggml_type(t).kt_dtype for t in self.weight_types])
+        if pool_groups is not None:   # the groups (NUMA nodes) this layer's experts live and run on
+            self._layer.set_groups([int(g) for g in pool_groups])
         self.small_batch_candidate = self._attach_small_batch_kernels(sel, native, shape)
         self._pending = None
 

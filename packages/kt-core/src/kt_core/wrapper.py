@@ -117,7 +117,7 @@ class KTMoEWrapper:
                         gpu_experts_mask=None if cpu_copy_of_gpu_experts else mask,
                         max_tokens=self.chunked_prefill_size, backend=backend, group_size=group_size,
                         zero_point=zero_point, fast_activations=fast_activations,
-                        weight_types=stored.get("weight_types"))
+                        weight_types=stored.get("weight_types"), pool_groups=self._pool_groups())
         self._applied_mask = b""
         self._apply_mask()
         requested = canonical_method(self.method)
@@ -136,15 +136,29 @@ class KTMoEWrapper:
         if self.swiglu_limit or self.swiglu_alpha:
             raise KTError(f"swiglu_limit={self.swiglu_limit}, swiglu_alpha={self.swiglu_alpha}: kt's kernels compute "
                           "plain SiLU(gate) * up; the clamped SwiGLU (GPT-OSS, DeepSeek-V4, MiniMax-M3) is not in kt yet")
-        if self.numa_nodes is not None:
-            nodes = [int(n) for n in self.numa_nodes]
-            if len(nodes) != int(threadpool_count or 1):
-                raise ValueError(f"numa_nodes lists {len(nodes)} nodes; it must list one per thread pool "
-                                 f"(threadpool_count={threadpool_count})")
-            if nodes != list(range(len(nodes))):
-                raise KTError(f"numa_nodes={nodes}: kt places its pool groups on NUMA nodes 0..{len(nodes) - 1} "
-                              "and cannot restrict a layer to other nodes yet; run under `numactl "
-                              f"--cpunodebind={','.join(map(str, nodes))} --membind={','.join(map(str, nodes))}` instead")
+        if self.numa_nodes is not None and len(self.numa_nodes) != int(threadpool_count or 1):
+            raise ValueError(f"numa_nodes lists {len(self.numa_nodes)} nodes; it must list one per thread pool "
+                             f"(threadpool_count={threadpool_count})")
+
+    def _pool_groups(self):
+        """numa_nodes as the pool groups this layer's experts live and run on: the groups on those
+        NUMA nodes, or, in a pool of virtual groups (KT_VIRTUAL_NUMA), those group indices."""
+        if self.numa_nodes is None:
+            return None
+        nodes = [int(n) for n in self.numa_nodes]
+        info = pool.info()
+        if info.virtual_numa:
+            bad = [n for n in nodes if not 0 <= n < len(info.groups)]
+            if bad:
+                raise KTError(f"numa_nodes={nodes}: kt's pool has {len(info.groups)} virtual groups "
+                              f"(KT_VIRTUAL_NUMA), numbered 0..{len(info.groups) - 1}")
+            return nodes
+        groups = [g for g, (node, _) in enumerate(info.groups) if node in nodes]
+        missing = sorted(set(nodes) - {node for node, _ in info.groups})
+        if missing:
+            raise KTError(f"numa_nodes={nodes}: kt's pool has no threads on NUMA node(s) {missing}; its groups are on "
+                          f"node(s) {sorted({node for node, _ in info.groups})}")
+        return groups
 
     def _stored_settings(self) -> dict:
         """Settings the files at weight_path fix: a kt converted folder's INT4 group and zero point
