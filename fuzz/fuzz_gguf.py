@@ -1,7 +1,7 @@
 """Fuzz target: kt.gguf — a .gguf file's header, metadata and tensor table, the model
 geometry derived from them, and every MoE layer's expert views.
 
-Documented errors (kt_core/gguf/reader.py): KTError for every problem with the file
+Documented errors (kt/gguf/reader.py): KTError for every problem with the file
 (WeightsError, a KTError, for a contradiction between metadata and tensors).
 """
 

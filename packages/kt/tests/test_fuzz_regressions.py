@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("torch")
@@ -263,3 +264,27 @@ def test_gguf_counts_past_the_end_of_the_file_are_refused_at_once(tmp_path):
                                       r"claims 1099511627776 entries, more than the 0 bytes left can hold"):
         GGUFModel(path)
     assert time.perf_counter() - start < 5
+
+
+@pytest.mark.parametrize(("key", "value", "found"), [("expert_count", 0, "0"), ("block_count", -3, "-3"),
+                                                     ("embedding_length", 1.5, "1.5")])
+def test_gguf_sizes_that_are_not_positive_integers(tmp_path, key, value, found):
+    """A zero expert count made layer_experts index an empty list (IndexError, found by fuzzing);
+    every size kt reads from the metadata must be a positive integer."""
+    import gguf
+
+    from kt.gguf.reader import GGUFModel
+
+    sizes = {"block_count": 1, "embedding_length": 64, "expert_feed_forward_length": 32, "expert_count": 2,
+             "expert_used_count": 1, key: value}
+    w = gguf.GGUFWriter(str(tmp_path / "sizes.gguf"), "qwen3moe")
+    for name, v in sizes.items():
+        kind = gguf.GGUFValueType.FLOAT32 if isinstance(v, float) else gguf.GGUFValueType.INT32
+        w.add_key_value(f"qwen3moe.{name}", v, kind)
+    w.add_tensor("blk.0.ffn_gate.0.weight", np.zeros((32, 64), np.float16))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(KTError, match=rf"metadata {key} must be a positive integer, found {found}"):
+        GGUFModel(tmp_path / "sizes.gguf").layer_experts(0)

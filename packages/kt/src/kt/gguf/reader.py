@@ -234,17 +234,27 @@ class GGUFModel:
             raise WeightsError(f"{self.files[0]} has no general.architecture metadata; not a llama.cpp model file")
         # Mixtral-style files have no expert_feed_forward_length: every layer is MoE and
         # feed_forward_length is the expert's.
-        ff = self._key("expert_feed_forward_length", required=False)
+        ff_key = "expert_feed_forward_length"
+        ff = self._key(ff_key, required=False)
         if ff is None:
-            ff = self._key("feed_forward_length", required=False)
+            ff_key = "feed_forward_length"
+            ff = self._key(ff_key, required=False)
         if ff is None:
             raise WeightsError(f"{self.files[0]} has neither {arch}.expert_feed_forward_length nor "
                                f"{arch}.feed_forward_length: the experts' intermediate size is unknown")
-        return Geometry(arch=str(arch), hidden=int(self._key("embedding_length")), intermediate=int(ff),
-                        num_experts=int(self._key("expert_count")),
-                        top_k=None if self._key("expert_used_count", required=False) is None
-                        else int(self._key("expert_used_count")),
-                        layers=int(self._key("block_count")))
+        top_k = self._key("expert_used_count", required=False)
+        return Geometry(arch=str(arch), hidden=self._count("embedding_length", self._key("embedding_length")),
+                        intermediate=self._count(ff_key, ff),
+                        num_experts=self._count("expert_count", self._key("expert_count")),
+                        top_k=None if top_k is None else self._count("expert_used_count", top_k),
+                        layers=self._count("block_count", self._key("block_count")))
+
+    def _count(self, key: str, value) -> int:
+        """A size from the metadata, which must be a positive integer (a corrupt file's zero expert
+        count made layer_experts index an empty list: found by fuzzing)."""
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise WeightsError(f"{self.files[0]}: metadata {key} must be a positive integer, found {value!r}")
+        return int(value)
 
     def moe_layers(self) -> list[int]:
         """Layers whose routed experts this file holds."""
