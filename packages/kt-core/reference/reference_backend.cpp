@@ -109,6 +109,7 @@ kt_method_kernels method_table(const char* name, const char* layout_id, const ch
     m.quantize_activations = quantize_activations;
     m.gate_up_tile = gate_up_tile;
     m.down_tile = down_tile;
+    m.activations = KT_ACTIVATION_SWIGLU;   // every method's gate_up_tile applies gated() (reference_common.h)
     m.moe_forward = nullptr;
     return m;
 }

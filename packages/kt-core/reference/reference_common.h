@@ -4,6 +4,7 @@
 
 #include <kt/plugin.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -30,6 +31,19 @@ inline uint16_t f32_to_bf16(float f) {
     if ((bits & 0x7fffffffu) > 0x7f800000u) return uint16_t((bits >> 16) | 0x40);
     bits += 0x7fffu + ((bits >> 16) & 1u);
     return uint16_t(bits >> 16);
+}
+
+// The gated activation of kt_moe_config (kt/plugin.h, ABI 1.2), in double: SiLU(g) * u, or the
+// clamped SwiGLU of GPT-OSS and DeepSeek-V4: g = min(g, limit) and u in [-limit, limit] when
+// limit > 0; g * sigmoid(alpha g) * (u + 1) when alpha > 0.
+inline double gated(const kt_moe_config* s, double g, double u) {
+    const double limit = s->swiglu_limit, alpha = s->swiglu_alpha;
+    if (limit > 0) {
+        g = g < limit ? g : limit;
+        u = u < -limit ? -limit : u > limit ? limit : u;
+    }
+    if (alpha > 0) return g / (1.0 + std::exp(-alpha * g)) * (u + 1.0);
+    return g / (1.0 + std::exp(-g)) * u;
 }
 
 // IEEE half -> f32, exact (subnormals, infinities and NaN included).

@@ -69,7 +69,7 @@ kt_status gate_up_tile(const kt_moe_config* s, const void* packed, const void* a
         for (int64_t n = n0; n < n1; ++n) {
             const double g = dot<W>(x + r * H, gate + n * H, H);
             const double u = dot<W>(x + r * H, up + n * H, H);
-            out[r * out_stride + n] = float(g / (1.0 + std::exp(-g)) * u);
+            out[r * out_stride + n] = float(gated(s, g, u));
         }
     return KT_OK;
 }

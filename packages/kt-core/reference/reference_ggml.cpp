@@ -286,7 +286,7 @@ kt_status gate_up_tile(const kt_moe_config* s, const void* packed, const void* a
         for (int64_t r = 0; r < rows; ++r) {
             const double gv = dot(x + r * s->hidden, g.data(), s->hidden);
             const double uv = dot(x + r * s->hidden, u.data(), s->hidden);
-            out[r * out_stride + n] = float(gv / (1.0 + std::exp(-gv)) * uv);
+            out[r * out_stride + n] = float(gated(s, gv, uv));
         }
     }
     return KT_OK;

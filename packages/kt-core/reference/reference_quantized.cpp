@@ -105,7 +105,7 @@ kt_status gate_up_tile(const kt_moe_config* s, const void* packed, const void* a
         for (int64_t n = n0; n < n1; ++n) {
             const double g = dot<M>(x + r * s->hidden, base, l.part[0], n);
             const double u = dot<M>(x + r * s->hidden, base, l.part[1], n);
-            out[r * out_stride + n] = float(g / (1.0 + std::exp(-g)) * u);
+            out[r * out_stride + n] = float(gated(s, g, u));
         }
     return KT_OK;
 }

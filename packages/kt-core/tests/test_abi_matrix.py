@@ -170,3 +170,16 @@ def test_the_docs_version_history_names_the_current_version(header_copy, tmp_pat
     doc.write_text("| ABI | change |\n|---|---|\n| 1.0 | the tables |\n")
     problems = abi_hash.check(header, lock, doc)
     assert problems == ([] if NOW == "1.0" else [f"plugin-abi.md's version history has no row for ABI {NOW}"])
+
+
+@pytest.mark.parametrize("header", ["1.0", "current"])
+def test_a_plugin_that_does_not_claim_the_clamped_swiglu_never_gets_a_layer_with_it(tmp_path, plugins, header):
+    """ABI 1.2's swiglu_limit / swiglu_alpha reach only kernels whose table claims
+    KT_ACTIVATION_SWIGLU: a plugin built against 1.0 (no such field) or merely recompiled
+    against today's header (field 0) is refused by name, and still serves plain layers."""
+    include = abi_plugins.HEADER_1_0 if header == "1.0" else HEADER
+    plugins(plain=(abi_plugins.build(tmp_path, include=include, name="plain"), (1, 0) if header == "1.0" else CURRENT))
+    with pytest.raises(ValueError, match=r"backend 'plain' method FP32 \(.*\) does not apply swiglu_limit / "
+                                         r"swiglu_alpha \(its kernel table does not claim KT_ACTIVATION_SWIGLU\)"):
+        layer("plain", swiglu_limit=7.0, swiglu_alpha=1.702)
+    check_forward(layer("plain"))

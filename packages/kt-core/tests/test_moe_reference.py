@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import kt_core
+from kt_core.testing import quantize
 from kt_core.testing.reference import bf16_round, moe_reference, random_moe, random_routing, relative_error
 
 # Kernel error: reference backend vs float64 over the weights the format stores.
@@ -53,3 +54,28 @@ def test_float16_and_float64_inputs_are_accepted():
         assert out.dtype == dtype
         ref = moe_reference(x.astype(dtype), *[a.astype(np.float16) for a in w], ids, wt)
         assert relative_error(out, ref) < (2e-3 if dtype == np.float16 else 1e-6)
+
+
+@pytest.mark.parametrize("method", ["FP32", "BF16", "INT8"])
+@pytest.mark.parametrize("limit,alpha", [(7.0, 1.702), (0.5, 0.0), (0.0, 1.702)])
+def test_reference_backend_applies_the_clamped_swiglu(method, limit, alpha):
+    """The oracle every backend's conformance compares with, against NumPy's formula
+    (kt_core.testing.reference.gated) on the same stored weights."""
+    rng = np.random.default_rng(3)
+    w = random_moe(rng, 6, 64, 32)
+    layer = kt_core.MoE(num_experts=6, top_k=2, hidden_size=64, intermediate_size=32, method=method,
+                        backend="reference", swiglu_limit=limit, swiglu_alpha=alpha)
+    layer.load(*w)
+    x = rng.standard_normal((5, 64)).astype(np.float32) * np.float32(3.0 if limit > 1 else 1.0)
+    ids, wt = random_routing(rng, 5, 6, 2)
+    stored = quantize.dequantized_weights(method, *w)
+    want = moe_reference(x, *stored, ids, wt, swiglu_limit=limit, swiglu_alpha=alpha)
+    assert relative_error(layer(x, ids, wt), want) < (1e-5 if method == "FP32" else 5e-3)
+    plain = moe_reference(x, *stored, ids, wt)
+    assert relative_error(plain, want) > 1e-2, "the clamps and alpha must change this output"
+
+
+def test_swiglu_settings_are_checked():
+    with pytest.raises(ValueError, match="swiglu_limit and swiglu_alpha must be finite and >= 0"):
+        kt_core.MoE(num_experts=4, top_k=2, hidden_size=64, intermediate_size=32, method="FP32", backend="reference",
+                    swiglu_limit=-1.0)

@@ -225,8 +225,6 @@ def test_generate_gpu_experts_masks_takes_the_hottest_pairs_over_all_layers():
 def test_kt_kernel_arguments_kt_cannot_honour_are_refused_by_name():
     with pytest.raises(KTError, match="mode='sft': kt serves inference only"):
         make(mode="sft")
-    with pytest.raises(KTError, match="swiglu_limit=7.0, swiglu_alpha=1.702: kt's kernels compute plain SiLU"):
-        make(swiglu_limit=7.0, swiglu_alpha=1.702)
     with pytest.raises(ValueError, match="numa_nodes lists 2 nodes; it must list one per thread pool"):
         make(numa_nodes=[0, 1])
     with pytest.raises(KTError, match=r"numa_nodes=\[7\]: kt's pool has no threads on NUMA node\(s\) \[7\]"):
@@ -234,6 +232,18 @@ def test_kt_kernel_arguments_kt_cannot_honour_are_refused_by_name():
     with pytest.raises(ValueError, match=r"max_deferred_experts_per_token must be in \[0, num_experts_per_tok=2\]"):
         make(max_deferred_experts_per_token=3)
     make(numa_nodes=[0], swiglu_limit=0.0)
+
+
+def test_swiglu_limit_and_alpha_are_applied():
+    """kt-kernel's swiglu_limit / swiglu_alpha (GPT-OSS: 7, 1.702): the clamped SwiGLU."""
+    w = weights()
+    x = torch.randn(6, H) * 3
+    ids, tw = routing(6)
+    kt = make(swiglu_limit=7.0, swiglu_alpha=1.702)
+    kt.load_weights_from_tensors(*w)
+    want = moe_reference(x.numpy(), *[t.float().numpy() for t in w], ids.numpy(), tw.numpy(), swiglu_limit=7.0,
+                         swiglu_alpha=1.702)
+    assert relative_error(kt.forward(x, ids, tw).numpy(), want) < 1e-5
 
 
 def test_load_weights_without_weight_path_says_what_is_missing():

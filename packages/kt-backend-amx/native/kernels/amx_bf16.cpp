@@ -52,6 +52,7 @@ void panel_pair(tiles::Session& session, const uint8_t* act, int64_t rows, int64
 
 kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                   float* out, int64_t ldo) {
+    const GateScope activation(c);   // the layer's gated activation, for write_pair_row
     if (!amx_takes(g_bf16, rows, c->hidden)) return g_bf16.avx.gate_up_tile(c, packed, act, rows, n0, n1, out, ldo);
     if (const kt_status st = check_tile("BF16", "gate/up", n0, n1, c->intermediate)) return st;
     const ExpertPanels l = layout(c);

@@ -68,12 +68,12 @@ void for_down_pairs(const ExpertPanels& l, const uint8_t* base, int64_t n0, int6
     }
 }
 
-// Writes one output row of a panel pair: SiLU(a) * b (fused gate/up) or a and b side by side
+// Writes one output row of a panel pair: the gated activation of a and b (fused gate/up) or a and b side by side
 // (two down panels; cols_b == 0 when there is no second panel).
 template <bool kFused>
 inline void write_pair_row(float* out, VF a, VF b, int cols_a, int cols_b) {
     if constexpr (kFused) {
-        vstore_partial(out, silu_mul(a, b), cols_a);
+        vstore_partial(out, gate_mul(a, b), cols_a);
     } else {
         vstore_partial(out, a, cols_a);
         if (cols_b > 0) vstore_partial(out + kPanel, b, cols_b);

@@ -97,6 +97,7 @@ struct Scratch {
 template <int kSlot>
 kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                   float* out, int64_t ldo) {
+    const GateScope activation(c);   // the layer's gated activation, for write_pair_row
     const AmxMethod& method = g_methods[kSlot];
     const int64_t H = c->hidden;
     if (!amx_takes(method, rows, H)) return method.avx.gate_up_tile(c, packed, act, rows, n0, n1, out, ldo);

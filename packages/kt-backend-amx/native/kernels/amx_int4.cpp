@@ -102,6 +102,7 @@ void panel_pair(tiles::Session& session, const uint8_t* act, int64_t rows, int64
 template <int kSlot>
 kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                   float* out, int64_t ldo) {
+    const GateScope activation(c);   // the layer's gated activation, for write_pair_row
     const AmxMethod& method = g_methods[kSlot];
     if (!amx_takes(method, rows, c->hidden)) return method.avx.gate_up_tile(c, packed, act, rows, n0, n1, out, ldo);
     if (const kt_status st = check_tile(method.avx.method, "gate/up", n0, n1, c->intermediate)) return st;

@@ -30,7 +30,7 @@ def _probe() -> str | None:
 
 descriptor = BackendDescriptor(
     name="amx",
-    abi_version=(1, 1),
+    abi_version=(1, 2),
     tier=Tier.MATRIX_ENGINE,
     arch=("x86_64",),
     description="Intel AMX tile kernels for prefill" + (" (software tile emulation build)" if EMULATED else ""),

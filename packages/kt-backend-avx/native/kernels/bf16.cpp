@@ -81,7 +81,7 @@ enum Mode { kSingle = 0, kFused = 1, kPair = 2 };
 template <int kMode>
 inline void store_row(float* out, const VF* a, const VF* b, int cols) {
     for (int v = 0; v < kVecsPerPanel; ++v) {
-        const VF r = kMode == kFused ? silu_mul(a[v], b[v]) : a[v];
+        const VF r = kMode == kFused ? gate_mul(a[v], b[v]) : a[v];
         const int n = std::min(kLanes, cols - v * kLanes);
         if (n > 0) vstore_partial(out + v * kLanes, r, n);
         if constexpr (kMode == kPair) {
@@ -206,6 +206,7 @@ void run_rows(const kt_moe_config* c, const void* x, int64_t k, int64_t rows, co
 
 kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                        float* out, int64_t ldo) {
+    const GateScope activation(c);   // the layer's gated activation, for the epilogues below
     if (const kt_status st = check_tile("BF16", "gate/up", n0, n1, c->intermediate)) return st;
     const ExpertPanels l = layout(c);
     const auto* base = static_cast<const uint8_t*>(packed);

@@ -4,6 +4,7 @@
 #include <kt/plugin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
@@ -101,6 +102,48 @@ inline kt_status expect_float_weight(const kt_weight& w, int64_t rows, int64_t c
     return KT_OK;
 }
 
+// --- the gated activation -----------------------------------------------------------------
+
+// The layer's gated activation (kt_moe_config.swiglu_limit / swiglu_alpha, kt/plugin.h): plain
+// SiLU(g) * u, or the clamped SwiGLU of GPT-OSS and DeepSeek-V4. It is a layer setting that the
+// fused gate/up epilogues of every method apply once per output vector, after the whole K loop;
+// a thread-local set at each gate_up_tile entry (GateScope), on the thread that runs the tile,
+// carries it there instead of one more argument through every method's five template layers.
+struct GateActivation {
+    float limit = 0.0f, alpha = 0.0f;
+};
+inline thread_local GateActivation t_gate;
+
+struct GateScope {
+    explicit GateScope(const kt_moe_config* c) {
+        t_gate = KT_HAS_FIELD(c, kt_moe_config, swiglu_alpha) ? GateActivation{c->swiglu_limit, c->swiglu_alpha}
+                                                              : GateActivation{};
+    }
+};
+
+// The activation of gate g and up u: SiLU(g) * u; with a limit, g = min(g, limit) and u in
+// [-limit, limit] first; with alpha, g * sigmoid(alpha g) * (u + 1) instead.
+inline VF gate_mul(VF g, VF u) {
+    const GateActivation a = t_gate;
+    if (a.limit == 0.0f && a.alpha == 0.0f) return silu_mul(g, u);
+    if (a.limit > 0.0f) {
+        g = vmin(vset1(a.limit), g);
+        u = vmax(vset1(-a.limit), vmin(vset1(a.limit), u));
+    }
+    if (a.alpha == 0.0f) return silu_mul(g, u);
+    return vdiv(vmul(g, vadd(u, vset1(1.0f))), vadd(vset1(1.0f), vexp(vmul(vset1(-a.alpha), g))));
+}
+
+inline float gate_mul(float g, float u) {
+    const GateActivation a = t_gate;
+    if (a.limit > 0.0f) {
+        g = std::min(g, a.limit);
+        u = std::clamp(u, -a.limit, a.limit);
+    }
+    if (a.alpha > 0.0f) return g * (u + 1.0f) / (1.0f + std::exp(-a.alpha * g));
+    return g * u / (1.0f + std::exp(-g));
+}
+
 // --- the expert layout every method shares ------------------------------------------------
 
 // Gate and up panels alternate, then the down panels (kt::layouts::ExpertPanels).
@@ -142,7 +185,7 @@ void gate_up_in_order(int64_t rows, const uint8_t* gate, const uint8_t* up, size
                 const int left = std::min(kLanes, cols - v * kLanes);
                 if (left > 0)
                     vstore_partial(out + r * ldo + n + v * kLanes,
-                                   silu_mul(vload(g + r * kPanel + v * kLanes), vload(u + r * kPanel + v * kLanes)), left);
+                                   gate_mul(vload(g + r * kPanel + v * kLanes), vload(u + r * kPanel + v * kLanes)), left);
             }
     }
 }
@@ -217,6 +260,7 @@ inline kt_method_kernels method_table(const char* method, const char* layout_id,
     m.quantize_activations = quantize;
     m.gate_up_tile = gate_up;
     m.down_tile = down;
+    m.activations = KT_ACTIVATION_SWIGLU;   // every gate/up epilogue applies gate_mul
     return m;
 }
 

@@ -168,7 +168,7 @@ void panel_kernel(const uint8_t* xb, size_t row_bytes, int64_t k, const uint8_t*
     for (int m = 0; m < MR; ++m)
         for (int v = 0; v < kVecsPerPanel; ++v) {
             VF r = acc[m][0][v];
-            if constexpr (kFused) r = silu_mul(acc[m][0][v], acc[m][F - 1][v]);
+            if constexpr (kFused) r = gate_mul(acc[m][0][v], acc[m][F - 1][v]);
             const int n = std::min(kLanes, cols - v * kLanes);
             if (n > 0) vstore_partial(out + m * ldo + v * kLanes, r, n);
         }
@@ -328,7 +328,7 @@ void panel_kernel_bf16(const E4M3Converter& cv, const uint32_t* hi, const uint32
         }
     }
     for (int m = 0; m < MR; ++m) {
-        vstore_partial(out + m * ldo, kMode == kGateUp ? silu_mul(acc[m][0], acc[m][F - 1]) : acc[m][0], std::min(cols, kPanel));
+        vstore_partial(out + m * ldo, kMode == kGateUp ? gate_mul(acc[m][0], acc[m][F - 1]) : acc[m][0], std::min(cols, kPanel));
         if (kMode == kPanelPair && cols > kPanel) vstore_partial(out + m * ldo + kPanel, acc[m][F - 1], cols - kPanel);
     }
 }
@@ -436,6 +436,7 @@ void tile_bf16(const uint8_t* act, size_t row_bytes, int64_t rows, int64_t k, co
 
 kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                        float* out, int64_t ldo) {
+    const GateScope activation(c);   // the layer's gated activation, for the epilogues below
     const int64_t H = c->hidden;
     if (const kt_status st = check_tile("FP8", "gate/up", n0, n1, c->intermediate)) return st;
     const ExpertPanels l = layout(c);

@@ -950,6 +950,7 @@ constexpr int64_t kWholeTileRows = 8;
 
 kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                        float* out, int64_t ldo) {
+    const GateScope activation(c);   // the layer's gated activation, for the epilogues below
     const Layout l = layout(c);
     if (!l.ok) return check_config(c);
     if (const kt_status st = check_tile_range("gate/up", n0, n1, c->intermediate)) return st;
@@ -974,7 +975,7 @@ kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* a
         for (int64_t r = 0; r < rows; ++r)
             for (int64_t i = 0; i < e - n; ++i) {
                 const float gv = g[r * span + i];
-                out[r * ldo + n + i] = gv / (1.0f + std::exp(-gv)) * u[r * span + i];
+                out[r * ldo + n + i] = gate_mul(gv, u[r * span + i]);
             }
     }
     return KT_OK;

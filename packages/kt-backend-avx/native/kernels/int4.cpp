@@ -407,7 +407,7 @@ void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, Int4Layout lay,
         for (int v = 0; v < kVecsPerPanel; ++v) {
             const VF sa = vset1(int4_row_scale(reinterpret_cast<const Int8Header*>(x + m * row_bytes)->scale, kTwoPass));
             VF r = vmul(acc[m][0][v], sa);
-            if constexpr (kFused) r = silu_mul(r, vmul(acc[m][F - 1][v], sa));
+            if constexpr (kFused) r = gate_mul(r, vmul(acc[m][F - 1][v], sa));
             const int n = std::min(kLanes, cols - v * kLanes);
             if (n > 0) vstore_partial(out + m * ldo + v * kLanes, r, n);
         }
@@ -458,6 +458,7 @@ size_t packed_bytes(const kt_moe_config* c) { return int4_layout(c, kRaw).expert
 template <bool kRaw>
 kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                        float* out, int64_t ldo) {
+    const GateScope activation(c);   // the layer's gated activation, for the epilogues below
     const Int4Layout lay = int4_layout(c, kRaw);
     if (const kt_status st = check_tile(kRaw ? "RAWINT4" : "INT4", "gate/up", n0, n1, c->intermediate)) return st;
     const ExpertPanels l = lay.expert(c);

@@ -178,7 +178,7 @@ void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* 
                 r[f] = vmul(dot, vmul(vload(reinterpret_cast<const float*>(headers[f]) + v * kLanes), vset1(sa)));
             }
             VF res = r[0];
-            if constexpr (kFused) res = silu_mul(r[0], r[1]);
+            if constexpr (kFused) res = gate_mul(r[0], r[1]);
             const int n = std::min(kLanes, cols - v * kLanes);
             if (n > 0) vstore_partial(out + m * ldo + v * kLanes, res, n);
         }
@@ -219,6 +219,7 @@ kt_status quantize(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int6
 
 kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                        float* out, int64_t ldo) {
+    const GateScope activation(c);   // the layer's gated activation, for the epilogues below
     if (const kt_status st = check_tile("INT8", "gate/up", n0, n1, c->intermediate)) return st;
     const ExpertPanels l = layout(c);
     const auto* base = static_cast<const uint8_t*>(packed);

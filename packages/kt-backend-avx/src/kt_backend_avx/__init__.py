@@ -18,7 +18,7 @@ TARGETS = [t for t in json.loads((Path(__file__).parent / "targets.json").read_t
 
 descriptor = BackendDescriptor(
     name="avx",
-    abi_version=(1, 1),
+    abi_version=(1, 2),
     tier=Tier.GENERIC_SIMD,
     arch=("x86_64",),
     description="x86 expert kernels: AVX2, AVX-512, AVX-512 with VNNI/BF16",

@@ -32,7 +32,7 @@ extern "C" {
 #endif
 
 #define KT_PLUGIN_ABI_MAJOR 1
-#define KT_PLUGIN_ABI_MINOR 1
+#define KT_PLUGIN_ABI_MINOR 2
 #define KT_BACKEND_CAPSULE_NAME "kt.backend_api"
 
 /* True when a table of size `struct_size` contains `field` (for reading older plugins). */
@@ -138,6 +138,13 @@ typedef struct kt_moe_config {
      * (LLAMAFILE: KT_DTYPE_GGML_*; a GGUF file may store down in another type than gate/up);
      * KT_DTYPE_F32 for every other method. Read it only when KT_HAS_FIELD says it is there. */
     kt_dtype weight_dtype[3];
+    /* ABI 1.2. The gated activation gate_up_tile applies (docs/formats.md, "Activations"):
+     * both 0: SiLU(gate) * up. swiglu_limit > 0: gate = min(gate, limit) and up clamped to
+     * [-limit, limit] first. swiglu_alpha > 0: gate * sigmoid(alpha * gate) * (up + 1) instead
+     * of SiLU(gate) * up (GPT-OSS: alpha 1.702, limit 7). kt-core sends a layer that sets them
+     * only to methods whose kernel table declares KT_ACTIVATION_SWIGLU in `activations`. */
+    float swiglu_limit;
+    float swiglu_alpha;
 } kt_moe_config;
 
 /* A 2-D row-major source matrix for the packer; `row_stride` in elements. */
@@ -214,7 +221,14 @@ typedef struct kt_method_kernels {
     kt_status (*moe_forward)(const kt_moe_config* shape, const void* const* packed_experts,
                              const void* hidden, kt_dtype hidden_dtype, int64_t tokens,
                              const int64_t* topk_ids, const float* topk_weights, float* out);
+
+    /* ABI 1.2. KT_ACTIVATION_* bits: the activations beyond SiLU(gate) * up that this method's
+     * kernels apply (an explicit claim: recompiling against this header claims nothing). */
+    uint32_t activations;
 } kt_method_kernels;
+
+/* kt_method_kernels.activations */
+#define KT_ACTIVATION_SWIGLU 1u   /* kt_moe_config.swiglu_limit / swiglu_alpha */
 
 typedef struct kt_backend_api {
     uint32_t struct_size;

@@ -25,6 +25,7 @@
 #include <memory>
 #include <optional>
 #include <stdexcept>
+#include <cmath>
 #include <string>
 #include <thread>
 
@@ -218,26 +219,40 @@ struct Layer {
 
     Layer(const Backend& b, const std::string& method, int64_t hidden, int64_t intermediate, int64_t experts,
           int64_t top_k, std::vector<bool> on_cpu, int64_t max_tokens, int64_t group_size, bool zero_point,
-          bool fast_activations, std::vector<int> weight_dtype)
+          bool fast_activations, std::vector<int> weight_dtype, float swiglu_limit, float swiglu_alpha)
         : backend(b) {
+        if (!(swiglu_limit >= 0.0f && swiglu_alpha >= 0.0f) || !std::isfinite(swiglu_limit) || !std::isfinite(swiglu_alpha))
+            throw nb::value_error(("swiglu_limit and swiglu_alpha must be finite and >= 0 (0 = off), got " +
+                                   std::to_string(swiglu_limit) + ", " + std::to_string(swiglu_alpha)).c_str());
         kt_moe_config shape{sizeof(kt_moe_config), hidden, intermediate, experts, top_k, group_size,
                             (zero_point ? KT_QUANT_ZERO_POINT : 0u) | (fast_activations ? KT_QUANT_FAST_ACTIVATIONS : 0u),
-                            {KT_DTYPE_F32, KT_DTYPE_F32, KT_DTYPE_F32}};
+                            {KT_DTYPE_F32, KT_DTYPE_F32, KT_DTYPE_F32}, swiglu_limit, swiglu_alpha};
         // Storage types of gate, up, down (LLAMAFILE's ggml types); the packer judges them.
         if (!weight_dtype.empty() && weight_dtype.size() != 3)
             throw nb::value_error(("weight_dtype lists gate, up and down: 3 entries, got " +
                                    std::to_string(weight_dtype.size())).c_str());
         for (size_t i = 0; i < weight_dtype.size(); ++i) shape.weight_dtype[i] = static_cast<kt_dtype>(weight_dtype[i]);
         const kt_method_kernels* kernels = backend.method(method);
+        if (swiglu_limit > 0.0f || swiglu_alpha > 0.0f) require_swiglu(*kernels, backend.api->name);
         if (kernels->declines && kernels->declines(&shape, max_tokens))
             throw nb::value_error(("backend '" + std::string(backend.api->name) + "' declines method " + method +
                                    " for this shape").c_str());
         layer = std::make_unique<kt::MoeLayer>(shape, kernels, std::move(on_cpu), max_tokens);
     }
 
+    // A layer with the clamped SwiGLU runs only on kernels that claim it (kt/plugin.h, ABI 1.2).
+    static void require_swiglu(const kt_method_kernels& k, const char* backend_name) {
+        if (!(KT_HAS_FIELD(&k, kt_method_kernels, activations) && (k.activations & KT_ACTIVATION_SWIGLU)))
+            throw nb::value_error((std::string("backend '") + backend_name + "' method " + k.method + " (" + k.kernel_id +
+                                   ") does not apply swiglu_limit / swiglu_alpha (its kernel table does not claim "
+                                   "KT_ACTIVATION_SWIGLU); choose a backend that does, e.g. backend='reference'").c_str());
+    }
+
     // Batches the layer's kernels decline run on `b`'s kernels of the same method, which must
     // read the same packed layout (checked by the layer).
     void set_small_batch_backend(const Backend& b, const std::string& method) {
+        const kt_moe_config& c = layer->shape();
+        if (c.swiglu_limit > 0.0f || c.swiglu_alpha > 0.0f) require_swiglu(*b.method(method), b.api->name);
         layer->set_small_batch_kernels(b.method(method));
         small_batch_backend = b;
     }
@@ -711,10 +726,10 @@ NB_MODULE(_native, m) {
 
     nb::class_<Layer>(m, "MoeLayer")
         .def(nb::init<const Backend&, const std::string&, int64_t, int64_t, int64_t, int64_t, std::vector<bool>, int64_t,
-                      int64_t, bool, bool, std::vector<int>>(),
+                      int64_t, bool, bool, std::vector<int>, float, float>(),
              "backend"_a, "method"_a, "hidden"_a, "intermediate"_a, "num_experts"_a, "top_k"_a, "expert_on_cpu"_a,
              "max_tokens"_a, "group_size"_a = 0, "zero_point"_a = false, "fast_activations"_a = false,
-             "weight_dtype"_a = std::vector<int>{})
+             "weight_dtype"_a = std::vector<int>{}, "swiglu_limit"_a = 0.0f, "swiglu_alpha"_a = 0.0f)
         .def("load_expert", &Layer::load_expert, "expert"_a, "gate"_a, "up"_a, "down"_a, "gate_scale"_a = nb::none(),
              "up_scale"_a = nb::none(), "down_scale"_a = nb::none(), "gate_zero"_a = nb::none(), "up_zero"_a = nb::none(),
              "down_zero"_a = nb::none())

@@ -30,7 +30,7 @@ class MoE:
                  method: str = "BF16", gpu_experts_mask: Sequence[bool] | None = None, max_tokens: int = 4096,
                  backend: str | None = None, group_size: int = 0, zero_point: bool = False,
                  fast_activations: bool = False, weight_types: Sequence[str] | None = None,
-                 pool_groups: Sequence[int] | None = None):
+                 pool_groups: Sequence[int] | None = None, swiglu_limit: float = 0.0, swiglu_alpha: float = 0.0):
         for name, value in (("num_experts", num_experts), ("top_k", top_k), ("hidden_size", hidden_size),
                             ("intermediate_size", intermediate_size), ("max_tokens", max_tokens)):
             if int(value) <= 0:
@@ -53,6 +53,8 @@ class MoE:
         # RMS) and split-bf16 kernels (BF16, FP8) carry a low half; fast_activations allows one
         # int8 pass (kt-kernel's choice: faster prefill, up to ~15%) or bf16 alone (~1.5e-2).
         self.fast_activations = bool(fast_activations)
+        # The clamped SwiGLU of GPT-OSS / DeepSeek-V4 instead of SiLU(gate) * up (kt/plugin.h).
+        self.swiglu_limit, self.swiglu_alpha = float(swiglu_limit), float(swiglu_alpha)
         mask = [False] * self.num_experts if gpu_experts_mask is None else [bool(x) for x in list(gpu_experts_mask)]
         if len(mask) != self.num_experts:
             raise ValueError(f"gpu_experts_mask has {len(mask)} entries, expected num_experts={self.num_experts}")
@@ -80,7 +82,8 @@ class MoE:
         self._layer = _native.MoeLayer(native, self.method, self.hidden_size, self.intermediate_size,
                                        self.num_experts, self.top_k, [not g for g in mask], self.max_tokens,
                                        self.group_size, self.zero_point, self.fast_activations,
-                                       [ggml_type(t).kt_dtype for t in self.weight_types])
+                                       [ggml_type(t).kt_dtype for t in self.weight_types], self.swiglu_limit,
+                                       self.swiglu_alpha)
         if pool_groups is not None:   # the groups (NUMA nodes) this layer's experts live and run on
             self._layer.set_groups([int(g) for g in pool_groups])
         self.small_batch_candidate = self._attach_small_batch_kernels(sel, native, shape)

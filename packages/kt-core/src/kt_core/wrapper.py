@@ -117,7 +117,8 @@ class KTMoEWrapper:
                         gpu_experts_mask=None if cpu_copy_of_gpu_experts else mask,
                         max_tokens=self.chunked_prefill_size, backend=backend, group_size=group_size,
                         zero_point=zero_point, fast_activations=fast_activations,
-                        weight_types=stored.get("weight_types"), pool_groups=self._pool_groups())
+                        weight_types=stored.get("weight_types"), pool_groups=self._pool_groups(),
+                        swiglu_limit=self.swiglu_limit, swiglu_alpha=self.swiglu_alpha)
         self._applied_mask = b""
         self._apply_mask()
         requested = canonical_method(self.method)
@@ -133,9 +134,6 @@ class KTMoEWrapper:
         if mode != "inference":
             raise KTError(f"mode={mode!r}: kt serves inference only (kt-kernel's mode='sft', expert LoRA training "
                           "and serving, is not in kt yet)")
-        if self.swiglu_limit or self.swiglu_alpha:
-            raise KTError(f"swiglu_limit={self.swiglu_limit}, swiglu_alpha={self.swiglu_alpha}: kt's kernels compute "
-                          "plain SiLU(gate) * up; the clamped SwiGLU (GPT-OSS, DeepSeek-V4, MiniMax-M3) is not in kt yet")
         if self.numa_nodes is not None and len(self.numa_nodes) != int(threadpool_count or 1):
             raise ValueError(f"numa_nodes lists {len(self.numa_nodes)} nodes; it must list one per thread pool "
                              f"(threadpool_count={threadpool_count})")

@@ -56,7 +56,7 @@ def _inputs(method, rng, experts, hidden, intermediate):
     return (*checkpoint_inputs(method, *random_moe(rng, experts, hidden, intermediate)), None)
 
 
-def _pair(kt_variant, *, experts, hidden, intermediate, top_k, max_tokens=4096, mask=None, seed=0):
+def _pair(kt_variant, *, experts, hidden, intermediate, top_k, max_tokens=4096, mask=None, seed=0, swiglu=(0.0, 0.0)):
     descriptor, variant, method = kt_variant
     rng = np.random.default_rng(seed)
     group_size = _group_size(method, hidden, intermediate)
@@ -66,7 +66,8 @@ def _pair(kt_variant, *, experts, hidden, intermediate, top_k, max_tokens=4096, 
         try:
             layer = MoE(num_experts=experts, top_k=top_k, hidden_size=hidden, intermediate_size=intermediate,
                         method=method, gpu_experts_mask=mask, max_tokens=max_tokens, backend=backend,
-                        group_size=group_size, weight_types=weight_types)
+                        group_size=group_size, weight_types=weight_types, swiglu_limit=swiglu[0],
+                        swiglu_alpha=swiglu[1])
         except BackendError as exc:
             if "declines" in str(exc) or backend == "reference":
                 pytest.skip(f"{backend} cannot run {method} at hidden={hidden}, intermediate={intermediate}: {exc}")
@@ -90,6 +91,17 @@ def _check(layer, oracle, x, ids, w, tol, method):
 def test_matches_reference(kt_variant, kt_tolerance, hidden, intermediate, tokens):
     layer, oracle, rng = _pair(kt_variant, experts=8, hidden=hidden, intermediate=intermediate, top_k=2)
     x = rng.standard_normal((tokens, hidden)).astype(np.float32)
+    ids, w = random_routing(rng, tokens, 8, 2)
+    _check(layer, oracle, x, ids, w, kt_tolerance, kt_variant[2])
+
+
+@pytest.mark.parametrize("limit,alpha", [(7.0, 1.702), (0.5, 0.0), (0.0, 1.702)])
+@pytest.mark.parametrize("tokens", [1, 3, 64])
+def test_clamped_swiglu_matches_reference(kt_variant, kt_tolerance, limit, alpha, tokens):
+    """GPT-OSS's (limit 7, alpha 1.702), DeepSeek-V4's clamp alone, and the alpha form alone, in
+    every method's fused epilogues; inputs scaled so the clamps bind."""
+    layer, oracle, rng = _pair(kt_variant, experts=8, hidden=128, intermediate=64, top_k=2, swiglu=(limit, alpha))
+    x = rng.standard_normal((tokens, 128)).astype(np.float32) * np.float32(3.0 if limit > 1 else 1.0)
     ids, w = random_routing(rng, tokens, 8, 2)
     _check(layer, oracle, x, ids, w, kt_tolerance, kt_variant[2])
 

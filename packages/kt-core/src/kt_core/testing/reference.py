@@ -13,9 +13,21 @@ def bf16_round(x: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(x), x, out).astype(np.float32)
 
 
-def moe_reference(hidden, gate, up, down, topk_ids, topk_weights, gpu_experts_mask=None) -> np.ndarray:
-    """out[t] = sum_j w[t,j] * down_e(SiLU(gate_e x) * up_e x), in float64; ids < 0 and
-    GPU-resident experts contribute nothing."""
+def gated(a: np.ndarray, b: np.ndarray, swiglu_limit: float = 0.0, swiglu_alpha: float = 0.0) -> np.ndarray:
+    """The expert MLP's activation of gate a and up b: SiLU(a) * b, or the clamped SwiGLU
+    (kt/plugin.h): a = min(a, limit), b in [-limit, limit] when limit > 0; a * sigmoid(alpha a) *
+    (b + 1) when alpha > 0 (GPT-OSS: limit 7, alpha 1.702)."""
+    if swiglu_limit > 0:
+        a, b = np.minimum(a, swiglu_limit), np.clip(b, -swiglu_limit, swiglu_limit)
+    if swiglu_alpha > 0:
+        return a / (1.0 + np.exp(-swiglu_alpha * a)) * (b + 1.0)
+    return a / (1.0 + np.exp(-a)) * b
+
+
+def moe_reference(hidden, gate, up, down, topk_ids, topk_weights, gpu_experts_mask=None, *, swiglu_limit: float = 0.0,
+                  swiglu_alpha: float = 0.0) -> np.ndarray:
+    """out[t] = sum_j w[t,j] * down_e(SiLU(gate_e x) * up_e x) (or the clamped SwiGLU: gated()),
+    in float64; ids < 0 and GPU-resident experts contribute nothing."""
     x = np.asarray(hidden, dtype=np.float64)
     g, u, d = (np.asarray(m, dtype=np.float64) for m in (gate, up, down))
     ids = np.asarray(topk_ids)
@@ -27,7 +39,7 @@ def moe_reference(hidden, gate, up, down, topk_ids, topk_weights, gpu_experts_ma
             if e < 0 or (gpu_experts_mask is not None and gpu_experts_mask[e]):
                 continue
             a = g[e] @ x[t]
-            inter = a / (1.0 + np.exp(-a)) * (u[e] @ x[t])
+            inter = gated(a, u[e] @ x[t], swiglu_limit, swiglu_alpha)
             out[t] += w[t, j] * (d[e] @ inter)
     return out
 

@@ -43,7 +43,9 @@ class TransformersExperts:
     down: str = "down_proj"
 
 
-# What each `Family.activation` computes, for messages; kt's kernels compute "silu".
+# What each `Family.activation` computes, for messages. kt's kernels compute "silu", and the
+# clamped SwiGLU itself (KTMoEWrapper / MoE swiglu_limit, swiglu_alpha), but add no biases, so
+# GPT-OSS's experts (biases on gate/up and down) do not run on kt yet.
 ACTIVATIONS = {
     "silu": "SiLU(x·gateᵀ) * (x·upᵀ), then ·downᵀ, without biases",
     "gpt-oss-swiglu": "a clamped SwiGLU ((clamp(up) + 1) * g * sigmoid(1.702 g), g = min(gate, 7)) with per-expert "

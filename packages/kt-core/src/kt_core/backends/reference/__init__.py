@@ -5,7 +5,7 @@ from ..descriptor import BackendDescriptor, Tier, Variant
 
 descriptor = BackendDescriptor(
     name="reference",
-    abi_version=(1, 1),
+    abi_version=(1, 2),
     tier=Tier.REFERENCE,
     arch=("x86_64", "aarch64"),
     description="portable C++ at the baseline ISA; the correctness oracle every backend is tested against",

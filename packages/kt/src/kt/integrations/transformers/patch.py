@@ -56,7 +56,8 @@ def _family(model_type: str) -> Family:
         if model_type in fam.model_types and fam.transformers_blocks:
             if fam.activation != "silu":
                 raise KTError(f"{model_type} experts compute {ACTIVATIONS[fam.activation]}; kt's kernels compute "
-                              f"{ACTIVATIONS['silu']}, so kt cannot run this model's experts")
+                              f"{ACTIVATIONS['silu']} or the clamped SwiGLU, but add no expert biases, so kt cannot "
+                              "run this model's experts yet")
             return fam
     raise KTError(f"model_type {model_type!r} is not an MoE family kt's transformers integration supports; "
                   f"supported: {', '.join(supported_model_types())}")
