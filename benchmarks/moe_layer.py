@@ -50,8 +50,9 @@ import torch.nn.functional as F
 from kt.bench.kt_kernel import RUNNER, moe_data  # noqa: E402  (shared with `kt bench --compare-kt-kernel`)
 
 ROOT = Path(__file__).resolve().parent.parent
-METHODS = ("BF16", "INT8", "INT4", "RAWINT4", "FP8")
-KT_KERNEL_METHOD = {"BF16": "BF16", "INT8": "AMXINT8", "INT4": "AMXINT4", "RAWINT4": "RAWINT4", "FP8": "FP8"}
+METHODS = ("BF16", "INT8", "INT4", "RAWINT4", "FP8", "MXFP4")
+KT_KERNEL_METHOD = {"BF16": "BF16", "INT8": "AMXINT8", "INT4": "AMXINT4", "RAWINT4": "RAWINT4", "FP8": "FP8",
+                    "MXFP4": "MXFP4"}
 SIDES = ("torch", "kt", "kt-kernel")
 GIB = 2**30
 # Rows up to this many tokens stream the weights (the "% of bandwidth" rows; report.py shows those).
@@ -520,13 +521,13 @@ def run_shape(shape: moe_data.Shape, data: Path, args, sides: set[str], threads:
                           "(fewer tokens, another shape, or --force)")
         log(f"  refused: {out['refused']}")
         return out
-    moe_data.prepare(data, shape, args.seed, {m for m in methods if m in ("RAWINT4", "FP8")}, tokens, rounds, log=log)
+    moe_data.prepare(data, shape, args.seed, {m for m in methods if m in moe_data.CHECKPOINT_FORMATS}, tokens, rounds, log=log)
     log("  float64 references")
     for m in {moe_data.truth_format(m) for m in methods} | {"BF16"}:
         for T in tokens:
             if args.check_tokens:
                 moe_data.reference_output(data, m, T, args.check_tokens)
-    source = {m: shape.experts * moe_data.format_bytes_per_expert(shape, m if m in ("RAWINT4", "FP8") else "BF16")
+    source = {m: shape.experts * moe_data.format_bytes_per_expert(shape, m if m in moe_data.CHECKPOINT_FORMATS else "BF16")
               for m in methods}
     cells: dict[tuple, dict] = {}
     for n in threads:

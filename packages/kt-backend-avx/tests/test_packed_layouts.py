@@ -33,7 +33,8 @@ def reader(tmp_path_factory):
 # layout pads (BF16, INT8, FP8), every INT4 header kind.
 CASES = [("BF16", 0, False, 202, 99), ("BF16", 0, False, 256, 128), ("INT8", 0, False, 202, 130),
          ("INT4", 32, False, 256, 160), ("INT4", 64, True, 256, 128), ("INT4", 128, False, 256, 128),
-         ("RAWINT4", 0, False, 256, 160), ("FP8", 0, False, 202, 130), ("FP8_PERCHANNEL", 0, False, 256, 144)]
+         ("RAWINT4", 0, False, 256, 160), ("FP8", 0, False, 202, 130), ("FP8_PERCHANNEL", 0, False, 256, 144),
+         ("MXFP4", 0, False, 256, 160)]
 
 
 CASE_IDS = [f"{m}-g{g}-z{int(z)}-{h}x{i}" for m, g, z, h, i in CASES]

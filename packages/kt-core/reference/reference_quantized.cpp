@@ -1,6 +1,6 @@
-// INT8, INT4, RAWINT4, FP8 and FP8_PERCHANNEL, exactly as docs/formats.md states them.
+// INT8, INT4, RAWINT4, FP8, FP8_PERCHANNEL and MXFP4, exactly as docs/formats.md states them.
 //
-// All five pack a matrix [N, K] the same way: one code byte per element [N, K], f32 scales
+// All six pack a matrix [N, K] the same way: one code byte per element [N, K], f32 scales
 // [N, groups] and, for asymmetric INT4 only, int8 zero points [N, groups]; a group is
 // `group` consecutive k (the last one may be short, as FP8's 128-wide blocks need not
 // divide K). The kernels multiply f32 activations by scale * (value(code) - zero) in
@@ -76,6 +76,16 @@ struct E4M3Codes {
         const int e = (byte >> 3) & 0xf, m = byte & 7;
         const double magnitude = e == 0 ? std::ldexp(m, -9) : std::ldexp(8 + m, e - 10);
         return (byte & 0x80) ? -magnitude : magnitude;
+    }
+};
+
+// E2M1 (MXFP4's element): sign bit 3, then 2 exponent bits (bias 1) and 1 mantissa bit; no
+// infinities or NaN. The packed byte holds the 4-bit code.
+struct E2M1Codes {
+    static double value(uint8_t code) {
+        const int e = (code >> 1) & 3, m = code & 1;
+        const double magnitude = e == 0 ? 0.5 * m : std::ldexp(1.0 + 0.5 * m, e - 1);
+        return (code & 8) ? -magnitude : magnitude;
     }
 };
 
@@ -368,19 +378,26 @@ struct Int4 {
     }
 };
 
+// Checkpoint formats with one scale per 32 consecutive k and no zero points.
+struct SymmetricGroup32 {
+    static constexpr int64_t kGroup = 32;
+    static int64_t group(const kt_moe_config*, int64_t) { return kGroup; }
+    static bool has_zeros(const kt_moe_config*) { return false; }
+    static kt_status check_group32(const char* method, const char* why, const kt_moe_config* s) {
+        const kt_status st = check_fixed_config(method, s, kGroup, why);
+        return st != KT_OK ? st : check_group_divides(method, s, kGroup);
+    }
+};
+
 // compressed-tensors "pack-quantized" symmetric INT4, group 32: int32 words holding eight
 // codes q + 8 (element k in bits 4*(k%8) of word k/8), one scale per 32 elements.
-struct RawInt4 {
+struct RawInt4 : SymmetricGroup32 {
     using Codes = IntCodes;
     static constexpr const char* name = "RAWINT4";
     static constexpr const char* layout_id = "kt-rawint4-group32-ref-v1";
     static constexpr const char* kernel_id = "moe.rawint4.f32.reference";
-    static constexpr int64_t kGroup = 32;
-    static int64_t group(const kt_moe_config*, int64_t) { return kGroup; }
-    static bool has_zeros(const kt_moe_config*) { return false; }
     static kt_status check_config(const kt_moe_config* s) {
-        const kt_status st = check_fixed_config(name, s, kGroup, "compressed-tensors INT4 groups are 32 wide");
-        return st != KT_OK ? st : check_group_divides(name, s, kGroup);
+        return check_group32(name, "compressed-tensors INT4 groups are 32 wide", s);
     }
     static kt_status check(const kt_weight& w, const MatrixLayout& m, const char* matrix) {
         const std::string who = prefix(name) + matrix;
@@ -478,6 +495,49 @@ struct Fp8PerChannel {
     }
 };
 
+// OCP MXFP4 as GPT-OSS's checkpoints store it (*_blocks, *_scales): uint8 [N, K/2] of E2M1
+// codes, element 2j in the low nibble of byte j, and a uint8 E8M0 exponent e per 32 elements,
+// scale 2^(e - 127) (0xFF is E8M0's NaN, refused); or the scales as values, bf16 or f32
+// (kt-kernel's wrapper takes bf16 ones).
+struct Mxfp4 : SymmetricGroup32 {
+    using Codes = E2M1Codes;
+    static constexpr const char* name = "MXFP4";
+    static constexpr const char* layout_id = "kt-mxfp4-group32-ref-v1";
+    static constexpr const char* kernel_id = "moe.mxfp4.f32.reference";
+    // Scale element `at`: E8M0 byte e -> 2^(e - 127) (exact in f32: 2^-127 is a subnormal), 0xFF -> NaN.
+    static double scale(const kt_matrix& sc, int64_t at) {
+        if (sc.dtype != KT_DTYPE_U8) return load_element(sc.data, sc.dtype, at);
+        const int e = static_cast<const uint8_t*>(sc.data)[at];
+        return e == 0xFF ? std::nan("") : std::ldexp(1.0, e - 127);
+    }
+    static kt_status check_config(const kt_moe_config* s) { return check_group32(name, "MXFP4's scales cover 32 elements", s); }
+    static kt_status check(const kt_weight& w, const MatrixLayout& m, const char* matrix) {
+        const std::string who = prefix(name) + matrix;
+        kt_status st;
+        if ((st = expect(w.values, who + " blocks", {KT_DTYPE_U8}, m.rows, m.cols / 2,
+                         " (two E2M1 codes per byte)")) != KT_OK)
+            return st;
+        if ((st = expect(w.scales, who + " scales", {KT_DTYPE_U8, KT_DTYPE_BF16, KT_DTYPE_F32}, m.rows, m.cols / kGroup,
+                         " (E8M0 exponents or their values, one per 32 elements)")) != KT_OK)
+            return st;
+        for (int64_t r = 0; r < m.rows; ++r)
+            for (int64_t c = 0; c < m.cols / kGroup; ++c)
+                if (!std::isfinite(scale(w.scales, r * w.scales.row_stride + c)))
+                    return fail(KT_ERROR_INVALID_ARGUMENT, who + " scale " + shape_text(r, c) +
+                                                               " is not finite (E8M0 0xFF, or a float NaN/Inf); kt "
+                                                               "refuses non-finite weights");
+        return expect_absent(w.zeros, who + " zeros", "MXFP4 is symmetric");
+    }
+    static void pack(const kt_weight& w, const MatrixLayout& m, char* dst) {
+        const Parts p = parts_of(dst, m);
+        for (int64_t n = 0; n < m.rows; ++n) {
+            const auto* bytes = static_cast<const uint8_t*>(w.values.data) + n * w.values.row_stride;
+            for (int64_t k = 0; k < m.cols; ++k) p.codes[n * m.cols + k] = uint8_t((bytes[k / 2] >> (4 * (k % 2))) & 15);
+            for (int64_t g = 0; g < m.groups; ++g) p.scales[n * m.groups + g] = float(scale(w.scales, n * w.scales.row_stride + g));
+        }
+    }
+};
+
 // ---- the method tables -------------------------------------------------------------------
 
 template <class M>
@@ -510,5 +570,6 @@ kt_method_kernels int4_method() { return method<Int4>(); }
 kt_method_kernels rawint4_method() { return method<RawInt4>(); }
 kt_method_kernels fp8_method() { return method<Fp8Block>(); }
 kt_method_kernels fp8_perchannel_method() { return method<Fp8PerChannel>(); }
+kt_method_kernels mxfp4_method() { return method<Mxfp4>(); }
 
 }  // namespace kt_reference

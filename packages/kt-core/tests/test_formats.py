@@ -33,6 +33,7 @@ FORMAT_TOL = {
     ("RAWINT4", 0, False): (2.0, 0.4),
     ("FP8", 0, False): (0.6, 0.12),
     ("FP8_PERCHANNEL", 0, False): (0.6, 0.12),
+    ("MXFP4", 0, False): (2.0, 0.4),
 }
 
 IDS = {
@@ -41,6 +42,7 @@ IDS = {
     "RAWINT4": ("kt-rawint4-group32-ref-v1", "moe.rawint4.f32.reference"),
     "FP8": ("kt-fp8e4m3-block128-ref-v1", "moe.fp8.f32.reference"),
     "FP8_PERCHANNEL": ("kt-fp8e4m3-perchannel-ref-v1", "moe.fp8_perchannel.f32.reference"),
+    "MXFP4": ("kt-mxfp4-group32-ref-v1", "moe.mxfp4.f32.reference"),
 }
 
 
@@ -142,6 +144,26 @@ def test_fp8_quantizers():
     assert rms_error(Q.dequantize_fp8_perchannel(codes, scale), w) < 0.05
 
 
+def test_mxfp4_rules():
+    """The smallest exponent that fits max|w| in E2M1's 6, each element to the nearest E2M1 value
+    with ties to the even code, low nibble first; a zero block gets E8M0 byte 0."""
+    ties = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0], np.float32)          # block max 6: E = 0
+    want = np.array([0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 6.0])
+    w = np.zeros((3, 32), np.float32)
+    w[0, :8], w[0, 8:16] = ties, -ties
+    w[1, :8] = ties * 4                                                                  # max 24: E = 2
+    w[1, 8] = 24.5                                                                       # max 24.5: E = 3
+    blocks, scales = Q.quantize_mxfp4(w)
+    assert blocks.shape == (3, 16) and scales.tolist() == [[127], [130], [0]]
+    d = Q.dequantize_mxfp4(blocks, scales)
+    np.testing.assert_array_equal(d[0, :16], np.concatenate([want, -want]))
+    assert (d[2] == 0).all()
+    assert blocks[0, 0] == 0 | 2 << 4 and blocks[0, 4] == 8 | 10 << 4   # 0.25, 0.75 -> 0, 1; -0.25, -0.75 -> -0, -1
+    np.testing.assert_array_equal(Q.E2M1_VALUES[:8], [0, 0.5, 1, 1.5, 2, 3, 4, 6])
+    tiny = np.full((1, 32), 2.0**-140, np.float32)                                       # E clamps at -127
+    assert Q.quantize_mxfp4(tiny)[1].tolist() == [[0]]
+
+
 # -- the reference backend against the rules ---------------------------------------------------------
 
 @pytest.mark.parametrize("method,group_size,zero_point", list(FORMAT_TOL))
@@ -225,6 +247,54 @@ def test_every_e4m3_code_decodes_exactly(method, exponent):
     assert relative_error(m(x, ids, w), moe_reference(x, *stored, ids, w)) < KERNEL_TOL
 
 
+@pytest.mark.parametrize("backend", ["reference", "avx"])
+@pytest.mark.parametrize("down_exponent", [0, 3, 127, 225])
+def test_every_e2m1_code_and_e8m0_scale_decodes_exactly(backend, down_exponent):
+    """Random codes over all 16 E2M1 values, gate/up scale bytes spread around 2^-3, and down's
+    scale bytes near one end of E8M0's range or the other (2^-127: a subnormal f32), so a
+    wrong decode of any code or exponent shows next to the output's RMS."""
+    if backend == "avx":
+        pytest.importorskip("kt_backend_avx")
+    rng = np.random.default_rng(down_exponent)
+    h, i = 128, 64
+    blocks = [rng.integers(0, 256, (2, *s), dtype=np.uint8) for s in ((i, h // 2), (i, h // 2), (h, i // 2))]
+    scales = [(124 + rng.integers(-6, 7, (2, n, k // 32))).astype(np.uint8) for n, k in ((i, h), (i, h))]
+    scales.append(np.clip(down_exponent + rng.integers(0, 3, (2, h, i // 32)), 0, 254).astype(np.uint8))
+    stored = [Q.dequantize_mxfp4(b, s) for b, s in zip(blocks, scales)]
+    m = kt_core.MoE(num_experts=2, top_k=2, hidden_size=h, intermediate_size=i, method="MXFP4", backend=backend)
+    m.load(*blocks, scales=scales)
+    x, ids, w = routing(rng, 5, experts=2, top_k=2, hidden=h)
+    tol = KERNEL_TOL if backend == "reference" else 2e-2   # avx quantizes activations to int8 (two passes)
+    assert relative_error(m(x, ids, w), moe_reference(x, *stored, ids, w)) < tol
+
+
+def test_mxfp4_refuses_wrong_inputs():
+    gate, up, down = floats()
+    blocks, scales = zip(*(Q.quantize_mxfp4(a) for a in (gate, up, down)))
+    with pytest.raises(ValueError, match=r"MXFP4: gate blocks must be uint8 \[64, 64\] \(two E2M1 codes per byte\); "
+                                         r"got float32 \[64, 128\]"):
+        load_one("MXFP4", (gate, up, down), scales=scales)
+    with pytest.raises(ValueError, match=r"gate scales must be uint8, bfloat16 or float32 \[64, 4\] \(E8M0 exponents.*"
+                                         r"got nothing"):
+        load_one("MXFP4", blocks)
+    with pytest.raises(ValueError, match=r"gate scales must be uint8, bfloat16 or float32 \[64, 4\].*got int8 \[64, 4\]"):
+        load_one("MXFP4", blocks, scales=(scales[0].astype(np.int8), *scales[1:]))
+    nan = [s.copy() for s in scales]
+    nan[2][7, 1] = 0xFF
+    with pytest.raises(ValueError, match=r"down scale \[7, 1\] is not finite \(E8M0 0xFF, or a float NaN/Inf\)"):
+        load_one("MXFP4", blocks, scales=tuple(nan))
+    values = [np.ldexp(1.0, s.astype(np.int64) - 127).astype(np.float32) for s in scales]
+    values[0][3, 2] = np.inf
+    with pytest.raises(ValueError, match=r"gate scales hold NaN or Inf at \[3, 2\]"):   # the core's own check
+        load_one("MXFP4", blocks, scales=tuple(values))
+    with pytest.raises(ValueError, match="MXFP4's scales cover 32 elements; group_size must be 0 or 32, got 64"):
+        load_one("MXFP4", blocks, scales=scales, group_size=64)
+    with pytest.raises(ValueError, match="zero_point=True is an INT4 option; MXFP4 is symmetric"):
+        load_one("MXFP4", blocks, scales=scales, zero_point=True)
+    with pytest.raises(ValueError, match="group size 32 does not divide hidden = 80"):
+        load_one("MXFP4", floats(80, 64), hidden=80)
+
+
 def test_fp8_blocks_need_not_divide_the_shape():
     rng = np.random.default_rng(3)
     h, i = 200, 72     # gate/up scale_inv [1, 2], down [2, 1]
@@ -249,6 +319,26 @@ def test_fp8_perchannel_scale_as_one_row():
         m.load(gate, up, down, scales=s)
         outs.append(m(x, ids, w))
     np.testing.assert_array_equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("backend", ["reference", "avx"])
+def test_mxfp4_scales_as_values(backend):
+    """kt-kernel's MXFP4 wrapper takes the E8M0 scales as bf16 values: bf16 (torch) and f32 scales
+    equal to 2^(e - 127) give the very layer the E8M0 bytes give."""
+    torch = pytest.importorskip("torch")
+    if backend == "avx":
+        pytest.importorskip("kt_backend_avx")
+    rng = np.random.default_rng(8)
+    gate, up, down, scales = Q.checkpoint_inputs("MXFP4", *random_moe(rng, 2, 128, 64))
+    values = [np.ldexp(1.0, s.astype(np.int64) - 127).astype(np.float32) for s in scales]
+    x, ids, w = routing(rng, 6, experts=2, hidden=128)
+    outs = []
+    for s in (scales, values, [torch.from_numpy(v).to(torch.bfloat16) for v in values]):
+        m = kt_core.MoE(num_experts=2, top_k=TOP_K, hidden_size=128, intermediate_size=64, method="MXFP4", backend=backend)
+        m.load(gate, up, down, scales=s)
+        outs.append(m(x, ids, w))
+    np.testing.assert_array_equal(outs[0], outs[1])
+    np.testing.assert_array_equal(outs[0], outs[2])
 
 
 @pytest.mark.parametrize("method", ["RAWINT4", "FP8", "FP8_PERCHANNEL"])

@@ -172,3 +172,21 @@ def test_bandwidth_per_numa_group(tmp_path):
     assert [(g["group"], g["threads"]) for g in groups] == [(0, 1), (1, 1)]
     assert all(g["median_gbps"] > 0 for g in groups)
     assert "per NUMA group, all at once" in r.stdout
+
+
+def test_the_harness_mxfp4_matches_kt_core_s_rule():
+    """moe_data.py's MXFP4 decode (it runs in kt-kernel's venv too) and the bf16 scales it hands
+    kt-kernel restate docs/formats.md: equal to kt_core's dequantizer, scales exact in bf16."""
+    import numpy as np
+    import torch
+
+    from kt.bench.kt_kernel import moe_data
+    from kt_core.testing.quantize import dequantize_mxfp4
+
+    w = torch.randn(48, 128, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    blocks, scales = moe_data.pack_mxfp4(w)
+    scales[0, :3] = (0, 1, 254)   # E8M0's ends: 2^-127 is a bf16 subnormal
+    np.testing.assert_array_equal(moe_data.dequantize_mxfp4(blocks, scales), dequantize_mxfp4(blocks, scales))
+    as_bf16 = torch.from_numpy(moe_data.e8m0_as_bf16_bits(scales)).view(torch.bfloat16).double().numpy()
+    np.testing.assert_array_equal(as_bf16, np.ldexp(1.0, scales.astype(np.int64) - 127))
+    assert moe_data.format_bytes_per_expert(moe_data.Shape("s", 256, 128, 4, 2), "MXFP4") == 3 * (128 * 256 // 2 + 128 * 8)

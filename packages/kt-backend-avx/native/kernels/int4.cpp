@@ -3,6 +3,9 @@
 // RAWINT4 (compressed-tensors, Kimi-K2) is the same thing with G = 32 and z = 8, so its codes
 // and bf16 scales are repacked bit-exactly into its own variant of the layout (int4_layout.h:
 // "kt-int4-p16-v2" for INT4, "kt-rawint4-p16-v1" with bf16 scales for RAWINT4).
+// MXFP4 (OCP microscaling, GPT-OSS) rides the same kernel: its E2M1 codes sit where INT4's
+// codes do, a byte shuffle turns each into u = 2 value + 12 (0..24), and the group epilogue
+// subtracts 12 instead of 8 ("kt-mxfp4-p16-v1", packed_layouts.h).
 //
 // Kernel: per group, exact integer dots of the codes with both int8 activation planes
 // (vpdpbusd: unsigned codes x signed activations; without VNNI vpmaddubsw cannot saturate
@@ -186,10 +189,12 @@ struct LayoutWord {
 #endif
 };
 
-void pack_codes_matrix(const kt_weight& w, const Int4Layout& lay, int64_t N, int64_t K, uint8_t* dst, size_t stride_panels) {
+// scale_of(n, group) -> the header's f32 scale of channel n's group.
+template <class ScaleOf>
+void pack_codes_matrix(const kt_weight& w, const Int4Layout& lay, int64_t N, int64_t K, uint8_t* dst, size_t stride_panels,
+                       ScaleOf scale_of) {
     const int64_t g = lay.g;
     const auto* codes = static_cast<const uint8_t*>(w.values.data);
-    const auto* scales = static_cast<const float*>(w.scales.data);
     const auto* zeros = static_cast<const uint8_t*>(w.zeros.data);
     const int64_t groups = K / g;
     for (int64_t p = 0; p < panels(N); ++p) {
@@ -202,7 +207,7 @@ void pack_codes_matrix(const kt_weight& w, const Int4Layout& lay, int64_t N, int
             for (int lane = 0; lane < kPanel; ++lane) {
                 const int64_t n = p * kPanel + lane;
                 if (n >= N) continue;      // rows past N stay zero, as the buffer came
-                const float s = scales[n * w.scales.row_stride + grp];
+                const float s = scale_of(n, grp);
                 scale[lane] = s;
                 if (lay.zero_point) sz[lane] = s * float(zeros[n * w.zeros.row_stride + grp]);
                 rows[lane] = codes + n * w.values.row_stride + grp * g / 2;
@@ -230,9 +235,12 @@ kt_status pack_int4(const kt_moe_config* c, const kt_expert_weights* src, void* 
     const ExpertPanels l = lay.expert(c);
     const size_t offsets[3] = {l.gate(0), l.up(0), l.down(0)}, strides[3] = {2, 2, 1};
     for (int i = 0; i < 3; ++i) {
-        if (w[i]->values.dtype == KT_DTYPE_U8)
-            pack_codes_matrix(*w[i], lay, rows[i], cols[i], out + offsets[i], strides[i]);
-        else
+        if (w[i]->values.dtype == KT_DTYPE_U8) {
+            const kt_matrix& sc = w[i]->scales;
+            pack_codes_matrix(*w[i], lay, rows[i], cols[i], out + offsets[i], strides[i], [&](int64_t n, int64_t grp) {
+                return static_cast<const float*>(sc.data)[n * sc.row_stride + grp];
+            });
+        } else
             pack_matrix(FloatSource(w[i]->values, g, zp), lay, rows[i], cols[i], out + offsets[i], strides[i]);
     }
     return KT_OK;
@@ -279,7 +287,75 @@ kt_status pack_raw(const kt_moe_config* c, const kt_expert_weights* src, void* d
     return KT_OK;
 }
 
+// MXFP4 as checkpoints store it (GPT-OSS's *_blocks / *_scales): uint8 [N, K/2], element 2j in
+// the low nibble of byte j, and one scale per 32 elements [N, K/32]: the uint8 E8M0 exponents,
+// or their values as bf16 / f32 (kt-kernel's wrapper takes bf16 ones).
+float mx_scale(const kt_matrix& sc, int64_t n, int64_t grp) {
+    const int64_t at = n * sc.row_stride + grp;
+    switch (sc.dtype) {
+        case KT_DTYPE_U8: return 2.0f * kt::layouts::mxfp4::header_scale(static_cast<const uint8_t*>(sc.data)[at]);
+        case KT_DTYPE_BF16: return bf16_to_f32(static_cast<const uint16_t*>(sc.data)[at]);
+        default: return static_cast<const float*>(sc.data)[at];
+    }
+}
+
+kt_status check_mx(const kt_weight& w, int64_t N, int64_t K, const char* name) {
+    if (w.values.dtype != KT_DTYPE_U8 || w.values.rows != N || w.values.cols * 2 != K)
+        return fail(KT_ERROR_INVALID_ARGUMENT, "MXFP4: %s blocks should be uint8 [%lld, %lld] (two E2M1 codes per byte), got %s [%lld, %lld]",
+                    name, (long long)N, (long long)(K / 2), dtype_name(w.values.dtype), (long long)w.values.rows,
+                    (long long)w.values.cols);
+    const bool dtype_ok = w.scales.dtype == KT_DTYPE_U8 || w.scales.dtype == KT_DTYPE_BF16 || w.scales.dtype == KT_DTYPE_F32;
+    if (!w.scales.data || !dtype_ok || w.scales.rows != N || w.scales.cols * 32 != K)
+        return fail(KT_ERROR_INVALID_ARGUMENT, "MXFP4: %s scales should be uint8 E8M0 (or bf16, f32) [%lld, %lld] (one per 32 elements), got %s [%lld, %lld]",
+                    name, (long long)N, (long long)(K / 32), w.scales.data ? dtype_name(w.scales.dtype) : "none",
+                    (long long)w.scales.rows, (long long)w.scales.cols);
+    if (w.zeros.data) return fail(KT_ERROR_INVALID_ARGUMENT, "MXFP4: %s is symmetric; zero points must not be given", name);
+    for (int64_t r = 0; r < N; ++r)
+        for (int64_t c = 0; c < K / 32; ++c) {
+            const bool nan = w.scales.dtype == KT_DTYPE_U8 ? static_cast<const uint8_t*>(w.scales.data)[r * w.scales.row_stride + c] == 0xFF
+                                                           : !std::isfinite(mx_scale(w.scales, r, c));
+            if (nan)
+                return fail(KT_ERROR_INVALID_ARGUMENT, "MXFP4: %s scale [%lld, %lld] is not finite (E8M0 0xFF, or a float NaN/Inf); "
+                            "kt refuses non-finite weights", name, (long long)r, (long long)c);
+        }
+    return KT_OK;
+}
+
+kt_status pack_mxfp4(const kt_moe_config* c, const kt_expert_weights* src, void* dst) {
+    const int64_t H = c->hidden, I = c->intermediate;
+    if (c->quant_flags & KT_QUANT_ZERO_POINT)
+        return fail(KT_ERROR_INVALID_ARGUMENT, "MXFP4: zero_point=True is an INT4 option; MXFP4 is symmetric");
+    if (c->group_size != 0 && c->group_size != 32)
+        return fail(KT_ERROR_INVALID_ARGUMENT, "MXFP4: its scales cover 32 elements; group_size must be 0 or 32, got %lld",
+                    (long long)c->group_size);
+    kt_status st;
+    if ((st = check_group("MXFP4", 32, H, I)) != KT_OK) return st;
+    const kt_weight* w[3] = {&src->gate, &src->up, &src->down};
+    const int64_t rows[3] = {I, I, H}, cols[3] = {H, H, I};
+    const char* names[3] = {"gate", "up", "down"};
+    for (int i = 0; i < 3; ++i)
+        if ((st = check_mx(*w[i], rows[i], cols[i], names[i])) != KT_OK) return st;
+    auto* out = static_cast<uint8_t*>(dst);
+    const Int4Layout lay = mxfp4_layout();
+    const ExpertPanels l = lay.expert(c);
+    const size_t offsets[3] = {l.gate(0), l.up(0), l.down(0)}, strides[3] = {2, 2, 1};
+    for (int i = 0; i < 3; ++i) {
+        const kt_matrix& sc = w[i]->scales;
+        pack_codes_matrix(*w[i], lay, rows[i], cols[i], out + offsets[i], strides[i], [&](int64_t n, int64_t grp) {
+            return 0.5f * mx_scale(sc, n, grp);   // the header halves it: codes decode to 2 value + 12
+        });
+    }
+    return KT_OK;
+}
+
 // ---- kernel --------------------------------------------------------------------------------
+
+// The three formats of this file: one kernel, three packers and layouts.
+enum class Kind { kInt4, kRaw, kMx };
+constexpr const char* kind_name(Kind kind) { return kind == Kind::kInt4 ? "INT4" : kind == Kind::kRaw ? "RAWINT4" : "MXFP4"; }
+inline Int4Layout layout_of(const kt_moe_config* c, Kind kind) {
+    return kind == Kind::kMx ? mxfp4_layout() : int4_layout(c, kind == Kind::kRaw);
+}
 
 // Registers: per row and panel two int accumulators (activation planes) and one float
 // accumulator, plus two unpacked weight vectors per panel and four broadcasts, within 32
@@ -294,7 +370,8 @@ constexpr int kMrFused = 1, kMrPlain = 1;
 constexpr int64_t kInOrderRows = 2;
 
 // kStream: decode-sized tiles also prefetch their own stream (prefetch_decode_stream, common.h).
-template <int MR, bool kFused, bool kTwoPass, bool kAhead = false, bool kStream = false>
+// kMx: codes are E2M1, looked up as u = 2 value + 12 (mxfp4::kDoubledPlusOffset).
+template <int MR, bool kFused, bool kTwoPass, bool kMx, bool kAhead = false, bool kStream = false>
 void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, Int4Layout lay, const uint8_t* pa, const uint8_t* pb,
                   float* out, int64_t ldo, int cols, PrefetchAhead ahead = {}) {
     constexpr int F = kFused ? 2 : 1;
@@ -339,6 +416,10 @@ void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, Int4Layout lay,
                     asm("" : "+v"(w));
                     w0[f][v] = vand(w, low4);
                     w1[f][v] = vand(vsrl16<4>(w), low4);
+                    if constexpr (kMx) {
+                        w0[f][v] = vlookup16(kt::layouts::mxfp4::kDoubledPlusOffset, w0[f][v]);
+                        w1[f][v] = vlookup16(kt::layouts::mxfp4::kDoubledPlusOffset, w1[f][v]);
+                    }
                 }
             for (int m = 0; m < MR; ++m) {
                 const uint8_t* row = x + m * row_bytes;
@@ -393,7 +474,8 @@ void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, Int4Layout lay,
                             hi[m][f][v] = vaddi(hi[m][f][v], hi1[m][f][v]);
                             lo[m][f][v] = vaddi(lo[m][f][v], lo1[m][f][v]);
                         }
-                        acc[m][f][v] = Int4Layout::apply<kZeroPoint>(s[f][v], sz[f][v], acc[m][f][v],
+                        acc[m][f][v] = Int4Layout::apply<kZeroPoint, kMx ? kt::layouts::mxfp4::kOffset : 8>(
+                                                                     s[f][v], sz[f][v], acc[m][f][v],
                                                                      int4_raw_dot(hi[m][f][v], lo[m][f][v], kTwoPass), asum);
                     }
             }
@@ -413,38 +495,38 @@ void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, Int4Layout lay,
         }
 }
 
-template <int MR, bool kFused, bool kTwoPass>
+template <int MR, bool kFused, bool kTwoPass, bool kMx>
 void rows_kernel(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, Int4Layout lay, const uint8_t* pa,
                  const uint8_t* pb, float* out, int64_t ldo, int cols, const uint8_t* next, size_t next_bytes) {
     if (rows <= kInOrderRows) {   // decode: prefetched (kStream), in the row blocks the path below forms
         constexpr int kDecodeMr = MR < int(kInOrderRows) ? MR : int(kInOrderRows);
         for_row_blocks<kDecodeMr>(rows, [=]<int M>(int64_t r) {
-            panel_kernel<M, kFused, kTwoPass, false, true>(x + r * row_bytes, row_bytes, k, lay, pa, pb, out + r * ldo, ldo, cols);
+            panel_kernel<M, kFused, kTwoPass, kMx, false, true>(x + r * row_bytes, row_bytes, k, lay, pa, pb, out + r * ldo, ldo, cols);
         });
         return;
     }
     for_row_blocks<MR>(rows, [=]<int M>(int64_t r) {
         if constexpr (M == MR)
             if (r == 0 && next_bytes) {
-                panel_kernel<M, kFused, kTwoPass, true>(x, row_bytes, k, lay, pa, pb, out, ldo, cols,
+                panel_kernel<M, kFused, kTwoPass, kMx, true>(x, row_bytes, k, lay, pa, pb, out, ldo, cols,
                                                         PrefetchAhead(next, next_bytes, k / 8));
                 return;
             }
-        panel_kernel<M, kFused, kTwoPass>(x + r * row_bytes, row_bytes, k, lay, pa, pb, out + r * ldo, ldo, cols);
+        panel_kernel<M, kFused, kTwoPass, kMx>(x + r * row_bytes, row_bytes, k, lay, pa, pb, out + r * ldo, ldo, cols);
     });
 }
 
 // The activation passes a layer asked for: one with KT_QUANT_FAST_ACTIVATIONS, else two.
-template <bool kFused, int MR>
+template <bool kFused, int MR, bool kMx>
 void run_rows(const kt_moe_config* c, const void* act, int64_t k, Int4Layout lay, int64_t rows, const uint8_t* pa,
               const uint8_t* pb, float* out, int64_t ldo, int cols, const uint8_t* next = nullptr, size_t next_bytes = 0) {
     const auto* x = static_cast<const uint8_t*>(act);
     // The first row block fetches `next` (the following panel or pair) into L2: PrefetchAhead.
     if (rows <= MR) next_bytes = 0;   // one row block: nothing to overlap with the fetch
     if (one_activation_pass(c)) {
-        rows_kernel<MR, kFused, false>(x, int8_row_bytes(k), rows, k, lay, pa, pb, out, ldo, cols, next, next_bytes);
+        rows_kernel<MR, kFused, false, kMx>(x, int8_row_bytes(k), rows, k, lay, pa, pb, out, ldo, cols, next, next_bytes);
     } else {
-        rows_kernel<MR, kFused, true>(x, int8_row_bytes(k), rows, k, lay, pa, pb, out, ldo, cols, next, next_bytes);
+        rows_kernel<MR, kFused, true, kMx>(x, int8_row_bytes(k), rows, k, lay, pa, pb, out, ldo, cols, next, next_bytes);
     }
 }
 
@@ -452,54 +534,63 @@ kt_status quantize(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int6
     return quantize_int8_rows(in, dtype, rows, k, stride, out, false);
 }
 
-template <bool kRaw>
-size_t packed_bytes(const kt_moe_config* c) { return int4_layout(c, kRaw).expert(c).bytes(); }
+template <Kind kKind>
+size_t packed_bytes(const kt_moe_config* c) { return layout_of(c, kKind).expert(c).bytes(); }
 
-template <bool kRaw>
+template <Kind kKind>
 kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                        float* out, int64_t ldo) {
     const GateScope activation(c);   // the layer's gated activation, for the epilogues below
-    const Int4Layout lay = int4_layout(c, kRaw);
-    if (const kt_status st = check_tile(kRaw ? "RAWINT4" : "INT4", "gate/up", n0, n1, c->intermediate)) return st;
+    constexpr bool kMx = kKind == Kind::kMx;
+    const Int4Layout lay = layout_of(c, kKind);
+    if (const kt_status st = check_tile(kind_name(kKind), "gate/up", n0, n1, c->intermediate)) return st;
     const ExpertPanels l = lay.expert(c);
     const auto* base = static_cast<const uint8_t*>(packed);
     if (rows <= kInOrderRows) {
         gate_up_in_order<kInOrderRows>(rows, base + l.gate(n0 / kPanel), base + l.up(n0 / kPanel), l.gate(1), n0, n1, out, ldo,
                          [&](const uint8_t* panel, float* o) {
-                             run_rows<false, kMrPlain>(c, act, c->hidden, lay, rows, panel, nullptr, o, kPanel, kPanel);
+                             run_rows<false, kMrPlain, kMx>(c, act, c->hidden, lay, rows, panel, nullptr, o, kPanel, kPanel);
                          });
         return KT_OK;
     }
     for (int64_t n = n0; n < n1; n += kPanel)
-        run_rows<true, kMrFused>(c, act, c->hidden, lay, rows, base + l.gate(n / kPanel), base + l.up(n / kPanel), out + n,
+        run_rows<true, kMrFused, kMx>(c, act, c->hidden, lay, rows, base + l.gate(n / kPanel), base + l.up(n / kPanel), out + n,
                                  ldo, int(std::min<int64_t>(kPanel, n1 - n)), base + l.gate(n / kPanel + 1),
                                  n + kPanel < n1 ? 2 * l.gate_up_panel : 0);
     return KT_OK;
 }
 
-template <bool kRaw>
+template <Kind kKind>
 kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                     float* out, int64_t ldo) {
-    const Int4Layout lay = int4_layout(c, kRaw);
-    if (const kt_status st = check_tile(kRaw ? "RAWINT4" : "INT4", "down", n0, n1, c->hidden)) return st;
+    constexpr bool kMx = kKind == Kind::kMx;
+    const Int4Layout lay = layout_of(c, kKind);
+    if (const kt_status st = check_tile(kind_name(kKind), "down", n0, n1, c->hidden)) return st;
     const ExpertPanels l = lay.expert(c);
     const auto* base = static_cast<const uint8_t*>(packed);
     for (int64_t n = n0; n < n1; n += kPanel)
-        run_rows<false, kMrPlain>(c, act, c->intermediate, lay, rows, base + l.down(n / kPanel), nullptr, out + n, ldo,
+        run_rows<false, kMrPlain, kMx>(c, act, c->intermediate, lay, rows, base + l.down(n / kPanel), nullptr, out + n, ldo,
                                   int(std::min<int64_t>(kPanel, n1 - n)), base + l.down(n / kPanel + 1),
                                   n + kPanel < n1 ? l.down_panel : 0);
     return KT_OK;
 }
 
-template <bool kRaw>
-kt_method_kernels int4_table(const char* method, const char* kernel_id) {
-    return method_table(method, int4_layout_id(kRaw), kernel_id, packed_bytes<kRaw>, kRaw ? pack_raw : pack_int4,
-                        int8_row_bytes, quantize, gate_up_tile<kRaw>, down_tile<kRaw>);
+template <Kind kKind>
+kt_method_kernels int4_table(const char* kernel_id, const char* layout_id, PackFn pack) {
+    return method_table(kind_name(kKind), layout_id, kernel_id, packed_bytes<kKind>, pack, int8_row_bytes, quantize,
+                        gate_up_tile<kKind>, down_tile<kKind>);
 }
 
 }  // namespace
 
-kt_method_kernels int4_kernels(const char* kernel_id) { return int4_table<false>("INT4", kernel_id); }
-kt_method_kernels rawint4_kernels(const char* kernel_id) { return int4_table<true>("RAWINT4", kernel_id); }
+kt_method_kernels int4_kernels(const char* kernel_id) {
+    return int4_table<Kind::kInt4>(kernel_id, int4_layout_id(false), pack_int4);
+}
+kt_method_kernels rawint4_kernels(const char* kernel_id) {
+    return int4_table<Kind::kRaw>(kernel_id, int4_layout_id(true), pack_raw);
+}
+kt_method_kernels mxfp4_kernels(const char* kernel_id) {
+    return int4_table<Kind::kMx>(kernel_id, kt::layouts::mxfp4::kId, pack_mxfp4);
+}
 
 }  // namespace KT_TARGET_NAMESPACE

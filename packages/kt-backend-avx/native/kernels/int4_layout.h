@@ -1,5 +1,5 @@
-// INT4 and RAWINT4 on this target: kt-core's group layouts (kt/formats/packed_layouts.h:
-// "kt-int4-p16-v2", "kt-rawint4-p16-v1"), which kt-backend-amx reads too, with the vector
+// INT4, RAWINT4 and MXFP4 on this target: kt-core's group layouts (kt/formats/packed_layouts.h:
+// "kt-int4-p16-v2", "kt-rawint4-p16-v1", "kt-mxfp4-p16-v1"; amx reads the first two), with the vector
 // reads of a group header and the arithmetic every INT4 kernel applies per group.
 #pragma once
 #include <kt/formats/packed_layouts.h>
@@ -24,10 +24,11 @@ struct Int4Layout : kt::layouts::int4::Geometry {
     // int4_raw_sum; the row's scale applies once, at the end). Symmetric groups: s * (dot -
     // 8 asum), where 8 asum is exact, so a compiler fusing the subtraction cannot change the
     // result (AMX's kernels must equal AVX's bit for bit: both apply these).
-    template <bool kZeroPoint>
+    // MXFP4 (kOffset 12) is a symmetric group whose codes decode to u = 2 value + 12.
+    template <bool kZeroPoint, int kOffset = 8>
     static VF apply(VF s, VF sz, VF acc, VF dot, VF asum) {
         if constexpr (kZeroPoint) return vfma(s, dot, vsub(acc, vmul(sz, asum)));
-        return vfma(s, vsub(dot, vmul(vset1(8.0f), asum)), acc);
+        return vfma(s, vsub(dot, vmul(vset1(float(kOffset)), asum)), acc);
     }
     VF update(const uint8_t* header, int v, VF acc, VF dot, VF asum) const {
         if (zero_point) return apply<true>(scale(header, v), scale_times_zero(header, v), acc, dot, asum);
@@ -43,6 +44,9 @@ inline float int4_raw_sum(int32_t sum_hi, int32_t sum_lo, bool two_pass) {
     return two_pass ? float(128 * sum_hi + sum_lo) : float(sum_hi);
 }
 inline float int4_row_scale(float sa, bool two_pass) { return two_pass ? sa * (1.0f / 128.0f) : sa; }
+
+// MXFP4: the symmetric f32-header geometry at G = 32 (kt/formats/packed_layouts.h, mxfp4).
+inline Int4Layout mxfp4_layout() { return {kt::layouts::mxfp4::geometry()}; }
 
 inline const char* int4_layout_id(bool raw) { return raw ? kt::layouts::int4::kRawId : kt::layouts::int4::kId; }
 

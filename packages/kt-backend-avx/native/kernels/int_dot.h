@@ -1,6 +1,6 @@
 // Integer dot products over 4-byte lanes: acc[i] += sum_{b<4} u8[4i+b] * s8[4i+b].
 // VNNI does it in one vpdpbusd; without VNNI, vpmaddubsw + vpmaddwd do it in two, exact as
-// long as each pair sum fits int16 — the callers guarantee that (u8 operands <= 15 for INT4,
+// long as each pair sum fits int16 — the callers guarantee that (u8 operands <= 15 for INT4, <= 24 for MXFP4,
 // |operands| <= 127 with the sign moved onto the weights for INT8).
 #pragma once
 #include "simd.h"
@@ -25,6 +25,10 @@ inline VI vslli32(VI a) { return _mm512_slli_epi32(a, N); }
 inline VF vcvt(VI a) { return _mm512_cvtepi32_ps(a); }
 inline VI vsubi(VI a, VI b) { return _mm512_sub_epi32(a, b); }
 inline VI vaddi(VI a, VI b) { return _mm512_add_epi32(a, b); }
+// Byte b of each 128-bit lane -> table[b & 15] (b < 16 here), the table repeated in every lane.
+inline VI vlookup16(const uint8_t* table, VI b) {
+    return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(table))), b);
+}
 #if defined(__AVX512VNNI__)
 // In-place accumulate through asm: with the intrinsic, GCC 12 copied each accumulator to a
 // fresh register around every vpdpbusd and spilled the copies (the INT8 prefill microkernel
@@ -55,6 +59,9 @@ inline VI vslli32(VI a) { return _mm256_slli_epi32(a, N); }
 inline VF vcvt(VI a) { return _mm256_cvtepi32_ps(a); }
 inline VI vsubi(VI a, VI b) { return _mm256_sub_epi32(a, b); }
 inline VI vaddi(VI a, VI b) { return _mm256_add_epi32(a, b); }
+inline VI vlookup16(const uint8_t* table, VI b) {
+    return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(table))), b);
+}
 inline VI dot_u8s8(VI acc, VI u8, VI s8) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u8, s8), _mm256_set1_epi16(1)));
 }

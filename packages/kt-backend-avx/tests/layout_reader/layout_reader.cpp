@@ -53,6 +53,13 @@ extern "C" size_t kt_unpack_expert(const char* layout_id, const uint8_t* expert,
                       gate, up, down);
         return l.bytes();
     }
+    if (id == L::mxfp4::kId) {
+        const auto geo = L::mxfp4::geometry();
+        const auto l = geo.expert(hidden, intermediate);
+        unpack_expert(expert, l, [&](const uint8_t* p, int64_t, int64_t k, int lane) { return L::mxfp4::weight(geo, p, k, lane); },
+                      gate, up, down);
+        return l.bytes();
+    }
     if (id == L::fp8::kIdRows || id == L::fp8::kIdQuads) {
         const auto geo = L::fp8::geometry(id == L::fp8::kIdQuads);
         const auto l = geo.expert(hidden, intermediate);

@@ -147,6 +147,39 @@ inline Geometry geometry(bool raw, int64_t group_size, bool zero_point) {
 }
 }  // namespace int4
 
+// --- "kt-mxfp4-p16-v1" (MXFP4: OCP microscaling FP4, GPT-OSS's expert format) -------------
+// INT4's symmetric group layout with G = 32 and an f32 header, holding E2M1 codes c (sign bit 3,
+// magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6) where INT4 holds u. Doubled, every E2M1 value is an
+// integer in [-12, 12], so the kernels look c up as u = 2 value + 12 in [0, 24] (one byte
+// shuffle) and run INT4's integer dot with 12 where INT4 subtracts 8: w = s * (u - 12), the
+// header's s being the block's scale halved (an E8M0 2^(e - 127): exact in f32, e = 0 included).
+namespace mxfp4 {
+constexpr const char* kId = "kt-mxfp4-p16-v1";
+constexpr int64_t kBlock = 32;      // elements per E8M0 scale
+constexpr int kOffset = 12;         // u = 2 value + kOffset
+constexpr uint8_t kDoubledPlusOffset[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
+
+inline int4::Geometry geometry() { return {kBlock, false, false}; }
+
+// E8M0 byte e (0xFF, NaN, is refused at load) -> the header's s = 2^(e - 128).
+inline float header_scale(uint8_t e) {
+    const int x = int(e) - 128;   // -128 .. 126: normal from -126, subnormal below
+    float s;
+    if (x >= -126) {
+        const uint32_t bits = uint32_t(x + 127) << 23;
+        std::memcpy(&s, &bits, 4);
+    } else {
+        const uint32_t bits = 1u << (x + 149);   // 2^x = 2^(x + 149) * 2^-149
+        std::memcpy(&s, &bits, 4);
+    }
+    return s;
+}
+
+inline float weight(const int4::Geometry& geo, const uint8_t* panel, int64_t k, int lane) {
+    return geo.scale(panel, k, lane) * float(int(kDoubledPlusOffset[geo.code(panel, k, lane)]) - kOffset);
+}
+}  // namespace mxfp4
+
 // --- "kt-fp8-p16-v1" and "kt-fp8-p16-v2" (FP8 E4M3, block or per-channel scales) ------------
 // A panel is a header of one 64-byte f32[16] scale vector per 128-wide k block (a block format
 // repeats its scalar, a per-channel one its 16 channels' scales; 2^8 folded in, since codes

@@ -198,9 +198,39 @@ def dequantize_fp8_perchannel(codes, scale) -> np.ndarray:
     return decode_e4m3(codes).astype(np.float64) * s
 
 
+# -- MXFP4 (OCP microscaling FP4) ---------------------------------------------------------------
+
+MXFP4_BLOCK = 32
+E2M1_VALUES = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=np.float64)
+
+
+def quantize_mxfp4(w):
+    """MXFP4 as GPT-OSS's checkpoints store it. Per 32 consecutive k: the smallest exponent E
+    with max|w| <= 6 * 2^E (E in [-127, 127]; an all-zero block gets -127), stored as the E8M0
+    byte E + 127; each element becomes the E2M1 code nearest w / 2^E, ties to the even code.
+    Returns (blocks uint8 [..., N, K/2], element 2j in the low nibble of byte j; scales uint8
+    [..., N, K/32])."""
+    g = _grouped(np.asarray(w, dtype=np.float64), MXFP4_BLOCK)
+    amax = np.max(np.abs(g), axis=-1, keepdims=True)
+    mantissa, exponent = np.frexp(amax / 6.0)                # amax / 6 = mantissa * 2^exponent, mantissa in [0.5, 1)
+    e = np.where(mantissa == 0.5, exponent - 1, exponent)    # ceil(log2(amax / 6)), exact
+    e = np.clip(np.where(amax == 0, -127, e), -127, 127)
+    a = np.abs(g) / np.ldexp(1.0, e)
+    magnitude = np.select([a <= 0.25, a < 0.75, a <= 1.25, a < 1.75, a <= 2.5, a < 3.5, a <= 5.0], range(7), 7)
+    codes = (magnitude | (np.signbit(g) << 3)).astype(np.uint8).reshape(*np.shape(w)[:-1], -1)
+    return (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8), (e[..., 0] + 127).astype(np.uint8)
+
+
+def dequantize_mxfp4(blocks, scales) -> np.ndarray:
+    blocks = np.asarray(blocks, dtype=np.uint8)
+    codes = np.stack([blocks & 15, blocks >> 4], axis=-1).reshape(*blocks.shape[:-1], -1)
+    scale = np.ldexp(1.0, np.asarray(scales, dtype=np.int64) - 127)
+    return E2M1_VALUES[codes] * np.repeat(scale, MXFP4_BLOCK, axis=-1)
+
+
 # -- whole layers --------------------------------------------------------------------------------
 
-CHECKPOINT_METHODS = ("RAWINT4", "FP8", "FP8_PERCHANNEL")
+CHECKPOINT_METHODS = ("RAWINT4", "FP8", "FP8_PERCHANNEL", "MXFP4")
 
 
 def checkpoint_inputs(method: str, gate, up, down):
@@ -209,7 +239,8 @@ def checkpoint_inputs(method: str, gate, up, down):
     checkpoint formats get their codes and a (gate, up, down) triple of scale stacks."""
     if method not in CHECKPOINT_METHODS:
         return gate, up, down, None
-    quantize = {"RAWINT4": pack_rawint4, "FP8": quantize_fp8_block, "FP8_PERCHANNEL": quantize_fp8_perchannel}[method]
+    quantize = {"RAWINT4": pack_rawint4, "FP8": quantize_fp8_block, "FP8_PERCHANNEL": quantize_fp8_perchannel,
+                "MXFP4": quantize_mxfp4}[method]
     pairs = [quantize(m) for m in (gate, up, down)]
     if method == "FP8_PERCHANNEL":   # MoE.load takes 2-D scale matrices: [N, 1] per expert
         pairs = [(q, s[..., None]) for q, s in pairs]
@@ -235,5 +266,7 @@ def dequantized_weights(method: str, gate, up, down, *, group_size: int = 0, zer
         return tuple(dequantize_fp8_block(*quantize_fp8_block(m)) for m in weights)
     if method == "FP8_PERCHANNEL":
         return tuple(dequantize_fp8_perchannel(*quantize_fp8_perchannel(m)) for m in weights)
-    raise ValueError(f"no weight format {method!r}; docs/formats.md lists FP32, BF16, INT8, INT4, RAWINT4, FP8 "
-                     "and FP8_PERCHANNEL")
+    if method == "MXFP4":
+        return tuple(dequantize_mxfp4(*quantize_mxfp4(m)) for m in weights)
+    raise ValueError(f"no weight format {method!r}; docs/formats.md lists FP32, BF16, INT8, INT4, RAWINT4, FP8, "
+                     "FP8_PERCHANNEL and MXFP4")

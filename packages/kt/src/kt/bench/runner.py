@@ -37,7 +37,7 @@ SCHEMA_VERSION = 2
 # first this host measures (kt_core.probes.compute_peak_kinds).
 ROOF_KINDS = {"FP32": ("f32_fma",), "BF16": ("bf16_dot", "f32_fma"), "FP8": ("bf16_dot", "f32_fma"),
               "FP8_PERCHANNEL": ("bf16_dot", "f32_fma"), "INT8": ("int8_dot",), "INT4": ("int8_dot",),
-              "RAWINT4": ("int8_dot",), "LLAMAFILE": ("int8_dot",)}
+              "RAWINT4": ("int8_dot",), "MXFP4": ("int8_dot",), "LLAMAFILE": ("int8_dot",)}
 
 
 class MemoryRefusal(KTError):

@@ -16,7 +16,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 RUNNER = HERE / "kt_kernel_runner.py"
 # kt-kernel's names for kt's methods.
-KT_KERNEL_METHOD = {"BF16": "BF16", "INT8": "AMXINT8", "INT4": "AMXINT4", "RAWINT4": "RAWINT4", "FP8": "FP8"}
+KT_KERNEL_METHOD = {"BF16": "BF16", "INT8": "AMXINT8", "INT4": "AMXINT4", "RAWINT4": "RAWINT4", "FP8": "FP8",
+                    "MXFP4": "MXFP4"}
 
 from . import moe_data  # noqa: E402  (the runner, a script, imports it by path)
 
@@ -24,7 +25,7 @@ from . import moe_data  # noqa: E402  (the runner, a script, imports it by path)
 def prepare_shared(data: Path, shape, methods: list[str], tokens: list[int], rounds: int, seed: int = 0) -> None:
     """The weights and routings kt and kt-kernel both read (moe_data's format) under `data`."""
     mshape = moe_data.Shape(shape.name, shape.hidden, shape.intermediate, shape.experts, shape.top_k)
-    moe_data.prepare(data, mshape, seed, {m for m in methods if m in ("RAWINT4", "FP8")}, tokens, rounds,
+    moe_data.prepare(data, mshape, seed, {m for m in methods if m in moe_data.CHECKPOINT_FORMATS}, tokens, rounds,
                      log=lambda *_: None)
 
 

@@ -41,9 +41,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import moe_data  # noqa: E402
 
-METHODS = ("BF16", "AMXINT8", "AMXINT4", "RAWINT4", "FP8")
+METHODS = ("BF16", "AMXINT8", "AMXINT4", "RAWINT4", "FP8", "MXFP4")
 MAX_LEN_STEP = 256
-FORMAT = {"BF16": "BF16", "AMXINT8": "INT8", "AMXINT4": "INT4", "RAWINT4": "RAWINT4", "FP8": "FP8"}
+FORMAT = {"BF16": "BF16", "AMXINT8": "INT8", "AMXINT4": "INT4", "RAWINT4": "RAWINT4", "FP8": "FP8", "MXFP4": "MXFP4"}
 
 
 def make_pool(threads: int):
@@ -115,6 +115,16 @@ def build(method: str, cpu, shape: moe_data.Shape, data: Path, max_len: int, kee
         cfg.quant_config.group_size = moe_data.FP8_BLOCK
         cfg.quant_config.zero_point = False
         cls = kt_amx.AMXFP8_MOE or kt_amx.AVX2FP8_MOE
+    elif method == "MXFP4":
+        blocks, scales = moe_data.load_mxfp4(data)
+        cfg.gate_projs, cfg.up_projs, cfg.down_projs = per_expert(blocks)
+        # The wrapper's loader hands the E8M0 scales over as bf16 (utils/amx.py asserts bf16).
+        bf16 = {p: moe_data.e8m0_as_bf16_bits(scales[p]) for p in moe_data.PROJS}
+        cfg.gate_scales, cfg.up_scales, cfg.down_scales = per_expert(bf16)
+        cfg.quant_config.bits = 4
+        cfg.quant_config.group_size = moe_data.MXFP4_BLOCK
+        cfg.quant_config.zero_point = False
+        cls = kt_amx._select_mxfp4_backend()  # the wrapper's own choice
     else:
         raise ValueError(f"unknown method {method}; expected one of {', '.join(METHODS)}")
     if cls is None:

@@ -10,6 +10,8 @@ it needs NumPy and torch only — never kt_core or kt_kernel. One data directory
     rawint4_{proj}_scale.npy      bf16 bits [E, N, K/32]
     fp8_{proj}.npy                E4M3 (fn) bytes [E, N, K]
     fp8_{proj}_scale_inv.npy      f32 [E, ceil(N/128), ceil(K/128)]
+    mxfp4_{proj}_blocks.npy       uint8 [E, N, K/2]: E2M1 codes, low nibble = even k
+    mxfp4_{proj}_scales.npy       uint8 E8M0 [E, N, K/32] (kt-kernel gets them as bf16, as its loader makes them)
     inputs_{T}.npz                hidden (bf16 bits [T, H]), ids (int64 [R, T, k]), weights (f32 [R, T, k])
 
 Weights are written once and memory-mapped by everyone (copy-on-write), so the orchestrator, the
@@ -34,6 +36,8 @@ import torch
 
 FORMAT_VERSION = 1
 RAWINT4_GROUP = 32
+MXFP4_BLOCK = 32
+CHECKPOINT_FORMATS = ("RAWINT4", "FP8", "MXFP4")   # read as stored; the rest are quantized at load
 FP8_BLOCK = 128
 FP8_MAX = 448.0
 PROJS = ("gate", "up", "down")
@@ -82,6 +86,8 @@ def format_bytes_per_expert(shape: Shape, fmt: str) -> int:
             total += n * k // 2 + n * (k // RAWINT4_GROUP) * 2
         elif fmt == "FP8":
             total += n * k + math.ceil(n / FP8_BLOCK) * math.ceil(k / FP8_BLOCK) * 4
+        elif fmt == "MXFP4":
+            total += n * k // 2 + n * (k // MXFP4_BLOCK)
         else:
             raise ValueError(f"unknown format {fmt!r}")
     return total
@@ -148,6 +154,33 @@ def dequantize_fp8_block(codes: np.ndarray, scale_inv: np.ndarray) -> np.ndarray
     return c * s[:n, :k]
 
 
+def pack_mxfp4(w: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """MXFP4 as GPT-OSS stores it (docs/formats.md): (uint8 [N, K/2] E2M1 codes, uint8 E8M0 [N, K/32]).
+    Made by kt-core's rule (kt_core.testing.quantize.quantize_mxfp4); only kt's side packs, so the
+    import is here rather than at the top (the kt-kernel venv has no kt_core)."""
+    from kt_core.testing.quantize import quantize_mxfp4
+
+    return quantize_mxfp4(w.float().numpy())
+
+
+E2M1_VALUES = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
+
+
+def dequantize_mxfp4(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """float64 [N, K]: e2m1(code) * 2^(e - 127)."""
+    b = np.asarray(blocks)
+    codes = np.empty((b.shape[0], b.shape[1] * 2), dtype=np.uint8)
+    codes[:, 0::2], codes[:, 1::2] = b & 0x0F, b >> 4
+    return E2M1_VALUES[codes] * np.repeat(np.ldexp(1.0, np.asarray(scales, dtype=np.int64) - 127), MXFP4_BLOCK, axis=1)
+
+
+def e8m0_as_bf16_bits(scales: np.ndarray) -> np.ndarray:
+    """E8M0 bytes -> the bf16 bits of 2^(e - 127), as kt-kernel's MXFP4 loader converts them
+    (e = 0, 2^-127, is the bf16 subnormal 0x0040)."""
+    e = np.asarray(scales, dtype=np.uint16)
+    return np.where(e == 0, np.uint16(0x0040), e << 7).astype(np.uint16)
+
+
 # -- generation -----------------------------------------------------------------------------------
 
 def _manifest(data: Path) -> dict:
@@ -170,7 +203,7 @@ def _save(path: Path, arr: np.ndarray) -> None:
 def prepare(data: Path, shape: Shape, seed: int, formats: set[str], tokens: list[int], rounds: int,
             log=print) -> dict:
     """Create whatever of the shape's data is missing under `data` (re-using matching files) and
-    return the manifest. formats: subset of {"RAWINT4", "FP8"} (checkpoint formats to pack);
+    return the manifest. formats: subset of CHECKPOINT_FORMATS (checkpoint formats to pack);
     rounds: routings per token count (warm-up + timed calls)."""
     data.mkdir(parents=True, exist_ok=True)
     manifest = _manifest(data)
@@ -210,6 +243,10 @@ def prepare(data: Path, shape: Shape, seed: int, formats: set[str], tokens: list
                 specs = ((np.uint8, (E, n, k)),
                          (np.float32, (E, math.ceil(n / FP8_BLOCK), math.ceil(k / FP8_BLOCK))))
                 packer = quantize_fp8_block
+            elif fmt == "MXFP4":
+                names = (f"mxfp4_{p}_blocks", f"mxfp4_{p}_scales")
+                specs = ((np.uint8, (E, n, k // 2)), (np.uint8, (E, n, k // MXFP4_BLOCK)))
+                packer = pack_mxfp4
             else:
                 raise ValueError(f"no checkpoint packer for {fmt}")
             outs = [np.lib.format.open_memmap(data / f"{nm}.tmp.npy", mode="w+", dtype=dt, shape=sh)
@@ -270,6 +307,11 @@ def load_fp8(data: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
             {p: _map(data / f"fp8_{p}_scale_inv.npy") for p in PROJS})
 
 
+def load_mxfp4(data: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    return ({p: _map(data / f"mxfp4_{p}_blocks.npy") for p in PROJS},
+            {p: _map(data / f"mxfp4_{p}_scales.npy") for p in PROJS})
+
+
 def kt_load_args(data: Path, method: str):
     """(gate, up, down, scales) for kt_core.MoE.load in the method's source format: the bytes
     kt-kernel reads, as kt takes them."""
@@ -284,6 +326,9 @@ def kt_load_args(data: Path, method: str):
         w = [torch.from_numpy(codes[p]).view(torch.float8_e4m3fn) for p in PROJS]
         s = tuple(torch.from_numpy(scale[p]) for p in PROJS)
         return (*w, s)
+    if method == "MXFP4":   # the E8M0 bytes as GPT-OSS stores them (kt takes them as they are)
+        blocks, scales = load_mxfp4(data)
+        return (*(blocks[p] for p in PROJS), tuple(scales[p] for p in PROJS))
     bf16 = load_bf16(data)
     return (*(as_bf16_tensor(bf16[p]) for p in PROJS), None)
 
@@ -307,6 +352,9 @@ def reference_weights(data: Path, fmt: str):
     if fmt == "FP8":
         codes, scale = load_fp8(data)
         return lambda e: tuple(dequantize_fp8_block(codes[p][e], scale[p][e]) for p in PROJS)
+    if fmt == "MXFP4":
+        blocks, scales = load_mxfp4(data)
+        return lambda e: tuple(dequantize_mxfp4(blocks[p][e], scales[p][e]) for p in PROJS)
     w = load_bf16(data)
     return lambda e: tuple(bf16_bits_to_f32(w[p][e]).astype(np.float64) for p in PROJS)
 
@@ -327,7 +375,7 @@ def moe_reference(hidden_bits: np.ndarray, ids: np.ndarray, weights: np.ndarray,
 
 def truth_format(fmt: str) -> str:
     """Which weights a method's output is checked against (see reference_weights)."""
-    return fmt if fmt in ("RAWINT4", "FP8") else "BF16"
+    return fmt if fmt in CHECKPOINT_FORMATS else "BF16"
 
 
 def reference_output(data: Path, fmt: str, tokens: int, check_tokens: int) -> np.ndarray:
