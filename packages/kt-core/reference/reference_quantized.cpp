@@ -1,6 +1,7 @@
-// INT8, INT4, RAWINT4, FP8, FP8_PERCHANNEL and MXFP4, exactly as docs/formats.md states them.
+// INT8, INT4, RAWINT4, FP8, FP8_PERCHANNEL, MXFP4 and GPTQ_INT4, exactly as docs/formats.md
+// states them.
 //
-// All six pack a matrix [N, K] the same way: one code byte per element [N, K], f32 scales
+// All seven pack a matrix [N, K] the same way: one code byte per element [N, K], f32 scales
 // [N, groups] and, for asymmetric INT4 only, int8 zero points [N, groups]; a group is
 // `group` consecutive k (the last one may be short, as FP8's 128-wide blocks need not
 // divide K). The kernels multiply f32 activations by scale * (value(code) - zero) in
@@ -338,12 +339,14 @@ struct Int4 {
     static constexpr const char* kernel_id = "moe.int4.f32.reference";
     static int64_t group(const kt_moe_config* s, int64_t) { return s->group_size == 0 ? 128 : s->group_size; }
     static bool has_zeros(const kt_moe_config* s) { return s->quant_flags & KT_QUANT_ZERO_POINT; }
-    static kt_status check_config(const kt_moe_config* s) {
+    static kt_status check_config(const kt_moe_config* s) { return check_config_of(name, s); }
+    // INT4's group sizes, shared with GPTQ_INT4.
+    static kt_status check_config_of(const char* method, const kt_moe_config* s) {
         const int64_t g = group(s, 0);
         if (g != 32 && g != 64 && g != 128)
-            return fail(KT_ERROR_INVALID_ARGUMENT, prefix(name) + "group_size " + std::to_string(s->group_size) +
+            return fail(KT_ERROR_INVALID_ARGUMENT, prefix(method) + "group_size " + std::to_string(s->group_size) +
                                                        " is not supported; use 32, 64 or 128 (0 means 128)");
-        return check_group_divides(name, s, g);
+        return check_group_divides(method, s, g);
     }
     static kt_status check(const kt_weight& w, const MatrixLayout& m, const char* matrix) {
         return is_codes(w) ? check_int4_codes(w, m, matrix) : check_float_source(name, w, m, matrix);
@@ -538,6 +541,47 @@ struct Mxfp4 : SymmetricGroup32 {
     }
 };
 
+// Symmetric GPTQ-Int4 (AutoGPTQ, sym=true, desc_act=false), K-major as checkpoints store it:
+// qweight int32 [K/8, N] (element k of column n in bits 4*(k%8) of word [k/8, n], stored q + 8)
+// and scales [K/G, N] (fp16 in checkpoints; f32, f16 or bf16 here), G the layer's group_size.
+struct GptqInt4 {
+    using Codes = IntCodes;
+    static constexpr const char* name = "GPTQ_INT4";
+    static constexpr const char* layout_id = "kt-gptq-int4-group-ref-v1";
+    static constexpr const char* kernel_id = "moe.gptq_int4.f32.reference";
+    static int64_t group(const kt_moe_config* s, int64_t k) { return Int4::group(s, k); }
+    static bool has_zeros(const kt_moe_config*) { return false; }
+    static kt_status check_config(const kt_moe_config* s) {
+        if (s->quant_flags & KT_QUANT_ZERO_POINT)
+            return fail(KT_ERROR_INVALID_ARGUMENT, prefix(name) + "zero_point=True is an INT4 option; GPTQ_INT4 is the "
+                                                                   "symmetric GPTQ format");
+        return Int4::check_config_of(name, s);
+    }
+    static kt_status check(const kt_weight& w, const MatrixLayout& m, const char* matrix) {
+        const std::string who = prefix(name) + matrix;
+        kt_status st;
+        if ((st = expect(w.values, who + " qweight", {KT_DTYPE_I32}, m.cols / 8, m.rows,
+                         " (K-major: 8 codes of one column per int32 word)")) != KT_OK)
+            return st;
+        if ((st = expect(w.scales, who + " scales", {KT_DTYPE_F32, KT_DTYPE_F16, KT_DTYPE_BF16}, m.groups, m.rows,
+                         " (K-major: one row per group of " + std::to_string(m.group) + ")")) != KT_OK)
+            return st;
+        return expect_absent(w.zeros, who + " zeros", "GPTQ_INT4 is symmetric (qzeros of sym=true models are implied)");
+    }
+    static void pack(const kt_weight& w, const MatrixLayout& m, char* dst) {
+        const Parts p = parts_of(dst, m);
+        const auto* words = static_cast<const int32_t*>(w.values.data);
+        for (int64_t n = 0; n < m.rows; ++n) {
+            for (int64_t k = 0; k < m.cols; ++k) {
+                const uint32_t word = uint32_t(words[(k / 8) * w.values.row_stride + n]);
+                p.codes[n * m.cols + k] = uint8_t(int8_t(int((word >> (4 * (k % 8))) & 0xfu) - 8));
+            }
+            for (int64_t g = 0; g < m.groups; ++g)
+                p.scales[n * m.groups + g] = load_element(w.scales.data, w.scales.dtype, g * w.scales.row_stride + n);
+        }
+    }
+};
+
 // ---- the method tables -------------------------------------------------------------------
 
 template <class M>
@@ -571,5 +615,6 @@ kt_method_kernels rawint4_method() { return method<RawInt4>(); }
 kt_method_kernels fp8_method() { return method<Fp8Block>(); }
 kt_method_kernels fp8_perchannel_method() { return method<Fp8PerChannel>(); }
 kt_method_kernels mxfp4_method() { return method<Mxfp4>(); }
+kt_method_kernels gptq_int4_method() { return method<GptqInt4>(); }
 
 }  // namespace kt_reference

@@ -34,6 +34,8 @@ FORMAT_TOL = {
     ("FP8", 0, False): (0.6, 0.12),
     ("FP8_PERCHANNEL", 0, False): (0.6, 0.12),
     ("MXFP4", 0, False): (2.0, 0.4),
+    ("GPTQ_INT4", 64, False): (2.0, 0.4),
+    ("GPTQ_INT4", 128, False): (2.0, 0.45),
 }
 
 IDS = {
@@ -43,6 +45,7 @@ IDS = {
     "FP8": ("kt-fp8e4m3-block128-ref-v1", "moe.fp8.f32.reference"),
     "FP8_PERCHANNEL": ("kt-fp8e4m3-perchannel-ref-v1", "moe.fp8_perchannel.f32.reference"),
     "MXFP4": ("kt-mxfp4-group32-ref-v1", "moe.mxfp4.f32.reference"),
+    "GPTQ_INT4": ("kt-gptq-int4-group-ref-v1", "moe.gptq_int4.f32.reference"),
 }
 
 
@@ -172,7 +175,7 @@ def test_kernel_and_format_error(method, group_size, zero_point):
     weights = random_moe(rng, E, H, I)
     m = layer(method, group_size=group_size, zero_point=zero_point)
     assert (m.layout_id, m.kernel_id) == IDS[method]
-    gate, up, down, scales = Q.checkpoint_inputs(method, *weights)
+    gate, up, down, scales = Q.checkpoint_inputs(method, *weights, group_size=group_size)
     m.load(gate, up, down, scales=scales)
     stored = Q.dequantized_weights(method, *weights, group_size=group_size, zero_point=zero_point)
     max_bound, rms_bound = FORMAT_TOL[(method, group_size, zero_point)]
@@ -293,6 +296,46 @@ def test_mxfp4_refuses_wrong_inputs():
         load_one("MXFP4", blocks, scales=scales, zero_point=True)
     with pytest.raises(ValueError, match="group size 32 does not divide hidden = 80"):
         load_one("MXFP4", floats(80, 64), hidden=80)
+
+
+def test_gptq_int4_is_int4_transposed():
+    """GPTQ's K-major qweight/scales hold INT4's symmetric codes: a GPTQ layer computes exactly
+    what an INT4 layer given the same codes (stored u = q + 8, K-major) computes, on the
+    reference and on avx (whose packer writes INT4's layout from them)."""
+    rng = np.random.default_rng(12)
+    weights = random_moe(rng, 2, 256, 128)
+    qweight, scales = zip(*(Q.pack_gptq_int4(m, 64) for m in weights))
+    word = qweight[0].view(np.uint32)[1, 3, 5]   # expert 1, k 24..31 of column 5
+    q, s, _ = Q.quantize_int4(weights[0][1], 64)
+    assert [(int(word) >> (4 * i)) & 15 for i in range(8)] == list(q[5, 24:32] + 8)
+    assert scales[0][1, 0, 5] == s[5, 0]
+    x, ids, w = routing(rng, 7, experts=2, hidden=256)
+    for backend in ("reference", "avx"):
+        if backend == "avx":
+            pytest.importorskip("kt_backend_avx")
+        outs = []
+        for method, values, sc in (("GPTQ_INT4", qweight, scales), ("INT4", weights, None)):
+            m = kt_core.MoE(num_experts=2, top_k=TOP_K, hidden_size=256, intermediate_size=128, method=method,
+                            backend=backend, group_size=64)
+            m.load(*values, scales=sc)
+            outs.append(m(x, ids, w))
+        np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_gptq_int4_refuses_wrong_inputs():
+    gate, up, down = floats()
+    qweight, scales = zip(*(Q.pack_gptq_int4(a, 32) for a in (gate, up, down)))
+    with pytest.raises(ValueError, match=r"GPTQ_INT4: gate qweight must be int32 \[16, 64\] \(K-major.*got int32 \[64, 16\]"):
+        load_one("GPTQ_INT4", [np.ascontiguousarray(a.T) for a in qweight], scales=scales, group_size=32)
+    with pytest.raises(ValueError, match=r"gate scales must be float32, float16 or bfloat16 \[4, 64\] \(K-major: one row "
+                                         r"per group of 32\); got nothing"):
+        load_one("GPTQ_INT4", qweight, group_size=32)
+    with pytest.raises(ValueError, match=r"gate scales must be .*\[2, 64\].*got float32 \[4, 64\]"):
+        load_one("GPTQ_INT4", qweight, scales=scales, group_size=64)
+    with pytest.raises(ValueError, match="zero_point=True is an INT4 option; GPTQ_INT4 is the symmetric GPTQ format"):
+        load_one("GPTQ_INT4", qweight, scales=scales, group_size=32, zero_point=True)
+    with pytest.raises(ValueError, match="GPTQ_INT4: group_size 48 is not supported"):
+        load_one("GPTQ_INT4", qweight, scales=scales, group_size=48)
 
 
 def test_fp8_blocks_need_not_divide_the_shape():

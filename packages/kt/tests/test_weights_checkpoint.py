@@ -53,7 +53,8 @@ def test_every_family_loads_its_bf16_experts(tmp_path, model_type):
 
 @pytest.mark.parametrize(("model_type", "quant", "method"), [("deepseek_v3", "fp8", "FP8"),
                                                              ("minimax_m2", "fp8", "FP8"),
-                                                             ("kimi_k2", "rawint4", "RAWINT4")])
+                                                             ("kimi_k2", "rawint4", "RAWINT4"),
+                                                             ("qwen3_moe", "gptq", "GPTQ_INT4")])
 def test_quantized_checkpoints_load_as_stored(tmp_path, model_type, quant, method):
     truth = write_checkpoint(tmp_path, model_type, hidden=H, intermediate=I, experts=E, quant=quant)
     spec = Checkpoint(tmp_path).spec
@@ -237,3 +238,16 @@ def test_folders_without_an_index(tmp_path):
         f.unlink()
     with pytest.raises(KTError, match="has no \\*.safetensors files"):
         Checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"bits": 8}, "GPTQ checkpoint with bits=8, sym=True, desc_act=False; kt reads symmetric 4-bit GPTQ"),
+    ({"sym": False}, "bits=4, sym=False"),
+    ({"desc_act": True}, "desc_act=True; kt reads .* without act-order"),
+    ({"group_size": -1}, "GPTQ group_size -1: kt's INT4 kernels take groups of 32, 64 or 128"),
+])
+def test_gptq_settings_kt_cannot_read_are_named(settings, message):
+    cfg = make_config("qwen3_moe", hidden=H, intermediate=I, experts=E, top_k=TOP_K, layers=2, quant="gptq")
+    cfg["quantization_config"].update(settings)
+    with pytest.raises(KTError, match=message):
+        spec_from_config(cfg)

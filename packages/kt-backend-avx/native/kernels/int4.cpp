@@ -246,6 +246,62 @@ kt_status pack_int4(const kt_moe_config* c, const kt_expert_weights* src, void* 
     return KT_OK;
 }
 
+// Symmetric GPTQ-Int4 (sym=true, desc_act=false), K-major as AutoGPTQ stores it: qweight int32
+// [K/8, N] with element k of column n in bits 4*(k%8) of word [k/8, n], stored u = q + 8, and
+// scales [K/G, N] (f32, f16 or bf16). It is INT4's symmetric format transposed, so it packs into
+// INT4's layout and runs INT4's kernels (and any backend that reads that layout).
+struct GptqSource final : Source {
+    const kt_weight& w;
+    explicit GptqSource(const kt_weight& weight) : w(weight) {}
+    void channel(int64_t n, uint8_t* u, float* s, float* z) const override {
+        const auto* words = static_cast<const uint32_t*>(w.values.data);
+        for (int64_t k = 0; k < w.values.rows * 8; ++k) u[k] = uint8_t((words[(k / 8) * w.values.row_stride + n] >> (4 * (k % 8))) & 15u);
+        for (int64_t grp = 0; grp < w.scales.rows; ++grp) {
+            const int64_t at = grp * w.scales.row_stride + n;
+            switch (w.scales.dtype) {
+                case KT_DTYPE_BF16: s[grp] = bf16_to_f32(static_cast<const uint16_t*>(w.scales.data)[at]); break;
+                case KT_DTYPE_F16: s[grp] = f16_to_f32(static_cast<const uint16_t*>(w.scales.data)[at]); break;
+                default: s[grp] = static_cast<const float*>(w.scales.data)[at];
+            }
+            z[grp] = 8.0f;
+        }
+    }
+};
+
+kt_status check_gptq(const kt_weight& w, int64_t N, int64_t K, int64_t g, const char* name) {
+    if (w.values.dtype != KT_DTYPE_I32 || w.values.rows * 8 != K || w.values.cols != N)
+        return fail(KT_ERROR_INVALID_ARGUMENT, "GPTQ_INT4: %s qweight should be int32 [%lld, %lld] (K-major, 8 codes per word), got %s [%lld, %lld]",
+                    name, (long long)(K / 8), (long long)N, dtype_name(w.values.dtype), (long long)w.values.rows,
+                    (long long)w.values.cols);
+    const bool dtype_ok = w.scales.dtype == KT_DTYPE_F32 || w.scales.dtype == KT_DTYPE_F16 || w.scales.dtype == KT_DTYPE_BF16;
+    if (!w.scales.data || !dtype_ok || w.scales.rows * g != K || w.scales.cols != N)
+        return fail(KT_ERROR_INVALID_ARGUMENT, "GPTQ_INT4: %s scales should be float [%lld, %lld] (K-major, group %lld), got %s [%lld, %lld]",
+                    name, (long long)(K / g), (long long)N, (long long)g, w.scales.data ? dtype_name(w.scales.dtype) : "none",
+                    (long long)w.scales.rows, (long long)w.scales.cols);
+    if (w.zeros.data) return fail(KT_ERROR_INVALID_ARGUMENT, "GPTQ_INT4: %s is symmetric; zero points must not be given", name);
+    return KT_OK;
+}
+
+kt_status pack_gptq(const kt_moe_config* c, const kt_expert_weights* src, void* dst) {
+    if (c->quant_flags & KT_QUANT_ZERO_POINT)
+        return fail(KT_ERROR_INVALID_ARGUMENT, "GPTQ_INT4: zero_point=True is an INT4 option; GPTQ_INT4 is the symmetric GPTQ format");
+    const Int4Layout lay = int4_layout(c, false);
+    const int64_t H = c->hidden, I = c->intermediate;
+    kt_status st;
+    if ((st = check_group("GPTQ_INT4", lay.g, H, I)) != KT_OK) return st;
+    const kt_weight* w[3] = {&src->gate, &src->up, &src->down};
+    const int64_t rows[3] = {I, I, H}, cols[3] = {H, H, I};
+    const char* names[3] = {"gate", "up", "down"};
+    for (int i = 0; i < 3; ++i)
+        if ((st = check_gptq(*w[i], rows[i], cols[i], lay.g, names[i])) != KT_OK) return st;
+    auto* out = static_cast<uint8_t*>(dst);
+    const ExpertPanels l = lay.expert(c);
+    pack_matrix(GptqSource(src->gate), lay, I, H, out + l.gate(0), 2);
+    pack_matrix(GptqSource(src->up), lay, I, H, out + l.up(0), 2);
+    pack_matrix(GptqSource(src->down), lay, H, I, out + l.down(0), 1);
+    return KT_OK;
+}
+
 kt_status check_raw(const kt_weight& w, int64_t N, int64_t K, const char* name) {
     if (w.values.dtype != KT_DTYPE_I32 || w.values.rows != N || w.values.cols * 8 != K)
         return fail(KT_ERROR_INVALID_ARGUMENT, "RAWINT4: %s weight_packed should be int32 [%lld, %lld], got %s [%lld, %lld]", name,
@@ -576,21 +632,24 @@ kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act,
 }
 
 template <Kind kKind>
-kt_method_kernels int4_table(const char* kernel_id, const char* layout_id, PackFn pack) {
-    return method_table(kind_name(kKind), layout_id, kernel_id, packed_bytes<kKind>, pack, int8_row_bytes, quantize,
+kt_method_kernels int4_table(const char* method, const char* kernel_id, const char* layout_id, PackFn pack) {
+    return method_table(method, layout_id, kernel_id, packed_bytes<kKind>, pack, int8_row_bytes, quantize,
                         gate_up_tile<kKind>, down_tile<kKind>);
 }
 
 }  // namespace
 
 kt_method_kernels int4_kernels(const char* kernel_id) {
-    return int4_table<Kind::kInt4>(kernel_id, int4_layout_id(false), pack_int4);
+    return int4_table<Kind::kInt4>("INT4", kernel_id, int4_layout_id(false), pack_int4);
 }
 kt_method_kernels rawint4_kernels(const char* kernel_id) {
-    return int4_table<Kind::kRaw>(kernel_id, int4_layout_id(true), pack_raw);
+    return int4_table<Kind::kRaw>("RAWINT4", kernel_id, int4_layout_id(true), pack_raw);
 }
 kt_method_kernels mxfp4_kernels(const char* kernel_id) {
-    return int4_table<Kind::kMx>(kernel_id, kt::layouts::mxfp4::kId, pack_mxfp4);
+    return int4_table<Kind::kMx>("MXFP4", kernel_id, kt::layouts::mxfp4::kId, pack_mxfp4);
+}
+kt_method_kernels gptq_int4_kernels(const char* kernel_id) {
+    return int4_table<Kind::kInt4>("GPTQ_INT4", kernel_id, int4_layout_id(false), pack_gptq);
 }
 
 }  // namespace KT_TARGET_NAMESPACE

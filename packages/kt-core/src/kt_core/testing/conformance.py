@@ -4,7 +4,7 @@ Run through the plugin (see kt_core.testing.plugin). Each test gets `kt_variant`
 (descriptor, variant, method) with the variant forced, and compares the backend with the
 reference backend on the same weights: the reference packs them in the same format, so
 the difference measures the kernel, not the format. Checkpoint formats (RAWINT4, FP8,
-FP8_PERCHANNEL, MXFP4) get the same checkpoint tensors, made by kt_core.testing.quantize.
+FP8_PERCHANNEL, MXFP4, GPTQ_INT4) get the same checkpoint tensors, made by kt_core.testing.quantize.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def _group_size(method, hidden, intermediate):
     """The layer's group_size: INT4's default for the shape (int4_group_for), 0 (the format's own)
     for the rest; skips shapes no group divides (RAWINT4's is fixed at 32)."""
     try:
-        if method == "INT4":
+        if method in ("INT4", "GPTQ_INT4"):
             return int4_group_for(hidden, intermediate)
     except ValueError as exc:
         pytest.skip(str(exc))
@@ -47,20 +47,20 @@ def _ggml_types(hidden, intermediate):
     return (gate_up, gate_up, pick(intermediate, "Q6_K", "Q4_0"))
 
 
-def _inputs(method, rng, experts, hidden, intermediate):
+def _inputs(method, rng, experts, hidden, intermediate, group_size):
     """(gate, up, down, scales, weight_types) as MoE.load / MoE take them for `method`."""
     if method == "LLAMAFILE":
         types = _ggml_types(hidden, intermediate)
         shapes = ((experts, intermediate, hidden), (experts, intermediate, hidden), (experts, hidden, intermediate))
         return (*(random_blocks(rng, t, s) for t, s in zip(types, shapes)), None, types)
-    return (*checkpoint_inputs(method, *random_moe(rng, experts, hidden, intermediate)), None)
+    return (*checkpoint_inputs(method, *random_moe(rng, experts, hidden, intermediate), group_size=group_size), None)
 
 
 def _pair(kt_variant, *, experts, hidden, intermediate, top_k, max_tokens=4096, mask=None, seed=0, swiglu=(0.0, 0.0)):
     descriptor, variant, method = kt_variant
     rng = np.random.default_rng(seed)
     group_size = _group_size(method, hidden, intermediate)
-    gate, up, down, scales, weight_types = _inputs(method, rng, experts, hidden, intermediate)
+    gate, up, down, scales, weight_types = _inputs(method, rng, experts, hidden, intermediate, group_size)
     layers = []
     for backend in (descriptor.name, "reference"):
         try:

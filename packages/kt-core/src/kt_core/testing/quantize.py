@@ -198,6 +198,28 @@ def dequantize_fp8_perchannel(codes, scale) -> np.ndarray:
     return decode_e4m3(codes).astype(np.float64) * s
 
 
+# -- GPTQ_INT4 (symmetric GPTQ, desc_act=false) -------------------------------------------------
+
+def pack_gptq_int4(w, group_size: int = 128):
+    """Symmetric GPTQ-Int4 as AutoGPTQ checkpoints store it: INT4's symmetric rule per group of
+    `group_size` k (s = max|w| / 7, q = clamp(round(w / s), -8, 7)), laid out K-major.
+    Returns (qweight int32 [..., K/8, N]: element k of column n in bits 4*(k%8) of word [k/8, n],
+    stored q + 8; scales float32 [..., K/group_size, N])."""
+    q, s, _ = quantize_int4(w, group_size)
+    u = (np.swapaxes(q, -1, -2).astype(np.int64) + 8)                       # [..., K, N]
+    u = u.reshape(*u.shape[:-2], u.shape[-2] // 8, 8, u.shape[-1])
+    words = np.sum(u << (4 * np.arange(8))[:, None], axis=-2).astype(np.uint32)
+    return words.view(np.int32), np.ascontiguousarray(np.swapaxes(s, -1, -2))
+
+
+def dequantize_gptq_int4(qweight, scales) -> np.ndarray:
+    """float64 [..., N, K] (kt's orientation) of GPTQ tensors."""
+    words = np.asarray(qweight, dtype=np.int32).view(np.uint32)             # [..., K/8, N]
+    nibbles = (words[..., None, :] >> (4 * np.arange(8, dtype=np.uint32))[:, None]) & 0xF
+    q = nibbles.astype(np.int8).reshape(*words.shape[:-2], -1, words.shape[-1]) - 8   # [..., K, N]
+    return dequantize_int4(np.swapaxes(q, -1, -2), np.swapaxes(np.asarray(scales), -1, -2))
+
+
 # -- MXFP4 (OCP microscaling FP4) ---------------------------------------------------------------
 
 MXFP4_BLOCK = 32
@@ -230,17 +252,18 @@ def dequantize_mxfp4(blocks, scales) -> np.ndarray:
 
 # -- whole layers --------------------------------------------------------------------------------
 
-CHECKPOINT_METHODS = ("RAWINT4", "FP8", "FP8_PERCHANNEL", "MXFP4")
+CHECKPOINT_METHODS = ("RAWINT4", "FP8", "FP8_PERCHANNEL", "MXFP4", "GPTQ_INT4")
 
 
-def checkpoint_inputs(method: str, gate, up, down):
+def checkpoint_inputs(method: str, gate, up, down, *, group_size: int = 0):
     """What `MoE.load` takes for `method`, made from float weights [E, N, K]: (gate, up,
     down, scales). Methods that quantize at load get the floats back and scales None; the
-    checkpoint formats get their codes and a (gate, up, down) triple of scale stacks."""
+    checkpoint formats get their codes and a (gate, up, down) triple of scale stacks.
+    group_size: GPTQ_INT4's (0 means 128)."""
     if method not in CHECKPOINT_METHODS:
         return gate, up, down, None
     quantize = {"RAWINT4": pack_rawint4, "FP8": quantize_fp8_block, "FP8_PERCHANNEL": quantize_fp8_perchannel,
-                "MXFP4": quantize_mxfp4}[method]
+                "MXFP4": quantize_mxfp4, "GPTQ_INT4": lambda m: pack_gptq_int4(m, group_size or 128)}[method]
     pairs = [quantize(m) for m in (gate, up, down)]
     if method == "FP8_PERCHANNEL":   # MoE.load takes 2-D scale matrices: [N, 1] per expert
         pairs = [(q, s[..., None]) for q, s in pairs]
@@ -268,5 +291,7 @@ def dequantized_weights(method: str, gate, up, down, *, group_size: int = 0, zer
         return tuple(dequantize_fp8_perchannel(*quantize_fp8_perchannel(m)) for m in weights)
     if method == "MXFP4":
         return tuple(dequantize_mxfp4(*quantize_mxfp4(m)) for m in weights)
+    if method == "GPTQ_INT4":
+        return tuple(dequantize_gptq_int4(*pack_gptq_int4(m, group_size or 128)) for m in weights)
     raise ValueError(f"no weight format {method!r}; docs/formats.md lists FP32, BF16, INT8, INT4, RAWINT4, FP8, "
-                     "FP8_PERCHANNEL and MXFP4")
+                     "FP8_PERCHANNEL, MXFP4 and GPTQ_INT4")

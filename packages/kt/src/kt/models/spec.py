@@ -15,8 +15,8 @@ from .registry import Family, family_for
 class Quantization:
     """How the checkpoint stores expert weights: `method` is the kt method that reads them
     without conversion (BF16 for plain float checkpoints)."""
-    method: str                   # BF16, FP8, RAWINT4
-    group_size: int = 0           # RAWINT4: elements per scale group
+    method: str                   # BF16, FP8, RAWINT4, GPTQ_INT4
+    group_size: int = 0           # RAWINT4, GPTQ_INT4: elements per scale group
     block: tuple[int, int] = (0, 0)   # FP8: scale block (rows, cols)
 
 
@@ -101,8 +101,17 @@ def _quantization(cfg: dict) -> Quantization:
             return Quantization("RAWINT4", group_size=group)
         raise KTError(f"compressed-tensors checkpoint with weights {w} (format {q.get('format')!r}); kt reads "
                       "symmetric 4-bit int pack-quantized (Kimi-K2's RAWINT4)")
+    if kind == "gptq":
+        settings = (q.get("bits"), q.get("sym"), bool(q.get("desc_act", False)))
+        if settings != (4, True, False):
+            raise KTError(f"GPTQ checkpoint with bits={settings[0]}, sym={settings[1]}, desc_act={settings[2]}; kt "
+                          "reads symmetric 4-bit GPTQ without act-order (bits=4, sym=true, desc_act=false)")
+        group = q.get("group_size")
+        if group not in (32, 64, 128):
+            raise KTError(f"GPTQ group_size {group!r}: kt's INT4 kernels take groups of 32, 64 or 128")
+        return Quantization("GPTQ_INT4", group_size=group)
     raise KTError(f"checkpoint quantization {kind!r} is not one kt reads; supported: none (bf16/fp16/fp32), "
-                  "fp8 (128x128 blocks), compressed-tensors int4")
+                  "fp8 (128x128 blocks), compressed-tensors int4, gptq (4-bit, symmetric)")
 
 
 def spec_from_config(cfg: dict) -> ModelSpec:

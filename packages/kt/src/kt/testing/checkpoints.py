@@ -1,6 +1,6 @@
 """Tiny synthetic Hugging Face checkpoints of every registered MoE family, for tests and
 benchmarks: a real config.json layout (the family's own keys), random expert weights in the
-family's tensor names, optionally FP8-block or compressed-tensors INT4 quantized, sharded
+family's tensor names, optionally FP8-block, compressed-tensors INT4 or GPTQ INT4 quantized, sharded
 with an index like the real ones, plus a few non-expert tensors the loader must ignore.
 
     experts = write_checkpoint(tmp_path, "qwen3_moe", quant="fp8")
@@ -18,6 +18,8 @@ import numpy as np
 from kt_core.testing import quantize as Q
 
 from ..models import FAMILIES, family_for
+
+GPTQ_GROUP = 32   # group_size of the GPTQ checkpoints written here
 
 
 def make_config(model_type: str, *, hidden: int, intermediate: int, experts: int, top_k: int, layers: int,
@@ -41,6 +43,9 @@ def make_config(model_type: str, *, hidden: int, intermediate: int, experts: int
                                       "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "int",
                                                                                 "symmetric": True, "group_size": 32,
                                                                                 "strategy": "group"}}}}
+    elif quant == "gptq":
+        cfg["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": GPTQ_GROUP, "sym": True,
+                                      "desc_act": False, "checkpoint_format": "gptq"}
     return cfg
 
 
@@ -71,6 +76,16 @@ def _expert_tensors(fam, layer: int, gate, up, down, quant: str | None, truth: b
                 out[f"{base}.weight_scale_inv"] = torch.from_numpy(scale_inv)
                 if truth:
                     deq[e] = Q.dequantize_fp8_block(codes, scale_inv)
+            elif quant == "gptq":   # AutoGPTQ's tensors; fp16 scales, qzeros of a symmetric model (8, stored 7)
+                qweight, scale = Q.pack_gptq_int4(stack[e], GPTQ_GROUP)
+                scale = scale.astype(np.float16)
+                n, k = stack[e].shape
+                out[f"{base}.qweight"] = torch.from_numpy(qweight)
+                out[f"{base}.scales"] = torch.from_numpy(scale)
+                out[f"{base}.qzeros"] = torch.full((k // GPTQ_GROUP, n // 8), 0x77777777, dtype=torch.int32)
+                out[f"{base}.g_idx"] = torch.arange(k, dtype=torch.int32) // GPTQ_GROUP
+                if truth:
+                    deq[e] = Q.dequantize_gptq_int4(qweight, scale)
             elif quant == "rawint4":
                 packed, scale = Q.pack_rawint4(stack[e])
                 out[f"{base}.weight_packed"] = torch.from_numpy(packed)

@@ -1,7 +1,7 @@
 """One layer's routed experts as a checkpoint stores them, in the form MoE.load_experts takes.
 
 `checkpoint_experts` reads the checkpoint's own format (float, FP8 blocks, compressed-tensors
-INT4) per the model family's registry entry — per-expert tensors or fused [E, H, 2I] ones —
+INT4, symmetric GPTQ INT4) per the model family's registry entry — per-expert tensors or fused [E, H, 2I] ones —
 checking every tensor's shape and dtype; `float_experts` gives floats for the methods that
 quantize (FP8 blocks are dequantized exactly as docs/formats.md defines them).
 """
@@ -58,6 +58,14 @@ def checkpoint_experts(ckpt: Checkpoint, layer: int, expert: int) -> tuple:
             scales.append(expect_tensor(ckpt.tensor(f"{base}.weight_scale_inv"), f"{base}.weight_scale_inv",
                                         (math.ceil(n / FP8_BLOCK), math.ceil(k / FP8_BLOCK)),
                                         (torch.float32, torch.bfloat16), "one scale per 128x128 block"))
+        elif quant.method == "GPTQ_INT4":   # K-major qweight/scales; sym=true, so qzeros are implied
+            g = quant.group_size
+            if k % 8 or k % g:
+                raise WeightsError(f"{base}: K = {k} must be a multiple of 8 and of the group size {g}")
+            values.append(expect_tensor(ckpt.tensor(f"{base}.qweight"), f"{base}.qweight", (k // 8, n), (torch.int32,),
+                                        "K-major, 8 INT4 codes per int32"))
+            scales.append(expect_tensor(ckpt.tensor(f"{base}.scales"), f"{base}.scales", (k // g, n),
+                                        (torch.float16, torch.bfloat16, torch.float32), f"K-major, one row per {g} k"))
         else:   # RAWINT4: compressed-tensors pack-quantized
             g = quant.group_size
             if k % 8 or k % g:

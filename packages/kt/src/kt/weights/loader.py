@@ -26,7 +26,7 @@ from .readahead import readahead
 # per-expert copies some formats need (fused tensors, FP8 dequantization) stay small.
 BATCH = 32
 # What each checkpoint format can be loaded as without quantizing.
-AS_STORED = {"BF16": ("BF16", "FP32"), "FP8": ("FP8",), "RAWINT4": ("RAWINT4",)}
+AS_STORED = {"BF16": ("BF16", "FP32"), "FP8": ("FP8",), "RAWINT4": ("RAWINT4",), "GPTQ_INT4": ("GPTQ_INT4",)}
 
 
 def open_weights(path: str | Path) -> Checkpoint | ConvertedFolder | GGUFModel:

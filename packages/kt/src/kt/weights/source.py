@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..gguf import open_gguf
+from .checkpoint import Checkpoint
 from .converted import MANIFEST, read_manifest
 from .loader import load_layer as _load_layer
 
@@ -16,6 +17,8 @@ def layer_settings(path, layer_idx: int, method: str) -> dict:
     if (Path(path) / MANIFEST).is_file():
         manifest = read_manifest(Path(path))
         return {"group_size": int(manifest.get("group_size", 0)), "zero_point": bool(manifest.get("zero_point"))}
+    if method == "GPTQ_INT4":   # the layer's groups are the checkpoint's
+        return {"group_size": Checkpoint(path).spec.quantization.group_size}
     return {}
 
 

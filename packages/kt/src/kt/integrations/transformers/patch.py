@@ -17,7 +17,7 @@ from kt_core.moe import MoE
 
 from ...gguf.reader import GGUFModel
 from ...models import ACTIVATIONS, FAMILIES, Family
-from ...weights import ConvertedFolder, load_layer, open_weights
+from ...weights import Checkpoint, ConvertedFolder, load_layer, open_weights
 from .deferral import Handoff
 from .experts import KTExperts
 from .placement import gpu_expert_masks
@@ -177,6 +177,8 @@ def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None =
         source = open_weights(weight_path)
         if isinstance(source, ConvertedFolder):
             group_size, zero_point = group_size or source.group_size, zero_point or source.zero_point
+        elif isinstance(source, Checkpoint) and source.spec.quantization.method == "GPTQ_INT4":
+            group_size = group_size or source.spec.quantization.group_size   # GPTQ's groups are the checkpoint's
 
     patched: dict[int, KTExperts] = {}
     freed = 0
