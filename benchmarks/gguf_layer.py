@@ -2,12 +2,19 @@
 
     python benchmarks/gguf_layer.py [--hidden 2048 --intermediate 768 --experts 128 --top-k 8]
         [--tokens 1 256] [--threads N] [--repeats 10] [--json OUT]
-        [--kt-kernel-venv .bench/kt-kernel-venv]
+        [--kt-kernel-venv .bench/kt-kernel-venv] [--llama-cpp .bench/llama.cpp]
 
 With --kt-kernel-venv, kt-kernel 0.7.2's LLAMAFILE runs on the same blocks and the same calls
 right after kt's (benchmarks/kt_kernel_llamafile.py in that venv; the data go through
 .bench/gguf_layer_data), and each row gets its time and the relative difference of the two
 outputs on the first call.
+
+With --llama-cpp BUILD (made by benchmarks/setup_llama_cpp.sh), llama.cpp's own MoE graph
+(benchmarks/llama_cpp_moe.cpp: mul_mat_id on the same blocks, in llama.cpp's repacked CPU layouts
+where it uses them, with the same thread count) runs the same calls right after kt's; each row gets
+its time, llama.cpp / kt (above 1: kt faster), and both sides' error on the first call's first
+tokens against float64 over the blocks' dequantized weights (gguf-py's dequantizer). BF16 compares
+kt's BF16 method with llama.cpp's BF16 tensors of the same bf16 values.
 
 Default shape: Qwen3-30B-A3B's MoE layer. Per method (LLAMAFILE Q4_K and Q8_0 — gate, up and
 down all of that type, random blocks — and INT4 (group 128) / INT8 quantized from random
@@ -31,10 +38,13 @@ import numpy as np
 
 import kt_core
 from kt_core import _native, pool
-from kt_core.testing.ggml_blocks import random_blocks
+from kt_core.testing.ggml_blocks import dequantize, random_blocks
 
 METHODS = {"LLAMAFILE Q4_K": ("LLAMAFILE", ("Q4_K",) * 3), "LLAMAFILE Q8_0": ("LLAMAFILE", ("Q8_0",) * 3),
-           "INT4": ("INT4", None), "INT8": ("INT8", None)}
+           "LLAMAFILE Q4_K_M": ("LLAMAFILE", ("Q4_K", "Q4_K", "Q6_K")),
+           **{f"LLAMAFILE {t}": ("LLAMAFILE", (t,) * 3) for t in ("Q4_0", "Q2_K", "Q3_K", "Q5_K", "Q6_K", "IQ4_XS")},
+           "BF16": ("BF16", ("BF16",) * 3), "INT4": ("INT4", None), "INT8": ("INT8", None)}
+CHECK_TOKENS = 4   # tokens of the first call checked against float64 (their experts are dequantized)
 
 
 def log(msg: str) -> None:
@@ -50,15 +60,46 @@ def make_layer(name: str, args, rng):
     method, types = METHODS[name]
     H, I, E = args.hidden, args.intermediate, args.experts
     layer = kt_core.MoE(num_experts=E, top_k=args.top_k, hidden_size=H, intermediate_size=I, method=method,
-                        max_tokens=max(args.tokens), weight_types=types, group_size=128 if method == "INT4" else 0)
+                        max_tokens=max(args.tokens), weight_types=types if method == "LLAMAFILE" else None,
+                        group_size=128 if method == "INT4" else 0)
+    shapes = ((E, I, H), (E, I, H), (E, H, I))
+    if method == "BF16":   # bf16 bits, loaded into kt as the floats they are, 16 experts at a time
+        bits = tuple((rng.standard_normal(s, dtype=np.float32) * 0.02).view(np.uint32) >> 16 for s in shapes)
+        bits = tuple(b.astype(np.uint16) for b in bits)
+        for e0 in range(0, E, 16):
+            layer.load_experts({e: tuple(bf16_to_f32(b[e]) for b in bits) for e in range(e0, min(E, e0 + 16))})
+        return layer, bits
     if types:
-        blocks = tuple(random_blocks(rng, t, s) for t, s in zip(types, ((E, I, H), (E, I, H), (E, H, I))))
+        blocks = tuple(random_blocks(rng, t, s) for t, s in zip(types, shapes))
         layer.load(*blocks)
         return layer, blocks
     for e0 in range(0, E, 16):   # in batches: the floats of every expert would not fit at once
         layer.load_experts({e: tuple((rng.standard_normal(s) * 0.02).astype(np.float32) for s in ((I, H), (I, H), (H, I)))
                             for e in range(e0, min(E, e0 + 16))})
     return layer, None
+
+
+def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def dequantized(blocks, types, e: int) -> tuple:
+    """Expert e's (gate, up, down) in float64, as the blocks mean them."""
+    if types[0] == "BF16":
+        return tuple(bf16_to_f32(b[e]).astype(np.float64) for b in blocks)
+    return tuple(dequantize(b[e], t).astype(np.float64) for b, t in zip(blocks, types))
+
+
+def reference(blocks, types, call) -> np.ndarray:
+    """float64 output of the first CHECK_TOKENS tokens of `call`, dequantizing only their experts."""
+    x, ids, w = (a[:CHECK_TOKENS] for a in call)
+    out = np.zeros((x.shape[0], x.shape[1]))
+    for e in np.unique(ids):
+        g, u, d = dequantized(blocks, types, int(e))
+        for t, j in zip(*np.nonzero(ids == e)):
+            a, b = g @ x[t], u @ x[t]
+            out[t] += w[t, j] * (d @ (a / (1 + np.exp(-a)) * b))
+    return out
 
 
 def make_calls(args, tokens: int, rng) -> list[tuple]:
@@ -109,6 +150,34 @@ def kt_kernel_rows(args, type_name: str, blocks, calls: dict) -> dict:
     return {r["tokens"]: (r, np.load(data / f"kt_kernel_out_{r['tokens']}.npy")) for r in rows}
 
 
+def llama_cpp_rows(args, types, blocks, calls: dict) -> dict:
+    """{tokens: (llama.cpp row, its first output)} of benchmarks/llama_cpp_moe.cpp on `blocks` and `calls`."""
+    exe = Path(args.llama_cpp) / "llama_cpp_moe"
+    if not exe.is_file():
+        raise SystemExit(f"--llama-cpp {args.llama_cpp}: no {exe}; build it with benchmarks/setup_llama_cpp.sh")
+    data = Path(args.kt_kernel_data).with_name("gguf_layer_llama_cpp")
+    data.mkdir(parents=True, exist_ok=True)
+    for proj, b in zip(("gate", "up", "down"), blocks):
+        np.ascontiguousarray(b).tofile(data / f"{proj}.bin")
+    for tokens, c in calls.items():
+        with open(data / f"calls_{tokens}.bin", "wb") as f:
+            for part, dtype in ((0, np.float32), (1, np.int32), (2, np.float32)):
+                np.stack([call[part] for call in c]).astype(dtype).tofile(f)
+    cmd = [str(exe), str(data), str(args.hidden), str(args.intermediate), str(args.experts), str(args.top_k),
+           str(pool.info().num_threads), str(args.warmup), *types, *map(str, calls)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"llama.cpp runner failed: {done.stderr[-2000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    log(f"  llama.cpp weights: {result['placement']}")
+    return {r["tokens"]: (r, np.fromfile(data / f"llama_cpp_out_{r['tokens']}.bin", np.float32).reshape(r["tokens"], -1))
+            for r in result["rows"]}
+
+
+def rel(actual, expected) -> float:
+    return float(np.abs(np.asarray(actual, np.float64) - expected).max() / np.sqrt(np.mean(expected ** 2)))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--hidden", type=int, default=2048)
@@ -122,6 +191,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--json")
     ap.add_argument("--kt-kernel-venv")
+    ap.add_argument("--llama-cpp", help="build folder of benchmarks/setup_llama_cpp.sh: adds llama.cpp's columns")
     ap.add_argument("--kt-kernel-data", default=str(Path(__file__).resolve().parent.parent / ".bench" / "gguf_layer_data"))
     args = ap.parse_args()
     pool.configure(args.threads, 0)
@@ -141,7 +211,21 @@ def main() -> None:
                 f"{row['GMAC_per_s']:7.1f} GMAC/s  spread {row['spread']:.2f}")
             result["rows"].append(row)
         del layer
-        if blocks is not None and args.kt_kernel_venv:
+        if blocks is not None and args.llama_cpp:
+            log(f"llama.cpp {name}")
+            types = METHODS[name][1]
+            lc = llama_cpp_rows(args, types, blocks, calls)
+            for row in result["rows"]:
+                if row["method"] == name and row["tokens"] in lc:
+                    theirs, out = lc[row["tokens"]]
+                    truth = reference(blocks, types, calls[row["tokens"]][0])
+                    row.update(llama_cpp_ms=theirs["median_ms"], llama_cpp_over_kt=theirs["median_ms"] / row["median_ms"],
+                               kt_error=rel(outs[row["tokens"]][:CHECK_TOKENS], truth),
+                               llama_cpp_error=rel(out[:CHECK_TOKENS], truth))
+                    log(f"  T={row['tokens']}: llama.cpp {theirs['median_ms']:.3f} ms, llama.cpp / kt "
+                        f"{row['llama_cpp_over_kt']:.2f}; error vs float64: kt {row['kt_error']:.2e}, "
+                        f"llama.cpp {row['llama_cpp_error']:.2e}")
+        if blocks is not None and args.kt_kernel_venv and METHODS[name][0] == "LLAMAFILE":
             log(f"kt-kernel {name}")
             kk = kt_kernel_rows(args, METHODS[name][1][0], blocks, calls)
             for row in result["rows"]:
