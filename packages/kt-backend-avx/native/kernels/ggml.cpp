@@ -1,11 +1,12 @@
 // LLAMAFILE experts: GGUF's ggml blocks, run as the file stores them (docs/formats.md).
 //
-// Packed layout "kt-ggml-v2": gate, up and down one after another, each on 64 bytes, each in
+// Packed layout "kt-ggml-v3": gate, up and down one after another, each on 64 bytes, each in
 // one of two forms chosen by its ggml type:
 //  - rows [N][row bytes]: the file's blocks, byte for byte (no dequantization at load, so the
 //    matrix takes exactly its GGUF size and decode streams each block once);
-//  - Q4_K and Q8_0 panels (ggml_panels below): the same codes and scales, no dequantization
-//    either, regrouped per 16 output channels so prefill runs an outer-product kernel on them.
+//  - Q4_0, Q4_K, Q6_K and Q8_0 panels (ggml_panels below): the same codes and scales, no
+//    dequantization either, regrouped per 16 output channels so an outer-product kernel runs
+//    them (v3 added Q4_0's panels).
 //
 // Every supported type is decoded, one block at a time into L1, to the same form:
 //   w[k] = d * sc[k/16] * u[k] - dmin * mn[k/16]
@@ -558,6 +559,17 @@ struct Q4K {
     static constexpr size_t kFileBlock = 144, kD = 0, kDmin = 64, kSc = 128, kM = 256, kCodes = 384;
     static constexpr size_t kBlockBytes = kCodes + 32 * kChunkBytes;
 };
+// w = d * (u - 8), u in 0..15: INT4's symmetric group of 32 with the block's f16 d kept as f16,
+// so the panel takes the file's 4.5 bits per weight exactly. Run from the row form, whose
+// blocks decode once per weight row, Q4_0 decode reached a third of llama.cpp's speed
+// (docs/performance.md, "Against llama.cpp").
+struct Q40 {
+    static constexpr int64_t kBlockK = 32, kSubK = 32;
+    static constexpr int kBits = 4;
+    static constexpr bool kBig = false;
+    static constexpr size_t kFileBlock = 18, kD = 0, kCodes = 32;   // f16 d[16], then 4 chunks
+    static constexpr size_t kBlockBytes = kCodes + 4 * kChunkBytes;
+};
 struct Q80 {
     static constexpr int64_t kBlockK = 32, kSubK = 32;
     static constexpr int kBits = 8;
@@ -595,6 +607,18 @@ void pack_panel(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t n0, 
         for (int lane = 0; lane < kPanel && n0 + lane < n_rows; ++lane) {
             const uint8_t* blk = rows + size_t(n0 + lane) * stride + size_t(b) * P::kFileBlock;
             uint8_t* codes = out + P::kCodes + size_t(lane) * 4;
+            if constexpr (std::is_same_v<P, Q40>) {
+                std::memcpy(out + P::kD + 2 * size_t(lane), blk, 2);   // d stays f16
+                uint8_t u[32];
+                for (int j = 0; j < 16; ++j) {
+                    u[j] = blk[2 + j] & 15;         // ggml: element j in the low nibble of byte j,
+                    u[j + 16] = blk[2 + j] >> 4;    // element j + 16 in its high nibble
+                }
+                for (int c = 0; c < 4; ++c)
+                    for (int bb = 0; bb < 4; ++bb)
+                        codes[size_t(c) * kChunkBytes + size_t(bb)] = uint8_t(u[8 * c + bb] | (u[8 * c + 4 + bb] << 4));
+                continue;
+            }
             if constexpr (std::is_same_v<P, Q6K>) {
                 reinterpret_cast<float*>(out + P::kD)[lane] = f16(blk + 208);
                 for (int j = 0; j < 16; ++j) out[P::kSc + 16 * j + lane] = blk[192 + j];
@@ -619,6 +643,15 @@ void pack_panel(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t n0, 
             }
         }
     }
+}
+
+// kLanes f16 -> f32 (F16C: every target has it).
+inline VF widen_f16(const uint8_t* p) {
+#if defined(__AVX512F__)
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+#else
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#endif
 }
 
 // kLanes i8 -> f32.
@@ -724,6 +757,11 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
             }
             VF s[kVecsPerPanel], sz[kVecsPerPanel];
             for (int v = 0; v < kVecsPerPanel; ++v) {
+                if constexpr (std::is_same_v<P, Q40>) {
+                    s[v] = widen_f16(blk + P::kD + 2 * size_t(v) * kLanes);
+                    sz[v] = vmul(s[v], vset1(8.0f));
+                    continue;
+                }
                 const VF d = vload(reinterpret_cast<const float*>(blk + P::kD) + v * kLanes);
                 if constexpr (std::is_same_v<P, Q4K>) {
                     s[v] = vmul(d, widen_u8(blk + P::kSc + 16 * j + v * kLanes));
@@ -805,12 +843,23 @@ const TypeEntry* type_entry(kt_dtype d) {
 
 const char* const kMatrix[3] = {"gate", "up", "down"};
 
-enum { kRows = 0, kPanelsQ4K = 1, kPanelsQ80 = 2, kPanelsQ6K = 3 };
+enum { kRows = 0, kPanelsQ4K = 1, kPanelsQ80 = 2, kPanelsQ6K = 3, kPanelsQ40 = 4 };
+
+// f(P{}) with the ggml_panels struct of a panel form.
+template <class F>
+auto with_panels(int panels, F&& f) {
+    switch (panels) {
+        case kPanelsQ4K: return f(ggml_panels::Q4K{});
+        case kPanelsQ6K: return f(ggml_panels::Q6K{});
+        case kPanelsQ40: return f(ggml_panels::Q40{});
+        default: return f(ggml_panels::Q80{});
+    }
+}
 
 struct Matrix {
     const TypeEntry* type;
     int64_t rows, cols, row_bytes;   // row_bytes: of the file's rows (what the packer takes)
-    int panels;                      // 0: rows as in the file; kPanelsQ4K / kPanelsQ80: ggml_panels
+    int panels;                      // kRows: rows as in the file; else a ggml_panels form
     size_t offset;
 };
 struct Layout {
@@ -820,9 +869,7 @@ struct Layout {
 };
 
 size_t matrix_panel_bytes(const Matrix& m) {
-    return m.panels == kPanelsQ4K   ? ggml_panels::panel_bytes<ggml_panels::Q4K>(m.cols)
-           : m.panels == kPanelsQ6K ? ggml_panels::panel_bytes<ggml_panels::Q6K>(m.cols)
-                                    : ggml_panels::panel_bytes<ggml_panels::Q80>(m.cols);
+    return with_panels(m.panels, [&]<class P>(P) { return ggml_panels::panel_bytes<P>(m.cols); });
 }
 
 Layout layout(const kt_moe_config* c) {
@@ -841,6 +888,7 @@ Layout layout(const kt_moe_config* c) {
                    : m.type->dtype == KT_DTYPE_GGML_Q4_K && m.cols % 256 == 0 ? kPanelsQ4K
                    : m.type->dtype == KT_DTYPE_GGML_Q8_0 && m.cols % 32 == 0  ? kPanelsQ80
                    : m.type->dtype == KT_DTYPE_GGML_Q6_K && m.cols % 256 == 0 ? kPanelsQ6K
+                   : m.type->dtype == KT_DTYPE_GGML_Q4_0 && m.cols % 32 == 0  ? kPanelsQ40
                                                                               : kRows;
         m.offset = at;
         at += size_t(round_up(m.panels ? panels(m.rows) * int64_t(matrix_panel_bytes(m)) : m.rows * m.row_bytes, 64));
@@ -899,12 +947,9 @@ kt_status pack(const kt_moe_config* c, const kt_expert_weights* src, void* dst) 
         }
         for (int64_t q = 0; m.panels && q < panels(m.rows); ++q) {
             uint8_t* panel = static_cast<uint8_t*>(dst) + m.offset + size_t(q) * matrix_panel_bytes(m);
-            if (m.panels == kPanelsQ4K)
-                ggml_panels::pack_panel<ggml_panels::Q4K>(bytes, size_t(v.row_stride), m.rows, q * kPanel, m.cols, panel);
-            else if (m.panels == kPanelsQ6K)
-                ggml_panels::pack_panel<ggml_panels::Q6K>(bytes, size_t(v.row_stride), m.rows, q * kPanel, m.cols, panel);
-            else
-                ggml_panels::pack_panel<ggml_panels::Q80>(bytes, size_t(v.row_stride), m.rows, q * kPanel, m.cols, panel);
+            with_panels(m.panels, [&]<class P>(P) {
+                ggml_panels::pack_panel<P>(bytes, size_t(v.row_stride), m.rows, q * kPanel, m.cols, panel);
+            });
         }
     }
     return KT_OK;
@@ -927,12 +972,9 @@ void matrix_tile(const Matrix& m, const uint8_t* base, const uint8_t* x, size_t 
         for (int64_t n = n0; n < n1; n += kPanel) {
             const uint8_t* p = data + size_t(n / kPanel) * bytes;
             const int cols = int(std::min<int64_t>(kPanel, n1 - n));
-            if (m.panels == kPanelsQ4K)
-                ggml_panels::panel<ggml_panels::Q4K>(x, ab, rows, m.cols, p, pass == 1, out + (n - n0), ldo, cols);
-            else if (m.panels == kPanelsQ6K)
-                ggml_panels::panel<ggml_panels::Q6K>(x, ab, rows, m.cols, p, pass == 1, out + (n - n0), ldo, cols);
-            else
-                ggml_panels::panel<ggml_panels::Q80>(x, ab, rows, m.cols, p, pass == 1, out + (n - n0), ldo, cols);
+            with_panels(m.panels, [&]<class P>(P) {
+                ggml_panels::panel<P>(x, ab, rows, m.cols, p, pass == 1, out + (n - n0), ldo, cols);
+            });
         }
         return;
     }
@@ -995,7 +1037,7 @@ kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act,
 }  // namespace
 
 kt_method_kernels llamafile_kernels(const char* kernel_id) {
-    return method_table("LLAMAFILE", "kt-ggml-v2", kernel_id, packed_bytes, pack, act_row_bytes, quantize, gate_up_tile,
+    return method_table("LLAMAFILE", "kt-ggml-v3", kernel_id, packed_bytes, pack, act_row_bytes, quantize, gate_up_tile,
                         down_tile);
 }
 
