@@ -4,9 +4,9 @@
 // one of two forms chosen by its ggml type:
 //  - rows [N][row bytes]: the file's blocks, byte for byte (no dequantization at load, so the
 //    matrix takes exactly its GGUF size and decode streams each block once);
-//  - Q4_0, Q4_K, Q6_K and Q8_0 panels (ggml_panels below): the same codes and scales, no
-//    dequantization either, regrouped per 16 output channels so an outer-product kernel runs
-//    them (v3 added Q4_0's panels).
+//  - Q4_0, Q4_K, Q6_K, Q8_0 and IQ4_XS panels (ggml_panels below): the same codes and scales,
+//    no dequantization either, regrouped per 16 output channels so an outer-product kernel runs
+//    them (v3 added Q4_0's and IQ4_XS's panels).
 //
 // Every supported type is decoded, one block at a time into L1, to the same form:
 //   w[k] = d * sc[k/16] * u[k] - dmin * mn[k/16]
@@ -304,23 +304,28 @@ struct Q6_K {
 };
 
 // IQ4_XS: 4-bit indices into a fixed non-linear table of int8 values, 6-bit scales - 32.
+constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+// Sub-block j's 6-bit scale of an IQ4_XS block (ggml: low 4 bits in scales_l, high 2 in scales_h).
+inline int iq4_scale(const uint8_t* b, int j) {
+    uint16_t scales_h;
+    std::memcpy(&scales_h, b + 2, 2);
+    return ((b[4 + j / 2] >> (4 * (j % 2))) & 15) | (((scales_h >> (2 * j)) & 3) << 4);
+}
+
 struct IQ4_XS {
     static constexpr int QK = 256, kBytes = 136;
     static constexpr bool kSigned = true;
     static constexpr const char* name = "IQ4_XS";
     static constexpr int kScaleAt[2] = {0, -1};
     static void decode(const uint8_t* b, Decoded<QK>& o) {
-        const __m128i table = _mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
+        const __m128i table = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Values));
         const __m128i m4 = _mm_set1_epi8(15);
-        uint16_t scales_h;
-        std::memcpy(&scales_h, b + 2, 2);
         for (int j = 0; j < 8; ++j) {
             const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 8 + 16 * j));
             const __m128i lo = _mm_shuffle_epi8(table, _mm_and_si128(q, m4));
             const __m128i hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(q, 4), m4));
             store32(o.u + 32 * j, _mm256_set_m128i(hi, lo));
-            const int ls = (((b[4 + j / 2] >> (4 * (j % 2))) & 15) | (((scales_h >> (2 * j)) & 3) << 4)) - 32;
-            o.sc[j] = _mm256_set1_epi16(short(ls));
+            o.sc[j] = _mm256_set1_epi16(short(iq4_scale(b, j) - 32));
         }
         o.d = f16(b);
         o.dmin = 0.0f;
@@ -570,6 +575,16 @@ struct Q40 {
     static constexpr size_t kFileBlock = 18, kD = 0, kCodes = 32;   // f16 d[16], then 4 chunks
     static constexpr size_t kBlockBytes = kCodes + 4 * kChunkBytes;
 };
+// w = d * (ls_j - 32) * kIq4Values[q]: 4-bit indices in INT4's chunk order, looked up by one byte
+// shuffle into the signed table values (then run as Q8_0's signed 8-bit codes); ls_j - 32 as
+// int8 per 32-k sub-block, d kept f16 (4.31 bits per weight against the file's 4.25).
+struct IQ4X {
+    static constexpr int64_t kBlockK = 256, kSubK = 32;
+    static constexpr int kBits = 4;
+    static constexpr bool kBig = true;
+    static constexpr size_t kFileBlock = 136, kD = 0, kSc = 32, kCodes = 160;
+    static constexpr size_t kBlockBytes = kCodes + 32 * kChunkBytes;
+};
 struct Q80 {
     static constexpr int64_t kBlockK = 32, kSubK = 32;
     static constexpr int kBits = 8;
@@ -615,6 +630,21 @@ void pack_panel(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t n0, 
                     u[j + 16] = blk[2 + j] >> 4;    // element j + 16 in its high nibble
                 }
                 for (int c = 0; c < 4; ++c)
+                    for (int bb = 0; bb < 4; ++bb)
+                        codes[size_t(c) * kChunkBytes + size_t(bb)] = uint8_t(u[8 * c + bb] | (u[8 * c + 4 + bb] << 4));
+                continue;
+            }
+            if constexpr (std::is_same_v<P, IQ4X>) {
+                std::memcpy(out + P::kD + 2 * size_t(lane), blk, 2);   // d stays f16
+                uint8_t u[256];
+                for (int j = 0; j < 8; ++j) {
+                    out[P::kSc + 16 * j + lane] = uint8_t(int8_t(iq4_scale(blk, j) - 32));
+                    for (int i = 0; i < 16; ++i) {
+                        u[32 * j + i] = blk[8 + 16 * j + i] & 15;
+                        u[32 * j + 16 + i] = blk[8 + 16 * j + i] >> 4;
+                    }
+                }
+                for (int c = 0; c < 32; ++c)
                     for (int bb = 0; bb < 4; ++bb)
                         codes[size_t(c) * kChunkBytes + size_t(bb)] = uint8_t(u[8 * c + bb] | (u[8 * c + 4 + bb] << 4));
                 continue;
@@ -725,15 +755,29 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
                         w0[v] = vand(w, low4);
                         w1[v] = vand(vsrl16<4>(w), low4);
                     }
+                    // IQ4_XS: indices -> signed table values (w), and the u8 operand (wu) as Q8_0 has it.
+                    VI wu0[kVecsPerPanel], wu1[kVecsPerPanel];
+                    for (int v = 0; v < kVecsPerPanel; ++v) {
+                        if constexpr (P::kBig) {
+                            w0[v] = vlookup16(reinterpret_cast<const uint8_t*>(kIq4Values), w0[v]);
+                            w1[v] = vlookup16(reinterpret_cast<const uint8_t*>(kIq4Values), w1[v]);
+                            wu0[v] = kVnni ? vxor(w0[v], vset1i(int(0x80808080u))) : abs_i8(w0[v]);
+                            wu1[v] = kVnni ? vxor(w1[v], vset1i(int(0x80808080u))) : abs_i8(w1[v]);
+                        } else {
+                            wu0[v] = w0[v];
+                            wu1[v] = w1[v];
+                        }
+                    }
                     for (int m = 0; m < MR; ++m) {
                         const auto* h = reinterpret_cast<const uint8_t*>(a[m].hi + k0 + 8 * c);
                         const VI ah0 = vset1i(load_i32(h)), ah1 = vset1i(load_i32(h + 4));
-                        for (int v = 0; v < kVecsPerPanel; ++v) hi[m][v] = dot_u8s8(dot_u8s8(hi[m][v], w0[v], ah0), w1[v], ah1);
+                        for (int v = 0; v < kVecsPerPanel; ++v)
+                            hi[m][v] = dot8<P::kBig>(dot8<P::kBig>(hi[m][v], wu0[v], w0[v], ah0), wu1[v], w1[v], ah1);
                         if constexpr (kTwoPass) {
                             const auto* l = reinterpret_cast<const uint8_t*>(a[m].lo + k0 + 8 * c);
                             const VI al0 = vset1i(load_i32(l)), al1 = vset1i(load_i32(l + 4));
                             for (int v = 0; v < kVecsPerPanel; ++v)
-                                lo[m][v] = dot_u8s8(dot_u8s8(lo[m][v], w0[v], al0), w1[v], al1);
+                                lo[m][v] = dot8<P::kBig>(dot8<P::kBig>(lo[m][v], wu0[v], w0[v], al0), wu1[v], w1[v], al1);
                         }
                     }
                 } else {
@@ -760,6 +804,11 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
                 if constexpr (std::is_same_v<P, Q40>) {
                     s[v] = widen_f16(blk + P::kD + 2 * size_t(v) * kLanes);
                     sz[v] = vmul(s[v], vset1(8.0f));
+                    continue;
+                }
+                if constexpr (std::is_same_v<P, IQ4X>) {
+                    s[v] = vmul(widen_f16(blk + P::kD + 2 * size_t(v) * kLanes), widen_i8(blk + P::kSc + 16 * j + v * kLanes));
+                    sz[v] = kVnni ? vmul(s[v], vset1(128.0f)) : vzero();   // VNNI's codes carry + 128
                     continue;
                 }
                 const VF d = vload(reinterpret_cast<const float*>(blk + P::kD) + v * kLanes);
@@ -843,7 +892,7 @@ const TypeEntry* type_entry(kt_dtype d) {
 
 const char* const kMatrix[3] = {"gate", "up", "down"};
 
-enum { kRows = 0, kPanelsQ4K = 1, kPanelsQ80 = 2, kPanelsQ6K = 3, kPanelsQ40 = 4 };
+enum { kRows = 0, kPanelsQ4K = 1, kPanelsQ80 = 2, kPanelsQ6K = 3, kPanelsQ40 = 4, kPanelsIQ4 = 5 };
 
 // f(P{}) with the ggml_panels struct of a panel form.
 template <class F>
@@ -852,6 +901,7 @@ auto with_panels(int panels, F&& f) {
         case kPanelsQ4K: return f(ggml_panels::Q4K{});
         case kPanelsQ6K: return f(ggml_panels::Q6K{});
         case kPanelsQ40: return f(ggml_panels::Q40{});
+        case kPanelsIQ4: return f(ggml_panels::IQ4X{});
         default: return f(ggml_panels::Q80{});
     }
 }
@@ -889,6 +939,7 @@ Layout layout(const kt_moe_config* c) {
                    : m.type->dtype == KT_DTYPE_GGML_Q8_0 && m.cols % 32 == 0  ? kPanelsQ80
                    : m.type->dtype == KT_DTYPE_GGML_Q6_K && m.cols % 256 == 0 ? kPanelsQ6K
                    : m.type->dtype == KT_DTYPE_GGML_Q4_0 && m.cols % 32 == 0  ? kPanelsQ40
+                   : m.type->dtype == KT_DTYPE_GGML_IQ4_XS && m.cols % 256 == 0 ? kPanelsIQ4
                                                                               : kRows;
         m.offset = at;
         at += size_t(round_up(m.panels ? panels(m.rows) * int64_t(matrix_panel_bytes(m)) : m.rows * m.row_bytes, 64));
