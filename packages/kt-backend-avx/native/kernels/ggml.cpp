@@ -4,9 +4,9 @@
 // one of two forms chosen by its ggml type:
 //  - rows [N][row bytes]: the file's blocks, byte for byte (no dequantization at load, so the
 //    matrix takes exactly its GGUF size and decode streams each block once);
-//  - Q4_0, Q4_K, Q6_K, Q8_0 and IQ4_XS panels (ggml_panels below): the same codes and scales,
-//    no dequantization either, regrouped per 16 output channels so an outer-product kernel runs
-//    them (v3 added Q4_0's and IQ4_XS's panels).
+//  - Q4_0, Q4_K, Q5_K, Q6_K, Q8_0 and IQ4_XS panels (ggml_panels below): the same codes and
+//    scales, no dequantization either, regrouped per 16 output channels so an outer-product
+//    kernel runs them (v3 added Q4_0's, Q5_K's and IQ4_XS's panels).
 //
 // Every supported type is decoded, one block at a time into L1, to the same form:
 //   w[k] = d * sc[k/16] * u[k] - dmin * mn[k/16]
@@ -585,6 +585,28 @@ struct IQ4X {
     static constexpr size_t kFileBlock = 136, kD = 0, kSc = 32, kCodes = 160;
     static constexpr size_t kBlockBytes = kCodes + 32 * kChunkBytes;
 };
+// Q5_K: Q4_K's panel (d, dmin f32; 6-bit sc and m as bytes; the low 4 bits of each code in INT4's
+// chunk order) plus each code's fifth bit: each 32-k sub-block's four chunks are followed by one
+// 64-byte line whose byte i holds, in bit 2cc (2cc + 1), the fifth bit of the code in byte i's
+// low (high) nibble of chunk cc; a shift and an AND put it back as 16 (5.75 bits per weight
+// against the file's 5.5; one stream for decode; as per-chunk 64-bit masks read into mask
+// registers, decode ran at half of Q4_K's GB/s).
+struct Q5K {
+    static constexpr int64_t kBlockK = 256, kSubK = 32;
+    static constexpr int kBits = 4;
+    static constexpr bool kBig = false;
+    static constexpr size_t kFileBlock = 176, kD = 0, kDmin = 64, kSc = 128, kM = 256, kCodes = 384;
+    static constexpr size_t kSubBytes = 4 * kChunkBytes + 64;
+    static constexpr size_t kBlockBytes = kCodes + 8 * kSubBytes;
+};
+
+// Where chunk c of a block's codes starts (and, for Q5K, its fifth-bit masks).
+template <class P>
+constexpr size_t chunk_at(int64_t c) {
+    if constexpr (std::is_same_v<P, Q5K>) return P::kCodes + size_t(c / 4) * P::kSubBytes + size_t(c % 4) * kChunkBytes;
+    return P::kCodes + size_t(c) * kChunkBytes;
+}
+constexpr size_t fifth_bits_at(int64_t c) { return Q5K::kCodes + size_t(c / 4) * Q5K::kSubBytes + 4 * kChunkBytes; }
 struct Q80 {
     static constexpr int64_t kBlockK = 32, kSubK = 32;
     static constexpr int kBits = 8;
@@ -658,21 +680,39 @@ void pack_panel(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t n0, 
                 continue;
             }
             reinterpret_cast<float*>(out + P::kD)[lane] = f16(blk);
-            if constexpr (std::is_same_v<P, Q4K>) {
+            if constexpr (std::is_same_v<P, Q4K> || std::is_same_v<P, Q5K>) {
                 reinterpret_cast<float*>(out + P::kDmin)[lane] = f16(blk + 2);
                 for (int j = 0; j < 8; ++j) scale_min(blk + 4, j, out + P::kSc + 16 * j + lane, out + P::kM + 16 * j + lane);
                 Decoded<256> dec;
-                Q4_K::decode(blk, dec);   // codes in element order (its scales stay as scale_min gives them)
+                if constexpr (std::is_same_v<P, Q4K>)   // codes in element order (scales as scale_min gives them)
+                    Q4_K::decode(blk, dec);
+                else
+                    Q5_K::decode(blk, dec);
                 const uint8_t* u = dec.u;
                 for (int c = 0; c < 32; ++c)
-                    for (int bb = 0; bb < 4; ++bb)
-                        codes[size_t(c) * kChunkBytes + size_t(bb)] = uint8_t(u[8 * c + bb] | (u[8 * c + 4 + bb] << 4));
+                    for (int bb = 0; bb < 4; ++bb) {
+                        out[chunk_at<P>(c) + size_t(lane) * 4 + size_t(bb)] =
+                            uint8_t((u[8 * c + bb] & 15) | ((u[8 * c + 4 + bb] & 15) << 4));
+                        if constexpr (std::is_same_v<P, Q5K>)
+                            out[fifth_bits_at(c) + size_t(lane) * 4 + size_t(bb)] |=
+                                uint8_t(((u[8 * c + bb] >> 4) << (2 * (c % 4))) | ((u[8 * c + 4 + bb] >> 4) << (2 * (c % 4) + 1)));
+                    }
             } else {
                 for (int e = 0; e < 32; ++e)
                     codes[size_t(e / 4) * kChunkBytes + size_t(e % 4)] = uint8_t(int8_t(blk[2 + e]) + 128);
             }
         }
     }
+}
+
+// Q5K: bit `bit` of each byte of `bits` moved to bit 4 (16), others cleared. 16-bit shifts by at
+// most 4 cannot carry a neighbouring byte's bit into bit 4.
+template <int kBit>
+inline VI fifth_bit(VI bits) {
+    VI v = bits;
+    if constexpr (kBit < 4) v = vslli16<4 - kBit>(bits);
+    if constexpr (kBit > 4) v = vsrl16<kBit - 4>(bits);
+    return vand(v, vset1i(0x10101010));
 }
 
 // kLanes f16 -> f32 (F16C: every target has it).
@@ -724,8 +764,10 @@ inline VI dot8(VI acc, VI wu, VI w, VI a) {
 }
 #if defined(__AVX512F__)
 inline VI vxor(VI a, VI b) { return _mm512_xor_si512(a, b); }
+inline VI vor(VI a, VI b) { return _mm512_or_si512(a, b); }
 #else
 inline VI vxor(VI a, VI b) { return _mm256_xor_si256(a, b); }
+inline VI vor(VI a, VI b) { return _mm256_or_si256(a, b); }
 #endif
 
 // MR activation rows x one panel over all of K; writes `cols` columns of each out row.
@@ -746,7 +788,7 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
             for (int m = 0; m < MR; ++m)
                 for (int v = 0; v < kVecsPerPanel; ++v) hi[m][v] = lo[m][v] = vzeroi();
             for (int c = kChunksPerSub * j; c < kChunksPerSub * (j + 1); ++c) {
-                const uint8_t* chunk = blk + P::kCodes + size_t(c) * kChunkBytes;
+                const uint8_t* chunk = blk + chunk_at<P>(c);
                 if constexpr (P::kBits == 4) {
                     VI w0[kVecsPerPanel], w1[kVecsPerPanel];
                     for (int v = 0; v < kVecsPerPanel; ++v) {
@@ -754,6 +796,15 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
                         asm("" : "+v"(w));   // in a register, as int4.cpp explains
                         w0[v] = vand(w, low4);
                         w1[v] = vand(vsrl16<4>(w), low4);
+                        if constexpr (std::is_same_v<P, Q5K>) {
+                            const VI bits = vloadi(blk + fifth_bits_at(c) + size_t(v) * kLanes * 4);
+                            switch (c % 4) {   // c's range is a constant 4-chunk window: unrolled
+                                case 0: w0[v] = vor(w0[v], fifth_bit<0>(bits)); w1[v] = vor(w1[v], fifth_bit<1>(bits)); break;
+                                case 1: w0[v] = vor(w0[v], fifth_bit<2>(bits)); w1[v] = vor(w1[v], fifth_bit<3>(bits)); break;
+                                case 2: w0[v] = vor(w0[v], fifth_bit<4>(bits)); w1[v] = vor(w1[v], fifth_bit<5>(bits)); break;
+                                default: w0[v] = vor(w0[v], fifth_bit<6>(bits)); w1[v] = vor(w1[v], fifth_bit<7>(bits));
+                            }
+                        }
                     }
                     // IQ4_XS: indices -> signed table values (w), and the u8 operand (wu) as Q8_0 has it.
                     VI wu0[kVecsPerPanel], wu1[kVecsPerPanel];
@@ -812,7 +863,7 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
                     continue;
                 }
                 const VF d = vload(reinterpret_cast<const float*>(blk + P::kD) + v * kLanes);
-                if constexpr (std::is_same_v<P, Q4K>) {
+                if constexpr (std::is_same_v<P, Q4K> || std::is_same_v<P, Q5K>) {
                     s[v] = vmul(d, widen_u8(blk + P::kSc + 16 * j + v * kLanes));
                     sz[v] = vmul(vload(reinterpret_cast<const float*>(blk + P::kDmin) + v * kLanes),
                                  widen_u8(blk + P::kM + 16 * j + v * kLanes));
@@ -892,7 +943,7 @@ const TypeEntry* type_entry(kt_dtype d) {
 
 const char* const kMatrix[3] = {"gate", "up", "down"};
 
-enum { kRows = 0, kPanelsQ4K = 1, kPanelsQ80 = 2, kPanelsQ6K = 3, kPanelsQ40 = 4, kPanelsIQ4 = 5 };
+enum { kRows = 0, kPanelsQ4K = 1, kPanelsQ80 = 2, kPanelsQ6K = 3, kPanelsQ40 = 4, kPanelsIQ4 = 5, kPanelsQ5K = 6 };
 
 // f(P{}) with the ggml_panels struct of a panel form.
 template <class F>
@@ -902,6 +953,7 @@ auto with_panels(int panels, F&& f) {
         case kPanelsQ6K: return f(ggml_panels::Q6K{});
         case kPanelsQ40: return f(ggml_panels::Q40{});
         case kPanelsIQ4: return f(ggml_panels::IQ4X{});
+        case kPanelsQ5K: return f(ggml_panels::Q5K{});
         default: return f(ggml_panels::Q80{});
     }
 }
@@ -940,6 +992,7 @@ Layout layout(const kt_moe_config* c) {
                    : m.type->dtype == KT_DTYPE_GGML_Q6_K && m.cols % 256 == 0 ? kPanelsQ6K
                    : m.type->dtype == KT_DTYPE_GGML_Q4_0 && m.cols % 32 == 0  ? kPanelsQ40
                    : m.type->dtype == KT_DTYPE_GGML_IQ4_XS && m.cols % 256 == 0 ? kPanelsIQ4
+                   : m.type->dtype == KT_DTYPE_GGML_Q5_K && m.cols % 256 == 0 ? kPanelsQ5K
                                                                               : kRows;
         m.offset = at;
         at += size_t(round_up(m.panels ? panels(m.rows) * int64_t(matrix_panel_bytes(m)) : m.rows * m.row_bytes, 64));

@@ -21,6 +21,8 @@ inline VI vand(VI a, VI b) { return _mm512_and_si512(a, b); }
 template <int N>
 inline VI vsrl16(VI a) { return _mm512_srli_epi16(a, N); }
 template <int N>
+inline VI vslli16(VI a) { return _mm512_slli_epi16(a, N); }
+template <int N>
 inline VI vslli32(VI a) { return _mm512_slli_epi32(a, N); }
 inline VF vcvt(VI a) { return _mm512_cvtepi32_ps(a); }
 inline VI vsubi(VI a, VI b) { return _mm512_sub_epi32(a, b); }
@@ -54,6 +56,8 @@ inline VI vset1i(int32_t v) { return _mm256_set1_epi32(v); }
 inline VI vand(VI a, VI b) { return _mm256_and_si256(a, b); }
 template <int N>
 inline VI vsrl16(VI a) { return _mm256_srli_epi16(a, N); }
+template <int N>
+inline VI vslli16(VI a) { return _mm256_slli_epi16(a, N); }
 template <int N>
 inline VI vslli32(VI a) { return _mm256_slli_epi32(a, N); }
 inline VF vcvt(VI a) { return _mm256_cvtepi32_ps(a); }
