@@ -4,9 +4,9 @@
 // one of two forms chosen by its ggml type:
 //  - rows [N][row bytes]: the file's blocks, byte for byte (no dequantization at load, so the
 //    matrix takes exactly its GGUF size and decode streams each block once);
-//  - Q4_0, Q4_K, Q5_K, Q6_K, Q8_0 and IQ4_XS panels (ggml_panels below): the same codes and
-//    scales, no dequantization either, regrouped per 16 output channels so an outer-product
-//    kernel runs them (v3 added Q4_0's, Q5_K's and IQ4_XS's panels).
+//  - panels for every type (ggml_panels below): the same codes and scales, no dequantization
+//    either, regrouped per 16 output channels so an outer-product kernel runs them (v3 added
+//    Q2_K's, Q3_K's, Q4_0's, Q5_K's and IQ4_XS's panels; K must be a multiple of the block).
 //
 // Every supported type is decoded, one block at a time into L1, to the same form:
 //   w[k] = d * sc[k/16] * u[k] - dmin * mn[k/16]
@@ -198,6 +198,12 @@ struct Q3_K {
     static constexpr bool kSigned = false;
     static constexpr const char* name = "Q3_K";
     static constexpr int kScaleAt[2] = {108, -1};
+    // The j-th 16-element group's scale, sc - 32, from the block's 12 packed 6-bit scales.
+    static int scale(const uint8_t* b, int j) {
+        const uint8_t* sc = b + 96;
+        const int lo = (j < 8 ? sc[j] : sc[j - 8] >> 4) & 15, hi = (sc[8 + j % 4] >> (2 * (j / 4))) & 3;
+        return (lo | (hi << 4)) - 32;
+    }
     static void decode(const uint8_t* b, Decoded<QK>& o) {
         const __m256i hm = load32(b);
         for (int h = 0; h < 2; ++h) {
@@ -207,12 +213,8 @@ struct Q3_K {
                 store32(o.u + 128 * h + 32 * s, _mm256_or_si256(low, bit_to(hm, 4 * h + s, 4)));
             }
         }
-        const uint8_t* sc = b + 96;
         alignas(32) int16_t s[16];
-        for (int j = 0; j < 16; ++j) {
-            const int lo = (j < 8 ? sc[j] : sc[j - 8] >> 4) & 15, hi = (sc[8 + j % 4] >> (2 * (j / 4))) & 3;
-            s[j] = int16_t((lo | (hi << 4)) - 32);
-        }
+        for (int j = 0; j < 16; ++j) s[j] = int16_t(scale(b, j));
         for (int c = 0; c < 8; ++c) o.sc[c] = pair16(s[2 * c], s[2 * c + 1]);
         o.mn = _mm256_slli_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(s)), 2);
         o.d = o.dmin = f16(b + 108);
@@ -600,13 +602,30 @@ struct Q5K {
     static constexpr size_t kBlockBytes = kCodes + 8 * kSubBytes;
 };
 
-// Where chunk c of a block's codes starts (and, for Q5K, its fifth-bit masks).
-template <class P>
-constexpr size_t chunk_at(int64_t c) {
-    if constexpr (std::is_same_v<P, Q5K>) return P::kCodes + size_t(c / 4) * P::kSubBytes + size_t(c % 4) * kChunkBytes;
-    return P::kCodes + size_t(c) * kChunkBytes;
-}
 constexpr size_t fifth_bits_at(int64_t c) { return Q5K::kCodes + size_t(c / 4) * Q5K::kSubBytes + 4 * kChunkBytes; }
+// Q2_K: w = d * sc * u - dmin * m per 16 k, u in 0..3. Codes stay 2-bit: byte lane*4 + b of chunk
+// c holds k = 16c + 4i + b in bits 2i, 2i + 1 (i < 4), so a shift and an AND give four k-quads
+// per chunk; the file's scale bytes (sc | m << 4) and f16 d, dmin as they are: the file's exact
+// 2.625 bits per weight.
+struct Q2K {
+    static constexpr int64_t kBlockK = 256, kSubK = 16;
+    static constexpr int kBits = 2;
+    static constexpr bool kBig = false;
+    static constexpr size_t kFileBlock = 84, kD = 0, kDmin = 32, kSc = 64, kCodes = 320;
+    static constexpr size_t kBlockBytes = kCodes + 16 * kChunkBytes;
+};
+// Q3_K: w = d * sc * (u - 4) per 16 k, u = low 2 bits + 4 * hmask bit in 0..7. Q2K's 2-bit chunks
+// for the low bits; each pair of chunks is followed by one line whose byte lane*4 + b holds, in
+// bit 4 * (c % 2) + i, the third bit of chunk c's code for k = 16c + 4i + b; sc - 32 as int8, d
+// f16 (3.56 bits per weight against the file's 3.44).
+struct Q3K {
+    static constexpr int64_t kBlockK = 256, kSubK = 16;
+    static constexpr int kBits = 2;
+    static constexpr bool kBig = false;
+    static constexpr size_t kFileBlock = 110, kD = 0, kSc = 32, kCodes = 288;
+    static constexpr size_t kPairBytes = 3 * kChunkBytes;
+    static constexpr size_t kBlockBytes = kCodes + 8 * kPairBytes;
+};
 struct Q80 {
     static constexpr int64_t kBlockK = 32, kSubK = 32;
     static constexpr int kBits = 8;
@@ -621,6 +640,15 @@ struct Q6K {   // w = d * sc_j * (u - 32), u in 0..63, int8 sc per 16 k
     static constexpr size_t kFileBlock = 210, kD = 0, kSc = 64, kCodes = 320;
     static constexpr size_t kBlockBytes = kCodes + 64 * kChunkBytes;
 };
+
+// Where chunk c of a block's codes starts (and, for Q5K, its fifth-bit masks).
+template <class P>
+constexpr size_t chunk_at(int64_t c) {
+    if constexpr (std::is_same_v<P, Q5K>) return P::kCodes + size_t(c / 4) * P::kSubBytes + size_t(c % 4) * kChunkBytes;
+    if constexpr (std::is_same_v<P, Q3K>) return P::kCodes + size_t(c / 2) * P::kPairBytes + size_t(c % 2) * kChunkBytes;
+    return P::kCodes + size_t(c) * kChunkBytes;
+}
+constexpr size_t third_bits_at(int64_t c) { return Q3K::kCodes + size_t(c / 2) * Q3K::kPairBytes + 2 * kChunkBytes; }
 
 template <class P>
 size_t panel_bytes(int64_t k) { return size_t(k / P::kBlockK) * P::kBlockBytes; }
@@ -654,6 +682,38 @@ void pack_panel(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t n0, 
                 for (int c = 0; c < 4; ++c)
                     for (int bb = 0; bb < 4; ++bb)
                         codes[size_t(c) * kChunkBytes + size_t(bb)] = uint8_t(u[8 * c + bb] | (u[8 * c + 4 + bb] << 4));
+                continue;
+            }
+            if constexpr (std::is_same_v<P, Q3K>) {
+                std::memcpy(out + P::kD + 2 * size_t(lane), blk + 108, 2);     // d stays f16
+                for (int j = 0; j < 16; ++j) out[P::kSc + 16 * j + lane] = uint8_t(int8_t(Q3_K::scale(blk, j)));
+                Decoded<256> dec;
+                Q3_K::decode(blk, dec);   // u = low 2 bits + 4 * hmask bit, element order
+                for (int c = 0; c < 16; ++c)
+                    for (int bb = 0; bb < 4; ++bb) {
+                        uint8_t byte = 0, third = 0;
+                        for (int i = 0; i < 4; ++i) {
+                            const uint8_t u = dec.u[16 * c + 4 * i + bb];
+                            byte = uint8_t(byte | ((u & 3) << (2 * i)));
+                            third = uint8_t(third | ((u >> 2) << (4 * (c % 2) + i)));
+                        }
+                        out[chunk_at<P>(c) + size_t(lane) * 4 + size_t(bb)] = byte;
+                        out[third_bits_at(c) + size_t(lane) * 4 + size_t(bb)] |= third;
+                    }
+                continue;
+            }
+            if constexpr (std::is_same_v<P, Q2K>) {
+                std::memcpy(out + P::kD + 2 * size_t(lane), blk + 80, 2);      // d, dmin stay f16
+                std::memcpy(out + P::kDmin + 2 * size_t(lane), blk + 82, 2);
+                for (int j = 0; j < 16; ++j) out[P::kSc + 16 * j + lane] = blk[j];
+                Decoded<256> dec;
+                Q2_K::decode(blk, dec);   // codes in element order
+                for (int c = 0; c < 16; ++c)
+                    for (int bb = 0; bb < 4; ++bb) {
+                        uint8_t byte = 0;
+                        for (int i = 0; i < 4; ++i) byte = uint8_t(byte | (dec.u[16 * c + 4 * i + bb] << (2 * i)));
+                        codes[size_t(c) * kChunkBytes + size_t(bb)] = byte;
+                    }
                 continue;
             }
             if constexpr (std::is_same_v<P, IQ4X>) {
@@ -713,6 +773,20 @@ inline VI fifth_bit(VI bits) {
     if constexpr (kBit < 4) v = vslli16<4 - kBit>(bits);
     if constexpr (kBit > 4) v = vsrl16<kBit - 4>(bits);
     return vand(v, vset1i(0x10101010));
+}
+
+// kLanes bytes -> f32 of their low (kHigh: high) nibbles.
+template <bool kHigh>
+inline VF widen_nibble(const uint8_t* p) {
+#if defined(__AVX512F__)
+    __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    v = kHigh ? _mm512_srli_epi32(v, 4) : _mm512_and_si512(v, _mm512_set1_epi32(15));
+    return _mm512_cvtepi32_ps(v);
+#else
+    __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    v = kHigh ? _mm256_srli_epi32(v, 4) : _mm256_and_si256(v, _mm256_set1_epi32(15));
+    return _mm256_cvtepi32_ps(v);
+#endif
 }
 
 // kLanes f16 -> f32 (F16C: every target has it).
@@ -779,7 +853,7 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
     ActRow a[MR];
     for (int m = 0; m < MR; ++m) a[m] = act_row(x + size_t(m) * row_bytes, k);
     const VI low4 = vset1i(0x0f0f0f0f);
-    constexpr int kChunksPerSub = int(P::kSubK / (P::kBits == 4 ? 8 : 4));
+    constexpr int kChunksPerSub = int(P::kSubK / (P::kBits == 2 ? 16 : P::kBits == 4 ? 8 : 4));
     for (int64_t b = 0; b < k / P::kBlockK; ++b) {
         const uint8_t* blk = panel + size_t(b) * P::kBlockBytes;
         const int64_t k0 = b * P::kBlockK;
@@ -789,7 +863,46 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
                 for (int v = 0; v < kVecsPerPanel; ++v) hi[m][v] = lo[m][v] = vzeroi();
             for (int c = kChunksPerSub * j; c < kChunksPerSub * (j + 1); ++c) {
                 const uint8_t* chunk = blk + chunk_at<P>(c);
-                if constexpr (P::kBits == 4) {
+                if constexpr (P::kBits == 2) {
+                    const VI low2 = vset1i(0x03030303);
+                    VI w[4][kVecsPerPanel];
+                    for (int v = 0; v < kVecsPerPanel; ++v) {
+                        VI raw = vloadi(chunk + size_t(v) * kLanes * 4);
+                        asm("" : "+v"(raw));
+                        w[0][v] = vand(raw, low2);
+                        w[1][v] = vand(vsrl16<2>(raw), low2);
+                        w[2][v] = vand(vsrl16<4>(raw), low2);
+                        w[3][v] = vand(vsrl16<6>(raw), low2);
+                        if constexpr (std::is_same_v<P, Q3K>) {   // third bit -> 4
+                            const VI t = vloadi(blk + third_bits_at(c) + size_t(v) * kLanes * 4), four = vset1i(0x04040404);
+                            if (c % 2 == 0) {
+                                w[0][v] = vor(w[0][v], vand(vslli16<2>(t), four));
+                                w[1][v] = vor(w[1][v], vand(vslli16<1>(t), four));
+                                w[2][v] = vor(w[2][v], vand(t, four));
+                                w[3][v] = vor(w[3][v], vand(vsrl16<1>(t), four));
+                            } else {
+                                w[0][v] = vor(w[0][v], vand(vsrl16<2>(t), four));
+                                w[1][v] = vor(w[1][v], vand(vsrl16<3>(t), four));
+                                w[2][v] = vor(w[2][v], vand(vsrl16<4>(t), four));
+                                w[3][v] = vor(w[3][v], vand(vsrl16<5>(t), four));
+                            }
+                        }
+                    }
+                    for (int m = 0; m < MR; ++m) {
+                        const auto* h = reinterpret_cast<const uint8_t*>(a[m].hi + k0 + 16 * c);
+                        for (int i = 0; i < 4; ++i) {
+                            const VI ah = vset1i(load_i32(h + 4 * i));
+                            for (int v = 0; v < kVecsPerPanel; ++v) hi[m][v] = dot_u8s8(hi[m][v], w[i][v], ah);
+                        }
+                        if constexpr (kTwoPass) {
+                            const auto* l = reinterpret_cast<const uint8_t*>(a[m].lo + k0 + 16 * c);
+                            for (int i = 0; i < 4; ++i) {
+                                const VI al = vset1i(load_i32(l + 4 * i));
+                                for (int v = 0; v < kVecsPerPanel; ++v) lo[m][v] = dot_u8s8(lo[m][v], w[i][v], al);
+                            }
+                        }
+                    }
+                } else if constexpr (P::kBits == 4) {
                     VI w0[kVecsPerPanel], w1[kVecsPerPanel];
                     for (int v = 0; v < kVecsPerPanel; ++v) {
                         VI w = vloadi(chunk + size_t(v) * kLanes * 4);
@@ -855,6 +968,17 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
                 if constexpr (std::is_same_v<P, Q40>) {
                     s[v] = widen_f16(blk + P::kD + 2 * size_t(v) * kLanes);
                     sz[v] = vmul(s[v], vset1(8.0f));
+                    continue;
+                }
+                if constexpr (std::is_same_v<P, Q3K>) {
+                    s[v] = vmul(widen_f16(blk + P::kD + 2 * size_t(v) * kLanes), widen_i8(blk + P::kSc + 16 * j + v * kLanes));
+                    sz[v] = vmul(s[v], vset1(4.0f));
+                    continue;
+                }
+                if constexpr (std::is_same_v<P, Q2K>) {
+                    const uint8_t* sc = blk + P::kSc + 16 * j + v * kLanes;
+                    s[v] = vmul(widen_f16(blk + P::kD + 2 * size_t(v) * kLanes), widen_nibble<false>(sc));
+                    sz[v] = vmul(widen_f16(blk + P::kDmin + 2 * size_t(v) * kLanes), widen_nibble<true>(sc));
                     continue;
                 }
                 if constexpr (std::is_same_v<P, IQ4X>) {
@@ -943,7 +1067,8 @@ const TypeEntry* type_entry(kt_dtype d) {
 
 const char* const kMatrix[3] = {"gate", "up", "down"};
 
-enum { kRows = 0, kPanelsQ4K = 1, kPanelsQ80 = 2, kPanelsQ6K = 3, kPanelsQ40 = 4, kPanelsIQ4 = 5, kPanelsQ5K = 6 };
+enum { kRows = 0, kPanelsQ4K = 1, kPanelsQ80 = 2, kPanelsQ6K = 3, kPanelsQ40 = 4, kPanelsIQ4 = 5, kPanelsQ5K = 6, kPanelsQ2K = 7,
+       kPanelsQ3K = 8 };
 
 // f(P{}) with the ggml_panels struct of a panel form.
 template <class F>
@@ -954,6 +1079,8 @@ auto with_panels(int panels, F&& f) {
         case kPanelsQ40: return f(ggml_panels::Q40{});
         case kPanelsIQ4: return f(ggml_panels::IQ4X{});
         case kPanelsQ5K: return f(ggml_panels::Q5K{});
+        case kPanelsQ2K: return f(ggml_panels::Q2K{});
+        case kPanelsQ3K: return f(ggml_panels::Q3K{});
         default: return f(ggml_panels::Q80{});
     }
 }
@@ -993,6 +1120,8 @@ Layout layout(const kt_moe_config* c) {
                    : m.type->dtype == KT_DTYPE_GGML_Q4_0 && m.cols % 32 == 0  ? kPanelsQ40
                    : m.type->dtype == KT_DTYPE_GGML_IQ4_XS && m.cols % 256 == 0 ? kPanelsIQ4
                    : m.type->dtype == KT_DTYPE_GGML_Q5_K && m.cols % 256 == 0 ? kPanelsQ5K
+                   : m.type->dtype == KT_DTYPE_GGML_Q2_K && m.cols % 256 == 0 ? kPanelsQ2K
+                   : m.type->dtype == KT_DTYPE_GGML_Q3_K && m.cols % 256 == 0 ? kPanelsQ3K
                                                                               : kRows;
         m.offset = at;
         at += size_t(round_up(m.panels ? panels(m.rows) * int64_t(matrix_panel_bytes(m)) : m.rows * m.row_bytes, 64));
