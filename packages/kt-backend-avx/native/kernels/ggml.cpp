@@ -1,19 +1,12 @@
 // LLAMAFILE experts: GGUF's ggml blocks, run as the file stores them (docs/formats.md).
 //
-// Packed layout "kt-ggml-v3": gate, up and down one after another, each on 64 bytes, each in
-// one of two forms chosen by its ggml type:
-//  - rows [N][row bytes]: the file's blocks, byte for byte (no dequantization at load, so the
-//    matrix takes exactly its GGUF size and decode streams each block once);
-//  - panels for every type (ggml_panels below): the same codes and scales, no dequantization
-//    either, regrouped per 16 output channels so an outer-product kernel runs them (v3 added
-//    Q2_K's, Q3_K's, Q4_0's, Q5_K's and IQ4_XS's panels; K must be a multiple of the block).
-//
-// Every supported type is decoded, one block at a time into L1, to the same form:
-//   w[k] = d * sc[k/16] * u[k] - dmin * mn[k/16]
-// with u unsigned codes (or, for Q8_0 and IQ4_XS, signed int8 values and mn = 0) and sc, mn
-// small integers per 16 elements. The dot with an activation row then is exact integer work
-// — vpmaddubsw of codes and int8 activations, vpmaddwd with the per-16 scales — plus
-// d * s_a * that - dmin * s_a * sum(mn * activation sums per 16), in f32 per block.
+// Packed layout "kt-ggml-v3": gate, up and down one after another, each on 64 bytes, each as
+// panels of 16 output channels (ggml_panels below): every type's codes and scales, nothing
+// dequantized, regrouped so one outer-product kernel runs them all, decode and prefill. Each type
+// is a group-wise integer format in disguise, w = s * u - s*z per sub-block of 16 or 32 k (Q4_K:
+// s = d * sc, s*z = dmin * m; Q4_0: s = d, z = 8; IQ4_XS: a table lookup first). v2 kept Q2_K,
+// Q3_K, Q4_0, Q5_K and IQ4_XS as the file's rows and ran them a block at a time from L1, at a
+// third to two thirds of llama.cpp's decode speed (docs/performance.md, "Against llama.cpp").
 //
 // Activations ("ggml-act-v1"): per group of 256 k (the last one may be shorter), one f32
 // scale s_a = max|x| / 127; two int8 planes, x ~= s_a * (hi + lo / 128) (the second pass
@@ -117,64 +110,27 @@ inline __m256i bit_to(__m256i v, int bit, int value) {
     return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, m), m), bytes(value));
 }
 
-// The 32-element types decode straight into a register, per activation row (cheaper than a
-// round trip through memory): codes u and one f16 scale d, w = d * (u - kMin).
-//
-// A 256-element block is decoded once into L1 for all rows, with a few vector operations
-// (scalar stores of its scales cost more than the dot itself: Q4_K decode ran 12x slower than
-// INT4 that way, measured).
+// A 256-element K-quant block's codes, unpacked in element order with a few vector operations,
+// for the panel packers below (scales are read from the block where each packer needs them).
 template <int QK>
 struct Decoded {
     alignas(32) uint8_t u[QK];
-    __m256i sc[QK / 32];   // per 32-chunk, the vpmaddwd operand: 8 int16 lanes for k 0..15, 8 for 16..31
-    __m256i mn;            // mn of each 16 k, 16 int16 (the min term's vpmaddwd operand)
-    float d, dmin;
 };
-inline __m256i pair16(int first, int second) {
-    return _mm256_set_m128i(_mm_set1_epi16(short(second)), _mm_set1_epi16(short(first)));
-}
-// sc[c] for 16 per-16 scales held as the bytes of v (int8 when kSigned, else uint8): lanes
-// 0..7 scale 2c, lanes 8..15 scale 2c + 1, by one byte shuffle each (a signed byte goes to the
-// high half of its int16 lane and is shifted back arithmetically).
-template <bool kSigned>
-inline void pair_scales(__m128i v, __m256i* sc) {
-    const __m256i both = _mm256_broadcastsi128_si256(v);
-    for (int c = 0; c < 8; ++c) {
-        const int lo = 2 * c, hi = 2 * c + 1;
-        if constexpr (kSigned) {
-            const __m256i idx = _mm256_set_m128i(_mm_set1_epi16(short(hi << 8 | 0x80)), _mm_set1_epi16(short(lo << 8 | 0x80)));
-            sc[c] = _mm256_srai_epi16(_mm256_shuffle_epi8(both, idx), 8);
-        } else {
-            sc[c] = _mm256_shuffle_epi8(both, _mm256_set_m128i(_mm_set1_epi16(short(0x8000 | hi)), _mm_set1_epi16(short(0x8000 | lo))));
-        }
-    }
-}
 
 struct Q4_0 {
     static constexpr int QK = 32, kBytes = 18;
-    static constexpr bool kSigned = false;
     static constexpr const char* name = "Q4_0";
     static constexpr int kScaleAt[2] = {0, -1};
-    static constexpr int kMin = 8;
-    static __m256i codes(const uint8_t* b) {
-        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2));
-        const __m128i m = _mm_set1_epi8(15);
-        return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m), _mm_and_si128(q, m));
-    }
 };
 
 struct Q8_0 {
     static constexpr int QK = 32, kBytes = 34;
-    static constexpr bool kSigned = true;
     static constexpr const char* name = "Q8_0";
     static constexpr int kScaleAt[2] = {0, -1};
-    static constexpr int kMin = 0;
-    static __m256i codes(const uint8_t* b) { return load32(b + 2); }
 };
 
 struct Q2_K {
     static constexpr int QK = 256, kBytes = 84;
-    static constexpr bool kSigned = false;
     static constexpr const char* name = "Q2_K";
     static constexpr int kScaleAt[2] = {80, 82};
     static void decode(const uint8_t* b, Decoded<QK>& o) {
@@ -183,19 +139,13 @@ struct Q2_K {
             for (int s = 0; s < 4; ++s)
                 store32(o.u + 128 * h + 32 * s, _mm256_and_si256(_mm256_srli_epi16(q, 2 * s), bytes(3)));
         }
-        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
-        pair_scales<false>(_mm_and_si128(v, _mm_set1_epi8(15)), o.sc);
-        o.mn = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(15)));
-        o.d = f16(b + 80);
-        o.dmin = f16(b + 82);
     }
 };
 
-// Q3_K: q = low 2 bits - 4 unless the hmask bit is set; stored here as u = q + 4 with
-// mn = 4 * sc, so w = d * sc * (u - 4).
+// Q3_K: q = low 2 bits - 4 unless the hmask bit is set; stored here as u = q + 4, so
+// w = d * sc * (u - 4).
 struct Q3_K {
     static constexpr int QK = 256, kBytes = 110;
-    static constexpr bool kSigned = false;
     static constexpr const char* name = "Q3_K";
     static constexpr int kScaleAt[2] = {108, -1};
     // The j-th 16-element group's scale, sc - 32, from the block's 12 packed 6-bit scales.
@@ -213,40 +163,11 @@ struct Q3_K {
                 store32(o.u + 128 * h + 32 * s, _mm256_or_si256(low, bit_to(hm, 4 * h + s, 4)));
             }
         }
-        alignas(32) int16_t s[16];
-        for (int j = 0; j < 16; ++j) s[j] = int16_t(scale(b, j));
-        for (int c = 0; c < 8; ++c) o.sc[c] = pair16(s[2 * c], s[2 * c + 1]);
-        o.mn = _mm256_slli_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(s)), 2);
-        o.d = o.dmin = f16(b + 108);
     }
 };
 
-// Q4_K/Q5_K's eight 6-bit scales and mins from their 12 bytes q (ggml's get_scale_min_k4), in
-// a few byte shuffles: with scalar unpacking this took half of Q4_K's decode time (measured).
-//   sc[j<4] = q[j] & 63      sc[j>=4] = (q[j+4] & 15) | (q[j-4] >> 6) << 4
-//   m[j<4]  = q[j+4] & 63    m[j>=4]  = (q[j+4] >> 4) | (q[j] >> 6) << 4
-template <int QK>
-void k4_scales(const uint8_t* q, Decoded<QK>& o) {
-    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));   // 12 bytes used
-    constexpr char z = char(0x80);
-    // Bytes 0..7 become sc 0..7, bytes 8..15 m 0..7: first their low bits...
-    const __m128i a = _mm_shuffle_epi8(x, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
-    const __m128i low = _mm_and_si128(a, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15));
-    const __m128i high_nibbles = _mm_and_si128(_mm_srli_epi16(a, 4), _mm_set1_epi8(15));
-    const __m128i lows = _mm_blend_epi32(low, high_nibbles, 8);   // m 4..7 take q[8..11] >> 4
-    // ...then the two top bits of q[0..3] (for sc 4..7) and q[4..7] (for m 4..7) as bits 4, 5.
-    const __m128i b = _mm_shuffle_epi8(x, _mm_setr_epi8(z, z, z, z, 0, 1, 2, 3, z, z, z, z, 4, 5, 6, 7));
-    const __m128i v = _mm_or_si128(lows, _mm_and_si128(_mm_srli_epi16(b, 2), _mm_set1_epi8(0x30)));
-    // Scale c to all 16 int16 lanes of sc[c]: one byte shuffle each (index bytes c, 0x80).
-    const __m256i both = _mm256_broadcastsi128_si256(v);
-    for (int c = 0; c < 8; ++c) o.sc[c] = _mm256_shuffle_epi8(both, _mm256_set1_epi16(short(0x8000 | c)));
-    const __m128i mins = _mm_srli_si128(v, 8);
-    o.mn = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mins, mins));   // each sub-block's min for both of its 16s
-}
-
 struct Q4_K {
     static constexpr int QK = 256, kBytes = 144;
-    static constexpr bool kSigned = false;
     static constexpr const char* name = "Q4_K";
     static constexpr int kScaleAt[2] = {0, 2};
     static void decode(const uint8_t* b, Decoded<QK>& o) {
@@ -255,15 +176,11 @@ struct Q4_K {
             store32(o.u + 64 * c, _mm256_and_si256(q, bytes(15)));
             store32(o.u + 64 * c + 32, _mm256_and_si256(_mm256_srli_epi16(q, 4), bytes(15)));
         }
-        k4_scales(b + 4, o);
-        o.d = f16(b);
-        o.dmin = f16(b + 2);
     }
 };
 
 struct Q5_K {
     static constexpr int QK = 256, kBytes = 176;
-    static constexpr bool kSigned = false;
     static constexpr const char* name = "Q5_K";
     static constexpr int kScaleAt[2] = {0, 2};
     static void decode(const uint8_t* b, Decoded<QK>& o) {
@@ -274,16 +191,12 @@ struct Q5_K {
             store32(o.u + 64 * c + 32,
                     _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), bytes(15)), bit_to(qh, 2 * c + 1, 16)));
         }
-        k4_scales(b + 4, o);
-        o.d = f16(b);
-        o.dmin = f16(b + 2);
     }
 };
 
-// Q6_K: w = d * sc * (u - 32), u 6 bits; mn = 32 * sc.
+// Q6_K: w = d * sc * (u - 32), u 6 bits.
 struct Q6_K {
     static constexpr int QK = 256, kBytes = 210;
-    static constexpr bool kSigned = false;
     static constexpr const char* name = "Q6_K";
     static constexpr int kScaleAt[2] = {208, -1};
     static void decode(const uint8_t* b, Decoded<QK>& o) {
@@ -297,11 +210,6 @@ struct Q6_K {
             store32(u + 96, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), m4),
                                             _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30)));
         }
-        const auto* sc = reinterpret_cast<const int8_t*>(b + 192);
-        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc));
-        pair_scales<true>(v, o.sc);
-        o.mn = _mm256_slli_epi16(_mm256_cvtepi8_epi16(v), 5);
-        o.d = o.dmin = f16(b + 208);
     }
 };
 
@@ -316,240 +224,19 @@ inline int iq4_scale(const uint8_t* b, int j) {
 
 struct IQ4_XS {
     static constexpr int QK = 256, kBytes = 136;
-    static constexpr bool kSigned = true;
     static constexpr const char* name = "IQ4_XS";
     static constexpr int kScaleAt[2] = {0, -1};
-    static void decode(const uint8_t* b, Decoded<QK>& o) {
-        const __m128i table = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Values));
-        const __m128i m4 = _mm_set1_epi8(15);
-        for (int j = 0; j < 8; ++j) {
-            const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 8 + 16 * j));
-            const __m128i lo = _mm_shuffle_epi8(table, _mm_and_si128(q, m4));
-            const __m128i hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(q, 4), m4));
-            store32(o.u + 32 * j, _mm256_set_m128i(hi, lo));
-            o.sc[j] = _mm256_set1_epi16(short(iq4_scale(b, j) - 32));
-        }
-        o.d = f16(b);
-        o.dmin = 0.0f;
-    }
 };
 
-// ---- dot products ----------------------------------------------------------------------------
-
-inline float hsum8(__m256 v) {
-    const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
-}
-
-// sum over one 32-chunk of sc * u * a, as 8 int32 lanes.
-template <bool kSigned>
-inline __m256i chunk_dot(__m256i u, __m256i a, __m256i sc) {
-    const __m256i p = kSigned ? _mm256_maddubs_epi16(_mm256_sign_epi8(u, u), _mm256_sign_epi8(a, u))
-                              : _mm256_maddubs_epi16(u, a);
-    return _mm256_madd_epi16(p, sc);
-}
-
-constexpr int64_t kRowBlock = 32;   // activation rows sharing one decoded block in L1
-
-inline __m256i act_vec(const int8_t* p) { return load32(reinterpret_cast<const uint8_t*>(p)); }
-
-// The integer work in the widest vectors the target has: two 32-chunks per AVX-512 register
-// (prefill is bound by these instructions), one per AVX2 register.
-#if defined(__AVX512BW__)
-using WI = __m512i;
-constexpr int kChunksPerVec = 2;
-inline WI wload(const void* p) { return _mm512_loadu_si512(p); }
-inline WI wjoin(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
-inline __m256i wfold(WI v) { return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1)); }
-template <bool kSigned>
-inline WI wpairs(WI u, WI a) {   // AVX-512 has no vpsignb: negate a where u < 0 by mask
-    return kSigned ? _mm512_maddubs_epi16(_mm512_abs_epi8(u),
-                                          _mm512_mask_sub_epi8(a, _mm512_movepi8_mask(u), _mm512_setzero_si512(), a))
-                   : _mm512_maddubs_epi16(u, a);
-}
-template <bool kSigned>
-inline WI wdot(WI u, WI a, WI sc) { return _mm512_madd_epi16(wpairs<kSigned>(u, a), sc); }
-// acc + wdot(u, a, sc): VNNI's vpdpwssd does the vpmaddwd and the add in one instruction.
-template <bool kSigned>
-inline WI wdot_acc(WI acc, WI u, WI a, WI sc) {
-#if defined(__AVX512VNNI__)
-    return _mm512_dpwssd_epi32(acc, wpairs<kSigned>(u, a), sc);
-#else
-    return _mm512_add_epi32(acc, wdot<kSigned>(u, a, sc));
-#endif
-}
-#else
-using WI = __m256i;
-constexpr int kChunksPerVec = 1;
-inline WI wload(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
-inline __m256i wfold(WI v) { return v; }
-template <bool kSigned>
-inline WI wdot(WI u, WI a, WI sc) { return chunk_dot<kSigned>(u, a, sc); }
-template <bool kSigned>
-inline WI wdot_acc(WI acc, WI u, WI a, WI sc) { return _mm256_add_epi32(acc, wdot<kSigned>(u, a, sc)); }
-#endif
-
-// Activation sums of `nb` (<= 8) 32-element blocks from their per-16 sums, as 8 int32 lanes
-// (lanes past nb are 0: a short last group must not read past the row).
-inline __m256i block_sums(const int16_t* sums16, int nb) {
-    __m256i v;
-    if (nb == 8) {
-        v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums16));
-    } else {
-        alignas(32) int16_t tail[16] = {};
-        for (int i = 0; i < 2 * nb; ++i) tail[i] = sums16[i];
-        v = _mm256_load_si256(reinterpret_cast<const __m256i*>(tail));
-    }
-    return _mm256_madd_epi16(v, _mm256_set1_epi16(1));
-}
-
-// out[r] = w_row . x_r for `rows` (<= kRowBlock) activation rows, 32-element blocks, taken 8
-// at a time (one activation scale group): their codes and f16 scales are decoded once for all
-// rows; per row and block one integer dot (both passes combined exactly: hi * 128 + lo stays
-// within int32 for 32 elements), one conversion, one FMA with the block's scale vector.
-template <class T, bool kTwoPass>
-void row_dots_32(const uint8_t* w, int64_t k, const uint8_t* act, size_t act_bytes, int64_t rows, float* out) {
-    constexpr int kVecs = 8 / kChunksPerVec;
-    const float step = kTwoPass ? 1.0f / 128.0f : 1.0f;
-    __m256 acc[kRowBlock];
-    for (int64_t r = 0; r < rows; ++r) acc[r] = _mm256_setzero_ps();
-    alignas(64) uint8_t u[256];
-    alignas(32) float d[8];
-#if defined(__AVX512BW__)
-    const WI ones = _mm512_set1_epi16(1);
-    __m512 dv[kVecs];
-#else
-    const WI ones = _mm256_set1_epi16(1);
-    __m256 dv[kVecs];
-#endif
-    const int64_t blocks = k / 32;
-    for (int64_t s0 = 0; s0 < blocks; s0 += 8) {
-        const int nb = int(std::min<int64_t>(8, blocks - s0));
-        for (int b = 0; b < 8; ++b) {   // blocks past the row's end decode as zeros: they add nothing
-            const uint8_t* blk = w + (s0 + b) * T::kBytes;
-            store32(u + 32 * b, b < nb ? T::codes(blk) : _mm256_setzero_si256());
-            d[b] = b < nb ? f16(blk) : 0.0f;
-        }
-        for (int c = 0; c < kVecs; ++c) {
-#if defined(__AVX512BW__)
-            dv[c] = _mm512_insertf32x8(_mm512_set1_ps(d[2 * c]), _mm256_set1_ps(d[2 * c + 1]), 1);
-#else
-            dv[c] = _mm256_set1_ps(d[c]);
-#endif
-        }
-        const __m256 d8 = _mm256_load_ps(d);
-        for (int64_t r = 0; r < rows; ++r) {
-            const ActRow a = act_row(act + size_t(r) * act_bytes, k);
-#if defined(__AVX512BW__)
-            __m512 g = _mm512_setzero_ps();
-#else
-            __m256 g = _mm256_setzero_ps();
-#endif
-            for (int c = 0; c < kVecs && kChunksPerVec * c < nb; ++c) {
-                const WI uc = wload(u + 32 * kChunksPerVec * c);
-                const int64_t at = 32 * (s0 + kChunksPerVec * c);
-                WI i = wdot<T::kSigned>(uc, wload(a.hi + at), ones);
-                if constexpr (kTwoPass) {
-#if defined(__AVX512BW__)
-                    i = _mm512_add_epi32(_mm512_slli_epi32(i, 7), wdot<T::kSigned>(uc, wload(a.lo + at), ones));
-#else
-                    i = _mm256_add_epi32(_mm256_slli_epi32(i, 7), wdot<T::kSigned>(uc, wload(a.lo + at), ones));
-#endif
-                }
-#if defined(__AVX512BW__)
-                g = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), dv[c], g);
-#else
-                g = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), dv[c], g);
-#endif
-            }
-            const float sa = a.scale[s0 / (kQK / 32)] * step;
-#if defined(__AVX512BW__)
-            const __m256 g8 = _mm256_add_ps(_mm512_castps512_ps256(g), _mm512_extractf32x8_ps(g, 1));
-#else
-            const __m256 g8 = g;
-#endif
-            acc[r] = _mm256_fmadd_ps(g8, _mm256_set1_ps(sa), acc[r]);
-            if constexpr (T::kMin != 0) {   // minus kMin * sum_b d_b * (activation sum of block b)
-                __m256i sums = block_sums(a.sums_hi + 2 * s0, nb);
-                if constexpr (kTwoPass) sums = _mm256_add_epi32(_mm256_slli_epi32(sums, 7), block_sums(a.sums_lo + 2 * s0, nb));
-                acc[r] = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sums), d8), _mm256_set1_ps(sa * T::kMin), acc[r]);
-            }
-        }
-    }
-    for (int64_t r = 0; r < rows; ++r) out[r] = hsum8(acc[r]);
-}
-
-// The same for 256-element blocks, each decoded once for all rows.
-template <class T, bool kTwoPass>
-void row_dots_256(const uint8_t* w, int64_t k, const uint8_t* act, size_t act_bytes, int64_t rows, float* out) {
-    constexpr int kVecs = 8 / kChunksPerVec;
-    __m256 acc[kRowBlock];
-    for (int64_t r = 0; r < rows; ++r) acc[r] = _mm256_setzero_ps();
-    Decoded<256> dec;
-    WI sc[kVecs];
-    for (int64_t s = 0; s < k / 256; ++s) {
-        T::decode(w + s * T::kBytes, dec);
-        for (int c = 0; c < kVecs; ++c) {
-#if defined(__AVX512BW__)
-            sc[c] = wjoin(dec.sc[2 * c], dec.sc[2 * c + 1]);
-#else
-            sc[c] = dec.sc[c];
-#endif
-        }
-        const int64_t k0 = s * 256;
-        for (int64_t r = 0; r < rows; ++r) {
-            const ActRow a = act_row(act + size_t(r) * act_bytes, k);
-            WI ih = WI(), il = WI();
-            for (int c = 0; c < kVecs; ++c) {
-                const WI u = wload(dec.u + 32 * kChunksPerVec * c);
-                ih = wdot_acc<T::kSigned>(ih, u, wload(a.hi + k0 + 32 * kChunksPerVec * c), sc[c]);
-                if constexpr (kTwoPass) il = wdot_acc<T::kSigned>(il, u, wload(a.lo + k0 + 32 * kChunksPerVec * c), sc[c]);
-            }
-            const float sa = a.scale[s];
-            __m256 dot = _mm256_cvtepi32_ps(wfold(ih));
-            if constexpr (kTwoPass) dot = _mm256_fmadd_ps(_mm256_cvtepi32_ps(wfold(il)), _mm256_set1_ps(1.0f / 128.0f), dot);
-            acc[r] = _mm256_fmadd_ps(dot, _mm256_set1_ps(dec.d * sa), acc[r]);
-            if constexpr (!T::kSigned) {   // minus dmin * sum over the 16-groups of mn * activation sum
-                const __m256i* sums_hi = reinterpret_cast<const __m256i*>(a.sums_hi + k0 / 16);
-                __m256 m = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_loadu_si256(sums_hi), dec.mn));
-                if constexpr (kTwoPass) {
-                    const __m256i* sums_lo = reinterpret_cast<const __m256i*>(a.sums_lo + k0 / 16);
-                    m = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_loadu_si256(sums_lo), dec.mn)),
-                                        _mm256_set1_ps(1.0f / 128.0f), m);
-                }
-                acc[r] = _mm256_fnmadd_ps(m, _mm256_set1_ps(dec.dmin * sa), acc[r]);
-            }
-        }
-    }
-    for (int64_t r = 0; r < rows; ++r) out[r] = hsum8(acc[r]);
-}
-
-template <class T, bool kTwoPass>
-void row_dots(const uint8_t* w, int64_t k, const uint8_t* act, size_t act_bytes, int64_t rows, float* out) {
-    if constexpr (T::QK == 32) {
-        row_dots_32<T, kTwoPass>(w, k, act, act_bytes, rows, out);
-    } else {
-        row_dots_256<T, kTwoPass>(w, k, act, act_bytes, rows, out);
-    }
-}
-
-using RowDotsFn = void (*)(const uint8_t*, int64_t, const uint8_t*, size_t, int64_t, float*);
-
-// ---- Q4_K and Q8_0 as panels of 16 channels -------------------------------------------------
+// ---- panels of 16 channels ------------------------------------------------------------------
 //
-// Row dots (above) decode each block once per weight row and then stream every activation row
-// past it: two activation loads per integer dot, which left Q4_K and Q8_0 prefill at half of
-// INT4's speed. Both are group-wise integer formats in disguise —
-//   Q4_K: w = d*sc_j * u - dmin*m_j, u in 0..15, per 32-k sub-block j of a 256-k block;
-//   Q8_0: w = d * q, q in -127..127 (stored here as u = q + 128: w = d*u - 128*d), per 32 k —
-// so their blocks are regrouped at load into panels of 16 channels side by side and run by an
-// outer-product kernel like INT4's: per 32-k sub-block, exact integer dots of the unsigned
-// codes with both activation planes (vpdpbusd), then
+// Per 16 output channels side by side and per sub-block, exact integer dots of the unsigned
+// codes with both activation planes (vpdpbusd; AVX2: vpmaddubsw), then
 //   acc += s_a * (s * dot - s*z * sum(activations of the sub-block)).
-// Codes are laid out as INT4's (int4_layout.h) (4-bit: chunk c holds k = 8c..8c+3 in low nibbles and
-// 8c+4..8c+7 in high nibbles, lane-major) or kt-int8-p16k4-v1's (8-bit: chunk c = k 4c..4c+3).
-// Nothing is dequantized: per panel and block,
+// 4-bit codes are laid out as INT4's (int4_layout.h: chunk c holds k = 8c..8c+3 in low nibbles
+// and 8c+4..8c+7 in high nibbles, lane-major), 8-bit ones as kt-int8-p16k4-v1's (chunk c = k
+// 4c..4c+3), 2-bit ones four k-quads to a chunk (Q2K). Each type's struct below gives its block's
+// bytes per panel, e.g.
 //   Q4_K (256 k): f32 d[16], f32 dmin[16], u8 sc[8][16], u8 m[8][16], 32 chunks of 64 bytes
 //                 (2432 bytes for 4096 weights: 4.75 bits each, the file's 4.5);
 //   Q8_0 (32 k):  f32 d[16], 8 chunks of 64 bytes (576 bytes for 512 weights: 9 bits, the file's 8.5).
@@ -1044,13 +731,12 @@ struct TypeEntry {
     kt_dtype dtype;
     const char* name;
     int64_t block_elems, block_bytes;
-    int scale_at[2];
-    RowDotsFn dots[2];   // one pass, two passes
+    int scale_at[2];   // offsets of the block's f16 scales (-1: none), checked for NaN/Inf at load
 };
 
 template <class T>
 constexpr TypeEntry entry(kt_dtype d) {
-    return {d, T::name, T::QK, T::kBytes, {T::kScaleAt[0], T::kScaleAt[1]}, {row_dots<T, false>, row_dots<T, true>}};
+    return {d, T::name, T::QK, T::kBytes, {T::kScaleAt[0], T::kScaleAt[1]}};
 }
 
 constexpr TypeEntry kTypes[] = {
@@ -1067,7 +753,7 @@ const TypeEntry* type_entry(kt_dtype d) {
 
 const char* const kMatrix[3] = {"gate", "up", "down"};
 
-enum { kRows = 0, kPanelsQ4K = 1, kPanelsQ80 = 2, kPanelsQ6K = 3, kPanelsQ40 = 4, kPanelsIQ4 = 5, kPanelsQ5K = 6, kPanelsQ2K = 7,
+enum { kNoPanels = 0, kPanelsQ4K = 1, kPanelsQ80 = 2, kPanelsQ6K = 3, kPanelsQ40 = 4, kPanelsIQ4 = 5, kPanelsQ5K = 6, kPanelsQ2K = 7,
        kPanelsQ3K = 8 };
 
 // f(P{}) with the ggml_panels struct of a panel form.
@@ -1088,7 +774,7 @@ auto with_panels(int panels, F&& f) {
 struct Matrix {
     const TypeEntry* type;
     int64_t rows, cols, row_bytes;   // row_bytes: of the file's rows (what the packer takes)
-    int panels;                      // kRows: rows as in the file; else a ggml_panels form
+    int panels;                      // its ggml_panels form (kNoPanels: an invalid type, refused)
     size_t offset;
 };
 struct Layout {
@@ -1113,18 +799,21 @@ Layout layout(const kt_moe_config* c) {
         m.rows = rows[p];
         m.cols = cols[p];
         m.row_bytes = m.type ? m.cols / m.type->block_elems * m.type->block_bytes : 0;
-        m.panels = !m.type                                                       ? kRows
-                   : m.type->dtype == KT_DTYPE_GGML_Q4_K && m.cols % 256 == 0 ? kPanelsQ4K
-                   : m.type->dtype == KT_DTYPE_GGML_Q8_0 && m.cols % 32 == 0  ? kPanelsQ80
-                   : m.type->dtype == KT_DTYPE_GGML_Q6_K && m.cols % 256 == 0 ? kPanelsQ6K
-                   : m.type->dtype == KT_DTYPE_GGML_Q4_0 && m.cols % 32 == 0  ? kPanelsQ40
-                   : m.type->dtype == KT_DTYPE_GGML_IQ4_XS && m.cols % 256 == 0 ? kPanelsIQ4
-                   : m.type->dtype == KT_DTYPE_GGML_Q5_K && m.cols % 256 == 0 ? kPanelsQ5K
-                   : m.type->dtype == KT_DTYPE_GGML_Q2_K && m.cols % 256 == 0 ? kPanelsQ2K
-                   : m.type->dtype == KT_DTYPE_GGML_Q3_K && m.cols % 256 == 0 ? kPanelsQ3K
-                                                                              : kRows;
+        // Every type has a panel form; K is a multiple of its block (check_config).
+        switch (m.type ? m.type->dtype : KT_DTYPE_F32) {
+            case KT_DTYPE_GGML_Q4_0: m.panels = kPanelsQ40; break;
+            case KT_DTYPE_GGML_Q8_0: m.panels = kPanelsQ80; break;
+            case KT_DTYPE_GGML_Q2_K: m.panels = kPanelsQ2K; break;
+            case KT_DTYPE_GGML_Q3_K: m.panels = kPanelsQ3K; break;
+            case KT_DTYPE_GGML_Q4_K: m.panels = kPanelsQ4K; break;
+            case KT_DTYPE_GGML_Q5_K: m.panels = kPanelsQ5K; break;
+            case KT_DTYPE_GGML_Q6_K: m.panels = kPanelsQ6K; break;
+            case KT_DTYPE_GGML_IQ4_XS: m.panels = kPanelsIQ4; break;
+            default: m.panels = kNoPanels;
+        }
+        if (m.type && m.cols % m.type->block_elems) m.panels = kNoPanels;
         m.offset = at;
-        at += size_t(round_up(m.panels ? panels(m.rows) * int64_t(matrix_panel_bytes(m)) : m.rows * m.row_bytes, 64));
+        at += size_t(round_up(m.panels ? panels(m.rows) * int64_t(matrix_panel_bytes(m)) : 0, 64));
     }
     l.bytes = at;
     return l;
@@ -1175,8 +864,6 @@ kt_status pack(const kt_moe_config* c, const kt_expert_weights* src, void* dst) 
             if (bad)
                 return fail(KT_ERROR_INVALID_ARGUMENT, "LLAMAFILE: %s (%s) row %lld has a NaN or Inf block scale; kt refuses "
                             "non-finite weights at load", kMatrix[p], m.type->name, (long long)r);
-            if (!m.panels)
-                std::memcpy(static_cast<uint8_t*>(dst) + m.offset + size_t(r * m.row_bytes), row, size_t(m.row_bytes));
         }
         for (int64_t q = 0; m.panels && q < panels(m.rows); ++q) {
             uint8_t* panel = static_cast<uint8_t*>(dst) + m.offset + size_t(q) * matrix_panel_bytes(m);
@@ -1200,24 +887,13 @@ kt_status check_tile_range(const char* which, int64_t n0, int64_t n1, int64_t n)
 void matrix_tile(const Matrix& m, const uint8_t* base, const uint8_t* x, size_t ab, int64_t rows, int64_t n0, int64_t n1,
                  int pass, float* out, int64_t ldo) {
     const uint8_t* data = base + m.offset;
-    if (m.panels) {
-        const size_t bytes = matrix_panel_bytes(m);
-        for (int64_t n = n0; n < n1; n += kPanel) {
-            const uint8_t* p = data + size_t(n / kPanel) * bytes;
-            const int cols = int(std::min<int64_t>(kPanel, n1 - n));
-            with_panels(m.panels, [&]<class P>(P) {
-                ggml_panels::panel<P>(x, ab, rows, m.cols, p, pass == 1, out + (n - n0), ldo, cols);
-            });
-        }
-        return;
-    }
-    float d[kRowBlock];
-    for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
-        const int64_t nr = std::min(kRowBlock, rows - r0);
-        for (int64_t n = n0; n < n1; ++n) {
-            m.type->dots[pass](data + size_t(n * m.row_bytes), m.cols, x + r0 * ab, ab, nr, d);
-            for (int64_t r = 0; r < nr; ++r) out[(r0 + r) * ldo + n - n0] = d[r];
-        }
+    const size_t bytes = matrix_panel_bytes(m);
+    for (int64_t n = n0; n < n1; n += kPanel) {
+        const uint8_t* p = data + size_t(n / kPanel) * bytes;
+        const int cols = int(std::min<int64_t>(kPanel, n1 - n));
+        with_panels(m.panels, [&]<class P>(P) {
+            ggml_panels::panel<P>(x, ab, rows, m.cols, p, pass == 1, out + (n - n0), ldo, cols);
+        });
     }
 }
 
