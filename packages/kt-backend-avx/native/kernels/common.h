@@ -57,6 +57,16 @@ inline float bf16_to_f32(uint16_t h) {
 
 inline float f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
 
+// Element `at` of a floating matrix as f32 (exact for bf16/f16; f64 rounds).
+inline float float_at(const kt_matrix& m, int64_t at) {
+    switch (m.dtype) {
+        case KT_DTYPE_BF16: return bf16_to_f32(static_cast<const uint16_t*>(m.data)[at]);
+        case KT_DTYPE_F16: return f16_to_f32(static_cast<const uint16_t*>(m.data)[at]);
+        case KT_DTYPE_F64: return float(static_cast<const double*>(m.data)[at]);
+        default: return static_cast<const float*>(m.data)[at];
+    }
+}
+
 // One row of a floating matrix as f32 (exact for bf16/f16; f64 rounds).
 inline void load_row(const kt_matrix& m, int64_t row, float* out) {
     const int64_t at = row * m.row_stride;

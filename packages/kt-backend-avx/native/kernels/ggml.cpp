@@ -254,9 +254,7 @@ struct Q4K {
     static constexpr size_t kBlockBytes = kCodes + 32 * kChunkBytes;
 };
 // w = d * (u - 8), u in 0..15: INT4's symmetric group of 32 with the block's f16 d kept as f16,
-// so the panel takes the file's 4.5 bits per weight exactly. Run from the row form, whose
-// blocks decode once per weight row, Q4_0 decode reached a third of llama.cpp's speed
-// (docs/performance.md, "Against llama.cpp").
+// so the panel takes the file's 4.5 bits per weight exactly.
 struct Q40 {
     static constexpr int64_t kBlockK = 32, kSubK = 32;
     static constexpr int kBits = 4;

@@ -99,9 +99,7 @@ struct RawSource final : Source {
         const auto* words = static_cast<const uint32_t*>(w.values.data) + n * w.values.row_stride;
         for (int64_t k = 0; k < w.values.cols * 8; ++k) u[k] = uint8_t((words[k / 8] >> (4 * (k % 8))) & 15u);
         for (int64_t grp = 0; grp < w.scales.cols; ++grp) {
-            const int64_t at = n * w.scales.row_stride + grp;
-            s[grp] = w.scales.dtype == KT_DTYPE_BF16 ? bf16_to_f32(static_cast<const uint16_t*>(w.scales.data)[at])
-                                                     : static_cast<const float*>(w.scales.data)[at];
+            s[grp] = float_at(w.scales, n * w.scales.row_stride + grp);
             z[grp] = 8.0f;
         }
     }
@@ -257,12 +255,7 @@ struct GptqSource final : Source {
         const auto* words = static_cast<const uint32_t*>(w.values.data);
         for (int64_t k = 0; k < w.values.rows * 8; ++k) u[k] = uint8_t((words[(k / 8) * w.values.row_stride + n] >> (4 * (k % 8))) & 15u);
         for (int64_t grp = 0; grp < w.scales.rows; ++grp) {
-            const int64_t at = grp * w.scales.row_stride + n;
-            switch (w.scales.dtype) {
-                case KT_DTYPE_BF16: s[grp] = bf16_to_f32(static_cast<const uint16_t*>(w.scales.data)[at]); break;
-                case KT_DTYPE_F16: s[grp] = f16_to_f32(static_cast<const uint16_t*>(w.scales.data)[at]); break;
-                default: s[grp] = static_cast<const float*>(w.scales.data)[at];
-            }
+            s[grp] = float_at(w.scales, grp * w.scales.row_stride + n);
             z[grp] = 8.0f;
         }
     }
@@ -348,11 +341,8 @@ kt_status pack_raw(const kt_moe_config* c, const kt_expert_weights* src, void* d
 // or their values as bf16 / f32 (kt-kernel's wrapper takes bf16 ones).
 float mx_scale(const kt_matrix& sc, int64_t n, int64_t grp) {
     const int64_t at = n * sc.row_stride + grp;
-    switch (sc.dtype) {
-        case KT_DTYPE_U8: return 2.0f * kt::layouts::mxfp4::header_scale(static_cast<const uint8_t*>(sc.data)[at]);
-        case KT_DTYPE_BF16: return bf16_to_f32(static_cast<const uint16_t*>(sc.data)[at]);
-        default: return static_cast<const float*>(sc.data)[at];
-    }
+    if (sc.dtype == KT_DTYPE_U8) return 2.0f * kt::layouts::mxfp4::header_scale(static_cast<const uint8_t*>(sc.data)[at]);
+    return float_at(sc, at);
 }
 
 kt_status check_mx(const kt_weight& w, int64_t N, int64_t K, const char* name) {
