@@ -25,14 +25,22 @@ done
 lscpu | tee "$OUT/amx_lscpu.txt" | grep -E 'Model name|Socket|Core|NUMA node\(s\)'
 
 PY=${PYTHON:-python3}
-VENV="$ROOT/.amx-venv"
-[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
-"${PIP[@]}" "scikit-build-core>=0.10" "nanobind>=2.4" cmake ninja numpy pytest typer rich safetensors gguf torch
-"${PIP[@]}" --no-build-isolation ./packages/kt-core ./packages/kt-backend-avx
+if [ -n "${KT_CHECK_IN_PLACE:-}" ]; then
+  # Called by cuda_check.sh: $PY already has torch, numpy, pytest, kt-core and kt-backend-avx, and
+  # the benchmark needs only kt's pure-Python bench helpers.
+  PIP=("$PY" -m pip install -q --disable-pip-version-check)
+  export PYTHONPATH="$ROOT/packages/kt/src${PYTHONPATH:+:$PYTHONPATH}"
+  python() { "$PY" "$@"; }
+else
+  VENV="$ROOT/.amx-venv"
+  [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+  PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
+  "${PIP[@]}" "scikit-build-core>=0.10" "nanobind>=2.4" cmake ninja numpy pytest typer rich safetensors gguf torch
+  "${PIP[@]}" --no-build-isolation ./packages/kt-core
+  "${PIP[@]}" --no-build-isolation ./packages/kt-backend-avx
+  export PATH="$VENV/bin:$PATH"
+fi
 KT_AMX_EMULATE=OFF "${PIP[@]}" --no-build-isolation ./packages/kt-backend-amx
-export PATH="$VENV/bin:$PATH"
-
 kt backends | tee "$OUT/amx_backends.txt"
 # Every batch on the tiles, then the default hand-off.
 KT_AMX_MIN_ROWS=0 python -m pytest -q packages/kt-backend-amx/tests 2>&1 | tee "$OUT/amx_tests.txt"

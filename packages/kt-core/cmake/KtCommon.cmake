@@ -9,9 +9,19 @@ endfunction()
 
 # A Python extension module built the kt way: nanobind, statically linked nanobind runtime
 # (no nanobind object crosses a wheel boundary, so each wheel carries its own), the stable
-# ABI where the interpreter supports it (CPython >= 3.12), warnings on.
+# ABI where the interpreter supports it (CPython >= 3.12), warnings on. Link-time optimization
+# where the toolchain can do it: some compilers ship without a working lto-wrapper, and a
+# missing optimization must not fail the build.
 function(kt_add_python_module name)
-  nanobind_add_module(${name} STABLE_ABI NB_STATIC LTO ${ARGN})
+  include(CheckIPOSupported)
+  check_ipo_supported(RESULT kt_lto_works OUTPUT kt_lto_why LANGUAGES CXX)
+  if(kt_lto_works)
+    set(kt_lto LTO)
+  else()
+    message(STATUS "kt: building ${name} without link-time optimization (${kt_lto_why})")
+    set(kt_lto "")
+  endif()
+  nanobind_add_module(${name} STABLE_ABI NB_STATIC ${kt_lto} ${ARGN})
   target_compile_features(${name} PRIVATE cxx_std_20)
   kt_target_warnings(${name})
 endfunction()
