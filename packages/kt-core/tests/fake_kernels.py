@@ -1,7 +1,7 @@
 """A complete fake backend built with ctypes: real FP32 kernels (NumPy behind C function
 pointers) whose every entry can be made to fail on demand, so faults and fuzzing can stage a
 plugin that returns an error status from a packer or a kernel, or lies in its handshake,
-without a compiler. Mirrors kt/plugin.h (ABI 1.1); the packed layout is gate, up, down as f32
+without a compiler. Mirrors kt/plugin.h (ABI 1.1; 1.3's packer-less methods with packs=False); the packed layout is gate, up, down as f32
 row-major, activations are f32 rows.
 
     fake = FakeBackend(name="faulty")          # then register it with fake_plugins.install
@@ -95,7 +95,10 @@ class FakeBackend:
     ENTRIES = ("init", "pack_expert", "quantize_activations", "gate_up_tile", "down_tile", "moe_forward")
 
     def __init__(self, *, name="faulty", variant="v1", method="FP32", whole_op=False, abi=(1, 1),
-                 packed_bytes: int | None = None, row_bytes: int | None = None):
+                 packed_bytes: int | None = None, row_bytes: int | None = None, packs: bool = True,
+                 declines_below: int = 0):
+        # packs=False: no packer (ABI 1.3, the core borrows one for this layout); declines_below:
+        # batches of fewer tokens are declined (a GEMM library or matrix engine).
         # packed_bytes / row_bytes: sizes to report instead of the true ones (a lying plugin);
         # the entries then touch no memory, so only the core's handling of the sizes is tested.
         self.lie = (packed_bytes, row_bytes)
@@ -110,9 +113,12 @@ class FakeBackend:
                      QUANTIZE(self._quantize), TILE(self._gate_up), TILE(self._down), FORWARD(self._forward)]
         init, packed_bytes, pack, row_bytes, quantize, gate_up, down, forward = self._fns
         self._strings = [s.encode() for s in (name, variant, method, "fake-f32-rowmajor-v1", "moe.f32.fake")]
+        self.declines_below = declines_below
+        self._fns.append(DECLINES(lambda cfg, tokens: int(tokens < self.declines_below)))
         self.kernels = MethodKernels(C.sizeof(MethodKernels), self._strings[2], self._strings[3], self._strings[4], 8, 8,
-                                     DECLINES(), packed_bytes, pack, row_bytes, quantize, gate_up, down,
-                                     forward if whole_op else FORWARD())
+                                     self._fns[-1] if declines_below else DECLINES(),
+                                     packed_bytes if packs else PACKED_BYTES(), pack if packs else PACK(), row_bytes,
+                                     quantize, gate_up, down, forward if whole_op else FORWARD())
         self.api = BackendApi(C.sizeof(BackendApi), abi[0], abi[1], self._strings[0], self._strings[1], b"", init, 1,
                               C.pointer(self.kernels))
 

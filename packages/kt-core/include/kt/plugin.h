@@ -32,7 +32,7 @@ extern "C" {
 #endif
 
 #define KT_PLUGIN_ABI_MAJOR 1
-#define KT_PLUGIN_ABI_MINOR 2
+#define KT_PLUGIN_ABI_MINOR 3
 #define KT_BACKEND_CAPSULE_NAME "kt.backend_api"
 
 /* True when a table of size `struct_size` contains `field` (for reading older plugins). */
@@ -192,7 +192,12 @@ typedef struct kt_method_kernels {
     int (*declines)(const kt_moe_config* shape, int64_t tokens);
 
     /* Packed size of one expert (gate, up and down together) and the packer. dst has
-     * packed_expert_bytes() bytes, 64-byte aligned, zero-filled. */
+     * packed_expert_bytes() bytes, 64-byte aligned, zero-filled.
+     * ABI 1.3: a tile-kernel method may leave both NULL: it computes on `layout_id` as
+     * another backend packs it (a GEMM library on kt-backend-avx's layouts, through
+     * kt/formats/packed_layouts.h). The core then packs with the best runnable variant whose
+     * method of the same name packs `layout_id`, and gives that variant the batches this one
+     * declines: one copy of the weights serves both. */
     size_t (*packed_expert_bytes)(const kt_moe_config* shape);
     kt_status (*pack_expert)(const kt_moe_config* shape, const kt_expert_weights* src, void* dst);
 

@@ -135,10 +135,14 @@ void validate_and_init_backend(const kt_backend_api* api, const std::string& exp
         const bool whole_op = KT_HAS_FIELD(&m, kt_method_kernels, moe_forward) && m.moe_forward;
         const bool tiles = m.quantize_activations && m.activation_row_bytes && m.gate_up_tile && m.down_tile &&
                            m.gate_up_block > 0 && m.down_block > 0;
+        // ABI 1.3: tile kernels may borrow the packer of another backend that packs their layout.
+        const bool packs = m.packed_expert_bytes && m.pack_expert;
+        const bool borrows = api->abi_minor >= 3 && !m.packed_expert_bytes && !m.pack_expert && tiles && !whole_op;
         if (m.struct_size < offsetof(kt_method_kernels, down_tile) + sizeof(m.down_tile) || !m.method ||
-            !m.layout_id || !m.kernel_id || !m.packed_expert_bytes || !m.pack_expert || !(tiles || whole_op))
+            !m.layout_id || !m.kernel_id || !(packs || borrows) || !(tiles || whole_op))
             throw std::runtime_error(who + ": method table #" + std::to_string(i) +
-                                     " lacks mandatory entries (names, packer, and either tile kernels or moe_forward)");
+                                     " lacks mandatory entries (names, packer — or, from ABI 1.3, tile kernels that "
+                                     "borrow one — and either tile kernels or moe_forward)");
     }
     if (!api->init) throw std::runtime_error(who + ": backend table has no init()");
     check_plugin(api->init(&kHostApi), (who + " init()").c_str());

@@ -215,12 +215,14 @@ std::unique_ptr<PendingForward> g_pending;
 struct Layer {
     Backend backend;
     std::optional<Backend> small_batch_backend;   // keeps the small-batch kernels' table alive
+    std::optional<Backend> packer_backend;        // keeps a borrowed packer's table alive (ABI 1.3)
     std::unique_ptr<kt::MoeLayer> layer;
 
     Layer(const Backend& b, const std::string& method, int64_t hidden, int64_t intermediate, int64_t experts,
           int64_t top_k, std::vector<bool> on_cpu, int64_t max_tokens, int64_t group_size, bool zero_point,
-          bool fast_activations, std::vector<int> weight_dtype, float swiglu_limit, float swiglu_alpha)
-        : backend(b) {
+          bool fast_activations, std::vector<int> weight_dtype, float swiglu_limit, float swiglu_alpha,
+          std::optional<Backend> packer)
+        : backend(b), packer_backend(std::move(packer)) {
         if (!(swiglu_limit >= 0.0f && swiglu_alpha >= 0.0f) || !std::isfinite(swiglu_limit) || !std::isfinite(swiglu_alpha))
             throw nb::value_error(("swiglu_limit and swiglu_alpha must be finite and >= 0 (0 = off), got " +
                                    std::to_string(swiglu_limit) + ", " + std::to_string(swiglu_alpha)).c_str());
@@ -237,7 +239,8 @@ struct Layer {
         if (kernels->declines && kernels->declines(&shape, max_tokens))
             throw nb::value_error(("backend '" + std::string(backend.api->name) + "' declines method " + method +
                                    " for this shape").c_str());
-        layer = std::make_unique<kt::MoeLayer>(shape, kernels, std::move(on_cpu), max_tokens);
+        layer = std::make_unique<kt::MoeLayer>(shape, kernels, std::move(on_cpu), max_tokens,
+                                               packer_backend ? packer_backend->method(method) : nullptr);
     }
 
     // A layer with the clamped SwiGLU runs only on kernels that claim it (kt/plugin.h, ABI 1.2).
@@ -711,7 +714,8 @@ NB_MODULE(_native, m) {
                 const auto& k = kt::method_table(b.api, i);
                 out.append(kv("method", std::string(k.method), "layout_id", std::string(k.layout_id),
                                     "kernel_id", std::string(k.kernel_id),
-                                    "whole_op", bool(KT_HAS_FIELD(&k, kt_method_kernels, moe_forward) && k.moe_forward)));
+                                    "whole_op", bool(KT_HAS_FIELD(&k, kt_method_kernels, moe_forward) && k.moe_forward),
+                                    "packs", bool(k.pack_expert)));
             }
             return out;
         })
@@ -726,10 +730,12 @@ NB_MODULE(_native, m) {
 
     nb::class_<Layer>(m, "MoeLayer")
         .def(nb::init<const Backend&, const std::string&, int64_t, int64_t, int64_t, int64_t, std::vector<bool>, int64_t,
-                      int64_t, bool, bool, std::vector<int>, float, float>(),
+                      int64_t, bool, bool, std::vector<int>, float, float,
+                      std::optional<Backend>>(),
              "backend"_a, "method"_a, "hidden"_a, "intermediate"_a, "num_experts"_a, "top_k"_a, "expert_on_cpu"_a,
              "max_tokens"_a, "group_size"_a = 0, "zero_point"_a = false, "fast_activations"_a = false,
-             "weight_dtype"_a = std::vector<int>{}, "swiglu_limit"_a = 0.0f, "swiglu_alpha"_a = 0.0f)
+             "weight_dtype"_a = std::vector<int>{}, "swiglu_limit"_a = 0.0f, "swiglu_alpha"_a = 0.0f,
+             "packer"_a = nb::none())
         .def("load_expert", &Layer::load_expert, "expert"_a, "gate"_a, "up"_a, "down"_a, "gate_scale"_a = nb::none(),
              "up_scale"_a = nb::none(), "down_scale"_a = nb::none(), "gate_zero"_a = nb::none(), "up_zero"_a = nb::none(),
              "down_zero"_a = nb::none())
@@ -753,7 +759,8 @@ NB_MODULE(_native, m) {
         .def("submit_forward_at", &Layer::submit_forward_at, "hidden"_a, "hidden_dtype"_a, "tokens"_a, "topk_ids"_a,
              "topk_weights"_a, "out"_a, "out_dtype"_a, "keep_alive"_a)
         .def_prop_ro("packed_bytes", [](const Layer& l) { return l.layer->packed_bytes(); })
-        .def_prop_ro("expert_bytes", [](const Layer& l) { return l.layer->kernels().packed_expert_bytes(&l.layer->shape()); })
+        .def_prop_ro("expert_bytes", [](const Layer& l) { return l.layer->packer().packed_expert_bytes(&l.layer->shape()); })
+        .def_prop_ro("packer_kernel_id", [](const Layer& l) { return std::string(l.layer->packer().kernel_id); })
         .def_prop_ro("layout_id", [](const Layer& l) { return std::string(l.layer->kernels().layout_id); })
         .def("set_small_batch_backend", &Layer::set_small_batch_backend, "backend"_a, "method"_a)
         .def("kernel_id_for", [](const Layer& l, int64_t tokens) { return std::string(l.layer->kernels_for(tokens).kernel_id); },

@@ -183,8 +183,16 @@ size_t forward_scratch_bytes() {
 }
 
 MoeLayer::MoeLayer(const kt_moe_config& shape, const kt_method_kernels* kernels, std::vector<bool> expert_on_cpu,
-                   int64_t max_tokens)
-    : shape_(shape), kernels_(kernels), on_cpu_(std::move(expert_on_cpu)), max_tokens_(max_tokens) {
+                   int64_t max_tokens, const kt_method_kernels* packer)
+    : shape_(shape), kernels_(kernels), packer_(kernels->pack_expert ? kernels : packer), on_cpu_(std::move(expert_on_cpu)),
+      max_tokens_(max_tokens) {
+    if (!packer_)
+        throw std::invalid_argument(std::string(kernels_->kernel_id) + " computes on layout " + kernels_->layout_id +
+                                    " and packs nothing itself; no installed backend packs that layout for method " +
+                                    kernels_->method);
+    if (std::string(packer_->layout_id) != kernels_->layout_id)
+        throw std::invalid_argument(std::string("packer ") + packer_->kernel_id + " writes layout " + packer_->layout_id +
+                                    "; " + kernels_->kernel_id + " reads " + kernels_->layout_id);
     if (shape_.hidden <= 0 || shape_.intermediate <= 0 || shape_.num_experts <= 0 || shape_.top_k <= 0)
         throw std::invalid_argument("MoE shape must be positive: hidden=" + std::to_string(shape_.hidden) +
                                     " intermediate=" + std::to_string(shape_.intermediate) +
@@ -195,7 +203,7 @@ MoeLayer::MoeLayer(const kt_moe_config& shape, const kt_method_kernels* kernels,
                                     " entries, expected num_experts=" + std::to_string(shape_.num_experts));
     if (max_tokens_ <= 0) throw std::invalid_argument("max_tokens (chunked_prefill_size) must be positive");
     routed_ = on_cpu_;
-    expert_bytes_ = kernels_->packed_expert_bytes(&shape_);
+    expert_bytes_ = packer_->packed_expert_bytes(&shape_);
     packed_.resize(size_t(shape_.num_experts));
     // Experts are sharded over NUMA groups in contiguous runs: each group streams only
     // its own node's memory, and a converted file never depends on the group count.
@@ -347,7 +355,7 @@ NumaBuffer MoeLayer::pack(int64_t expert, const kt_expert_weights& weights) cons
                                             "]; kt refuses non-finite weights at load");
         }
     NumaBuffer buffer = expert_buffer(expert);
-    check_plugin(kernels_->pack_expert(&shape_, &weights, buffer.get()), "packing expert weights");
+    check_plugin(packer_->pack_expert(&shape_, &weights, buffer.get()), "packing expert weights");
     return buffer;
 }
 

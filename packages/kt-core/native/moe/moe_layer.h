@@ -17,8 +17,10 @@ public:
     // `kernels` belongs to a validated, initialised backend that outlives the layer.
     // expert_on_cpu[e] == false marks a GPU-resident expert: nothing is packed for it and
     // routing to it is skipped. max_tokens bounds one forward (chunked_prefill_size).
+    // `packer` packs the experts when `kernels` packs nothing itself (ABI 1.3: kernels that
+    // compute on another backend's layout); it must write kernels' layout and outlive the layer.
     MoeLayer(const kt_moe_config& shape, const kt_method_kernels* kernels,
-             std::vector<bool> expert_on_cpu, int64_t max_tokens);
+             std::vector<bool> expert_on_cpu, int64_t max_tokens, const kt_method_kernels* packer = nullptr);
 
     // Pack expert `expert` from unpacked matrices into memory on its NUMA group's node.
     void load_expert(int64_t expert, const kt_expert_weights& weights);
@@ -68,6 +70,7 @@ public:
 
     const kt_moe_config& shape() const { return shape_; }
     const kt_method_kernels& kernels() const { return *kernels_; }
+    const kt_method_kernels& packer() const { return *packer_; }   // kernels_ unless they borrow one
 
     // Kernels for the batches the main kernels decline (a matrix engine hands decode-sized
     // batches to SIMD kernels): they must read the same packed bytes, so their layout id and
@@ -97,6 +100,7 @@ private:
 
     kt_moe_config shape_;
     const kt_method_kernels* kernels_;
+    const kt_method_kernels* packer_;
     const kt_method_kernels* small_batch_ = nullptr;
     std::vector<bool> on_cpu_;    // experts this layer may hold (placement at construction)
     std::vector<bool> routed_;    // experts forwards compute now: a subset of on_cpu_ (set_routed)

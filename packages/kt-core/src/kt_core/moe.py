@@ -79,15 +79,36 @@ class MoE:
             self.candidate, native = choices[0], sel.load(choices[0])
         if self.weight_types:
             self._check_ggml_support(sel)
+        self.packer_candidate, packer = self._borrowed_packer(sel, native)
         self._layer = _native.MoeLayer(native, self.method, self.hidden_size, self.intermediate_size,
                                        self.num_experts, self.top_k, [not g for g in mask], self.max_tokens,
                                        self.group_size, self.zero_point, self.fast_activations,
                                        [ggml_type(t).kt_dtype for t in self.weight_types], self.swiglu_limit,
-                                       self.swiglu_alpha)
+                                       self.swiglu_alpha, packer)
         if pool_groups is not None:   # the groups (NUMA nodes) this layer's experts live and run on
             self._layer.set_groups([int(g) for g in pool_groups])
         self.small_batch_candidate = self._attach_small_batch_kernels(sel, native, shape)
         self._pending = None
+
+    def _borrowed_packer(self, sel, native):
+        """Kernels that compute on another backend's layout and pack nothing (plugin ABI 1.3, e.g.
+        kt-backend-blis on kt-backend-avx's layouts) get the best runnable variant that packs it."""
+        mine = next(m for m in native.methods if m["method"] == self.method)
+        if mine["packs"]:
+            return None, None
+        for c in sel.ranked(self.method):
+            if (c.backend, c.variant) == (self.candidate.backend, self.candidate.variant):
+                continue
+            try:
+                other = sel.load(c)
+            except BackendError:
+                continue
+            if any(m["method"] == self.method and m["layout_id"] == mine["layout_id"] and m["packs"]
+                   for m in other.methods):
+                return c, other
+        raise BackendError(f"{self.candidate.backend}/{self.candidate.variant} computes method {self.method} on layout "
+                           f"{mine['layout_id']} but packs nothing itself, and no runnable backend here packs that "
+                           f"layout (kt-backend-avx does); see `kt backends`")
 
     def _attach_small_batch_kernels(self, sel, native, shape):
         """A kernel that declines decode-sized batches (a matrix engine) gets the best other
@@ -152,6 +173,12 @@ class MoE:
         """The variant that runs the batches this layer's kernels decline, if any."""
         c = self.small_batch_candidate
         return None if c is None else f"{c.backend}/{c.variant}"
+
+    @property
+    def packer_backend(self) -> str:
+        """The variant that packed this layer's experts: its own, or the one it borrows (ABI 1.3)."""
+        c = self.packer_candidate or self.candidate
+        return f"{c.backend}/{c.variant}"
 
     @property
     def native_handle(self) -> int:
