@@ -47,8 +47,9 @@ def tests(session, package):
 
 
 # The AMX emulation build (.ci/setup installs it) serves only with KT_AMX_EMULATE=1 at run time;
-# KT_AMX_MIN_ROWS=0 sends every batch, however small, through its tiles.
-AMX_EMULATION = {"KT_AMX_EMULATE": "1", "KT_AMX_MIN_ROWS": "0"}
+# KT_AMX_MIN_ROWS=0 sends every batch, however small, through its tiles, and KT_BLIS_MIN_ROWS=0
+# every batch through BLIS (which otherwise serves only where this host's calibration says).
+AMX_EMULATION = {"KT_AMX_EMULATE": "1", "KT_AMX_MIN_ROWS": "0", "KT_BLIS_MIN_ROWS": "0"}
 
 
 @nox.session
@@ -67,10 +68,10 @@ def _targets(package: str) -> list[dict]:
 def _isa_targets() -> list[str]:
     """Every backend target this workspace's installed builds hold, by name: kt-backend-avx's
     every target, kt-backend-amx's emulation build (.ci/setup's; the hardware one is
-    amx_hardware_build's) and the reference backend."""
+    amx_hardware_build's), kt-backend-blis's targets and the reference backend."""
     amx = [t["name"] for t in _targets("kt-backend-amx") if t["emulated"]]
     return ([f"avx/{t['name']}" for t in _targets("kt-backend-avx")] + [f"amx/{name}" for name in amx]
-            + ["reference/baseline"])
+            + [f"blis/{t['name']}" for t in _targets("kt-backend-blis")] + ["reference/baseline"])
 
 
 @nox.session
@@ -210,7 +211,7 @@ def packaging(session):
         session.run("uv", "sync", "--all-packages", env=env)
         backends = session.run(str(clone / ".venv" / "bin" / "kt"), "backends", "--json", silent=True, external=True,
                                env={"PYTHONPATH": ""})
-        for name in ("reference", "avx", "amx"):
+        for name in ("reference", "avx", "amx", "blis"):
             assert f'"backend": "{name}"' in backends, backends
         venv = Path(tmp) / "venv"
         session.run(sys.executable, "-m", "venv", str(venv))

@@ -1,8 +1,8 @@
 """A complete fake backend built with ctypes: real FP32 kernels (NumPy behind C function
 pointers) whose every entry can be made to fail on demand, so faults and fuzzing can stage a
 plugin that returns an error status from a packer or a kernel, or lies in its handshake,
-without a compiler. Mirrors kt/plugin.h (ABI 1.1; 1.3's packer-less methods with packs=False); the packed layout is gate, up, down as f32
-row-major, activations are f32 rows.
+without a compiler. Mirrors kt/plugin.h (ABI 1.1; 1.3's packer-less methods with packs=False);
+the packed layout is gate, up, down as f32 row-major, activations are f32 rows.
 
     fake = FakeBackend(name="faulty")          # then register it with fake_plugins.install
     fake.fail["gate_up_tile"] = 4              # next gate_up_tile calls return KT_ERROR_INTERNAL

@@ -275,10 +275,10 @@ kt_method_kernels table(const char* layout_id, const char* kernel_id) {
     m.method = kt_blis::kMethodNames[M];
     m.layout_id = layout_id;
     m.kernel_id = kernel_id;
-    // 64 output columns per task: B is K x 128 f32 for gate/up (1 MiB at K = 2048), and each
-    // sgemm call packs A once for 128 columns of work.
-    m.gate_up_block = 64;
-    m.down_block = 64;
+    // Output columns per task: each sgemm call packs A (rows x K) once for this many columns of
+    // work (gate/up: twice this many), so wider blocks pay less packing per flop.
+    m.gate_up_block = kBlock;
+    m.down_block = kBlock;
     m.declines = declines<M>;
     m.packed_expert_bytes = nullptr;   // kt-backend-avx packs (plugin ABI 1.3)
     m.pack_expert = nullptr;

@@ -9,6 +9,10 @@
 
 namespace KT_TARGET_NAMESPACE {
 
+// Output columns per tile task (64 and 128 measured within 2 % of each other: Qwen3-30B-A3B layer,
+// 4096 tokens, BF16, 2 threads).
+inline constexpr int64_t kBlock = 128;
+
 extern const kt_host_api* g_host;
 kt_status fail(kt_status status, const char* fmt, ...);
 

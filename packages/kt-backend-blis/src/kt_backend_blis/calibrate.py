@@ -95,8 +95,11 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     # Both sides must run every batch on their own kernels while measuring.
     os.environ["KT_BLIS_MIN_ROWS"] = "0"
-    from . import crossover as store
+    from kt_core.backends import selection
+    selection.reset()
     from kt_core import host
+
+    from . import crossover as store
     print(f"kt-backend-blis calibration on {host().brand} ({host().isa_level}), BLIS "
           f"{__import__('kt_backend_blis._native', fromlist=['x']).blis_arch()} kernels; "
           f"layer {args.hidden} x {args.intermediate}, 8 experts, top-8")
