@@ -7,7 +7,10 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
+#include <algorithm>
+#include <chrono>
 #include <string>
+#include <vector>
 
 #include "crossover.h"
 #include "targets.h"
@@ -50,6 +53,24 @@ NB_MODULE(_native, m) {
         return nb::int_(r);
     }, "method"_a);
     m.def("blis_version", [] { return std::string(bli_info_get_version_str()); });
+    m.def("sgemm_seconds", [](int64_t m_, int64_t n, int64_t k, int repeats) {
+        // BLIS alone, for benchmarks: the best of `repeats` single-threaded C = A . B at this size.
+        if (m_ <= 0 || n <= 0 || k <= 0 || repeats <= 0) throw nb::value_error("m, n, k and repeats must be positive");
+        std::vector<float> a(size_t(m_ * k), 0.01f), b(size_t(k * n), 0.02f), c(size_t(m_ * n));
+        rntm_t rntm = BLIS_RNTM_INITIALIZER;
+        bli_rntm_set_num_threads(1, &rntm);
+        float one = 1.0f, zero = 0.0f;
+        double best = 1e30;
+        nb::gil_scoped_release release;
+        for (int r = 0; r <= repeats; ++r) {   // the first call warms up
+            const auto t0 = std::chrono::steady_clock::now();
+            bli_sgemm_ex(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, m_, n, k, &one, a.data(), k, 1, b.data(), n, 1, &zero,
+                         c.data(), n, 1, nullptr, &rntm);
+            const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            if (r) best = std::min(best, s);
+        }
+        return best;
+    }, "m"_a, "n"_a, "k"_a, "repeats"_a = 3);
     m.def("blis_arch", [] { return std::string(bli_arch_string(bli_arch_query_id())); },
           "the sub-configuration (kernel set) BLIS chose for this CPU");
 }
