@@ -75,8 +75,8 @@ def test_every_tile_height(amx, rows):
         assert relative_error(got, ref) < 1e-4, (method, rows)
 
 
-@pytest.mark.parametrize("method,fast,tol", [("RAWINT4", False, 2e-3), ("FP8", False, 1e-4), ("FP8_PERCHANNEL", False, 1e-4),
-                                             ("FP8", True, 3e-2)])
+@pytest.mark.parametrize("method,fast,tol", [("RAWINT4", False, 2e-3), ("GPTQ_INT4", False, 2e-3), ("MXFP4", False, 2e-3),
+                                             ("FP8", False, 1e-4), ("FP8_PERCHANNEL", False, 1e-4), ("FP8", True, 3e-2)])
 def test_checkpoint_formats(amx, native, method, fast, tol):
     """Formats loaded as checkpoints ship them: codes + scales, packed without conversion.
     FP8 with fast_activations: bf16 activations on both backends."""
@@ -94,7 +94,7 @@ def test_checkpoint_formats(amx, native, method, fast, tol):
         outs.append(np.asarray(m(x, ids, wt)))
         if before is not None and backend == "amx":
             assert native.emulated_dot_instructions() > before, "the tile path did not run"
-    if method == "RAWINT4":
+    if method in ("RAWINT4", "GPTQ_INT4", "MXFP4"):   # the same integers summed exactly, finished alike
         np.testing.assert_array_equal(outs[0], outs[1])
     else:   # f32 sums of exact bf16 products, in another order than AVX's
         assert relative_error(outs[0], outs[1]) < 1e-4

@@ -98,6 +98,8 @@ inline kt_method_kernels amx_table(const kt_method_kernels& avx, const char* ker
 kt_method_kernels amx_int8_kernels(const kt_method_kernels& avx, const char* kernel_id);
 kt_method_kernels amx_int4_kernels(const kt_method_kernels& avx, const char* kernel_id);
 kt_method_kernels amx_rawint4_kernels(const kt_method_kernels& avx, const char* kernel_id);
+kt_method_kernels amx_gptq_int4_kernels(const kt_method_kernels& avx, const char* kernel_id);
+kt_method_kernels amx_mxfp4_kernels(const kt_method_kernels& avx, const char* kernel_id);
 kt_method_kernels amx_bf16_kernels(const kt_method_kernels& avx, const char* kernel_id);
 kt_method_kernels amx_fp8_kernels(const kt_method_kernels& avx, const char* kernel_id);
 kt_method_kernels amx_fp8_perchannel_kernels(const kt_method_kernels& avx, const char* kernel_id);

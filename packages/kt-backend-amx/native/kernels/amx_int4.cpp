@@ -1,4 +1,5 @@
-// Group-wise INT4 (and RAWINT4, the same layout with G = 32) on AMX-INT8, in AVX's INT4 format
+// Group-wise INT4 (and RAWINT4, the same layout with G = 32; GPTQ_INT4, INT4's layout packed from
+// GPTQ checkpoints; MXFP4, INT4's symmetric G = 32 layout holding E2M1 codes) on AMX-INT8, in AVX's INT4 format
 // (kt-backend-avx int4_layout.h): per group of G k, a header ({s[16]}, with zero points {s[16],
 // s*z[16]}) and G/8 chunks whose low nibbles are one 4-k quad of 16 channels and whose high
 // nibbles the next — and two-pass signed int8 activations with per-32 block sums.
@@ -8,7 +9,9 @@
 // follows. Per row block and group, tdpbsud (signed activations x unsigned codes) sums the
 // group exactly in C0-C3 (hi/lo plane x panel a/b); the group's scales apply on the stored
 // accumulators: acc += s * dot - s*z * sum(activations of the group); the row's activation
-// scale s_a applies at the end (int4_layout.h).
+// scale s_a applies at the end (int4_layout.h). MXFP4's codes go through one byte shuffle while
+// unpacking, to u = 2 value + 12 in [0, 24] (still unsigned for tdpbsud), and its groups subtract
+// 12 where INT4's subtract 8, exactly as kt-backend-avx's MXFP4 kernel.
 #include <vector>
 
 #include "amx_common.h"
@@ -18,24 +21,33 @@ namespace KT_TARGET_NAMESPACE {
 namespace {
 
 constexpr size_t kChunkBytes = 64;
-AmxMethod g_methods[2];   // INT4, RAWINT4
+enum Slot : int { kInt4, kRaw, kGptq, kMx, kSlots };
+AmxMethod g_methods[kSlots];
 
-// Codes of a whole panel as int8 B-tile rows: [K / 4][64].
+Int4Layout layout_of(int slot, const kt_moe_config* c) {
+    return slot == kMx ? mxfp4_layout() : int4_layout(c, slot == kRaw);
+}
+
+// Codes of a whole panel as int8 B-tile rows: [K / 4][64] (MXFP4: looked up to 2 value + 12).
+template <bool kMx>
 void unpack_panel(const uint8_t* panel, int64_t k, const Int4Layout& lay, uint8_t* dst) {
     const __m512i low4 = _mm512_set1_epi8(0x0f);
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(
+        kt::layouts::mxfp4::kDoubledPlusOffset)));
+    const auto codes = [&](__m512i v) { return kMx ? _mm512_shuffle_epi8(lut, v) : v; };
     const int64_t g = lay.g;
     for (int64_t grp = 0; grp < k / g; ++grp) {
         const uint8_t* chunks = panel + size_t(grp) * lay.group_bytes() + lay.header_bytes();
         uint8_t* rows = dst + size_t(grp * g / 4) * 64;
         for (int64_t c = 0; c < g / 8; ++c) {
             const __m512i w = _mm512_loadu_si512(chunks + size_t(c) * kChunkBytes);
-            _mm512_storeu_si512(rows + size_t(2 * c) * 64, _mm512_and_si512(w, low4));
-            _mm512_storeu_si512(rows + size_t(2 * c + 1) * 64, _mm512_and_si512(_mm512_srli_epi16(w, 4), low4));
+            _mm512_storeu_si512(rows + size_t(2 * c) * 64, codes(_mm512_and_si512(w, low4)));
+            _mm512_storeu_si512(rows + size_t(2 * c + 1) * 64, codes(_mm512_and_si512(_mm512_srli_epi16(w, 4), low4)));
         }
     }
 }
 
-template <bool kFused>
+template <bool kFused, bool kMx>
 void panel_pair(tiles::Session& session, const uint8_t* act, int64_t rows, int64_t k, const Int4Layout& lay, const uint8_t* pa,
                 const uint8_t* pb, const uint8_t* ua, const uint8_t* ub, bool two_pass, float* out, int64_t ldo,
                 int cols_a, int cols_b) {
@@ -88,7 +100,11 @@ void panel_pair(tiles::Session& session, const uint8_t* act, int64_t rows, int64
                 const VF asum = vset1(int4_raw_sum(sum_hi, sum_lo, two_pass));
                 for (int f = 0; f < (ub ? 2 : 1); ++f) {
                     const VF dot = int4_raw_dot(vloadi(c[f][m]), two_pass ? vloadi(c[2 + f][m]) : vzeroi(), two_pass);
-                    vstore(acc[f][m], lay.update(panel[f] + block, 0, vload(acc[f][m]), dot, asum));
+                    if constexpr (kMx)
+                        vstore(acc[f][m], Int4Layout::apply<false, kt::layouts::mxfp4::kOffset>(
+                                              lay.scale(panel[f] + block, 0), vzero(), vload(acc[f][m]), dot, asum));
+                    else
+                        vstore(acc[f][m], lay.update(panel[f] + block, 0, vload(acc[f][m]), dot, asum));
                 }
             }
         }
@@ -107,7 +123,7 @@ kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, i
     if (!amx_takes(method, rows, c->hidden)) return method.avx.gate_up_tile(c, packed, act, rows, n0, n1, out, ldo);
     if (const kt_status st = check_tile(method.avx.method, "gate/up", n0, n1, c->intermediate)) return st;
     const int64_t H = c->hidden;
-    const Int4Layout lay = int4_layout(c, kSlot == 1);
+    const Int4Layout lay = layout_of(kSlot, c);
     const ExpertPanels l = lay.expert(c);
     const auto* base = static_cast<const uint8_t*>(packed);
     const bool two_pass = !one_activation_pass(c);
@@ -117,9 +133,9 @@ kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, i
     uint8_t* ub = ua + size_t(H) * 16;
     tiles::Session session;
     for_gate_up_pairs(l, base, n0, n1, [&](const uint8_t* pa, const uint8_t* pb, int64_t n, int cols_a, int cols_b) {
-        unpack_panel(pa, H, lay, ua);
-        unpack_panel(pb, H, lay, ub);
-        panel_pair<true>(session, static_cast<const uint8_t*>(act), rows, H, lay, pa, pb, ua, ub, two_pass, out + n, ldo,
+        unpack_panel<kSlot == kMx>(pa, H, lay, ua);
+        unpack_panel<kSlot == kMx>(pb, H, lay, ub);
+        panel_pair<true, kSlot == kMx>(session, static_cast<const uint8_t*>(act), rows, H, lay, pa, pb, ua, ub, two_pass, out + n, ldo,
                          cols_a, cols_b);
     });
     return KT_OK;
@@ -132,7 +148,7 @@ kt_status down(const kt_moe_config* c, const void* packed, const void* act, int6
     if (!amx_takes(method, rows, c->intermediate)) return method.avx.down_tile(c, packed, act, rows, n0, n1, out, ldo);
     if (const kt_status st = check_tile(method.avx.method, "down", n0, n1, c->hidden)) return st;
     const int64_t I = c->intermediate;
-    const Int4Layout lay = int4_layout(c, kSlot == 1);
+    const Int4Layout lay = layout_of(kSlot, c);
     const ExpertPanels l = lay.expert(c);
     const auto* base = static_cast<const uint8_t*>(packed);
     const bool two_pass = !one_activation_pass(c);
@@ -142,9 +158,9 @@ kt_status down(const kt_moe_config* c, const void* packed, const void* act, int6
     uint8_t* ub = ua + size_t(I) * 16;
     tiles::Session session;
     for_down_pairs(l, base, n0, n1, [&](const uint8_t* pa, const uint8_t* pb, int64_t n, int cols_a, int cols_b) {
-        unpack_panel(pa, I, lay, ua);
-        if (pb) unpack_panel(pb, I, lay, ub);
-        panel_pair<false>(session, static_cast<const uint8_t*>(act), rows, I, lay, pa, pb, ua, pb ? ub : nullptr, two_pass,
+        unpack_panel<kSlot == kMx>(pa, I, lay, ua);
+        if (pb) unpack_panel<kSlot == kMx>(pb, I, lay, ub);
+        panel_pair<false, kSlot == kMx>(session, static_cast<const uint8_t*>(act), rows, I, lay, pa, pb, ua, pb ? ub : nullptr, two_pass,
                           out + n, ldo, cols_a, cols_b);
     });
     return KT_OK;
@@ -163,7 +179,9 @@ kt_method_kernels wrap(const kt_method_kernels& avx, const char* kernel_id) {
 
 }  // namespace
 
-kt_method_kernels amx_int4_kernels(const kt_method_kernels& avx, const char* kernel_id) { return wrap<0>(avx, kernel_id); }
-kt_method_kernels amx_rawint4_kernels(const kt_method_kernels& avx, const char* kernel_id) { return wrap<1>(avx, kernel_id); }
+kt_method_kernels amx_int4_kernels(const kt_method_kernels& avx, const char* kernel_id) { return wrap<kInt4>(avx, kernel_id); }
+kt_method_kernels amx_rawint4_kernels(const kt_method_kernels& avx, const char* kernel_id) { return wrap<kRaw>(avx, kernel_id); }
+kt_method_kernels amx_gptq_int4_kernels(const kt_method_kernels& avx, const char* kernel_id) { return wrap<kGptq>(avx, kernel_id); }
+kt_method_kernels amx_mxfp4_kernels(const kt_method_kernels& avx, const char* kernel_id) { return wrap<kMx>(avx, kernel_id); }
 
 }  // namespace KT_TARGET_NAMESPACE

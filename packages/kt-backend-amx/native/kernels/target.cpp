@@ -28,7 +28,7 @@ kt_status init(const kt_host_api* host) {
 }
 
 struct Tables {
-    kt_method_kernels methods[6];
+    kt_method_kernels methods[8];
     kt_backend_api api;
 };
 
@@ -42,6 +42,9 @@ Tables build() {
     t.methods[4] = amx_fp8_kernels(fp8_kernels("moe.fp8e4m3b128.p16.avx512bf16"), "moe.fp8e4m3b128.p16.tdpbf16ps." KT_TARGET_VARIANT);
     t.methods[5] = amx_fp8_perchannel_kernels(fp8_perchannel_kernels("moe.fp8e4m3ch.p16.avx512bf16"),
                                               "moe.fp8e4m3ch.p16.tdpbf16ps." KT_TARGET_VARIANT);
+    t.methods[6] = amx_gptq_int4_kernels(gptq_int4_kernels("moe.gptq_int4.int4g.p16k8.avx512vnni"),
+                                         "moe.gptq_int4.int4g.p16k8.tdpbsud." KT_TARGET_VARIANT);
+    t.methods[7] = amx_mxfp4_kernels(mxfp4_kernels("moe.mxfp4.p16k8.lut.avx512vnni"), "moe.mxfp4.p16k8.tdpbsud." KT_TARGET_VARIANT);
     t.api = kt_backend_api{sizeof(kt_backend_api), KT_PLUGIN_ABI_MAJOR, KT_PLUGIN_ABI_MINOR, "amx", KT_TARGET_VARIANT,
                            KT_TARGET_FEATURES, init, sizeof(t.methods) / sizeof(t.methods[0]), nullptr};
     return t;

@@ -18,7 +18,7 @@ from ._build import EMULATED, VARIANT
 # This build's target, as targets.json (which CMake compiled it from) declares it.
 _TARGET = next(t for t in json.loads((Path(__file__).parent / "targets.json").read_text())["targets"]
                if t["name"] == VARIANT)
-_METHODS = ("BF16", "INT8", "INT4", "RAWINT4", "FP8", "FP8_PERCHANNEL")
+_METHODS = ("BF16", "INT8", "INT4", "RAWINT4", "FP8", "FP8_PERCHANNEL", "GPTQ_INT4", "MXFP4")
 
 
 def _probe() -> str | None:
