@@ -1,4 +1,5 @@
-"""The plugin ABI lock: a change to kt/plugin.h must come with a version bump.
+"""The plugin ABI lock: a change to kt/plugin.h (or kt/forward.h, the device bridges' table) must
+come with a version bump.
 
 plugin.h's declarations (comments and whitespace removed, so rewording a comment is free)
 are hashed; packages/kt-core/plugin-abi.lock records one hash per ABI version the header
@@ -26,6 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 HEADER = ROOT / "packages" / "kt-core" / "include" / "kt" / "plugin.h"
 LOCK = ROOT / "packages" / "kt-core" / "plugin-abi.lock"
 DOC = ROOT / "docs" / "plugin-abi.md"
+# kt/forward.h: versioned by KT_FORWARD_API_VERSION, one integer (kt-cuda and other device bridges).
+FORWARD_HEADER = HEADER.with_name("forward.h")
+FORWARD_LOCK = LOCK.with_name("forward-api.lock")
 
 
 def normalize(text: str) -> str:
@@ -41,9 +45,12 @@ def digest(text: str) -> str:
 
 def version(text: str) -> str:
     found = {k: re.search(rf"#\s*define\s+KT_PLUGIN_ABI_{k}\s+(\d+)", text) for k in ("MAJOR", "MINOR")}
-    if not all(found.values()):
-        raise SystemExit(f"{HEADER}: no KT_PLUGIN_ABI_MAJOR / KT_PLUGIN_ABI_MINOR definition")
-    return f"{found['MAJOR'].group(1)}.{found['MINOR'].group(1)}"
+    if all(found.values()):
+        return f"{found['MAJOR'].group(1)}.{found['MINOR'].group(1)}"
+    if forward := re.search(r"#\s*define\s+KT_FORWARD_API_VERSION\s+(\d+)", text):
+        return forward.group(1)
+    raise SystemExit("no KT_PLUGIN_ABI_MAJOR / KT_PLUGIN_ABI_MINOR (plugin.h) or KT_FORWARD_API_VERSION (forward.h) "
+                     "definition")
 
 
 def read_lock(path: Path = LOCK) -> dict[str, str]:
@@ -61,14 +68,15 @@ def check(header: Path = HEADER, lock: Path = LOCK, doc: Path | None = DOC) -> l
     text = header.read_text()
     ver, sha, entries = version(text), digest(text), read_lock(lock)
     problems = []
+    what = "plugin ABI" if header.name == "plugin.h" else "kt_forward_api version"
+    bump = ("bump KT_PLUGIN_ABI_MINOR (fields appended) or KT_PLUGIN_ABI_MAJOR (anything else), add the version "
+            "history row to docs/plugin-abi.md" if header.name == "plugin.h" else "bump KT_FORWARD_API_VERSION")
     if ver not in entries:
-        problems.append(f"{header.name} declares plugin ABI {ver}, which {lock.name} does not record. After a "
+        problems.append(f"{header.name} declares {what} {ver}, which {lock.name} does not record. After a "
                         f"deliberate version bump, record it: python tools/abi_hash.py --record")
     elif entries[ver] != sha:
-        problems.append(f"{header.name} changed since plugin ABI {ver} was recorded (hash {entries[ver][:12]}, now "
-                        f"{sha[:12]}) but still declares {ver}: bump KT_PLUGIN_ABI_MINOR (fields appended) or "
-                        f"KT_PLUGIN_ABI_MAJOR (anything else), add the version history row to docs/plugin-abi.md, "
-                        f"then run python tools/abi_hash.py --record")
+        problems.append(f"{header.name} changed since {what} {ver} was recorded (hash {entries[ver][:12]}, now "
+                        f"{sha[:12]}) but still declares {ver}: {bump}, then run python tools/abi_hash.py --record")
     if doc is not None and doc.is_file() and not re.search(rf"^\|\s*{re.escape(ver)}\s*\|", doc.read_text(), re.M):
         problems.append(f"{doc.name}'s version history has no row for ABI {ver}")
     return problems
@@ -81,7 +89,8 @@ def record(force: bool = False, header: Path = HEADER, lock: Path = LOCK) -> str
         raise SystemExit(f"ABI {ver} is already recorded with another hash: a released version's header never "
                          "changes; bump the version instead (or --force to correct an unreleased entry)")
     entries[ver] = sha
-    lines = ["# sha256 of packages/kt-core/include/kt/plugin.h without comments and whitespace, per plugin ABI",
+    lines = [f"# sha256 of packages/kt-core/include/kt/{header.name} without comments and whitespace, per "
+             f"{'plugin ABI' if header.name == 'plugin.h' else 'kt_forward_api'}",
              "# version (tools/abi_hash.py; nox -s abi). Refresh after a deliberate bump: python tools/abi_hash.py --record"]
     key = lambda v: tuple(int(x) for x in v.split("."))   # noqa: E731
     lines += [f"{v} {entries[v]}" for v in sorted(entries, key=key)]
@@ -94,14 +103,17 @@ def main(argv=None) -> int:
     ap.add_argument("--record", action="store_true", help="record the header's current version and hash")
     ap.add_argument("--force", action="store_true", help="with --record: overwrite an existing entry")
     args = ap.parse_args(argv)
+    pairs = ((HEADER, LOCK, DOC), (FORWARD_HEADER, FORWARD_LOCK, None))
     if args.record:
-        print(f"recorded plugin ABI {record(args.force)} in {LOCK.relative_to(ROOT)}")
+        for header, lock, _ in pairs:
+            print(f"recorded {header.name} version {record(args.force, header, lock)} in {lock.relative_to(ROOT)}")
         return 0
-    problems = check()
+    problems = [p for header, lock, doc in pairs for p in check(header, lock, doc)]
     for p in problems:
         print(f"abi: {p}", file=sys.stderr)
     if not problems:
-        print(f"abi: plugin.h matches the recorded hash of ABI {version(HEADER.read_text())}")
+        print(f"abi: plugin.h matches the recorded hash of ABI {version(HEADER.read_text())}, forward.h that of "
+              f"kt_forward_api {version(FORWARD_HEADER.read_text())}")
     return 1 if problems else 0
 
 

@@ -41,11 +41,11 @@ NB_MODULE(_native, m) {
     nb::class_<kt_cuda::StreamBridge>(m, "StreamBridge")
         .def("__init__",
              [](kt_cuda::StreamBridge* self, nb::capsule api, int64_t hidden, int64_t top_k, int dtype,
-                std::vector<int64_t> capture_sizes, int64_t max_tokens) {
+                std::vector<int64_t> capture_sizes, int64_t max_tokens, int numa_node) {
                  new (self) kt_cuda::StreamBridge(api_from(api), hidden, top_k, kt_dtype(dtype), std::move(capture_sizes),
-                                                  max_tokens);
+                                                  max_tokens, numa_node);
              },
-             "forward_api"_a, "hidden"_a, "top_k"_a, "dtype"_a, "capture_sizes"_a, "max_tokens"_a)
+             "forward_api"_a, "hidden"_a, "top_k"_a, "dtype"_a, "capture_sizes"_a, "max_tokens"_a, "numa_node"_a = -1)
         // Errors a host function met since the last call are raised here (they cannot raise).
         .def("submit",
              [](kt_cuda::StreamBridge& b, uintptr_t stream, uintptr_t layer, uintptr_t hidden, uintptr_t ids,

@@ -19,8 +19,8 @@ std::pair<int, std::string> device_count() {
 }
 
 StreamBridge::StreamBridge(const kt_forward_api* api, int64_t hidden, int64_t top_k, kt_dtype dtype,
-                           std::vector<int64_t> capture_sizes, int64_t max_tokens)
-    : api_(api), hidden_(hidden), top_k_(top_k), max_tokens_(max_tokens), dtype_(dtype) {
+                           std::vector<int64_t> capture_sizes, int64_t max_tokens, int numa_node)
+    : api_(api), hidden_(hidden), top_k_(top_k), max_tokens_(max_tokens), dtype_(dtype), numa_node_(numa_node) {
     if (!api_ || api_->struct_size < sizeof(kt_forward_api) || api_->version != KT_FORWARD_API_VERSION)
         throw std::invalid_argument("kt-core's kt_forward_api is missing or of another version; reinstall kt-core and "
                                     "kt-cuda together");
@@ -41,19 +41,39 @@ StreamBridge::~StreamBridge() {
     release(other_);
 }
 
+// Staging lives in kt-core's NUMA allocator on the bridge's node (the GPU's, where known), page-
+// locked for DMA with cudaHostRegister: the copies run at pinned speed and the CPU experts read
+// node-local memory.
+void* StreamBridge::pinned(size_t bytes, const char* what) {
+    void* p = api_->alloc(bytes, 4096, numa_node_, 0);
+    if (!p)
+        throw std::runtime_error(std::string("pinned staging (") + what + "): kt-core's allocator could not provide " +
+                                 std::to_string(bytes) + " bytes on NUMA node " + std::to_string(numa_node_));
+    const cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterPortable);
+    if (e != cudaSuccess) {
+        api_->free(p);
+        throw std::runtime_error(std::string("pinned staging (") + what + "): " + cudaGetErrorString(e));
+    }
+    return p;
+}
+
+void StreamBridge::unpin(void* p) {
+    if (!p) return;
+    cudaHostUnregister(p);
+    api_->free(p);
+}
+
 void StreamBridge::allocate(Staging& s, int64_t tokens) {
     s.tokens = tokens;
     const size_t rows = size_t(tokens);
-    check(cudaHostAlloc(&s.hidden, rows * size_t(hidden_) * elem_, cudaHostAllocPortable), "pinned staging (hidden)");
-    check(cudaHostAlloc(reinterpret_cast<void**>(&s.ids), rows * size_t(top_k_) * 8, cudaHostAllocPortable), "pinned staging (ids)");
-    check(cudaHostAlloc(reinterpret_cast<void**>(&s.weights), rows * size_t(top_k_) * 4, cudaHostAllocPortable),
-          "pinned staging (weights)");
-    check(cudaHostAlloc(&s.out, rows * size_t(hidden_) * elem_, cudaHostAllocPortable), "pinned staging (output)");
+    s.hidden = pinned(rows * size_t(hidden_) * elem_, "hidden");
+    s.ids = static_cast<int64_t*>(pinned(rows * size_t(top_k_) * 8, "ids"));
+    s.weights = static_cast<float*>(pinned(rows * size_t(top_k_) * 4, "weights"));
+    s.out = pinned(rows * size_t(hidden_) * elem_, "output");
 }
 
 void StreamBridge::release(Staging& s) {
-    for (void* p : {s.hidden, static_cast<void*>(s.ids), static_cast<void*>(s.weights), s.out})
-        if (p) cudaFreeHost(p);
+    for (void* p : {s.hidden, static_cast<void*>(s.ids), static_cast<void*>(s.weights), s.out}) unpin(p);
     s = Staging{};
 }
 

@@ -48,9 +48,10 @@ struct HostCall {
 class StreamBridge {
 public:
     // api: kt-core's kt_forward_api; hidden/top_k: the layers' shape; dtype: float32 or bfloat16
-    // (hidden states and output); capture_sizes: token counts to stage up front.
+    // (hidden states and output); capture_sizes: token counts to stage up front; numa_node: where
+    // kt-core's allocator places the staging (the GPU's node; -1: first touch).
     StreamBridge(const kt_forward_api* api, int64_t hidden, int64_t top_k, kt_dtype dtype,
-                 std::vector<int64_t> capture_sizes, int64_t max_tokens);
+                 std::vector<int64_t> capture_sizes, int64_t max_tokens, int numa_node = -1);
     ~StreamBridge();
     StreamBridge(const StreamBridge&) = delete;
     StreamBridge& operator=(const StreamBridge&) = delete;
@@ -69,6 +70,8 @@ public:
 private:
     Staging& staging_for(cudaStream_t stream, int64_t tokens);
     HostCall* call_for(void* layer, Staging& staging);
+    void* pinned(size_t bytes, const char* what);   // kt-core's allocator + cudaHostRegister
+    void unpin(void* p);
     void allocate(Staging& s, int64_t tokens);
     void release(Staging& s);
     void record(const std::string& message);
@@ -78,6 +81,7 @@ private:
     const kt_forward_api* api_;
     int64_t hidden_, top_k_, max_tokens_;
     kt_dtype dtype_;
+    int numa_node_;
     size_t elem_;
     std::map<int64_t, Staging> captured_;
     Staging other_;

@@ -43,7 +43,24 @@ def test_without_a_gpu_staging_fails_with_the_runtimes_reason():
         native.StreamBridge(core.forward_api(), H, K, 1, [4], 16)
 
 
+def test_the_gpu_numa_node_is_minus_one_where_unknown():
+    assert kt_cuda.gpu_numa_node(None if USABLE else 0) >= -1
+    if not USABLE:
+        assert kt_cuda.gpu_numa_node(0) == -1
+
+
 # -- on a GPU -------------------------------------------------------------------------------
+
+
+@needs_gpu
+def test_pinned_staging_is_kt_cores_numa_memory():
+    from kt_core import pool
+    live = lambda: sum(n["bytes_live"] for n in pool.numa_usage())   # noqa: E731
+    before = live()
+    bridge = kt_cuda._load_native().StreamBridge(core.forward_api(), H, K, 1, [1, 4], 16, kt_cuda.gpu_numa_node(0))
+    assert bridge.pinned_bytes > 0 and live() - before >= bridge.pinned_bytes
+    del bridge
+    assert live() == before
 
 
 def layer(torch, layer_idx=0, chunk=64):

@@ -10,6 +10,7 @@
 #ifndef KT_FORWARD_H
 #define KT_FORWARD_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "plugin.h"
@@ -18,7 +19,7 @@
 extern "C" {
 #endif
 
-#define KT_FORWARD_API_VERSION 1
+#define KT_FORWARD_API_VERSION 2
 #define KT_FORWARD_API_CAPSULE "kt_forward_api"
 
 typedef struct kt_forward_api {
@@ -36,6 +37,11 @@ typedef struct kt_forward_api {
     kt_status (*wait)(void);
     /* The message of this thread's last error (empty if none); valid until its next call. */
     const char* (*last_error)(void);
+    /* Version 2. kt-core's NUMA allocator (kt_host_api.alloc's contract: zero-filled, `align` a
+     * power of two >= 64, node >= 0 binds to that node, -1 first touch, -2 interleave; NULL on
+     * failure), for a bridge's staging buffers: kt-cuda page-locks them with cudaHostRegister. */
+    void* (*alloc)(size_t bytes, size_t align, int node, int huge_pages);
+    void (*free)(void* ptr);
 } kt_forward_api;
 
 #ifdef __cplusplus

@@ -61,7 +61,18 @@ kt_status wait() {
 
 const char* last_error() { return t_error.c_str(); }
 
-const kt_forward_api kTable{sizeof(kt_forward_api), KT_FORWARD_API_VERSION, &submit, &wait, &last_error};
+// The C boundary cannot carry exceptions: a failed allocation is NULL.
+void* host_alloc(size_t bytes, size_t align, int node, int huge_pages) {
+    try {
+        return numa_alloc(bytes, align, node, huge_pages != 0);
+    } catch (...) {
+        return nullptr;
+    }
+}
+void host_free(void* p) { numa_free(p); }
+
+const kt_forward_api kTable{sizeof(kt_forward_api), KT_FORWARD_API_VERSION, &submit, &wait, &last_error,
+                            &host_alloc, &host_free};
 
 }  // namespace
 

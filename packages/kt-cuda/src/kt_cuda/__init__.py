@@ -42,6 +42,19 @@ def available() -> tuple[bool, str]:
     return True, f"{count} CUDA device(s), CUDA runtime {native.runtime_version()}"
 
 
+def gpu_numa_node(device) -> int:
+    """The NUMA node the GPU hangs off (sysfs, from its PCI address), where the bridge's pinned
+    staging goes; -1 (first touch) where that is unknown or the machine has one node."""
+    try:
+        import torch
+        p = torch.cuda.get_device_properties(device)
+        address = f"{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
+        with open(f"/sys/bus/pci/devices/{address}/numa_node") as f:
+            return max(-1, int(f.read().strip()))
+    except (ImportError, AttributeError, OSError, ValueError, RuntimeError, AssertionError):
+        return -1
+
+
 class Bridge:
     """The bridges of a process: one StreamBridge per (hidden size, top_k, dtype), shared by the
     layers of that shape (they run one after another on the stream), and the layers' output
@@ -56,7 +69,7 @@ class Bridge:
     def available(self) -> tuple[bool, str]:
         return available()
 
-    def _bridge(self, moe, dtype_code: int, capture_sizes, max_tokens: int):
+    def _bridge(self, moe, dtype_code: int, capture_sizes, max_tokens: int, device=None):
         key = (moe.hidden_size, moe.top_k, dtype_code, max_tokens)
         if key not in self._bridges:
             from kt_core import _native as core
@@ -64,7 +77,7 @@ class Bridge:
             if not ok:
                 raise RuntimeError(f"kt-cuda cannot serve here: {why}")
             self._bridges[key] = _load_native().StreamBridge(core.forward_api(), moe.hidden_size, moe.top_k, dtype_code,
-                                                        list(capture_sizes), max_tokens)
+                                                        list(capture_sizes), max_tokens, gpu_numa_node(device))
         return self._bridges[key]
 
     @staticmethod
@@ -84,7 +97,7 @@ class Bridge:
             w = topk_weights.to(torch.float32).contiguous()
             self._staged = (h, ids, w)     # alive until the next submit: the copies are enqueued before it
             if tokens:
-                self._bridge(moe, code, capture_sizes, max_tokens).submit(stream.cuda_stream, moe.native_handle,
+                self._bridge(moe, code, capture_sizes, max_tokens, hidden.device).submit(stream.cuda_stream, moe.native_handle,
                                                                           h.data_ptr(), ids.data_ptr(), w.data_ptr(),
                                                                           tokens)
 
