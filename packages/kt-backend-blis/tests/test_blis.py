@@ -115,7 +115,8 @@ def test_default_selection_follows_the_calibration(monkeypatch):
 def test_without_a_calibration_blis_is_unused_and_says_how_to_calibrate():
     r = row()
     assert not r["runnable"]
-    assert "not calibrated on this host" in r["reason"] and "python -m kt_backend_blis.calibrate" in r["reason"]
+    assert r["reason"].startswith("needs a crossover measured on this host (no calibration at")
+    assert "python -m kt_backend_blis.calibrate" in r["reason"]
 
 
 def test_a_calibration_from_another_host_is_ignored(monkeypatch):
@@ -130,7 +131,7 @@ def test_a_calibration_from_another_host_is_ignored(monkeypatch):
 def test_a_calibration_where_blis_never_won_keeps_avx(monkeypatch):
     crossover.save(dict.fromkeys(crossover.METHODS), [], {})
     selection.reset()
-    assert "BLIS was faster than kt-backend-avx for no method here" in row()["reason"]
+    assert row()["reason"].startswith("needs a method where BLIS beats kt-backend-avx here: calibrated")
 
 
 @pytest.mark.parametrize("value,message", [("-3", "should be an integer >= 0 or 'never', found '-3'"),
@@ -139,7 +140,7 @@ def test_a_calibration_where_blis_never_won_keeps_avx(monkeypatch):
 def test_bad_overrides_are_named(monkeypatch, value, message):
     monkeypatch.setenv("KT_BLIS_MIN_ROWS", value)
     selection.reset()
-    assert message in row()["reason"]
+    assert row()["reason"].startswith("needs a valid KT_BLIS_MIN_ROWS") and message in row()["reason"]
 
 
 def test_a_missing_blis_library_declines_with_the_reason(monkeypatch):
@@ -147,7 +148,7 @@ def test_a_missing_blis_library_declines_with_the_reason(monkeypatch):
     monkeypatch.setattr(_build, "BLIS_SONAME", "libblis-not-installed.so.99")
     selection.reset()
     r = row()
-    assert not r["runnable"] and "libblis-not-installed.so.99 does not load" in r["reason"]
+    assert not r["runnable"] and "needs the BLIS shared library libblis-not-installed.so.99, which does not load" in r["reason"]
     assert _build.BLIS_LIBRARY in r["reason"]
 
 

@@ -22,8 +22,9 @@ def _probe() -> str | None:
     try:
         ctypes.CDLL(_build.BLIS_SONAME)
     except OSError as exc:
-        return (f"the BLIS shared library {_build.BLIS_SONAME} does not load ({exc}); kt-backend-blis was built against "
-                f"{_build.BLIS_LIBRARY}: install that BLIS (Debian: libblis4) or rebuild against yours (BLIS_ROOT)")
+        return (f"needs the BLIS shared library {_build.BLIS_SONAME}, which does not load ({exc}); kt-backend-blis was "
+                f"built against {_build.BLIS_LIBRARY}: install that BLIS (Debian: libblis4) or rebuild against yours "
+                f"(BLIS_ROOT)")
     return crossover.unusable_reason()
 
 

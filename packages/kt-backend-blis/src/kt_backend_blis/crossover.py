@@ -62,7 +62,7 @@ def _calibrated() -> tuple[dict[str, int | None] | None, str]:
     """The calibration file's table if it was measured on this host, and why not otherwise."""
     p = path()
     if not p.is_file():
-        return None, f"not calibrated on this host (no {p})"
+        return None, f"no calibration at {p}"
     try:
         data = json.loads(p.read_text())
         key, table = data["host"], data["min_rows"]
@@ -84,15 +84,16 @@ def table() -> tuple[dict[str, int | None], str]:
 
 
 def unusable_reason() -> str | None:
+    """Why kt-backend-blis cannot serve here (None: it can), phrased as what it needs."""
     try:
         rows, why = table()
     except ValueError as exc:
-        return str(exc)
+        return f"needs a valid {ENV}: {exc}"
     if all(v is None for v in rows.values()):
         if _override() is None and _calibrated()[0] is None:
-            return (f"{why}: run `python -m kt_backend_blis.calibrate` to measure where BLIS beats kt-backend-avx here "
-                    f"(until then kt-backend-avx serves), or set {ENV}")
-        return f"{why}: BLIS was faster than kt-backend-avx for no method here, so kt-backend-avx serves"
+            return (f"needs a crossover measured on this host ({why}): run `python -m kt_backend_blis.calibrate` to "
+                    f"measure where BLIS beats kt-backend-avx here (until then kt-backend-avx serves), or set {ENV}")
+        return f"needs a method where BLIS beats kt-backend-avx here: {why} found none, so kt-backend-avx serves"
     return None
 
 
