@@ -6,7 +6,11 @@
 #include "abi/host_api.h"
 #include "pool/thread_pool.h"
 
+#if defined(__x86_64__)
 #include <immintrin.h>
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -18,6 +22,8 @@ namespace {
 
 // Twelve accumulators: enough independent chains to cover a 4-cycle latency on two pipes.
 constexpr int kChains = 12;
+
+#if defined(__x86_64__)
 
 // Each loop returns multiply-adds done; the accumulators are summed into `sink` so the
 // compiler keeps them.
@@ -84,10 +90,41 @@ __attribute__((target("avx2"))) int64_t int8_dot_avx2(int64_t iters, float* sink
     return iters * kChains * 32;
 }
 
+#elif defined(__aarch64__)
+
+// NEON is part of the aarch64 baseline: 4 f32 lanes per fused multiply-add.
+int64_t fma_neon(int64_t iters, float* sink) {
+    float32x4_t acc[kChains];
+    for (int c = 0; c < kChains; ++c) acc[c] = vdupq_n_f32(float(c));
+    const float32x4_t a = vdupq_n_f32(0.999f), b = vdupq_n_f32(1e-3f);
+    for (int64_t i = 0; i < iters; ++i)
+        for (int c = 0; c < kChains; ++c) acc[c] = vfmaq_f32(b, acc[c], a);
+    float32x4_t s = acc[0];
+    for (int c = 1; c < kChains; ++c) s = vaddq_f32(s, acc[c]);
+    *sink += vaddvq_f32(s);
+    return iters * kChains * 4;
+}
+
+// ARMv8.2 dot product (asimddp): sdot, four int8 products into each of 4 int32 lanes.
+__attribute__((target("arch=armv8.2-a+dotprod"))) int64_t int8_dot_sdot(int64_t iters, float* sink) {
+    int32x4_t acc[kChains];
+    for (int c = 0; c < kChains; ++c) acc[c] = vdupq_n_s32(0);
+    const int8x16_t a = vdupq_n_s8(3), b = vdupq_n_s8(-2);
+    for (int64_t i = 0; i < iters; ++i)
+        for (int c = 0; c < kChains; ++c) acc[c] = vdotq_s32(acc[c], a, b);
+    int32x4_t s = acc[0];
+    for (int c = 1; c < kChains; ++c) s = vaddq_s32(s, acc[c]);
+    *sink += float(vaddvq_s32(s));
+    return iters * kChains * 16;
+}
+
+#endif
+
 using Loop = int64_t (*)(int64_t, float*);
 
 // The widest loop of `kind` this host runs, or nullptr.
 Loop loop_for(const std::string& kind) {
+#if defined(__x86_64__)
     const bool avx512 = host_has_feature("avx512f");
     if (kind == "f32_fma") {
         if (avx512) return fma_avx512;
@@ -98,6 +135,11 @@ Loop loop_for(const std::string& kind) {
         if (avx512 && host_has_feature("avx512_vnni")) return int8_dot_vnni;
         if (host_has_feature("avx2")) return int8_dot_avx2;
     }
+#elif defined(__aarch64__)
+    if (kind == "f32_fma" && host_has_feature("neon")) return fma_neon;
+    if (kind == "int8_dot" && host_has_feature("asimddp")) return int8_dot_sdot;
+#endif
+    (void)kind;
     return nullptr;
 }
 
