@@ -11,6 +11,9 @@ SITE="$PWD/.aarch64/site"
 PY="${PYTHON:-$PWD/.venv/bin/python}"
 [ -f "$ROOT/.kt-root-complete" ] || tools/aarch64/make_root.sh "$ROOT"
 mkdir -p "$SITE"
+# The conformance suite's GGUF blocks come from the gguf package: pure Python, so the host's pip
+# installs it for the target (its dependencies are the root's Debian packages).
+[ -d "$SITE/gguf" ] || "$PY" -m pip install -q --no-deps --target "$SITE" gguf
 for pkg in "${@:-kt-core}"; do
   src="packages/$pkg"
   build=".aarch64/build/$pkg"

@@ -17,7 +17,7 @@ fi
 rm -rf "$ROOT"
 mkdir -p "$ROOT"
 debootstrap --arch=arm64 --variant=minbase --foreign \
-  --include=python3,python3-numpy,python3-pytest,python3-dev,libhwloc-dev,libstdc++6 \
+  --include=python3,python3-numpy,python3-pytest,python3-dev,python3-yaml,python3-tqdm,python3-requests,libhwloc-dev,libstdc++6 \
   bookworm "$ROOT" "$MIRROR" >"$ROOT.log" 2>&1 || { tail -20 "$ROOT.log"; exit 1; }
 for deb in "$ROOT"/var/cache/apt/archives/*.deb; do dpkg-deb -x "$deb" "$ROOT"; done
 ln -sf blas/libblas.so.3 "$ROOT/usr/lib/aarch64-linux-gnu/libblas.so.3"

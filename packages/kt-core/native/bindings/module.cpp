@@ -466,6 +466,7 @@ nb::dict cpu_features_dict() {
     d["os_saves_zmm"] = f.os_saves_zmm;
     d["os_saves_amx"] = f.os_saves_amx;
     d["amx_permission"] = f.amx_permission;
+    d["sve_vector_bits"] = f.sve_vector_bits;
     return d;
 }
 

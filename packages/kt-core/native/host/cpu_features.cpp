@@ -15,6 +15,7 @@
 #include <cstring>
 #elif defined(__aarch64__)
 #include <sys/auxv.h>
+#include <sys/prctl.h>
 
 #include <fstream>
 #endif
@@ -260,6 +261,14 @@ void detect(CpuFeatures& f) {
     if (hw2 & kHwcap2Bf16) f.features.emplace_back("bf16");
     if (hw & kHwcapSve) f.features.emplace_back("sve");
     if (hw2 & kHwcap2Sve2) f.features.emplace_back("sve2");
+    // SVE's vector length is the implementation's (128..2048 bits), possibly lowered by the OS
+    // per thread: vector-length-agnostic kernels read it, and doctor reports it.
+    constexpr int kPrSveGetVl = 51, kPrSveVlLenMask = 0xffff;
+    if (hw & kHwcapSve) {
+        const int vl = prctl(kPrSveGetVl, 0, 0, 0, 0);
+        if (vl > 0) f.sve_vector_bits = (vl & kPrSveVlLenMask) * 8;
+    }
+    if (f.brand.empty()) f.brand = "aarch64 CPU (no MIDR_EL1 in sysfs)";
 }
 
 #else

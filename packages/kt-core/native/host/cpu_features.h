@@ -24,6 +24,7 @@ struct CpuFeatures {
     bool os_saves_zmm = false;      // XCR0 bits 5,6,7
     bool os_saves_amx = false;      // XCR0 bits 17,18
     bool amx_permission = false;    // arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) granted
+    int sve_vector_bits = 0;        // aarch64 with SVE: this thread's vector length (prctl PR_SVE_GET_VL)
 };
 
 // Detected once and cached. Requests AMX tile permission from Linux when the CPU has AMX.

@@ -69,6 +69,7 @@ class Host:
     isa_level: str                     # highest level `features` satisfies
     max_isa: str | None                # the cap in force, if any
     notes: tuple[str, ...]             # CPU features the OS (or the cap) withholds, and why
+    sve_vector_bits: int               # aarch64 SVE vector length (0: no SVE)
     physical_cores: int
     logical_cpus: int
     numa_nodes: tuple[NumaNode, ...]
@@ -117,6 +118,7 @@ def host() -> Host:
         isa_level=_highest_level(cpu["arch"], features),
         max_isa=max_isa,
         notes=tuple(cpu["notes"]) + tuple(cap_notes),
+        sve_vector_bits=cpu["sve_vector_bits"] if "sve" in features else 0,
         physical_cores=len(topo["cores"]),
         logical_cpus=topo["num_cpus"],
         numa_nodes=tuple(NumaNode(n["id"], n["memory_bytes"], tuple(n["cores"])) for n in topo["nodes"]),

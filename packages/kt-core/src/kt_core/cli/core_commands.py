@@ -130,7 +130,8 @@ def render_doctor(r: dict, verbose: bool) -> None:
     cpu, cores, mem = r["cpu"], r["cores"], r["memory"]
     print(f"CPU       {cpu['brand']} ({cpu['vendor']}, {cpu['arch']}), ISA level {cpu['isa_level']}"
           + (f" (capped by KT_MAX_ISA={cpu['max_isa']})" if cpu["max_isa"] else ""))
-    print(f"features  {' '.join(cpu['features'])}")
+    print(f"features  {' '.join(cpu['features'])}"
+          + (f"; SVE vectors of {cpu['sve_vector_bits']} bits" if cpu.get("sve_vector_bits") else ""))
     for note in cpu["notes"]:
         print(f"  note: {note}")
     print(f"cores     {cores['physical']} physical, {cores['logical']} logical; L2 {cores['l2_bytes'] // 1024} KiB, "

@@ -64,7 +64,8 @@ def collect() -> dict:
         backends, backend_error = [], str(exc)
     return {
         "cpu": {"arch": h.arch, "vendor": h.vendor, "brand": h.brand, "isa_level": h.isa_level,
-                "max_isa": h.max_isa, "features": sorted(h.features), "notes": list(h.notes)},
+                "max_isa": h.max_isa, "features": sorted(h.features), "notes": list(h.notes),
+                "sve_vector_bits": h.sve_vector_bits},
         "cores": {"physical": h.physical_cores, "logical": h.logical_cpus, "topology_source": h.topology_source,
                   "l2_bytes": h.l2_bytes, "l3_bytes": h.l3_bytes},
         "numa": [{"node": n.id, "memory_bytes": n.memory_bytes, "cores": list(n.cores)} for n in h.numa_nodes],
