@@ -30,7 +30,7 @@ EXAMPLE = ROOT / "examples" / "kt-backend-example"
 WHEELHOUSE = ROOT / "wheelhouse"
 
 nox.options.sessions = ["lint", "tests", "target_conformance", "target_alone", "example", "install_smoke", "packaging",
-                        "amx_hardware_build", "abi", "tsan", "fuzz"]
+                        "amx_hardware_build", "abi", "tsan", "fuzz", "aarch64"]
 nox.options.default_venv_backend = "none"
 
 
@@ -383,3 +383,33 @@ def fuzz(session):
             failed.append(target)
     if failed:
         session.error(f"fuzz targets that crashed: {', '.join(failed)}; inputs in {crashes}")
+
+
+# qemu-aarch64 CPU models and what kt-core must detect on each (KT_EXPECT_*: tests/test_host_aarch64.py).
+AARCH64_CPUS = {
+    "cortex-a72": ("neon", ""),                                             # ARMv8.0: NEON only
+    "neoverse-n1": ("asimddp,neon", ""),                                    # ARMv8.2 + dotprod
+    "max,sve-max-vq=2": ("asimddp,bf16,i8mm,neon,sve,sve2", "256"),         # SVE2, I8MM, BF16 at 256 bits
+    "max,sve-max-vq=4": ("asimddp,bf16,i8mm,neon,sve,sve2", "512"),         # ... and at 512 bits
+}
+
+
+@nox.session
+def aarch64(session):
+    """kt on aarch64 without an ARM machine: kt-core cross-compiled with g++-aarch64-linux-gnu against
+    an arm64 Debian root (tools/aarch64/), run under qemu-aarch64 on several CPU models: host
+    detection (features, ISA level, SVE vector length) on each, the conformance suite once."""
+    session.run("tools/aarch64/build.sh", "kt-core", external=True)
+    root = ROOT / ".aarch64" / "root"
+    env = {"PYTHONPATH": str(ROOT / ".aarch64" / "site")}
+
+    def qemu(cpu, *args, **extra):
+        session.run("qemu-aarch64", "-cpu", cpu, "-L", str(root), str(root / "usr" / "bin" / "python3"), *args,
+                    env={**env, **extra}, external=True)
+
+    for cpu, (features, sve_bits) in AARCH64_CPUS.items():
+        qemu(cpu, "-m", "pytest", "-q", "-p", "no:cacheprovider", "packages/kt-core/tests/test_host_aarch64.py",
+             KT_EXPECT_ARM_FEATURES=features, KT_EXPECT_SVE_BITS=sve_bits)
+        qemu(cpu, "-m", "kt_core.cli", "doctor")
+    qemu("neoverse-n1", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "kt_core.testing.plugin", "--pyargs",
+         "kt_core.testing.conformance", *session.posargs)
