@@ -396,10 +396,12 @@ AARCH64_CPUS = {
 
 @nox.session
 def aarch64(session):
-    """kt on aarch64 without an ARM machine: kt-core cross-compiled with g++-aarch64-linux-gnu against
-    an arm64 Debian root (tools/aarch64/), run under qemu-aarch64 on several CPU models: host
-    detection (features, ISA level, SVE vector length) on each, the conformance suite once."""
-    session.run("tools/aarch64/build.sh", "kt-core", external=True)
+    """kt on aarch64 without an ARM machine: kt-core and kt-backend-kml cross-compiled with
+    g++-aarch64-linux-gnu against an arm64 Debian root (tools/aarch64/), run under qemu-aarch64 on
+    several CPU models: host detection (features, ISA level, SVE vector length), kt-backend-kml's
+    tests and the conformance suite of every backend on each (a target the model lacks is skipped
+    naming the feature, never SIGILL); the reference backend's conformance once."""
+    session.run("tools/aarch64/build.sh", "kt-core", "kt-backend-kml", external=True)
     root = ROOT / ".aarch64" / "root"
     env = {"PYTHONPATH": str(ROOT / ".aarch64" / "site")}
 
@@ -411,5 +413,9 @@ def aarch64(session):
         qemu(cpu, "-m", "pytest", "-q", "-p", "no:cacheprovider", "packages/kt-core/tests/test_host_aarch64.py",
              KT_EXPECT_ARM_FEATURES=features, KT_EXPECT_SVE_BITS=sve_bits)
         qemu(cpu, "-m", "kt_core.cli", "doctor")
-    qemu("neoverse-n1", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "kt_core.testing.plugin", "--pyargs",
-         "kt_core.testing.conformance", *session.posargs)
+        qemu(cpu, "-m", "kt_core.cli", "backends")
+        qemu(cpu, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "packages/kt-backend-kml/tests")
+        qemu(cpu, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-p", "kt_core.testing.plugin", "--kt-backend",
+             "kml", "--pyargs", "kt_core.testing.conformance", *session.posargs)
+    qemu("neoverse-n1", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "kt_core.testing.plugin", "--kt-backend",
+         "reference", "--pyargs", "kt_core.testing.conformance", *session.posargs)

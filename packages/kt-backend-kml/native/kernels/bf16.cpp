@@ -1,0 +1,113 @@
+// BF16 in "kt-bf16-p16k2-v1" (kt/formats/packed_layouts.h): a 64-byte chunk holds the bf16 pair
+// (k, k+1) of 16 channels, lane-major. NEON widens a pair word to two f32 vectors with a shift
+// and a mask (exact) and multiply-adds exact f32 activations: the kernel's only rounding is the
+// f32 accumulation. Each weight byte is read once per row (decode streams the panel once).
+#include "common.h"
+
+namespace KT_TARGET_NAMESPACE {
+namespace {
+
+uint16_t to_bf16(float f) {   // round to nearest even (NaN/Inf were refused at load)
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+L::ExpertPanels layout(const kt_moe_config* c) { return L::bf16::expert(c->hidden, c->intermediate); }
+size_t packed_bytes(const kt_moe_config* c) { return layout(c).bytes(); }
+
+kt_status pack(const kt_moe_config* c, const kt_expert_weights* src, void* dst) {
+    const L::ExpertPanels l = layout(c);
+    auto* out = static_cast<uint8_t*>(dst);
+    const Part parts[3] = {{&src->gate, c->intermediate, c->hidden, 0}, {&src->up, c->intermediate, c->hidden, 1},
+                           {&src->down, c->hidden, c->intermediate, 2}};
+    std::vector<float> row;
+    for (const Part& part : parts) {
+        row.resize(size_t(part.cols));
+        for (int64_t n = 0; n < part.rows; ++n) {
+            if (!row_f32(part.w->values, n, row.data()))
+                return fail(KT_ERROR_UNSUPPORTED, "kml BF16: weights must be float32, bfloat16 or float16 (kt_dtype %d given)",
+                            int(part.w->values.dtype));
+            uint8_t* panel = out + panel_at(l, part.which, n / kPanel);
+            for (int64_t k = 0; k < part.cols; ++k) {
+                const uint16_t h = to_bf16(row[size_t(k)]);
+                std::memcpy(panel + L::bf16::offset(k, int(n % kPanel)), &h, 2);
+            }
+        }
+    }
+    return KT_OK;
+}
+
+size_t row_bytes(int64_t k) { return size_t(k) * 4; }
+
+kt_status quantize(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int64_t stride, void* out) {
+    for (int64_t r = 0; r < rows; ++r)
+        if (!activation_row(in, dtype, r, k, stride, static_cast<float*>(out) + r * k))
+            return fail(KT_ERROR_UNSUPPORTED, "kml BF16: activations must be float32 or bfloat16 (kt_dtype %d)", int(dtype));
+    return KT_OK;
+}
+
+// acc[0..3] (16 channels) += panel . x over K.
+inline void panel_dot(const uint8_t* panel, const float* x, int64_t K, float32x4_t acc[4]) {
+    const uint32x4_t high = vdupq_n_u32(0xffff0000u);
+    int64_t j = 0;
+    for (; 2 * j + 1 < K; ++j) {
+        const float32x4_t x0 = vdupq_n_f32(x[2 * j]), x1 = vdupq_n_f32(x[2 * j + 1]);
+        const uint32_t* w = reinterpret_cast<const uint32_t*>(panel + size_t(j) * 64);
+        for (int v = 0; v < 4; ++v) {
+            const uint32x4_t pair = vld1q_u32(w + 4 * v);
+            acc[v] = vfmaq_f32(acc[v], vreinterpretq_f32_u32(vshlq_n_u32(pair, 16)), x0);
+            acc[v] = vfmaq_f32(acc[v], vreinterpretq_f32_u32(vandq_u32(pair, high)), x1);
+        }
+    }
+    if (2 * j < K) {   // odd K: the last pair's second weight is padding
+        const float32x4_t x0 = vdupq_n_f32(x[2 * j]);
+        const uint32_t* w = reinterpret_cast<const uint32_t*>(panel + size_t(j) * 64);
+        for (int v = 0; v < 4; ++v)
+            acc[v] = vfmaq_f32(acc[v], vreinterpretq_f32_u32(vshlq_n_u32(vld1q_u32(w + 4 * v), 16)), x0);
+    }
+}
+
+kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+                  float* out, int64_t ldo) {
+    const L::ExpertPanels l = layout(c);
+    const auto* base = static_cast<const uint8_t*>(packed);
+    const Gate gate(c);
+    for (int64_t p = n0 / kPanel; p * kPanel < n1; ++p)
+        for (int64_t m = 0; m < rows; ++m) {
+            const float* x = static_cast<const float*>(act) + m * c->hidden;
+            float32x4_t g[4], u[4];
+            for (int v = 0; v < 4; ++v) g[v] = u[v] = vdupq_n_f32(0.0f);
+            panel_dot(base + l.gate(p), x, c->hidden, g);
+            panel_dot(base + l.up(p), x, c->hidden, u);
+            float gs[16], us[16];
+            for (int v = 0; v < 4; ++v) vst1q_f32(gs + 4 * v, g[v]), vst1q_f32(us + 4 * v, u[v]);
+            for (int lane = 0; lane < kPanel && p * kPanel + lane < n1; ++lane)
+                out[m * ldo + p * kPanel + lane] = gate(gs[lane], us[lane]);
+        }
+    return KT_OK;
+}
+
+kt_status down(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+               float* out, int64_t ldo) {
+    const L::ExpertPanels l = layout(c);
+    const auto* base = static_cast<const uint8_t*>(packed);
+    for (int64_t p = n0 / kPanel; p * kPanel < n1; ++p)
+        for (int64_t m = 0; m < rows; ++m) {
+            float32x4_t acc[4];
+            for (int v = 0; v < 4; ++v) acc[v] = vdupq_n_f32(0.0f);
+            panel_dot(base + l.down(p), static_cast<const float*>(act) + m * c->intermediate, c->intermediate, acc);
+            float s[16];
+            for (int v = 0; v < 4; ++v) vst1q_f32(s + 4 * v, acc[v]);
+            for (int lane = 0; lane < kPanel && p * kPanel + lane < n1; ++lane) out[m * ldo + p * kPanel + lane] = s[lane];
+        }
+    return KT_OK;
+}
+
+}  // namespace
+
+kt_method_kernels bf16_kernels(const char* kernel_id) {
+    return method_table("BF16", L::bf16::kId, kernel_id, packed_bytes, pack, row_bytes, quantize, gate_up, down);
+}
+
+}  // namespace KT_TARGET_NAMESPACE

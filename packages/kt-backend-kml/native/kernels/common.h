@@ -1,0 +1,115 @@
+// What every aarch64 method shares: the host table, error reporting, source matrices as f32 rows,
+// the gated activation (kt/plugin.h ABI 1.2) and the walk over a tile's 16-channel panels.
+// Compiled once per target (KT_TARGET_NAMESPACE, -march flags of targets.json).
+#pragma once
+#include <kt/formats/packed_layouts.h>
+#include <kt/plugin.h>
+
+#include <arm_neon.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+namespace KT_TARGET_NAMESPACE {
+
+extern const kt_host_api* g_host;
+namespace L = kt::layouts;
+constexpr int kPanel = L::kPanel;
+
+inline kt_status fail(kt_status code, const char* fmt, ...) {
+    char buffer[512];
+    va_list args;
+    va_start(args, fmt);
+    std::vsnprintf(buffer, sizeof buffer, fmt, args);
+    va_end(args);
+    if (g_host) g_host->set_error(buffer);
+    return code;
+}
+
+inline float bf16_to_f32(uint16_t h) { return L::bf16_bits_to_float(h); }
+
+// Row r of a source matrix as f32 (F32, BF16 or F16 values); false for another dtype.
+inline bool row_f32(const kt_matrix& m, int64_t r, float* out) {
+    switch (m.dtype) {
+    case KT_DTYPE_F32: std::memcpy(out, static_cast<const float*>(m.data) + r * m.row_stride, size_t(m.cols) * 4); return true;
+    case KT_DTYPE_BF16: {
+        const auto* h = static_cast<const uint16_t*>(m.data) + r * m.row_stride;
+        for (int64_t c = 0; c < m.cols; ++c) out[c] = bf16_to_f32(h[c]);
+        return true;
+    }
+    case KT_DTYPE_F16: {
+        const auto* h = static_cast<const __fp16*>(m.data) + r * m.row_stride;
+        for (int64_t c = 0; c < m.cols; ++c) out[c] = float(h[c]);
+        return true;
+    }
+    default: return false;
+    }
+}
+
+// Activation rows from the core: F32 or BF16, `stride` elements apart.
+inline bool activation_row(const void* in, kt_dtype dtype, int64_t r, int64_t k, int64_t stride, float* out) {
+    const kt_matrix m{in, dtype, r + 1, k, stride};
+    return row_f32(m, r, out);
+}
+
+// SiLU(gate) * up, or the clamped SwiGLU a layer asks for.
+struct Gate {
+    float limit = 0.0f, alpha = 0.0f;
+    explicit Gate(const kt_moe_config* c) {
+        if (KT_HAS_FIELD(c, kt_moe_config, swiglu_alpha)) limit = c->swiglu_limit, alpha = c->swiglu_alpha;
+    }
+    float operator()(float g, float u) const {
+        if (limit > 0.0f) {
+            g = std::min(g, limit);
+            u = std::clamp(u, -limit, limit);
+        }
+        if (alpha > 0.0f) return g * (u + 1.0f) / (1.0f + std::exp(-alpha * g));
+        return g * u / (1.0f + std::exp(-g));
+    }
+};
+
+// The three matrices of an expert in the order of kt_expert_weights, with where their panels go.
+struct Part {
+    const kt_weight* w;
+    int64_t rows, cols;
+    int which;   // 0 gate, 1 up, 2 down
+};
+inline size_t panel_at(const L::ExpertPanels& l, int which, int64_t p) {
+    return which == 0 ? l.gate(p) : which == 1 ? l.up(p) : l.down(p);
+}
+
+// The method tables (bf16.cpp, int8.cpp).
+kt_method_kernels bf16_kernels(const char* kernel_id);
+kt_method_kernels int8_kernels(const char* kernel_id);
+
+inline kt_method_kernels method_table(const char* method, const char* layout_id, const char* kernel_id,
+                                      size_t (*bytes)(const kt_moe_config*),
+                                      kt_status (*pack)(const kt_moe_config*, const kt_expert_weights*, void*),
+                                      size_t (*row_bytes)(int64_t),
+                                      kt_status (*quantize)(const void*, kt_dtype, int64_t, int64_t, int64_t, void*),
+                                      kt_status (*gate_up)(const kt_moe_config*, const void*, const void*, int64_t, int64_t,
+                                                           int64_t, float*, int64_t),
+                                      kt_status (*down)(const kt_moe_config*, const void*, const void*, int64_t, int64_t,
+                                                        int64_t, float*, int64_t)) {
+    kt_method_kernels m{};
+    m.struct_size = sizeof(kt_method_kernels);
+    m.method = method;
+    m.layout_id = layout_id;
+    m.kernel_id = kernel_id;
+    m.gate_up_block = kPanel;
+    m.down_block = kPanel;
+    m.packed_expert_bytes = bytes;
+    m.pack_expert = pack;
+    m.activation_row_bytes = row_bytes;
+    m.quantize_activations = quantize;
+    m.gate_up_tile = gate_up;
+    m.down_tile = down;
+    m.activations = KT_ACTIVATION_SWIGLU;
+    return m;
+}
+
+}  // namespace KT_TARGET_NAMESPACE

@@ -1,0 +1,45 @@
+// This target's backend table. Built on first request, never at module load: this file is
+// compiled with the target's -march flags, and nothing of it may run before kt-core has checked
+// that the host (HWCAP) can execute them.
+#include "common.h"
+
+namespace KT_TARGET_NAMESPACE {
+
+const kt_host_api* g_host = nullptr;
+
+namespace {
+
+kt_status init(const kt_host_api* host) {
+    g_host = host;
+    return KT_OK;
+}
+
+struct Tables {
+    kt_method_kernels methods[2];
+    kt_backend_api api;
+};
+
+#if defined(__ARM_FEATURE_DOTPROD)
+#define KT_INT8_DOT "sdot."
+#else
+#define KT_INT8_DOT "smull."
+#endif
+
+Tables build() {
+    Tables t{};
+    t.methods[0] = bf16_kernels("moe.bf16.p16k2.neon-fma." KT_TARGET_VARIANT);
+    t.methods[1] = int8_kernels("moe.int8.p16k4." KT_INT8_DOT KT_TARGET_VARIANT);
+    t.api = kt_backend_api{sizeof(kt_backend_api), KT_PLUGIN_ABI_MAJOR, KT_PLUGIN_ABI_MINOR, "kml", KT_TARGET_VARIANT,
+                           KT_TARGET_FEATURES, init, 2, nullptr};
+    return t;
+}
+
+}  // namespace
+
+const kt_backend_api* backend_api() {
+    static Tables tables = build();
+    tables.api.methods = tables.methods;
+    return &tables.api;
+}
+
+}  // namespace KT_TARGET_NAMESPACE

@@ -1,0 +1,20 @@
+"""kt-backend-kml's descriptor: pure data; the native module is imported only when selected,
+and only on aarch64 (elsewhere the wheel has no native module and the descriptor's arch says why)."""
+
+import json
+from pathlib import Path
+
+from kt_core.backends import BackendDescriptor, Tier, Variant
+
+METHODS = ("BF16", "INT8")
+TARGETS = json.loads((Path(__file__).parent / "targets.json").read_text())["targets"]
+
+descriptor = BackendDescriptor(
+    name="kml",
+    abi_version=(1, 2),
+    tier=Tier.GENERIC_SIMD,
+    arch=("aarch64",),
+    description="aarch64 expert kernels: NEON, ARMv8.2 dot product",
+    variants=tuple(Variant(t["name"], module="kt_backend_kml._native", requires=frozenset(t["features"]),
+                           methods=METHODS, rank=t["rank"]) for t in TARGETS),
+)
