@@ -14,7 +14,7 @@ from kt_core.testing.quantize import dequantized_weights
 from kt_core.testing.reference import moe_reference, random_moe, random_routing, relative_error
 
 ON_ARM = kt_core.host().arch == "aarch64"
-E, H, I, K = 8, 256, 160, 2
+E, H, I, K = 8, 256, 128, 2
 RUNNABLE = [t["name"] for t in kt_backend_kml.TARGETS if ON_ARM and not kt_core.host().missing(t["features"])]
 
 
@@ -25,29 +25,31 @@ def test_on_other_architectures_the_descriptor_says_why():
     assert rows and all(not r["runnable"] and "aarch64" in r["reason"] for r in rows), rows
 
 
-def forward(method, variant, monkeypatch, w, x, ids, wt):
+def forward(method, variant, monkeypatch, w, x, ids, wt, **kw):
     monkeypatch.setenv("KT_CPU_VARIANT", variant)
     selection.reset()
-    m = MoE(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, method=method, backend="kml")
+    m = MoE(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, method=method, backend="kml", **kw)
     m.load(*w)
     assert m.backend == f"kml/{variant}"
     return np.asarray(m(x, ids, wt)), m.kernel_id
 
 
 @pytest.mark.skipif(not ON_ARM, reason=f"aarch64 kernels; this host is {kt_core.host().arch}")
-@pytest.mark.parametrize("method,tol", [("BF16", 1e-5), ("INT8", 2e-3)])
-def test_every_target_matches_float64_over_the_stored_weights(method, tol, monkeypatch):
+@pytest.mark.parametrize("method,kw,tol", [("BF16", {}, 1e-5), ("INT8", {}, 2e-3), ("INT4", {"group_size": 32}, 2e-3),
+                                           ("INT4", {"group_size": 64, "zero_point": True}, 2e-3),
+                                           ("INT4", {"group_size": 128}, 2e-3)])
+def test_every_target_matches_float64_over_the_stored_weights(method, kw, tol, monkeypatch):
     rng = np.random.default_rng(11)
     w = random_moe(rng, E, H, I)
     tokens = 21
     x = rng.standard_normal((tokens, H)).astype(np.float32)
     ids, wt = random_routing(rng, tokens, E, K)
-    want = moe_reference(x, *dequantized_weights(method, *w), ids, wt)
+    want = moe_reference(x, *dequantized_weights(method, *w, **kw), ids, wt)
     outs = {}
     for variant in RUNNABLE:
-        outs[variant], kernel = forward(method, variant, monkeypatch, w, x, ids, wt)
+        outs[variant], kernel = forward(method, variant, monkeypatch, w, x, ids, wt, **kw)
         err = relative_error(outs[variant], want)
         assert err < tol, f"{kernel}: {err:.2e}"
-    if method == "INT8" and len(outs) > 1:   # exact integer sums, finished alike
+    if method != "BF16" and len(outs) > 1:   # exact integer sums, finished alike
         first = next(iter(outs.values()))
         assert all(np.array_equal(first, o) for o in outs.values())

@@ -85,6 +85,7 @@ inline size_t panel_at(const L::ExpertPanels& l, int which, int64_t p) {
 // The method tables (bf16.cpp, int8.cpp).
 kt_method_kernels bf16_kernels(const char* kernel_id);
 kt_method_kernels int8_kernels(const char* kernel_id);
+kt_method_kernels int4_kernels(const char* kernel_id);
 
 inline kt_method_kernels method_table(const char* method, const char* layout_id, const char* kernel_id,
                                       size_t (*bytes)(const kt_moe_config*),

@@ -7,6 +7,7 @@
 #include <kt/formats/quant_rules.h>
 
 #include "common.h"
+#include "int8_activations.h"
 
 namespace KT_TARGET_NAMESPACE {
 namespace {
@@ -44,20 +45,17 @@ kt_status pack(const kt_moe_config* c, const kt_expert_weights* src, void* dst) 
     return KT_OK;
 }
 
-// A quantized activation row: {f32 s; 12 bytes padding} then q_hi and q_lo, each K rounded up to 16
-// and zero-padded (so a chunk's four k never read past the row).
-int64_t padded(int64_t k) { return (k + 15) / 16 * 16; }
-size_t row_bytes(int64_t k) { return 16 + 2 * size_t(padded(k)); }
+}  // namespace
 
-kt_status quantize(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int64_t stride, void* out) {
+kt_status quantize_int8_activations(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int64_t stride, void* out) {
     std::vector<float> x(static_cast<size_t>(k));
     for (int64_t r = 0; r < rows; ++r) {
         if (!activation_row(in, dtype, r, k, stride, x.data()))
             return fail(KT_ERROR_UNSUPPORTED, "kml INT8: activations must be float32 or bfloat16 (kt_dtype %d)", int(dtype));
-        auto* row = static_cast<uint8_t*>(out) + size_t(r) * row_bytes(k);
-        std::memset(row, 0, row_bytes(k));
+        auto* row = static_cast<uint8_t*>(out) + size_t(r) * act_row_bytes(k);
+        std::memset(row, 0, act_row_bytes(k));
         auto* hi = reinterpret_cast<int8_t*>(row + 16);
-        auto* lo = hi + padded(k);
+        auto* lo = hi + act_padded(k);
         // A NaN or Inf in the row cannot be quantized: its codes stay 0 and its scale NaN, so the
         // token's output is NaN and no other token's is.
         if (!std::all_of(x.begin(), x.end(), [](float v) { return std::isfinite(v); })) {
@@ -73,28 +71,16 @@ kt_status quantize(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int6
     return KT_OK;
 }
 
-// acc[v] (channels 4v..4v+3) += sum over one chunk's four k of w * x.
-inline int32x4_t dot4(int32x4_t acc, int8x16_t w, int8x16_t x) {
-#if defined(__ARM_FEATURE_DOTPROD)
-    return vdotq_s32(acc, w, x);
-#else
-    const int32x4_t lo = vpaddlq_s16(vmull_s8(vget_low_s8(w), vget_low_s8(x)));   // lanes 0, 1: two pair sums each
-    const int32x4_t hi = vpaddlq_s16(vmull_high_s8(w, x));                         // lanes 2, 3
-    return vaddq_s32(acc, vpaddq_s32(lo, hi));
-#endif
-}
+namespace {
 
 // The 16 channels' w . x of one panel for one activation row, in f32: s_x * s_w * (dot_hi + dot_lo / 128).
 inline void panel_dot(const uint8_t* panel, const uint8_t* row, int64_t K, float out[16]) {
-    const auto* hi = reinterpret_cast<const int8_t*>(row + 16);
-    const auto* lo = hi + padded(K);
+    const int8_t* hi = act_hi(row);
+    const int8_t* lo = act_lo(row, K);
     int32x4_t acc_hi[4], acc_lo[4];
     for (int v = 0; v < 4; ++v) acc_hi[v] = acc_lo[v] = vdupq_n_s32(0);
     for (int64_t j = 0; 4 * j < K; ++j) {
-        int32_t xh, xl;
-        std::memcpy(&xh, hi + 4 * j, 4);
-        std::memcpy(&xl, lo + 4 * j, 4);
-        const int8x16_t bh = vreinterpretq_s8_s32(vdupq_n_s32(xh)), bl = vreinterpretq_s8_s32(vdupq_n_s32(xl));
+        const int8x16_t bh = broadcast4(hi + 4 * j), bl = broadcast4(lo + 4 * j);
         const int8_t* w = reinterpret_cast<const int8_t*>(panel + L::int8::kHeaderBytes + size_t(j) * 64);
         for (int v = 0; v < 4; ++v) {
             const int8x16_t wv = vld1q_s8(w + 16 * v);
@@ -102,8 +88,7 @@ inline void panel_dot(const uint8_t* panel, const uint8_t* row, int64_t K, float
             acc_lo[v] = dot4(acc_lo[v], wv, bl);
         }
     }
-    float sx;
-    std::memcpy(&sx, row, 4);
+    const float sx = act_scale(row);
     const float* sw = reinterpret_cast<const float*>(panel);
     for (int v = 0; v < 4; ++v) {
         const float32x4_t dot = vaddq_f32(vcvtq_f32_s32(acc_hi[v]), vmulq_n_f32(vcvtq_f32_s32(acc_lo[v]), 1.0f / 128.0f));
@@ -118,7 +103,7 @@ kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, i
     const Gate gate(c);
     for (int64_t p = n0 / kPanel; p * kPanel < n1; ++p)
         for (int64_t m = 0; m < rows; ++m) {
-            const auto* row = static_cast<const uint8_t*>(act) + size_t(m) * row_bytes(c->hidden);
+            const auto* row = static_cast<const uint8_t*>(act) + size_t(m) * act_row_bytes(c->hidden);
             float g[16], u[16];
             panel_dot(base + l.gate(p), row, c->hidden, g);
             panel_dot(base + l.up(p), row, c->hidden, u);
@@ -135,7 +120,7 @@ kt_status down(const kt_moe_config* c, const void* packed, const void* act, int6
     for (int64_t p = n0 / kPanel; p * kPanel < n1; ++p)
         for (int64_t m = 0; m < rows; ++m) {
             float s[16];
-            panel_dot(base + l.down(p), static_cast<const uint8_t*>(act) + size_t(m) * row_bytes(c->intermediate),
+            panel_dot(base + l.down(p), static_cast<const uint8_t*>(act) + size_t(m) * act_row_bytes(c->intermediate),
                       c->intermediate, s);
             for (int lane = 0; lane < kPanel && p * kPanel + lane < n1; ++lane) out[m * ldo + p * kPanel + lane] = s[lane];
         }
@@ -145,7 +130,8 @@ kt_status down(const kt_moe_config* c, const void* packed, const void* act, int6
 }  // namespace
 
 kt_method_kernels int8_kernels(const char* kernel_id) {
-    return method_table("INT8", L::int8::kId, kernel_id, packed_bytes, pack, row_bytes, quantize, gate_up, down);
+    return method_table("INT8", L::int8::kId, kernel_id, packed_bytes, pack, act_row_bytes, quantize_int8_activations, gate_up,
+                        down);
 }
 
 }  // namespace KT_TARGET_NAMESPACE

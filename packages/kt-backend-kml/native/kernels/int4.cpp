@@ -1,0 +1,148 @@
+// Group-wise INT4 in "kt-int4-p16-v2" (kt/formats/packed_layouts.h): per group of G k (32, 64 or
+// 128) a header {f32 s[16]} (with zero points {f32 s[16]; f32 s*z[16]}) and G/8 chunks whose low
+// nibbles are the codes u of one 4-k quad of 16 channels, lane-major, and whose high nibbles the
+// next quad. A nibble plane masked out is already the dot-product operand order, so per group:
+// dot = sum u * q (sdot / smull on the two int8 activation passes, exact), then
+// s * (dot - 8 * sum q) symmetric, or s * dot - s*z * sum q with zero points, in f32.
+#include <kt/formats/quant_rules.h>
+
+#include "common.h"
+#include "int8_activations.h"
+
+namespace KT_TARGET_NAMESPACE {
+namespace {
+
+L::int4::Geometry geometry(const kt_moe_config* c) {
+    return L::int4::geometry(false, c->group_size == 0 ? 128 : c->group_size, (c->quant_flags & KT_QUANT_ZERO_POINT) != 0);
+}
+size_t packed_bytes(const kt_moe_config* c) { return geometry(c).expert(c->hidden, c->intermediate).bytes(); }
+
+kt_status pack(const kt_moe_config* c, const kt_expert_weights* src, void* dst) {
+    const L::int4::Geometry geo = geometry(c);
+    const int64_t g = geo.g;
+    if (g != 32 && g != 64 && g != 128)
+        return fail(KT_ERROR_INVALID_ARGUMENT, "kml INT4: group_size %lld is not supported; use 32, 64 or 128", (long long)g);
+    if (c->hidden % g || c->intermediate % g)
+        return fail(KT_ERROR_INVALID_ARGUMENT, "kml INT4: group_size %lld must divide hidden (%lld) and intermediate (%lld)",
+                    (long long)g, (long long)c->hidden, (long long)c->intermediate);
+    const L::ExpertPanels l = geo.expert(c->hidden, c->intermediate);
+    auto* out = static_cast<uint8_t*>(dst);
+    const Part parts[3] = {{&src->gate, c->intermediate, c->hidden, 0}, {&src->up, c->intermediate, c->hidden, 1},
+                           {&src->down, c->hidden, c->intermediate, 2}};
+    std::vector<float> row;
+    for (const Part& part : parts) {
+        row.resize(size_t(part.cols));
+        for (int64_t n = 0; n < part.rows; ++n) {
+            if (!row_f32(part.w->values, n, row.data()))
+                return fail(KT_ERROR_UNSUPPORTED, "kml INT4: weights must be float32, bfloat16 or float16 (kt_dtype %d given)",
+                            int(part.w->values.dtype));
+            uint8_t* panel = out + panel_at(l, part.which, n / kPanel);
+            const int lane = int(n % kPanel);
+            for (int64_t g0 = 0; g0 < part.cols; g0 += g) {
+                uint8_t u[128];
+                float s, sz = 0.0f;
+                if (!geo.zero_point) {
+                    int8_t q[128];
+                    s = kt::quant::quantize_symmetric(row.data() + g0, g, 7.0f, -8, 7, q);
+                    for (int64_t i = 0; i < g; ++i) u[i] = uint8_t(q[i] + 8);
+                } else {
+                    int z = 0;
+                    s = kt::quant::quantize_asymmetric(row.data() + g0, g, u, &z);
+                    sz = s * float(z);
+                }
+                uint8_t* header = panel + size_t(g0 / g) * geo.group_bytes();
+                std::memcpy(header + size_t(lane) * 4, &s, 4);
+                if (geo.zero_point) std::memcpy(header + 64 + size_t(lane) * 4, &sz, 4);
+                for (int64_t i = 0; i < g; ++i) {
+                    uint8_t& byte = panel[geo.code_offset(g0 + i, lane)];
+                    byte = L::int4::Geometry::high_nibble(g0 + i) ? uint8_t((byte & 0x0f) | (u[i] << 4))
+                                                                  : uint8_t((byte & 0xf0) | u[i]);
+                }
+            }
+        }
+    }
+    return KT_OK;
+}
+
+// The 16 channels' w . x of one panel for one activation row.
+inline void panel_dot(const L::int4::Geometry& geo, const uint8_t* panel, const uint8_t* row, int64_t K, float out[16]) {
+    const int8_t* hi = act_hi(row);
+    const int8_t* lo = act_lo(row, K);
+    const uint8x16_t low4 = vdupq_n_u8(0x0f);
+    float32x4_t acc[4];
+    for (int v = 0; v < 4; ++v) acc[v] = vdupq_n_f32(0.0f);
+    for (int64_t g0 = 0; g0 < K; g0 += geo.g) {
+        const uint8_t* header = panel + size_t(g0 / geo.g) * geo.group_bytes();
+        const uint8_t* chunks = header + geo.header_bytes();
+        int32x4_t dh[4], dl[4];
+        for (int v = 0; v < 4; ++v) dh[v] = dl[v] = vdupq_n_s32(0);
+        int32_t sum_hi = 0, sum_lo = 0;
+        for (int64_t c = 0; c < geo.g / 8; ++c) {
+            const int64_t k = g0 + 8 * c;
+            const int8x16_t xh0 = broadcast4(hi + k), xh1 = broadcast4(hi + k + 4);
+            const int8x16_t xl0 = broadcast4(lo + k), xl1 = broadcast4(lo + k + 4);
+            for (int v = 0; v < 4; ++v) {
+                const uint8x16_t w = vld1q_u8(chunks + size_t(c) * 64 + 16 * v);
+                const int8x16_t w0 = vreinterpretq_s8_u8(vandq_u8(w, low4)), w1 = vreinterpretq_s8_u8(vshrq_n_u8(w, 4));
+                dh[v] = dot4(dot4(dh[v], w0, xh0), w1, xh1);
+                dl[v] = dot4(dot4(dl[v], w0, xl0), w1, xl1);
+            }
+        }
+        for (int64_t i = 0; i < geo.g; ++i) sum_hi += hi[g0 + i], sum_lo += lo[g0 + i];
+        const float asum = float(128 * sum_hi + sum_lo);   // raw units: 128 * hi + lo, exact in int32
+        for (int v = 0; v < 4; ++v) {
+            const float32x4_t dot = vcvtq_f32_s32(vaddq_s32(vshlq_n_s32(dh[v], 7), dl[v]));
+            const float32x4_t s = vld1q_f32(reinterpret_cast<const float*>(header) + 4 * v);
+            if (geo.zero_point) {
+                const float32x4_t sz = vld1q_f32(reinterpret_cast<const float*>(header + 64) + 4 * v);
+                acc[v] = vfmaq_f32(vmlsq_n_f32(acc[v], sz, asum), s, dot);
+            } else {
+                acc[v] = vfmaq_f32(acc[v], s, vsubq_f32(dot, vdupq_n_f32(8.0f * asum)));
+            }
+        }
+    }
+    const float sx = act_scale(row) / 128.0f;
+    for (int v = 0; v < 4; ++v) vst1q_f32(out + 4 * v, vmulq_n_f32(acc[v], sx));
+}
+
+kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+                  float* out, int64_t ldo) {
+    const L::int4::Geometry geo = geometry(c);
+    const L::ExpertPanels l = geo.expert(c->hidden, c->intermediate);
+    const auto* base = static_cast<const uint8_t*>(packed);
+    const Gate gate(c);
+    for (int64_t p = n0 / kPanel; p * kPanel < n1; ++p)
+        for (int64_t m = 0; m < rows; ++m) {
+            const auto* row = static_cast<const uint8_t*>(act) + size_t(m) * act_row_bytes(c->hidden);
+            float g[16], u[16];
+            panel_dot(geo, base + l.gate(p), row, c->hidden, g);
+            panel_dot(geo, base + l.up(p), row, c->hidden, u);
+            for (int lane = 0; lane < kPanel && p * kPanel + lane < n1; ++lane)
+                out[m * ldo + p * kPanel + lane] = gate(g[lane], u[lane]);
+        }
+    return KT_OK;
+}
+
+kt_status down(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+               float* out, int64_t ldo) {
+    const L::int4::Geometry geo = geometry(c);
+    const L::ExpertPanels l = geo.expert(c->hidden, c->intermediate);
+    const auto* base = static_cast<const uint8_t*>(packed);
+    for (int64_t p = n0 / kPanel; p * kPanel < n1; ++p)
+        for (int64_t m = 0; m < rows; ++m) {
+            float s[16];
+            panel_dot(geo, base + l.down(p), static_cast<const uint8_t*>(act) + size_t(m) * act_row_bytes(c->intermediate),
+                      c->intermediate, s);
+            for (int lane = 0; lane < kPanel && p * kPanel + lane < n1; ++lane) out[m * ldo + p * kPanel + lane] = s[lane];
+        }
+    return KT_OK;
+}
+
+}  // namespace
+
+kt_method_kernels int4_kernels(const char* kernel_id) {
+    return method_table("INT4", L::int4::kId, kernel_id, packed_bytes, pack, act_row_bytes, quantize_int8_activations,
+                        gate_up, down);
+}
+
+}  // namespace KT_TARGET_NAMESPACE
