@@ -1,12 +1,13 @@
 // LLAMAFILE experts: GGUF's ggml blocks, run as the file stores them (docs/formats.md).
 //
-// Packed layout "kt-ggml-v3": gate, up and down one after another, each on 64 bytes, each as
+// Packed layout "kt-ggml-v4": gate, up and down one after another, each on 64 bytes, each as
 // panels of 16 output channels (ggml_panels below): every type's codes and scales, nothing
 // dequantized, regrouped so one outer-product kernel runs them all, decode and prefill. Each type
 // is a group-wise integer format in disguise, w = s * u - s*z per sub-block of 16 or 32 k (Q4_K:
 // s = d * sc, s*z = dmin * m; Q4_0: s = d, z = 8; IQ4_XS: a table lookup first). v2 kept Q2_K,
 // Q3_K, Q4_0, Q5_K and IQ4_XS as the file's rows and ran them a block at a time from L1, at a
-// third to two thirds of llama.cpp's decode speed (docs/performance.md, "Against llama.cpp").
+// third to two thirds of llama.cpp's decode speed (docs/performance.md, "Against llama.cpp");
+// v3 kept Q8_0's d as f32 (9 bits per weight against the file's 8.5), v4 keeps it f16.
 //
 // Activations ("ggml-act-v1"): per group of 256 k (the last one may be shorter), one f32
 // scale s_a = max|x| / 127; two int8 planes, x ~= s_a * (hi + lo / 128) (the second pass
@@ -239,7 +240,8 @@ struct IQ4_XS {
 // bytes per panel, e.g.
 //   Q4_K (256 k): f32 d[16], f32 dmin[16], u8 sc[8][16], u8 m[8][16], 32 chunks of 64 bytes
 //                 (2432 bytes for 4096 weights: 4.75 bits each, the file's 4.5);
-//   Q8_0 (32 k):  f32 d[16], 8 chunks of 64 bytes (576 bytes for 512 weights: 9 bits, the file's 8.5).
+//   Q8_0 (32 k):  f16 d[16], 8 chunks of 64 bytes (544 bytes for 512 weights: the file's 8.5 bits;
+//                 v3 kept d as f32, 9 bits, and decode read 6 % more than the file holds).
 namespace ggml_panels {
 
 constexpr size_t kChunkBytes = 64;
@@ -311,11 +313,11 @@ struct Q3K {
     static constexpr size_t kPairBytes = 3 * kChunkBytes;
     static constexpr size_t kBlockBytes = kCodes + 8 * kPairBytes;
 };
-struct Q80 {
+struct Q80 {   // w = d * q: codes q + 128 in bytes, the block's f16 d kept f16
     static constexpr int64_t kBlockK = 32, kSubK = 32;
     static constexpr int kBits = 8;
     static constexpr bool kBig = true;
-    static constexpr size_t kFileBlock = 34, kD = 0, kCodes = 64;
+    static constexpr size_t kFileBlock = 34, kD = 0, kCodes = 32;
     static constexpr size_t kBlockBytes = kCodes + 8 * kChunkBytes;
 };
 struct Q6K {   // w = d * sc_j * (u - 32), u in 0..63, int8 sc per 16 k
@@ -424,6 +426,12 @@ void pack_panel(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t n0, 
                 for (int e = 0; e < 256; ++e) codes[size_t(e / 4) * kChunkBytes + size_t(e % 4)] = dec.u[e];
                 continue;
             }
+            if constexpr (std::is_same_v<P, Q80>) {
+                std::memcpy(out + P::kD + 2 * size_t(lane), blk, 2);   // d stays f16
+                for (int e = 0; e < 32; ++e)
+                    codes[size_t(e / 4) * kChunkBytes + size_t(e % 4)] = uint8_t(int8_t(blk[2 + e]) + 128);
+                continue;
+            }
             reinterpret_cast<float*>(out + P::kD)[lane] = f16(blk);
             if constexpr (std::is_same_v<P, Q4K> || std::is_same_v<P, Q5K>) {
                 reinterpret_cast<float*>(out + P::kDmin)[lane] = f16(blk + 2);
@@ -442,9 +450,6 @@ void pack_panel(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t n0, 
                             out[fifth_bits_at(c) + size_t(lane) * 4 + size_t(bb)] |=
                                 uint8_t(((u[8 * c + bb] >> 4) << (2 * (c % 4))) | ((u[8 * c + 4 + bb] >> 4) << (2 * (c % 4) + 1)));
                     }
-            } else {
-                for (int e = 0; e < 32; ++e)
-                    codes[size_t(e / 4) * kChunkBytes + size_t(e % 4)] = uint8_t(int8_t(blk[2 + e]) + 128);
             }
         }
     }
@@ -671,6 +676,11 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
                     sz[v] = kVnni ? vmul(s[v], vset1(128.0f)) : vzero();   // VNNI's codes carry + 128
                     continue;
                 }
+                if constexpr (std::is_same_v<P, Q80>) {
+                    s[v] = widen_f16(blk + P::kD + 2 * size_t(v) * kLanes);
+                    sz[v] = kVnni ? vmul(s[v], vset1(128.0f)) : vzero();   // the + 128 was taken off the codes
+                    continue;
+                }
                 const VF d = vload(reinterpret_cast<const float*>(blk + P::kD) + v * kLanes);
                 if constexpr (std::is_same_v<P, Q4K> || std::is_same_v<P, Q5K>) {
                     s[v] = vmul(d, widen_u8(blk + P::kSc + 16 * j + v * kLanes));
@@ -679,9 +689,6 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
                 } else if constexpr (std::is_same_v<P, Q6K>) {
                     s[v] = vmul(d, widen_i8(blk + P::kSc + 16 * j + v * kLanes));
                     sz[v] = vmul(s[v], vset1(32.0f));
-                } else {
-                    s[v] = d;
-                    sz[v] = kVnni ? vmul(d, vset1(128.0f)) : vzero();   // the + 128 was taken off the codes
                 }
             }
             const int64_t g16 = (k0 + P::kSubK * j) / 16;
@@ -944,7 +951,7 @@ kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act,
 }  // namespace
 
 kt_method_kernels llamafile_kernels(const char* kernel_id) {
-    return method_table("LLAMAFILE", "kt-ggml-v3", kernel_id, packed_bytes, pack, act_row_bytes, quantize, gate_up_tile,
+    return method_table("LLAMAFILE", "kt-ggml-v4", kernel_id, packed_bytes, pack, act_row_bytes, quantize, gate_up_tile,
                         down_tile);
 }
 
