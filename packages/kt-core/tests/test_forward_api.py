@@ -19,7 +19,10 @@ class ForwardApi(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_uint32), ("version", ctypes.c_uint32),
                 ("submit", ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64,
                                             ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int)),
-                ("wait", ctypes.CFUNCTYPE(ctypes.c_int)), ("last_error", ctypes.CFUNCTYPE(ctypes.c_char_p))]
+                ("wait", ctypes.CFUNCTYPE(ctypes.c_int)), ("last_error", ctypes.CFUNCTYPE(ctypes.c_char_p)),
+                # version 2
+                ("alloc", ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int, ctypes.c_int)),
+                ("free", ctypes.CFUNCTYPE(None, ctypes.c_void_p))]
 
 
 def forward_api() -> ForwardApi:
@@ -45,7 +48,7 @@ def submit(api, moe, x, ids, w, out):
 
 def test_forward_from_another_thread_equals_moe_forward():
     api = forward_api()
-    assert api.version == 1 and api.struct_size >= 32
+    assert api.version == 2 and api.struct_size == ctypes.sizeof(ForwardApi)
     moe, x, ids, w = layer_and_inputs()
     out = np.zeros_like(x)
     status = []
@@ -55,6 +58,19 @@ def test_forward_from_another_thread_equals_moe_forward():
     assert status == [OK, OK], api.last_error()
     np.testing.assert_array_equal(out, moe.forward(x, ids, w))
     assert api.wait() == OK   # nothing queued: returns at once
+
+
+def test_staging_memory_comes_from_kt_cores_numa_allocator():
+    """Version 2: device bridges allocate their staging buffers through kt-core (counted per node)."""
+    api = forward_api()
+    live = lambda: sum(n["bytes_live"] for n in kt_core.pool.numa_usage())   # noqa: E731
+    before = live()
+    p = api.alloc(1 << 20, 4096, -1, 0)
+    assert p and p % 4096 == 0 and live() - before >= 1 << 20
+    assert ctypes.string_at(p, 64) == b"\0" * 64   # zero-filled
+    api.free(p)
+    assert live() == before
+    assert api.alloc(1 << 62, 64, -1, 0) is None   # failure is NULL, never an exception through C
 
 
 def test_bad_input_is_a_status_and_a_message_and_queues_nothing():
