@@ -49,7 +49,10 @@ def test_every_target_matches_float64_over_the_stored_weights(method, kw, tol, m
     for variant in RUNNABLE:
         outs[variant], kernel = forward(method, variant, monkeypatch, w, x, ids, wt, **kw)
         err = relative_error(outs[variant], want)
-        assert err < tol, f"{kernel}: {err:.2e}"
+        # bfdot takes the activations as two bf16 planes (hi + lo, ~16 significant bits) and rounds
+        # inside the instruction: ~3e-5 measured under qemu, against f32 activations' ~1e-6.
+        limit = 1e-4 if ".bfdot." in kernel else tol
+        assert err < limit, f"{kernel}: {err:.2e}"
     if method != "BF16" and len(outs) > 1:   # exact integer sums, finished alike
         first = next(iter(outs.values()))
         assert all(np.array_equal(first, o) for o in outs.values())

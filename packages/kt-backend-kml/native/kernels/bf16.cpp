@@ -1,7 +1,10 @@
 // BF16 in "kt-bf16-p16k2-v1" (kt/formats/packed_layouts.h): a 64-byte chunk holds the bf16 pair
 // (k, k+1) of 16 channels, lane-major. NEON widens a pair word to two f32 vectors with a shift
 // and a mask (exact) and multiply-adds exact f32 activations: the kernel's only rounding is the
-// f32 accumulation. Each weight byte is read once per row (decode streams the panel once).
+// f32 accumulation. Where the target has BF16 (ARMv8.6), a chunk's 16-byte quarter is exactly
+// `bfdot`'s operand (4 lanes of a (k, k+1) pair each): activations are split into two bf16 planes
+// (x = hi + lo, ~16 significant bits, as kt-backend-avx's split-bf16) and each plane takes one
+// `bfdot` per quarter. Each weight byte is read once per row (decode streams the panel once).
 #include "common.h"
 
 namespace KT_TARGET_NAMESPACE {
@@ -38,17 +41,52 @@ kt_status pack(const kt_moe_config* c, const kt_expert_weights* src, void* dst) 
     return KT_OK;
 }
 
-size_t row_bytes(int64_t k) { return size_t(k) * 4; }
+#if defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC)
+constexpr bool kBfdot = true;
+#else
+constexpr bool kBfdot = false;
+#endif
+
+// f32 rows; with bfdot, two bf16 planes per row (hi then lo, K rounded up to even, zero-padded).
+int64_t even(int64_t k) { return (k + 1) / 2 * 2; }
+size_t row_bytes(int64_t k) { return kBfdot ? size_t(even(k)) * 4 : size_t(k) * 4; }
 
 kt_status quantize(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int64_t stride, void* out) {
-    for (int64_t r = 0; r < rows; ++r)
-        if (!activation_row(in, dtype, r, k, stride, static_cast<float*>(out) + r * k))
+    std::vector<float> x(static_cast<size_t>(k));
+    for (int64_t r = 0; r < rows; ++r) {
+        float* f = kBfdot ? x.data() : static_cast<float*>(out) + r * k;
+        if (!activation_row(in, dtype, r, k, stride, f))
             return fail(KT_ERROR_UNSUPPORTED, "kml BF16: activations must be float32 or bfloat16 (kt_dtype %d)", int(dtype));
+        if (!kBfdot) continue;
+        auto* hi = reinterpret_cast<uint16_t*>(static_cast<uint8_t*>(out) + size_t(r) * row_bytes(k));
+        uint16_t* lo = hi + even(k);
+        if (k % 2) hi[k] = lo[k] = 0;   // the padding of an odd K (its weights are zero too)
+        for (int64_t i = 0; i < k; ++i) {
+            hi[i] = to_bf16(x[size_t(i)]);
+            lo[i] = to_bf16(x[size_t(i)] - bf16_to_f32(hi[i]));   // NaN/Inf stay in hi: they reach the output
+        }
+    }
     return KT_OK;
 }
 
+#if defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC)
+// acc[0..3] (16 channels) += panel . (hi + lo) over K: one bfdot per plane per 4 channels and k pair.
+inline void panel_dot(const uint8_t* panel, const uint8_t* row, int64_t K, float32x4_t acc[4]) {
+    const uint32_t* hi = reinterpret_cast<const uint32_t*>(row);
+    const uint32_t* lo = hi + even(K) / 2;
+    for (int64_t j = 0; 2 * j < K; ++j) {
+        const bfloat16x8_t xh = vreinterpretq_bf16_u32(vdupq_n_u32(hi[j])), xl = vreinterpretq_bf16_u32(vdupq_n_u32(lo[j]));
+        const uint8_t* w = panel + size_t(j) * 64;
+        for (int v = 0; v < 4; ++v) {
+            const bfloat16x8_t wv = vreinterpretq_bf16_u8(vld1q_u8(w + 16 * v));
+            acc[v] = vbfdotq_f32(vbfdotq_f32(acc[v], wv, xh), wv, xl);
+        }
+    }
+}
+#else
 // acc[0..3] (16 channels) += panel . x over K.
-inline void panel_dot(const uint8_t* panel, const float* x, int64_t K, float32x4_t acc[4]) {
+inline void panel_dot(const uint8_t* panel, const uint8_t* row, int64_t K, float32x4_t acc[4]) {
+    const float* x = reinterpret_cast<const float*>(row);
     const uint32x4_t high = vdupq_n_u32(0xffff0000u);
     int64_t j = 0;
     for (; 2 * j + 1 < K; ++j) {
@@ -67,6 +105,7 @@ inline void panel_dot(const uint8_t* panel, const float* x, int64_t K, float32x4
             acc[v] = vfmaq_f32(acc[v], vreinterpretq_f32_u32(vshlq_n_u32(vld1q_u32(w + 4 * v), 16)), x0);
     }
 }
+#endif
 
 kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                   float* out, int64_t ldo) {
@@ -75,7 +114,7 @@ kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, i
     const Gate gate(c);
     for (int64_t p = n0 / kPanel; p * kPanel < n1; ++p)
         for (int64_t m = 0; m < rows; ++m) {
-            const float* x = static_cast<const float*>(act) + m * c->hidden;
+            const uint8_t* x = static_cast<const uint8_t*>(act) + size_t(m) * row_bytes(c->hidden);
             float32x4_t g[4], u[4];
             for (int v = 0; v < 4; ++v) g[v] = u[v] = vdupq_n_f32(0.0f);
             panel_dot(base + l.gate(p), x, c->hidden, g);
@@ -96,7 +135,8 @@ kt_status down(const kt_moe_config* c, const void* packed, const void* act, int6
         for (int64_t m = 0; m < rows; ++m) {
             float32x4_t acc[4];
             for (int v = 0; v < 4; ++v) acc[v] = vdupq_n_f32(0.0f);
-            panel_dot(base + l.down(p), static_cast<const float*>(act) + m * c->intermediate, c->intermediate, acc);
+            panel_dot(base + l.down(p), static_cast<const uint8_t*>(act) + size_t(m) * row_bytes(c->intermediate),
+                      c->intermediate, acc);
             float s[16];
             for (int v = 0; v < 4; ++v) vst1q_f32(s + 4 * v, acc[v]);
             for (int lane = 0; lane < kPanel && p * kPanel + lane < n1; ++lane) out[m * ldo + p * kPanel + lane] = s[lane];

@@ -25,9 +25,15 @@ struct Tables {
 #define KT_INT8_DOT "smull."
 #endif
 
+#if defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC)
+#define KT_BF16_DOT "bfdot."
+#else
+#define KT_BF16_DOT "neon-fma."
+#endif
+
 Tables build() {
     Tables t{};
-    t.methods[0] = bf16_kernels("moe.bf16.p16k2.neon-fma." KT_TARGET_VARIANT);
+    t.methods[0] = bf16_kernels("moe.bf16.p16k2." KT_BF16_DOT KT_TARGET_VARIANT);
     t.methods[1] = int8_kernels("moe.int8.p16k4." KT_INT8_DOT KT_TARGET_VARIANT);
     t.methods[2] = int4_kernels("moe.int4g.p16k8." KT_INT8_DOT KT_TARGET_VARIANT);
     t.api = kt_backend_api{sizeof(kt_backend_api), KT_PLUGIN_ABI_MAJOR, KT_PLUGIN_ABI_MINOR, "kml", KT_TARGET_VARIANT,
