@@ -107,40 +107,23 @@ inline void panel_dot(const uint8_t* panel, const uint8_t* row, int64_t K, float
 }
 #endif
 
+// One panel's 16 outputs for one activation row.
+void panel_out(const uint8_t* panel, const uint8_t* row, int64_t K, float out[16]) {
+    float32x4_t acc[4];
+    for (int v = 0; v < 4; ++v) acc[v] = vdupq_n_f32(0.0f);
+    panel_dot(panel, row, K, acc);
+    for (int v = 0; v < 4; ++v) vst1q_f32(out + 4 * v, acc[v]);
+}
+
 kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                   float* out, int64_t ldo) {
-    const L::ExpertPanels l = layout(c);
-    const auto* base = static_cast<const uint8_t*>(packed);
-    const Gate gate(c);
-    for (int64_t p = n0 / kPanel; p * kPanel < n1; ++p)
-        for (int64_t m = 0; m < rows; ++m) {
-            const uint8_t* x = static_cast<const uint8_t*>(act) + size_t(m) * row_bytes(c->hidden);
-            float32x4_t g[4], u[4];
-            for (int v = 0; v < 4; ++v) g[v] = u[v] = vdupq_n_f32(0.0f);
-            panel_dot(base + l.gate(p), x, c->hidden, g);
-            panel_dot(base + l.up(p), x, c->hidden, u);
-            float gs[16], us[16];
-            for (int v = 0; v < 4; ++v) vst1q_f32(gs + 4 * v, g[v]), vst1q_f32(us + 4 * v, u[v]);
-            for (int lane = 0; lane < kPanel && p * kPanel + lane < n1; ++lane)
-                out[m * ldo + p * kPanel + lane] = gate(gs[lane], us[lane]);
-        }
+    gate_up_panels(c, layout(c), packed, act, row_bytes(c->hidden), rows, n0, n1, out, ldo, panel_out);
     return KT_OK;
 }
 
 kt_status down(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                float* out, int64_t ldo) {
-    const L::ExpertPanels l = layout(c);
-    const auto* base = static_cast<const uint8_t*>(packed);
-    for (int64_t p = n0 / kPanel; p * kPanel < n1; ++p)
-        for (int64_t m = 0; m < rows; ++m) {
-            float32x4_t acc[4];
-            for (int v = 0; v < 4; ++v) acc[v] = vdupq_n_f32(0.0f);
-            panel_dot(base + l.down(p), static_cast<const uint8_t*>(act) + size_t(m) * row_bytes(c->intermediate),
-                      c->intermediate, acc);
-            float s[16];
-            for (int v = 0; v < 4; ++v) vst1q_f32(s + 4 * v, acc[v]);
-            for (int lane = 0; lane < kPanel && p * kPanel + lane < n1; ++lane) out[m * ldo + p * kPanel + lane] = s[lane];
-        }
+    down_panels(c, layout(c), packed, act, row_bytes(c->intermediate), rows, n0, n1, out, ldo, panel_out);
     return KT_OK;
 }
 

@@ -82,7 +82,37 @@ inline size_t panel_at(const L::ExpertPanels& l, int which, int64_t p) {
     return which == 0 ? l.gate(p) : which == 1 ? l.up(p) : l.down(p);
 }
 
-// The method tables (bf16.cpp, int8.cpp).
+// The tile walk every method shares: for each 16-channel panel in [n0, n1) and each of `rows`
+// activation rows (`row_bytes` apart), dot(panel, row, K, out16) gives the panel's 16 outputs.
+template <class Dot>
+void gate_up_panels(const kt_moe_config* c, const L::ExpertPanels& l, const void* packed, const void* act,
+                    size_t row_bytes, int64_t rows, int64_t n0, int64_t n1, float* out, int64_t ldo, Dot dot) {
+    const auto* base = static_cast<const uint8_t*>(packed);
+    const Gate gate(c);
+    for (int64_t p = n0 / kPanel; p * kPanel < n1; ++p)
+        for (int64_t m = 0; m < rows; ++m) {
+            const auto* row = static_cast<const uint8_t*>(act) + size_t(m) * row_bytes;
+            float g[16], u[16];
+            dot(base + l.gate(p), row, c->hidden, g);
+            dot(base + l.up(p), row, c->hidden, u);
+            for (int lane = 0; lane < kPanel && p * kPanel + lane < n1; ++lane)
+                out[m * ldo + p * kPanel + lane] = gate(g[lane], u[lane]);
+        }
+}
+
+template <class Dot>
+void down_panels(const kt_moe_config* c, const L::ExpertPanels& l, const void* packed, const void* act,
+                 size_t row_bytes, int64_t rows, int64_t n0, int64_t n1, float* out, int64_t ldo, Dot dot) {
+    const auto* base = static_cast<const uint8_t*>(packed);
+    for (int64_t p = n0 / kPanel; p * kPanel < n1; ++p)
+        for (int64_t m = 0; m < rows; ++m) {
+            float s[16];
+            dot(base + l.down(p), static_cast<const uint8_t*>(act) + size_t(m) * row_bytes, c->intermediate, s);
+            for (int lane = 0; lane < kPanel && p * kPanel + lane < n1; ++lane) out[m * ldo + p * kPanel + lane] = s[lane];
+        }
+}
+
+// The method tables (bf16.cpp, int8.cpp, int4.cpp).
 kt_method_kernels bf16_kernels(const char* kernel_id);
 kt_method_kernels int8_kernels(const char* kernel_id);
 kt_method_kernels int4_kernels(const char* kernel_id);

@@ -108,33 +108,16 @@ inline void panel_dot(const L::int4::Geometry& geo, const uint8_t* panel, const 
 kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                   float* out, int64_t ldo) {
     const L::int4::Geometry geo = geometry(c);
-    const L::ExpertPanels l = geo.expert(c->hidden, c->intermediate);
-    const auto* base = static_cast<const uint8_t*>(packed);
-    const Gate gate(c);
-    for (int64_t p = n0 / kPanel; p * kPanel < n1; ++p)
-        for (int64_t m = 0; m < rows; ++m) {
-            const auto* row = static_cast<const uint8_t*>(act) + size_t(m) * act_row_bytes(c->hidden);
-            float g[16], u[16];
-            panel_dot(geo, base + l.gate(p), row, c->hidden, g);
-            panel_dot(geo, base + l.up(p), row, c->hidden, u);
-            for (int lane = 0; lane < kPanel && p * kPanel + lane < n1; ++lane)
-                out[m * ldo + p * kPanel + lane] = gate(g[lane], u[lane]);
-        }
+    gate_up_panels(c, geo.expert(c->hidden, c->intermediate), packed, act, act_row_bytes(c->hidden), rows, n0, n1, out,
+                   ldo, [&](const uint8_t* panel, const uint8_t* row, int64_t K, float* o) { panel_dot(geo, panel, row, K, o); });
     return KT_OK;
 }
 
 kt_status down(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                float* out, int64_t ldo) {
     const L::int4::Geometry geo = geometry(c);
-    const L::ExpertPanels l = geo.expert(c->hidden, c->intermediate);
-    const auto* base = static_cast<const uint8_t*>(packed);
-    for (int64_t p = n0 / kPanel; p * kPanel < n1; ++p)
-        for (int64_t m = 0; m < rows; ++m) {
-            float s[16];
-            panel_dot(geo, base + l.down(p), static_cast<const uint8_t*>(act) + size_t(m) * act_row_bytes(c->intermediate),
-                      c->intermediate, s);
-            for (int lane = 0; lane < kPanel && p * kPanel + lane < n1; ++lane) out[m * ldo + p * kPanel + lane] = s[lane];
-        }
+    down_panels(c, geo.expert(c->hidden, c->intermediate), packed, act, act_row_bytes(c->intermediate), rows, n0, n1, out,
+                ldo, [&](const uint8_t* panel, const uint8_t* row, int64_t K, float* o) { panel_dot(geo, panel, row, K, o); });
     return KT_OK;
 }
 
