@@ -34,7 +34,7 @@ def reader(tmp_path_factory):
 CASES = [("BF16", 0, False, 202, 99), ("BF16", 0, False, 256, 128), ("INT8", 0, False, 202, 130),
          ("INT4", 32, False, 256, 160), ("INT4", 64, True, 256, 128), ("INT4", 128, False, 256, 128),
          ("RAWINT4", 0, False, 256, 160), ("FP8", 0, False, 202, 130), ("FP8_PERCHANNEL", 0, False, 256, 144),
-         ("MXFP4", 0, False, 256, 160)]
+         ("MXFP4", 0, False, 256, 160), ("MXFP8", 0, False, 256, 160), ("NVFP4", 0, False, 256, 144)]
 
 
 CASE_IDS = [f"{m}-g{g}-z{int(z)}-{h}x{i}" for m, g, z, h, i in CASES]
@@ -45,11 +45,11 @@ def test_public_header_reads_avx_packed_experts(reader, variant, method, group, 
     rng = np.random.default_rng(hidden + intermediate + group)
     E = 2
     w = random_moe(rng, E, hidden, intermediate)
-    gate, up, down, scales = quantize.checkpoint_inputs(method, *w)
+    gate, up, down, scales, zeros = quantize.checkpoint_arrays(method, *w)
     layer = kt_core.MoE(num_experts=E, top_k=1, hidden_size=hidden, intermediate_size=intermediate, method=method,
                         group_size=group, zero_point=zero_point)
     assert layer.backend == f"avx/{variant}"
-    layer.load(gate, up, down, scales=scales)
+    layer.load(gate, up, down, scales=scales, zeros=zeros)
     stored = quantize.dequantized_weights(method, *w, group_size=group, zero_point=zero_point)
     for e in range(E):
         packed = layer.packed_expert(e)

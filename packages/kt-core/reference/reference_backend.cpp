@@ -118,7 +118,7 @@ namespace {
 
 const kt_method_kernels kMethods[] = {
     bf16_method(), fp32_method(), int8_method(), int4_method(), rawint4_method(), fp8_method(), fp8_perchannel_method(),
-    llamafile_method(), mxfp4_method(), gptq_int4_method(),
+    llamafile_method(), mxfp4_method(), gptq_int4_method(), mxfp8_method(), nvfp4_method(),
 };
 
 kt_status init(const kt_host_api* host) {

@@ -80,6 +80,8 @@ kt_method_kernels fp8_method();
 kt_method_kernels fp8_perchannel_method();
 kt_method_kernels mxfp4_method();
 kt_method_kernels gptq_int4_method();
+kt_method_kernels mxfp8_method();
+kt_method_kernels nvfp4_method();
 // reference_ggml.cpp
 kt_method_kernels llamafile_method();
 // ggml blocks -> f32 exactly as gguf-py dequantizes them; false (with *error) for a type it does not read.

@@ -1,12 +1,13 @@
-// INT8, INT4, RAWINT4, FP8, FP8_PERCHANNEL, MXFP4 and GPTQ_INT4, exactly as docs/formats.md
-// states them.
+// INT8, INT4, RAWINT4, FP8, FP8_PERCHANNEL, MXFP4, MXFP8, NVFP4 and GPTQ_INT4, exactly as
+// docs/formats.md states them.
 //
-// All seven pack a matrix [N, K] the same way: one code byte per element [N, K], f32 scales
-// [N, groups] and, for asymmetric INT4 only, int8 zero points [N, groups]; a group is
-// `group` consecutive k (the last one may be short, as FP8's 128-wide blocks need not
-// divide K). The kernels multiply f32 activations by scale * (value(code) - zero) in
-// double: for every format that product is exact, so the accumulation is the only rounding
-// the reference adds to the format's own.
+// All nine pack a matrix [N, K] the same way: one code byte per element [N, K], f32 scales
+// [N, groups], for asymmetric INT4 int8 zero points [N, groups], and for NVFP4 the tensor's
+// f32 global scale; a group is `group` consecutive k (the last one may be short, as FP8's
+// 128-wide blocks need not divide K). The kernels multiply f32 activations by scale *
+// (value(code) - zero) in double (times the global scale at the end): for every format that
+// product is exact, so the accumulation is the only rounding the reference adds to the
+// format's own.
 #include "reference_common.h"
 #include <kt/formats/quant_rules.h>
 
@@ -29,9 +30,13 @@ const char* const kMatrixName[3] = {"gate", "up", "down"};
 // Where one matrix's parts lie in a packed expert (byte offsets).
 struct MatrixLayout {
     int64_t rows, cols, group, groups;
-    bool has_zeros;
-    size_t codes, scales, zeros;
+    bool has_zeros, has_global;
+    size_t codes, scales, zeros, global;
 };
+
+// NVFP4's second-level scale: one f32 per matrix, multiplying every dot.
+template <class M>
+constexpr bool kHasGlobal = requires { M::kGlobalScale; };
 
 struct ExpertLayout {
     MatrixLayout part[3];   // gate [I, H], up [I, H], down [H, I]
@@ -59,6 +64,9 @@ ExpertLayout layout_of(const kt_moe_config* s) {
         at += round_up(size_t(m.rows * m.groups) * sizeof(float));
         m.zeros = at;
         if (m.has_zeros) at += round_up(size_t(m.rows * m.groups));
+        m.has_global = kHasGlobal<M>;
+        m.global = at;
+        if (m.has_global) at += kAlign;
     }
     l.bytes = at;
     return l;
@@ -103,7 +111,7 @@ double dot(const float* x, const char* packed, const MatrixLayout& m, int64_t n)
         const double zero = zeros ? zeros[g] : 0.0;
         acc += double(x[k]) * (double(scales[g]) * (M::Codes::value(codes[k]) - zero));
     }
-    return acc;
+    return m.has_global ? acc * double(*reinterpret_cast<const float*>(packed + m.global)) : acc;
 }
 
 template <class M>
@@ -541,6 +549,86 @@ struct Mxfp4 : SymmetricGroup32 {
     }
 };
 
+// OCP MXFP8 as MiniMax-M3 ships it: E4M3 bytes [N, K] and a uint8 E8M0 exponent per 32
+// elements [N, K/32] (weight_scale_inv), scale 2^(e - 127); 0xFF (NaN) is refused.
+struct Mxfp8 : SymmetricGroup32 {
+    using Codes = E4M3Codes;
+    static constexpr const char* name = "MXFP8";
+    static constexpr const char* layout_id = "kt-mxfp8-group32-ref-v1";
+    static constexpr const char* kernel_id = "moe.mxfp8.f32.reference";
+    static kt_status check_config(const kt_moe_config* s) { return check_group32(name, "MXFP8's scales cover 32 elements", s); }
+    static kt_status check(const kt_weight& w, const MatrixLayout& m, const char* matrix) {
+        const std::string who = prefix(name) + matrix;
+        kt_status st;
+        if ((st = check_e4m3_values(name, w, m, matrix)) != KT_OK) return st;
+        if ((st = expect(w.scales, who + " scales", {KT_DTYPE_U8}, m.rows, m.cols / kGroup,
+                         " (weight_scale_inv: E8M0 exponents, one per 32 elements)")) != KT_OK)
+            return st;
+        for (int64_t r = 0; r < m.rows; ++r)
+            for (int64_t c = 0; c < m.cols / kGroup; ++c)
+                if (static_cast<const uint8_t*>(w.scales.data)[r * w.scales.row_stride + c] == 0xFF)
+                    return fail(KT_ERROR_INVALID_ARGUMENT, who + " scale " + shape_text(r, c) +
+                                                               " is E8M0 0xFF (NaN); kt refuses non-finite weights");
+        return KT_OK;
+    }
+    static void pack(const kt_weight& w, const MatrixLayout& m, char* dst) {
+        const Parts p = parts_of(dst, m);
+        copy_bytes(w.values, m, p.codes);
+        for (int64_t n = 0; n < m.rows; ++n)
+            for (int64_t g = 0; g < m.groups; ++g)
+                p.scales[n * m.groups + g] =
+                    float(std::ldexp(1.0, int(static_cast<const uint8_t*>(w.scales.data)[n * w.scales.row_stride + g]) - 127));
+    }
+};
+
+// NVFP4 as ModelOpt checkpoints store it: weight uint8 [N, K/2] of E2M1 codes (low nibble
+// first, as MXFP4), weight_scale E4M3 bytes [N, K/16], and weight_scale_2, the tensor's f32
+// global scale, which the ABI carries in the zeros slot as a [1, 1] matrix.
+struct Nvfp4 {
+    using Codes = E2M1Codes;
+    static constexpr const char* name = "NVFP4";
+    static constexpr const char* layout_id = "kt-nvfp4-group16-ref-v1";
+    static constexpr const char* kernel_id = "moe.nvfp4.f32.reference";
+    static constexpr int64_t kGroup = 16;
+    static constexpr bool kGlobalScale = true;
+    static int64_t group(const kt_moe_config*, int64_t) { return kGroup; }
+    static bool has_zeros(const kt_moe_config*) { return false; }
+    static kt_status check_config(const kt_moe_config* s) {
+        const kt_status st = check_fixed_config(name, s, kGroup, "NVFP4's scales cover 16 elements");
+        return st != KT_OK ? st : check_group_divides(name, s, kGroup);
+    }
+    static kt_status check(const kt_weight& w, const MatrixLayout& m, const char* matrix) {
+        const std::string who = prefix(name) + matrix;
+        kt_status st;
+        if ((st = expect(w.values, who + " weight", {KT_DTYPE_U8}, m.rows, m.cols / 2, " (two E2M1 codes per byte)")) != KT_OK)
+            return st;
+        if ((st = expect(w.scales, who + " weight_scale", {KT_DTYPE_U8}, m.rows, m.cols / kGroup,
+                         " (E4M3 bytes, one per 16 elements)")) != KT_OK)
+            return st;
+        if ((st = expect(w.zeros, who + " weight_scale_2", {KT_DTYPE_F32}, 1, 1, " (the tensor's global scale)")) != KT_OK)
+            return st;
+        for (int64_t r = 0; r < m.rows; ++r)
+            for (int64_t c = 0; c < m.cols / kGroup; ++c)
+                if (e4m3_is_nan(static_cast<const uint8_t*>(w.scales.data)[r * w.scales.row_stride + c]))
+                    return fail(KT_ERROR_INVALID_ARGUMENT, who + " weight_scale " + shape_text(r, c) +
+                                                               " is the E4M3 NaN code; kt refuses non-finite weights");
+        if (!std::isfinite(*static_cast<const float*>(w.zeros.data)))
+            return fail(KT_ERROR_INVALID_ARGUMENT, who + " weight_scale_2 is not finite");
+        return KT_OK;
+    }
+    static void pack(const kt_weight& w, const MatrixLayout& m, char* dst) {
+        const Parts p = parts_of(dst, m);
+        for (int64_t n = 0; n < m.rows; ++n) {
+            const auto* bytes = static_cast<const uint8_t*>(w.values.data) + n * w.values.row_stride;
+            for (int64_t k = 0; k < m.cols; ++k) p.codes[n * m.cols + k] = uint8_t((bytes[k / 2] >> (4 * (k % 2))) & 15);
+            for (int64_t g = 0; g < m.groups; ++g)
+                p.scales[n * m.groups + g] =
+                    float(E4M3Codes::value(static_cast<const uint8_t*>(w.scales.data)[n * w.scales.row_stride + g]));
+        }
+        *reinterpret_cast<float*>(dst + m.global) = *static_cast<const float*>(w.zeros.data);
+    }
+};
+
 // Symmetric GPTQ-Int4 (AutoGPTQ, sym=true, desc_act=false), K-major as checkpoints store it:
 // qweight int32 [K/8, N] (element k of column n in bits 4*(k%8) of word [k/8, n], stored q + 8)
 // and scales [K/G, N] (fp16 in checkpoints; f32, f16 or bf16 here), G the layer's group_size.
@@ -616,5 +704,7 @@ kt_method_kernels fp8_method() { return method<Fp8Block>(); }
 kt_method_kernels fp8_perchannel_method() { return method<Fp8PerChannel>(); }
 kt_method_kernels mxfp4_method() { return method<Mxfp4>(); }
 kt_method_kernels gptq_int4_method() { return method<GptqInt4>(); }
+kt_method_kernels mxfp8_method() { return method<Mxfp8>(); }
+kt_method_kernels nvfp4_method() { return method<Nvfp4>(); }
 
 }  // namespace kt_reference

@@ -34,6 +34,8 @@ FORMAT_TOL = {
     ("FP8", 0, False): (0.6, 0.12),
     ("FP8_PERCHANNEL", 0, False): (0.6, 0.12),
     ("MXFP4", 0, False): (2.0, 0.4),
+    ("MXFP8", 0, False): (0.6, 0.1),
+    ("NVFP4", 0, False): (1.5, 0.25),
     ("GPTQ_INT4", 64, False): (2.0, 0.4),
     ("GPTQ_INT4", 128, False): (2.0, 0.45),
 }
@@ -46,6 +48,8 @@ IDS = {
     "FP8_PERCHANNEL": ("kt-fp8e4m3-perchannel-ref-v1", "moe.fp8_perchannel.f32.reference"),
     "MXFP4": ("kt-mxfp4-group32-ref-v1", "moe.mxfp4.f32.reference"),
     "GPTQ_INT4": ("kt-gptq-int4-group-ref-v1", "moe.gptq_int4.f32.reference"),
+    "MXFP8": ("kt-mxfp8-group32-ref-v1", "moe.mxfp8.f32.reference"),
+    "NVFP4": ("kt-nvfp4-group16-ref-v1", "moe.nvfp4.f32.reference"),
 }
 
 
@@ -175,8 +179,8 @@ def test_kernel_and_format_error(method, group_size, zero_point):
     weights = random_moe(rng, E, H, I)
     m = layer(method, group_size=group_size, zero_point=zero_point)
     assert (m.layout_id, m.kernel_id) == IDS[method]
-    gate, up, down, scales = Q.checkpoint_inputs(method, *weights, group_size=group_size)
-    m.load(gate, up, down, scales=scales)
+    gate, up, down, scales, zeros = Q.checkpoint_arrays(method, *weights, group_size=group_size)
+    m.load(gate, up, down, scales=scales, zeros=zeros)
     stored = Q.dequantized_weights(method, *weights, group_size=group_size, zero_point=zero_point)
     max_bound, rms_bound = FORMAT_TOL[(method, group_size, zero_point)]
     for tokens in (1, 33):
@@ -547,3 +551,49 @@ def test_int8_refuses_int4_options():
         load_one("INT8", floats(), group_size=64)
     with pytest.raises(ValueError, match="zero_point=True is an INT4 option; INT8 is symmetric"):
         load_one("INT8", floats(), zero_point=True)
+
+
+def _one_expert(method):
+    """Expert 0's checkpoint tensors for `method`: (codes, scales, zeros) per (gate, up, down)."""
+    g, u, d, s, z = Q.checkpoint_arrays(method, *(a[None] for a in floats()))
+    return [g[0], u[0], d[0]], [a[0] for a in s], None if z is None else [a[0] for a in z]
+
+
+@pytest.mark.parametrize("backend", ["reference", "avx"])
+def test_nvfp4_refuses_wrong_inputs(backend):
+    if backend == "avx":
+        pytest.importorskip("kt_backend_avx")
+    codes, scales, glob = _one_expert("NVFP4")
+
+    def load(scales=scales, zeros=glob):
+        m = kt_core.MoE(num_experts=1, top_k=1, hidden_size=128, intermediate_size=64, method="NVFP4", backend=backend)
+        m.load_expert(0, *codes, scales=scales, zeros=zeros)
+
+    load()
+    with pytest.raises(ValueError, match=r"NVFP4: .*gate weight_scale_2.*float32"):
+        load(zeros=None)
+    with pytest.raises(ValueError, match=r"NVFP4: .*gate weight_scale .*\[64, 8\]"):
+        load(scales=[np.zeros((64, 4), np.uint8), scales[1], scales[2]])
+    nan = scales[0].copy()
+    nan[3, 2] = 0xFF
+    with pytest.raises(ValueError, match=r"NVFP4: .*gate weight_scale \[3, 2\] is the E4M3 NaN code"):
+        load(scales=[nan, scales[1], scales[2]])
+
+
+@pytest.mark.parametrize("backend", ["reference", "avx"])
+def test_mxfp8_refuses_wrong_inputs(backend):
+    if backend == "avx":
+        pytest.importorskip("kt_backend_avx")
+    codes, scales, _ = _one_expert("MXFP8")
+
+    def load(scales=scales):
+        m = kt_core.MoE(num_experts=1, top_k=1, hidden_size=128, intermediate_size=64, method="MXFP8", backend=backend)
+        m.load_expert(0, *codes, scales=scales)
+
+    load()
+    with pytest.raises(ValueError, match=r"MXFP8: .*gate scales .*uint8.*\[64, 4\]"):
+        load(scales=[scales[0].astype(np.float32), scales[1], scales[2]])
+    nan = scales[2].copy()
+    nan[1, 0] = 0xFF
+    with pytest.raises(ValueError, match=r"MXFP8: .*down scale \[1, 0\] is E8M0 0xFF"):
+        load(scales=[scales[0], scales[1], nan])

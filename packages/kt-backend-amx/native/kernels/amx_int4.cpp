@@ -37,7 +37,7 @@ void unpack_panel(const uint8_t* panel, int64_t k, const Int4Layout& lay, uint8_
     const auto codes = [&](__m512i v) { return kMx ? _mm512_shuffle_epi8(lut, v) : v; };
     const int64_t g = lay.g;
     for (int64_t grp = 0; grp < k / g; ++grp) {
-        const uint8_t* chunks = panel + size_t(grp) * lay.group_bytes() + lay.header_bytes();
+        const uint8_t* chunks = panel + lay.group_at(grp) + lay.header_bytes();
         uint8_t* rows = dst + size_t(grp * g / 4) * 64;
         for (int64_t c = 0; c < g / 8; ++c) {
             const __m512i w = _mm512_loadu_si512(chunks + size_t(c) * kChunkBytes);
@@ -53,7 +53,7 @@ void panel_pair(tiles::Session& session, const uint8_t* act, int64_t rows, int64
                 int cols_a, int cols_b) {
     const size_t row_bytes = int8_row_bytes(k);
     const int64_t g = lay.g;
-    const int64_t step = std::min<int64_t>(g, 64), blocks_per_group = g / 32;
+    const int64_t step = std::min<int64_t>(g, 64), blocks_per_group = g / kSumBlock;
     alignas(64) int32_t c[4][16][16];
     alignas(64) float acc[2][16][16];
     const uint8_t* panel[2] = {pa, pb ? pb : pa};
@@ -89,7 +89,7 @@ void panel_pair(tiles::Session& session, const uint8_t* act, int64_t rows, int64
                 tiles::store<1>(c[1], 64);
                 tiles::store<3>(c[3], 64);
             }
-            const size_t block = size_t(grp) * lay.group_bytes();
+            const size_t block = lay.group_at(grp);
             for (int m = 0; m < mr; ++m) {
                 const uint8_t* row = x + size_t(m) * row_bytes;
                 int32_t sum_hi = 0, sum_lo = 0;

@@ -98,8 +98,8 @@ kt_status quantize_int8_rows(const void* in, kt_dtype dtype, int64_t rows, int64
         const float inv = amax > 0.0f && std::isfinite(amax) ? 127.0f / amax : 0.0f;
         std::memset(hi, 0, size_t(2 * code_bytes));
         std::memset(sums_hi, 0, size_t(2 * blocks) * 4);
-        // Pass 2: both code planes and their block sums, a vector at a time (32 | 512, so a
-        // 32-element block never straddles chunks; the row's last chunk ends at a 32 boundary
+        // Pass 2: both code planes and their block sums, a vector at a time (16 | 512, so a
+        // sum block never straddles chunks; the row's last chunk ends at a 32 boundary
         // or at k, where the zero-padded tail contributes nothing).
         const VF vinv = vset1(inv), lo_hi = vset1(127.0f), lo_lo = vset1(-127.0f);
         const VF l_hi = vset1(64.0f), l_lo = vset1(-64.0f), s128 = vset1(128.0f);
@@ -109,9 +109,9 @@ kt_status quantize_int8_rows(const void* in, kt_dtype dtype, int64_t rows, int64
             load_row(m, r, tmp);
             const int64_t padded = round_up(n, 32);
             for (int64_t c = n; c < padded; ++c) tmp[c] = 0.0f;
-            for (int64_t b = 0; b < padded; b += 32) {
+            for (int64_t b = 0; b < padded; b += kSumBlock) {
                 VF sum_h = vzero(), sum_l = vzero();
-                for (int64_t c = b; c < b + 32; c += kLanes) {
+                for (int64_t c = b; c < b + kSumBlock; c += kLanes) {
                     const VF v = vmul(vload(tmp + c), vinv);
                     const VF qh = vmax(lo_lo, vmin(lo_hi, vroundint(v)));
                     const VF ql = vmax(l_lo, vmin(l_hi, vroundint(vmul(vsub(v, qh), s128))));
@@ -120,8 +120,8 @@ kt_status quantize_int8_rows(const void* in, kt_dtype dtype, int64_t rows, int64
                     sum_h = vadd(sum_h, qh);
                     sum_l = vadd(sum_l, ql);
                 }
-                sums_hi[(c0 + b) / 32] = int32_t(hsum(sum_h));
-                sums_lo[(c0 + b) / 32] = int32_t(hsum(sum_l));
+                sums_hi[(c0 + b) / kSumBlock] = int32_t(hsum(sum_h));
+                sums_lo[(c0 + b) / kSumBlock] = int32_t(hsum(sum_l));
             }
         }
         if (offset)

@@ -295,13 +295,15 @@ kt_status quantize_split_bf16_rows(const void* in, kt_dtype dtype, int64_t rows,
 // shapes (measured); the second pass brings that to ~1e-3 for one more vpdpbusd per weight
 // chunk, while every weight byte is still read once. Layout: header {scale}, hi codes and lo
 // codes (each padded to 64 with zeros; stored + 128 when `offset`: VNNI's unsigned operand),
-// then int32 sums of hi and of lo codes per 32-element block (INT4 zero points need them).
+// then int32 sums of hi and of lo codes per kSumBlock elements (the INT4-family kernels take
+// the group's sum: its zero point, or MXFP4's / NVFP4's +12 offset; NVFP4's groups are 16).
 struct Int8Header {
     float scale;
     int32_t reserved[15];
 };
+constexpr int64_t kSumBlock = 16;
 inline int64_t int8_codes_bytes(int64_t k) { return round_up(k, 64); }
-inline int64_t int8_blocks(int64_t k) { return round_up(k, 32) / 32; }
+inline int64_t int8_blocks(int64_t k) { return round_up(k, 32) / kSumBlock; }
 inline size_t int8_row_bytes(int64_t k) {
     return sizeof(Int8Header) + 2 * size_t(int8_codes_bytes(k)) + 2 * size_t(int8_blocks(k)) * 4;
 }

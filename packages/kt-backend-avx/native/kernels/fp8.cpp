@@ -1,12 +1,13 @@
 // FP8 experts, consumed as the checkpoint ships them (docs/formats.md): E4M3 bytes with
-// DeepSeek-V3's 128x128 block scales (FP8) or one scale per output channel (FP8_PERCHANNEL),
-// repacked into 16-channel panels (fp8_layout.h: "kt-fp8-p16-v2" on AVX512_BF16 targets,
-// "kt-fp8-p16-v1" on the others).
+// DeepSeek-V3's 128x128 block scales (FP8), one scale per output channel (FP8_PERCHANNEL) or
+// an E8M0 exponent per 32 k of each channel (MXFP8, MiniMax-M3), repacked into 16-channel
+// panels (fp8_layout.h: "kt-fp8-p16-v2" / "kt-mxfp8-p16-v2" on AVX512_BF16 targets, "-v1" on
+// the others). The three differ only in the scale vectors a panel carries (one per 128 k, or
+// per 32 k for MXFP8): one kernel, templated on the scale block.
 //
 // Decoding is exact and branch-free, to value / 256 (the 2^8 is folded into the block scales at
 // pack time). AVX512_BF16 targets look each code's bf16 bytes up in two 128-entry byte tables
-// (vpermi2b) and run vdpbf16ps; the others place E4M3 (bias 7) in an IEEE half's bit positions,
-// where it reads as value / 256 (bias 15, subnormals included), and widen it with F16C.
+// (vpermi2b) and run vdpbf16ps; the others widen codes through F16C (vload_e4m3_over_256).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -18,31 +19,8 @@ namespace KT_TARGET_NAMESPACE {
 namespace {
 
 #if !defined(__AVX512BF16__)
-// 16 E4M3 codes -> 16 floats equal to value / 256.
-#if defined(__AVX512F__)
-inline __m512 decode16(const uint8_t* p) {
-    const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7f)), 7),
-                                      _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8));
-    return _mm512_cvtph_ps(h);
-}
-#else
-inline __m256 decode8(const uint8_t* p) {
-    const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-    const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7f)), 7),
-                                   _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8));
-    return _mm256_cvtph_ps(h);
-}
-#endif
-
-inline VF decode(const uint8_t* p, int v) {
-#if defined(__AVX512F__)
-    (void)v;
-    return decode16(p);
-#else
-    return decode8(p + v * kLanes);
-#endif
-}
+// Codes kLanes * v.. of a 16-code row -> floats equal to value / 256 (simd.h).
+inline VF decode(const uint8_t* p, int v) { return vload_e4m3_over_256(p + v * kLanes); }
 #endif
 
 float scale_at(const kt_matrix& s, int64_t r, int64_t c) {
@@ -50,21 +28,75 @@ float scale_at(const kt_matrix& s, int64_t r, int64_t c) {
     return s.dtype == KT_DTYPE_BF16 ? bf16_to_f32(static_cast<const uint16_t*>(s.data)[at]) : static_cast<const float*>(s.data)[at];
 }
 
+// How a method's checkpoint scales its E4M3 codes.
+enum class Scales { kBlock128, kPerChannel, kMx };
+constexpr const char* method_name(Scales k) {
+    return k == Scales::kBlock128 ? "FP8" : k == Scales::kPerChannel ? "FP8_PERCHANNEL" : "MXFP8";
+}
+template <Scales kScales>
+constexpr fp8_layout::Geometry geometry() { return kScales == Scales::kMx ? kMxfp8Geometry : kFp8Geometry; }
+template <Scales kScales>
+constexpr int64_t kBlockOf = geometry<kScales>().block;
+// The kernels need only the scale block (128 or 32 k per scale vector) of their method's layout.
+template <int64_t kBlk>
+constexpr fp8_layout::Geometry kGeo{kFp8RowGroup, kBlk};
+
+// MXFP8's E8M0 exponents e: 0xFF is NaN, and above 246 kt's 2^8 fold would leave f32's range
+// (weights beyond 2^120: no model has them; refused rather than overflowed).
+constexpr int kMaxMxExponent = 246;
+
+kt_status check_mx_scales(const kt_matrix& sc, int64_t N, int64_t K, const char* name) {
+    if (!sc.data || sc.dtype != KT_DTYPE_U8 || sc.rows != N || sc.cols * 32 != K)
+        return fail(KT_ERROR_INVALID_ARGUMENT, "MXFP8: %s scales should be uint8 E8M0 exponents [%lld, %lld] (one per 32 "
+                    "elements), got %s [%lld, %lld]", name, (long long)N, (long long)(K / 32),
+                    sc.data ? dtype_name(sc.dtype) : "none", (long long)sc.rows, (long long)sc.cols);
+    for (int64_t r = 0; r < N; ++r)
+        for (int64_t c = 0; c < K / 32; ++c) {
+            const uint8_t e = static_cast<const uint8_t*>(sc.data)[r * sc.row_stride + c];
+            if (e > kMaxMxExponent)
+                return fail(KT_ERROR_INVALID_ARGUMENT, "MXFP8: %s scale [%lld, %lld] is E8M0 0x%02X (%s); kt takes exponents "
+                            "up to %d (scales up to 2^119)", name, (long long)r, (long long)c, e,
+                            e == 0xFF ? "NaN" : "beyond f32 once kt folds in its 2^8", kMaxMxExponent);
+        }
+    return KT_OK;
+}
+
+// The checkpoint's block or per-channel f32/bf16 scales: present, shaped, finite.
 template <bool kPerChannel>
+kt_status check_float_scales(const kt_matrix& scales, int64_t N, int64_t K, const char* method, const char* name) {
+    const int64_t sr = kPerChannel ? N : fp8_kblocks(N), sc = kPerChannel ? 1 : fp8_kblocks(K);
+    if (!scales.data)
+        return fail(KT_ERROR_INVALID_ARGUMENT, "%s: %s scale is missing (float32 [%lld, %lld] expected)", method, name,
+                    (long long)sr, (long long)sc);
+    if ((scales.dtype != KT_DTYPE_F32 && scales.dtype != KT_DTYPE_BF16) || scales.rows != sr || scales.cols != sc)
+        return fail(KT_ERROR_INVALID_ARGUMENT, "%s: %s scale should be float32 [%lld, %lld], got %s [%lld, %lld]", method, name,
+                    (long long)sr, (long long)sc, dtype_name(scales.dtype), (long long)scales.rows, (long long)scales.cols);
+    for (int64_t r = 0; r < sr; ++r)
+        for (int64_t c = 0; c < sc; ++c)
+            if (!std::isfinite(scale_at(scales, r, c)))
+                return fail(KT_ERROR_INVALID_ARGUMENT, "%s: %s scale [%lld, %lld] is not finite", method, name, (long long)r,
+                            (long long)c);
+    return KT_OK;
+}
+
+template <Scales kScales>
 kt_status check(const kt_weight& w, int64_t N, int64_t K, const char* name) {
-    const char* method = kPerChannel ? "FP8_PERCHANNEL" : "FP8";
+    const char* method = method_name(kScales);
     if (w.values.dtype != KT_DTYPE_U8 || w.values.rows != N || w.values.cols != K)
         return fail(KT_ERROR_INVALID_ARGUMENT, "%s: %s should be E4M3 bytes (uint8 or float8_e4m3fn) [%lld, %lld], got %s [%lld, %lld]",
                     method, name, (long long)N, (long long)K, dtype_name(w.values.dtype), (long long)w.values.rows,
                     (long long)w.values.cols);
-    const int64_t sr = kPerChannel ? N : fp8_kblocks(N), sc = kPerChannel ? 1 : fp8_kblocks(K);
-    if (!w.scales.data)
-        return fail(KT_ERROR_INVALID_ARGUMENT, "%s: %s scale is missing (float32 [%lld, %lld] expected)", method, name,
-                    (long long)sr, (long long)sc);
-    if ((w.scales.dtype != KT_DTYPE_F32 && w.scales.dtype != KT_DTYPE_BF16) || w.scales.rows != sr || w.scales.cols != sc)
-        return fail(KT_ERROR_INVALID_ARGUMENT, "%s: %s scale should be float32 [%lld, %lld], got %s [%lld, %lld]", method, name,
-                    (long long)sr, (long long)sc, dtype_name(w.scales.dtype), (long long)w.scales.rows, (long long)w.scales.cols);
     if (w.zeros.data) return fail(KT_ERROR_INVALID_ARGUMENT, "%s: %s takes no zero points", method, name);
+    kt_status st;
+    if constexpr (kScales == Scales::kMx) {
+        if (K % 32)
+            return fail(KT_ERROR_INVALID_ARGUMENT, "MXFP8: %s's K = %lld is not a multiple of 32, the scale block", name,
+                        (long long)K);
+        st = check_mx_scales(w.scales, N, K, name);
+    } else {
+        st = check_float_scales<kScales == Scales::kPerChannel>(w.scales, N, K, method, name);
+    }
+    if (st != KT_OK) return st;
     for (int64_t r = 0; r < N; ++r) {
         const auto* codes = static_cast<const uint8_t*>(w.values.data) + r * w.values.row_stride;
         const int64_t c = find_first(codes, K, [](uint8_t b) { return (b & 0x7f) == 0x7f; });
@@ -72,55 +104,66 @@ kt_status check(const kt_weight& w, int64_t N, int64_t K, const char* name) {
             return fail(KT_ERROR_INVALID_ARGUMENT, "%s: %s holds the E4M3 NaN code 0x%02X at [%lld, %lld]; kt refuses "
                         "non-finite weights at load", method, name, codes[c], (long long)r, (long long)c);
     }
-    for (int64_t r = 0; r < sr; ++r)
-        for (int64_t c = 0; c < sc; ++c)
-            if (!std::isfinite(scale_at(w.scales, r, c)))
-                return fail(KT_ERROR_INVALID_ARGUMENT, "%s: %s scale [%lld, %lld] is not finite", method, name, (long long)r,
-                            (long long)c);
     return KT_OK;
 }
 
-template <bool kPerChannel>
+// The scale vector entry of channel n for k block kb, with the 2^8 of the code decode folded in.
+template <Scales kScales>
+float packed_scale(const kt_matrix& sc, int64_t n, int64_t kb) {
+    if constexpr (kScales == Scales::kMx)
+        return kt::layouts::mxfp8::header_scale(static_cast<const uint8_t*>(sc.data)[n * sc.row_stride + kb]);
+    else if constexpr (kScales == Scales::kPerChannel)
+        return 256.0f * scale_at(sc, n, 0);
+    else
+        return 256.0f * scale_at(sc, n / fp8_layout::kBlock, kb);
+}
+
+template <Scales kScales>
 void pack_matrix(const kt_weight& w, int64_t N, int64_t K, uint8_t* dst, size_t stride_panels) {
-    const size_t pb = fp8_panel_bytes(K);
+    constexpr fp8_layout::Geometry G = geometry<kScales>();
+    const size_t pb = G.panel_bytes(K);
     for (int64_t p = 0; p < panels(N); ++p) {
         uint8_t* panel = dst + size_t(p) * stride_panels * pb;
         auto* scales = reinterpret_cast<float*>(panel);
-        uint8_t* codes = panel + fp8_codes_at(K);
+        uint8_t* codes = panel + G.codes_at(K);
         for (int lane = 0; lane < kPanel && p * kPanel + lane < N; ++lane) {
             const int64_t n = p * kPanel + lane;
-            for (int64_t kb = 0; kb < fp8_kblocks(K); ++kb)
-                scales[kb * kPanel + lane] = 256.0f * (kPerChannel ? scale_at(w.scales, n, 0) : scale_at(w.scales, n / kFp8Block, kb));
+            for (int64_t kb = 0; kb < G.kblocks(K); ++kb) scales[kb * kPanel + lane] = packed_scale<kScales>(w.scales, n, kb);
             const auto* src = static_cast<const uint8_t*>(w.values.data) + n * w.values.row_stride;
             size_t at[kFp8RowGroup];   // this lane's offsets within a row group
-            for (int r = 0; r < kFp8RowGroup; ++r) at[r] = fp8_code_offset(r, lane);
+            for (int r = 0; r < kFp8RowGroup; ++r) at[r] = G.code_offset(r, lane);
             for (int64_t k0 = 0; k0 < K; k0 += kFp8RowGroup)
                 for (int r = 0; r < kFp8RowGroup && k0 + r < K; ++r) codes[size_t(k0) * kPanel + at[r]] = src[k0 + r];
         }
         // v2 pads K to whole row groups: zero codes, so the padding adds nothing to the dots.
-        for (int64_t k = K; k < fp8_code_rows(K); ++k)
-            for (int lane = 0; lane < kPanel; ++lane) codes[fp8_code_offset(k, lane)] = 0;
+        for (int64_t k = K; k < G.code_rows(K); ++k)
+            for (int lane = 0; lane < kPanel; ++lane) codes[G.code_offset(k, lane)] = 0;
     }
 }
 
+template <Scales kScales>
 ExpertPanels layout(const kt_moe_config* c) {
-    return kFp8Geometry.expert(c->hidden, c->intermediate);
+    return geometry<kScales>().expert(c->hidden, c->intermediate);
 }
 
-size_t packed_bytes(const kt_moe_config* c) { return layout(c).bytes(); }
+template <Scales kScales>
+size_t packed_bytes(const kt_moe_config* c) { return layout<kScales>(c).bytes(); }
 
-template <bool kPerChannel>
+template <Scales kScales>
 kt_status pack(const kt_moe_config* c, const kt_expert_weights* src, void* dst) {
     const int64_t H = c->hidden, I = c->intermediate;
+    if (kScales == Scales::kMx && c->group_size != 0 && c->group_size != 32)
+        return fail(KT_ERROR_INVALID_ARGUMENT, "MXFP8: its scales cover 32 elements; group_size must be 0 or 32, got %lld",
+                    (long long)c->group_size);
     kt_status st;
-    if ((st = check<kPerChannel>(src->gate, I, H, "gate")) != KT_OK) return st;
-    if ((st = check<kPerChannel>(src->up, I, H, "up")) != KT_OK) return st;
-    if ((st = check<kPerChannel>(src->down, H, I, "down")) != KT_OK) return st;
+    if ((st = check<kScales>(src->gate, I, H, "gate")) != KT_OK) return st;
+    if ((st = check<kScales>(src->up, I, H, "up")) != KT_OK) return st;
+    if ((st = check<kScales>(src->down, H, I, "down")) != KT_OK) return st;
     auto* out = static_cast<uint8_t*>(dst);
-    const ExpertPanels l = layout(c);
-    pack_matrix<kPerChannel>(src->gate, I, H, out + l.gate(0), 2);
-    pack_matrix<kPerChannel>(src->up, I, H, out + l.up(0), 2);
-    pack_matrix<kPerChannel>(src->down, H, I, out + l.down(0), 1);
+    const ExpertPanels l = layout<kScales>(c);
+    pack_matrix<kScales>(src->gate, I, H, out + l.gate(0), 2);
+    pack_matrix<kScales>(src->up, I, H, out + l.up(0), 2);
+    pack_matrix<kScales>(src->down, H, I, out + l.down(0), 1);
     return KT_OK;
 }
 
@@ -134,25 +177,25 @@ constexpr int kMrFused = 2, kMrPlain = 4;
 
 // MR f32 activation rows x one panel (gate/up pair when kFused), block by block over K.
 // kDecoded: the panels' codes were already widened into `decoded` (f32 [K][16] per panel).
-template <int MR, bool kFused, bool kDecoded>
+template <int64_t kBlk, int MR, bool kFused, bool kDecoded>
 void panel_kernel(const uint8_t* xb, size_t row_bytes, int64_t k, const uint8_t* pa, const uint8_t* pb,
                   const float* const* decoded, float* out, int64_t ldo, int cols) {
     constexpr int F = kFused ? 2 : 1;
     const auto* x = reinterpret_cast<const float*>(xb);
     const int64_t ldx = int64_t(row_bytes / sizeof(float));
     const uint8_t* panel[2] = {pa, pb};
-    const size_t codes_at = fp8_codes_at(k);
+    const size_t codes_at = kGeo<kBlk>.codes_at(k);
     VF acc[MR][F][kVecsPerPanel];
     for (int m = 0; m < MR; ++m)
         for (int f = 0; f < F; ++f)
             for (int v = 0; v < kVecsPerPanel; ++v) acc[m][f][v] = vzero();
-    for (int64_t kb = 0; kb < fp8_kblocks(k); ++kb) {
+    for (int64_t kb = 0; kb < kGeo<kBlk>.kblocks(k); ++kb) {
         VF part[MR][F][kVecsPerPanel];
         for (int m = 0; m < MR; ++m)
             for (int f = 0; f < F; ++f)
                 for (int v = 0; v < kVecsPerPanel; ++v) part[m][f][v] = vzero();
-        const int64_t k1 = std::min(k, (kb + 1) * kFp8Block);
-        for (int64_t kk = kb * kFp8Block; kk < k1; ++kk)
+        const int64_t k1 = std::min(k, (kb + 1) * kBlk);
+        for (int64_t kk = kb * kBlk; kk < k1; ++kk)
             for (int f = 0; f < F; ++f)
                 for (int v = 0; v < kVecsPerPanel; ++v) {
                     const VF w = kDecoded ? vload(decoded[f] + size_t(kk) * kPanel + size_t(v) * kLanes)
@@ -175,8 +218,9 @@ void panel_kernel(const uint8_t* xb, size_t row_bytes, int64_t k, const uint8_t*
 }
 
 // Widens a panel's K x 16 codes to f32 once, for tiles with several row blocks.
+template <int64_t kBlk>
 void decode_panel(const uint8_t* panel, int64_t k, float* dst) {
-    const uint8_t* codes = panel + fp8_codes_at(k);
+    const uint8_t* codes = panel + kGeo<kBlk>.codes_at(k);
     for (int64_t kk = 0; kk < k; ++kk)
         for (int v = 0; v < kVecsPerPanel; ++v) vstore(dst + kk * kPanel + v * kLanes, decode(codes + kk * kPanel, v));
 }
@@ -184,22 +228,22 @@ void decode_panel(const uint8_t* panel, int64_t k, float* dst) {
 // One row block decodes the codes in registers as it streams them (decode: weights are read
 // once); more row blocks widen each panel once into an L2-resident f32 copy and reuse it, so
 // prefill pays the E4M3 decode once per panel, not once per MR rows.
-template <int MR, bool kFused>
+template <int64_t kBlk, int MR, bool kFused>
 void rows_kernel(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, const uint8_t* pa, const uint8_t* pb,
                  float* out, int64_t ldo, int cols) {
     if (rows <= MR) {
         for_row_blocks<MR>(rows, [=]<int M>(int64_t r) {
-            panel_kernel<M, kFused, false>(x + r * row_bytes, row_bytes, k, pa, pb, nullptr, out + r * ldo, ldo, cols);
+            panel_kernel<kBlk, M, kFused, false>(x + r * row_bytes, row_bytes, k, pa, pb, nullptr, out + r * ldo, ldo, cols);
         });
         return;
     }
     thread_local std::vector<float> buffer;
     buffer.resize(size_t((kFused ? 2 : 1) * k * kPanel));
     const float* decoded[2] = {buffer.data(), buffer.data() + k * kPanel};
-    decode_panel(pa, k, buffer.data());
-    if constexpr (kFused) decode_panel(pb, k, buffer.data() + k * kPanel);
+    decode_panel<kBlk>(pa, k, buffer.data());
+    if constexpr (kFused) decode_panel<kBlk>(pb, k, buffer.data() + k * kPanel);
     for_row_blocks<MR>(rows, [=]<int M>(int64_t r) {
-        panel_kernel<M, kFused, true>(x + r * row_bytes, row_bytes, k, pa, pb, decoded, out + r * ldo, ldo, cols);
+        panel_kernel<kBlk, M, kFused, true>(x + r * row_bytes, row_bytes, k, pa, pb, decoded, out + r * ldo, ldo, cols);
     });
 }
 #endif
@@ -264,17 +308,18 @@ enum TileMode { kSinglePanel, kGateUp, kPanelPair };
 // [ceil(K/2)][16] copies. With one or two accumulators (decode), the two pairs of a step and the
 // hi and lo passes sum into separate registers: chained on one, decode ran at vdpbf16ps's
 // latency. Larger blocks have enough chains already, and no registers to spare.
-template <int MR, int kMode, bool kLo, bool kFly, bool kAhead = false>
+template <int64_t kBlk, int MR, int kMode, bool kLo, bool kFly, bool kAhead = false>
 void panel_kernel_bf16(const E4M3Converter& cv, const uint32_t* hi, const uint32_t* lo, int64_t k, const void* const* w,
                        const uint8_t* const* panel, float* out, int64_t ldo, int cols, PrefetchAhead ahead = {}) {
     constexpr int F = kMode == kSinglePanel ? 1 : 2;
     constexpr bool kSplit = MR * F <= 2;
     constexpr int P = kSplit ? 2 : 1, L = kLo && kSplit ? 2 : 1;   // accumulators per pair parity, per plane
-    const int64_t kc = (k + 1) / 2, steps_per_block = kFp8Block / 4;
+    constexpr int64_t steps_per_block = kBlk / 4;
+    const int64_t kc = (k + 1) / 2;
     __m512 acc[MR][F], part[P][L][MR][F];
     for (int m = 0; m < MR; ++m)
         for (int f = 0; f < F; ++f) acc[m][f] = _mm512_setzero_ps();
-    for (int64_t kb = 0; kb < fp8_kblocks(k); ++kb) {
+    for (int64_t kb = 0; kb < kGeo<kBlk>.kblocks(k); ++kb) {
         for (int p = 0; p < P; ++p)
             for (int l = 0; l < L; ++l)
                 for (int m = 0; m < MR; ++m)
@@ -335,7 +380,7 @@ void panel_kernel_bf16(const E4M3Converter& cv, const uint32_t* hi, const uint32
 
 // One panel (pair) for every row block of a tile: converted once into w_planes, or in registers
 // as it streams by when the rows make a single block (decode).
-template <int kMode, int MR>
+template <int64_t kBlk, int kMode, int MR>
 void panels_bf16(const E4M3Converter& cv, const uint32_t* hi, const uint32_t* lo, const uint8_t* lo_flags, int64_t rows,
                  int64_t k, const uint8_t* const* panel, uint32_t* w_planes, float* out, int64_t ldo, int cols,
                  const uint8_t* next = nullptr, size_t next_bytes = 0) {
@@ -345,9 +390,9 @@ void panels_bf16(const E4M3Converter& cv, const uint32_t* hi, const uint32_t* lo
     const void* w[2];
     for (int f = 0; f < F; ++f) {
         if (fly) {
-            w[f] = panel[f] + fp8_codes_at(k);
+            w[f] = panel[f] + kGeo<kBlk>.codes_at(k);
         } else {
-            widen_fp8_panel(cv, panel[f], k, w_planes + f * kc * kPanel);
+            widen_fp8_panel(cv, panel[f], k, w_planes + f * kc * kPanel, kGeo<kBlk>);
             w[f] = w_planes + f * kc * kPanel;
         }
     }
@@ -356,9 +401,9 @@ void panels_bf16(const E4M3Converter& cv, const uint32_t* hi, const uint32_t* lo
         for (int m = 0; m < M; ++m) any_lo |= lo_flags[r + m] != 0;
         float* o = out + r * ldo;
         if (fly && any_lo) {
-            panel_kernel_bf16<M, kMode, true, true>(cv, hi + r * kc, lo + r * kc, k, w, panel, o, ldo, cols);
+            panel_kernel_bf16<kBlk, M, kMode, true, true>(cv, hi + r * kc, lo + r * kc, k, w, panel, o, ldo, cols);
         } else if (fly) {
-            panel_kernel_bf16<M, kMode, false, true>(cv, hi + r * kc, lo + r * kc, k, w, panel, o, ldo, cols);
+            panel_kernel_bf16<kBlk, M, kMode, false, true>(cv, hi + r * kc, lo + r * kc, k, w, panel, o, ldo, cols);
         } else {
             // The first row block fetches the next panels' codes into L2 while it computes, so
             // widening them does not wait on DRAM (a sixth of prefill's samples did; the gain is
@@ -367,20 +412,20 @@ void panels_bf16(const E4M3Converter& cv, const uint32_t* hi, const uint32_t* lo
             if constexpr (M == MR) ahead = r == 0 && next_bytes;
             const PrefetchAhead fetch(next, next_bytes, (kc + 1) / 2);
             if (ahead && any_lo)
-                panel_kernel_bf16<M, kMode, true, false, true>(cv, hi + r * kc, lo + r * kc, k, w, panel, o, ldo, cols, fetch);
+                panel_kernel_bf16<kBlk, M, kMode, true, false, true>(cv, hi + r * kc, lo + r * kc, k, w, panel, o, ldo, cols, fetch);
             else if (ahead)
-                panel_kernel_bf16<M, kMode, false, false, true>(cv, hi + r * kc, lo + r * kc, k, w, panel, o, ldo, cols, fetch);
+                panel_kernel_bf16<kBlk, M, kMode, false, false, true>(cv, hi + r * kc, lo + r * kc, k, w, panel, o, ldo, cols, fetch);
             else if (any_lo)
-                panel_kernel_bf16<M, kMode, true, false>(cv, hi + r * kc, lo + r * kc, k, w, panel, o, ldo, cols);
+                panel_kernel_bf16<kBlk, M, kMode, true, false>(cv, hi + r * kc, lo + r * kc, k, w, panel, o, ldo, cols);
             else
-                panel_kernel_bf16<M, kMode, false, false>(cv, hi + r * kc, lo + r * kc, k, w, panel, o, ldo, cols);
+                panel_kernel_bf16<kBlk, M, kMode, false, false>(cv, hi + r * kc, lo + r * kc, k, w, panel, o, ldo, cols);
         }
     });
 }
 
 // The BF16 path for one tile: activations split once. kGateUp: panel p of gate and of up (`next`
 // bytes apart); otherwise the tile's panels two at a time (`stride` apart), an odd last one alone.
-template <bool kFused>
+template <int64_t kBlk, bool kFused>
 void tile_bf16(const uint8_t* act, size_t row_bytes, int64_t rows, int64_t k, const uint8_t* first_panel, size_t stride,
                size_t next, int64_t n0, int64_t n1, float* out, int64_t ldo, bool one_pass) {
     const int64_t kc = (k + 1) / 2;
@@ -397,12 +442,12 @@ void tile_bf16(const uint8_t* act, size_t row_bytes, int64_t rows, int64_t k, co
         if constexpr (kFused) {
             gate_up_in_order<kInOrderRows>(rows, first_panel, first_panel + next, stride, n0, n1, out, ldo, [&](const uint8_t* p, float* o) {
                 const uint8_t* panel[2] = {p, nullptr};
-                panels_bf16<kSinglePanel, kMrBf16Plain>(cv, hi, lo, has_lo.data(), rows, k, panel, w_planes.data(), o, kPanel, kPanel);
+                panels_bf16<kBlk, kSinglePanel, kMrBf16Plain>(cv, hi, lo, has_lo.data(), rows, k, panel, w_planes.data(), o, kPanel, kPanel);
             });
         } else {
             for (int64_t n = n0; n < n1; n += kPanel) {
                 const uint8_t* panel[2] = {first_panel + size_t((n - n0) / kPanel) * stride, nullptr};
-                panels_bf16<kSinglePanel, kMrBf16Plain>(cv, hi, lo, has_lo.data(), rows, k, panel, w_planes.data(), out + n,
+                panels_bf16<kBlk, kSinglePanel, kMrBf16Plain>(cv, hi, lo, has_lo.data(), rows, k, panel, w_planes.data(), out + n,
                                                         ldo, int(std::min<int64_t>(kPanel, n1 - n)));
             }
         }
@@ -415,18 +460,18 @@ void tile_bf16(const uint8_t* act, size_t row_bytes, int64_t rows, int64_t k, co
             const uint8_t* panel[2] = {p0, p0 + next};
             // The next gate/up pair follows this one: two panels of `next` bytes.
             const size_t ahead = left > kPanel ? 2 * next : 0;
-            panels_bf16<kGateUp, kMrBf16Fused>(cv, hi, lo, has_lo.data(), rows, k, panel, w_planes.data(), out + n, ldo,
+            panels_bf16<kBlk, kGateUp, kMrBf16Fused>(cv, hi, lo, has_lo.data(), rows, k, panel, w_planes.data(), out + n, ldo,
                                                int(std::min<int64_t>(kPanel, left)), p0 + stride, ahead);
             n += kPanel;
         } else if (left > kPanel) {
             const uint8_t* panel[2] = {p0, p0 + stride};
             const size_t ahead = size_t(std::clamp<int64_t>((left - 2 * kPanel + kPanel - 1) / kPanel, 0, 2)) * stride;
-            panels_bf16<kPanelPair, kMrBf16Fused>(cv, hi, lo, has_lo.data(), rows, k, panel, w_planes.data(), out + n,
+            panels_bf16<kBlk, kPanelPair, kMrBf16Fused>(cv, hi, lo, has_lo.data(), rows, k, panel, w_planes.data(), out + n,
                                                   ldo, int(std::min<int64_t>(2 * kPanel, left)), p0 + 2 * stride, ahead);
             n += 2 * kPanel;
         } else {
             const uint8_t* panel[2] = {p0, nullptr};
-            panels_bf16<kSinglePanel, kMrBf16Plain>(cv, hi, lo, has_lo.data(), rows, k, panel, w_planes.data(), out + n,
+            panels_bf16<kBlk, kSinglePanel, kMrBf16Plain>(cv, hi, lo, has_lo.data(), rows, k, panel, w_planes.data(), out + n,
                                                     ldo, int(left));
             n += kPanel;
         }
@@ -434,50 +479,57 @@ void tile_bf16(const uint8_t* act, size_t row_bytes, int64_t rows, int64_t k, co
 }
 #endif
 
+template <Scales kScales>
 kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                        float* out, int64_t ldo) {
+    constexpr int64_t kBlk = kBlockOf<kScales>;
     const GateScope activation(c);   // the layer's gated activation, for the epilogues below
     const int64_t H = c->hidden;
-    if (const kt_status st = check_tile("FP8", "gate/up", n0, n1, c->intermediate)) return st;
-    const ExpertPanels l = layout(c);
+    if (const kt_status st = check_tile(method_name(kScales), "gate/up", n0, n1, c->intermediate)) return st;
+    const ExpertPanels l = layout<kScales>(c);
     const auto* base = static_cast<const uint8_t*>(packed);
 #if defined(__AVX512BF16__)
-    tile_bf16<true>(static_cast<const uint8_t*>(act), f32_row_bytes(H), rows, H, base + l.gate(n0 / kPanel), l.gate(1), l.up(0),
-                    n0, n1, out, ldo, one_activation_pass(c));
+    tile_bf16<kBlk, true>(static_cast<const uint8_t*>(act), f32_row_bytes(H), rows, H, base + l.gate(n0 / kPanel), l.gate(1),
+                          l.up(0), n0, n1, out, ldo, one_activation_pass(c));
 #else
     for (int64_t n = n0; n < n1; n += kPanel)
-        rows_kernel<kMrFused, true>(static_cast<const uint8_t*>(act), f32_row_bytes(H), rows, H, base + l.gate(n / kPanel),
-                                    base + l.up(n / kPanel), out + n, ldo, int(std::min<int64_t>(kPanel, n1 - n)));
+        rows_kernel<kBlk, kMrFused, true>(static_cast<const uint8_t*>(act), f32_row_bytes(H), rows, H, base + l.gate(n / kPanel),
+                                          base + l.up(n / kPanel), out + n, ldo, int(std::min<int64_t>(kPanel, n1 - n)));
 #endif
     return KT_OK;
 }
 
+template <Scales kScales>
 kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                     float* out, int64_t ldo) {
+    constexpr int64_t kBlk = kBlockOf<kScales>;
     const int64_t I = c->intermediate;
-    if (const kt_status st = check_tile("FP8", "down", n0, n1, c->hidden)) return st;
-    const ExpertPanels l = layout(c);
+    if (const kt_status st = check_tile(method_name(kScales), "down", n0, n1, c->hidden)) return st;
+    const ExpertPanels l = layout<kScales>(c);
     const auto* base = static_cast<const uint8_t*>(packed);
 #if defined(__AVX512BF16__)
-    tile_bf16<false>(static_cast<const uint8_t*>(act), f32_row_bytes(I), rows, I, base + l.down(n0 / kPanel), l.down_panel, 0,
-                     n0, n1, out, ldo, one_activation_pass(c));
+    tile_bf16<kBlk, false>(static_cast<const uint8_t*>(act), f32_row_bytes(I), rows, I, base + l.down(n0 / kPanel), l.down_panel,
+                           0, n0, n1, out, ldo, one_activation_pass(c));
 #else
     for (int64_t n = n0; n < n1; n += kPanel)
-        rows_kernel<kMrPlain, false>(static_cast<const uint8_t*>(act), f32_row_bytes(I), rows, I, base + l.down(n / kPanel),
-                                     nullptr, out + n, ldo, int(std::min<int64_t>(kPanel, n1 - n)));
+        rows_kernel<kBlk, kMrPlain, false>(static_cast<const uint8_t*>(act), f32_row_bytes(I), rows, I, base + l.down(n / kPanel),
+                                           nullptr, out + n, ldo, int(std::min<int64_t>(kPanel, n1 - n)));
 #endif
     return KT_OK;
 }
 
-template <bool kPerChannel>
-kt_method_kernels fp8_table(const char* method, const char* kernel_id) {
-    return method_table(method, kFp8LayoutId, kernel_id, packed_bytes, pack<kPerChannel>, f32_row_bytes,
-                        quantize_f32_rows, gate_up_tile, down_tile);
+template <Scales kScales>
+kt_method_kernels fp8_table(const char* kernel_id, const char* layout_id) {
+    return method_table(method_name(kScales), layout_id, kernel_id, packed_bytes<kScales>, pack<kScales>, f32_row_bytes,
+                        quantize_f32_rows, gate_up_tile<kScales>, down_tile<kScales>);
 }
 
 }  // namespace
 
-kt_method_kernels fp8_kernels(const char* kernel_id) { return fp8_table<false>("FP8", kernel_id); }
-kt_method_kernels fp8_perchannel_kernels(const char* kernel_id) { return fp8_table<true>("FP8_PERCHANNEL", kernel_id); }
+kt_method_kernels fp8_kernels(const char* kernel_id) { return fp8_table<Scales::kBlock128>(kernel_id, kFp8LayoutId); }
+kt_method_kernels fp8_perchannel_kernels(const char* kernel_id) {
+    return fp8_table<Scales::kPerChannel>(kernel_id, kFp8LayoutId);
+}
+kt_method_kernels mxfp8_kernels(const char* kernel_id) { return fp8_table<Scales::kMx>(kernel_id, kMxfp8LayoutId); }
 
 }  // namespace KT_TARGET_NAMESPACE

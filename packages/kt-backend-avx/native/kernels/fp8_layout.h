@@ -17,16 +17,20 @@ constexpr size_t kFp8ScaleBytes = fp8_layout::kScaleBytes;
 
 #if defined(__AVX512BF16__)
 inline constexpr const char* kFp8LayoutId = fp8_layout::kIdQuads;
+inline constexpr const char* kMxfp8LayoutId = kt::layouts::mxfp8::kIdQuads;
 inline constexpr int64_t kFp8RowGroup = 4;
 #else
 inline constexpr const char* kFp8LayoutId = fp8_layout::kIdRows;
+inline constexpr const char* kMxfp8LayoutId = kt::layouts::mxfp8::kIdRows;
 inline constexpr int64_t kFp8RowGroup = 1;
 #endif
-inline constexpr fp8_layout::Geometry kFp8Geometry{kFp8RowGroup};
+// FP8 and FP8_PERCHANNEL: a scale vector per 128 k; MXFP8: per 32 k (the same code order).
+inline constexpr fp8_layout::Geometry kFp8Geometry{kFp8RowGroup, fp8_layout::kBlock};
+inline constexpr fp8_layout::Geometry kMxfp8Geometry{kFp8RowGroup, kt::layouts::mxfp8::kBlock};
 
-inline int64_t fp8_kblocks(int64_t k) { return fp8_layout::Geometry::kblocks(k); }
+inline int64_t fp8_kblocks(int64_t k) { return kFp8Geometry.kblocks(k); }
 inline int64_t fp8_code_rows(int64_t k) { return kFp8Geometry.code_rows(k); }
-inline size_t fp8_codes_at(int64_t k) { return fp8_layout::Geometry::codes_at(k); }
+inline size_t fp8_codes_at(int64_t k) { return kFp8Geometry.codes_at(k); }
 inline size_t fp8_panel_bytes(int64_t k) { return kFp8Geometry.panel_bytes(k); }
 inline size_t fp8_code_offset(int64_t k, int lane) { return kFp8Geometry.code_offset(k, lane); }
 
@@ -67,8 +71,9 @@ struct E4M3Converter {
 
 // A v2 panel's codes -> [ceil(K/2)][16] 32-bit lanes of bf16 pairs (AMX B-tile rows, and the
 // widened copy AVX's prefill tiles reuse across row blocks).
-inline void widen_fp8_panel(const E4M3Converter& cv, const uint8_t* panel, int64_t k, uint32_t* dst) {
-    const uint8_t* codes = panel + fp8_codes_at(k);
+inline void widen_fp8_panel(const E4M3Converter& cv, const uint8_t* panel, int64_t k, uint32_t* dst,
+                            const fp8_layout::Geometry& geo = kFp8Geometry) {
+    const uint8_t* codes = panel + geo.codes_at(k);
     const int64_t kc = (k + 1) / 2;
     for (int64_t q = 0; 2 * q < kc; ++q) {
         __m512i pairs[2];

@@ -5,7 +5,9 @@
 // "kt-int4-p16-v2" for INT4, "kt-rawint4-p16-v1" with bf16 scales for RAWINT4).
 // MXFP4 (OCP microscaling, GPT-OSS) rides the same kernel: its E2M1 codes sit where INT4's
 // codes do, a byte shuffle turns each into u = 2 value + 12 (0..24), and the group epilogue
-// subtracts 12 instead of 8 ("kt-mxfp4-p16-v1", packed_layouts.h).
+// subtracts 12 instead of 8 ("kt-mxfp4-p16-v1", packed_layouts.h). NVFP4 (ModelOpt) is the
+// same E2M1 arithmetic in groups of 16 whose headers are E4M3 bytes, times a per-panel vector
+// holding the tensor's global scale ("kt-nvfp4-p16-v1"): 4.5 bits per weight, as the file.
 //
 // Kernel: per group, exact integer dots of the codes with both int8 activation planes
 // (vpdpbusd: unsigned codes x signed activations; without VNNI vpmaddubsw cannot saturate
@@ -394,14 +396,90 @@ kt_status pack_mxfp4(const kt_moe_config* c, const kt_expert_weights* src, void*
     return KT_OK;
 }
 
+// NVFP4 as ModelOpt checkpoints store it: weight uint8 [N, K/2] (E2M1 pairs, low nibble first,
+// as MXFP4), weight_scale E4M3 bytes [N, K/16], and weight_scale_2, the tensor's f32 global
+// scale, which reaches the ABI in the zeros slot as a [1, 1] f32 matrix (docs/plugin-abi.md).
+kt_status check_nv(const kt_weight& w, int64_t N, int64_t K, const char* name) {
+    if (w.values.dtype != KT_DTYPE_U8 || w.values.rows != N || w.values.cols * 2 != K)
+        return fail(KT_ERROR_INVALID_ARGUMENT, "NVFP4: %s weight should be uint8 [%lld, %lld] (two E2M1 codes per byte), got %s [%lld, %lld]",
+                    name, (long long)N, (long long)(K / 2), dtype_name(w.values.dtype), (long long)w.values.rows,
+                    (long long)w.values.cols);
+    if (!w.scales.data || w.scales.dtype != KT_DTYPE_U8 || w.scales.rows != N || w.scales.cols * 16 != K)
+        return fail(KT_ERROR_INVALID_ARGUMENT, "NVFP4: %s weight_scale should be E4M3 bytes (uint8 or float8_e4m3fn) [%lld, %lld] "
+                    "(one per 16 elements), got %s [%lld, %lld]", name, (long long)N, (long long)(K / 16),
+                    w.scales.data ? dtype_name(w.scales.dtype) : "none", (long long)w.scales.rows, (long long)w.scales.cols);
+    if (!w.zeros.data || w.zeros.dtype != KT_DTYPE_F32 || w.zeros.rows * w.zeros.cols != 1)
+        return fail(KT_ERROR_INVALID_ARGUMENT, "NVFP4: %s weight_scale_2 (the tensor's global scale) should be one float32, got %s [%lld, %lld]",
+                    name, w.zeros.data ? dtype_name(w.zeros.dtype) : "none", (long long)w.zeros.rows, (long long)w.zeros.cols);
+    const float global = *static_cast<const float*>(w.zeros.data);
+    if (!std::isfinite(global) || !std::isfinite(128.0f * global))
+        return fail(KT_ERROR_INVALID_ARGUMENT, "NVFP4: %s weight_scale_2 = %g is not a finite scale kt can hold", name, double(global));
+    for (int64_t r = 0; r < N; ++r)
+        for (int64_t c = 0; c < K / 16; ++c) {
+            const uint8_t b = static_cast<const uint8_t*>(w.scales.data)[r * w.scales.row_stride + c];
+            if ((b & 0x7f) == 0x7f)
+                return fail(KT_ERROR_INVALID_ARGUMENT, "NVFP4: %s weight_scale [%lld, %lld] is the E4M3 NaN code 0x%02X; kt "
+                            "refuses non-finite weights", name, (long long)r, (long long)c, b);
+        }
+    return KT_OK;
+}
+
+kt_status pack_nvfp4(const kt_moe_config* c, const kt_expert_weights* src, void* dst) {
+    const int64_t H = c->hidden, I = c->intermediate;
+    if (c->quant_flags & KT_QUANT_ZERO_POINT)
+        return fail(KT_ERROR_INVALID_ARGUMENT, "NVFP4: zero_point=True is an INT4 option; NVFP4 is symmetric");
+    if (c->group_size != 0 && c->group_size != 16)
+        return fail(KT_ERROR_INVALID_ARGUMENT, "NVFP4: its scales cover 16 elements; group_size must be 0 or 16, got %lld",
+                    (long long)c->group_size);
+    if (H % 16 || I % 16)
+        return fail(KT_ERROR_INVALID_ARGUMENT, "NVFP4: hidden (%lld) and intermediate (%lld) must be multiples of 16, its scale block",
+                    (long long)H, (long long)I);
+    kt_status st;
+    const kt_weight* w[3] = {&src->gate, &src->up, &src->down};
+    const int64_t rows[3] = {I, I, H}, cols[3] = {H, H, I};
+    const char* names[3] = {"gate", "up", "down"};
+    for (int i = 0; i < 3; ++i)
+        if ((st = check_nv(*w[i], rows[i], cols[i], names[i])) != KT_OK) return st;
+    auto* out = static_cast<uint8_t*>(dst);
+    const Int4Layout lay = nvfp4_layout();
+    const ExpertPanels l = lay.expert(c);
+    const size_t offsets[3] = {l.gate(0), l.up(0), l.down(0)}, strides[3] = {2, 2, 1};
+    for (int i = 0; i < 3; ++i) {
+        const kt_weight& wi = *w[i];
+        const float panel_scale = 128.0f * *static_cast<const float*>(wi.zeros.data);
+        const auto* codes = static_cast<const uint8_t*>(wi.values.data);
+        const auto* scales = static_cast<const uint8_t*>(wi.scales.data);
+        for (int64_t p = 0; p < panels(rows[i]); ++p) {
+            uint8_t* panel = out + offsets[i] + size_t(p) * strides[i] * lay.panel_bytes(cols[i]);
+            for (int lane = 0; lane < kPanel; ++lane) reinterpret_cast<float*>(panel)[lane] = panel_scale;
+            for (int64_t grp = 0; grp < cols[i] / 16; ++grp) {
+                uint8_t* block = panel + lay.group_at(grp);
+                const uint8_t* lane_codes[kPanel] = {};
+                for (int lane = 0; lane < kPanel; ++lane) {
+                    const int64_t n = p * kPanel + lane;
+                    if (n >= rows[i]) continue;   // rows past N stay zero, as the buffer came
+                    block[lane] = scales[n * wi.scales.row_stride + grp];
+                    lane_codes[lane] = codes + n * wi.values.row_stride + grp * 8;
+                }
+                pack_lanes<LayoutWord>(lane_codes, 2, block + lay.header_bytes());
+            }
+        }
+    }
+    return KT_OK;
+}
+
 // ---- kernel --------------------------------------------------------------------------------
 
-// The three formats of this file: one kernel, three packers and layouts.
-enum class Kind { kInt4, kRaw, kMx };
-constexpr const char* kind_name(Kind kind) { return kind == Kind::kInt4 ? "INT4" : kind == Kind::kRaw ? "RAWINT4" : "MXFP4"; }
-inline Int4Layout layout_of(const kt_moe_config* c, Kind kind) {
-    return kind == Kind::kMx ? mxfp4_layout() : int4_layout(c, kind == Kind::kRaw);
+// The four formats of this file: one kernel, four packers and layouts.
+enum class Kind { kInt4, kRaw, kMx, kNv };
+constexpr const char* kind_name(Kind kind) {
+    return kind == Kind::kInt4 ? "INT4" : kind == Kind::kRaw ? "RAWINT4" : kind == Kind::kMx ? "MXFP4" : "NVFP4";
 }
+inline Int4Layout layout_of(const kt_moe_config* c, Kind kind) {
+    return kind == Kind::kMx ? mxfp4_layout() : kind == Kind::kNv ? nvfp4_layout() : int4_layout(c, kind == Kind::kRaw);
+}
+// MXFP4 and NVFP4 hold E2M1 codes: looked up as u = 2 value + 12.
+constexpr bool is_e2m1(Kind kind) { return kind == Kind::kMx || kind == Kind::kNv; }
 
 // Registers: per row and panel two int accumulators (activation planes) and one float
 // accumulator, plus two unpacked weight vectors per panel and four broadcasts, within 32
@@ -441,13 +519,13 @@ void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, Int4Layout lay,
             for (int v = 0; v < kVecsPerPanel; ++v) acc[m][f][v] = vzero();
     const uint8_t* panel[2] = {pa, pb};
     const VI low4 = vset1i(0x0f0f0f0f);
-    const int64_t groups = k / g, blocks_per_group = g / 32;
+    const int64_t groups = k / g, blocks_per_group = g / kSumBlock;
     for (int64_t grp = 0; grp < groups; ++grp) {
         VI hi[MR][F][kVecsPerPanel], lo[MR][F][kVecsPerPanel], hi1[MR][F][kVecsPerPanel], lo1[MR][F][kVecsPerPanel];
         for (int m = 0; m < MR; ++m)
             for (int f = 0; f < F; ++f)
                 for (int v = 0; v < kVecsPerPanel; ++v) hi[m][f][v] = lo[m][f][v] = hi1[m][f][v] = lo1[m][f][v] = vzeroi();
-        const size_t block = size_t(grp) * lay.group_bytes();
+        const size_t block = lay.group_at(grp);
         for (int64_t c = 0; c < g / 8; ++c) {
             if constexpr (kAhead) ahead.step();
             VI w0[F][kVecsPerPanel], w1[F][kVecsPerPanel];
@@ -534,8 +612,9 @@ void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, Int4Layout lay,
     for (int m = 0; m < MR; ++m)
         for (int v = 0; v < kVecsPerPanel; ++v) {
             const VF sa = vset1(int4_row_scale(reinterpret_cast<const Int8Header*>(x + m * row_bytes)->scale, kTwoPass));
-            VF r = vmul(acc[m][0][v], sa);
-            if constexpr (kFused) r = gate_mul(r, vmul(acc[m][F - 1][v], sa));
+            VF r = vmul(acc[m][0][v], lay.prefix_bytes ? vmul(sa, Int4Layout::panel_scale(panel[0], v)) : sa);
+            if constexpr (kFused)
+                r = gate_mul(r, vmul(acc[m][F - 1][v], lay.prefix_bytes ? vmul(sa, Int4Layout::panel_scale(panel[F - 1], v)) : sa));
             const int n = std::min(kLanes, cols - v * kLanes);
             if (n > 0) vstore_partial(out + m * ldo + v * kLanes, r, n);
         }
@@ -587,7 +666,7 @@ template <Kind kKind>
 kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                        float* out, int64_t ldo) {
     const GateScope activation(c);   // the layer's gated activation, for the epilogues below
-    constexpr bool kMx = kKind == Kind::kMx;
+    constexpr bool kMx = is_e2m1(kKind);
     const Int4Layout lay = layout_of(c, kKind);
     if (const kt_status st = check_tile(kind_name(kKind), "gate/up", n0, n1, c->intermediate)) return st;
     const ExpertPanels l = lay.expert(c);
@@ -609,7 +688,7 @@ kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* a
 template <Kind kKind>
 kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                     float* out, int64_t ldo) {
-    constexpr bool kMx = kKind == Kind::kMx;
+    constexpr bool kMx = is_e2m1(kKind);
     const Int4Layout lay = layout_of(c, kKind);
     if (const kt_status st = check_tile(kind_name(kKind), "down", n0, n1, c->hidden)) return st;
     const ExpertPanels l = lay.expert(c);
@@ -637,6 +716,9 @@ kt_method_kernels rawint4_kernels(const char* kernel_id) {
 }
 kt_method_kernels mxfp4_kernels(const char* kernel_id) {
     return int4_table<Kind::kMx>("MXFP4", kernel_id, kt::layouts::mxfp4::kId, pack_mxfp4);
+}
+kt_method_kernels nvfp4_kernels(const char* kernel_id) {
+    return int4_table<Kind::kNv>("NVFP4", kernel_id, kt::layouts::nvfp4::kId, pack_nvfp4);
 }
 kt_method_kernels gptq_int4_kernels(const char* kernel_id) {
     return int4_table<Kind::kInt4>("GPTQ_INT4", kernel_id, int4_layout_id(false), pack_gptq);

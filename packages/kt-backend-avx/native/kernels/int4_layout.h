@@ -1,5 +1,5 @@
-// INT4, RAWINT4 and MXFP4 on this target: kt-core's group layouts (kt/formats/packed_layouts.h:
-// "kt-int4-p16-v2", "kt-rawint4-p16-v1", "kt-mxfp4-p16-v1"; amx reads the first two), with the vector
+// INT4, RAWINT4, MXFP4 and NVFP4 on this target: kt-core's group layouts (kt/formats/packed_layouts.h:
+// "kt-int4-p16-v2", "kt-rawint4-p16-v1", "kt-mxfp4-p16-v1", "kt-nvfp4-p16-v1"; amx reads the first two), with the vector
 // reads of a group header and the arithmetic every INT4 kernel applies per group.
 #pragma once
 #include <kt/formats/packed_layouts.h>
@@ -13,9 +13,12 @@ struct Int4Layout : kt::layouts::int4::Geometry {
     ExpertPanels expert(const kt_moe_config* c) const { return Geometry::expert(c->hidden, c->intermediate); }
     // The group header's scales s (and s*z) for lanes v * kLanes.., as f32.
     VF scale(const uint8_t* header, int v) const {
+        if (e4m3_scales) return vload_e4m3_over_256(header + v * kLanes);
         return bf16_scales ? vload_bf16(reinterpret_cast<const uint16_t*>(header) + v * kLanes)
                            : vload(reinterpret_cast<const float*>(header) + v * kLanes);
     }
+    // NVFP4's per-panel vector (prefix_bytes != 0), which multiplies the panel's outputs.
+    static VF panel_scale(const uint8_t* panel, int v) { return vload(reinterpret_cast<const float*>(panel) + v * kLanes); }
     VF scale_times_zero(const uint8_t* header, int v) const {
         return vload(reinterpret_cast<const float*>(header + 64) + v * kLanes);
     }
@@ -45,8 +48,10 @@ inline float int4_raw_sum(int32_t sum_hi, int32_t sum_lo, bool two_pass) {
 }
 inline float int4_row_scale(float sa, bool two_pass) { return two_pass ? sa * (1.0f / 128.0f) : sa; }
 
-// MXFP4: the symmetric f32-header geometry at G = 32 (kt/formats/packed_layouts.h, mxfp4).
+// MXFP4: the symmetric f32-header geometry at G = 32; NVFP4: E4M3 headers at G = 16 after a
+// per-panel scale vector (kt/formats/packed_layouts.h, mxfp4 and nvfp4).
 inline Int4Layout mxfp4_layout() { return {kt::layouts::mxfp4::geometry()}; }
+inline Int4Layout nvfp4_layout() { return {kt::layouts::nvfp4::geometry()}; }
 
 inline const char* int4_layout_id(bool raw) { return raw ? kt::layouts::int4::kRawId : kt::layouts::int4::kId; }
 

@@ -8,8 +8,10 @@ kt_method_kernels int8_kernels(const char* kernel_id);
 kt_method_kernels int4_kernels(const char* kernel_id);
 kt_method_kernels rawint4_kernels(const char* kernel_id);
 kt_method_kernels mxfp4_kernels(const char* kernel_id);
+kt_method_kernels nvfp4_kernels(const char* kernel_id);
 kt_method_kernels gptq_int4_kernels(const char* kernel_id);
 kt_method_kernels fp8_kernels(const char* kernel_id);
 kt_method_kernels fp8_perchannel_kernels(const char* kernel_id);
+kt_method_kernels mxfp8_kernels(const char* kernel_id);
 kt_method_kernels llamafile_kernels(const char* kernel_id);
 }  // namespace KT_TARGET_NAMESPACE

@@ -37,6 +37,14 @@ inline VF bf16_odd(VI w) { return _mm512_castsi512_ps(_mm512_and_si512(w, _mm512
 inline VF vload_bf16(const uint16_t* p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
 }
+// kLanes E4M3 bytes -> f32 equal to value / 256, exact: E4M3 (bias 7) placed in an IEEE half's
+// bit positions reads as value / 256 (bias 15, subnormals included), widened by F16C.
+inline VF vload_e4m3_over_256(const uint8_t* p) {
+    const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7f)), 7),
+                                      _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8));
+    return _mm512_cvtph_ps(h);
+}
 inline VF vroundint(VF x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 inline VF vpow2i(VF n) {   // 2^n for integral n in [-126, 127]
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
@@ -61,6 +69,12 @@ inline VF bf16_even(VI w) { return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16))
 inline VF bf16_odd(VI w) { return _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(int(0xffff0000u)))); }
 inline VF vload_bf16(const uint16_t* p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+}
+inline VF vload_e4m3_over_256(const uint8_t* p) {
+    const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7f)), 7),
+                                   _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8));
+    return _mm256_cvtph_ps(h);
 }
 inline VF vroundint(VF x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 inline VF vpow2i(VF n) {

@@ -7,7 +7,8 @@ from kt_core.backends import BackendDescriptor, Tier, Variant
 
 from . import _build
 
-_METHODS = ("BF16", "INT8", "INT4", "RAWINT4", "FP8", "FP8_PERCHANNEL", "LLAMAFILE", "MXFP4", "GPTQ_INT4")
+_METHODS = ("BF16", "INT8", "INT4", "RAWINT4", "FP8", "FP8_PERCHANNEL", "LLAMAFILE", "MXFP4", "GPTQ_INT4", "NVFP4",
+            "MXFP8")
 # ggml block types the LLAMAFILE kernels read (native/kernels/ggml.cpp), the same on every target.
 _GGML = ("Q4_0", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
 _MODULE = "kt_backend_avx._native"

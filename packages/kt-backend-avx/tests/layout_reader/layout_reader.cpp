@@ -60,8 +60,15 @@ extern "C" size_t kt_unpack_expert(const char* layout_id, const uint8_t* expert,
                       gate, up, down);
         return l.bytes();
     }
-    if (id == L::fp8::kIdRows || id == L::fp8::kIdQuads) {
-        const auto geo = L::fp8::geometry(id == L::fp8::kIdQuads);
+    if (id == L::nvfp4::kId) {
+        const auto l = L::nvfp4::geometry().expert(hidden, intermediate);
+        unpack_expert(expert, l, [](const uint8_t* p, int64_t, int64_t k, int lane) { return L::nvfp4::weight(p, k, lane); },
+                      gate, up, down);
+        return l.bytes();
+    }
+    if (id == L::fp8::kIdRows || id == L::fp8::kIdQuads || id == L::mxfp8::kIdRows || id == L::mxfp8::kIdQuads) {
+        const bool quads = id == L::fp8::kIdQuads || id == L::mxfp8::kIdQuads;
+        const auto geo = id == L::mxfp8::kIdRows || id == L::mxfp8::kIdQuads ? L::mxfp8::geometry(quads) : L::fp8::geometry(quads);
         const auto l = geo.expert(hidden, intermediate);
         unpack_expert(expert, l,
                       [&](const uint8_t* p, int64_t K, int64_t k, int lane) { return L::fp8::weight(geo, p, K, k, lane); },

@@ -97,7 +97,7 @@ const Fp8Table kFp8;
 
 void widen_fp8(const uint8_t* panel, int64_t K, float* dst, int64_t ldb) {
     const L::fp8::Geometry geo = L::fp8::geometry(KT_FP8_QUADS != 0);
-    const uint8_t* codes = panel + L::fp8::Geometry::codes_at(K);
+    const uint8_t* codes = panel + geo.codes_at(K);
     for (int64_t k = 0; k < K; ++k) {
         float s[kPanel];
         std::memcpy(s, panel + size_t(k / L::fp8::kBlock) * L::fp8::kScaleBytes, sizeof(s));

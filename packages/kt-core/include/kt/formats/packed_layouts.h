@@ -84,6 +84,31 @@ inline float weight(const uint8_t* panel, int64_t k, int lane) {
 }
 }  // namespace int8
 
+// --- E4M3 bytes (FP8 codes, NVFP4 scales) ------------------------------------------------
+namespace e4m3 {
+// E4M3 magnitude code c (0..127) -> the bf16 bits of its value / 256, exact (0x7f, NaN, is
+// refused at load).
+constexpr uint16_t e4m3_bf16_bits(int c) {
+    const int e = c >> 3, m = c & 7;
+    if (e == 0) {   // zero and the subnormals m * 2^-17 (after the / 256) = 1.f * 2^(t - 17), t = log2(m)
+        if (m == 0) return 0;
+        const int t = m >= 4 ? 2 : m >= 2 ? 1 : 0;
+        return uint16_t(((t + 110) << 7) | ((m << (7 - t)) & 0x7f));
+    }
+    return uint16_t(((e + 112) << 7) | (m << 4));
+}
+static_assert(e4m3_bf16_bits(0x08) == 0x3880 && e4m3_bf16_bits(0x01) == 0x3700 && e4m3_bf16_bits(0x03) == 0x37C0 &&
+                  e4m3_bf16_bits(0x07) == 0x3860 && e4m3_bf16_bits(0x7e) == 0x3FE0,
+              "E4M3 -> bf16(value / 256): 2^-14, 2^-17, 1.5 * 2^-16, 1.75 * 2^-15, 448 / 256");
+
+// A code byte (sign bit 7) -> its value / 256 as f32.
+inline float e4m3_over_256(uint8_t code) {
+    const float v = bf16_bits_to_float(e4m3_bf16_bits(code & 0x7f));
+    return (code & 0x80) ? -v : v;
+}
+
+}  // namespace e4m3
+
 // --- "kt-int4-p16-v2" (INT4) and "kt-rawint4-p16-v1" (RAWINT4) ------------------------------
 // Per panel, per group of G consecutive k (32, 64 or 128), a header and then G/8 chunks of
 // 64 bytes: byte lane*4 + b of chunk c holds u[lane][8c + b] in its low nibble and
@@ -97,25 +122,29 @@ constexpr const char* kId = "kt-int4-p16-v2";
 constexpr const char* kRawId = "kt-rawint4-p16-v1";
 
 struct Geometry {
-    int64_t g;           // group size: 32, 64 or 128
-    bool zero_point;     // asymmetric groups: the header holds s*z too
-    bool bf16_scales;    // RAWINT4: s as bf16, no s*z
+    int64_t g;                 // group size: 32, 64 or 128 (NVFP4: 16)
+    bool zero_point;           // asymmetric groups: the header holds s*z too
+    bool bf16_scales;          // RAWINT4: s as bf16, no s*z
+    bool e4m3_scales = false;  // NVFP4: s as E4M3 bytes (value / 256)
+    size_t prefix_bytes = 0;   // NVFP4: the panel's f32[16] global-scale vector before its groups
 
-    size_t header_bytes() const { return zero_point ? 128 : bf16_scales ? 32 : 64; }
+    size_t header_bytes() const { return zero_point ? 128 : bf16_scales ? 32 : e4m3_scales ? 16 : 64; }
     size_t group_bytes() const { return header_bytes() + size_t(g) * 8; }
-    size_t panel_bytes(int64_t k) const { return size_t(k / g) * group_bytes(); }
+    size_t group_at(int64_t grp) const { return prefix_bytes + size_t(grp) * group_bytes(); }
+    size_t panel_bytes(int64_t k) const { return group_at(k / g); }
     ExpertPanels expert(int64_t hidden, int64_t intermediate) const {
         return {hidden, intermediate, panel_bytes(hidden), panel_bytes(intermediate)};
     }
     // The byte holding u[lane][k], and whether it is the high nibble.
     size_t code_offset(int64_t k, int lane) const {
         const int64_t within = k % g, b = within % 8;
-        return size_t(k / g) * group_bytes() + header_bytes() + size_t(within / 8) * 64 + size_t(lane) * 4 + size_t(b % 4);
+        return group_at(k / g) + header_bytes() + size_t(within / 8) * 64 + size_t(lane) * 4 + size_t(b % 4);
     }
     static bool high_nibble(int64_t k) { return (k % 8) >= 4; }
 
     float scale(const uint8_t* panel, int64_t k, int lane) const {
-        const uint8_t* header = panel + size_t(k / g) * group_bytes();
+        const uint8_t* header = panel + group_at(k / g);
+        if (e4m3_scales) return e4m3::e4m3_over_256(header[lane]);
         if (bf16_scales) {
             uint16_t h;
             std::memcpy(&h, header + size_t(lane) * 2, 2);
@@ -135,7 +164,7 @@ struct Geometry {
         const int u = code(panel, k, lane);
         if (!zero_point) return s * float(u - 8);
         float sz;
-        std::memcpy(&sz, panel + size_t(k / g) * group_bytes() + 64 + size_t(lane) * 4, 4);
+        std::memcpy(&sz, panel + group_at(k / g) + 64 + size_t(lane) * 4, 4);
         return s * float(u) - sz;
     }
 };
@@ -196,11 +225,12 @@ constexpr int64_t kBlock = 128;        // k (and, for block scales, n) per scale
 constexpr size_t kScaleBytes = 64;     // one f32[16] scale vector per k block
 
 struct Geometry {
-    int64_t row_group;   // 1 (v1) or 4 (v2)
+    int64_t row_group;        // 1 (v1) or 4 (v2)
+    int64_t block = kBlock;   // k per scale vector: 128 (FP8, FP8_PERCHANNEL), 32 (MXFP8)
 
-    static int64_t kblocks(int64_t k) { return (k + kBlock - 1) / kBlock; }
+    int64_t kblocks(int64_t k) const { return (k + block - 1) / block; }
     int64_t code_rows(int64_t k) const { return (k + row_group - 1) / row_group * row_group; }
-    static size_t codes_at(int64_t k) { return size_t(kblocks(k)) * kScaleBytes; }
+    size_t codes_at(int64_t k) const { return size_t(kblocks(k)) * kScaleBytes; }
     size_t panel_bytes(int64_t k) const { return codes_at(k) + size_t(code_rows(k)) * kPanel; }
     ExpertPanels expert(int64_t hidden, int64_t intermediate) const {
         return {hidden, intermediate, panel_bytes(hidden), panel_bytes(intermediate)};
@@ -212,36 +242,59 @@ struct Geometry {
         return size_t(k - r) * kPanel + size_t(16 * (lane / 4) + 8 * (r / 2) + 2 * (lane % 4) + r % 2);
     }
 };
-inline Geometry geometry(bool quads) { return {quads ? 4 : 1}; }
+inline Geometry geometry(bool quads) { return {quads ? 4 : 1, kBlock}; }
 
-// E4M3 magnitude code c (0..127) -> the bf16 bits of its value / 256, exact (0x7f, NaN, is
-// refused at load).
-constexpr uint16_t e4m3_bf16_bits(int c) {
-    const int e = c >> 3, m = c & 7;
-    if (e == 0) {   // zero and the subnormals m * 2^-17 (after the / 256) = 1.f * 2^(t - 17), t = log2(m)
-        if (m == 0) return 0;
-        const int t = m >= 4 ? 2 : m >= 2 ? 1 : 0;
-        return uint16_t(((t + 110) << 7) | ((m << (7 - t)) & 0x7f));
-    }
-    return uint16_t(((e + 112) << 7) | (m << 4));
-}
-static_assert(e4m3_bf16_bits(0x08) == 0x3880 && e4m3_bf16_bits(0x01) == 0x3700 && e4m3_bf16_bits(0x03) == 0x37C0 &&
-                  e4m3_bf16_bits(0x07) == 0x3860 && e4m3_bf16_bits(0x7e) == 0x3FE0,
-              "E4M3 -> bf16(value / 256): 2^-14, 2^-17, 1.5 * 2^-16, 1.75 * 2^-15, 448 / 256");
-
-// A code byte (sign bit 7) -> its value / 256 as f32.
-inline float e4m3_over_256(uint8_t code) {
-    const float v = bf16_bits_to_float(e4m3_bf16_bits(code & 0x7f));
-    return (code & 0x80) ? -v : v;
-}
+using e4m3::e4m3_bf16_bits;
+using e4m3::e4m3_over_256;
 
 // Weight (lane, k) of a panel of K columns.
 inline float weight(const Geometry& geo, const uint8_t* panel, int64_t K, int64_t k, int lane) {
     float s;
-    std::memcpy(&s, panel + size_t(k / kBlock) * kScaleBytes + size_t(lane) * 4, 4);
-    return s * e4m3_over_256(panel[Geometry::codes_at(K) + geo.code_offset(k, lane)]);
+    std::memcpy(&s, panel + size_t(k / geo.block) * kScaleBytes + size_t(lane) * 4, 4);
+    return s * e4m3_over_256(panel[geo.codes_at(K) + geo.code_offset(k, lane)]);
 }
 }  // namespace fp8
+
+// --- "kt-mxfp8-p16-v1" and "kt-mxfp8-p16-v2" (MXFP8: OCP microscaling FP8, MiniMax-M3) --------
+// FP8's panels (v1 rows / v2 quads, as the target's FP8 layout) with one scale vector per 32 k:
+// the E8M0 exponent e of each channel's block as 2^(e - 127) * 2^8 = 2^(e - 119), exact and normal
+// in f32 for every e but 0xFF (NaN, refused at load).
+namespace mxfp8 {
+constexpr const char* kIdRows = "kt-mxfp8-p16-v1";
+constexpr const char* kIdQuads = "kt-mxfp8-p16-v2";
+constexpr int64_t kBlock = 32;   // elements per E8M0 scale
+inline fp8::Geometry geometry(bool quads) { return {quads ? 4 : 1, kBlock}; }
+inline float header_scale(uint8_t e) {
+    const uint32_t bits = uint32_t(e + 8) << 23;   // 2^(e - 119) = 2^((e + 8) - 127)
+    float s;
+    std::memcpy(&s, &bits, 4);
+    return s;
+}
+}  // namespace mxfp8
+
+// --- "kt-nvfp4-p16-v1" (NVFP4: ModelOpt's FP4, E4M3 scales per 16 and a per-tensor scale) -----
+// MXFP4's codes and u = 2 value + 12 lookup in INT4's group layout at G = 16, with two changes
+// that keep a panel at the file's 4.5 bits per weight: a group's header is the 16 channels' E4M3
+// scale bytes as the checkpoint ships them (16 bytes, read as value / 256 like FP8's codes), and
+// each panel starts with one 64-byte f32[16] vector holding the tensor's global scale
+// (weight_scale_2) times 128 (the 2^8 of the E4M3 decode, halved for u's doubling):
+// w = global * e4m3 * value = P * (s / 256) * (u - 12), P the panel's vector, s the header's.
+namespace nvfp4 {
+constexpr const char* kId = "kt-nvfp4-p16-v1";
+constexpr int64_t kBlock = 16;   // elements per E4M3 scale
+inline int4::Geometry geometry() { return {kBlock, false, false, true, 64}; }
+
+inline float panel_scale(const uint8_t* panel, int lane) {
+    float p;
+    std::memcpy(&p, panel + size_t(lane) * 4, 4);
+    return p;
+}
+inline float weight(const uint8_t* panel, int64_t k, int lane) {
+    const int4::Geometry geo = geometry();
+    return panel_scale(panel, lane) * geo.scale(panel, k, lane) *
+           float(int(mxfp4::kDoubledPlusOffset[geo.code(panel, k, lane)]) - mxfp4::kOffset);
+}
+}  // namespace nvfp4
 
 }  // namespace
 }  // namespace kt::layouts

@@ -4,7 +4,7 @@ Run through the plugin (see kt_core.testing.plugin). Each test gets `kt_variant`
 (descriptor, variant, method) with the variant forced, and compares the backend with the
 reference backend on the same weights: the reference packs them in the same format, so
 the difference measures the kernel, not the format. Checkpoint formats (RAWINT4, FP8,
-FP8_PERCHANNEL, MXFP4, GPTQ_INT4) get the same checkpoint tensors, made by kt_core.testing.quantize.
+FP8_PERCHANNEL, MXFP4, MXFP8, NVFP4, GPTQ_INT4) get the same checkpoint tensors, made by kt_core.testing.quantize.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from ..errors import BackendError
 from ..formats.codes import int4_group_for
 from ..moe import MoE
 from .ggml_blocks import random_blocks
-from .quantize import checkpoint_inputs
+from .quantize import checkpoint_arrays
 from .reference import random_moe, random_routing, relative_error
 
 
@@ -30,8 +30,9 @@ def _group_size(method, hidden, intermediate):
             return int4_group_for(hidden, intermediate)
     except ValueError as exc:
         pytest.skip(str(exc))
-    if method in ("RAWINT4", "MXFP4") and (hidden % 32 or intermediate % 32):
-        pytest.skip(f"{method}'s group of 32 must divide hidden={hidden} and intermediate={intermediate}")
+    fixed = {"RAWINT4": 32, "MXFP4": 32, "MXFP8": 32, "NVFP4": 16}.get(method)
+    if fixed and (hidden % fixed or intermediate % fixed):
+        pytest.skip(f"{method}'s group of {fixed} must divide hidden={hidden} and intermediate={intermediate}")
     return 0
 
 
@@ -48,19 +49,19 @@ def _ggml_types(hidden, intermediate):
 
 
 def _inputs(method, rng, experts, hidden, intermediate, group_size):
-    """(gate, up, down, scales, weight_types) as MoE.load / MoE take them for `method`."""
+    """(gate, up, down, scales, zeros, weight_types) as MoE.load / MoE take them for `method`."""
     if method == "LLAMAFILE":
         types = _ggml_types(hidden, intermediate)
         shapes = ((experts, intermediate, hidden), (experts, intermediate, hidden), (experts, hidden, intermediate))
-        return (*(random_blocks(rng, t, s) for t, s in zip(types, shapes)), None, types)
-    return (*checkpoint_inputs(method, *random_moe(rng, experts, hidden, intermediate), group_size=group_size), None)
+        return (*(random_blocks(rng, t, s) for t, s in zip(types, shapes)), None, None, types)
+    return (*checkpoint_arrays(method, *random_moe(rng, experts, hidden, intermediate), group_size=group_size), None)
 
 
 def _pair(kt_variant, *, experts, hidden, intermediate, top_k, max_tokens=4096, mask=None, seed=0, swiglu=(0.0, 0.0)):
     descriptor, variant, method = kt_variant
     rng = np.random.default_rng(seed)
     group_size = _group_size(method, hidden, intermediate)
-    gate, up, down, scales, weight_types = _inputs(method, rng, experts, hidden, intermediate, group_size)
+    gate, up, down, scales, zeros, weight_types = _inputs(method, rng, experts, hidden, intermediate, group_size)
     layers = []
     for backend in (descriptor.name, "reference"):
         try:
@@ -77,7 +78,7 @@ def _pair(kt_variant, *, experts, hidden, intermediate, top_k, max_tokens=4096, 
             if "KT_ACTIVATION_SWIGLU" in str(exc) and backend != "reference":
                 pytest.skip(f"{backend} {method} does not claim KT_ACTIVATION_SWIGLU: {exc}")
             raise
-        layer.load(gate, up, down, scales=scales)
+        layer.load(gate, up, down, scales=scales, zeros=zeros)
         layers.append(layer)
     if layers[0].backend.split("/")[1] != variant.name:
         raise AssertionError(f"asked for variant {variant.name}, got {layers[0].backend}")

@@ -21,7 +21,7 @@ from ..host import host
 # order and, for BF16 kernels, in rounding intermediate activations to bf16.
 DEFAULT_TOLERANCE = {"FP32": 1e-4, "BF16": 2e-2, "INT8": 2e-2, "INT4": 2e-2, "RAWINT4": 2e-2, "FP8": 2e-2,
                      "FP8_PERCHANNEL": 2e-2, "LLAMAFILE": 2e-2, "MXFP4": 2e-2,
-                     "GPTQ_INT4": 2e-2}
+                     "GPTQ_INT4": 2e-2, "MXFP8": 2e-2, "NVFP4": 2e-2}
 
 
 def pytest_addoption(parser):

@@ -226,6 +226,26 @@ MXFP4_BLOCK = 32
 E2M1_VALUES = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=np.float64)
 
 
+def _ceil_exponent(amax, element_max):
+    """The smallest E in [-127, 127] with amax <= element_max * 2^E (-127 for an all-zero block)."""
+    mantissa, exponent = np.frexp(amax / element_max)       # = mantissa * 2^exponent, mantissa in [0.5, 1)
+    e = np.where(mantissa == 0.5, exponent - 1, exponent)    # ceil(log2(amax / element_max)), exact
+    return np.clip(np.where(amax == 0, -127, e), -127, 127)
+
+
+def _e2m1_packed(a, negative, shape):
+    """E2M1 codes nearest the magnitudes a (ties to the even code), sign from `negative`, two per
+    byte: element 2j in the low nibble of byte j. Returns uint8 [*shape[:-1], K/2]."""
+    magnitude = np.select([a <= 0.25, a < 0.75, a <= 1.25, a < 1.75, a <= 2.5, a < 3.5, a <= 5.0], range(7), 7)
+    codes = (magnitude | (negative << 3)).astype(np.uint8).reshape(*shape[:-1], -1)
+    return (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
+
+
+def _e2m1_values(blocks) -> np.ndarray:
+    blocks = np.asarray(blocks, dtype=np.uint8)
+    return E2M1_VALUES[np.stack([blocks & 15, blocks >> 4], axis=-1).reshape(*blocks.shape[:-1], -1)]
+
+
 def quantize_mxfp4(w):
     """MXFP4 as GPT-OSS's checkpoints store it. Per 32 consecutive k: the smallest exponent E
     with max|w| <= 6 * 2^E (E in [-127, 127]; an all-zero block gets -127), stored as the E8M0
@@ -233,41 +253,93 @@ def quantize_mxfp4(w):
     Returns (blocks uint8 [..., N, K/2], element 2j in the low nibble of byte j; scales uint8
     [..., N, K/32])."""
     g = _grouped(np.asarray(w, dtype=np.float64), MXFP4_BLOCK)
-    amax = np.max(np.abs(g), axis=-1, keepdims=True)
-    mantissa, exponent = np.frexp(amax / 6.0)                # amax / 6 = mantissa * 2^exponent, mantissa in [0.5, 1)
-    e = np.where(mantissa == 0.5, exponent - 1, exponent)    # ceil(log2(amax / 6)), exact
-    e = np.clip(np.where(amax == 0, -127, e), -127, 127)
-    a = np.abs(g) / np.ldexp(1.0, e)
-    magnitude = np.select([a <= 0.25, a < 0.75, a <= 1.25, a < 1.75, a <= 2.5, a < 3.5, a <= 5.0], range(7), 7)
-    codes = (magnitude | (np.signbit(g) << 3)).astype(np.uint8).reshape(*np.shape(w)[:-1], -1)
-    return (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8), (e[..., 0] + 127).astype(np.uint8)
+    e = _ceil_exponent(np.max(np.abs(g), axis=-1, keepdims=True), 6.0)
+    blocks = _e2m1_packed(np.abs(g) / np.ldexp(1.0, e), np.signbit(g), np.shape(w))
+    return blocks, (e[..., 0] + 127).astype(np.uint8)
 
 
 def dequantize_mxfp4(blocks, scales) -> np.ndarray:
-    blocks = np.asarray(blocks, dtype=np.uint8)
-    codes = np.stack([blocks & 15, blocks >> 4], axis=-1).reshape(*blocks.shape[:-1], -1)
     scale = np.ldexp(1.0, np.asarray(scales, dtype=np.int64) - 127)
-    return E2M1_VALUES[codes] * np.repeat(scale, MXFP4_BLOCK, axis=-1)
+    return _e2m1_values(blocks) * np.repeat(scale, MXFP4_BLOCK, axis=-1)
+
+
+# -- NVFP4 (ModelOpt FP4: E4M3 scales per 16 and a per-tensor global scale) ------------------------
+
+NVFP4_BLOCK = 16
+
+
+def quantize_nvfp4(w):
+    """NVFP4 as ModelOpt checkpoints store it, per matrix [N, K] of the stack: global =
+    max|w| / (6 * 448) (f32; weight_scale_2), per 16 consecutive k the E4M3 byte nearest
+    max|block| / 6 / global (weight_scale), and each element the E2M1 code nearest
+    w / (scale * global), ties to the even code (a zero scale gives zero codes).
+    Returns (weight uint8 [..., N, K/2], element 2j in the low nibble of byte j; weight_scale
+    uint8 [..., N, K/16]; weight_scale_2 float32 [..., 1, 1])."""
+    w = np.asarray(w, dtype=np.float64)
+    amax = np.max(np.abs(w), axis=(-2, -1), keepdims=True)
+    glob = (amax / (6.0 * E4M3_MAX)).astype(np.float32)
+    glob = np.where(glob == 0, np.float32(1), glob)
+    g = _grouped(w, NVFP4_BLOCK)
+    scale_codes = encode_e4m3(np.max(np.abs(g), axis=-1) / 6.0 / glob.astype(np.float64))
+    step = decode_e4m3(scale_codes).astype(np.float64)[..., None] * glob.astype(np.float64)[..., None]
+    a = np.divide(np.abs(g), step, out=np.zeros_like(g), where=step != 0)
+    return _e2m1_packed(a, np.signbit(g), w.shape), scale_codes, glob
+
+
+def dequantize_nvfp4(blocks, scales, global_scale) -> np.ndarray:
+    scale = decode_e4m3(scales).astype(np.float64) * np.asarray(global_scale, dtype=np.float64)
+    return _e2m1_values(blocks) * np.repeat(scale, NVFP4_BLOCK, axis=-1)
+
+
+# -- MXFP8 (OCP microscaling FP8) ------------------------------------------------------------------
+
+MXFP8_BLOCK = 32
+
+
+def quantize_mxfp8(w):
+    """MXFP8 as MiniMax-M3 ships it. Per 32 consecutive k: the smallest exponent E with
+    max|w| <= 448 * 2^E (E in [-127, 127]; an all-zero block gets -127), stored as the E8M0
+    byte E + 127 (weight_scale_inv), and each element the E4M3 byte of w / 2^E (round to
+    nearest even). Returns (uint8 [..., N, K], scales uint8 [..., N, K/32])."""
+    g = _grouped(np.asarray(w, dtype=np.float64), MXFP8_BLOCK)
+    e = _ceil_exponent(np.max(np.abs(g), axis=-1, keepdims=True), E4M3_MAX)
+    return encode_e4m3(g / np.ldexp(1.0, e)).reshape(np.shape(w)), (e[..., 0] + 127).astype(np.uint8)
+
+
+def dequantize_mxfp8(codes, scales) -> np.ndarray:
+    scale = np.ldexp(1.0, np.asarray(scales, dtype=np.int64) - 127)
+    return decode_e4m3(codes).astype(np.float64) * np.repeat(scale, MXFP8_BLOCK, axis=-1)
 
 
 # -- whole layers --------------------------------------------------------------------------------
 
-CHECKPOINT_METHODS = ("RAWINT4", "FP8", "FP8_PERCHANNEL", "MXFP4", "GPTQ_INT4")
+CHECKPOINT_METHODS = ("RAWINT4", "FP8", "FP8_PERCHANNEL", "MXFP4", "GPTQ_INT4", "MXFP8", "NVFP4")
+
+
+def checkpoint_arrays(method: str, gate, up, down, *, group_size: int = 0):
+    """What `MoE.load` takes for `method`, made from float weights [E, N, K]: (gate, up,
+    down, scales, zeros). Methods that quantize at load get the floats back and scales and
+    zeros None; the checkpoint formats get their codes and a (gate, up, down) triple of scale
+    stacks; NVFP4's zeros are its global scales (weight_scale_2, [E, 1, 1] each).
+    group_size: GPTQ_INT4's (0 means 128)."""
+    if method not in CHECKPOINT_METHODS:
+        return gate, up, down, None, None
+    quantize = {"RAWINT4": pack_rawint4, "FP8": quantize_fp8_block, "FP8_PERCHANNEL": quantize_fp8_perchannel,
+                "MXFP4": quantize_mxfp4, "GPTQ_INT4": lambda m: pack_gptq_int4(m, group_size or 128),
+                "MXFP8": quantize_mxfp8, "NVFP4": quantize_nvfp4}[method]
+    parts = [quantize(m) for m in (gate, up, down)]
+    if method == "FP8_PERCHANNEL":   # MoE.load takes 2-D scale matrices: [N, 1] per expert
+        parts = [(q, s[..., None]) for q, s in parts]
+    zeros = tuple(p[2] for p in parts) if method == "NVFP4" else None
+    return parts[0][0], parts[1][0], parts[2][0], tuple(p[1] for p in parts), zeros
 
 
 def checkpoint_inputs(method: str, gate, up, down, *, group_size: int = 0):
-    """What `MoE.load` takes for `method`, made from float weights [E, N, K]: (gate, up,
-    down, scales). Methods that quantize at load get the floats back and scales None; the
-    checkpoint formats get their codes and a (gate, up, down) triple of scale stacks.
-    group_size: GPTQ_INT4's (0 means 128)."""
-    if method not in CHECKPOINT_METHODS:
-        return gate, up, down, None
-    quantize = {"RAWINT4": pack_rawint4, "FP8": quantize_fp8_block, "FP8_PERCHANNEL": quantize_fp8_perchannel,
-                "MXFP4": quantize_mxfp4, "GPTQ_INT4": lambda m: pack_gptq_int4(m, group_size or 128)}[method]
-    pairs = [quantize(m) for m in (gate, up, down)]
-    if method == "FP8_PERCHANNEL":   # MoE.load takes 2-D scale matrices: [N, 1] per expert
-        pairs = [(q, s[..., None]) for q, s in pairs]
-    return pairs[0][0], pairs[1][0], pairs[2][0], tuple(s for _, s in pairs)
+    """checkpoint_arrays without the zeros, for the methods that have none (every checkpoint
+    format but NVFP4): (gate, up, down, scales)."""
+    if method == "NVFP4":
+        raise ValueError("NVFP4 also needs its global scales (MoE.load's zeros): use checkpoint_arrays")
+    return checkpoint_arrays(method, gate, up, down, group_size=group_size)[:4]
 
 
 def dequantized_weights(method: str, gate, up, down, *, group_size: int = 0, zero_point: bool = False):
@@ -293,5 +365,9 @@ def dequantized_weights(method: str, gate, up, down, *, group_size: int = 0, zer
         return tuple(dequantize_mxfp4(*quantize_mxfp4(m)) for m in weights)
     if method == "GPTQ_INT4":
         return tuple(dequantize_gptq_int4(*pack_gptq_int4(m, group_size or 128)) for m in weights)
+    if method == "MXFP8":
+        return tuple(dequantize_mxfp8(*quantize_mxfp8(m)) for m in weights)
+    if method == "NVFP4":
+        return tuple(dequantize_nvfp4(*quantize_nvfp4(m)) for m in weights)
     raise ValueError(f"no weight format {method!r}; docs/formats.md lists FP32, BF16, INT8, INT4, RAWINT4, FP8, "
-                     "FP8_PERCHANNEL, MXFP4 and GPTQ_INT4")
+                     "FP8_PERCHANNEL, MXFP4, MXFP8, NVFP4 and GPTQ_INT4")
