@@ -47,12 +47,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from kt.bench.kt_kernel import RUNNER, moe_data  # noqa: E402  (shared with `kt bench --compare-kt-kernel`)
+from kt.bench.kt_kernel import KT_KERNEL_METHOD, RUNNER, moe_data  # noqa: E402  (shared with `kt bench --compare-kt-kernel`)
 
 ROOT = Path(__file__).resolve().parent.parent
-METHODS = ("BF16", "INT8", "INT4", "RAWINT4", "FP8", "MXFP4")
-KT_KERNEL_METHOD = {"BF16": "BF16", "INT8": "AMXINT8", "INT4": "AMXINT4", "RAWINT4": "RAWINT4", "FP8": "FP8",
-                    "MXFP4": "MXFP4"}
+METHODS = tuple(KT_KERNEL_METHOD)
 SIDES = ("torch", "kt", "kt-kernel")
 GIB = 2**30
 # Rows up to this many tokens stream the weights (the "% of bandwidth" rows; report.py shows those).
@@ -243,10 +241,10 @@ def run_kt(shape: moe_data.Shape, data: Path, method: str, threads: int, tokens:
     if refusal:
         info["skipped"] = refusal
         return info, {}
-    gate, up, down, scales = moe_data.kt_load_args(data, method)
+    gate, up, down, scales, zeros = moe_data.kt_load_args(data, method)
     t0 = time.perf_counter()
     try:
-        layer.load(gate, up, down, scales=scales)
+        layer.load(gate, up, down, scales=scales, zeros=zeros)
     except (KTError, ValueError, TypeError) as exc:
         info["skipped"] = f"load failed: {type(exc).__name__}: {exc}"
         return info, {}

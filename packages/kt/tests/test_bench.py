@@ -190,3 +190,22 @@ def test_the_harness_mxfp4_matches_kt_core_s_rule():
     as_bf16 = torch.from_numpy(moe_data.e8m0_as_bf16_bits(scales)).view(torch.bfloat16).double().numpy()
     np.testing.assert_array_equal(as_bf16, np.ldexp(1.0, scales.astype(np.int64) - 127))
     assert moe_data.format_bytes_per_expert(moe_data.Shape("s", 256, 128, 4, 2), "MXFP4") == 3 * (128 * 256 // 2 + 128 * 8)
+
+
+def test_the_harness_nvfp4_and_mxfp8_match_kt_core_s_rules():
+    """moe_data.py's NVFP4 / MXFP8 decoders (they run in kt-kernel's venv too) restate
+    docs/formats.md: equal to kt_core's dequantizers on the bytes the harness writes."""
+    import numpy as np
+    import torch
+
+    from kt.bench.kt_kernel import moe_data
+    from kt_core.testing.quantize import dequantize_mxfp8, dequantize_nvfp4
+
+    w = torch.randn(48, 128, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    blocks, scales, glob = moe_data.pack_nvfp4(w)
+    np.testing.assert_array_equal(moe_data.dequantize_nvfp4(blocks, scales, glob), dequantize_nvfp4(blocks, scales, glob))
+    codes, exps = moe_data.pack_mxfp8(w)
+    np.testing.assert_array_equal(moe_data.dequantize_mxfp8(codes, exps), dequantize_mxfp8(codes, exps))
+    shape = moe_data.Shape("s", 256, 128, 4, 2)
+    assert moe_data.format_bytes_per_expert(shape, "NVFP4") == 3 * (128 * 256 // 2 + 128 * 16 + 4)
+    assert moe_data.format_bytes_per_expert(shape, "MXFP8") == 3 * (128 * 256 + 128 * 8)

@@ -79,7 +79,8 @@ def tiny_qwen3(truth):
 # kt's FP8 and RAWINT4 kernels against torch running the weights the checkpoint's codes stand
 # for: the difference is kt's activation rounding (bf16 for FP8, int8 for RAWINT4).
 @pytest.mark.parametrize("quant, method, tolerance", [("fp8", "FP8", 1e-4), ("rawint4", "RAWINT4", 2e-3),
-                                                      ("gptq", "GPTQ_INT4", 2e-3)])
+                                                      ("gptq", "GPTQ_INT4", 2e-3), ("nvfp4", "NVFP4", 2e-3),
+                                                      ("mxfp8", "MXFP8", 1e-4)])
 def test_checkpoint_experts_load_as_stored(tmp_path, quant, method, tolerance):
     truth = write_checkpoint(tmp_path, "qwen3_moe", hidden=128, intermediate=64, experts=8, top_k=2, layers=3,
                              quant=quant)

@@ -54,7 +54,9 @@ def test_every_family_loads_its_bf16_experts(tmp_path, model_type):
 @pytest.mark.parametrize(("model_type", "quant", "method"), [("deepseek_v3", "fp8", "FP8"),
                                                              ("minimax_m2", "fp8", "FP8"),
                                                              ("kimi_k2", "rawint4", "RAWINT4"),
-                                                             ("qwen3_moe", "gptq", "GPTQ_INT4")])
+                                                             ("qwen3_moe", "gptq", "GPTQ_INT4"),
+                                                             ("qwen3_moe", "nvfp4", "NVFP4"),
+                                                             ("minimax_m2", "mxfp8", "MXFP8")])
 def test_quantized_checkpoints_load_as_stored(tmp_path, model_type, quant, method):
     truth = write_checkpoint(tmp_path, model_type, hidden=H, intermediate=I, experts=E, quant=quant)
     spec = Checkpoint(tmp_path).spec

@@ -53,7 +53,7 @@ void panel_pair(tiles::Session& session, const uint8_t* act, int64_t rows, int64
                 int cols_a, int cols_b) {
     const size_t row_bytes = int8_row_bytes(k);
     const int64_t g = lay.g;
-    const int64_t step = std::min<int64_t>(g, 64), blocks_per_group = g / kSumBlock;
+    const int64_t step = std::min<int64_t>(g, 64), blocks_per_group = g / 32;
     alignas(64) int32_t c[4][16][16];
     alignas(64) float acc[2][16][16];
     const uint8_t* panel[2] = {pa, pb ? pb : pa};

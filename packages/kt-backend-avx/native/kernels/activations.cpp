@@ -71,10 +71,13 @@ inline float hsum(VF v) {
 }  // namespace
 
 kt_status quantize_int8_rows(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int64_t stride, void* out,
-                             bool offset) {
+                             bool offset, int64_t sum_block) {
+    if (sum_block != 16 && sum_block != 32) return fail(KT_ERROR_INVALID_ARGUMENT, "internal: int8 activation rows sum blocks of 16 or 32 elements, asked for %lld", (long long)sum_block);
     if (!is_float(dtype)) return fail(KT_ERROR_INVALID_ARGUMENT, "activations must be floating point, got %s", dtype_name(dtype));
-    const size_t row_bytes = int8_row_bytes(k), elem = dtype == KT_DTYPE_F64 ? 8 : dtype == KT_DTYPE_F32 ? 4 : 2;
-    const int64_t code_bytes = int8_codes_bytes(k), blocks = int8_blocks(k);
+    const bool small = sum_block == 16;
+    const size_t row_bytes = small ? int8_row_bytes<16>(k) : int8_row_bytes<32>(k);
+    const size_t elem = dtype == KT_DTYPE_F64 ? 8 : dtype == KT_DTYPE_F32 ? 4 : 2;
+    const int64_t code_bytes = int8_codes_bytes(k), blocks = small ? int8_blocks<16>(k) : int8_blocks<32>(k);
     alignas(64) float tmp[512];
     for (int64_t r = 0; r < rows; ++r) {
         auto* base = static_cast<uint8_t*>(out) + size_t(r) * row_bytes;
@@ -98,7 +101,7 @@ kt_status quantize_int8_rows(const void* in, kt_dtype dtype, int64_t rows, int64
         const float inv = amax > 0.0f && std::isfinite(amax) ? 127.0f / amax : 0.0f;
         std::memset(hi, 0, size_t(2 * code_bytes));
         std::memset(sums_hi, 0, size_t(2 * blocks) * 4);
-        // Pass 2: both code planes and their block sums, a vector at a time (16 | 512, so a
+        // Pass 2: both code planes and their block sums, a vector at a time (16, 32 | 512, so a
         // sum block never straddles chunks; the row's last chunk ends at a 32 boundary
         // or at k, where the zero-padded tail contributes nothing).
         const VF vinv = vset1(inv), lo_hi = vset1(127.0f), lo_lo = vset1(-127.0f);
@@ -109,9 +112,9 @@ kt_status quantize_int8_rows(const void* in, kt_dtype dtype, int64_t rows, int64
             load_row(m, r, tmp);
             const int64_t padded = round_up(n, 32);
             for (int64_t c = n; c < padded; ++c) tmp[c] = 0.0f;
-            for (int64_t b = 0; b < padded; b += kSumBlock) {
+            for (int64_t b = 0; b < padded; b += sum_block) {
                 VF sum_h = vzero(), sum_l = vzero();
-                for (int64_t c = b; c < b + kSumBlock; c += kLanes) {
+                for (int64_t c = b; c < b + sum_block; c += kLanes) {
                     const VF v = vmul(vload(tmp + c), vinv);
                     const VF qh = vmax(lo_lo, vmin(lo_hi, vroundint(v)));
                     const VF ql = vmax(l_lo, vmin(l_hi, vroundint(vmul(vsub(v, qh), s128))));
@@ -120,8 +123,8 @@ kt_status quantize_int8_rows(const void* in, kt_dtype dtype, int64_t rows, int64
                     sum_h = vadd(sum_h, qh);
                     sum_l = vadd(sum_l, ql);
                 }
-                sums_hi[(c0 + b) / kSumBlock] = int32_t(hsum(sum_h));
-                sums_lo[(c0 + b) / kSumBlock] = int32_t(hsum(sum_l));
+                sums_hi[(c0 + b) / sum_block] = int32_t(hsum(sum_h));
+                sums_lo[(c0 + b) / sum_block] = int32_t(hsum(sum_l));
             }
         }
         if (offset)

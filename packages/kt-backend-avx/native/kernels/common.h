@@ -295,25 +295,30 @@ kt_status quantize_split_bf16_rows(const void* in, kt_dtype dtype, int64_t rows,
 // shapes (measured); the second pass brings that to ~1e-3 for one more vpdpbusd per weight
 // chunk, while every weight byte is still read once. Layout: header {scale}, hi codes and lo
 // codes (each padded to 64 with zeros; stored + 128 when `offset`: VNNI's unsigned operand),
-// then int32 sums of hi and of lo codes per kSumBlock elements (the INT4-family kernels take
-// the group's sum: its zero point, or MXFP4's / NVFP4's +12 offset; NVFP4's groups are 16).
+// then int32 sums of hi and of lo codes per kSum elements (the INT4-family kernels take a
+// group's sum: its zero point, or MXFP4's / NVFP4's +12 offset). kSum is 32, or 16 for NVFP4's
+// 16-k groups (more sums cost the quantizer a horizontal add per 16 elements: 5-10 % of
+// INT4 prefill, so only NVFP4 pays it).
 struct Int8Header {
     float scale;
     int32_t reserved[15];
 };
-constexpr int64_t kSumBlock = 16;
 inline int64_t int8_codes_bytes(int64_t k) { return round_up(k, 64); }
-inline int64_t int8_blocks(int64_t k) { return round_up(k, 32) / kSumBlock; }
+template <int64_t kSum = 32>
+inline int64_t int8_blocks(int64_t k) { return round_up(k, 32) / kSum; }
+template <int64_t kSum = 32>
 inline size_t int8_row_bytes(int64_t k) {
-    return sizeof(Int8Header) + 2 * size_t(int8_codes_bytes(k)) + 2 * size_t(int8_blocks(k)) * 4;
+    return sizeof(Int8Header) + 2 * size_t(int8_codes_bytes(k)) + 2 * size_t(int8_blocks<kSum>(k)) * 4;
 }
 inline const uint8_t* int8_hi(const uint8_t* row) { return row + sizeof(Int8Header); }
 inline const uint8_t* int8_lo(const uint8_t* row, int64_t k) { return row + sizeof(Int8Header) + int8_codes_bytes(k); }
+template <int64_t kSum = 32>
 inline const int32_t* int8_sums_hi(const uint8_t* row, int64_t k) {
     return reinterpret_cast<const int32_t*>(row + sizeof(Int8Header) + 2 * int8_codes_bytes(k));
 }
-inline const int32_t* int8_sums_lo(const uint8_t* row, int64_t k) { return int8_sums_hi(row, k) + int8_blocks(k); }
+template <int64_t kSum = 32>
+inline const int32_t* int8_sums_lo(const uint8_t* row, int64_t k) { return int8_sums_hi<kSum>(row, k) + int8_blocks<kSum>(k); }
 kt_status quantize_int8_rows(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int64_t stride, void* out,
-                             bool offset);
+                             bool offset, int64_t sum_block = 32);
 
 }  // namespace KT_TARGET_NAMESPACE

@@ -480,6 +480,8 @@ inline Int4Layout layout_of(const kt_moe_config* c, Kind kind) {
 }
 // MXFP4 and NVFP4 hold E2M1 codes: looked up as u = 2 value + 12.
 constexpr bool is_e2m1(Kind kind) { return kind == Kind::kMx || kind == Kind::kNv; }
+// The activation rows' sum block (common.h): NVFP4's groups are 16 k, the others' 32 or more.
+constexpr int64_t sum_block(Kind kind) { return kind == Kind::kNv ? 16 : 32; }
 
 // Registers: per row and panel two int accumulators (activation planes) and one float
 // accumulator, plus two unpacked weight vectors per panel and four broadcasts, within 32
@@ -494,10 +496,12 @@ constexpr int kMrFused = 1, kMrPlain = 1;
 constexpr int64_t kInOrderRows = 2;
 
 // kStream: decode-sized tiles also prefetch their own stream (prefetch_decode_stream, common.h).
-// kMx: codes are E2M1, looked up as u = 2 value + 12 (mxfp4::kDoubledPlusOffset).
-template <int MR, bool kFused, bool kTwoPass, bool kMx, bool kAhead = false, bool kStream = false>
+// MXFP4 and NVFP4 codes are E2M1, looked up as u = 2 value + 12 (mxfp4::kDoubledPlusOffset).
+template <int MR, bool kFused, bool kTwoPass, Kind kKind, bool kAhead = false, bool kStream = false>
 void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, Int4Layout lay, const uint8_t* pa, const uint8_t* pb,
                   float* out, int64_t ldo, int cols, PrefetchAhead ahead = {}) {
+    constexpr bool kMx = is_e2m1(kKind);
+    constexpr int64_t kSum = sum_block(kKind);
     constexpr int F = kFused ? 2 : 1;
     // Each 64-byte chunk holds two codes per lane and k-quad (low and high nibble): two vpdpbusd
     // per accumulator, one waiting on the other. With few accumulators (decode: one row, one
@@ -519,7 +523,7 @@ void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, Int4Layout lay,
             for (int v = 0; v < kVecsPerPanel; ++v) acc[m][f][v] = vzero();
     const uint8_t* panel[2] = {pa, pb};
     const VI low4 = vset1i(0x0f0f0f0f);
-    const int64_t groups = k / g, blocks_per_group = g / kSumBlock;
+    const int64_t groups = k / g, blocks_per_group = g / kSum;
     for (int64_t grp = 0; grp < groups; ++grp) {
         VI hi[MR][F][kVecsPerPanel], lo[MR][F][kVecsPerPanel], hi1[MR][F][kVecsPerPanel], lo1[MR][F][kVecsPerPanel];
         for (int m = 0; m < MR; ++m)
@@ -578,8 +582,8 @@ void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, Int4Layout lay,
             const uint8_t* row = x + m * row_bytes;
             int32_t sum_hi = 0, sum_lo = 0;
             for (int64_t b = 0; b < blocks_per_group; ++b) {
-                sum_hi += int8_sums_hi(row, k)[grp * blocks_per_group + b];
-                sum_lo += int8_sums_lo(row, k)[grp * blocks_per_group + b];
+                sum_hi += int8_sums_hi<kSum>(row, k)[grp * blocks_per_group + b];
+                sum_lo += int8_sums_lo<kSum>(row, k)[grp * blocks_per_group + b];
             }
             asums[m] = int4_raw_sum(sum_hi, sum_lo, kTwoPass);
         }
@@ -620,43 +624,44 @@ void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, Int4Layout lay,
         }
 }
 
-template <int MR, bool kFused, bool kTwoPass, bool kMx>
+template <int MR, bool kFused, bool kTwoPass, Kind kKind>
 void rows_kernel(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, Int4Layout lay, const uint8_t* pa,
                  const uint8_t* pb, float* out, int64_t ldo, int cols, const uint8_t* next, size_t next_bytes) {
     if (rows <= kInOrderRows) {   // decode: prefetched (kStream), in the row blocks the path below forms
         constexpr int kDecodeMr = MR < int(kInOrderRows) ? MR : int(kInOrderRows);
         for_row_blocks<kDecodeMr>(rows, [=]<int M>(int64_t r) {
-            panel_kernel<M, kFused, kTwoPass, kMx, false, true>(x + r * row_bytes, row_bytes, k, lay, pa, pb, out + r * ldo, ldo, cols);
+            panel_kernel<M, kFused, kTwoPass, kKind, false, true>(x + r * row_bytes, row_bytes, k, lay, pa, pb, out + r * ldo, ldo, cols);
         });
         return;
     }
     for_row_blocks<MR>(rows, [=]<int M>(int64_t r) {
         if constexpr (M == MR)
             if (r == 0 && next_bytes) {
-                panel_kernel<M, kFused, kTwoPass, kMx, true>(x, row_bytes, k, lay, pa, pb, out, ldo, cols,
+                panel_kernel<M, kFused, kTwoPass, kKind, true>(x, row_bytes, k, lay, pa, pb, out, ldo, cols,
                                                         PrefetchAhead(next, next_bytes, k / 8));
                 return;
             }
-        panel_kernel<M, kFused, kTwoPass, kMx>(x + r * row_bytes, row_bytes, k, lay, pa, pb, out + r * ldo, ldo, cols);
+        panel_kernel<M, kFused, kTwoPass, kKind>(x + r * row_bytes, row_bytes, k, lay, pa, pb, out + r * ldo, ldo, cols);
     });
 }
 
 // The activation passes a layer asked for: one with KT_QUANT_FAST_ACTIVATIONS, else two.
-template <bool kFused, int MR, bool kMx>
+template <bool kFused, int MR, Kind kKind>
 void run_rows(const kt_moe_config* c, const void* act, int64_t k, Int4Layout lay, int64_t rows, const uint8_t* pa,
               const uint8_t* pb, float* out, int64_t ldo, int cols, const uint8_t* next = nullptr, size_t next_bytes = 0) {
     const auto* x = static_cast<const uint8_t*>(act);
     // The first row block fetches `next` (the following panel or pair) into L2: PrefetchAhead.
     if (rows <= MR) next_bytes = 0;   // one row block: nothing to overlap with the fetch
     if (one_activation_pass(c)) {
-        rows_kernel<MR, kFused, false, kMx>(x, int8_row_bytes(k), rows, k, lay, pa, pb, out, ldo, cols, next, next_bytes);
+        rows_kernel<MR, kFused, false, kKind>(x, int8_row_bytes<sum_block(kKind)>(k), rows, k, lay, pa, pb, out, ldo, cols, next, next_bytes);
     } else {
-        rows_kernel<MR, kFused, true, kMx>(x, int8_row_bytes(k), rows, k, lay, pa, pb, out, ldo, cols, next, next_bytes);
+        rows_kernel<MR, kFused, true, kKind>(x, int8_row_bytes<sum_block(kKind)>(k), rows, k, lay, pa, pb, out, ldo, cols, next, next_bytes);
     }
 }
 
+template <Kind kKind>
 kt_status quantize(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int64_t stride, void* out) {
-    return quantize_int8_rows(in, dtype, rows, k, stride, out, false);
+    return quantize_int8_rows(in, dtype, rows, k, stride, out, false, sum_block(kKind));
 }
 
 template <Kind kKind>
@@ -666,7 +671,6 @@ template <Kind kKind>
 kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                        float* out, int64_t ldo) {
     const GateScope activation(c);   // the layer's gated activation, for the epilogues below
-    constexpr bool kMx = is_e2m1(kKind);
     const Int4Layout lay = layout_of(c, kKind);
     if (const kt_status st = check_tile(kind_name(kKind), "gate/up", n0, n1, c->intermediate)) return st;
     const ExpertPanels l = lay.expert(c);
@@ -674,12 +678,12 @@ kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* a
     if (rows <= kInOrderRows) {
         gate_up_in_order<kInOrderRows>(rows, base + l.gate(n0 / kPanel), base + l.up(n0 / kPanel), l.gate(1), n0, n1, out, ldo,
                          [&](const uint8_t* panel, float* o) {
-                             run_rows<false, kMrPlain, kMx>(c, act, c->hidden, lay, rows, panel, nullptr, o, kPanel, kPanel);
+                             run_rows<false, kMrPlain, kKind>(c, act, c->hidden, lay, rows, panel, nullptr, o, kPanel, kPanel);
                          });
         return KT_OK;
     }
     for (int64_t n = n0; n < n1; n += kPanel)
-        run_rows<true, kMrFused, kMx>(c, act, c->hidden, lay, rows, base + l.gate(n / kPanel), base + l.up(n / kPanel), out + n,
+        run_rows<true, kMrFused, kKind>(c, act, c->hidden, lay, rows, base + l.gate(n / kPanel), base + l.up(n / kPanel), out + n,
                                  ldo, int(std::min<int64_t>(kPanel, n1 - n)), base + l.gate(n / kPanel + 1),
                                  n + kPanel < n1 ? 2 * l.gate_up_panel : 0);
     return KT_OK;
@@ -688,13 +692,12 @@ kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* a
 template <Kind kKind>
 kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                     float* out, int64_t ldo) {
-    constexpr bool kMx = is_e2m1(kKind);
     const Int4Layout lay = layout_of(c, kKind);
     if (const kt_status st = check_tile(kind_name(kKind), "down", n0, n1, c->hidden)) return st;
     const ExpertPanels l = lay.expert(c);
     const auto* base = static_cast<const uint8_t*>(packed);
     for (int64_t n = n0; n < n1; n += kPanel)
-        run_rows<false, kMrPlain, kMx>(c, act, c->intermediate, lay, rows, base + l.down(n / kPanel), nullptr, out + n, ldo,
+        run_rows<false, kMrPlain, kKind>(c, act, c->intermediate, lay, rows, base + l.down(n / kPanel), nullptr, out + n, ldo,
                                   int(std::min<int64_t>(kPanel, n1 - n)), base + l.down(n / kPanel + 1),
                                   n + kPanel < n1 ? l.down_panel : 0);
     return KT_OK;
@@ -702,7 +705,7 @@ kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act,
 
 template <Kind kKind>
 kt_method_kernels int4_table(const char* method, const char* kernel_id, const char* layout_id, PackFn pack) {
-    return method_table(method, layout_id, kernel_id, packed_bytes<kKind>, pack, int8_row_bytes, quantize,
+    return method_table(method, layout_id, kernel_id, packed_bytes<kKind>, pack, int8_row_bytes<sum_block(kKind)>, quantize<kKind>,
                         gate_up_tile<kKind>, down_tile<kKind>);
 }
 

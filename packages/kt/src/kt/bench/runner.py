@@ -37,7 +37,8 @@ SCHEMA_VERSION = 2
 # first this host measures (kt_core.probes.compute_peak_kinds).
 ROOF_KINDS = {"FP32": ("f32_fma",), "BF16": ("bf16_dot", "f32_fma"), "FP8": ("bf16_dot", "f32_fma"),
               "FP8_PERCHANNEL": ("bf16_dot", "f32_fma"), "INT8": ("int8_dot",), "INT4": ("int8_dot",),
-              "RAWINT4": ("int8_dot",), "MXFP4": ("int8_dot",), "LLAMAFILE": ("int8_dot",)}
+              "RAWINT4": ("int8_dot",), "MXFP4": ("int8_dot",), "NVFP4": ("int8_dot",),
+              "MXFP8": ("bf16_dot", "f32_fma"), "LLAMAFILE": ("int8_dot",)}
 
 
 class MemoryRefusal(KTError):
@@ -78,8 +79,9 @@ def _expert_weights(rng, method: str, hidden: int, intermediate: int):
     gate = (rng.standard_normal((intermediate, hidden), dtype=np.float32) / np.float32(np.sqrt(hidden)))
     up = (rng.standard_normal((intermediate, hidden), dtype=np.float32) / np.float32(np.sqrt(hidden)))
     down = (rng.standard_normal((hidden, intermediate), dtype=np.float32) / np.float32(np.sqrt(intermediate)))
-    g, u, d, scales = quantize.checkpoint_inputs(method, gate[None], up[None], down[None])
-    return g[0], u[0], d[0], None if scales is None else tuple(s[0] for s in scales)
+    g, u, d, scales, zeros = quantize.checkpoint_arrays(method, gate[None], up[None], down[None])
+    first = lambda parts: None if parts is None else tuple(p[0] for p in parts)  # noqa: E731
+    return g[0], u[0], d[0], first(scales), first(zeros)
 
 
 def _time_calls(fn: Callable[[int], None], warmup: int, repeats: int) -> list[float]:
@@ -116,8 +118,8 @@ def measure_peak(method: str, backend: str | None, rng, warmup: int, repeats: in
     layer = MoE(num_experts=experts, top_k=experts, hidden_size=hidden, intermediate_size=inter, method=method,
                 max_tokens=tokens, backend=backend, fast_activations=fast_activations)
     for e in range(experts):
-        g, u, d, scales = _expert_weights(rng, method, hidden, inter)
-        layer.load_expert(e, g, u, d, scales)
+        g, u, d, scales, zeros = _expert_weights(rng, method, hidden, inter)
+        layer.load_expert(e, g, u, d, scales, zeros)
     x = rng.standard_normal((tokens, hidden)).astype(np.float32)
     ids = np.tile(np.arange(experts, dtype=np.int64), (tokens, 1))
     w = np.full((tokens, experts), 1.0 / experts, dtype=np.float32)
@@ -212,12 +214,12 @@ def _measure(cfg: BenchConfig, result: dict, layers: dict, rng, shared: Path | N
                 if shared:
                     from .kt_kernel import moe_data
 
-                    g, u, d, scales = moe_data.kt_load_args(shared, method)
-                    layer.load(g, u, d, scales=scales)
+                    g, u, d, scales, zeros = moe_data.kt_load_args(shared, method)
+                    layer.load(g, u, d, scales=scales, zeros=zeros)
                 else:
                     for e in range(shape.experts):
-                        g, u, d, scales = _expert_weights(rng, method, shape.hidden, shape.intermediate)
-                        layer.load_expert(e, g, u, d, scales)
+                        g, u, d, scales, zeros = _expert_weights(rng, method, shape.hidden, shape.intermediate)
+                        layer.load_expert(e, g, u, d, scales, zeros)
                 result["layers"][method] = {"backend": layer.backend, "kernel_id": layer.kernel_id,
                                             "layout_id": layer.layout_id, "expert_bytes": layer.expert_bytes,
                                             "fast_activations": layer.fast_activations,

@@ -15,8 +15,8 @@ from .registry import Family, family_for
 class Quantization:
     """How the checkpoint stores expert weights: `method` is the kt method that reads them
     without conversion (BF16 for plain float checkpoints)."""
-    method: str                   # BF16, FP8, RAWINT4, GPTQ_INT4
-    group_size: int = 0           # RAWINT4, GPTQ_INT4: elements per scale group
+    method: str                   # BF16, FP8, RAWINT4, GPTQ_INT4, NVFP4, MXFP8
+    group_size: int = 0           # RAWINT4, GPTQ_INT4, NVFP4, MXFP8: elements per scale group
     block: tuple[int, int] = (0, 0)   # FP8: scale block (rows, cols)
 
 
@@ -85,6 +85,17 @@ def _quantization(cfg: dict) -> Quantization:
     if not isinstance(q, dict):
         raise KTError(f"config.json quantization_config should be a JSON object, found {q!r}")
     kind = q.get("quant_method")
+    if kind == "fp8" and q.get("scale_fmt") == "ue8m0" and list(q.get("weight_block_size") or ()) == [1, 32]:
+        return Quantization("MXFP8", group_size=32)   # E4M3 with an E8M0 exponent per 32 k (OCP MX)
+    if kind == "mxfp8":
+        return Quantization("MXFP8", group_size=32)
+    if kind == "modelopt":
+        algo = q.get("quant_algo") or (q.get("quantization") or {}).get("quant_algo")
+        group = q.get("group_size") or (q.get("quantization") or {}).get("group_size") or 16
+        if algo != "NVFP4" or group != 16:
+            raise KTError(f"ModelOpt checkpoint with quant_algo {algo!r}, group_size {group!r}; kt reads NVFP4 "
+                          "(E2M1 weights, E4M3 scales per 16, a per-tensor global scale)")
+        return Quantization("NVFP4", group_size=16)
     if kind == "fp8":
         block = q.get("weight_block_size") or (128, 128)
         if not isinstance(block, list | tuple) or tuple(block) != (128, 128):
@@ -111,7 +122,8 @@ def _quantization(cfg: dict) -> Quantization:
             raise KTError(f"GPTQ group_size {group!r}: kt's INT4 kernels take groups of 32, 64 or 128")
         return Quantization("GPTQ_INT4", group_size=group)
     raise KTError(f"checkpoint quantization {kind!r} is not one kt reads; supported: none (bf16/fp16/fp32), "
-                  "fp8 (128x128 blocks), compressed-tensors int4, gptq (4-bit, symmetric)")
+                  "fp8 (128x128 blocks, or MXFP8: [1, 32] blocks with ue8m0 scales), mxfp8, compressed-tensors int4, "
+                  "gptq (4-bit, symmetric), modelopt NVFP4")
 
 
 def spec_from_config(cfg: dict) -> ModelSpec:

@@ -1,6 +1,7 @@
 """Tiny synthetic Hugging Face checkpoints of every registered MoE family, for tests and
 benchmarks: a real config.json layout (the family's own keys), random expert weights in the
-family's tensor names, optionally FP8-block, compressed-tensors INT4 or GPTQ INT4 quantized, sharded
+family's tensor names, optionally FP8-block, compressed-tensors INT4, GPTQ INT4, ModelOpt NVFP4 or
+MXFP8 quantized, sharded
 with an index like the real ones, plus a few non-expert tensors the loader must ignore.
 
     experts = write_checkpoint(tmp_path, "qwen3_moe", quant="fp8")
@@ -46,6 +47,12 @@ def make_config(model_type: str, *, hidden: int, intermediate: int, experts: int
     elif quant == "gptq":
         cfg["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": GPTQ_GROUP, "sym": True,
                                       "desc_act": False, "checkpoint_format": "gptq"}
+    elif quant == "nvfp4":   # what ModelOpt's hf_quant_config becomes in a config.json
+        cfg["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
+                                      "exclude_modules": ["lm_head"]}
+    elif quant == "mxfp8":
+        cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [1, 32],
+                                      "scale_fmt": "ue8m0", "activation_scheme": "dynamic"}
     return cfg
 
 
@@ -76,6 +83,20 @@ def _expert_tensors(fam, layer: int, gate, up, down, quant: str | None, truth: b
                 out[f"{base}.weight_scale_inv"] = torch.from_numpy(scale_inv)
                 if truth:
                     deq[e] = Q.dequantize_fp8_block(codes, scale_inv)
+            elif quant == "nvfp4":   # ModelOpt: E2M1 pairs, E4M3 block scales, the f32 global scale
+                blocks, scale, glob = Q.quantize_nvfp4(stack[e])
+                out[f"{base}.weight"] = torch.from_numpy(blocks)
+                out[f"{base}.weight_scale"] = torch.from_numpy(scale).view(torch.float8_e4m3fn)
+                out[f"{base}.weight_scale_2"] = torch.tensor(float(glob.reshape(())), dtype=torch.float32)
+                out[f"{base}.input_scale"] = torch.tensor(1.0, dtype=torch.float32)   # activations: unused by kt
+                if truth:
+                    deq[e] = Q.dequantize_nvfp4(blocks, scale, glob)
+            elif quant == "mxfp8":
+                codes, exps = Q.quantize_mxfp8(stack[e])
+                out[f"{base}.weight"] = torch.from_numpy(codes).view(torch.float8_e4m3fn)
+                out[f"{base}.weight_scale_inv"] = torch.from_numpy(exps)
+                if truth:
+                    deq[e] = Q.dequantize_mxfp8(codes, exps)
             elif quant == "gptq":   # AutoGPTQ's tensors; fp16 scales, qzeros of a symmetric model (8, stored 7)
                 qweight, scale = Q.pack_gptq_int4(stack[e], GPTQ_GROUP)
                 scale = scale.astype(np.float16)

@@ -1,7 +1,7 @@
 """One layer's routed experts as a checkpoint stores them, in the form MoE.load_experts takes.
 
 `checkpoint_experts` reads the checkpoint's own format (float, FP8 blocks, compressed-tensors
-INT4, symmetric GPTQ INT4) per the model family's registry entry — per-expert tensors or fused [E, H, 2I] ones —
+INT4, symmetric GPTQ INT4, ModelOpt NVFP4, MXFP8) per the model family's registry entry — per-expert tensors or fused [E, H, 2I] ones —
 checking every tensor's shape and dtype; `float_experts` gives floats for the methods that
 quantize (FP8 blocks are dequantized exactly as docs/formats.md defines them).
 """
@@ -46,7 +46,7 @@ def checkpoint_experts(ckpt: Checkpoint, layer: int, expert: int) -> tuple:
         if quant.method != "BF16":
             raise WeightsError(f"fused expert tensors are read from float checkpoints; this one is {quant.method}")
         return (*_fused(ckpt, layer, expert), None, None)
-    values, scales = [], []
+    values, scales, zeros = [], [], []
     for proj, (n, k) in projection_shapes(ckpt.spec).items():
         base = fam.expert_tensor(layer, expert, proj)
         if quant.method == "BF16":
@@ -58,6 +58,26 @@ def checkpoint_experts(ckpt: Checkpoint, layer: int, expert: int) -> tuple:
             scales.append(expect_tensor(ckpt.tensor(f"{base}.weight_scale_inv"), f"{base}.weight_scale_inv",
                                         (math.ceil(n / FP8_BLOCK), math.ceil(k / FP8_BLOCK)),
                                         (torch.float32, torch.bfloat16), "one scale per 128x128 block"))
+        elif quant.method == "NVFP4":   # weight_scale_2, the tensor's global scale, is NVFP4's second array
+            if k % 16:
+                raise WeightsError(f"{base}: K = {k} must be a multiple of 16, NVFP4's scale block")
+            values.append(expect_tensor(ckpt.tensor(f"{base}.weight"), f"{base}.weight", (n, k // 2), (torch.uint8,),
+                                        "two E2M1 codes per byte"))
+            scales.append(expect_tensor(ckpt.tensor(f"{base}.weight_scale"), f"{base}.weight_scale", (n, k // 16),
+                                        (torch.float8_e4m3fn, torch.uint8), "E4M3, one per 16 elements"))
+            glob = ckpt.tensor(f"{base}.weight_scale_2")
+            if glob.numel() != 1 or glob.dtype != torch.float32:
+                raise WeightsError(f"{base}.weight_scale_2 should be one float32 (the tensor's global scale), found "
+                                   f"{glob.dtype} {tuple(glob.shape)}")
+            zeros.append(glob.reshape(1, 1))
+        elif quant.method == "MXFP8":
+            if k % 32:
+                raise WeightsError(f"{base}: K = {k} must be a multiple of 32, MXFP8's scale block")
+            values.append(expect_tensor(ckpt.tensor(f"{base}.weight"), f"{base}.weight", (n, k),
+                                        (torch.float8_e4m3fn,), "FP8 E4M3 weights"))
+            e8m0 = tuple(t for t in (getattr(torch, "float8_e8m0fnu", None),) if t is not None)
+            scales.append(expect_tensor(ckpt.tensor(f"{base}.weight_scale_inv"), f"{base}.weight_scale_inv",
+                                        (n, k // 32), (torch.uint8, *e8m0), "E8M0 exponents, one per 32 elements"))
         elif quant.method == "GPTQ_INT4":   # K-major qweight/scales; sym=true, so qzeros are implied
             g = quant.group_size
             if k % 8 or k % g:
@@ -74,7 +94,7 @@ def checkpoint_experts(ckpt: Checkpoint, layer: int, expert: int) -> tuple:
                                         (torch.int32,), "8 INT4 codes per int32"))
             scales.append(expect_tensor(ckpt.tensor(f"{base}.weight_scale"), f"{base}.weight_scale", (n, k // g),
                                         (torch.bfloat16, torch.float32), f"one scale per {g} elements"))
-    return (*values, tuple(scales) if scales else None, None)
+    return (*values, tuple(scales) if scales else None, tuple(zeros) if zeros else None)
 
 
 def dequantize_fp8(values, scale_inv):

@@ -3,7 +3,8 @@
     source = open_weights(path)          # Checkpoint (HF folder) or ConvertedFolder
     load_layer(moe, source, layer=3, physical_to_logical_map=p2l)
 
-Checkpoint formats load as they are stored (BF16 from float checkpoints, FP8, RAWINT4);
+Checkpoint formats load as they are stored (BF16 from float checkpoints, FP8, RAWINT4, GPTQ_INT4,
+NVFP4, MXFP8);
 INT8/INT4 come from a converted folder, or are quantized at load from a float or FP8
 checkpoint when asked (`quantize_at_load`, kt-kernel's cpu_save-style path). Experts are
 packed in parallel batches, each by a thread of the NUMA node that will serve it.
@@ -26,7 +27,8 @@ from .readahead import readahead
 # per-expert copies some formats need (fused tensors, FP8 dequantization) stay small.
 BATCH = 32
 # What each checkpoint format can be loaded as without quantizing.
-AS_STORED = {"BF16": ("BF16", "FP32"), "FP8": ("FP8",), "RAWINT4": ("RAWINT4",), "GPTQ_INT4": ("GPTQ_INT4",)}
+AS_STORED = {"BF16": ("BF16", "FP32"), "FP8": ("FP8",), "RAWINT4": ("RAWINT4",), "GPTQ_INT4": ("GPTQ_INT4",),
+             "NVFP4": ("NVFP4",), "MXFP8": ("MXFP8",)}
 
 
 def open_weights(path: str | Path) -> Checkpoint | ConvertedFolder | GGUFModel:

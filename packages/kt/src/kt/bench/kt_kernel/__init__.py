@@ -17,7 +17,7 @@ HERE = Path(__file__).resolve().parent
 RUNNER = HERE / "kt_kernel_runner.py"
 # kt-kernel's names for kt's methods.
 KT_KERNEL_METHOD = {"BF16": "BF16", "INT8": "AMXINT8", "INT4": "AMXINT4", "RAWINT4": "RAWINT4", "FP8": "FP8",
-                    "MXFP4": "MXFP4"}
+                    "MXFP4": "MXFP4", "NVFP4": "NVFP4", "MXFP8": "MXFP8"}
 
 from . import moe_data  # noqa: E402  (the runner, a script, imports it by path)
 

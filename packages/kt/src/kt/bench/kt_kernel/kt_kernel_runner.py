@@ -41,9 +41,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import moe_data  # noqa: E402
 
-METHODS = ("BF16", "AMXINT8", "AMXINT4", "RAWINT4", "FP8", "MXFP4")
+METHODS = ("BF16", "AMXINT8", "AMXINT4", "RAWINT4", "FP8", "MXFP4", "NVFP4", "MXFP8")
 MAX_LEN_STEP = 256
-FORMAT = {"BF16": "BF16", "AMXINT8": "INT8", "AMXINT4": "INT4", "RAWINT4": "RAWINT4", "FP8": "FP8", "MXFP4": "MXFP4"}
+FORMAT = {"BF16": "BF16", "AMXINT8": "INT8", "AMXINT4": "INT4", "RAWINT4": "RAWINT4", "FP8": "FP8", "MXFP4": "MXFP4",
+          "NVFP4": "NVFP4", "MXFP8": "MXFP8"}
 
 
 def make_pool(threads: int):
@@ -125,6 +126,25 @@ def build(method: str, cpu, shape: moe_data.Shape, data: Path, max_len: int, kee
         cfg.quant_config.group_size = moe_data.MXFP4_BLOCK
         cfg.quant_config.zero_point = False
         cls = kt_amx._select_mxfp4_backend()  # the wrapper's own choice
+    elif method == "NVFP4":
+        blocks, scales, glob = moe_data.load_nvfp4(data)
+        cfg.gate_projs, cfg.up_projs, cfg.down_projs = per_expert(blocks)
+        # The wrapper's loader folds e4m3(scale) * weight_scale_2 into one bf16 scale per 16 k.
+        bf16 = {p: np.stack([moe_data.nvfp4_as_bf16_scales(scales[p][e], glob[p][e]) for e in range(E)])
+                for p in moe_data.PROJS}
+        cfg.gate_scales, cfg.up_scales, cfg.down_scales = per_expert(bf16)
+        cfg.quant_config.bits = 4
+        cfg.quant_config.group_size = moe_data.NVFP4_BLOCK
+        cfg.quant_config.zero_point = False
+        cls = kt_amx.AVX2MXFP4_MOE   # the wrapper insists on it: only that kernel has the group-16 path
+    elif method == "MXFP8":
+        codes, scales = moe_data.load_mxfp8(data)
+        cfg.gate_projs, cfg.up_projs, cfg.down_projs = per_expert(codes)
+        cfg.gate_scales, cfg.up_scales, cfg.down_scales = per_expert(scales)   # uint8 E8M0, as the wrapper passes
+        cfg.quant_config.bits = 8
+        cfg.quant_config.group_size = moe_data.MXFP8_BLOCK
+        cfg.quant_config.zero_point = False
+        cls = kt_amx._select_mxfp8_backend()  # the wrapper's own choice
     else:
         raise ValueError(f"unknown method {method}; expected one of {', '.join(METHODS)}")
     if cls is None:

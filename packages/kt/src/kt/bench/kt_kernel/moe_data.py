@@ -37,7 +37,9 @@ import torch
 FORMAT_VERSION = 1
 RAWINT4_GROUP = 32
 MXFP4_BLOCK = 32
-CHECKPOINT_FORMATS = ("RAWINT4", "FP8", "MXFP4")   # read as stored; the rest are quantized at load
+NVFP4_BLOCK = 16
+MXFP8_BLOCK = 32
+CHECKPOINT_FORMATS = ("RAWINT4", "FP8", "MXFP4", "NVFP4", "MXFP8")   # read as stored; the rest are quantized at load
 FP8_BLOCK = 128
 FP8_MAX = 448.0
 PROJS = ("gate", "up", "down")
@@ -88,6 +90,10 @@ def format_bytes_per_expert(shape: Shape, fmt: str) -> int:
             total += n * k + math.ceil(n / FP8_BLOCK) * math.ceil(k / FP8_BLOCK) * 4
         elif fmt == "MXFP4":
             total += n * k // 2 + n * (k // MXFP4_BLOCK)
+        elif fmt == "NVFP4":
+            total += n * k // 2 + n * (k // NVFP4_BLOCK) + 4
+        elif fmt == "MXFP8":
+            total += n * k + n * (k // MXFP8_BLOCK)
         else:
             raise ValueError(f"unknown format {fmt!r}")
     return total
@@ -163,15 +169,57 @@ def pack_mxfp4(w: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     return quantize_mxfp4(w.float().numpy())
 
 
+def pack_nvfp4(w: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """NVFP4 as ModelOpt stores it (docs/formats.md): (uint8 [N, K/2] E2M1 codes, E4M3 bytes [N, K/16],
+    the f32 global scale as [1])."""
+    from kt_core.testing.quantize import quantize_nvfp4
+
+    blocks, scales, glob = quantize_nvfp4(w.float().numpy())
+    return blocks, scales, glob.reshape(1)
+
+
+def pack_mxfp8(w: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """MXFP8 as MiniMax-M3 stores it (docs/formats.md): (E4M3 bytes [N, K], uint8 E8M0 [N, K/32])."""
+    from kt_core.testing.quantize import quantize_mxfp8
+
+    return quantize_mxfp8(w.float().numpy())
+
+
 E2M1_VALUES = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
+
+
+def _e2m1(blocks: np.ndarray) -> np.ndarray:
+    b = np.asarray(blocks)
+    codes = np.empty((b.shape[0], b.shape[1] * 2), dtype=np.uint8)
+    codes[:, 0::2], codes[:, 1::2] = b & 0x0F, b >> 4
+    return E2M1_VALUES[codes]
+
+
+def decode_e4m3(codes: np.ndarray) -> np.ndarray:
+    return torch.from_numpy(np.ascontiguousarray(codes)).view(torch.float8_e4m3fn).to(torch.float64).numpy()
+
+
+def dequantize_nvfp4(blocks: np.ndarray, scales: np.ndarray, glob: np.ndarray) -> np.ndarray:
+    """float64 [N, K]: e2m1(code) * e4m3(scale) * global."""
+    s = decode_e4m3(scales) * float(np.asarray(glob, dtype=np.float64).reshape(()))
+    return _e2m1(blocks) * np.repeat(s, NVFP4_BLOCK, axis=1)
+
+
+def dequantize_mxfp8(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """float64 [N, K]: e4m3(code) * 2^(e - 127)."""
+    s = np.ldexp(1.0, np.asarray(scales, dtype=np.int64) - 127)
+    return decode_e4m3(codes) * np.repeat(s, MXFP8_BLOCK, axis=1)
+
+
+def nvfp4_as_bf16_scales(scales: np.ndarray, glob: np.ndarray) -> np.ndarray:
+    """kt-kernel's NVFP4 loader folds e4m3(scale) * global into bf16 (its bits here), lossily."""
+    folded = torch.from_numpy(decode_e4m3(scales).astype(np.float32) * np.float32(np.asarray(glob).reshape(())))
+    return folded.to(torch.bfloat16).view(torch.uint16).numpy()
 
 
 def dequantize_mxfp4(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
     """float64 [N, K]: e2m1(code) * 2^(e - 127)."""
-    b = np.asarray(blocks)
-    codes = np.empty((b.shape[0], b.shape[1] * 2), dtype=np.uint8)
-    codes[:, 0::2], codes[:, 1::2] = b & 0x0F, b >> 4
-    return E2M1_VALUES[codes] * np.repeat(np.ldexp(1.0, np.asarray(scales, dtype=np.int64) - 127), MXFP4_BLOCK, axis=1)
+    return _e2m1(blocks) * np.repeat(np.ldexp(1.0, np.asarray(scales, dtype=np.int64) - 127), MXFP4_BLOCK, axis=1)
 
 
 def e8m0_as_bf16_bits(scales: np.ndarray) -> np.ndarray:
@@ -247,6 +295,14 @@ def prepare(data: Path, shape: Shape, seed: int, formats: set[str], tokens: list
                 names = (f"mxfp4_{p}_blocks", f"mxfp4_{p}_scales")
                 specs = ((np.uint8, (E, n, k // 2)), (np.uint8, (E, n, k // MXFP4_BLOCK)))
                 packer = pack_mxfp4
+            elif fmt == "NVFP4":
+                names = (f"nvfp4_{p}_blocks", f"nvfp4_{p}_scales", f"nvfp4_{p}_global")
+                specs = ((np.uint8, (E, n, k // 2)), (np.uint8, (E, n, k // NVFP4_BLOCK)), (np.float32, (E, 1)))
+                packer = pack_nvfp4
+            elif fmt == "MXFP8":
+                names = (f"mxfp8_{p}", f"mxfp8_{p}_scales")
+                specs = ((np.uint8, (E, n, k)), (np.uint8, (E, n, k // MXFP8_BLOCK)))
+                packer = pack_mxfp8
             else:
                 raise ValueError(f"no checkpoint packer for {fmt}")
             outs = [np.lib.format.open_memmap(data / f"{nm}.tmp.npy", mode="w+", dtype=dt, shape=sh)
@@ -312,25 +368,41 @@ def load_mxfp4(data: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]
             {p: _map(data / f"mxfp4_{p}_scales.npy") for p in PROJS})
 
 
+def load_nvfp4(data: Path) -> tuple[dict[str, np.ndarray], ...]:
+    return tuple({p: _map(data / f"nvfp4_{p}_{part}.npy") for p in PROJS} for part in ("blocks", "scales", "global"))
+
+
+def load_mxfp8(data: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    return ({p: _map(data / f"mxfp8_{p}.npy") for p in PROJS}, {p: _map(data / f"mxfp8_{p}_scales.npy") for p in PROJS})
+
+
 def kt_load_args(data: Path, method: str):
-    """(gate, up, down, scales) for kt_core.MoE.load in the method's source format: the bytes
-    kt-kernel reads, as kt takes them."""
+    """(gate, up, down, scales, zeros) for kt_core.MoE.load in the method's source format: the
+    bytes kt-kernel reads, as kt takes them."""
     if method == "RAWINT4":
         packed, scale = load_rawint4(data)
         # docs/formats.md: int32 [N, K/8] words; the little-endian bytes are kt-kernel's uint8 [N, K/2]
         w = [torch.from_numpy(packed[p].view(np.int32)) for p in PROJS]
         s = tuple(as_bf16_tensor(scale[p]) for p in PROJS)
-        return (*w, s)
+        return (*w, s, None)
     if method == "FP8":
         codes, scale = load_fp8(data)
         w = [torch.from_numpy(codes[p]).view(torch.float8_e4m3fn) for p in PROJS]
         s = tuple(torch.from_numpy(scale[p]) for p in PROJS)
-        return (*w, s)
+        return (*w, s, None)
     if method == "MXFP4":   # the E8M0 bytes as GPT-OSS stores them (kt takes them as they are)
         blocks, scales = load_mxfp4(data)
-        return (*(blocks[p] for p in PROJS), tuple(scales[p] for p in PROJS))
+        return (*(blocks[p] for p in PROJS), tuple(scales[p] for p in PROJS), None)
+    if method == "NVFP4":   # ModelOpt's bytes; the global scale goes in as zeros ([E, 1, 1] per matrix)
+        blocks, scales, glob = load_nvfp4(data)
+        return (*(blocks[p] for p in PROJS), tuple(scales[p] for p in PROJS),
+                tuple(np.ascontiguousarray(glob[p]).reshape(-1, 1, 1) for p in PROJS))
+    if method == "MXFP8":
+        codes, scales = load_mxfp8(data)
+        return (*(torch.from_numpy(codes[p]).view(torch.float8_e4m3fn) for p in PROJS), tuple(scales[p] for p in PROJS),
+                None)
     bf16 = load_bf16(data)
-    return (*(as_bf16_tensor(bf16[p]) for p in PROJS), None)
+    return (*(as_bf16_tensor(bf16[p]) for p in PROJS), None, None)
 
 
 def load_inputs(data: Path, tokens: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -355,6 +427,12 @@ def reference_weights(data: Path, fmt: str):
     if fmt == "MXFP4":
         blocks, scales = load_mxfp4(data)
         return lambda e: tuple(dequantize_mxfp4(blocks[p][e], scales[p][e]) for p in PROJS)
+    if fmt == "NVFP4":
+        blocks, scales, glob = load_nvfp4(data)
+        return lambda e: tuple(dequantize_nvfp4(blocks[p][e], scales[p][e], glob[p][e]) for p in PROJS)
+    if fmt == "MXFP8":
+        codes, scales = load_mxfp8(data)
+        return lambda e: tuple(dequantize_mxfp8(codes[p][e], scales[p][e]) for p in PROJS)
     w = load_bf16(data)
     return lambda e: tuple(bf16_bits_to_f32(w[p][e]).astype(np.float64) for p in PROJS)
 
