@@ -2,8 +2,8 @@
 
 `checkpoint_experts` reads the checkpoint's own format (float, FP8 blocks, compressed-tensors
 INT4, symmetric GPTQ INT4, ModelOpt NVFP4, MXFP8) per the model family's registry entry —
-per-expert tensors or fused [E, H, 2I] ones — checking every tensor's shape and dtype; `float_experts` gives floats for the methods that
-quantize (FP8 blocks are dequantized exactly as docs/formats.md defines them).
+per-expert tensors or fused [E, H, 2I] ones — checking every tensor's shape and dtype;
+`float_experts` gives floats for the methods that quantize (FP8 blocks are dequantized exactly as docs/formats.md defines them).
 """
 
 from __future__ import annotations
