@@ -194,8 +194,9 @@ class KTMoEWrapper:
 
     def load_weights(self, physical_to_logical_map_cpu=None) -> None:
         """Load layer `layer_idx`'s experts from weight_path: a Hugging Face model folder
-        (BF16 / FP8 / RAWINT4 as stored; INT8 / INT4 quantized at load when cpu_save=True) or
-        a `kt convert` folder (INT8 / INT4). GGUF files arrive with the LLAMAFILE method."""
+        (BF16 / FP8 / RAWINT4 / GPTQ_INT4 / NVFP4 / MXFP8 as stored; INT8 / INT4 quantized at load
+        when cpu_save=True), a `kt convert` folder (INT8 / INT4) or a folder kt-kernel quantized
+        (AMXINT8 / AMXINT4). GGUF files arrive with the LLAMAFILE method."""
         if not self.weight_path:
             raise KTError("load_weights() reads experts from weight_path, and this KTMoEWrapper has none; pass "
                           "weight_path= (a model folder or a kt converted folder) or use load_weights_from_tensors()")

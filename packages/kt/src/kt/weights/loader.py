@@ -20,6 +20,7 @@ from ..gguf.reader import GGUFModel, expert_reader, is_gguf, open_gguf
 from .checkpoint import Checkpoint
 from .converted import MANIFEST, ConvertedFolder
 from .experts import checkpoint_experts, float_experts
+from .kt_kernel_folder import KtKernelFolder, is_dump_folder, is_merged
 from .packed import load_packed_layer, packed_layer
 from .readahead import readahead
 
@@ -31,13 +32,16 @@ AS_STORED = {"BF16": ("BF16", "FP32"), "FP8": ("FP8",), "RAWINT4": ("RAWINT4",),
              "NVFP4": ("NVFP4",), "MXFP8": ("MXFP8",)}
 
 
-def open_weights(path: str | Path) -> Checkpoint | ConvertedFolder | GGUFModel:
+def open_weights(path: str | Path) -> Checkpoint | ConvertedFolder | GGUFModel | KtKernelFolder:
     path = Path(path)
     if (path / MANIFEST).is_file():
         return ConvertedFolder.open(path)
     if is_gguf(path):
         return open_gguf(path)
-    return Checkpoint(path)
+    if is_dump_folder(path):
+        return KtKernelFolder.open(path)
+    ckpt = Checkpoint(path)
+    return KtKernelFolder(path, *KtKernelFolder.merged(ckpt)) if is_merged(ckpt) else ckpt
 
 
 def _check_geometry(moe, hidden: int, intermediate: int, what: str) -> None:
@@ -85,8 +89,19 @@ def _checkpoint_reader(moe, ckpt: Checkpoint, layer: int, quantize_at_load: bool
                        f"not {moe.method}")
 
 
-def load_layer(moe, source: Checkpoint | ConvertedFolder | GGUFModel | str | Path, layer: int, physical_to_logical_map=None, *,
-               quantize_at_load: bool = False) -> str:
+def _kt_kernel_reader(moe, folder: KtKernelFolder, layer: int):
+    hidden, intermediate, method, group = folder.geometry(layer)
+    _check_geometry(moe, hidden, intermediate, f"kt-kernel folder {folder.path}")
+    if (moe.method, moe.group_size if method == "INT4" else 0) != (method, group):
+        asked = f"{moe.method} (group {moe.group_size})" if moe.method == "INT4" else moe.method
+        raise WeightsError(f"{folder.path} holds kt-kernel AMX{method} experts, kt's {method}"
+                           f"{f' with group {group}' if group else ''}; the layer asks for {asked}: create it with "
+                           f"method {method}{f' and group_size={group}' if group else ''}")
+    return folder.reader(layer)
+
+
+def load_layer(moe, source: Checkpoint | ConvertedFolder | GGUFModel | KtKernelFolder | str | Path, layer: int,
+               physical_to_logical_map=None, *, quantize_at_load: bool = False) -> str:
     """Load model layer `layer`'s routed experts into `moe` (a kt_core.MoE). Physical slot p
     gets logical expert physical_to_logical_map[p]; GPU-resident slots are skipped. Returns
     how: "mapped" or "copied" (a converted folder's packed copy in this layer's layout, served
@@ -106,6 +121,8 @@ def load_layer(moe, source: Checkpoint | ConvertedFolder | GGUFModel | str | Pat
             logical, read = _converted_reader(source, layer)
     elif isinstance(source, GGUFModel):
         logical, read = expert_reader(moe, source, layer)
+    elif isinstance(source, KtKernelFolder):
+        logical, read = _kt_kernel_reader(moe, source, layer)
     else:
         logical, read = _checkpoint_reader(moe, source, layer, quantize_at_load)
     p2l = moe.physical_to_logical(physical_to_logical_map, logical)

@@ -8,7 +8,9 @@ from pathlib import Path
 from ..gguf import open_gguf
 from .checkpoint import Checkpoint
 from .converted import MANIFEST, read_manifest
+from .kt_kernel_folder import KtKernelFolder
 from .loader import load_layer as _load_layer
+from .loader import open_weights
 
 
 def layer_settings(path, layer_idx: int, method: str) -> dict:
@@ -17,6 +19,10 @@ def layer_settings(path, layer_idx: int, method: str) -> dict:
     if (Path(path) / MANIFEST).is_file():
         manifest = read_manifest(Path(path))
         return {"group_size": int(manifest.get("group_size", 0)), "zero_point": bool(manifest.get("zero_point"))}
+    if method == "INT4":
+        source = open_weights(path)
+        if isinstance(source, KtKernelFolder):   # kt-kernel's AMXINT4 groups follow its NUMA slices
+            return {"group_size": source.geometry(layer_idx)[3]}
     if method == "GPTQ_INT4":   # the layer's groups are the checkpoint's
         return {"group_size": Checkpoint(path).spec.quantization.group_size}
     return {}
