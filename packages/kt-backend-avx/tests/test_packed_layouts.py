@@ -67,4 +67,4 @@ def test_public_header_reads_avx_packed_experts(reader, variant, method, group, 
 
 def test_unknown_layout_is_not_read(reader):
     z = np.zeros((16, 16), np.float32)
-    assert reader(b"kt-ggml-v4", b"\0" * 64, 16, 16, 128, 0, z, z, z) == 0
+    assert reader(b"kt-ggml-v5", b"\0" * 64, 16, 16, 128, 0, z, z, z) == 0

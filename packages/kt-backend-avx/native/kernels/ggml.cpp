@@ -1,13 +1,15 @@
 // LLAMAFILE experts: GGUF's ggml blocks, run as the file stores them (docs/formats.md).
 //
-// Packed layout "kt-ggml-v4": gate, up and down one after another, each on 64 bytes, each as
+// Packed layout "kt-ggml-v5": gate, up and down one after another, each on 64 bytes, each as
 // panels of 16 output channels (ggml_panels below): every type's codes and scales, nothing
 // dequantized, regrouped so one outer-product kernel runs them all, decode and prefill. Each type
 // is a group-wise integer format in disguise, w = s * u - s*z per sub-block of 16 or 32 k (Q4_K:
 // s = d * sc, s*z = dmin * m; Q4_0: s = d, z = 8; IQ4_XS: a table lookup first). v2 kept Q2_K,
 // Q3_K, Q4_0, Q5_K and IQ4_XS as the file's rows and ran them a block at a time from L1, at a
 // third to two thirds of llama.cpp's decode speed (docs/performance.md, "Against llama.cpp");
-// v3 kept Q8_0's d as f32 (9 bits per weight against the file's 8.5), v4 keeps it f16.
+// v3 kept Q8_0's d as f32 (9 bits per weight against the file's 8.5), v4 keeps it f16; v4 held
+// Q6_K's 6-bit codes in bytes (8.6 bits per weight against the file's 6.56), v5 splits them into
+// INT4's nibbles and a line of high bit pairs (6.63).
 //
 // Activations ("ggml-act-v1"): per group of 256 k (the last one may be shorter), one f32
 // scale s_a = max|x| / 127; two int8 planes, x ~= s_a * (hi + lo / 128) (the second pass
@@ -320,19 +322,28 @@ struct Q80 {   // w = d * q: codes q + 128 in bytes, the block's f16 d kept f16
     static constexpr size_t kFileBlock = 34, kD = 0, kCodes = 32;
     static constexpr size_t kBlockBytes = kCodes + 8 * kChunkBytes;
 };
-struct Q6K {   // w = d * sc_j * (u - 32), u in 0..63, int8 sc per 16 k
+// Q6_K: w = d * sc_j * (u - 32), u in 0..63, int8 sc per 16 k, d f32. Each 16-k sub-block is
+// two INT4-order chunks of the codes' low 4 bits and one 64-byte line whose byte lane*4 + b
+// holds the high bit pairs of the four codes that share that byte position in the two chunks
+// (chunk c's low / high nibble in bits 4 (c % 2), 4 (c % 2) + 2); a shift and an AND put each
+// pair back as 16 and 32 — Q5_K's fifth bit, twice (6.63 bits per weight against the file's
+// 6.56; v4's byte per code read 8.6 and made decode the slowest of the K types).
+struct Q6K {
     static constexpr int64_t kBlockK = 256, kSubK = 16;
-    static constexpr int kBits = 8;
+    static constexpr int kBits = 4;
     static constexpr bool kBig = false;
     static constexpr size_t kFileBlock = 210, kD = 0, kSc = 64, kCodes = 320;
-    static constexpr size_t kBlockBytes = kCodes + 64 * kChunkBytes;
+    static constexpr size_t kSubBytes = 2 * kChunkBytes + 64;
+    static constexpr size_t kBlockBytes = kCodes + 16 * kSubBytes;
 };
+constexpr size_t high_pairs_at(int64_t c) { return Q6K::kCodes + size_t(c / 2) * Q6K::kSubBytes + 2 * kChunkBytes; }
 
 // Where chunk c of a block's codes starts (and, for Q5K, its fifth-bit masks).
 template <class P>
 constexpr size_t chunk_at(int64_t c) {
     if constexpr (std::is_same_v<P, Q5K>) return P::kCodes + size_t(c / 4) * P::kSubBytes + size_t(c % 4) * kChunkBytes;
     if constexpr (std::is_same_v<P, Q3K>) return P::kCodes + size_t(c / 2) * P::kPairBytes + size_t(c % 2) * kChunkBytes;
+    if constexpr (std::is_same_v<P, Q6K>) return P::kCodes + size_t(c / 2) * P::kSubBytes + size_t(c % 2) * kChunkBytes;
     return P::kCodes + size_t(c) * kChunkBytes;
 }
 constexpr size_t third_bits_at(int64_t c) { return Q3K::kCodes + size_t(c / 2) * Q3K::kPairBytes + 2 * kChunkBytes; }
@@ -423,7 +434,14 @@ void pack_panel(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t n0, 
                 for (int j = 0; j < 16; ++j) out[P::kSc + 16 * j + lane] = blk[192 + j];
                 Decoded<256> dec;
                 Q6_K::decode(blk, dec);   // u = q + 32, element order
-                for (int e = 0; e < 256; ++e) codes[size_t(e / 4) * kChunkBytes + size_t(e % 4)] = dec.u[e];
+                const uint8_t* u = dec.u;
+                for (int c = 0; c < 32; ++c)
+                    for (int bb = 0; bb < 4; ++bb) {
+                        const uint8_t lo = u[8 * c + bb], hi = u[8 * c + 4 + bb];
+                        out[chunk_at<P>(c) + size_t(lane) * 4 + size_t(bb)] = uint8_t((lo & 15) | ((hi & 15) << 4));
+                        out[high_pairs_at(c) + size_t(lane) * 4 + size_t(bb)] |=
+                            uint8_t(((lo >> 4) << (4 * (c % 2))) | ((hi >> 4) << (4 * (c % 2) + 2)));
+                    }
                 continue;
             }
             if constexpr (std::is_same_v<P, Q80>) {
@@ -599,6 +617,16 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
                         asm("" : "+v"(w));   // in a register, as int4.cpp explains
                         w0[v] = vand(w, low4);
                         w1[v] = vand(vsrl16<4>(w), low4);
+                        if constexpr (std::is_same_v<P, Q6K>) {   // high bit pairs -> 16, 32
+                            const VI t = vloadi(blk + high_pairs_at(c) + size_t(v) * kLanes * 4), mask = vset1i(0x30303030);
+                            if (c % 2 == 0) {
+                                w0[v] = vor(w0[v], vand(vslli16<4>(t), mask));
+                                w1[v] = vor(w1[v], vand(vslli16<2>(t), mask));
+                            } else {
+                                w0[v] = vor(w0[v], vand(t, mask));
+                                w1[v] = vor(w1[v], vand(vsrl16<2>(t), mask));
+                            }
+                        }
                         if constexpr (std::is_same_v<P, Q5K>) {
                             const VI bits = vloadi(blk + fifth_bits_at(c) + size_t(v) * kLanes * 4);
                             switch (c % 4) {   // c's range is a constant 4-chunk window: unrolled
@@ -951,7 +979,7 @@ kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act,
 }  // namespace
 
 kt_method_kernels llamafile_kernels(const char* kernel_id) {
-    return method_table("LLAMAFILE", "kt-ggml-v4", kernel_id, packed_bytes, pack, act_row_bytes, quantize, gate_up_tile,
+    return method_table("LLAMAFILE", "kt-ggml-v5", kernel_id, packed_bytes, pack, act_row_bytes, quantize, gate_up_tile,
                         down_tile);
 }
 
