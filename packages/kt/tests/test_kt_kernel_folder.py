@@ -124,3 +124,33 @@ def test_against_kt_kernel(tmp_path, method, slices, inter):
     print(f"\n{method} slices={slices}: kt vs kt-kernel {diff:.2e} (each vs the floats: kt {fmt:.2e}, kt-kernel "
           f"{relative_error(theirs, moe_reference(x, *weights, ids, w)):.2e})")
     assert diff < 0.15, diff
+
+
+def test_patch_model_serves_a_kt_kernel_folder(tmp_path):
+    """patch_model(weight_path=<kt-kernel AMXINT4 folder>) takes the folder's group and computes
+    with its codes: the logits of a tiny Qwen3-MoE whose experts are those codes' weights."""
+    from kt.integrations.transformers import patch_model
+
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.Qwen3MoeConfig(vocab_size=64, hidden_size=H, intermediate_size=256, moe_intermediate_size=128,
+                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                      num_experts=E, num_experts_per_tok=TOP_K, decoder_sparse_step=1,
+                                      mlp_only_layers=[], norm_topk_prob=True)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    truth = {}
+    for layer in range(2):
+        weights = random_moe(np.random.default_rng(layer), E, H, 128)
+        truth[layer] = write_kt_kernel_folder(tmp_path, *weights, bits=4, slices=1, layer=layer, merged=False)
+    with torch.no_grad():
+        for layer, block in enumerate(model.model.layers):
+            gate, up, down = truth[layer]
+            block.mlp.experts.gate_up_proj.copy_(torch.from_numpy(np.concatenate([gate, up], axis=1)))
+            block.mlp.experts.down_proj.copy_(torch.from_numpy(down))
+        ids = torch.arange(12).reshape(1, 12) % 64
+        ref = model(ids).logits
+        p = patch_model(model, method="AMXINT4", weight_path=tmp_path)
+        got = model(ids).logits
+    assert {m.moe.group_size for m in p.layers.values()} == {128}
+    err = ((got - ref).abs().max() / ref.abs().max()).item()
+    assert err < 2e-3, err

@@ -17,7 +17,7 @@ from kt_core.moe import MoE
 
 from ...gguf.reader import GGUFModel
 from ...models import ACTIVATIONS, FAMILIES, Family
-from ...weights import Checkpoint, ConvertedFolder, load_layer, open_weights
+from ...weights import Checkpoint, ConvertedFolder, KtKernelFolder, load_layer, open_weights
 from .deferral import Handoff
 from .experts import KTExperts
 from .placement import gpu_expert_masks
@@ -131,8 +131,9 @@ def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None =
     and at exit. Forwards above `max_tokens` tokens run on kt in chunks of that size.
 
     `weight_path`: read kt's experts from there instead of the model's tensors — a `kt convert`
-    folder (INT8/INT4; its group size and zero points are used unless given), a Hugging Face
-    folder loaded as stored (BF16, FP8, RAWINT4), or a GGUF file / split set with
+    folder (INT8/INT4; its group size and zero points are used unless given), a folder kt-kernel
+    quantized (AMXINT8/AMXINT4), a Hugging Face folder loaded as stored (BF16, FP8, RAWINT4,
+    GPTQ_INT4, NVFP4, MXFP8), or a GGUF file / split set with
     method="LLAMAFILE" (each layer's ggml types come from the file). GPU-resident experts still
     come from the model.
     """
@@ -179,6 +180,8 @@ def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None =
             group_size, zero_point = group_size or source.group_size, zero_point or source.zero_point
         elif isinstance(source, Checkpoint) and source.spec.quantization.method == "GPTQ_INT4":
             group_size = group_size or source.spec.quantization.group_size   # GPTQ's groups are the checkpoint's
+        elif isinstance(source, KtKernelFolder):   # AMXINT4's groups follow the folder's NUMA slices
+            group_size = group_size or source.geometry(layer_ids[0])[3]
 
     patched: dict[int, KTExperts] = {}
     freed = 0
