@@ -94,7 +94,8 @@ kt_method_kernels method_table(const char* name, const char* layout_id, const ch
                                size_t (*packed_expert_bytes)(const kt_moe_config*),
                                kt_status (*pack_expert)(const kt_moe_config*, const kt_expert_weights*, void*),
                                decltype(kt_method_kernels::gate_up_tile) gate_up_tile,
-                               decltype(kt_method_kernels::down_tile) down_tile) {
+                               decltype(kt_method_kernels::down_tile) down_tile,
+                               decltype(kt_method_kernels::gate_up_raw_tile) gate_up_raw_tile) {
     kt_method_kernels m{};
     m.struct_size = sizeof(kt_method_kernels);
     m.method = name;
@@ -111,6 +112,7 @@ kt_method_kernels method_table(const char* name, const char* layout_id, const ch
     m.down_tile = down_tile;
     m.activations = KT_ACTIVATION_SWIGLU;   // every method's gate_up_tile applies gated() (reference_common.h)
     m.moe_forward = nullptr;
+    m.gate_up_raw_tile = gate_up_raw_tile;   // ABI 1.4: the same products, no epilogue
     return m;
 }
 

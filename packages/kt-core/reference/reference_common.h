@@ -2,6 +2,7 @@
 // element conversions, the f32 activation path and the method tables each file provides.
 #pragma once
 
+#include <kt/formats/gated_activation.h>
 #include <kt/plugin.h>
 
 #include <cmath>
@@ -37,13 +38,7 @@ inline uint16_t f32_to_bf16(float f) {
 // clamped SwiGLU of GPT-OSS and DeepSeek-V4: g = min(g, limit) and u in [-limit, limit] when
 // limit > 0; g * sigmoid(alpha g) * (u + 1) when alpha > 0.
 inline double gated(const kt_moe_config* s, double g, double u) {
-    const double limit = s->swiglu_limit, alpha = s->swiglu_alpha;
-    if (limit > 0) {
-        g = g < limit ? g : limit;
-        u = u < -limit ? -limit : u > limit ? limit : u;
-    }
-    if (alpha > 0) return g / (1.0 + std::exp(-alpha * g)) * (u + 1.0);
-    return g / (1.0 + std::exp(-g)) * u;
+    return kt::activation::gated<double>(s->swiglu_limit, s->swiglu_alpha, g, u);
 }
 
 // IEEE half -> f32, exact (subnormals, infinities and NaN included).
@@ -67,7 +62,8 @@ kt_method_kernels method_table(const char* name, const char* layout_id, const ch
                                size_t (*packed_expert_bytes)(const kt_moe_config*),
                                kt_status (*pack_expert)(const kt_moe_config*, const kt_expert_weights*, void*),
                                decltype(kt_method_kernels::gate_up_tile) gate_up_tile,
-                               decltype(kt_method_kernels::down_tile) down_tile);
+                               decltype(kt_method_kernels::down_tile) down_tile,
+                               decltype(kt_method_kernels::gate_up_raw_tile) gate_up_raw_tile);
 
 // reference_float.cpp
 kt_method_kernels bf16_method();

@@ -58,19 +58,34 @@ double dot(const float* x, const typename W::Element* w, int64_t k) {
     return acc;
 }
 
-template <class W>
-kt_status gate_up_tile(const kt_moe_config* s, const void* packed, const void* act, int64_t rows,
-                       int64_t n0, int64_t n1, float* out, int64_t out_stride) {
+// Every (row, column) of the tile's gate and up products, handed to emit(r, n, g, u).
+template <class W, class Emit>
+void gate_up_pairs(const kt_moe_config* s, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+                   const Emit& emit) {
     const int64_t H = s->hidden, I = s->intermediate;
     const auto* gate = static_cast<const typename W::Element*>(packed);
     const auto* up = gate + I * H;
     const auto* x = static_cast<const float*>(act);
     for (int64_t r = 0; r < rows; ++r)
-        for (int64_t n = n0; n < n1; ++n) {
-            const double g = dot<W>(x + r * H, gate + n * H, H);
-            const double u = dot<W>(x + r * H, up + n * H, H);
-            out[r * out_stride + n] = float(gated(s, g, u));
-        }
+        for (int64_t n = n0; n < n1; ++n)
+            emit(r, n, dot<W>(x + r * H, gate + n * H, H), dot<W>(x + r * H, up + n * H, H));
+}
+
+template <class W>
+kt_status gate_up_tile(const kt_moe_config* s, const void* packed, const void* act, int64_t rows,
+                       int64_t n0, int64_t n1, float* out, int64_t out_stride) {
+    gate_up_pairs<W>(s, packed, act, rows, n0, n1,
+                     [&](int64_t r, int64_t n, double g, double u) { out[r * out_stride + n] = float(gated(s, g, u)); });
+    return KT_OK;
+}
+
+template <class W>
+kt_status gate_up_raw_tile(const kt_moe_config* s, const void* packed, const void* act, int64_t rows, int64_t n0,
+                           int64_t n1, float* out_gate, float* out_up, int64_t out_stride) {
+    gate_up_pairs<W>(s, packed, act, rows, n0, n1, [&](int64_t r, int64_t n, double g, double u) {
+        out_gate[r * out_stride + n - n0] = float(g);
+        out_up[r * out_stride + n - n0] = float(u);
+    });
     return KT_OK;
 }
 
@@ -87,7 +102,8 @@ kt_status down_tile(const kt_moe_config* s, const void* packed, const void* act,
 
 template <class W>
 kt_method_kernels method(const char* name, const char* layout, const char* kernel) {
-    return method_table(name, layout, kernel, packed_expert_bytes<W>, pack_expert<W>, gate_up_tile<W>, down_tile<W>);
+    return method_table(name, layout, kernel, packed_expert_bytes<W>, pack_expert<W>, gate_up_tile<W>, down_tile<W>,
+                        gate_up_raw_tile<W>);
 }
 
 }  // namespace

@@ -273,8 +273,10 @@ double dot(const float* x, const float* w, int64_t k) {
     return acc;
 }
 
-kt_status gate_up_tile(const kt_moe_config* s, const void* packed, const void* act, int64_t rows, int64_t n0,
-                       int64_t n1, float* out, int64_t out_stride) {
+// Every (row, column) of the tile's gate and up products, handed to emit(r, n, g, u).
+template <class Emit>
+kt_status gate_up_pairs(const kt_moe_config* s, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+                        const Emit& emit) {
     const ExpertLayout l = layout_of(s);
     if (!l.ok) return check_config(s);
     const auto* base = static_cast<const char*>(packed);
@@ -283,13 +285,24 @@ kt_status gate_up_tile(const kt_moe_config* s, const void* packed, const void* a
     for (int64_t n = n0; n < n1; ++n) {
         dequantize_row(l.part[0], base, n, g.data());
         dequantize_row(l.part[1], base, n, u.data());
-        for (int64_t r = 0; r < rows; ++r) {
-            const double gv = dot(x + r * s->hidden, g.data(), s->hidden);
-            const double uv = dot(x + r * s->hidden, u.data(), s->hidden);
-            out[r * out_stride + n] = float(gated(s, gv, uv));
-        }
+        for (int64_t r = 0; r < rows; ++r)
+            emit(r, n, dot(x + r * s->hidden, g.data(), s->hidden), dot(x + r * s->hidden, u.data(), s->hidden));
     }
     return KT_OK;
+}
+
+kt_status gate_up_tile(const kt_moe_config* s, const void* packed, const void* act, int64_t rows, int64_t n0,
+                       int64_t n1, float* out, int64_t out_stride) {
+    return gate_up_pairs(s, packed, act, rows, n0, n1,
+                         [&](int64_t r, int64_t n, double g, double u) { out[r * out_stride + n] = float(gated(s, g, u)); });
+}
+
+kt_status gate_up_raw_tile(const kt_moe_config* s, const void* packed, const void* act, int64_t rows, int64_t n0,
+                           int64_t n1, float* out_gate, float* out_up, int64_t out_stride) {
+    return gate_up_pairs(s, packed, act, rows, n0, n1, [&](int64_t r, int64_t n, double g, double u) {
+        out_gate[r * out_stride + n - n0] = float(g);
+        out_up[r * out_stride + n - n0] = float(u);
+    });
 }
 
 kt_status down_tile(const kt_moe_config* s, const void* packed, const void* act, int64_t rows, int64_t n0,
@@ -331,7 +344,7 @@ int64_t ggml_block_elems(kt_dtype dtype) {
 
 kt_method_kernels llamafile_method() {
     return method_table("LLAMAFILE", "kt-ggml-rows-ref-v1", "moe.ggml.f32.reference", packed_expert_bytes, pack_expert,
-                        gate_up_tile, down_tile);
+                        gate_up_tile, down_tile, gate_up_raw_tile);
 }
 
 }  // namespace kt_reference

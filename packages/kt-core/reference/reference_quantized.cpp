@@ -114,18 +114,33 @@ double dot(const float* x, const char* packed, const MatrixLayout& m, int64_t n)
     return m.has_global ? acc * double(*reinterpret_cast<const float*>(packed + m.global)) : acc;
 }
 
-template <class M>
-kt_status gate_up_tile(const kt_moe_config* s, const void* packed, const void* act, int64_t rows, int64_t n0,
-                       int64_t n1, float* out, int64_t out_stride) {
+// Every (row, column) of the tile's gate and up products, handed to emit(r, n, g, u).
+template <class M, class Emit>
+void gate_up_pairs(const kt_moe_config* s, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+                   const Emit& emit) {
     const ExpertLayout l = layout_of<M>(s);
     const auto* base = static_cast<const char*>(packed);
     const auto* x = static_cast<const float*>(act);
     for (int64_t r = 0; r < rows; ++r)
-        for (int64_t n = n0; n < n1; ++n) {
-            const double g = dot<M>(x + r * s->hidden, base, l.part[0], n);
-            const double u = dot<M>(x + r * s->hidden, base, l.part[1], n);
-            out[r * out_stride + n] = float(gated(s, g, u));
-        }
+        for (int64_t n = n0; n < n1; ++n)
+            emit(r, n, dot<M>(x + r * s->hidden, base, l.part[0], n), dot<M>(x + r * s->hidden, base, l.part[1], n));
+}
+
+template <class M>
+kt_status gate_up_tile(const kt_moe_config* s, const void* packed, const void* act, int64_t rows, int64_t n0,
+                       int64_t n1, float* out, int64_t out_stride) {
+    gate_up_pairs<M>(s, packed, act, rows, n0, n1,
+                     [&](int64_t r, int64_t n, double g, double u) { out[r * out_stride + n] = float(gated(s, g, u)); });
+    return KT_OK;
+}
+
+template <class M>
+kt_status gate_up_raw_tile(const kt_moe_config* s, const void* packed, const void* act, int64_t rows, int64_t n0,
+                           int64_t n1, float* out_gate, float* out_up, int64_t out_stride) {
+    gate_up_pairs<M>(s, packed, act, rows, n0, n1, [&](int64_t r, int64_t n, double g, double u) {
+        out_gate[r * out_stride + n - n0] = float(g);
+        out_up[r * out_stride + n - n0] = float(u);
+    });
     return KT_OK;
 }
 
@@ -692,7 +707,7 @@ kt_status pack_expert(const kt_moe_config* s, const kt_expert_weights* src, void
 template <class M>
 kt_method_kernels method() {
     return method_table(M::name, M::layout_id, M::kernel_id, packed_expert_bytes<M>, pack_expert<M>,
-                        gate_up_tile<M>, down_tile<M>);
+                        gate_up_tile<M>, down_tile<M>, gate_up_raw_tile<M>);
 }
 
 }  // namespace

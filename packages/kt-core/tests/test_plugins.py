@@ -80,12 +80,12 @@ def test_other_abi_major_is_refused_with_both_versions(plugins):
     plugins(future=descriptor("future", abi=(2, 0)))
     row = rows_by_backend()["future"]
     assert not row["runnable"]
-    assert "ABI 2.0" in row["reason"] and "1.3" in row["reason"]
+    assert "ABI 2.0" in row["reason"] and "{}.{}".format(*kt_core.abi_version()) in row["reason"]
 
 
 def test_native_table_of_another_major_is_refused(plugins):
     plugins(liar=descriptor("liar"), liar_native=native(name="liar", major=3, minor=1))
-    with pytest.raises(BackendError, match=r"ABI 3\.1, this kt-core speaks 1\.3"):
+    with pytest.raises(BackendError, match=r"ABI 3\.1, this kt-core speaks {}\.{}".format(*kt_core.abi_version())):
         kt_core.MoE(num_experts=2, top_k=1, hidden_size=8, intermediate_size=8, method="FP32", backend="liar")
     assert "failed to load" in rows_by_backend()["liar"]["reason"]
 

@@ -216,6 +216,16 @@ kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* a
     return KT_OK;
 }
 
+kt_status gate_up_raw_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0,
+                           int64_t n1, float* out_gate, float* out_up, int64_t ldo) {
+    if (const kt_status st = check_tile("BF16", "gate/up", n0, n1, c->intermediate)) return st;
+    gate_up_raw(layout(c), static_cast<const uint8_t*>(packed), n0, n1, out_gate, out_up, ldo,
+                [&](const uint8_t* panel, float* o, int64_t ld, int cols) {
+                    run_rows<kSingle>(c, act, c->hidden, rows, panel, nullptr, o, ld, cols);
+                });
+    return KT_OK;
+}
+
 kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                     float* out, int64_t ldo) {
     const int64_t I = c->intermediate;
@@ -239,7 +249,7 @@ kt_method_kernels bf16_kernels(const char* kernel_id) {
     constexpr QuantizeFn quantize = quantize_f32_rows;
 #endif
     return method_table("BF16", layout_bf16::kId, kernel_id, packed_bytes, pack, act_row_bytes, quantize, gate_up_tile,
-                        down_tile);
+                        down_tile, gate_up_raw_tile);
 }
 
 }  // namespace KT_TARGET_NAMESPACE

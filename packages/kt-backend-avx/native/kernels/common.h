@@ -200,6 +200,19 @@ void gate_up_in_order(int64_t rows, const uint8_t* gate, const uint8_t* up, size
     }
 }
 
+// Plugin ABI 1.4's gate_up_raw_tile from a method's one-panel kernel, plain(panel, out, ldo,
+// cols): every 16-column panel of gate, then of up, written straight into the tile-local
+// outputs (column n at n - n0). The core adds expert biases and the activation itself.
+template <class Plain>
+void gate_up_raw(const ExpertPanels& l, const uint8_t* base, int64_t n0, int64_t n1, float* out_gate, float* out_up,
+                 int64_t ldo, const Plain& plain) {
+    for (int64_t n = n0; n < n1; n += kPanel) {
+        const int cols = int(std::min<int64_t>(kPanel, n1 - n));
+        plain(base + l.gate(n / kPanel), out_gate + (n - n0), ldo, cols);
+        plain(base + l.up(n / kPanel), out_up + (n - n0), ldo, cols);
+    }
+}
+
 // How a decode-sized tile prefetches the weight stream it reads, once per 64-byte line: into L2
 // 16 KiB ahead, and from there into L1 kL1Ahead bytes ahead (FP8 8 KiB, INT4 / RAWINT4 4 KiB).
 // FP8's and INT4's decode loops do enough per line that the hardware prefetchers do not keep one
@@ -254,9 +267,10 @@ using QuantizeFn = kt_status (*)(const void*, kt_dtype, int64_t, int64_t, int64_
 using TileFn = kt_status (*)(const kt_moe_config*, const void*, const void*, int64_t, int64_t, int64_t, float*, int64_t);
 
 // A method's kernel table: every method here tiles in whole panels.
+using RawTileFn = decltype(kt_method_kernels::gate_up_raw_tile);
 inline kt_method_kernels method_table(const char* method, const char* layout_id, const char* kernel_id,
                                       PackedBytesFn packed_bytes, PackFn pack, RowBytesFn row_bytes, QuantizeFn quantize,
-                                      TileFn gate_up, TileFn down) {
+                                      TileFn gate_up, TileFn down, RawTileFn gate_up_raw = nullptr) {
     kt_method_kernels m{};
     m.struct_size = sizeof(kt_method_kernels);
     m.method = method;
@@ -271,6 +285,7 @@ inline kt_method_kernels method_table(const char* method, const char* layout_id,
     m.gate_up_tile = gate_up;
     m.down_tile = down;
     m.activations = KT_ACTIVATION_SWIGLU;   // every gate/up epilogue applies gate_mul
+    m.gate_up_raw_tile = gate_up_raw;         // ABI 1.4 (expert biases), where the method has one
     return m;
 }
 

@@ -500,6 +500,30 @@ kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* a
 }
 
 template <Scales kScales>
+kt_status gate_up_raw_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0,
+                           int64_t n1, float* out_gate, float* out_up, int64_t ldo) {
+    constexpr int64_t kBlk = kBlockOf<kScales>;
+    const int64_t H = c->hidden;
+    if (const kt_status st = check_tile(method_name(kScales), "gate/up", n0, n1, c->intermediate)) return st;
+    const ExpertPanels l = layout<kScales>(c);
+    const auto* base = static_cast<const uint8_t*>(packed);
+    const auto* x = static_cast<const uint8_t*>(act);
+#if defined(__AVX512BF16__)
+    // Gate's panels, then up's, each as a run of panels l.gate(1) apart (tile_bf16 writes column n
+    // at out + n, so the tile-local outputs are passed shifted by n0).
+    tile_bf16<kBlk, false>(x, f32_row_bytes(H), rows, H, base + l.gate(n0 / kPanel), l.gate(1), 0, n0, n1, out_gate - n0, ldo,
+                           one_activation_pass(c));
+    tile_bf16<kBlk, false>(x, f32_row_bytes(H), rows, H, base + l.up(n0 / kPanel), l.gate(1), 0, n0, n1, out_up - n0, ldo,
+                           one_activation_pass(c));
+#else
+    gate_up_raw(l, base, n0, n1, out_gate, out_up, ldo, [&](const uint8_t* panel, float* o, int64_t ld, int cols) {
+        rows_kernel<kBlk, kMrPlain, false>(x, f32_row_bytes(H), rows, H, panel, nullptr, o, ld, cols);
+    });
+#endif
+    return KT_OK;
+}
+
+template <Scales kScales>
 kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                     float* out, int64_t ldo) {
     constexpr int64_t kBlk = kBlockOf<kScales>;
@@ -521,7 +545,7 @@ kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act,
 template <Scales kScales>
 kt_method_kernels fp8_table(const char* kernel_id, const char* layout_id) {
     return method_table(method_name(kScales), layout_id, kernel_id, packed_bytes<kScales>, pack<kScales>, f32_row_bytes,
-                        quantize_f32_rows, gate_up_tile<kScales>, down_tile<kScales>);
+                        quantize_f32_rows, gate_up_tile<kScales>, down_tile<kScales>, gate_up_raw_tile<kScales>);
 }
 
 }  // namespace

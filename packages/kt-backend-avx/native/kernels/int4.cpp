@@ -690,6 +690,18 @@ kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* a
 }
 
 template <Kind kKind>
+kt_status gate_up_raw_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0,
+                           int64_t n1, float* out_gate, float* out_up, int64_t ldo) {
+    const Int4Layout lay = layout_of(c, kKind);
+    if (const kt_status st = check_tile(kind_name(kKind), "gate/up", n0, n1, c->intermediate)) return st;
+    gate_up_raw(lay.expert(c), static_cast<const uint8_t*>(packed), n0, n1, out_gate, out_up, ldo,
+                [&](const uint8_t* panel, float* o, int64_t ld, int cols) {
+                    run_rows<false, kMrPlain, kKind>(c, act, c->hidden, lay, rows, panel, nullptr, o, ld, cols);
+                });
+    return KT_OK;
+}
+
+template <Kind kKind>
 kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                     float* out, int64_t ldo) {
     const Int4Layout lay = layout_of(c, kKind);
@@ -706,7 +718,7 @@ kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act,
 template <Kind kKind>
 kt_method_kernels int4_table(const char* method, const char* kernel_id, const char* layout_id, PackFn pack) {
     return method_table(method, layout_id, kernel_id, packed_bytes<kKind>, pack, int8_row_bytes<sum_block(kKind)>, quantize<kKind>,
-                        gate_up_tile<kKind>, down_tile<kKind>);
+                        gate_up_tile<kKind>, down_tile<kKind>, gate_up_raw_tile<kKind>);
 }
 
 }  // namespace

@@ -237,6 +237,16 @@ kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* a
     return KT_OK;
 }
 
+kt_status gate_up_raw_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0,
+                           int64_t n1, float* out_gate, float* out_up, int64_t ldo) {
+    if (const kt_status st = check_tile("INT8", "gate/up", n0, n1, c->intermediate)) return st;
+    gate_up_raw(layout(c), static_cast<const uint8_t*>(packed), n0, n1, out_gate, out_up, ldo,
+                [&](const uint8_t* panel, float* o, int64_t ld, int cols) {
+                    run_rows<false, kMrPlain>(c, act, c->hidden, rows, panel, nullptr, o, ld, cols);
+                });
+    return KT_OK;
+}
+
 kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                     float* out, int64_t ldo) {
     if (const kt_status st = check_tile("INT8", "down", n0, n1, c->hidden)) return st;
@@ -253,7 +263,7 @@ kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act,
 
 kt_method_kernels int8_kernels(const char* kernel_id) {
     return method_table("INT8", layout_int8::kId, kernel_id, packed_bytes, pack, int8_row_bytes, quantize, gate_up_tile,
-                        down_tile);
+                        down_tile, gate_up_raw_tile);
 }
 
 }  // namespace KT_TARGET_NAMESPACE

@@ -32,7 +32,7 @@ extern "C" {
 #endif
 
 #define KT_PLUGIN_ABI_MAJOR 1
-#define KT_PLUGIN_ABI_MINOR 3
+#define KT_PLUGIN_ABI_MINOR 4
 #define KT_BACKEND_CAPSULE_NAME "kt.backend_api"
 
 /* True when a table of size `struct_size` contains `field` (for reading older plugins). */
@@ -230,6 +230,16 @@ typedef struct kt_method_kernels {
     /* ABI 1.2. KT_ACTIVATION_* bits: the activations beyond SiLU(gate) * up that this method's
      * kernels apply (an explicit claim: recompiling against this header claims nothing). */
     uint32_t activations;
+
+    /* ABI 1.4. Optional: gate_up_tile without its epilogue. Writes x·gateᵀ and x·upᵀ of
+     * columns [n0, n1) to out_gate / out_up, tile-local: column n of row r at
+     * [r * out_stride + (n - n0)], f32, nothing else.
+     * The core calls it instead of gate_up_tile for layers whose gated activation it applies
+     * itself: experts with gate/up biases (GPT-OSS), and later expert LoRA. A method without
+     * it serves no such layer (the core refuses one, naming backend and method). */
+    kt_status (*gate_up_raw_tile)(const kt_moe_config* shape, const void* packed_expert, const void* act,
+                                  int64_t rows, int64_t n0, int64_t n1, float* out_gate, float* out_up,
+                                  int64_t out_stride);
 } kt_method_kernels;
 
 /* kt_method_kernels.activations */

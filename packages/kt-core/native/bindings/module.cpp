@@ -221,7 +221,7 @@ struct Layer {
     Layer(const Backend& b, const std::string& method, int64_t hidden, int64_t intermediate, int64_t experts,
           int64_t top_k, std::vector<bool> on_cpu, int64_t max_tokens, int64_t group_size, bool zero_point,
           bool fast_activations, std::vector<int> weight_dtype, float swiglu_limit, float swiglu_alpha,
-          std::optional<Backend> packer)
+          std::optional<Backend> packer, bool expert_bias)
         : backend(b), packer_backend(std::move(packer)) {
         if (!(swiglu_limit >= 0.0f && swiglu_alpha >= 0.0f) || !std::isfinite(swiglu_limit) || !std::isfinite(swiglu_alpha))
             throw nb::value_error(("swiglu_limit and swiglu_alpha must be finite and >= 0 (0 = off), got " +
@@ -241,6 +241,24 @@ struct Layer {
                                    " for this shape").c_str());
         layer = std::make_unique<kt::MoeLayer>(shape, kernels, std::move(on_cpu), max_tokens,
                                                packer_backend ? packer_backend->method(method) : nullptr);
+        if (expert_bias) layer->enable_expert_bias();
+    }
+
+    // Expert e's biases: float32 gate [intermediate], up [intermediate], down [hidden].
+    void set_expert_bias(int64_t e, const Array& gate, const Array& up, const Array& down) {
+        const auto& s = layer->shape();
+        const Array* parts[3] = {&gate, &up, &down};
+        const char* names[3] = {"gate bias", "up bias", "down bias"};
+        const int64_t sizes[3] = {s.intermediate, s.intermediate, s.hidden};
+        for (int i = 0; i < 3; ++i) {
+            check_cpu(*parts[i], names[i]);
+            if (parts[i]->ndim() != 1 || int64_t(parts[i]->shape(0)) != sizes[i] || weight_dtype(*parts[i], names[i]) != KT_DTYPE_F32 ||
+                (sizes[i] > 1 && parts[i]->stride(0) != 1))
+                throw nb::value_error((std::string(names[i]) + " of expert " + std::to_string(e) +
+                                       " must be a contiguous float32 [" + std::to_string(sizes[i]) + "]").c_str());
+        }
+        layer->set_expert_bias(e, static_cast<const float*>(gate.data()), static_cast<const float*>(up.data()),
+                               static_cast<const float*>(down.data()));
     }
 
     // A layer with the clamped SwiGLU runs only on kernels that claim it (kt/plugin.h, ABI 1.2).
@@ -716,7 +734,9 @@ NB_MODULE(_native, m) {
                 out.append(kv("method", std::string(k.method), "layout_id", std::string(k.layout_id),
                                     "kernel_id", std::string(k.kernel_id),
                                     "whole_op", bool(KT_HAS_FIELD(&k, kt_method_kernels, moe_forward) && k.moe_forward),
-                                    "packs", bool(k.pack_expert)));
+                                    "packs", bool(k.pack_expert),
+                                    "raw_gate_up", bool(KT_HAS_FIELD(&k, kt_method_kernels, gate_up_raw_tile) &&
+                                                        k.gate_up_raw_tile)));
             }
             return out;
         })
@@ -732,11 +752,13 @@ NB_MODULE(_native, m) {
     nb::class_<Layer>(m, "MoeLayer")
         .def(nb::init<const Backend&, const std::string&, int64_t, int64_t, int64_t, int64_t, std::vector<bool>, int64_t,
                       int64_t, bool, bool, std::vector<int>, float, float,
-                      std::optional<Backend>>(),
+                      std::optional<Backend>, bool>(),
              "backend"_a, "method"_a, "hidden"_a, "intermediate"_a, "num_experts"_a, "top_k"_a, "expert_on_cpu"_a,
              "max_tokens"_a, "group_size"_a = 0, "zero_point"_a = false, "fast_activations"_a = false,
              "weight_dtype"_a = std::vector<int>{}, "swiglu_limit"_a = 0.0f, "swiglu_alpha"_a = 0.0f,
-             "packer"_a = nb::none())
+             "packer"_a = nb::none(), "expert_bias"_a = false)
+        .def("set_expert_bias", &Layer::set_expert_bias, "expert"_a, "gate"_a, "up"_a, "down"_a)
+        .def_prop_ro("expert_bias", [](const Layer& l) { return l.layer->expert_bias(); })
         .def("load_expert", &Layer::load_expert, "expert"_a, "gate"_a, "up"_a, "down"_a, "gate_scale"_a = nb::none(),
              "up_scale"_a = nb::none(), "down_scale"_a = nb::none(), "gate_zero"_a = nb::none(), "up_zero"_a = nb::none(),
              "down_zero"_a = nb::none())

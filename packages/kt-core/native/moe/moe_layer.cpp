@@ -3,6 +3,8 @@
 #include "abi/host_api.h"
 #include "pool/thread_pool.h"
 
+#include <kt/formats/gated_activation.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -251,8 +253,47 @@ void MoeLayer::set_small_batch_kernels(const kt_method_kernels* kernels) {
             throw std::invalid_argument(std::string("small-batch kernels ") + kernels->kernel_id + " expect " +
                                         std::to_string(bytes) + " packed bytes per expert for layout " +
                                         kernels->layout_id + "; the layer's packer wrote " + std::to_string(expert_bytes_));
+        if (expert_bias_) require_raw_tile(*kernels);
     }
     small_batch_ = kernels;
+}
+
+namespace {
+bool has_raw_tile(const kt_method_kernels& k) {
+    return KT_HAS_FIELD(&k, kt_method_kernels, gate_up_raw_tile) && k.gate_up_raw_tile;
+}
+}  // namespace
+
+void MoeLayer::require_raw_tile(const kt_method_kernels& k) {
+    if (!has_raw_tile(k))
+        throw std::invalid_argument(std::string(k.kernel_id) + " has no gate_up_raw_tile (plugin ABI 1.4), which " +
+                                    "experts with biases need: the layer adds the biases before the gated activation");
+    if (KT_HAS_FIELD(&k, kt_method_kernels, moe_forward) && k.moe_forward)
+        throw std::invalid_argument(std::string(k.kernel_id) + " runs whole forwards (moe_forward), which add no " +
+                                    "expert biases");
+}
+
+void MoeLayer::enable_expert_bias() {
+    require_raw_tile(*kernels_);
+    if (small_batch_) require_raw_tile(*small_batch_);
+    std::lock_guard<std::mutex> lock(g_forward_mutex);
+    expert_bias_ = true;
+    bias_.assign(size_t(shape_.num_experts), {});
+}
+
+void MoeLayer::set_expert_bias(int64_t expert, const float* gate, const float* up, const float* down) {
+    check_expert_index(expert);
+    if (!expert_bias_)
+        throw std::invalid_argument("this layer was made without expert biases (expert_bias=False)");
+    const size_t I = size_t(shape_.intermediate), H = size_t(shape_.hidden);
+    std::vector<float> b(2 * I + H);
+    std::memcpy(b.data(), gate, I * 4);
+    std::memcpy(b.data() + I, up, I * 4);
+    std::memcpy(b.data() + 2 * I, down, H * 4);
+    for (float v : b)
+        if (!std::isfinite(v)) throw std::invalid_argument("expert " + std::to_string(expert) + "'s biases hold a non-finite value");
+    std::lock_guard<std::mutex> lock(g_forward_mutex);   // a forward reads bias_ under it
+    bias_[size_t(expert)] = std::move(b);
 }
 
 const kt_method_kernels& MoeLayer::kernels_for(int64_t tokens) const {
@@ -531,6 +572,7 @@ public:
         // A forward that will use the pool wakes it now, so workers parked between layers are
         // spinning by the time the first tile loop starts (bucketing and small phases run here).
         if (T * K * H * I * 3 >= kSerialMacs) pool_.wake();
+        ids_ = ids;
         count_.assign(size_t(E), 0);
         for (int64_t i = 0; i < T * K; ++i)
             if (routed(ids[i])) ++count_[size_t(ids[i])];
@@ -582,13 +624,34 @@ public:
         auto tile = [&](const Tile& t) {
             const int32_t e = active_[size_t(t.active)];
             const int64_t r0 = offset_[size_t(e)];
-            const kt_status st = k_.gate_up_tile(&shape_, packed(e), act_rows_ + size_t(r0) * row_h_, count_[size_t(e)],
-                                                 t.n0, t.n1, inter_ + r0 * I, I);
+            const kt_status st = layer_.expert_bias_ ? biased_gate_up(e, t)
+                                                     : k_.gate_up_tile(&shape_, packed(e), act_rows_ + size_t(r0) * row_h_,
+                                                                       count_[size_t(e)], t.n0, t.n1, inter_ + r0 * I, I);
             if (st != KT_OK) failure_.record(st, "the gate/up kernel");
             else if (quantized_in_tiles_) quantize_expert_intermediate(size_t(t.active));
         };
         run_tiles(plan, tile);
         failure_.rethrow();
+    }
+
+    // A tile of an expert with biases: the kernels' raw gate and up products, then the biases
+    // and the layer's gated activation here (kt/formats/gated_activation.h).
+    kt_status biased_gate_up(int32_t e, const Tile& t) {
+        const int64_t r0 = offset_[size_t(e)], rows = count_[size_t(e)], w = t.n1 - t.n0;
+        thread_local std::vector<float> g, u;
+        g.resize(size_t(rows * w));
+        u.resize(size_t(rows * w));
+        const kt_status st = k_.gate_up_raw_tile(&shape_, packed(e), act_rows_ + size_t(r0) * row_h_, rows, t.n0, t.n1,
+                                                 g.data(), u.data(), w);
+        if (st != KT_OK) return st;
+        const float* bg = layer_.bias_[size_t(e)].data();
+        const float* bu = bg + I;
+        const float limit = shape_.swiglu_limit, alpha = shape_.swiglu_alpha;
+        for (int64_t r = 0; r < rows; ++r)
+            for (int64_t n = t.n0; n < t.n1; ++n)
+                inter_[(r0 + r) * I + n] = activation::gated(limit, alpha, g[size_t(r * w + n - t.n0)] + bg[n],
+                                                             u[size_t(r * w + n - t.n0)] + bu[n]);
+        return KT_OK;
     }
 
     // The intermediate rows quantized for the down projection, per expert (unless gate_up did).
@@ -623,6 +686,11 @@ public:
                 if (r < 0) continue;
                 const float w = weights[t * size_t(K) + size_t(j)];
                 const float* src = down_out_ + r * H;
+                if (layer_.expert_bias_) {   // the routed expert's down bias, weighted like its output
+                    const float* bd = layer_.bias_[size_t(ids_[t * size_t(K) + size_t(j)])].data() + 2 * I;
+                    for (int64_t h = 0; h < H; ++h) acc[size_t(h)] += w * (src[h] + bd[h]);
+                    continue;
+                }
                 for (int64_t h = 0; h < H; ++h) acc[size_t(h)] += w * src[h];
             }
             if (out_dtype == KT_DTYPE_F32) {
@@ -708,6 +776,7 @@ private:
     const kt_moe_config& shape_;
     const int64_t T, K, H, I, E;
     int64_t S = 0;                       // rows: routed (token, slot) pairs
+    const int64_t* ids_ = nullptr;       // the forward's topk_ids [T, K]
     ThreadPool& pool_;
     std::vector<int64_t> count_, offset_;   // rows per expert, first row of each
     std::vector<int32_t> active_;           // experts with rows, in expert order
@@ -762,10 +831,14 @@ void MoeLayer::forward(const void* hidden, kt_dtype hidden_dtype, int64_t tokens
     check_forward_arguments(tokens, ids, out_dtype);
     // packed_ is read under the lock: load_expert(s) on another thread installs entries under it.
     std::lock_guard<std::mutex> lock(g_forward_mutex);
-    for (int64_t e = 0; e < shape_.num_experts; ++e)
+    for (int64_t e = 0; e < shape_.num_experts; ++e) {
         if (routed_[size_t(e)] && !packed_[size_t(e)])
             throw std::runtime_error("expert " + std::to_string(e) +
                                      " has no weights: call load_weights / load_weights_from_tensors first");
+        if (expert_bias_ && routed_[size_t(e)] && bias_[size_t(e)].empty())
+            throw std::runtime_error("expert " + std::to_string(e) + " has no biases; this layer's experts carry "
+                                     "them (expert_bias=True): load them with its weights (biases=...)");
+    }
     if (tokens == 0) return;
     timer.mark("check");
     const kt_method_kernels& kernels = kernels_for(tokens);

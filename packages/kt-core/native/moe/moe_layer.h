@@ -78,6 +78,16 @@ public:
     // belong to an initialised backend that outlives the layer. nullptr removes them. Set them
     // before the first forward (kt_core.MoE does, at construction): forwards read them unlocked.
     void set_small_batch_kernels(const kt_method_kernels* kernels);
+
+    // Experts with gate, up and down biases (GPT-OSS): the layer runs the kernels'
+    // gate_up_raw_tile (ABI 1.4) and adds the biases and the gated activation itself, and adds
+    // each routed expert's down bias, weighted, into the sum. Before the first forward;
+    // std::invalid_argument when the kernels (or the small-batch ones) have no raw tile.
+    void enable_expert_bias();
+    bool expert_bias() const { return expert_bias_; }
+    // Expert `expert`'s biases: gate and up [intermediate], down [hidden] (copied). Every
+    // expert a forward routes to must have them (the forward names one that does not).
+    void set_expert_bias(int64_t expert, const float* gate, const float* up, const float* down);
     const kt_method_kernels* small_batch_kernels() const { return small_batch_; }
     // The kernels a forward of `tokens` tokens runs.
     const kt_method_kernels& kernels_for(int64_t tokens) const;
@@ -97,6 +107,7 @@ private:
     void install_in_parallel(const int64_t* experts, size_t count, void (*make)(void*, size_t, NumaBuffer&), void* ctx);
     void check_expert_list(const int64_t* experts, size_t count) const;   // in range, on the CPU, no repeats
     void place_on(const std::vector<int>& groups);   // experts over these groups in contiguous runs
+    static void require_raw_tile(const kt_method_kernels& k);   // what a layer with expert biases needs
 
     kt_moe_config shape_;
     const kt_method_kernels* kernels_;
@@ -110,6 +121,9 @@ private:
     // mapping that the layer's experts share (shared_ptr's aliasing constructor).
     std::vector<std::shared_ptr<void>> packed_;
     std::vector<int> group_of_expert_;
+    bool expert_bias_ = false;
+    // Per expert, empty until set: gate bias [I], up bias [I], down bias [H], one after another.
+    std::vector<std::vector<float>> bias_;
 };
 
 // Frees the process-wide scratch buffers forwards reuse (KTMoEWrapper.clear_buffer_cache).

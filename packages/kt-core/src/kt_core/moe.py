@@ -30,7 +30,8 @@ class MoE:
                  method: str = "BF16", gpu_experts_mask: Sequence[bool] | None = None, max_tokens: int = 4096,
                  backend: str | None = None, group_size: int = 0, zero_point: bool = False,
                  fast_activations: bool = False, weight_types: Sequence[str] | None = None,
-                 pool_groups: Sequence[int] | None = None, swiglu_limit: float = 0.0, swiglu_alpha: float = 0.0):
+                 pool_groups: Sequence[int] | None = None, swiglu_limit: float = 0.0, swiglu_alpha: float = 0.0,
+                 expert_bias: bool = False):
         for name, value in (("num_experts", num_experts), ("top_k", top_k), ("hidden_size", hidden_size),
                             ("intermediate_size", intermediate_size), ("max_tokens", max_tokens)):
             if int(value) <= 0:
@@ -55,6 +56,9 @@ class MoE:
         self.fast_activations = bool(fast_activations)
         # The clamped SwiGLU of GPT-OSS / DeepSeek-V4 instead of SiLU(gate) * up (kt/plugin.h).
         self.swiglu_limit, self.swiglu_alpha = float(swiglu_limit), float(swiglu_alpha)
+        # Experts with gate/up/down biases (GPT-OSS): kt-core adds them around the kernels' raw
+        # gate/up products (plugin ABI 1.4); `load(..., biases=...)` gives them.
+        self.expert_bias = bool(expert_bias)
         mask = [False] * self.num_experts if gpu_experts_mask is None else [bool(x) for x in list(gpu_experts_mask)]
         if len(mask) != self.num_experts:
             raise ValueError(f"gpu_experts_mask has {len(mask)} entries, expected num_experts={self.num_experts}")
@@ -67,7 +71,7 @@ class MoE:
         shape = (self.hidden_size, self.intermediate_size, self.num_experts, self.top_k)
         sel = selector()
         if backend is None:
-            self.candidate, native = sel.choose(self.method, shape, self.max_tokens)
+            self.candidate, native = sel.choose(self.method, shape, self.max_tokens, needs_raw_gate_up=self.expert_bias)
         else:
             choices = [c for c in sel.ranked(self.method) if c.backend == backend]
             if not choices:
@@ -84,7 +88,7 @@ class MoE:
                                        self.num_experts, self.top_k, [not g for g in mask], self.max_tokens,
                                        self.group_size, self.zero_point, self.fast_activations,
                                        [ggml_type(t).kt_dtype for t in self.weight_types], self.swiglu_limit,
-                                       self.swiglu_alpha, packer)
+                                       self.swiglu_alpha, packer, self.expert_bias)
         if pool_groups is not None:   # the groups (NUMA nodes) this layer's experts live and run on
             self._layer.set_groups([int(g) for g in pool_groups])
         self.small_batch_candidate = self._attach_small_batch_kernels(sel, native, shape)
@@ -124,7 +128,8 @@ class MoE:
                 other = sel.load(c)
             except BackendError:
                 continue
-            same = any(m["method"] == self.method and m["layout_id"] == layout for m in other.methods)
+            same = any(m["method"] == self.method and m["layout_id"] == layout and (m["raw_gate_up"] or not self.expert_bias)
+                       for m in other.methods)
             if same and not other.declines(self.method, *shape, 1):
                 self._layer.set_small_batch_backend(other, self.method)
                 return c
@@ -222,10 +227,30 @@ class MoE:
                       for m, n in zip(extra, ("gate", "up", "down"))]
         return tuple(parts)
 
-    def load_expert(self, expert: int, gate, up, down, scales=None, zeros=None) -> None:
+    def load_expert(self, expert: int, gate, up, down, scales=None, zeros=None, biases=None) -> None:
         """Pack one expert. gate/up [I, H], down [H, I] as floats; or, for checkpoint formats,
-        their codes with scales=(gate_scale, up_scale, down_scale) and optional zeros=(...)."""
+        their codes with scales=(gate_scale, up_scale, down_scale) and optional zeros=(...).
+        A layer with expert_bias=True takes biases=(gate [I], up [I], down [H])."""
+        self._check_biases(biases)
         self._layer.load_expert(int(expert), *self._parts(gate, up, down, scales, zeros))
+        if biases is not None:
+            self._set_biases(int(expert), biases)
+
+    def _check_biases(self, biases) -> None:
+        if biases is not None and not self.expert_bias:
+            raise WeightsError("biases given to a layer made without expert biases; create it with expert_bias=True")
+        if biases is None and self.expert_bias:
+            raise WeightsError("this layer's experts carry biases (expert_bias=True): pass biases=(gate, up, down)")
+        if biases is not None and len(biases) != 3:
+            raise WeightsError(f"biases must be a (gate, up, down) triple, got {len(biases)} items")
+
+    def _set_biases(self, slot: int, biases) -> None:
+        def f32(x):
+            a = np.ascontiguousarray(x.detach().float().cpu().numpy() if _arrays.is_torch(x) else np.asarray(x),
+                                     dtype=np.float32)
+            return a.reshape(-1) if a.ndim == 2 and 1 in a.shape else a
+
+        self._layer.set_expert_bias(slot, *(f32(b) for b in biases))
 
     def load_experts(self, experts: dict) -> None:
         """Pack many experts in parallel on the pool: {slot: (gate, up, down[, scales[, zeros]])}.
@@ -259,7 +284,7 @@ class MoE:
         """A copy of a loaded expert's packed bytes (layout `layout_id`, `expert_bytes` long)."""
         return self._layer.copy_packed(int(slot))
 
-    def load(self, gate, up, down, physical_to_logical_map=None, *, scales=None, zeros=None) -> None:
+    def load(self, gate, up, down, physical_to_logical_map=None, *, scales=None, zeros=None, biases=None) -> None:
         """Load every CPU expert. gate/up: [E_logical, I, H]; down: [E_logical, H, I] (stacked
         tensors or sequences of per-expert matrices); scales/zeros: (gate, up, down) triples of
         per-expert stacks for pre-quantized checkpoints. Physical slot p loads logical expert
@@ -276,8 +301,15 @@ class MoE:
         def pick(extra, e):
             return None if extra is None else tuple(None if m is None else m[e] for m in extra)
 
+        self._check_biases(biases)
+        if biases is not None and any(len(b) != logical for b in biases):
+            raise WeightsError(f"biases must be a (gate, up, down) triple of stacks of {logical} experts")
         self.load_experts({p: (gate[e], up[e], down[e], pick(scales, e), pick(zeros, e))
                            for p, e in enumerate(p2l) if self.held_on_cpu[p]})
+        if biases is not None:
+            for p, e in enumerate(p2l):
+                if self.held_on_cpu[p]:
+                    self._set_biases(p, tuple(b[e] for b in biases))
 
     def physical_to_logical(self, physical_to_logical_map, logical: int) -> list[int]:
         """The logical expert each physical slot holds (SGLang's expert-location map),

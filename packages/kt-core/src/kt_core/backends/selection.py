@@ -180,9 +180,11 @@ class Selector:
         self._loaded[key] = native
         return native
 
-    def choose(self, method: str, shape: tuple[int, int, int, int] | None = None, tokens: int = 1):
-        """The best loadable variant for `method` that does not decline `shape`:
-        returns (candidate, native backend)."""
+    def choose(self, method: str, shape: tuple[int, int, int, int] | None = None, tokens: int = 1,
+               needs_raw_gate_up: bool = False):
+        """The best loadable variant for `method` that does not decline `shape` (and, for layers
+        whose experts carry biases, has the raw gate/up tile of plugin ABI 1.4): returns
+        (candidate, native backend)."""
         m = canonical_method(method)
         ranked = self.ranked(m)
         if not ranked:
@@ -204,6 +206,9 @@ class Selector:
                 continue
             if shape is not None and native.declines(m, *shape, tokens):
                 problems.append(f"{c.backend}/{c.variant} declines this shape")
+                continue
+            if needs_raw_gate_up and not any(x["method"] == m and x["raw_gate_up"] for x in native.methods):
+                problems.append(f"{c.backend}/{c.variant} has no raw gate/up tile (plugin ABI 1.4) for expert biases")
                 continue
             return c, native
         raise BackendError(f"no backend could run method {m}: " + "; ".join(problems))

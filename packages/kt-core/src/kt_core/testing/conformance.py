@@ -57,18 +57,23 @@ def _inputs(method, rng, experts, hidden, intermediate, group_size):
     return (*checkpoint_arrays(method, *random_moe(rng, experts, hidden, intermediate), group_size=group_size), None)
 
 
-def _pair(kt_variant, *, experts, hidden, intermediate, top_k, max_tokens=4096, mask=None, seed=0, swiglu=(0.0, 0.0)):
+def _pair(kt_variant, *, experts, hidden, intermediate, top_k, max_tokens=4096, mask=None, seed=0, swiglu=(0.0, 0.0),
+          biases=False):
     descriptor, variant, method = kt_variant
     rng = np.random.default_rng(seed)
     group_size = _group_size(method, hidden, intermediate)
     gate, up, down, scales, zeros, weight_types = _inputs(method, rng, experts, hidden, intermediate, group_size)
+    bias = None
+    if biases:   # GPT-OSS-sized biases: comparable to the products they are added to
+        bias = tuple(rng.standard_normal(shape).astype(np.float32) * np.float32(0.5)
+                     for shape in ((experts, intermediate), (experts, intermediate), (experts, hidden)))
     layers = []
     for backend in (descriptor.name, "reference"):
         try:
             layer = MoE(num_experts=experts, top_k=top_k, hidden_size=hidden, intermediate_size=intermediate,
                         method=method, gpu_experts_mask=mask, max_tokens=max_tokens, backend=backend,
                         group_size=group_size, weight_types=weight_types, swiglu_limit=swiglu[0],
-                        swiglu_alpha=swiglu[1])
+                        swiglu_alpha=swiglu[1], expert_bias=biases)
         except BackendError as exc:
             if "declines" in str(exc) or backend == "reference":
                 pytest.skip(f"{backend} cannot run {method} at hidden={hidden}, intermediate={intermediate}: {exc}")
@@ -77,8 +82,11 @@ def _pair(kt_variant, *, experts, hidden, intermediate, top_k, max_tokens=4096, 
             # The clamped SwiGLU is an optional capability a kernel table claims (ABI 1.2).
             if "KT_ACTIVATION_SWIGLU" in str(exc) and backend != "reference":
                 pytest.skip(f"{backend} {method} does not claim KT_ACTIVATION_SWIGLU: {exc}")
+            # Expert biases need the optional raw gate/up tile (ABI 1.4).
+            if biases and "gate_up_raw_tile" in str(exc) and backend != "reference":
+                pytest.skip(f"{backend} {method} has no gate_up_raw_tile, so no expert biases: {exc}")
             raise
-        layer.load(gate, up, down, scales=scales, zeros=zeros)
+        layer.load(gate, up, down, scales=scales, zeros=zeros, biases=bias)
         layers.append(layer)
     if layers[0].backend.split("/")[1] != variant.name:
         raise AssertionError(f"asked for variant {variant.name}, got {layers[0].backend}")
@@ -108,6 +116,17 @@ def test_clamped_swiglu_matches_reference(kt_variant, kt_tolerance, limit, alpha
     every method's fused epilogues; inputs scaled so the clamps bind."""
     layer, oracle, rng = _pair(kt_variant, experts=8, hidden=128, intermediate=64, top_k=2, swiglu=(limit, alpha))
     x = rng.standard_normal((tokens, 128)).astype(np.float32) * np.float32(3.0 if limit > 1 else 1.0)
+    ids, w = random_routing(rng, tokens, 8, 2)
+    _check(layer, oracle, x, ids, w, kt_tolerance, kt_variant[2])
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 64])
+def test_expert_biases_match_reference(kt_variant, kt_tolerance, tokens):
+    """Experts with gate, up and down biases (GPT-OSS, with its clamped SwiGLU): the backend's raw
+    gate/up tile (plugin ABI 1.4) under kt-core's bias and activation epilogue."""
+    layer, oracle, rng = _pair(kt_variant, experts=8, hidden=128, intermediate=64, top_k=2, swiglu=(7.0, 1.702),
+                               biases=True)
+    x = rng.standard_normal((tokens, 128)).astype(np.float32)
     ids, w = random_routing(rng, tokens, 8, 2)
     _check(layer, oracle, x, ids, w, kt_tolerance, kt_variant[2])
 

@@ -25,11 +25,14 @@ def gated(a: np.ndarray, b: np.ndarray, swiglu_limit: float = 0.0, swiglu_alpha:
 
 
 def moe_reference(hidden, gate, up, down, topk_ids, topk_weights, gpu_experts_mask=None, *, swiglu_limit: float = 0.0,
-                  swiglu_alpha: float = 0.0) -> np.ndarray:
+                  swiglu_alpha: float = 0.0, biases=None) -> np.ndarray:
     """out[t] = sum_j w[t,j] * down_e(SiLU(gate_e x) * up_e x) (or the clamped SwiGLU: gated()),
-    in float64; ids < 0 and GPU-resident experts contribute nothing."""
+    in float64; ids < 0 and GPU-resident experts contribute nothing. biases: (gate [E, I], up
+    [E, I], down [E, H]) added to each product, before the activation for gate and up."""
     x = np.asarray(hidden, dtype=np.float64)
     g, u, d = (np.asarray(m, dtype=np.float64) for m in (gate, up, down))
+    bg, bu, bd = (np.zeros((g.shape[0], g.shape[1])), np.zeros((g.shape[0], g.shape[1])), np.zeros((d.shape[0], d.shape[1]))) \
+        if biases is None else (np.asarray(b, dtype=np.float64) for b in biases)
     ids = np.asarray(topk_ids)
     w = np.asarray(topk_weights, dtype=np.float64)
     out = np.zeros((x.shape[0], d.shape[1]), dtype=np.float64)
@@ -38,9 +41,9 @@ def moe_reference(hidden, gate, up, down, topk_ids, topk_weights, gpu_experts_ma
             e = int(ids[t, j])
             if e < 0 or (gpu_experts_mask is not None and gpu_experts_mask[e]):
                 continue
-            a = g[e] @ x[t]
-            inter = gated(a, u[e] @ x[t], swiglu_limit, swiglu_alpha)
-            out[t] += w[t, j] * (d[e] @ inter)
+            a = g[e] @ x[t] + bg[e]
+            inter = gated(a, u[e] @ x[t] + bu[e], swiglu_limit, swiglu_alpha)
+            out[t] += w[t, j] * (d[e] @ inter + bd[e])
     return out
 
 
