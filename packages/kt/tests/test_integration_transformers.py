@@ -218,12 +218,42 @@ def test_model_without_moe_layers():
         patch_model(model)
 
 
-def test_gpt_oss_is_refused_with_the_reason():
+def tiny_gpt_oss(layers=2):
+    """A tiny GPT-OSS (clamped SwiGLU, gate/up and down biases, interleaved gate/up) whose expert
+    weights and biases are bf16 values, so kt's BF16 holds exactly the model's."""
     torch.manual_seed(0)
-    config = transformers.GptOssConfig(**{**COMMON, "num_key_value_heads": 4}, num_hidden_layers=1, head_dim=16,
-                                       intermediate_size=32, num_local_experts=4, num_experts_per_tok=2)
-    with pytest.raises(KTError, match="clamped SwiGLU.*biases"):
-        patch_model(transformers.AutoModelForCausalLM.from_config(config))
+    config = transformers.GptOssConfig(**{**COMMON, "num_key_value_heads": 4}, num_hidden_layers=layers, head_dim=16,
+                                       intermediate_size=32, num_local_experts=8, num_experts_per_tok=2, sliding_window=8,
+                                       layer_types=["sliding_attention", "full_attention"][:layers])
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".experts." in name:   # biases as large as the products, so they matter
+                p.normal_(0.0, 0.3 if "bias" in name else 0.15)
+                p.copy_(p.to(torch.bfloat16).float())
+    return model
+
+
+@pytest.mark.parametrize("method,backend,bound", [("FP32", "reference", 1e-5), ("BF16", None, 1e-4)])
+def test_gpt_oss_experts_with_biases(method, backend, bound):
+    """GPT-OSS's experts — biases on gate/up and down, its clamped SwiGLU (limit 7, alpha 1.702)
+    — run on kt (kt_core.MoE(expert_bias=True)) with the logits of torch's own."""
+    model = tiny_gpt_oss()
+    ids = torch.arange(12).reshape(1, 12) % 128
+    with torch.no_grad():
+        ref = model(ids).logits
+        p = patch_model(model, method=method, backend=backend)
+        got = model(ids).logits
+    assert all(m.moe.expert_bias and (m.moe.swiglu_limit, m.moe.swiglu_alpha) == (7.0, 1.702) for m in p.layers.values())
+    err = ((got - ref).abs().max() / ref.abs().max()).item()
+    assert err < bound, err
+
+
+def test_gpt_oss_limits_are_named():
+    with pytest.raises(KTError, match="GPU-resident experts are not offered for experts with biases yet"):
+        patch_model(tiny_gpt_oss(1), num_gpu_experts=2)
+    with pytest.raises(KTError, match="weight_path is not read for experts with biases yet"):
+        patch_model(tiny_gpt_oss(1), weight_path="/nonexistent")
 
 
 def test_option_errors():

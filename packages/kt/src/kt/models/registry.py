@@ -37,15 +37,17 @@ class TransformersExperts:
     """Where a transformers (5.x) MoE block keeps its routed experts: the block calls
     `block.{attr}(hidden [T, H], top_k_index [T, k], top_k_weights [T, k]) -> [T, H]` after its
     own router, and that module holds `{gate_up}` [E, 2I, H] (I gate rows, then I up rows) and
-    `{down}` [E, H, I]. kt.integrations.transformers replaces that one module."""
+    `{down}` [E, H, I] — or, `input_first`, GPT-OSS's [E, H, 2I] with gate and up interleaved
+    (even / odd columns) and [E, I, H], plus `{gate_up}_bias` [E, 2I] (interleaved the same
+    way) and `{down}_bias` [E, H]. kt.integrations.transformers replaces that one module."""
     attr: str = "experts"
     gate_up: str = "gate_up_proj"
     down: str = "down_proj"
+    input_first: bool = False
 
 
-# What each `Family.activation` computes, for messages. kt's kernels compute "silu", and the
-# clamped SwiGLU itself (KTMoEWrapper / MoE swiglu_limit, swiglu_alpha), but add no biases, so
-# GPT-OSS's experts (biases on gate/up and down) do not run on kt yet.
+# What each `Family.activation` computes, for messages. kt computes both: "silu" in every kernel,
+# GPT-OSS's clamped SwiGLU with biases through MoE(swiglu_limit, swiglu_alpha, expert_bias=True).
 ACTIVATIONS = {
     "silu": "SiLU(x·gateᵀ) * (x·upᵀ), then ·downᵀ, without biases",
     "gpt-oss-swiglu": "a clamped SwiGLU ((clamp(up) + 1) * g * sigmoid(1.702 g), g = min(gate, 7)) with per-expert "
@@ -111,7 +113,8 @@ FAMILIES: tuple[Family, ...] = (
            transformers_blocks=("OlmoeSparseMoeBlock",)),
     Family("gpt-oss", ("gpt_oss",), experts_key=("num_local_experts",), intermediate_key=("intermediate_size",),
            top_k_key=("num_experts_per_tok", "experts_per_token"), per_expert=None,
-           fused=FusedExperts(interleaved=True), activation="gpt-oss-swiglu", transformers_blocks=("GptOssMLP",)),
+           fused=FusedExperts(interleaved=True), activation="gpt-oss-swiglu", transformers_blocks=("GptOssMLP",),
+           transformers_experts=TransformersExperts(input_first=True)),
 )
 
 

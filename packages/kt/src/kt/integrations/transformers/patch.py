@@ -48,16 +48,12 @@ class KTPatch:
 
 
 def supported_model_types() -> list[str]:
-    return sorted(t for f in FAMILIES if f.transformers_blocks and f.activation == "silu" for t in f.model_types)
+    return sorted(t for f in FAMILIES if f.transformers_blocks for t in f.model_types)
 
 
 def _family(model_type: str) -> Family:
     for fam in FAMILIES:
         if model_type in fam.model_types and fam.transformers_blocks:
-            if fam.activation != "silu":
-                raise KTError(f"{model_type} experts compute {ACTIVATIONS[fam.activation]}; kt's kernels compute "
-                              f"{ACTIVATIONS['silu']} or the clamped SwiGLU, but add no expert biases, so kt cannot "
-                              "run this model's experts yet")
             return fam
     raise KTError(f"model_type {model_type!r} is not an MoE family kt's transformers integration supports; "
                   f"supported: {', '.join(supported_model_types())}")
@@ -86,8 +82,20 @@ def _moe_blocks(model: nn.Module, fam: Family, model_type: str) -> list[tuple[in
     return sorted(found, key=lambda item: item[0])
 
 
-def _expert_tensors(block: nn.Module, fam: Family, layer: int, model_type: str):
-    """The fused gate_up [E, 2I, H] and down [E, H, I] parameters of one block, checked."""
+@dataclass
+class _Experts:
+    """One block's routed experts as kt loads them: gate, up [E, I, H] and down [E, H, I] (views),
+    biases (gate [E, I], up [E, I], down [E, H]) or None, and the parameters patch_model frees."""
+    module: nn.Module
+    gate: torch.Tensor
+    up: torch.Tensor
+    down: torch.Tensor
+    biases: tuple | None
+    params: tuple
+
+
+def _expert_tensors(block: nn.Module, fam: Family, layer: int, model_type: str) -> _Experts:
+    """The routed experts of one block, checked, in kt's orientation."""
     te = fam.transformers_experts
     experts = getattr(block, te.attr, None)
     if isinstance(experts, KTExperts):
@@ -96,13 +104,27 @@ def _expert_tensors(block: nn.Module, fam: Family, layer: int, model_type: str):
     if not isinstance(gate_up, torch.Tensor) or not isinstance(down, torch.Tensor):
         raise KTError(f"layer {layer}: the {model_type} block's {te.attr!r} module holds no fused {te.gate_up}/{te.down} "
                       "tensors; kt reads the transformers 5 expert layout")
+    bias_names = (f"{te.gate_up}_bias", f"{te.down}_bias")
     biases = [n for n, _ in experts.named_parameters() if "bias" in n]
-    if biases:
-        raise KTError(f"layer {layer}: the experts have biases ({', '.join(biases)}); kt's kernels compute "
-                      f"{ACTIVATIONS['silu']}")
+    if biases and (not te.input_first or sorted(biases) != sorted(bias_names)):
+        raise KTError(f"layer {layer}: the experts have biases ({', '.join(biases)}); kt reads expert biases in "
+                      f"GPT-OSS's layout ({', '.join(bias_names)}) only")
     if gate_up.is_meta or down.is_meta:
         raise KTError(f"layer {layer}: the expert weights are on the meta device (not loaded); load the model's "
                       "weights before patching it")
+    if te.input_first:   # GPT-OSS: [E, H, 2I] (gate, up interleaved) and [E, I, H], x @ W
+        if gate_up.dim() != 3 or down.dim() != 3 or gate_up.shape[2] % 2:
+            raise KTError(f"layer {layer}: expected {te.gate_up} [E, H, 2I] and {te.down} [E, I, H], got "
+                          f"{list(gate_up.shape)} and {list(down.shape)}")
+        e, h, two_i = gate_up.shape
+        if tuple(down.shape) != (e, two_i // 2, h):
+            raise KTError(f"layer {layer}: {te.gate_up} {list(gate_up.shape)} and {te.down} {list(down.shape)} "
+                          f"disagree; expected {te.down} [{e}, {two_i // 2}, {h}]")
+        gu_bias, d_bias = (getattr(experts, n) for n in bias_names)
+        gate, up = gate_up.detach()[:, :, 0::2].transpose(1, 2), gate_up.detach()[:, :, 1::2].transpose(1, 2)
+        b = gu_bias.detach()
+        return _Experts(experts, gate, up, down.detach().transpose(1, 2), (b[:, 0::2], b[:, 1::2], d_bias.detach()),
+                        (gate_up, down, gu_bias, d_bias))
     if gate_up.dim() != 3 or down.dim() != 3 or gate_up.shape[1] % 2:
         raise KTError(f"layer {layer}: expected {te.gate_up} [E, 2I, H] and {te.down} [E, H, I], got "
                       f"{list(gate_up.shape)} and {list(down.shape)}")
@@ -110,7 +132,8 @@ def _expert_tensors(block: nn.Module, fam: Family, layer: int, model_type: str):
     if tuple(down.shape) != (e, h, two_i // 2):
         raise KTError(f"layer {layer}: {te.gate_up} {list(gate_up.shape)} and {te.down} {list(down.shape)} disagree; "
                       f"expected {te.down} [{e}, {h}, {two_i // 2}]")
-    return experts, gate_up, down
+    w = gate_up.detach()
+    return _Experts(experts, w[:, :two_i // 2], w[:, two_i // 2:], down.detach(), None, (gate_up, down))
 
 
 def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None = None, num_gpu_experts: int = 0,
@@ -144,16 +167,25 @@ def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None =
     fam = _family(model_type)
     cfg = getattr(config, fam.text_config_key) if fam.text_config_key else config
     act = getattr(cfg, "hidden_act", "silu")
-    if act not in ("silu", "swish"):
+    swiglu = (0.0, 0.0)
+    if fam.activation == "gpt-oss-swiglu":   # its experts' own activation, whatever hidden_act says
+        swiglu = (float(getattr(cfg, "swiglu_limit", 7.0)), float(getattr(cfg, "swiglu_alpha", 1.702)))
+    elif act not in ("silu", "swish"):
         raise KTError(f"this {model_type} model's experts use hidden_act={act!r}; kt's kernels compute {ACTIVATIONS['silu']}")
     blocks = _moe_blocks(model, fam, model_type)
     tensors = [_expert_tensors(block, fam, layer, model_type) for layer, block in blocks]
-    num_experts, two_i, hidden = tensors[0][1].shape
-    intermediate = two_i // 2
-    for (layer, _), (_, gate_up, _) in zip(blocks, tensors):
-        if tuple(gate_up.shape) != (num_experts, two_i, hidden):
-            raise KTError(f"layer {layer}'s experts are {list(gate_up.shape)}, layer {blocks[0][0]}'s "
-                          f"{[num_experts, two_i, hidden]}; kt expects one geometry per model")
+    num_experts, intermediate, hidden = tensors[0].gate.shape
+    for (layer, _), t in zip(blocks, tensors):
+        if tuple(t.gate.shape) != (num_experts, intermediate, hidden):
+            raise KTError(f"layer {layer}'s experts are {list(t.gate.shape)} (gate), layer {blocks[0][0]}'s "
+                          f"{[num_experts, intermediate, hidden]}; kt expects one geometry per model")
+    biased = tensors[0].biases is not None
+    if biased and num_gpu_experts:
+        raise KTError(f"{model_type}: GPU-resident experts are not offered for experts with biases yet "
+                      "(num_gpu_experts must be 0); kt runs all of them")
+    if biased and weight_path is not None:
+        raise KTError(f"{model_type}: weight_path is not read for experts with biases yet; patch the loaded model "
+                      "without it (kt packs the model's own expert tensors)")
     top_k = _config_int(cfg, fam.top_k_key, "experts per token", model_type)
     if top_k > num_experts:
         raise KTError(f"this {model_type} config routes {top_k} experts per token of {num_experts}")
@@ -186,7 +218,7 @@ def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None =
     patched: dict[int, KTExperts] = {}
     freed = 0
     with torch.no_grad():
-        for order, ((layer, block), (experts, gate_up, down)) in enumerate(zip(blocks, tensors)):
+        for order, ((layer, block), t) in enumerate(zip(blocks, tensors)):
             mask = masks[layer]
             moe = None
             if not all(mask):
@@ -195,21 +227,22 @@ def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None =
                 moe = MoE(num_experts=num_experts, top_k=top_k, hidden_size=hidden, intermediate_size=intermediate,
                           method=method, gpu_experts_mask=mask, max_tokens=max_tokens, backend=backend,
                           group_size=group_size, zero_point=zero_point, fast_activations=fast_activations,
-                          weight_types=types if canonical_method(method) == "LLAMAFILE" else None)
+                          weight_types=types if canonical_method(method) == "LLAMAFILE" else None,
+                          swiglu_limit=swiglu[0], swiglu_alpha=swiglu[1], expert_bias=biased)
                 if source is not None:
                     load_layer(moe, source, layer)
                 else:
-                    w = gate_up.detach()
-                    moe.load(w[:, :intermediate], w[:, intermediate:], down.detach())
-            resident = torch.tensor([e for e in range(num_experts) if mask[e]], dtype=torch.int64, device=gate_up.device)
+                    moe.load(t.gate, t.up, t.down, biases=t.biases)
+            resident = torch.tensor([e for e in range(num_experts) if mask[e]], dtype=torch.int64, device=t.gate.device)
             last = order == len(blocks) - 1
             module = KTExperts(layer=layer, order=order, num_experts=num_experts, moe=moe, gpu_mask=mask,
-                               resident_gate_up=gate_up.detach().index_select(0, resident),
-                               resident_down=down.detach().index_select(0, resident),
+                               resident_gate_up=torch.cat([t.gate.index_select(0, resident),
+                                                           t.up.index_select(0, resident)], dim=1),
+                               resident_down=t.down.index_select(0, resident),
                                defer=0 if last else defer, handoff=handoff, stats=stats,
-                               original=None if free_originals else experts)
+                               original=None if free_originals else t.module)
             if free_originals:
-                for p in (gate_up, down):
+                for p in t.params:
                     freed += p.numel() * p.element_size()
                     # Empty in place, so the memory goes even if something else holds the old module.
                     p.data = torch.empty((0,) + tuple(p.shape[1:]), dtype=p.dtype, device=p.device)
