@@ -252,8 +252,6 @@ def test_gpt_oss_experts_with_biases(method, backend, bound):
 def test_gpt_oss_limits_are_named():
     with pytest.raises(KTError, match="GPU-resident experts are not offered for experts with biases yet"):
         patch_model(tiny_gpt_oss(1), num_gpu_experts=2)
-    with pytest.raises(KTError, match="weight_path is not read for experts with biases yet"):
-        patch_model(tiny_gpt_oss(1), weight_path="/nonexistent")
 
 
 def test_option_errors():

@@ -102,8 +102,8 @@ def test_physical_to_logical_map_and_gpu_slots(tmp_path):
 
 
 def test_fused_layouts_are_split_correctly(tmp_path):
-    # qwen3_vl_moe stores [E, H, 2I] halves; GPT-OSS interleaves gate/up columns but its
-    # experts are not SiLU: readable, refused at run time.
+    # qwen3_vl_moe stores [E, H, 2I] halves; GPT-OSS interleaves gate/up columns, and its experts
+    # (biases, clamped SwiGLU) need a layer made for them.
     truth = write_checkpoint(tmp_path / "vl", "qwen3_vl_moe", hidden=H, intermediate=I, experts=E)
     kt = wrapper(tmp_path / "vl", 1)
     kt.load_weights()
@@ -115,8 +115,25 @@ def test_fused_layouts_are_split_correctly(tmp_path):
     gate, up, down, _, _ = checkpoint_experts(Checkpoint(tmp_path / "oss"), 0, 5)
     for got, want in zip((gate, up, down), oss[0]):
         assert np.array_equal(got.double().numpy(), want[5])
-    with pytest.raises(WeightsError, match="gpt_oss experts compute gpt-oss-swiglu, not SiLU"):
+    with pytest.raises(WeightsError, match=r"gpt_oss experts compute a clamped SwiGLU.*create the layer with "
+                                            r"expert_bias=True, swiglu_limit=7.0, swiglu_alpha=1.702"):
         wrapper(tmp_path / "oss", 0).load_weights()
+
+
+@pytest.mark.parametrize("quant,method,bound", [(None, "BF16", 1e-4), ("mxfp4", "MXFP4", 5e-3)])
+def test_gpt_oss_checkpoint_loads_with_its_biases(tmp_path, quant, method, bound):
+    """GPT-OSS's checkpoints as stored — fused bf16 [E, H, 2I], or MXFP4 *_blocks / *_scales — with
+    their gate/up and down biases, into a layer made for its experts."""
+    truth = write_checkpoint(tmp_path, "gpt_oss", hidden=H, intermediate=I, experts=E, quant=quant)
+    layer = min(truth)
+    *weights, biases = truth[layer]
+    moe = MoE(num_experts=E, top_k=TOP_K, hidden_size=H, intermediate_size=I, method=method, expert_bias=True,
+              swiglu_limit=7.0, swiglu_alpha=1.702)
+    load_layer(moe, tmp_path, layer)
+    x, ids, w = routing()
+    want = moe_reference(x.numpy(), *weights, ids.numpy(), w.numpy(), swiglu_limit=7.0, swiglu_alpha=1.702,
+                         biases=biases)
+    assert relative_error(moe(x, ids, w).double().numpy(), want) < bound
 
 
 def test_config_key_variants_and_moe_layer_rules():

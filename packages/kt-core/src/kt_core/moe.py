@@ -253,15 +253,21 @@ class MoE:
         self._layer.set_expert_bias(slot, *(f32(b) for b in biases))
 
     def load_experts(self, experts: dict) -> None:
-        """Pack many experts in parallel on the pool: {slot: (gate, up, down[, scales[, zeros]])}.
-        All land or, on the first bad one, none."""
-        ids, parts = [], []
+        """Pack many experts in parallel on the pool: {slot: (gate, up, down[, scales[, zeros[,
+        biases]]])}. All land or, on the first bad one, none (biases are set after the weights)."""
+        ids, parts, biases = [], [], {}
         for slot, weights in experts.items():
             gate, up, down, *rest = weights
+            scales, zeros, bias = (list(rest) + [None, None, None])[:3]
+            self._check_biases(bias)
             ids.append(int(slot))
-            parts.append(self._parts(gate, up, down, *(list(rest) + [None, None])[:2]))
+            parts.append(self._parts(gate, up, down, scales, zeros))
+            if bias is not None:
+                biases[int(slot)] = bias
         if ids:
             self._layer.load_experts(ids, parts)
+        for slot, bias in biases.items():
+            self._set_biases(slot, bias)
 
     def load_packed(self, offsets: dict, fd: int) -> None:
         """Install experts from bytes packed in this layer's layout (`packed_expert`'s output):
@@ -304,12 +310,8 @@ class MoE:
         self._check_biases(biases)
         if biases is not None and any(len(b) != logical for b in biases):
             raise WeightsError(f"biases must be a (gate, up, down) triple of stacks of {logical} experts")
-        self.load_experts({p: (gate[e], up[e], down[e], pick(scales, e), pick(zeros, e))
+        self.load_experts({p: (gate[e], up[e], down[e], pick(scales, e), pick(zeros, e), pick(biases, e))
                            for p, e in enumerate(p2l) if self.held_on_cpu[p]})
-        if biases is not None:
-            for p, e in enumerate(p2l):
-                if self.held_on_cpu[p]:
-                    self._set_biases(p, tuple(b[e] for b in biases))
 
     def physical_to_logical(self, physical_to_logical_map, logical: int) -> list[int]:
         """The logical expert each physical slot holds (SGLang's expert-location map),

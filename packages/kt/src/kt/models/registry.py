@@ -77,6 +77,9 @@ class Family:
     # What the experts compute. kt's kernels compute SiLU(x·gateᵀ) * (x·upᵀ) then ·downᵀ with
     # no biases ("silu"); a family whose experts differ is readable but refused at run time.
     activation: str = "silu"
+    # The experts add biases to gate/up and down (GPT-OSS): read with the weights, computed by
+    # kt_core.MoE(expert_bias=True).
+    expert_biases: bool = False
     text_config_key: str | None = None            # multimodal configs nest the text model
     # The transformers MoE block class names for this family (kt.integrations.transformers).
     transformers_blocks: tuple[str, ...] = ()
@@ -113,7 +116,8 @@ FAMILIES: tuple[Family, ...] = (
            transformers_blocks=("OlmoeSparseMoeBlock",)),
     Family("gpt-oss", ("gpt_oss",), experts_key=("num_local_experts",), intermediate_key=("intermediate_size",),
            top_k_key=("num_experts_per_tok", "experts_per_token"), per_expert=None,
-           fused=FusedExperts(interleaved=True), activation="gpt-oss-swiglu", transformers_blocks=("GptOssMLP",),
+           fused=FusedExperts(interleaved=True), activation="gpt-oss-swiglu", expert_biases=True,
+           transformers_blocks=("GptOssMLP",),
            transformers_experts=TransformersExperts(input_first=True)),
 )
 

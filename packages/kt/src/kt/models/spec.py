@@ -15,7 +15,7 @@ from .registry import Family, family_for
 class Quantization:
     """How the checkpoint stores expert weights: `method` is the kt method that reads them
     without conversion (BF16 for plain float checkpoints)."""
-    method: str                   # BF16, FP8, RAWINT4, GPTQ_INT4, NVFP4, MXFP8
+    method: str                   # BF16, FP8, RAWINT4, GPTQ_INT4, NVFP4, MXFP8, MXFP4
     group_size: int = 0           # RAWINT4, GPTQ_INT4, NVFP4, MXFP8: elements per scale group
     block: tuple[int, int] = (0, 0)   # FP8: scale block (rows, cols)
 
@@ -89,6 +89,8 @@ def _quantization(cfg: dict) -> Quantization:
         return Quantization("MXFP8", group_size=32)   # E4M3 with an E8M0 exponent per 32 k (OCP MX)
     if kind == "mxfp8":
         return Quantization("MXFP8", group_size=32)
+    if kind == "mxfp4":   # GPT-OSS: experts as *_blocks / *_scales, E8M0 per 32
+        return Quantization("MXFP4", group_size=32)
     if kind == "modelopt":
         algo = q.get("quant_algo") or (q.get("quantization") or {}).get("quant_algo")
         group = q.get("group_size") or (q.get("quantization") or {}).get("group_size") or 16
@@ -123,7 +125,7 @@ def _quantization(cfg: dict) -> Quantization:
         return Quantization("GPTQ_INT4", group_size=group)
     raise KTError(f"checkpoint quantization {kind!r} is not one kt reads; supported: none (bf16/fp16/fp32), "
                   "fp8 (128x128 blocks, or MXFP8: [1, 32] blocks with ue8m0 scales), mxfp8, compressed-tensors int4, "
-                  "gptq (4-bit, symmetric), modelopt NVFP4")
+                  "gptq (4-bit, symmetric), modelopt NVFP4, mxfp4 (GPT-OSS)")
 
 
 def spec_from_config(cfg: dict) -> ModelSpec:

@@ -6,7 +6,8 @@ with an index like the real ones, plus a few non-expert tensors the loader must 
 
     experts = write_checkpoint(tmp_path, "qwen3_moe", quant="fp8")
     experts[layer] -> (gate [E, I, H], up, down [E, H, I]) float64, the weights the
-                      checkpoint's tensors stand for (dequantized for FP8 / RAWINT4)
+                      checkpoint's tensors stand for (dequantized for FP8 / RAWINT4), and for
+                      families with expert biases (GPT-OSS) a fourth item (gate, up, down biases)
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ def make_config(model_type: str, *, hidden: int, intermediate: int, experts: int
     elif quant == "nvfp4":   # what ModelOpt's hf_quant_config becomes in a config.json
         cfg["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
                                       "exclude_modules": ["lm_head"]}
+    elif quant == "mxfp4":   # GPT-OSS's quantization_config
+        cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn",
+                                                                                           "model.layers.*.mlp.router"]}
     elif quant == "mxfp8":
         cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [1, 32],
                                       "scale_fmt": "ue8m0", "activation_scheme": "dynamic"}
@@ -63,15 +67,36 @@ def _expert_tensors(fam, layer: int, gate, up, down, quant: str | None, truth: b
     out = {}
     if fam.fused is not None:
         E, I, H = gate.shape
-        gate_up = np.empty((E, H, 2 * I), np.float32)
-        if fam.fused.interleaved:
-            gate_up[:, :, 0::2], gate_up[:, :, 1::2] = gate.transpose(0, 2, 1), up.transpose(0, 2, 1)
-        else:
-            gate_up[:, :, :I], gate_up[:, :, I:] = gate.transpose(0, 2, 1), up.transpose(0, 2, 1)
         prefix = fam.experts_prefix.format(layer=layer)
-        out[f"{prefix}.{fam.fused.gate_up}"] = torch.from_numpy(gate_up).to(torch.bfloat16)
-        out[f"{prefix}.{fam.fused.down}"] = torch.from_numpy(np.ascontiguousarray(down.transpose(0, 2, 1))).to(torch.bfloat16)
-        return out, tuple(Q.bf16_round(m).astype(np.float64) for m in (gate, up, down)) if truth else ()
+        pick = (slice(0, None, 2), slice(1, None, 2)) if fam.fused.interleaved else (slice(0, I), slice(I, 2 * I))
+        if quant == "mxfp4":   # GPT-OSS's *_blocks [E, N, K/32, 16] and *_scales [E, N, K/32], N the output rows
+            blocks = np.empty((E, 2 * I, H // 32, 16), np.uint8)
+            scales = np.empty((E, 2 * I, H // 32), np.uint8)
+            for rows, m in zip(pick, (gate, up)):
+                b, sc = Q.quantize_mxfp4(m)
+                blocks[:, rows], scales[:, rows] = b.reshape(E, I, H // 32, 16), sc
+            db, ds = Q.quantize_mxfp4(down)
+            out[f"{prefix}.{fam.fused.gate_up}_blocks"] = torch.from_numpy(blocks)
+            out[f"{prefix}.{fam.fused.gate_up}_scales"] = torch.from_numpy(scales)
+            out[f"{prefix}.{fam.fused.down}_blocks"] = torch.from_numpy(np.ascontiguousarray(db.reshape(E, H, I // 32, 16)))
+            out[f"{prefix}.{fam.fused.down}_scales"] = torch.from_numpy(ds)
+            real = tuple(Q.dequantized_weights("MXFP4", gate, up, down)) if truth else ()
+        else:
+            gate_up = np.empty((E, H, 2 * I), np.float32)
+            gate_up[:, :, pick[0]], gate_up[:, :, pick[1]] = gate.transpose(0, 2, 1), up.transpose(0, 2, 1)
+            out[f"{prefix}.{fam.fused.gate_up}"] = torch.from_numpy(gate_up).to(torch.bfloat16)
+            out[f"{prefix}.{fam.fused.down}"] = torch.from_numpy(np.ascontiguousarray(down.transpose(0, 2, 1))).to(torch.bfloat16)
+            real = tuple(Q.bf16_round(m).astype(np.float64) for m in (gate, up, down)) if truth else ()
+        if fam.expert_biases:   # GPT-OSS: bf16 biases, interleaved like the weights; truth gains them
+            rng = np.random.default_rng(layer)
+            bias = [Q.bf16_round(rng.standard_normal(shape).astype(np.float32) * np.float32(0.3))
+                    for shape in ((E, I), (E, I), (E, H))]
+            gu_bias = np.empty((E, 2 * I), np.float32)
+            gu_bias[:, pick[0]], gu_bias[:, pick[1]] = bias[0], bias[1]
+            out[f"{prefix}.{fam.fused.gate_up}_bias"] = torch.from_numpy(gu_bias).to(torch.bfloat16)
+            out[f"{prefix}.{fam.fused.down}_bias"] = torch.from_numpy(bias[2]).to(torch.bfloat16)
+            real = (*real, tuple(b.astype(np.float64) for b in bias)) if truth else ()
+        return out, real
     real = []
     for proj, stack in (("gate", gate), ("up", up), ("down", down)):
         deq = np.empty(stack.shape, np.float64) if truth else None

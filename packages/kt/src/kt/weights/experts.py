@@ -38,13 +38,62 @@ def _fused(ckpt: Checkpoint, layer: int, expert: int):
     return gate.t().contiguous(), up.t().contiguous(), down[expert].t().contiguous()
 
 
+def _fused_mxfp4(ckpt: Checkpoint, layer: int, expert: int):
+    """GPT-OSS's MXFP4 experts as its checkpoints store them: `{gate_up}_blocks` [E, 2I, H/32, 16]
+    (two E2M1 codes per byte, rows gate 0, up 0, gate 1, ... when interleaved) with `_scales`
+    [E, 2I, H/32] (E8M0), `{down}_blocks` [E, H, I/32, 16] with `_scales` [E, H, I/32]."""
+    torch = _torch()
+    fam, s = ckpt.spec.family, ckpt.spec
+    prefix = fam.experts_prefix.format(layer=layer)
+    H, I, E = s.hidden, s.intermediate, s.num_experts
+    if H % 32 or I % 32:
+        raise WeightsError(f"MXFP4 needs hidden ({H}) and intermediate ({I}) to be multiples of 32")
+
+    def part(name, rows, k):
+        blocks = expect_tensor(ckpt.tensor(f"{prefix}.{name}_blocks"), f"{prefix}.{name}_blocks", (E, rows, k // 32, 16),
+                               (torch.uint8,), "E2M1 pairs, 16 bytes per 32-element block")
+        scales = expect_tensor(ckpt.tensor(f"{prefix}.{name}_scales"), f"{prefix}.{name}_scales", (E, rows, k // 32),
+                               (torch.uint8,), "E8M0 exponents, one per 32 elements")
+        return blocks[expert].reshape(rows, k // 2), scales[expert]
+
+    gu, gu_s = part(fam.fused.gate_up, 2 * I, H)
+    down, down_s = part(fam.fused.down, H, I)
+    if fam.fused.interleaved:
+        gate, up, gate_s, up_s = gu[0::2], gu[1::2], gu_s[0::2], gu_s[1::2]
+    else:
+        gate, up, gate_s, up_s = gu[:I], gu[I:], gu_s[:I], gu_s[I:]
+    return tuple(t.contiguous() for t in (gate, up, down)), tuple(t.contiguous() for t in (gate_s, up_s, down_s))
+
+
+def checkpoint_biases(ckpt: Checkpoint, layer: int, expert: int) -> tuple | None:
+    """(gate [I], up [I], down [H]) biases of one expert of a family whose experts have them
+    (GPT-OSS: `{gate_up}_bias` [E, 2I], interleaved as its weights, `{down}_bias` [E, H]); None for
+    the others."""
+    fam, s = ckpt.spec.family, ckpt.spec
+    if not fam.expert_biases:
+        return None
+    torch = _torch()
+    prefix = fam.experts_prefix.format(layer=layer)
+    floats = (torch.bfloat16, torch.float16, torch.float32)
+    gu = expect_tensor(ckpt.tensor(f"{prefix}.{fam.fused.gate_up}_bias"), f"{prefix}.{fam.fused.gate_up}_bias",
+                       (s.num_experts, 2 * s.intermediate), floats, "gate/up biases")[expert]
+    down = expect_tensor(ckpt.tensor(f"{prefix}.{fam.fused.down}_bias"), f"{prefix}.{fam.fused.down}_bias",
+                         (s.num_experts, s.hidden), floats, "down biases")[expert]
+    gate, up = (gu[0::2], gu[1::2]) if fam.fused.interleaved else (gu[:s.intermediate], gu[s.intermediate:])
+    return tuple(t.float() for t in (gate, up, down))
+
+
 def checkpoint_experts(ckpt: Checkpoint, layer: int, expert: int) -> tuple:
     """(gate, up, down, scales, zeros) of one expert in the checkpoint's own format."""
     torch = _torch()
     fam, quant = ckpt.spec.family, ckpt.spec.quantization
     if fam.fused is not None:
+        if quant.method == "MXFP4":
+            values, scales = _fused_mxfp4(ckpt, layer, expert)
+            return (*values, scales, None)
         if quant.method != "BF16":
-            raise WeightsError(f"fused expert tensors are read from float checkpoints; this one is {quant.method}")
+            raise WeightsError(f"fused expert tensors are read from float or MXFP4 checkpoints; this one is "
+                               f"{quant.method}")
         return (*_fused(ckpt, layer, expert), None, None)
     values, scales, zeros = [], [], []
     for proj, (n, k) in projection_shapes(ckpt.spec).items():

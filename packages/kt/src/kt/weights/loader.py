@@ -17,9 +17,10 @@ from pathlib import Path
 from kt_core.errors import KTError, WeightsError
 
 from ..gguf.reader import GGUFModel, expert_reader, is_gguf, open_gguf
+from ..models import ACTIVATIONS
 from .checkpoint import Checkpoint
 from .converted import MANIFEST, ConvertedFolder
-from .experts import checkpoint_experts, float_experts
+from .experts import checkpoint_biases, checkpoint_experts, float_experts
 from .kt_kernel_folder import KtKernelFolder, is_dump_folder, is_merged
 from .packed import load_packed_layer, packed_layer
 from .readahead import readahead
@@ -29,7 +30,7 @@ from .readahead import readahead
 BATCH = 32
 # What each checkpoint format can be loaded as without quantizing.
 AS_STORED = {"BF16": ("BF16", "FP32"), "FP8": ("FP8",), "RAWINT4": ("RAWINT4",), "GPTQ_INT4": ("GPTQ_INT4",),
-             "NVFP4": ("NVFP4",), "MXFP8": ("MXFP8",)}
+             "NVFP4": ("NVFP4",), "MXFP8": ("MXFP8",), "MXFP4": ("MXFP4",)}
 
 
 def open_weights(path: str | Path) -> Checkpoint | ConvertedFolder | GGUFModel | KtKernelFolder:
@@ -74,10 +75,14 @@ def _checkpoint_reader(moe, ckpt: Checkpoint, layer: int, quantize_at_load: bool
         raise WeightsError(f"layer {layer} of this {spec.model_type} model is not an MoE layer; its MoE layers are "
                            f"{spec.moe_layers[0]}..{spec.moe_layers[-1]} ({len(spec.moe_layers)} layers)")
     if spec.family.activation != "silu":
-        raise WeightsError(f"{spec.model_type} experts compute {spec.family.activation}, not SiLU(gate)*up without "
-                           "biases, which is what kt's kernels compute; this family cannot run on kt")
+        swiglu = (float(ckpt.config.get("swiglu_limit", 7.0)), float(ckpt.config.get("swiglu_alpha", 1.702)))
+        if not (moe.expert_bias and (moe.swiglu_limit, moe.swiglu_alpha) == swiglu):
+            raise WeightsError(f"{spec.model_type} experts compute {ACTIVATIONS[spec.family.activation]}: create the "
+                               f"layer with expert_bias=True, swiglu_limit={swiglu[0]}, swiglu_alpha={swiglu[1]}")
     stored = spec.quantization.method
     if moe.method in AS_STORED[stored]:
+        if spec.family.expert_biases:   # (..., biases): MoE.load_experts sets them with the weights
+            return spec.num_experts, lambda e: (*checkpoint_experts(ckpt, layer, e), checkpoint_biases(ckpt, layer, e))
         return spec.num_experts, lambda e: checkpoint_experts(ckpt, layer, e)
     if stored in ("BF16", "FP8") and moe.method in ("INT8", "INT4", "BF16"):
         if not quantize_at_load:

@@ -183,9 +183,6 @@ def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None =
     if biased and num_gpu_experts:
         raise KTError(f"{model_type}: GPU-resident experts are not offered for experts with biases yet "
                       "(num_gpu_experts must be 0); kt runs all of them")
-    if biased and weight_path is not None:
-        raise KTError(f"{model_type}: weight_path is not read for experts with biases yet; patch the loaded model "
-                      "without it (kt packs the model's own expert tensors)")
     top_k = _config_int(cfg, fam.top_k_key, "experts per token", model_type)
     if top_k > num_experts:
         raise KTError(f"this {model_type} config routes {top_k} experts per token of {num_experts}")
