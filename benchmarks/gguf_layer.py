@@ -61,7 +61,7 @@ def make_layer(name: str, args, rng):
     H, I, E = args.hidden, args.intermediate, args.experts
     layer = kt_core.MoE(num_experts=E, top_k=args.top_k, hidden_size=H, intermediate_size=I, method=method,
                         max_tokens=max(args.tokens), weight_types=types if method == "LLAMAFILE" else None,
-                        group_size=128 if method == "INT4" else 0)
+                        group_size=128 if method == "INT4" else 0, fast_activations=args.fast_activations)
     shapes = ((E, I, H), (E, I, H), (E, H, I))
     if method == "BF16":   # bf16 bits, loaded into kt as the floats they are, 16 experts at a time
         bits = tuple((rng.standard_normal(s, dtype=np.float32) * 0.02).view(np.uint32) >> 16 for s in shapes)
@@ -190,6 +190,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--json")
+    ap.add_argument("--fast-activations", action="store_true",
+                    help="kt's integer kernels take one int8 activation pass (llama.cpp's Q8_K precision) instead of two")
     ap.add_argument("--kt-kernel-venv")
     ap.add_argument("--llama-cpp", help="build folder of benchmarks/setup_llama_cpp.sh: adds llama.cpp's columns")
     ap.add_argument("--kt-kernel-data", default=str(Path(__file__).resolve().parent.parent / ".bench" / "gguf_layer_data"))
