@@ -218,7 +218,7 @@ void gate_up_raw(const ExpertPanels& l, const uint8_t* base, int64_t n0, int64_t
 // FP8's and INT4's decode loops do enough per line that the hardware prefetchers do not keep one
 // core's share of DRAM in flight, and a prefetch only 2 KiB ahead into L1 caps a core near 2 KiB
 // per DRAM latency. INT8's lighter loop streams on the hardware prefetch (a software prefetch
-// slowed it), so INT8, BF16 and LLAMAFILE do without. The distances were chosen by call-by-call
+// slowed it), so INT8, BF16 and LLAMAFILE (but Q6_K) do without. The distances were chosen by call-by-call
 // A/B runs; their figures are in docs/performance.md (its decode prefetch section).
 constexpr size_t kDecodePrefetchL2 = 16384;
 template <size_t kL1Ahead>

@@ -515,6 +515,23 @@ inline VF widen_i8(const uint8_t* p) {
 #endif
 }
 
+// kLanes i8 -> i32.
+inline VI widen_i8_i32(const uint8_t* p) {
+#if defined(__AVX512F__)
+    return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#else
+    return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+#endif
+}
+
+inline VI vmullo(VI a, VI b) {
+#if defined(__AVX512F__)
+    return _mm512_mullo_epi32(a, b);
+#else
+    return _mm256_mullo_epi32(a, b);
+#endif
+}
+
 // kLanes u8 -> f32.
 inline VF widen_u8(const uint8_t* p) {
 #if defined(__AVX512F__)
@@ -562,9 +579,18 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
     for (int m = 0; m < MR; ++m) a[m] = act_row(x + size_t(m) * row_bytes, k);
     const VI low4 = vset1i(0x0f0f0f0f);
     constexpr int kChunksPerSub = int(P::kSubK / (P::kBits == 2 ? 16 : P::kBits == 4 ? 8 : 4));
+    // Q6_K's scales are int8 per 16 k and its activation scale one per 256-k block: its sub-block
+    // epilogue stays in integers, sc_j * (dot_j - 32 * sum_j) summed exactly over the block (|sum|
+    // < 2^29), and converts once per block (the float epilogue below, every 16 k, held its
+    // cache-resident rate at 27.6 GB/s; this one 30.1, Q4_K's 29.6: docs/performance.md).
+    constexpr bool kIntScales = std::is_same_v<P, Q6K>;
     for (int64_t b = 0; b < k / P::kBlockK; ++b) {
         const uint8_t* blk = panel + size_t(b) * P::kBlockBytes;
         const int64_t k0 = b * P::kBlockK;
+        VI ihi[MR][kVecsPerPanel], ilo[MR][kVecsPerPanel];
+        if constexpr (kIntScales)
+            for (int m = 0; m < MR; ++m)
+                for (int v = 0; v < kVecsPerPanel; ++v) ihi[m][v] = ilo[m][v] = vzeroi();
         for (int j = 0; j < int(P::kBlockK / P::kSubK); ++j) {
             VI hi[MR][kVecsPerPanel], lo[MR][kVecsPerPanel];
             for (int m = 0; m < MR; ++m)
@@ -611,6 +637,10 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
                         }
                     }
                 } else if constexpr (P::kBits == 4) {
+                    // Q6_K's decode (one row) streams its lines on software prefetch, as INT4's does:
+                    // with the high bit pairs its loop does too much per line for the hardware
+                    // prefetchers to keep one core's share of DRAM in flight.
+                    if constexpr (std::is_same_v<P, Q6K> && MR == 1) prefetch_decode_stream<4096>(chunk);
                     VI w0[kVecsPerPanel], w1[kVecsPerPanel];
                     for (int v = 0; v < kVecsPerPanel; ++v) {
                         VI w = vloadi(chunk + size_t(v) * kLanes * 4);
@@ -681,6 +711,20 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
                     }
                 }
             }
+            if constexpr (kIntScales) {
+                const int64_t g16 = (k0 + P::kSubK * j) / 16;
+                VI sc[kVecsPerPanel];
+                for (int v = 0; v < kVecsPerPanel; ++v) sc[v] = widen_i8_i32(blk + P::kSc + 16 * j + v * kLanes);
+                for (int m = 0; m < MR; ++m) {
+                    const VI zh = vset1i(32 * int32_t(a[m].sums_hi[g16]));
+                    for (int v = 0; v < kVecsPerPanel; ++v) ihi[m][v] = vaddi(ihi[m][v], vmullo(sc[v], vsubi(hi[m][v], zh)));
+                    if constexpr (kTwoPass) {
+                        const VI zl = vset1i(32 * int32_t(a[m].sums_lo[g16]));
+                        for (int v = 0; v < kVecsPerPanel; ++v) ilo[m][v] = vaddi(ilo[m][v], vmullo(sc[v], vsubi(lo[m][v], zl)));
+                    }
+                }
+                continue;
+            }
             VF s[kVecsPerPanel], sz[kVecsPerPanel];
             for (int v = 0; v < kVecsPerPanel; ++v) {
                 if constexpr (std::is_same_v<P, Q40>) {
@@ -714,9 +758,6 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
                     s[v] = vmul(d, widen_u8(blk + P::kSc + 16 * j + v * kLanes));
                     sz[v] = vmul(vload(reinterpret_cast<const float*>(blk + P::kDmin) + v * kLanes),
                                  widen_u8(blk + P::kM + 16 * j + v * kLanes));
-                } else if constexpr (std::is_same_v<P, Q6K>) {
-                    s[v] = vmul(d, widen_i8(blk + P::kSc + 16 * j + v * kLanes));
-                    sz[v] = vmul(s[v], vset1(32.0f));
                 }
             }
             const int64_t g16 = (k0 + P::kSubK * j) / 16;
@@ -733,6 +774,15 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
                 }
             }
         }
+        if constexpr (kIntScales)
+            for (int m = 0; m < MR; ++m) {
+                const VF sa = vset1(a[m].scale[k0 / kQK]);
+                for (int v = 0; v < kVecsPerPanel; ++v) {
+                    const VF d = vmul(sa, vload(reinterpret_cast<const float*>(blk + P::kD) + v * kLanes));
+                    const VF t = kTwoPass ? vfma(vcvt(ilo[m][v]), vset1(1.0f / 128.0f), vcvt(ihi[m][v])) : vcvt(ihi[m][v]);
+                    acc[m][v] = vfma(d, t, acc[m][v]);
+                }
+            }
     }
     for (int m = 0; m < MR; ++m)
         for (int v = 0; v < kVecsPerPanel; ++v) {
