@@ -214,12 +214,13 @@ void gate_up_raw(const ExpertPanels& l, const uint8_t* base, int64_t n0, int64_t
 }
 
 // How a decode-sized tile prefetches the weight stream it reads, once per 64-byte line: into L2
-// 16 KiB ahead, and from there into L1 kL1Ahead bytes ahead (FP8 8 KiB, INT4 / RAWINT4 4 KiB).
-// FP8's and INT4's decode loops do enough per line that the hardware prefetchers do not keep one
-// core's share of DRAM in flight, and a prefetch only 2 KiB ahead into L1 caps a core near 2 KiB
-// per DRAM latency. INT8's lighter loop streams on the hardware prefetch (a software prefetch
-// slowed it), so INT8, BF16 and LLAMAFILE (but Q6_K) do without. The distances were chosen by call-by-call
-// A/B runs; their figures are in docs/performance.md (its decode prefetch section).
+// 16 KiB ahead, and from there into L1 kL1Ahead bytes ahead (FP8 8 KiB, INT4 / RAWINT4 and
+// LLAMAFILE's 4-bit types 4 KiB). FP8's and INT4's decode loops do enough per line that the
+// hardware prefetchers do not keep one core's share of DRAM in flight, and a prefetch only 2 KiB
+// ahead into L1 caps a core near 2 KiB per DRAM latency. INT8's lighter loop streams on the
+// hardware prefetch (a software prefetch slowed it), so INT8, BF16 and LLAMAFILE's 2- and 8-bit
+// types do without. The distances were chosen by call-by-call A/B runs; their figures are in
+// docs/performance.md (its decode prefetch section).
 constexpr size_t kDecodePrefetchL2 = 16384;
 template <size_t kL1Ahead>
 inline void prefetch_decode_stream(const void* line) {
