@@ -26,11 +26,12 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
-    import kt_kernel_ext
-    from kt_kernel_ext.moe import MOEConfig
-
-    import kt_kernel  # noqa: F401  (picks the CPU variant, registers kt_kernel_ext)
+    # kt_kernel picks the CPU variant and registers it as module kt_kernel_ext: take it from there,
+    # so no import sorting can put kt_kernel_ext first.
+    from kt_kernel import kt_kernel_ext
     from kt_kernel.utils import amx as kt_amx
+
+    MOEConfig = kt_kernel_ext.moe.MOEConfig
 
     torch.set_num_threads(1)
     w = np.load(args.weights)
