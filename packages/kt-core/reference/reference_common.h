@@ -41,6 +41,25 @@ inline double gated(const kt_moe_config* s, double g, double u) {
     return kt::activation::gated<double>(s->swiglu_limit, s->swiglu_alpha, g, u);
 }
 
+// Where a method's gate/up products go (its gate_up_pairs(..., emit) calls emit(r, n, g, u) for
+// each row and column of the tile): gate_up_tile's gated activation, or gate_up_raw_tile's plain
+// products in tile-local columns (plugin ABI 1.4).
+struct GatedOut {
+    const kt_moe_config* s;
+    float* out;
+    int64_t stride;
+    void operator()(int64_t r, int64_t n, double g, double u) const { out[r * stride + n] = float(gated(s, g, u)); }
+};
+struct RawOut {
+    float* gate;
+    float* up;
+    int64_t stride, n0;
+    void operator()(int64_t r, int64_t n, double g, double u) const {
+        gate[r * stride + n - n0] = float(g);
+        up[r * stride + n - n0] = float(u);
+    }
+};
+
 // IEEE half -> f32, exact (subnormals, infinities and NaN included).
 float f16_to_f32(uint16_t h);
 

@@ -129,18 +129,14 @@ void gate_up_pairs(const kt_moe_config* s, const void* packed, const void* act, 
 template <class M>
 kt_status gate_up_tile(const kt_moe_config* s, const void* packed, const void* act, int64_t rows, int64_t n0,
                        int64_t n1, float* out, int64_t out_stride) {
-    gate_up_pairs<M>(s, packed, act, rows, n0, n1,
-                     [&](int64_t r, int64_t n, double g, double u) { out[r * out_stride + n] = float(gated(s, g, u)); });
+    gate_up_pairs<M>(s, packed, act, rows, n0, n1, GatedOut{s, out, out_stride});
     return KT_OK;
 }
 
 template <class M>
 kt_status gate_up_raw_tile(const kt_moe_config* s, const void* packed, const void* act, int64_t rows, int64_t n0,
                            int64_t n1, float* out_gate, float* out_up, int64_t out_stride) {
-    gate_up_pairs<M>(s, packed, act, rows, n0, n1, [&](int64_t r, int64_t n, double g, double u) {
-        out_gate[r * out_stride + n - n0] = float(g);
-        out_up[r * out_stride + n - n0] = float(u);
-    });
+    gate_up_pairs<M>(s, packed, act, rows, n0, n1, RawOut{out_gate, out_up, out_stride, n0});
     return KT_OK;
 }
 

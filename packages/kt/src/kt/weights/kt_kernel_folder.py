@@ -90,7 +90,8 @@ class _Merged:
 
     def __init__(self, ckpt: Checkpoint):
         self.ckpt = ckpt
-        self.entries = [tuple(int(x) if x.isdigit() else x for x in m.groups()) for m in map(KEY.match, ckpt.weight_map) if m]
+        self.entries = [tuple(int(x) if x.isdigit() else x for x in m.groups())
+                        for m in map(KEY.match, (n for n in ckpt.weight_map if n.startswith("blk."))) if m]
 
     def array(self, layer: int, proj: str, expert: int, numa: int, part: str) -> np.ndarray:
         return self.ckpt.tensor(f"blk.{layer}.ffn_{proj}_exps.{expert}.numa.{numa}.{part}").numpy()
@@ -130,7 +131,9 @@ def is_dump_folder(path: Path) -> bool:
 
 
 def is_merged(ckpt: Checkpoint) -> bool:
-    return any(KEY.match(name) for name in ckpt.weight_map)
+    """Whether a model folder is kt-kernel's merged output. Runs on every checkpoint opened, so the
+    regular expression sees only "blk." names (none in a Hugging Face folder)."""
+    return any(name.startswith("blk.") and KEY.match(name) for name in ckpt.weight_map)
 
 
 class KtKernelFolder:
