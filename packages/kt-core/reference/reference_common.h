@@ -8,7 +8,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <string>
+#include <vector>
 
 namespace kt_reference {
 
@@ -59,6 +61,56 @@ struct RawOut {
         up[r * stride + n - n0] = float(u);
     }
 };
+
+// Plugin ABI 1.5's transposed products, for every method from its row reader:
+// row(part, n, k0, k1, w) writes the weights k in [k0, k1) of row n of matrix `part` (0 gate,
+// 1 up, 2 down) as doubles into w[k - k0]. out[r, k] = sum over the listed matrices of
+// sum_n grad[r, n] * part[n, k], accumulated in double.
+struct GradOf {
+    int part;
+    const float* grad;
+};
+template <class Row>
+kt_status transposed_products(const kt_moe_config* s, const Row& row, std::initializer_list<GradOf> terms,
+                              int64_t grad_stride, int64_t rows, int64_t k0, int64_t k1, float* out, int64_t out_stride) {
+    const int64_t width = k1 - k0;
+    std::vector<double> acc(size_t(rows * width), 0.0);
+    std::vector<double> w(static_cast<size_t>(width));
+    for (const GradOf& t : terms) {
+        const int64_t N = t.part == 2 ? s->hidden : s->intermediate;
+        for (int64_t n = 0; n < N; ++n) {
+            row(t.part, n, k0, k1, w.data());
+            for (int64_t r = 0; r < rows; ++r) {
+                const double g = t.grad[r * grad_stride + n];
+                for (int64_t k = 0; k < width; ++k) acc[size_t(r * width + k)] += g * w[size_t(k)];
+            }
+        }
+    }
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t k = 0; k < width; ++k) out[r * out_stride + k0 + k] = float(acc[size_t(r * width + k)]);
+    return KT_OK;
+}
+
+// The two ABI 1.5 entries of a method whose row reader is `Reader::row(s, packed, part, n, k0, k1, w)`.
+template <class Reader>
+kt_status gate_up_transposed_tile(const kt_moe_config* s, const void* packed, const float* grad_gate, const float* grad_up,
+                                  int64_t grad_stride, int64_t rows, int64_t k0, int64_t k1, float* out, int64_t out_stride) {
+    const auto row = [&](int part, int64_t n, int64_t a, int64_t b, double* w) { Reader::row(s, packed, part, n, a, b, w); };
+    return transposed_products(s, row, {{0, grad_gate}, {1, grad_up}}, grad_stride, rows, k0, k1, out, out_stride);
+}
+template <class Reader>
+kt_status down_transposed_tile(const kt_moe_config* s, const void* packed, const float* grad, int64_t grad_stride,
+                               int64_t rows, int64_t k0, int64_t k1, float* out, int64_t out_stride) {
+    const auto row = [&](int part, int64_t n, int64_t a, int64_t b, double* w) { Reader::row(s, packed, part, n, a, b, w); };
+    return transposed_products(s, row, {{2, grad}}, grad_stride, rows, k0, k1, out, out_stride);
+}
+template <class Reader>
+kt_method_kernels with_transposed(kt_method_kernels m) {
+    m.transposed_block = 16;
+    m.gate_up_transposed_tile = gate_up_transposed_tile<Reader>;
+    m.down_transposed_tile = down_transposed_tile<Reader>;
+    return m;
+}
 
 // IEEE half -> f32, exact (subnormals, infinities and NaN included).
 float f16_to_f32(uint16_t h);

@@ -97,9 +97,18 @@ kt_status down_tile(const kt_moe_config* s, const void* packed, const void* act,
 }
 
 template <class W>
+struct Rows {   // ABI 1.5's row reader (reference_common.h)
+    static void row(const kt_moe_config* s, const void* packed, int part, int64_t n, int64_t k0, int64_t k1, double* w) {
+        const int64_t H = s->hidden, I = s->intermediate, K = part == 2 ? I : H;
+        const auto* m = static_cast<const typename W::Element*>(packed) + part * I * H + n * K;
+        for (int64_t k = k0; k < k1; ++k) w[k - k0] = W::decode(m[k]);
+    }
+};
+
+template <class W>
 kt_method_kernels method(const char* name, const char* layout, const char* kernel) {
-    return method_table(name, layout, kernel, packed_expert_bytes<W>, pack_expert<W>, gate_up_tile<W>, down_tile<W>,
-                        gate_up_raw_tile<W>);
+    return with_transposed<Rows<W>>(method_table(name, layout, kernel, packed_expert_bytes<W>, pack_expert<W>,
+                                                 gate_up_tile<W>, down_tile<W>, gate_up_raw_tile<W>));
 }
 
 }  // namespace

@@ -338,9 +338,21 @@ int64_t ggml_block_elems(kt_dtype dtype) {
     return t ? t->block_elems : 0;
 }
 
+namespace {
+struct Rows {   // ABI 1.5's row reader (reference_common.h): the whole row dequantized, the range kept
+    static void row(const kt_moe_config* s, const void* packed, int part, int64_t n, int64_t k0, int64_t k1, double* w) {
+        const ExpertLayout l = layout_of(s);
+        thread_local std::vector<float> y;
+        y.resize(size_t(l.part[part].cols));
+        dequantize_row(l.part[part], static_cast<const char*>(packed), n, y.data());
+        for (int64_t k = k0; k < k1; ++k) w[k - k0] = y[size_t(k)];
+    }
+};
+}  // namespace
+
 kt_method_kernels llamafile_method() {
-    return method_table("LLAMAFILE", "kt-ggml-rows-ref-v1", "moe.ggml.f32.reference", packed_expert_bytes, pack_expert,
-                        gate_up_tile, down_tile, gate_up_raw_tile);
+    return with_transposed<Rows>(method_table("LLAMAFILE", "kt-ggml-rows-ref-v1", "moe.ggml.f32.reference",
+                                              packed_expert_bytes, pack_expert, gate_up_tile, down_tile, gate_up_raw_tile));
 }
 
 }  // namespace kt_reference

@@ -701,9 +701,25 @@ kt_status pack_expert(const kt_moe_config* s, const kt_expert_weights* src, void
 }
 
 template <class M>
+struct Rows {   // ABI 1.5's row reader (reference_common.h): the exact weights dot() multiplies by
+    static void row(const kt_moe_config* s, const void* packed, int part, int64_t n, int64_t k0, int64_t k1, double* w) {
+        const MatrixLayout& m = layout_of<M>(s).part[part];
+        const auto* base = static_cast<const char*>(packed);
+        const auto* codes = reinterpret_cast<const uint8_t*>(base + m.codes) + n * m.cols;
+        const auto* scales = reinterpret_cast<const float*>(base + m.scales) + n * m.groups;
+        const auto* zeros = m.has_zeros ? reinterpret_cast<const int8_t*>(base + m.zeros) + n * m.groups : nullptr;
+        const double global = m.has_global ? double(*reinterpret_cast<const float*>(base + m.global)) : 1.0;
+        for (int64_t k = k0; k < k1; ++k) {
+            const int64_t g = k / m.group;
+            w[k - k0] = global * (double(scales[g]) * (M::Codes::value(codes[k]) - (zeros ? zeros[g] : 0.0)));
+        }
+    }
+};
+
+template <class M>
 kt_method_kernels method() {
-    return method_table(M::name, M::layout_id, M::kernel_id, packed_expert_bytes<M>, pack_expert<M>,
-                        gate_up_tile<M>, down_tile<M>, gate_up_raw_tile<M>);
+    return with_transposed<Rows<M>>(method_table(M::name, M::layout_id, M::kernel_id, packed_expert_bytes<M>,
+                                                 pack_expert<M>, gate_up_tile<M>, down_tile<M>, gate_up_raw_tile<M>));
 }
 
 }  // namespace

@@ -42,6 +42,7 @@ Tables build() {
     t.methods[8] = gptq_int4_kernels("moe.gptq_int4.int4g.p16k8." KT_TARGET_VARIANT);
     t.methods[9] = nvfp4_kernels("moe.nvfp4.p16k8.lut." KT_TARGET_VARIANT);
     t.methods[10] = mxfp8_kernels("moe.mxfp8e4m3.p16." KT_FP8_KERNEL KT_TARGET_VARIANT);
+    for (kt_method_kernels& m : t.methods) add_transposed_tiles(m);
     t.api = kt_backend_api{sizeof(kt_backend_api), KT_PLUGIN_ABI_MAJOR, KT_PLUGIN_ABI_MINOR, "avx", KT_TARGET_VARIANT,
                            KT_TARGET_FEATURES, init, sizeof(t.methods) / sizeof(t.methods[0]), nullptr};
     return t;

@@ -32,7 +32,7 @@ extern "C" {
 #endif
 
 #define KT_PLUGIN_ABI_MAJOR 1
-#define KT_PLUGIN_ABI_MINOR 4
+#define KT_PLUGIN_ABI_MINOR 5
 #define KT_BACKEND_CAPSULE_NAME "kt.backend_api"
 
 /* True when a table of size `struct_size` contains `field` (for reading older plugins). */
@@ -240,6 +240,26 @@ typedef struct kt_method_kernels {
     kt_status (*gate_up_raw_tile)(const kt_moe_config* shape, const void* packed_expert, const void* act,
                                   int64_t rows, int64_t n0, int64_t n1, float* out_gate, float* out_up,
                                   int64_t out_stride);
+
+    /* ABI 1.5. Optional: products with the transposed weights, what training's backward pass
+     * needs (kt_core.MoE.grouped_*: the gradient of an expert's input from the gradient of its
+     * output). Gradients come in f32 and are used as they are (no activation quantization);
+     * weights are the packed values. Output columns k are absolute, [k0, k1) of the matrix's
+     * input size, in multiples of `transposed_block` (the last tile may end at K):
+     *   gate_up_transposed_tile: grad_gate, grad_up f32 [rows, intermediate] (row stride
+     *     grad_stride); out[r * out_stride + k] = sum_n grad_gate[r, n] gate[n, k]
+     *     + grad_up[r, n] up[n, k], k in [k0, k1) of hidden.
+     *   down_transposed_tile: grad f32 [rows, hidden]; out[r * out_stride + k]
+     *     = sum_n grad[r, n] down[n, k], k in [k0, k1) of intermediate.
+     * A method without them cannot be trained through (the core refuses, naming backend and
+     * method). */
+    int64_t transposed_block;
+    kt_status (*gate_up_transposed_tile)(const kt_moe_config* shape, const void* packed_expert, const float* grad_gate,
+                                         const float* grad_up, int64_t grad_stride, int64_t rows, int64_t k0, int64_t k1,
+                                         float* out, int64_t out_stride);
+    kt_status (*down_transposed_tile)(const kt_moe_config* shape, const void* packed_expert, const float* grad,
+                                      int64_t grad_stride, int64_t rows, int64_t k0, int64_t k1, float* out,
+                                      int64_t out_stride);
 } kt_method_kernels;
 
 /* kt_method_kernels.activations */

@@ -26,6 +26,7 @@
 #include <optional>
 #include <stdexcept>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <thread>
 
@@ -259,6 +260,63 @@ struct Layer {
         }
         layer->set_expert_bias(e, static_cast<const float*>(gate.data()), static_cast<const float*>(up.data()),
                                static_cast<const float*>(down.data()));
+    }
+
+    // Training's grouped products (MoeLayer::grouped_*): float32 C-contiguous [rows, width]
+    // arrays on the CPU, the outputs written in place; counts int64 [num_experts].
+    const float* rows_of(const Array& a, const char* name, int64_t rows, int64_t width) const {
+        check_cpu(a, name);
+        check_exact(a, name, nb::dlpack::dtype_code::Float, 32);
+        check_shape(a, name, {rows, width});
+        check_contiguous(a, name);
+        return static_cast<const float*>(a.data());
+    }
+    float* out_rows(const nb::ndarray<>& a, const char* name, int64_t rows, int64_t width) const {
+        return const_cast<float*>(rows_of(Array(a), name, rows, width));
+    }
+    std::pair<const int64_t*, int64_t> counts_of(const Array& counts, const Array& first, const char* first_name) const {
+        check_cpu(counts, "counts");
+        check_exact(counts, "counts", nb::dlpack::dtype_code::Int, 64);
+        check_shape(counts, "counts", {layer->shape().num_experts});
+        check_contiguous(counts, "counts");
+        if (first.ndim() != 2)
+            throw nb::value_error((std::string(first_name) + " must be 2-D [rows, width], got " + std::to_string(first.ndim()) +
+                                   "-D").c_str());
+        return {static_cast<const int64_t*>(counts.data()), int64_t(first.shape(0))};
+    }
+    void grouped_gate_up(const Array& x, const Array& counts, nb::ndarray<> gate, nb::ndarray<> up) {
+        const auto [c, rows] = counts_of(counts, x, "x");
+        const int64_t H = layer->shape().hidden, I = layer->shape().intermediate;
+        const float* xp = rows_of(x, "x", rows, H);
+        float* g = out_rows(gate, "gate", rows, I);
+        float* u = out_rows(up, "up", rows, I);
+        ReleaseGil release;
+        layer->grouped_gate_up(xp, rows, c, g, u);
+    }
+    void grouped_down(const Array& h, const Array& counts, nb::ndarray<> y) {
+        const auto [c, rows] = counts_of(counts, h, "h");
+        const int64_t H = layer->shape().hidden, I = layer->shape().intermediate;
+        const float* hp = rows_of(h, "h", rows, I);
+        float* yp = out_rows(y, "y", rows, H);
+        ReleaseGil release;
+        layer->grouped_down(hp, rows, c, yp);
+    }
+    void grouped_gate_up_transposed(const Array& dgate, const Array& dup, const Array& counts, nb::ndarray<> dx) {
+        const auto [c, rows] = counts_of(counts, dgate, "dgate");
+        const int64_t H = layer->shape().hidden, I = layer->shape().intermediate;
+        const float* g = rows_of(dgate, "dgate", rows, I);
+        const float* u = rows_of(dup, "dup", rows, I);
+        float* out = out_rows(dx, "dx", rows, H);
+        ReleaseGil release;
+        layer->grouped_gate_up_transposed(g, u, rows, c, out);
+    }
+    void grouped_down_transposed(const Array& dy, const Array& counts, nb::ndarray<> dh) {
+        const auto [c, rows] = counts_of(counts, dy, "dy");
+        const int64_t H = layer->shape().hidden, I = layer->shape().intermediate;
+        const float* d = rows_of(dy, "dy", rows, H);
+        float* out = out_rows(dh, "dh", rows, I);
+        ReleaseGil release;
+        layer->grouped_down_transposed(d, rows, c, out);
     }
 
     // A layer with the clamped SwiGLU runs only on kernels that claim it (kt/plugin.h, ABI 1.2).
@@ -669,6 +727,11 @@ void quantize_int4_codes(const Array& src, int64_t group, bool zero_point, nb::n
 
 NB_MODULE(_native, m) {
     m.doc() = "kt-core native module: host detection, thread pool, NUMA allocator, plugin ABI, MoE path";
+    // nanobind reports objects still alive when the interpreter shuts down as leaks. A script that
+    // ends holding an autograd graph through kt's experts (kt.training) keeps the backends alive
+    // that way — torch's graph nodes are invisible to Python's collector — and would print a
+    // screenful at every exit. KT_DEBUG_LEAKS=1 turns the report back on for binding work.
+    if (!std::getenv("KT_DEBUG_LEAKS")) nb::set_leak_warnings(false);
     // A failed allocation or a plugin's KT_ERROR_OUT_OF_MEMORY: MemoryError with the message
     // (nanobind's own bad_alloc translation drops it).
     nb::register_exception_translator([](const std::exception_ptr& p, void*) {
@@ -736,7 +799,9 @@ NB_MODULE(_native, m) {
                                     "whole_op", bool(KT_HAS_FIELD(&k, kt_method_kernels, moe_forward) && k.moe_forward),
                                     "packs", bool(k.pack_expert),
                                     "raw_gate_up", bool(KT_HAS_FIELD(&k, kt_method_kernels, gate_up_raw_tile) &&
-                                                        k.gate_up_raw_tile)));
+                                                        k.gate_up_raw_tile),
+                                    "transposed", bool(KT_HAS_FIELD(&k, kt_method_kernels, down_transposed_tile) &&
+                                                       k.gate_up_transposed_tile && k.down_transposed_tile)));
             }
             return out;
         })
@@ -758,6 +823,11 @@ NB_MODULE(_native, m) {
              "weight_dtype"_a = std::vector<int>{}, "swiglu_limit"_a = 0.0f, "swiglu_alpha"_a = 0.0f,
              "packer"_a = nb::none(), "expert_bias"_a = false)
         .def("set_expert_bias", &Layer::set_expert_bias, "expert"_a, "gate"_a, "up"_a, "down"_a)
+        .def("grouped_gate_up", &Layer::grouped_gate_up, "x"_a, "counts"_a, "gate"_a, "up"_a)
+        .def("grouped_down", &Layer::grouped_down, "h"_a, "counts"_a, "y"_a)
+        .def("grouped_gate_up_transposed", &Layer::grouped_gate_up_transposed, "dgate"_a, "dup"_a, "counts"_a, "dx"_a)
+        .def("grouped_down_transposed", &Layer::grouped_down_transposed, "dy"_a, "counts"_a, "dh"_a)
+        .def_prop_ro("training_support", [](const Layer& l) { return l.layer->training_support(); })
         .def_prop_ro("expert_bias", [](const Layer& l) { return l.layer->expert_bias(); })
         .def("load_expert", &Layer::load_expert, "expert"_a, "gate"_a, "up"_a, "down"_a, "gate_scale"_a = nb::none(),
              "up_scale"_a = nb::none(), "down_scale"_a = nb::none(), "gate_zero"_a = nb::none(), "up_zero"_a = nb::none(),

@@ -1,4 +1,5 @@
 #include "moe/moe_layer.h"
+#include "moe/tiles.h"
 
 #include "abi/host_api.h"
 #include "pool/thread_pool.h"
@@ -29,7 +30,6 @@ namespace {
 
 // Forwards share one set of scratch buffers and the whole pool, so they run one at a time;
 // a second layer's forward simply waits (layers of one model are sequential anyway).
-std::mutex g_forward_mutex;
 NumaBuffer g_scratch;
 size_t g_scratch_bytes = 0;
 
@@ -75,31 +75,6 @@ size_t dtype_size(kt_dtype d) {
     }
     return 0;
 }
-
-// Kernel calls happen on pool threads; the first failure is kept and rethrown on the
-// calling thread once the loop has finished.
-class FailureSlot {
-public:
-    void record(kt_status status, const char* what) {
-        std::lock_guard<std::mutex> lock(mutex_);
-        if (status_ == KT_OK) {
-            status_ = status;
-            what_ = what;
-            message_ = take_plugin_error();
-        }
-    }
-    void rethrow() {
-        if (status_ == KT_OK) return;
-        host_api()->set_error(message_.c_str());
-        throw_plugin_failure(status_, what_);
-    }
-
-private:
-    std::mutex mutex_;
-    kt_status status_ = KT_OK;
-    const char* what_ = "";
-    std::string message_;
-};
 
 // KT_TRACE=1 prints each forward's phase times to stderr: where a slow layer spends its time.
 // The line is written when the forward ends, so no phase pays for the write of another.
@@ -149,29 +124,9 @@ constexpr int64_t kSerialMacs = int64_t(1) << 20;
 // when the tiles use the pool: 16 tokens of hidden 2048 take microseconds, a fork-join more.
 constexpr int64_t kSmallPhaseElements = int64_t(1) << 15;
 
-template <class F>
-void parallel(ThreadPool* pool, size_t range, F& body) {
-    if (!pool) {
-        for (size_t i = 0; i < range; ++i) body(i);
-        return;
-    }
-    pool->parallel_for(range, [](void* ctx, size_t i) { (*static_cast<F*>(ctx))(i); }, &body);
-}
-
-struct Tile {
-    int32_t active;   // index into the active-expert list
-    int64_t n0, n1;
-};
-
-// (expert x output block) tasks grouped by the NUMA group holding each expert. Blocks
-// are sized so the pool has ~4 tasks per thread when it can, never below the kernel's block.
-struct TilePlan {
-    std::vector<std::vector<Tile>> per_group;
-    std::vector<size_t> ranges;
-    int64_t block;   // columns per tile (the last of an expert may have fewer)
-};
-
 }  // namespace
+
+std::mutex g_forward_mutex;
 
 void clear_forward_scratch() {
     std::lock_guard<std::mutex> lock(g_forward_mutex);
@@ -736,39 +691,12 @@ private:
         if (st != KT_OK) failure_.record(st, "quantizing intermediate activations");
     }
 
-    // (expert x output block) tiles over n output columns, grouped by the NUMA group holding
-    // each expert; ~4 tiles per thread where the experts allow, never below the kernel's block.
     TilePlan plan_tiles(int64_t n, int64_t kernel_block) const {
-        const int groups = pool_.num_groups();
-        TilePlan tp;
-        tp.per_group.resize(size_t(groups));
-        tp.ranges.assign(size_t(groups), 0);
-        const int64_t wanted = std::max<int64_t>(1, (4 * threads_ + int64_t(active_.size()) - 1) / int64_t(active_.size()));
-        tp.block = std::max(kernel_block, int64_t(round_up(size_t((n + wanted - 1) / wanted), size_t(kernel_block))));
-        for (size_t a = 0; a < active_.size(); ++a) {
-            const int g = layer_.group_of_expert_[size_t(active_[a])] % groups;
-            for (int64_t n0 = 0; n0 < n; n0 += tp.block)
-                tp.per_group[size_t(g)].push_back({int32_t(a), n0, std::min(n, n0 + tp.block)});
-        }
-        for (int g = 0; g < groups; ++g) tp.ranges[size_t(g)] = tp.per_group[size_t(g)].size();
-        return tp;
+        return kt::plan_tiles(active_, layer_.group_of_expert_, pool_.num_groups(), threads_, n, kernel_block);
     }
-
     template <class Body>
     void run_tiles(const TilePlan& tp, Body& body) {
-        if (serial_) {
-            for (const auto& tiles : tp.per_group)
-                for (const Tile& t : tiles) body(t);
-            return;
-        }
-        struct Ctx { const TilePlan* tp; Body* body; } ctx{&tp, &body};
-        pool_.parallel_for_groups(
-            tp.ranges.data(),
-            [](void* c, int g, size_t i) {
-                auto* x = static_cast<Ctx*>(c);
-                (*x->body)(x->tp->per_group[size_t(g)][i]);
-            },
-            &ctx);
+        kt::run_tiles(serial_ ? nullptr : &pool_, tp, body);
     }
 
     const MoeLayer& layer_;

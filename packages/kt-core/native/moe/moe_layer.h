@@ -89,6 +89,23 @@ public:
     // expert a forward routes to must have them (the forward names one that does not).
     void set_expert_bias(int64_t expert, const float* gate, const float* up, const float* down);
     const kt_method_kernels* small_batch_kernels() const { return small_batch_; }
+
+    // Training's products (kt_core.MoE.grouped_*; grouped_products.cpp): `rows` rows already
+    // grouped by expert — counts[e] rows of expert e, experts in index order, counts summing to
+    // rows — times the layer's packed weights, on the pool. f32 row-major throughout; every
+    // expert with rows must be loaded (std::invalid_argument naming the first that is not).
+    // x [rows, H] -> gate, up [rows, I]: the raw products x·gateᵀ, x·upᵀ (ABI 1.4's raw tile;
+    // x is quantized as the method's forward quantizes activations).
+    void grouped_gate_up(const float* x, int64_t rows, const int64_t* counts, float* gate, float* up) const;
+    // h [rows, I] -> y [rows, H] = h·downᵀ.
+    void grouped_down(const float* h, int64_t rows, const int64_t* counts, float* y) const;
+    // ABI 1.5's transposed tiles, gradients used as given: dgate, dup [rows, I] ->
+    // dx [rows, H] = dgate·gate + dup·up, and dy [rows, H] -> dh [rows, I] = dy·down.
+    void grouped_gate_up_transposed(const float* dgate, const float* dup, int64_t rows, const int64_t* counts,
+                                    float* dx) const;
+    void grouped_down_transposed(const float* dy, int64_t rows, const int64_t* counts, float* dh) const;
+    // Whether this layer's kernels (or its small-batch ones) can run the four above, and if not why.
+    std::string training_support() const;
     // The kernels a forward of `tokens` tokens runs.
     const kt_method_kernels& kernels_for(int64_t tokens) const;
     int64_t max_tokens() const { return max_tokens_; }
@@ -97,6 +114,7 @@ public:
 
 private:
     friend class ForwardPass;   // forward's phases (moe_layer.cpp) read the placement and packed weights
+    friend class GroupedPass;   // training's products (grouped_products.cpp) too
     void forward_whole_op(const kt_method_kernels& kernels, const void* hidden, kt_dtype hidden_dtype, int64_t tokens,
                           const int64_t* ids, const float* weights, void* out, kt_dtype out_dtype) const;
     void check_expert_index(int64_t expert) const;

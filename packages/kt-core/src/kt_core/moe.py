@@ -31,7 +31,7 @@ class MoE:
                  backend: str | None = None, group_size: int = 0, zero_point: bool = False,
                  fast_activations: bool = False, weight_types: Sequence[str] | None = None,
                  pool_groups: Sequence[int] | None = None, swiglu_limit: float = 0.0, swiglu_alpha: float = 0.0,
-                 expert_bias: bool = False):
+                 expert_bias: bool = False, trainable: bool = False):
         for name, value in (("num_experts", num_experts), ("top_k", top_k), ("hidden_size", hidden_size),
                             ("intermediate_size", intermediate_size), ("max_tokens", max_tokens)):
             if int(value) <= 0:
@@ -59,6 +59,9 @@ class MoE:
         # Experts with gate/up/down biases (GPT-OSS): kt-core adds them around the kernels' raw
         # gate/up products (plugin ABI 1.4); `load(..., biases=...)` gives them.
         self.expert_bias = bool(expert_bias)
+        # A layer that training runs through (kt.training): its kernels must have the raw gate/up
+        # and the transposed tiles (plugin ABI 1.4, 1.5) that the grouped_* products use.
+        self.trainable = bool(trainable)
         mask = [False] * self.num_experts if gpu_experts_mask is None else [bool(x) for x in list(gpu_experts_mask)]
         if len(mask) != self.num_experts:
             raise ValueError(f"gpu_experts_mask has {len(mask)} entries, expected num_experts={self.num_experts}")
@@ -71,7 +74,8 @@ class MoE:
         shape = (self.hidden_size, self.intermediate_size, self.num_experts, self.top_k)
         sel = selector()
         if backend is None:
-            self.candidate, native = sel.choose(self.method, shape, self.max_tokens, needs_raw_gate_up=self.expert_bias)
+            self.candidate, native = sel.choose(self.method, shape, self.max_tokens, needs_raw_gate_up=self.expert_bias,
+                                                needs_transposed=self.trainable)
         else:
             choices = [c for c in sel.ranked(self.method) if c.backend == backend]
             if not choices:
@@ -81,6 +85,11 @@ class MoE:
                 raise BackendError(f"backend {backend!r} cannot run method {self.method} here; it provides {provides}"
                                    + (f" ({why})" if why else "") + "; see `kt backends`")
             self.candidate, native = choices[0], sel.load(choices[0])
+        if self.trainable and not any(m["method"] == self.method and m["raw_gate_up"] and m["transposed"]
+                                      for m in native.methods):
+            raise BackendError(f"backend {self.candidate.backend}/{self.candidate.variant} has no transposed tiles "
+                               f"(plugin ABI 1.5) for method {self.method}, which trainable=True needs; kt-backend-avx "
+                               "and the reference backend have them")
         if self.weight_types:
             self._check_ggml_support(sel)
         self.packer_candidate, packer = self._borrowed_packer(sel, native)
@@ -417,6 +426,55 @@ class MoE:
                 _native.pool_sync()
             except Exception:  # the result has no receiver, nor has its error
                 pass
+
+
+    # -- training's products -----------------------------------------------------------------
+    # Rows grouped by expert: counts[e] rows of expert e, experts in index order (kt.training's
+    # autograd node sorts the routed (token, slot) pairs so). float32 in, float32 out, same kind
+    # (torch or NumPy) as the input; gradients are used as given, inputs are quantized as the
+    # forward quantizes activations.
+    def _grouped_args(self, first, counts, name):
+        x = _arrays.to_cpu_contiguous(first, name)
+        c = _arrays.as_int64(counts, "counts")
+        return x, c
+
+    @staticmethod
+    def _empty_like(x, rows: int, width: int):
+        if _arrays.is_torch(x):
+            import torch
+
+            return torch.empty((rows, width), dtype=torch.float32)
+        return np.empty((rows, width), dtype=np.float32)
+
+    def grouped_gate_up(self, x, counts):
+        """x float32 [rows, hidden] -> (gate, up) float32 [rows, intermediate]: x·gateᵀ and x·upᵀ, no activation."""
+        x, c = self._grouped_args(x, counts, "x")
+        rows = _arrays.shape_of(x)[0]
+        gate, up = self._empty_like(x, rows, self.intermediate_size), self._empty_like(x, rows, self.intermediate_size)
+        self._layer.grouped_gate_up(x, c, gate, up)
+        return gate, up
+
+    def grouped_down(self, h, counts):
+        """h float32 [rows, intermediate] -> h·downᵀ float32 [rows, hidden]."""
+        h, c = self._grouped_args(h, counts, "h")
+        y = self._empty_like(h, _arrays.shape_of(h)[0], self.hidden_size)
+        self._layer.grouped_down(h, c, y)
+        return y
+
+    def grouped_gate_up_transposed(self, dgate, dup, counts):
+        """dgate, dup float32 [rows, intermediate] -> dgate·gate + dup·up float32 [rows, hidden]."""
+        dg, c = self._grouped_args(dgate, counts, "dgate")
+        du = _arrays.to_cpu_contiguous(dup, "dup")
+        dx = self._empty_like(dg, _arrays.shape_of(dg)[0], self.hidden_size)
+        self._layer.grouped_gate_up_transposed(dg, du, c, dx)
+        return dx
+
+    def grouped_down_transposed(self, dy, counts):
+        """dy float32 [rows, hidden] -> dy·down float32 [rows, intermediate]."""
+        dy, c = self._grouped_args(dy, counts, "dy")
+        dh = self._empty_like(dy, _arrays.shape_of(dy)[0], self.intermediate_size)
+        self._layer.grouped_down_transposed(dy, c, dh)
+        return dh
 
 
 def clear_buffer_cache() -> None:

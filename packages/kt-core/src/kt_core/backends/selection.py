@@ -181,10 +181,10 @@ class Selector:
         return native
 
     def choose(self, method: str, shape: tuple[int, int, int, int] | None = None, tokens: int = 1,
-               needs_raw_gate_up: bool = False):
+               needs_raw_gate_up: bool = False, needs_transposed: bool = False):
         """The best loadable variant for `method` that does not decline `shape` (and, for layers
-        whose experts carry biases, has the raw gate/up tile of plugin ABI 1.4): returns
-        (candidate, native backend)."""
+        whose experts carry biases, has the raw gate/up tile of plugin ABI 1.4; for layers that
+        train, that and the transposed tiles of ABI 1.5): returns (candidate, native backend)."""
         m = canonical_method(method)
         ranked = self.ranked(m)
         if not ranked:
@@ -209,6 +209,11 @@ class Selector:
                 continue
             if needs_raw_gate_up and not any(x["method"] == m and x["raw_gate_up"] for x in native.methods):
                 problems.append(f"{c.backend}/{c.variant} has no raw gate/up tile (plugin ABI 1.4) for expert biases")
+                continue
+            if needs_transposed and not any(x["method"] == m and x["raw_gate_up"] and x["transposed"]
+                                            for x in native.methods):
+                problems.append(f"{c.backend}/{c.variant} has no raw gate/up and transposed tiles (plugin ABI 1.4, "
+                                "1.5), which training needs")
                 continue
             return c, native
         raise BackendError(f"no backend could run method {m}: " + "; ".join(problems))

@@ -58,7 +58,7 @@ def _inputs(method, rng, experts, hidden, intermediate, group_size):
 
 
 def _pair(kt_variant, *, experts, hidden, intermediate, top_k, max_tokens=4096, mask=None, seed=0, swiglu=(0.0, 0.0),
-          biases=False):
+          biases=False, trainable=False):
     descriptor, variant, method = kt_variant
     rng = np.random.default_rng(seed)
     group_size = _group_size(method, hidden, intermediate)
@@ -73,10 +73,13 @@ def _pair(kt_variant, *, experts, hidden, intermediate, top_k, max_tokens=4096, 
             layer = MoE(num_experts=experts, top_k=top_k, hidden_size=hidden, intermediate_size=intermediate,
                         method=method, gpu_experts_mask=mask, max_tokens=max_tokens, backend=backend,
                         group_size=group_size, weight_types=weight_types, swiglu_limit=swiglu[0],
-                        swiglu_alpha=swiglu[1], expert_bias=biases)
+                        swiglu_alpha=swiglu[1], expert_bias=biases, trainable=trainable)
         except BackendError as exc:
             if "declines" in str(exc) or backend == "reference":
                 pytest.skip(f"{backend} cannot run {method} at hidden={hidden}, intermediate={intermediate}: {exc}")
+            # Training needs the optional transposed tiles (ABI 1.5).
+            if trainable and "transposed tiles" in str(exc):
+                pytest.skip(f"{backend} {method} has no transposed tiles, so no training: {exc}")
             raise
         except ValueError as exc:
             # The clamped SwiGLU is an optional capability a kernel table claims (ABI 1.2).
@@ -129,6 +132,32 @@ def test_expert_biases_match_reference(kt_variant, kt_tolerance, tokens):
     x = rng.standard_normal((tokens, 128)).astype(np.float32)
     ids, w = random_routing(rng, tokens, 8, 2)
     _check(layer, oracle, x, ids, w, kt_tolerance, kt_variant[2])
+
+
+@pytest.mark.parametrize("hidden,intermediate", [(128, 64), (256, 192), (130, 70)])
+def test_grouped_products_match_reference(kt_variant, kt_tolerance, hidden, intermediate):
+    """Training's products on rows grouped by expert (kt_core.MoE.grouped_*): the raw gate/up and
+    down products (activations quantized as the forward quantizes them: the forward's tolerance)
+    and the transposed ones of plugin ABI 1.5 (f32 gradients used as given, so only the
+    accumulation order differs from the reference's: 1e-5). Experts with no rows included."""
+    layer, oracle, rng = _pair(kt_variant, experts=6, hidden=hidden, intermediate=intermediate, top_k=2, trainable=True)
+    counts = np.array([5, 0, 1, 37, 0, 16], dtype=np.int64)
+    rows = int(counts.sum())
+    x = rng.standard_normal((rows, hidden)).astype(np.float32)
+    h = rng.standard_normal((rows, intermediate)).astype(np.float32)
+    dgate, dup = (rng.standard_normal((rows, intermediate)).astype(np.float32) for _ in range(2))
+    dy = rng.standard_normal((rows, hidden)).astype(np.float32)
+    method = kt_variant[2]
+    got = {"gate": layer.grouped_gate_up(x, counts)[0], "up": layer.grouped_gate_up(x, counts)[1],
+           "down": layer.grouped_down(h, counts), "gate_up^T": layer.grouped_gate_up_transposed(dgate, dup, counts),
+           "down^T": layer.grouped_down_transposed(dy, counts)}
+    want = {"gate": oracle.grouped_gate_up(x, counts)[0], "up": oracle.grouped_gate_up(x, counts)[1],
+            "down": oracle.grouped_down(h, counts), "gate_up^T": oracle.grouped_gate_up_transposed(dgate, dup, counts),
+            "down^T": oracle.grouped_down_transposed(dy, counts)}
+    for name in got:
+        tol = 1e-5 if name.endswith("^T") else kt_tolerance[method]
+        err = relative_error(got[name], want[name])
+        assert err <= tol, f"{layer.backend} {method} grouped {name}: error {err:.3e} vs reference exceeds {tol:.1e}"
 
 
 def test_many_tokens(kt_variant, kt_tolerance):

@@ -1,0 +1,225 @@
+// Plugin ABI 1.5's transposed tiles, training's backward: out[r, k] = sum_n grad[r, n] W[n, k]
+// for k in [k0, k1), straight from the packed panels (no transposed copy of the weights).
+//
+// A panel holds 16 output channels n and, per input column k, one 16-lane vector of their
+// weights. The product wants the opposite: per channel n, a vector over k, to be multiplied by
+// the broadcast gradient grad[r, n]. So each block of kKBlock columns of a run of channels is
+// widened to f32 16 columns at a time, transposed in registers into rows W[n][k..k+kKBlock)
+// (an L1-resident buffer), and a register-blocked kernel adds grad[r, n] * W[n][k-block] over the
+// run for kMr rows at a time. Each weight is widened once per tile, the gradient rows are read
+// in their own layout once per column block, and the accumulators leave registers once per run.
+// Gradients are used as given (f32), so the products are as exact as the packed weights.
+//
+// Formats: BF16, INT8 and the INT4 layouts with integer codes (INT4 symmetric or with zero
+// points, RAWINT4, GPTQ_INT4), which is what frozen base weights of LoRA training come in.
+#include <kt/formats/packed_layouts.h>
+
+#include "int4_layout.h"
+#include "lanes.h"
+#include "methods.h"
+
+#include <algorithm>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+namespace KT_TARGET_NAMESPACE {
+namespace {
+
+constexpr int kVecs = 4;                           // k-vectors per row of the register block
+constexpr int64_t kKBlock = kVecs * kLanes;        // columns per block: 64 (AVX-512), 32 (AVX2)
+constexpr int kMr = kLanes == 16 ? 4 : 3;          // rows per register block: 16 / 12 accumulators
+constexpr int64_t kRun = 128;                      // channels per run: W rows of a run stay in L1
+constexpr int64_t kTileBlock = 64;                 // transposed_block: a multiple of every kKBlock
+
+// --- widening: the 16 lanes of column k of a panel, as f32 ---------------------------------
+// Each format writes lanes [v * kLanes, (v + 1) * kLanes) of column k (k < K).
+
+struct Bf16Columns {
+    VF operator()(const uint8_t* panel, int64_t k, int v) const {
+        const VI w = vloadi(panel + size_t(k / 2) * 64 + size_t(v) * kLanes * 4);
+        return (k & 1) ? bf16_odd(w) : bf16_even(w);
+    }
+};
+
+struct Int8Columns {
+    VF operator()(const uint8_t* panel, int64_t k, int v) const {
+        namespace l8 = kt::layouts::int8;
+        const VI w = vloadi(panel + l8::kHeaderBytes + size_t(k / 4) * 64 + size_t(v) * kLanes * 4);
+        // Byte k % 4 of each lane, sign-extended: shift it to the top, then arithmetically down.
+        const int up = 24 - 8 * int(k % 4);
+#if defined(__AVX512F__)
+        const VI q = _mm512_srai_epi32(_mm512_sllv_epi32(w, _mm512_set1_epi32(up)), 24);
+#else
+        const VI q = _mm256_srai_epi32(_mm256_sllv_epi32(w, _mm256_set1_epi32(up)), 24);
+#endif
+        return vmul(vcvt(q), vload(reinterpret_cast<const float*>(panel) + v * kLanes));
+    }
+};
+
+struct Int4Columns {
+    Int4Layout lay;
+    VF operator()(const uint8_t* panel, int64_t k, int v) const {
+        const uint8_t* header = panel + lay.group_at(k / lay.g);
+        const int64_t within = k % lay.g, b = within % 8;
+        const VI w = vloadi(header + lay.header_bytes() + size_t(within / 8) * 64 + size_t(v) * kLanes * 4);
+        // Byte b % 4 of each lane holds k in its low nibble for b < 4, in its high one after.
+        const int shift = 8 * int(b % 4) + (b >= 4 ? 4 : 0);
+#if defined(__AVX512F__)
+        const VI u = _mm512_and_si512(_mm512_srlv_epi32(w, _mm512_set1_epi32(shift)), _mm512_set1_epi32(15));
+#else
+        const VI u = _mm256_and_si256(_mm256_srlv_epi32(w, _mm256_set1_epi32(shift)), _mm256_set1_epi32(15));
+#endif
+        const VF s = lay.scale(header, v);
+        if (lay.zero_point) return vsub(vmul(s, vcvt(u)), lay.scale_times_zero(header, v));
+        return vmul(s, vsub(vcvt(u), vset1(8.0f)));
+    }
+};
+
+// Rows W[n][0 .. kKBlock) for the channels [n0, n0 + count) (count <= kRun, panel-aligned n0) of
+// a matrix with K columns, columns [kb, kb + kKBlock) of it; columns >= K are zero.
+template <class Columns>
+void widen_run(const Columns& col, const uint8_t* base, size_t first_panel, size_t panel_stride, int64_t n0,
+               int64_t count, int64_t K, int64_t kb, float* w) {
+    alignas(64) float t[kPanel * kPanel];   // 16 columns x 16 lanes, column-major
+    for (int64_t n = n0; n < n0 + count; n += kPanel) {
+        const uint8_t* panel = base + first_panel + size_t(n / kPanel) * panel_stride;
+        float* rows = w + (n - n0) * kKBlock;   // W rows of this panel's 16 channels
+        for (int64_t k16 = kb; k16 < kb + kKBlock; k16 += kPanel) {
+#if defined(__AVX512F__)
+            __m512i r[16];
+            for (int j = 0; j < 16; ++j)
+                r[j] = k16 + j < K ? _mm512_castps_si512(col(panel, k16 + j, 0)) : _mm512_setzero_si512();
+            transpose16x16(r);   // r[lane] = columns k16 .. k16 + 15 of channel n + lane
+            for (int lane = 0; lane < 16; ++lane) _mm512_storeu_si512(rows + lane * kKBlock + (k16 - kb), r[lane]);
+#else
+            for (int j = 0; j < 16; ++j)
+                for (int v = 0; v < kVecsPerPanel; ++v)
+                    vstore(t + j * kPanel + v * kLanes, k16 + j < K ? col(panel, k16 + j, v) : vzero());
+            for (int lane = 0; lane < kPanel; ++lane)
+                for (int j = 0; j < kPanel; ++j) rows[lane * kKBlock + (k16 - kb) + j] = t[j * kPanel + lane];
+#endif
+        }
+    }
+}
+
+// acc rows [r, r + MR) of the tile buffer (kKBlock floats each) += grad[r][n0 + c] * W[c][.]
+// over the run's `count` channels.
+template <int MR>
+inline void run_rows(const float* grad, int64_t gs, int64_t r, int64_t n0, int64_t count, const float* w, float* acc) {
+    VF a[MR][kVecs];
+    for (int i = 0; i < MR; ++i)
+        for (int v = 0; v < kVecs; ++v) a[i][v] = vload(acc + (r + i) * kKBlock + v * kLanes);
+    const float* g = grad + r * gs + n0;
+    for (int64_t c = 0; c < count; ++c) {
+        const float* wr = w + c * kKBlock;
+        VF wv[kVecs];
+        for (int v = 0; v < kVecs; ++v) wv[v] = vload(wr + v * kLanes);
+        for (int i = 0; i < MR; ++i) {
+            const VF b = vset1(g[i * gs + c]);
+            for (int v = 0; v < kVecs; ++v) a[i][v] = vfma(b, wv[v], a[i][v]);
+        }
+    }
+    for (int i = 0; i < MR; ++i)
+        for (int v = 0; v < kVecs; ++v) vstore(acc + (r + i) * kKBlock + v * kLanes, a[i][v]);
+}
+
+// One matrix's share of a tile: acc[r][.] += sum over all N channels of grad[r][n] W[n][kb + .].
+template <class Columns>
+void add_matrix(const Columns& col, const uint8_t* base, size_t first_panel, size_t panel_stride, int64_t N, int64_t K,
+                const float* grad, int64_t gs, int64_t rows, int64_t kb, float* acc) {
+    alignas(64) float w[kRun * kKBlock];
+    for (int64_t n0 = 0; n0 < N; n0 += kRun) {
+        const int64_t count = std::min(kRun, N - n0);
+        widen_run(col, base, first_panel, panel_stride, n0, (count + kPanel - 1) / kPanel * kPanel, K, kb, w);
+        const float* rows_of_w = w;   // captured as a pointer: a by-value lambda would copy the array
+        const auto block = [=]<int MR>(int64_t r) { run_rows<MR>(grad, gs, r, n0, count, rows_of_w, acc); };
+        for_row_blocks<kMr>(rows, block);
+    }
+}
+
+struct Part {
+    size_t first_panel, panel_stride;
+    int64_t N;
+    const float* grad;
+};
+
+// out[r, k0 .. k1) = sum over the parts of grad[r] . W over [k0, k1), column block by block.
+template <class Columns>
+kt_status transposed(const Columns& col, const uint8_t* base, std::initializer_list<Part> parts, int64_t K, int64_t gs,
+                     int64_t rows, int64_t k0, int64_t k1, float* out, int64_t ldo) {
+    thread_local std::vector<float> acc;
+    acc.resize(size_t(rows * kKBlock));
+    for (int64_t kb = k0; kb < k1; kb += kKBlock) {
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (const Part& p : parts) add_matrix(col, base, p.first_panel, p.panel_stride, p.N, K, p.grad, gs, rows, kb, acc.data());
+        const int64_t width = std::min(kKBlock, k1 - kb);
+        for (int64_t r = 0; r < rows; ++r) std::copy_n(acc.data() + r * kKBlock, width, out + r * ldo + kb);
+    }
+    return KT_OK;
+}
+
+kt_status check(const char* method, int64_t k0, int64_t k1, int64_t K) {
+    if (k0 % kTileBlock == 0 && k0 < k1 && k1 <= K) return KT_OK;
+    return fail(KT_ERROR_INVALID_ARGUMENT, "%s transposed tile [%lld, %lld) is not %lld-aligned within [0, %lld)", method,
+                (long long)k0, (long long)k1, (long long)kTileBlock, (long long)K);
+}
+
+// The columns reader and expert geometry of each format.
+struct Bf16Format {
+    static constexpr const char* kName = "BF16";
+    static Bf16Columns columns(const kt_moe_config*) { return {}; }
+    static ExpertPanels panels(const kt_moe_config* c) { return kt::layouts::bf16::expert(c->hidden, c->intermediate); }
+};
+struct Int8Format {
+    static constexpr const char* kName = "INT8";
+    static Int8Columns columns(const kt_moe_config*) { return {}; }
+    static ExpertPanels panels(const kt_moe_config* c) { return kt::layouts::int8::expert(c->hidden, c->intermediate); }
+};
+template <bool kRaw>
+struct Int4Format {
+    static constexpr const char* kName = kRaw ? "RAWINT4" : "INT4";
+    static Int4Columns columns(const kt_moe_config* c) { return {int4_layout(c, kRaw)}; }
+    static ExpertPanels panels(const kt_moe_config* c) { return int4_layout(c, kRaw).expert(c); }
+};
+
+template <class F>
+kt_status gate_up_transposed_tile(const kt_moe_config* c, const void* packed, const float* grad_gate,
+                                  const float* grad_up, int64_t gs, int64_t rows, int64_t k0, int64_t k1, float* out,
+                                  int64_t ldo) {
+    if (const kt_status st = check(F::kName, k0, k1, c->hidden)) return st;
+    const ExpertPanels l = F::panels(c);
+    // Gate and up panels alternate: each matrix's panels are two panel sizes apart.
+    const size_t stride = 2 * l.gate_up_panel;
+    return transposed(F::columns(c), static_cast<const uint8_t*>(packed),
+                      {Part{l.gate(0), stride, c->intermediate, grad_gate}, Part{l.up(0), stride, c->intermediate, grad_up}},
+                      c->hidden, gs, rows, k0, k1, out, ldo);
+}
+
+template <class F>
+kt_status down_transposed_tile(const kt_moe_config* c, const void* packed, const float* grad, int64_t gs, int64_t rows,
+                               int64_t k0, int64_t k1, float* out, int64_t ldo) {
+    if (const kt_status st = check(F::kName, k0, k1, c->intermediate)) return st;
+    const ExpertPanels l = F::panels(c);
+    return transposed(F::columns(c), static_cast<const uint8_t*>(packed), {Part{l.down(0), l.down_panel, c->hidden, grad}},
+                      c->intermediate, gs, rows, k0, k1, out, ldo);
+}
+
+template <class F>
+void set(kt_method_kernels& m) {
+    m.transposed_block = kTileBlock;
+    m.gate_up_transposed_tile = gate_up_transposed_tile<F>;
+    m.down_transposed_tile = down_transposed_tile<F>;
+}
+
+}  // namespace
+
+void add_transposed_tiles(kt_method_kernels& m) {
+    const std::string method = m.method;
+    if (method == "BF16") set<Bf16Format>(m);
+    else if (method == "INT8") set<Int8Format>(m);
+    else if (method == "INT4" || method == "GPTQ_INT4") set<Int4Format<false>>(m);   // GPTQ_INT4 packs INT4's layout
+    else if (method == "RAWINT4") set<Int4Format<true>>(m);
+}
+
+}  // namespace KT_TARGET_NAMESPACE

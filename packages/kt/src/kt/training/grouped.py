@@ -1,0 +1,88 @@
+"""The routed experts' base products as autograd nodes over kt's packed weights.
+
+kt's kernels compute the products with the frozen expert weights (BF16, INT8, INT4, ... as
+packed by the layer's backend) forward and, transposed, backward (plugin ABI 1.4's raw gate/up
+tile and 1.5's transposed tiles, through `kt_core.MoE.grouped_*`); everything else of an
+expert — its LoRA, the gated activation, the routing weights, gathering the tokens and summing
+the picks — is ordinary torch, so autograd derives every other gradient itself and no
+hand-written backward has to agree with a forward it does not see.
+
+Rows are (token, pick) pairs grouped by expert: `Routing` makes that order once per forward.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+from kt_core.moe import MoE
+
+
+@dataclass
+class Routing:
+    """The routed (token, pick) pairs of one forward, grouped by expert.
+
+    slot: index into top_k_index.reshape(-1) of each row; token: its token; counts: rows per
+    expert (int64 [E], what kt's grouped products take); splits: the same as a Python list."""
+    slot: torch.Tensor
+    token: torch.Tensor
+    counts: torch.Tensor
+    splits: list[int]
+
+    @classmethod
+    def of(cls, top_k_index: torch.Tensor, num_experts: int) -> Routing:
+        ids = top_k_index.reshape(-1).to(torch.int64)
+        picks = top_k_index.shape[-1]
+        # -1 marks "no expert" (a pick another device computes): sorted past every real expert.
+        key = torch.where(ids >= 0, ids, num_experts)
+        order = torch.argsort(key, stable=True)
+        rows = int((ids >= 0).sum())
+        slot = order[:rows]
+        counts = torch.bincount(ids[slot], minlength=num_experts)
+        return cls(slot=slot, token=slot // picks, counts=counts, splits=counts.tolist())
+
+
+def _layer(ctx) -> MoE:
+    # The graph holds the layer weakly: a strong reference from an autograd node keeps the native
+    # layer alive past interpreter shutdown whenever a graph outlives its script (nanobind reports
+    # it as a leak). The experts module that ran the forward owns the layer.
+    moe = ctx.moe()
+    if moe is None:
+        raise RuntimeError("backward through kt experts whose layer has been freed (the LoRAExperts module that ran "
+                           "the forward was deleted)")
+    return moe
+
+
+class BaseGateUp(torch.autograd.Function):
+    """x [rows, H] (float32, grouped by expert) -> (x·gateᵀ, x·upᵀ) [rows, I] with kt's weights."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, counts: torch.Tensor, moe: MoE):
+        ctx.moe, ctx.counts = weakref.ref(moe), counts
+        return moe.grouped_gate_up(x.detach(), counts)
+
+    @staticmethod
+    def backward(ctx, dgate: torch.Tensor, dup: torch.Tensor):
+        if not ctx.needs_input_grad[0]:
+            return None, None, None
+        # A product autograd did not need (e.g. only the gate's output used) comes as None.
+        dgate = torch.zeros_like(dup) if dgate is None else dgate
+        dup = torch.zeros_like(dgate) if dup is None else dup
+        return _layer(ctx).grouped_gate_up_transposed(dgate.float().contiguous(), dup.float().contiguous(), ctx.counts), None, None
+
+
+class BaseDown(torch.autograd.Function):
+    """h [rows, I] (float32, grouped by expert) -> h·downᵀ [rows, H] with kt's weights."""
+
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, counts: torch.Tensor, moe: MoE):
+        ctx.moe, ctx.counts = weakref.ref(moe), counts
+        return moe.grouped_down(h.detach(), counts)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        if not ctx.needs_input_grad[0]:
+            return None, None, None
+        return _layer(ctx).grouped_down_transposed(dy.float().contiguous(), ctx.counts), None, None

@@ -1,0 +1,112 @@
+"""LoRAExperts: a layer's routed experts on kt, frozen, with trainable per-expert LoRA.
+
+    experts = LoRAExperts(moe, rank=8, alpha=16)             # moe: kt_core.MoE(..., trainable=True), loaded
+    out = experts(hidden [T, H], top_k_index [T, k], top_k_weights [T, k])
+    out.sum().backward()     # gradients of hidden, top_k_weights and the LoRA factors
+
+The LoRA sits where PEFT's `target_parameters` puts it on a transformers 5 experts module: one
+adapter on the fused gate_up projection (A [E, r, H] shared by gate and up, B [E, 2I, r]) and one
+on down (A [E, r, I], B [E, H, r]), delta W_e = scaling * B_e A_e, scaling = alpha / rank — so
+an adapter trained here is a PEFT adapter of the same model (kt.training.peft_format).
+The base products run on kt's kernels (kt.training.grouped); the rest is torch on the CPU, in
+float32, whatever the device and dtype of the hidden states (the output goes back to both).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from kt_core.errors import KTError
+from kt_core.moe import MoE
+
+from .grouped import BaseDown, BaseGateUp, Routing
+
+TARGETS = ("gate_up", "down")
+
+
+def lora_targets(target: Sequence[str]) -> tuple[str, ...]:
+    """The adapters a `target` list asks for: "gate" and "up" name the fused gate_up adapter
+    (PEFT trains them as one matrix) and must come together."""
+    names = set(target)
+    unknown = names - {"gate", "up", "gate_up", "down"}
+    if unknown:
+        raise KTError(f"LoRA target {sorted(unknown)} is not one of gate, up, gate_up, down")
+    if ("gate" in names) != ("up" in names):
+        raise KTError("LoRA targets 'gate' and 'up' come together: the experts' gate and up projections are one "
+                      "fused matrix with one adapter (PEFT's target_parameters on gate_up_proj); use "
+                      "target=('gate', 'up', 'down') or ('gate_up', 'down')")
+    out = tuple(t for t in TARGETS if t in names or (t == "gate_up" and "gate" in names))
+    if not out:
+        raise KTError("LoRA target is empty: name at least one of gate_up (gate, up) and down")
+    return out
+
+
+class LoRAExperts(nn.Module):
+    def __init__(self, moe: MoE, *, rank: int, alpha: float, target: Sequence[str] = ("gate", "up", "down"),
+                 recompute: bool = False):
+        super().__init__()
+        if not moe.trainable:
+            raise KTError("LoRAExperts needs a kt_core.MoE made with trainable=True (kernels with transposed tiles)")
+        if moe.expert_bias or moe.swiglu_limit or moe.swiglu_alpha:
+            raise KTError("training experts with biases or the clamped SwiGLU (GPT-OSS) is not supported yet; "
+                          "kt trains SiLU-gated experts")
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
+            raise KTError(f"lora_rank must be a positive integer, got {rank!r}")
+        if not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha > 0):
+            raise KTError(f"lora_alpha must be a positive number, got {alpha!r}")
+        self.moe = moe
+        self.rank, self.alpha, self.scaling = rank, float(alpha), float(alpha) / rank
+        self.targets = lora_targets(target)
+        # Recompute: keep only the inputs and run the experts' forward again in backward
+        # (torch.utils.checkpoint) — memory of a step without the rows' intermediate activations.
+        self.recompute = bool(recompute)
+        E, H, I = moe.num_experts, moe.hidden_size, moe.intermediate_size
+        shapes = {"gate_up": ((E, rank, H), (E, 2 * I, rank)), "down": ((E, rank, I), (E, H, rank))}
+        for t in self.targets:
+            a_shape, b_shape = shapes[t]
+            # PEFT's default: A ~ kaiming_uniform(a=sqrt(5)) over its input features = U(±1/sqrt(in)), B = 0.
+            bound = 1.0 / math.sqrt(a_shape[2])
+            self.register_parameter(f"{t}_A", nn.Parameter(torch.empty(a_shape).uniform_(-bound, bound)))
+            self.register_parameter(f"{t}_B", nn.Parameter(torch.zeros(b_shape)))
+
+    def extra_repr(self) -> str:
+        return (f"experts={self.moe.num_experts}, kt={self.moe.method} on {self.moe.backend}, rank={self.rank}, "
+                f"alpha={self.alpha:g}, target={self.targets}, recompute={self.recompute}")
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+        device, dtype = hidden_states.device, hidden_states.dtype
+        x = hidden_states.to("cpu", torch.float32)
+        ids, weights = top_k_index.to("cpu"), top_k_weights.to("cpu", torch.float32)
+        if self.recompute and torch.is_grad_enabled():
+            out = checkpoint(self._experts, x, ids, weights, use_reentrant=False)
+        else:
+            out = self._experts(x, ids, weights)
+        return out.to(device, dtype)
+
+    def _experts(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        routing = Routing.of(ids, self.moe.num_experts)
+        rows = x.index_select(0, routing.token)
+        gate, up = BaseGateUp.apply(rows, routing.counts, self.moe)
+        if "gate_up" in self.targets:
+            g_delta, u_delta = self._lora(rows, routing, self.gate_up_A, self.gate_up_B).chunk(2, dim=-1)
+            gate, up = gate + g_delta, up + u_delta
+        h = F.silu(gate) * up
+        y = BaseDown.apply(h, routing.counts, self.moe)
+        if "down" in self.targets:
+            y = y + self._lora(h, routing, self.down_A, self.down_B)
+        picked = weights.reshape(-1).index_select(0, routing.slot)
+        out = torch.zeros_like(x)
+        return out.index_add(0, routing.token, y * picked[:, None])
+
+    def _lora(self, rows: torch.Tensor, routing: Routing, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """scaling * rows_e A_eᵀ B_eᵀ for each expert's rows, in the rows' order."""
+        parts = rows.split(routing.splits)
+        out = [p @ a[e].t() @ b[e].t() if p.shape[0] else p.new_empty((0, b.shape[1]))
+               for e, p in enumerate(parts)]
+        return torch.cat(out) * self.scaling
