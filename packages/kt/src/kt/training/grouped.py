@@ -70,7 +70,8 @@ class BaseGateUp(torch.autograd.Function):
         # A product autograd did not need (e.g. only the gate's output used) comes as None.
         dgate = torch.zeros_like(dup) if dgate is None else dgate
         dup = torch.zeros_like(dgate) if dup is None else dup
-        return _layer(ctx).grouped_gate_up_transposed(dgate.float().contiguous(), dup.float().contiguous(), ctx.counts), None, None
+        dx = _layer(ctx).grouped_gate_up_transposed(dgate.float().contiguous(), dup.float().contiguous(), ctx.counts)
+        return dx, None, None
 
 
 class BaseDown(torch.autograd.Function):
