@@ -25,11 +25,13 @@ class Routing:
     """The routed (token, pick) pairs of one forward, grouped by expert.
 
     slot: index into top_k_index.reshape(-1) of each row; token: its token; counts: rows per
-    expert (int64 [E], what kt's grouped products take); splits: the same as a Python list."""
+    expert (int64 [E], what kt's grouped products take); splits: the same as a Python list;
+    offsets: where each expert's rows end (int32 [E])."""
     slot: torch.Tensor
     token: torch.Tensor
     counts: torch.Tensor
     splits: list[int]
+    offsets: torch.Tensor   # int32 [E]: end of each expert's rows (torch._grouped_mm's offs)
 
     @classmethod
     def of(cls, top_k_index: torch.Tensor, num_experts: int) -> Routing:
@@ -41,7 +43,8 @@ class Routing:
         rows = int((ids >= 0).sum())
         slot = order[:rows]
         counts = torch.bincount(ids[slot], minlength=num_experts)
-        return cls(slot=slot, token=slot // picks, counts=counts, splits=counts.tolist())
+        return cls(slot=slot, token=slot // picks, counts=counts, splits=counts.tolist(),
+                   offsets=torch.cumsum(counts, 0).to(torch.int32))
 
 
 def _layer(ctx) -> MoE:

@@ -1,0 +1,220 @@
+"""kt.training: the routed experts' autograd node against torch autograd in float64.
+
+Every gradient (hidden states, routing weights, the four LoRA factors) of kt's LoRAExperts is held
+to the same LoRA'd experts computed by torch in float64 on the weights kt holds — the method's
+dequantized weights, so the comparison measures kt's kernels and plumbing, not the format. The
+tolerances are per method: FP32 and BF16 carry activations (near-)exactly (measured: <= 6e-7 on
+the reference backend, 2.1e-6 on avx's BF16), INT8/INT4 quantize the forward's activations to int8
+(two planes), which moves the gate values and through them every gradient (measured on avx: up to
+1.2e-4 of each tensor's largest magnitude); the transposed products (backward) use the gradients as
+given. Errors are max |kt - torch| / max |torch| per tensor.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import kt_core
+from kt.training import LoRAExperts, Routing, lora_targets
+from kt_core.errors import KTError
+from kt_core.testing.quantize import dequantize_int4, dequantize_int8, quantize_int4, quantize_int8
+
+E, K, H, I, T = 8, 2, 128, 64, 24
+# method -> (MoE keyword arguments, relative tolerance of every output and gradient)
+METHODS = {
+    "FP32": ({}, 2e-6),
+    "BF16": ({}, 1e-5),
+    "INT8": ({}, 5e-4),
+    "INT4": ({"group_size": 32}, 5e-4),
+    "INT4-zp": ({"group_size": 64, "zero_point": True}, 5e-4),
+}
+
+
+def _held_weights(method: str, kwargs: dict, w: torch.Tensor) -> torch.Tensor:
+    """The weights a layer of `method` holds for w, dequantized (float64)."""
+    a = w.numpy()
+    if method == "BF16":
+        return w.bfloat16().double()
+    if method == "INT8":
+        return torch.from_numpy(dequantize_int8(*quantize_int8(a))).double()
+    if method.startswith("INT4"):
+        return torch.from_numpy(dequantize_int4(*quantize_int4(a, kwargs["group_size"], kwargs.get("zero_point", False)))).double()
+    return w.double()
+
+
+def _torch_experts(x, ids, w, gate, up, down, lora, scaling):
+    """The LoRA'd experts, one (token, pick) at a time, in float64."""
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e = int(ids[t, j])
+            if e < 0:
+                continue
+            gu = torch.cat([gate[e] @ x[t], up[e] @ x[t]])
+            if "gate_up_A" in lora:
+                gu = gu + scaling * (lora["gate_up_B"][e] @ (lora["gate_up_A"][e] @ x[t]))
+            h = torch.nn.functional.silu(gu[:I]) * gu[I:]
+            y = down[e] @ h
+            if "down_A" in lora:
+                y = y + scaling * (lora["down_B"][e] @ (lora["down_A"][e] @ h))
+            out[t] += w[t, j] * y
+    return out
+
+
+def _routing(gen):
+    ids = torch.stack([torch.randperm(E, generator=gen)[:K] for _ in range(T)])
+    ids[3, 1] = -1          # a pick another device computes
+    ids[5] = -1             # a token with no kt expert at all
+    return ids, torch.rand(T, K, generator=gen)
+
+
+def _layer(method: str, backend: str | None, gate, up, down, target=("gate", "up", "down"), recompute=False):
+    kwargs = METHODS[method][0]
+    moe = kt_core.MoE(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, method=method.split("-")[0],
+                      backend=backend, trainable=True, **kwargs)
+    moe.load(gate, up, down)
+    layer = LoRAExperts(moe, rank=4, alpha=8.0, target=target, recompute=recompute)
+    with torch.no_grad():   # B starts at zero (PEFT's init); nonzero here so every path carries a gradient
+        for name, p in layer.named_parameters():
+            if name.endswith("_B"):
+                p.normal_(0.0, 0.5)
+    return layer
+
+
+@pytest.mark.parametrize("backend", ["reference", None])
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_gradients_match_torch_float64(method, backend):
+    gen = torch.Generator().manual_seed(1)
+    gate, up = torch.randn(E, I, H, generator=gen) * H**-0.5, torch.randn(E, I, H, generator=gen) * H**-0.5
+    down = torch.randn(E, H, I, generator=gen) * I**-0.5
+    layer = _layer(method, backend, gate, up, down)
+    x = torch.randn(T, H, generator=gen).requires_grad_()
+    ids, w = _routing(gen)
+    w.requires_grad_()
+    upstream = torch.randn(T, H, generator=gen)
+    out = layer(x, ids, w)
+    out.backward(upstream)
+
+    kwargs = METHODS[method][0]
+    held = [_held_weights(method, kwargs, m) for m in (gate, up, down)]
+    ref = {n: p.detach().double().requires_grad_() for n, p in layer.named_parameters()}
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    want = _torch_experts(x64, ids, w64, *held, ref, layer.scaling)
+    want.backward(upstream.double())
+
+    tol = METHODS[method][1]
+    pairs = {"output": (out, want), "d hidden": (x.grad, x64.grad), "d routing weights": (w.grad, w64.grad)}
+    pairs.update({f"d {n}": (p.grad, ref[n].grad) for n, p in layer.named_parameters()})
+    for what, (got, exp) in pairs.items():
+        err = float((got.detach().double() - exp.detach()).abs().max() / exp.detach().abs().max())
+        assert err <= tol, f"{method} on {layer.moe.backend}: {what} differs from torch float64 by {err:.2e} > {tol:.0e}"
+    assert torch.all(x.grad[5] == 0), "a token routed to no kt expert gets no gradient"
+
+
+def test_recompute_gives_the_same_gradients():
+    gen = torch.Generator().manual_seed(2)
+    weights = [torch.randn(E, I, H, generator=gen), torch.randn(E, I, H, generator=gen), torch.randn(E, H, I, generator=gen)]
+    x = torch.randn(T, H, generator=gen)
+    ids, w = _routing(gen)
+    grads = []
+    for recompute in (False, True):
+        layer = _layer("BF16", None, *weights, recompute=recompute)
+        with torch.no_grad():
+            for p in layer.parameters():
+                p.copy_(torch.linspace(-1, 1, p.numel()).reshape(p.shape))
+        xi = x.clone().requires_grad_()
+        layer(xi, ids, w).square().sum().backward()
+        grads.append([xi.grad] + [p.grad for p in layer.parameters()])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_fresh_adapters_leave_the_forward_unchanged():
+    """B starts at zero (PEFT's init): before the first step the layer computes the frozen experts."""
+    gen = torch.Generator().manual_seed(3)
+    weights = [torch.randn(E, I, H, generator=gen), torch.randn(E, I, H, generator=gen), torch.randn(E, H, I, generator=gen)]
+    moe = kt_core.MoE(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, method="BF16", trainable=True)
+    moe.load(*weights)
+    layer = LoRAExperts(moe, rank=8, alpha=16)
+    x = torch.randn(T, H, generator=gen)
+    ids, w = _routing(gen)
+    ids[ids < 0] = 0
+    got, want = layer(x, ids, w), moe(x, ids, w)
+    # Same weights, the activation in torch rather than the kernel's epilogue: 1e-6 of the output scale.
+    assert float((got - want).abs().max() / want.abs().max()) < 1e-5
+
+
+def test_targets():
+    assert lora_targets(("gate", "up", "down")) == ("gate_up", "down")
+    assert lora_targets(("down",)) == ("down",)
+    assert lora_targets(("gate_up",)) == ("gate_up",)
+    with pytest.raises(KTError, match="come together"):
+        lora_targets(("gate", "down"))
+    with pytest.raises(KTError, match="not one of"):
+        lora_targets(("q_proj",))
+    with pytest.raises(KTError, match="empty"):
+        lora_targets(())
+
+
+def test_only_down_adapter_trains_only_down():
+    gen = torch.Generator().manual_seed(4)
+    weights = [torch.randn(E, I, H, generator=gen), torch.randn(E, I, H, generator=gen), torch.randn(E, H, I, generator=gen)]
+    layer = _layer("FP32", "reference", *weights, target=("down",))
+    assert sorted(n for n, _ in layer.named_parameters()) == ["down_A", "down_B"]
+    x = torch.randn(T, H, generator=gen)
+    ids, w = _routing(gen)
+    layer(x, ids, w).sum().backward()
+    assert layer.down_A.grad is not None and layer.down_A.grad.abs().sum() > 0
+
+
+def test_refusals():
+    moe = kt_core.MoE(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, method="BF16")
+    with pytest.raises(KTError, match="trainable=True"):
+        LoRAExperts(moe, rank=4, alpha=8)
+    moe = kt_core.MoE(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, method="BF16", trainable=True)
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(KTError, match="lora_rank"):
+            LoRAExperts(moe, rank=bad, alpha=8)
+    for bad in (0, -1.0, float("nan")):
+        with pytest.raises(KTError, match="lora_alpha"):
+            LoRAExperts(moe, rank=4, alpha=bad)
+
+
+def test_grouped_products_refuse_bad_groupings():
+    moe = kt_core.MoE(num_experts=4, top_k=2, hidden_size=64, intermediate_size=32, method="FP32", backend="reference",
+                      trainable=True)
+    rng = np.random.default_rng(0)
+    moe.load(rng.standard_normal((4, 32, 64)).astype(np.float32), rng.standard_normal((4, 32, 64)).astype(np.float32),
+             rng.standard_normal((4, 64, 32)).astype(np.float32))
+    x = np.zeros((6, 64), np.float32)
+    with pytest.raises(ValueError, match="counts sum to 5 rows; the arrays hold 6"):
+        moe.grouped_gate_up(x, np.array([1, 1, 1, 2], np.int64))
+    with pytest.raises(ValueError, match="negative"):
+        moe.grouped_gate_up(x, np.array([7, -1, 0, 0], np.int64))
+    with pytest.raises(ValueError, match=r"counts must have shape \[4\]"):
+        moe.grouped_gate_up(x, np.array([6], np.int64))
+    with pytest.raises(ValueError, match=r"x must have shape \[6, 64\]"):
+        moe.grouped_gate_up(np.zeros((6, 63), np.float32), np.array([6, 0, 0, 0], np.int64))
+    with pytest.raises(TypeError, match="float32"):
+        moe.grouped_down(np.zeros((6, 32), np.float64), np.array([6, 0, 0, 0], np.int64))
+    empty = kt_core.MoE(num_experts=4, top_k=2, hidden_size=64, intermediate_size=32, method="FP32", backend="reference",
+                        trainable=True)
+    with pytest.raises(ValueError, match="expert 0 has 6 rows but no weights"):
+        empty.grouped_down_transposed(x, np.array([6, 0, 0, 0], np.int64))
+
+
+def test_a_backend_without_transposed_tiles_is_refused_for_training():
+    with pytest.raises(kt_core.errors.BackendError, match="transposed tiles"):
+        kt_core.MoE(num_experts=4, top_k=2, hidden_size=256, intermediate_size=256, method="LLAMAFILE", backend="avx",
+                    weight_types=("Q8_0", "Q8_0", "Q8_0"), trainable=True)
+
+
+def test_routing_groups_rows_by_expert():
+    ids = torch.tensor([[2, 0], [-1, 2], [1, -1]])
+    r = Routing.of(ids, 4)
+    assert r.counts.tolist() == [1, 1, 2, 0]
+    assert r.slot.tolist() == [1, 4, 0, 3]
+    assert r.token.tolist() == [0, 2, 0, 1]
+    assert r.offsets.tolist() == [1, 2, 4, 4]
