@@ -40,7 +40,8 @@ def _held_weights(method: str, kwargs: dict, w: torch.Tensor) -> torch.Tensor:
     if method == "INT8":
         return torch.from_numpy(dequantize_int8(*quantize_int8(a))).double()
     if method.startswith("INT4"):
-        return torch.from_numpy(dequantize_int4(*quantize_int4(a, kwargs["group_size"], kwargs.get("zero_point", False)))).double()
+        codes = quantize_int4(a, kwargs["group_size"], kwargs.get("zero_point", False))
+        return torch.from_numpy(dequantize_int4(*codes)).double()
     return w.double()
 
 

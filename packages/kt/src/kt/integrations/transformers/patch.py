@@ -140,7 +140,10 @@ def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None =
                 placement: str = "uniform", stats_file: str | os.PathLike | None = None, placement_seed: int = 42,
                 max_deferred_experts_per_token: int = 0, group_size: int = 0, zero_point: bool = False,
                 record_stats: str | os.PathLike | None = None, free_originals: bool = True, max_tokens: int = 4096,
-                fast_activations: bool = False, weight_path: str | os.PathLike | None = None) -> KTPatch:
+                fast_activations: bool = False, weight_path: str | os.PathLike | None = None, mode: str = "inference",
+                lora_rank: int | None = None, lora_alpha: float | None = None, target: tuple[str, ...] | None = None,
+                recompute: bool = False, freeze_base: bool = True,
+                expert_lora_path: str | os.PathLike | None = None):
     """Run every MoE block's routed experts of a loaded transformers model on kt, in place.
 
     The router, shared experts, attention and everything else stay torch modules; `generate()`
@@ -159,7 +162,43 @@ def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None =
     GPTQ_INT4, NVFP4, MXFP8), or a GGUF file / split set with
     method="LLAMAFILE" (each layer's ggml types come from the file). GPU-resident experts still
     come from the model.
+
+    `mode="train"`: the experts get trainable per-expert LoRA instead (kt.training.LoRAExperts: rank
+    `lora_rank` (8), `lora_alpha` (16), on the fused gate/up and/or down per `target` (all three),
+    `recompute` to keep only the inputs between forward and backward); with `freeze_base` the model's
+    own parameters stop requiring gradients. Returns a KTTrainPatch (save_adapter / load_adapter in
+    PEFT's format). `expert_lora_path=DIR` (either mode): start from that PEFT adapter, whose rank,
+    alpha and targets are used — inference with expert LoRA.
+    Training keeps every expert on kt (num_gpu_experts, deferral, record_stats and weight_path are
+    inference options).
     """
+    if mode not in ("inference", "train"):
+        raise KTError(f"mode must be 'inference' or 'train', got {mode!r}")
+    if mode == "train" or expert_lora_path is not None:
+        extras = {"num_gpu_experts": num_gpu_experts, "max_deferred_experts_per_token": max_deferred_experts_per_token,
+                  "record_stats": record_stats, "weight_path": weight_path, "stats_file": stats_file}
+        used = [k for k, v in extras.items() if v]
+        if used:
+            raise KTError(f"{', '.join(used)}: not available with expert LoRA (mode='train' or expert_lora_path); "
+                          "kt runs every expert, from the model's own weights")
+        from ...training.model_patch import patch_for_training
+        from ...training.peft_format import adapter_settings
+
+        defaults = (8, 16.0, ("gate", "up", "down"))
+        if expert_lora_path is not None:
+            defaults = adapter_settings(expert_lora_path)
+        lora_rank = defaults[0] if lora_rank is None else lora_rank
+        lora_alpha = defaults[1] if lora_alpha is None else lora_alpha
+        target = defaults[2] if target is None else target
+
+        patch = patch_for_training(model, method=method, backend=backend, lora_rank=lora_rank, lora_alpha=lora_alpha,
+                                   target=target, recompute=recompute, group_size=group_size, zero_point=zero_point,
+                                   max_tokens=max_tokens, fast_activations=fast_activations,
+                                   freeze_base=freeze_base and mode == "train", adapter=expert_lora_path)
+        if mode == "inference":
+            for p in patch.adapter_parameters():
+                p.requires_grad_(False)
+        return patch
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
     if not model_type:

@@ -1,0 +1,99 @@
+"""patch_model(model, mode="train"): a transformers MoE model's routed experts as kt LoRAExperts.
+
+Every MoE block's routed experts are packed by kt (frozen, `method`) and get trainable per-expert
+LoRA (kt.training.LoRAExperts); the router, shared experts, attention and embeddings stay torch
+modules — with `freeze_base` (default) their parameters stop requiring gradients, as PEFT's
+get_peft_model does, and they can take PEFT LoRA of their own. The model then trains with the
+transformers Trainer or a plain torch loop; `KTTrainPatch.save_adapter` writes the expert adapters
+in PEFT's format. With `adapter=` (a PEFT adapter folder) the adapters are loaded instead of
+initialised: inference with expert LoRA (SGLang's --kt-expert-lora-path).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from kt_core.errors import KTError
+from kt_core.moe import MoE
+
+from .lora_experts import LoRAExperts
+from .peft_format import load_adapter, save_adapter
+
+
+@dataclass
+class KTTrainPatch:
+    """What patch_model(mode="train") did: the LoRAExperts of each MoE layer, by decoder layer index
+    (`layers`) and by module path in the model (`modules`, the names PEFT's adapter files use)."""
+    model_type: str
+    method: str
+    layers: dict[int, LoRAExperts]
+    modules: dict[str, LoRAExperts]
+    backends: tuple[str, ...]
+    freed_bytes: int = 0
+
+    def adapter_parameters(self) -> list[nn.Parameter]:
+        """The expert LoRA factors (what an optimizer over the experts' adapters takes)."""
+        return [p for m in self.layers.values() for p in m.parameters()]
+
+    def save_adapter(self, directory: str | os.PathLike, base_model_name_or_path: str | None = None):
+        """Write the expert adapters as a PEFT adapter folder (adapter_config.json + adapter_model.safetensors)."""
+        return save_adapter(self.modules, directory, base_model_name_or_path)
+
+    def load_adapter(self, directory: str | os.PathLike) -> None:
+        """Set the expert adapters from a PEFT adapter folder."""
+        load_adapter(self.modules, directory)
+
+
+def patch_for_training(model: nn.Module, *, method: str, backend: str | None, lora_rank: int, lora_alpha: float,
+                       target: Sequence[str], recompute: bool, group_size: int, zero_point: bool, max_tokens: int,
+                       fast_activations: bool, freeze_base: bool, adapter: str | os.PathLike | None) -> KTTrainPatch:
+    # The transformers integration's readers of a model's MoE blocks (families, checks, orientation).
+    from ..integrations.transformers import patch as inference_patch
+
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if not model_type:
+        raise KTError(f"{type(model).__name__} has no config.model_type; patch_model takes a transformers model")
+    fam = inference_patch._family(model_type)
+    if fam.activation == "gpt-oss-swiglu":
+        raise KTError(f"{model_type}: training experts with biases and the clamped SwiGLU is not supported yet")
+    cfg = getattr(config, fam.text_config_key) if fam.text_config_key else config
+    act = getattr(cfg, "hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        raise KTError(f"this {model_type} model's experts use hidden_act={act!r}; kt trains SiLU-gated experts")
+    blocks = inference_patch._moe_blocks(model, fam, model_type)
+    top_k = inference_patch._config_int(cfg, fam.top_k_key, "experts per token", model_type)
+    if freeze_base:
+        model.requires_grad_(False)
+    paths = {id(m): name for name, m in model.named_modules()}
+    layers: dict[int, LoRAExperts] = {}
+    modules: dict[str, LoRAExperts] = {}
+    freed = 0
+    for layer, block in blocks:
+        t = inference_patch._expert_tensors(block, fam, layer, model_type)
+        if t.biases is not None:
+            raise KTError(f"layer {layer}: training experts with biases is not supported yet")
+        num_experts, intermediate, hidden = t.gate.shape
+        moe = MoE(num_experts=num_experts, top_k=top_k, hidden_size=hidden, intermediate_size=intermediate,
+                  method=method, max_tokens=max_tokens, backend=backend, group_size=group_size, zero_point=zero_point,
+                  fast_activations=fast_activations, trainable=True)
+        with torch.no_grad():
+            moe.load(t.gate, t.up, t.down)
+        module = LoRAExperts(moe, rank=lora_rank, alpha=lora_alpha, target=target, recompute=recompute)
+        for p in t.params:   # the torch copies of the frozen experts: kt holds them packed now
+            freed += p.numel() * p.element_size()
+            p.requires_grad_(False)
+            p.data = torch.empty((0,) + tuple(p.shape[1:]), dtype=p.dtype, device=p.device)
+        setattr(block, fam.transformers_experts.attr, module)
+        layers[layer] = module
+        modules[paths[id(t.module)]] = module
+    patch = KTTrainPatch(model_type=model_type, method=layers[blocks[0][0]].moe.method, layers=layers, modules=modules,
+                         backends=tuple(sorted({m.moe.backend for m in layers.values()})), freed_bytes=freed)
+    if adapter is not None:
+        patch.load_adapter(adapter)
+    return patch

@@ -1,0 +1,166 @@
+"""Expert adapters in PEFT's format: what `peft` writes for LoRA on a transformers 5 experts module.
+
+PEFT puts LoRA on a fused 3-D expert parameter with `target_parameters` (lora.ParamWrapper): for
+`mlp.experts.gate_up_proj` [E, 2I, H] one `lora_A` Linear(H, r*E) and one `lora_B` Linear(r*E, 2I),
+and the same for `down_proj`, with delta W_e = scaling * B_e A_e where A_e is rows e*r .. e*r+r-1 of
+lora_A.weight and B_e[:, j] is column j*E + e of lora_B.weight (PEFT's reshapes: A to [E, r, in],
+B to [out, r, E]). When both parameters of a module are targeted the second wraps the first, so
+the first's tensors sit one `base_layer.` deeper. Keys carry PeftModel's `base_model.model.` prefix.
+
+    save_adapter(model, "out/")          # adapter_config.json + adapter_model.safetensors
+    load_adapter(model, "out/")          # into the LoRAExperts of a kt-patched model
+
+`peft.PeftModel.from_pretrained(the same model unpatched, "out/")` loads what save_adapter wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from kt_core.errors import KTError
+
+from .lora_experts import LoRAExperts
+
+CONFIG_NAME = "adapter_config.json"
+WEIGHTS_NAME = "adapter_model.safetensors"
+PREFIX = "base_model.model."
+# kt's adapter -> the transformers experts parameter PEFT targets
+PARAMETER = {"gate_up": "gate_up_proj", "down": "down_proj"}
+_LAYER = re.compile(r"(?:^|\.)layers\.\d+\.")
+
+
+def _experts(model: nn.Module | Mapping[str, LoRAExperts]) -> dict[str, LoRAExperts]:
+    """{module path in the model: LoRAExperts} of a patched model (or such a mapping as given)."""
+    if isinstance(model, Mapping):
+        found = dict(model)
+    else:
+        found = {name: m for name, m in model.named_modules() if isinstance(m, LoRAExperts)}
+    if not found:
+        raise KTError("this model has no kt LoRA experts: patch it with patch_model(model, mode='train') first")
+    return found
+
+
+def _wrapper_paths(targets: tuple[str, ...]) -> dict[str, str]:
+    """Where each adapter's lora_A / lora_B live below the experts module (PEFT's nesting)."""
+    return {t: "base_layer." * (len(targets) - 1 - i) for i, t in enumerate(targets)}
+
+
+def _check_uniform(layers: dict[str, LoRAExperts]) -> LoRAExperts:
+    first = next(iter(layers.values()))
+    for name, m in layers.items():
+        if (m.rank, m.alpha, m.targets) != (first.rank, first.alpha, first.targets):
+            raise KTError(f"{name}'s adapter (rank {m.rank}, alpha {m.alpha:g}, {m.targets}) differs from the first's "
+                          f"(rank {first.rank}, alpha {first.alpha:g}, {first.targets}); PEFT's config holds one")
+    return first
+
+
+def adapter_state_dict(model: nn.Module | Mapping[str, LoRAExperts]) -> tuple[dict[str, torch.Tensor], dict]:
+    """(PEFT's tensors, PEFT's config) of the model's kt expert adapters."""
+    layers = _experts(model)
+    first = _check_uniform(layers)
+    tensors = {}
+    for name, m in layers.items():
+        nest = _wrapper_paths(m.targets)
+        for t in m.targets:
+            a, b = getattr(m, f"{t}_A").detach(), getattr(m, f"{t}_B").detach()
+            E, r, fan_in = a.shape
+            base = f"{PREFIX}{name}.{nest[t]}"
+            tensors[f"{base}lora_A.weight"] = a.reshape(E * r, fan_in).contiguous()
+            tensors[f"{base}lora_B.weight"] = b.permute(1, 2, 0).reshape(b.shape[1], r * E).contiguous()
+    module = next(iter(layers))
+    m = _LAYER.search(module)
+    inside = module[m.end():] if m else module   # e.g. "mlp.experts": PEFT matches target_parameters by suffix
+    config = {
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": first.rank, "lora_alpha": first.alpha,
+        "target_modules": [], "target_parameters": [f"{inside}.{PARAMETER[t]}" for t in first.targets],
+        "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False, "use_rslora": False, "use_dora": False,
+        "init_lora_weights": True, "inference_mode": True, "modules_to_save": None, "base_model_name_or_path": None,
+    }
+    return tensors, config
+
+
+def save_adapter(model: nn.Module | Mapping[str, LoRAExperts], directory: str | os.PathLike,
+                 base_model_name_or_path: str | None = None) -> Path:
+    """Write the model's kt expert adapters as a PEFT adapter folder (written aside, then renamed in)."""
+    from safetensors.torch import save_file
+
+    tensors, config = adapter_state_dict(model)
+    config["base_model_name_or_path"] = base_model_name_or_path
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    for fname, write in ((WEIGHTS_NAME, lambda p: save_file(tensors, str(p), metadata={"format": "pt"})),
+                         (CONFIG_NAME, lambda p: p.write_text(json.dumps(config, indent=2) + "\n"))):
+        tmp = out / f".{fname}.tmp"
+        write(tmp)
+        os.replace(tmp, out / fname)
+    return out
+
+
+def adapter_settings(directory: str | os.PathLike) -> tuple[int, float, tuple[str, ...]]:
+    """(rank, alpha, kt targets) of a PEFT adapter folder's expert LoRA."""
+    cfg_path = Path(directory) / CONFIG_NAME
+    if not cfg_path.is_file():
+        raise KTError(f"{directory} is not a PEFT adapter folder: {CONFIG_NAME} is missing")
+    config = json.loads(cfg_path.read_text())
+    names = {p.rsplit(".", 1)[-1] for p in config.get("target_parameters") or ()}
+    targets = tuple(t for t, p in PARAMETER.items() if p in names)
+    if not targets:
+        raise KTError(f"{cfg_path}: no LoRA on the experts' {' or '.join(PARAMETER.values())} (target_parameters: "
+                      f"{config.get('target_parameters')})")
+    return int(config.get("r", 0)), float(config.get("lora_alpha", 0)), targets
+
+
+def load_adapter(model: nn.Module | Mapping[str, LoRAExperts], directory: str | os.PathLike) -> None:
+    """Set the model's kt expert adapters from a PEFT adapter folder (one save_adapter or peft wrote)."""
+    from safetensors.torch import load_file
+
+    folder = Path(directory)
+    cfg_path, weights_path = folder / CONFIG_NAME, folder / WEIGHTS_NAME
+    for p in (cfg_path, weights_path):
+        if not p.is_file():
+            raise KTError(f"{folder} is not a PEFT adapter folder: {p.name} is missing")
+    config = json.loads(cfg_path.read_text())
+    layers = _experts(model)
+    first = _check_uniform(layers)
+    # PEFT saves target_parameters as a set (any order); its wrappers nest in the experts module's
+    # parameter order, gate_up_proj (defined first in transformers 5) innermost.
+    params = sorted(p.rsplit(".", 1)[-1] for p in config.get("target_parameters") or ())
+    want = sorted(PARAMETER[t] for t in first.targets)
+    if config.get("peft_type") != "LORA" or params != want:
+        raise KTError(f"{cfg_path}: expected a LoRA adapter with target_parameters on {', '.join(want)} (as kt's "
+                      f"experts were patched: target={first.targets}); found peft_type "
+                      f"{config.get('peft_type')!r}, target_parameters {config.get('target_parameters')}")
+    if config.get("r") != first.rank or float(config.get("lora_alpha", 0)) != first.alpha:
+        raise KTError(f"{cfg_path}: rank {config.get('r')} / alpha {config.get('lora_alpha')}; the patched experts "
+                      f"have rank {first.rank} / alpha {first.alpha:g} (patch with the adapter's)")
+    if config.get("use_rslora") or config.get("use_dora") or config.get("lora_bias"):
+        raise KTError(f"{cfg_path}: rsLoRA, DoRA and LoRA biases are not supported on kt's experts")
+    tensors = load_file(str(weights_path))
+    used = set()
+    with torch.no_grad():
+        for name, m in layers.items():
+            nest = _wrapper_paths(m.targets)
+            for t in m.targets:
+                a, b = getattr(m, f"{t}_A"), getattr(m, f"{t}_B")
+                E, r, fan_in = a.shape
+                base = f"{PREFIX}{name}.{nest[t]}"
+                ka, kb = f"{base}lora_A.weight", f"{base}lora_B.weight"
+                for key, shape in ((ka, (E * r, fan_in)), (kb, (b.shape[1], r * E))):
+                    if key not in tensors:
+                        raise KTError(f"{weights_path} has no {key}")
+                    if tuple(tensors[key].shape) != shape:
+                        raise KTError(f"{weights_path}: {key} is {list(tensors[key].shape)}, expected {list(shape)}")
+                a.copy_(tensors[ka].reshape(E, r, fan_in))
+                b.copy_(tensors[kb].reshape(b.shape[1], r, E).permute(2, 0, 1))
+                used.update((ka, kb))
+    extra = sorted(set(tensors) - used)
+    if extra:
+        raise KTError(f"{weights_path} holds tensors kt's experts do not take (LoRA on other modules is PEFT's to "
+                      f"load): {', '.join(extra[:4])}{' ...' if len(extra) > 4 else ''}")

@@ -1,0 +1,140 @@
+"""patch_model(mode="train") on tiny transformers MoE models, against PEFT doing the same in torch.
+
+PEFT (target_parameters on the experts' fused gate_up_proj / down_proj) is the pure-torch LoRA run:
+both start from the same adapter factors, take the same AdamW steps on the same batches, and the
+losses must agree step by step; adapters kt saves load into PEFT (and the other way) with the same
+logits.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+peft = pytest.importorskip("peft")
+transformers = pytest.importorskip("transformers")
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_integration_transformers import copy_of, prompt, rel_max, tiny_model  # noqa: E402
+
+from kt.integrations.transformers import patch_model  # noqa: E402
+from kt.training import KTTrainPatch, LoRAExperts  # noqa: E402
+from kt_core import KTError  # noqa: E402
+
+RANK, ALPHA = 4, 8.0
+TARGET_PARAMETERS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+
+
+def peft_twin(model):
+    """A PEFT LoRA model on a copy of `model` (before patching) with kt's expert adapters."""
+    cfg = peft.LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=[], target_parameters=TARGET_PARAMETERS)
+    return peft.get_peft_model(copy_of(model), cfg)
+
+
+def copy_adapters_into_peft(patch: KTTrainPatch, twin) -> None:
+    """kt's adapter factors into PEFT's modules (through PEFT's own state-dict loader)."""
+    from kt.training import adapter_state_dict
+
+    tensors, _ = adapter_state_dict(patch.modules)
+    missing = peft.set_peft_model_state_dict(twin, {k: v.clone() for k, v in tensors.items()})
+    assert not missing.unexpected_keys, missing.unexpected_keys
+
+
+def batches(steps, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 128, (2, 12), generator=gen) for _ in range(steps)]
+
+
+def train(model, params, data, lr=1e-2):
+    opt = torch.optim.AdamW(params, lr=lr)
+    losses = []
+    for ids in data:
+        out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(out.loss.item())
+    return losses
+
+
+def test_training_matches_peft_step_for_step_and_reduces_the_loss():
+    model = tiny_model("qwen3_moe")
+    twin = peft_twin(model)
+    patch = patch_model(model, method="BF16", mode="train", lora_rank=RANK, lora_alpha=ALPHA)
+    assert isinstance(patch, KTTrainPatch) and len(patch.layers) == 2
+    assert all(isinstance(m, LoRAExperts) for m in patch.layers.values())
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all("_A" in n or "_B" in n for n in trainable), trainable
+    copy_adapters_into_peft(patch, twin)
+    data = batches(6) * 2
+    kt_losses = train(model.train(), patch.adapter_parameters(), data)
+    peft_losses = train(twin.train(), [p for p in twin.parameters() if p.requires_grad], data)
+    for step, (a, b) in enumerate(zip(kt_losses, peft_losses)):
+        assert abs(a - b) <= 1e-4 * abs(b), f"step {step}: kt loss {a:.6f}, PEFT {b:.6f}"
+    assert kt_losses[-1] < kt_losses[0] - 0.05, kt_losses
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "mixtral", "deepseek_v3"])
+def test_saved_adapter_loads_into_peft_with_the_same_logits(tmp_path, model_type):
+    model = tiny_model(model_type)
+    fresh = copy_of(model)
+    patch = patch_model(model, method="BF16", mode="train", lora_rank=RANK, lora_alpha=ALPHA)
+    with torch.no_grad():
+        for p in patch.adapter_parameters():
+            p.normal_(0.0, 0.2)
+    model.eval()
+    path = patch.save_adapter(tmp_path / "adapter", base_model_name_or_path="tiny")
+    config = json.loads((path / "adapter_config.json").read_text())
+    assert config["r"] == RANK and config["lora_alpha"] == ALPHA and config["base_model_name_or_path"] == "tiny"
+    loaded = peft.PeftModel.from_pretrained(fresh, str(path)).eval()
+    ids = prompt()
+    with torch.no_grad():
+        want, got = loaded(ids).logits, model(ids).logits
+    assert rel_max(got, want) < 1e-4
+
+
+def test_peft_adapter_serves_on_kt(tmp_path):
+    """An adapter PEFT trained and saved, served by kt (SGLang's --kt-expert-lora-path)."""
+    model = tiny_model("qwen3_moe")
+    twin = peft_twin(model)
+    with torch.no_grad():
+        for n, p in twin.named_parameters():
+            if "lora_" in n:
+                p.normal_(0.0, 0.2)
+    twin.save_pretrained(tmp_path / "peft")
+    patch = patch_model(model, method="BF16", expert_lora_path=tmp_path / "peft")
+    assert not any(p.requires_grad for p in patch.adapter_parameters())
+    ids = prompt()
+    with torch.no_grad():
+        assert rel_max(model.eval()(ids).logits, twin.eval()(ids).logits) < 1e-4
+
+
+def test_quantized_base_trains(tmp_path):
+    """QLoRA-style: INT4 frozen experts, adapters trained on top; the loss falls."""
+    model = tiny_model("qwen3_moe")
+    patch = patch_model(model, method="INT4", group_size=32, mode="train", lora_rank=RANK, lora_alpha=ALPHA,
+                        recompute=True)
+    losses = train(model.train(), patch.adapter_parameters(), batches(4) * 3)
+    assert losses[-1] < losses[0] - 0.05, losses
+
+
+def test_training_refusals(tmp_path):
+    with pytest.raises(KTError, match="mode must be"):
+        patch_model(tiny_model(), mode="sft")
+    with pytest.raises(KTError, match="num_gpu_experts: not available with expert LoRA"):
+        patch_model(tiny_model(), mode="train", num_gpu_experts=2)
+    with pytest.raises(KTError, match="come together"):
+        patch_model(tiny_model(), mode="train", target=("gate", "down"))
+    with pytest.raises(KTError, match="is not a PEFT adapter folder"):
+        patch_model(tiny_model(), expert_lora_path=tmp_path)
+    model = tiny_model()
+    patch = patch_model(model, mode="train", lora_rank=RANK, lora_alpha=ALPHA)
+    patch.save_adapter(tmp_path / "a")
+    with pytest.raises(KTError, match="rank 4 / alpha 8"):
+        patch_model(tiny_model(), expert_lora_path=tmp_path / "a", lora_rank=8)
+    with pytest.raises(KTError, match="target_parameters on down_proj "):
+        patch_model(tiny_model(), expert_lora_path=tmp_path / "a", lora_rank=RANK, lora_alpha=ALPHA, target=("down",))
