@@ -10,6 +10,7 @@ COMMANDS = {
     "convert": "quantize a model's routed experts into a kt converted folder",
     "bench": "benchmark one MoE layer against this host's bandwidth and compute peak",
     "config": "user-level defaults of run, bench and convert (~/.config/kt/config.yaml)",
+    "sft": "LoRA fine-tuning with the routed experts on kt: train, export, chat",
 }
 
 

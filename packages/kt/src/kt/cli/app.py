@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 
 import typer
 from rich.console import Console
@@ -356,6 +357,111 @@ def config_path_cmd() -> None:
     from ..config import config_path
 
     print(config_path())
+
+
+sft_app = typer.Typer(help="LoRA fine-tuning of an MoE model with its routed experts on kt (a YAML config)",
+                      no_args_is_help=True)
+app.add_typer(sft_app, name="sft")
+
+
+@sft_app.command("train")
+def sft_train(
+    config: str = typer.Argument(..., help="the run's YAML config (kt.training.sft.config documents every field)"),
+    resume: bool = typer.Option(False, help="continue from output_dir's last checkpoint"),
+) -> None:
+    """Train expert LoRA adapters: progress with loss and tokens/s, checkpoints every save_every steps,
+    the final adapter in output_dir/adapter (PEFT format)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from ..training.sft import load_config, train
+
+    cfg = load_config(config)
+    with Progress(TextColumn("[bold]kt sft[/bold]"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("loss {task.fields[loss]}  {task.fields[rate]} tokens/s"), TimeRemainingColumn(),
+                  console=console) as progress:
+        task = progress.add_task("train", total=cfg.train.steps, loss="-", rate="-")
+
+        def on_step(row):
+            progress.update(task, completed=row["step"], loss=f"{row['loss']:.4f}", rate=f"{row['tokens_per_s']:.0f}")
+
+        losses = train(cfg, resume=resume, on_step=on_step)
+    console.print(f"{len(losses)} steps, loss {losses[0]:.4f} -> {losses[-1]:.4f}; adapter: {cfg.output_dir / 'adapter'}")
+
+
+def _run_config(run_dir: str):
+    from ..training.sft import load_config
+
+    path = os.path.join(run_dir, "config.yaml")
+    if not os.path.isfile(path):
+        raise KTError(f"{run_dir} is not a kt sft output folder (no config.yaml)")
+    return load_config(path, need_data=False)
+
+
+def _adapter_of(run_dir: str, checkpoint: int | None) -> str:
+    path = os.path.join(run_dir, "adapter" if checkpoint is None else f"checkpoint-{checkpoint}")
+    if not os.path.isfile(os.path.join(path, "adapter_config.json")):
+        raise KTError(f"{path} holds no adapter" + ("" if checkpoint is not None else " (the run has not finished: "
+                                                   "pass --checkpoint STEP)"))
+    return path
+
+
+@sft_app.command("export")
+def sft_export(
+    run_dir: str = typer.Argument(..., help="a kt sft output folder"),
+    to: str = typer.Option(..., "--to", help="where to write"),
+    merge: bool = typer.Option(False, help="write the base model with the adapter merged into its expert weights "
+                                           "(a full model folder) instead of the adapter"),
+    checkpoint: int = typer.Option(None, help="a checkpoint's adapter instead of the final one"),
+) -> None:
+    """Save the run's expert adapter (PEFT format), or the model with it merged in."""
+    import shutil
+    from pathlib import Path
+
+    from ..training.sft import merge_adapter
+
+    cfg = _run_config(run_dir)
+    adapter = _adapter_of(run_dir, checkpoint)
+    if merge:
+        merge_adapter(cfg, Path(adapter), Path(to))
+        console.print(f"merged model: {to}")
+        return
+    os.makedirs(to, exist_ok=True)
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        shutil.copyfile(os.path.join(adapter, name), os.path.join(to, name))
+    console.print(f"adapter (PEFT format): {to}")
+
+
+@sft_app.command("chat")
+def sft_chat(
+    run_dir: str = typer.Argument(..., help="a kt sft output folder"),
+    prompt: list[str] = typer.Option([], "--prompt", help="ask this (repeatable) instead of reading stdin"),
+    max_new_tokens: int = typer.Option(64, min=1, help="tokens per reply"),
+    checkpoint: int = typer.Option(None, help="a checkpoint's adapter instead of the final one"),
+) -> None:
+    """Try the trained adapter: greedy replies of the model with its experts (and their LoRA) on kt."""
+    import sys
+
+    import torch
+
+    from ..integrations.transformers import patch_model
+    from ..training.sft.trainer import load_model
+
+    cfg = _run_config(run_dir)
+    adapter = _adapter_of(run_dir, checkpoint)
+    model, tokenizer = load_model(cfg.model, cfg.dtype)
+    patch_model(model, method=cfg.method, group_size=cfg.group_size, zero_point=cfg.zero_point,
+                expert_lora_path=adapter)
+    model.eval()
+    questions = prompt or (line.rstrip("\n") for line in sys.stdin)
+    for q in questions:
+        if not q.strip():
+            continue
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                            return_tensors="pt")
+        ids = ids["input_ids"] if not isinstance(ids, torch.Tensor) else ids
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False)
+        console.print(f"> {q}\n{tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)}", soft_wrap=True)
 
 
 def main(argv: list[str]) -> int:

@@ -117,6 +117,25 @@ def adapter_settings(directory: str | os.PathLike) -> tuple[int, float, tuple[st
     return int(config.get("r", 0)), float(config.get("lora_alpha", 0)), targets
 
 
+def load_adapter_tensors(directory: str | os.PathLike, module_path: str) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """{experts parameter name: (A [E, r, in], B [E, out, r])} of the experts module at `module_path`
+    in a PEFT adapter folder ({} when the adapter has none for it)."""
+    from safetensors.torch import load_file
+
+    rank, _, targets = adapter_settings(directory)
+    tensors = load_file(str(Path(directory) / WEIGHTS_NAME))
+    nest = _wrapper_paths(targets)
+    found = {}
+    for t in targets:
+        base = f"{PREFIX}{module_path}.{nest[t]}"
+        a, b = tensors.get(f"{base}lora_A.weight"), tensors.get(f"{base}lora_B.weight")
+        if a is None or b is None:
+            continue
+        experts = a.shape[0] // rank
+        found[PARAMETER[t]] = (a.reshape(experts, rank, a.shape[1]), b.reshape(b.shape[0], rank, experts).permute(2, 0, 1))
+    return found
+
+
 def load_adapter(model: nn.Module | Mapping[str, LoRAExperts], directory: str | os.PathLike) -> None:
     """Set the model's kt expert adapters from a PEFT adapter folder (one save_adapter or peft wrote)."""
     from safetensors.torch import load_file

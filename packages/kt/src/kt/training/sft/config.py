@@ -1,0 +1,172 @@
+"""`kt sft`'s run configuration, a YAML file:
+
+    model: tiny                 # a Hugging Face model folder, or "tiny" (kt demo's built-in preset)
+    data: train.jsonl           # chat ("messages"), instruction ("instruction"/"input"/"output") or "text" records
+    output_dir: runs/tiny-lora  # checkpoints, the final adapter (PEFT format), log.jsonl
+    method: BF16                # kt's format for the frozen experts (BF16, INT8, INT4, ...)
+    group_size: 0               # INT4 only (0: kt's default); zero_point: false
+    dtype: float32              # the torch parts of the model (float32 or bfloat16)
+    lora: {rank: 8, alpha: 16, target: [gate, up, down]}
+    train: {steps: 100, lr: 2.0e-4, batch_size: 4, max_length: 512, seed: 0, save_every: 50,
+            warmup_steps: 0, weight_decay: 0.0, recompute: false}
+
+Relative paths are relative to the file. Every field is checked: an error names the field, what it
+expected and what it found; an unknown field is an error (a misspelt one would silently do nothing).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kt_core.errors import KTError
+
+PRESET = "tiny"
+DTYPES = ("float32", "bfloat16")
+
+
+@dataclass
+class LoraSettings:
+    rank: int = 8
+    alpha: float = 16.0
+    target: tuple[str, ...] = ("gate", "up", "down")
+
+
+@dataclass
+class TrainSettings:
+    steps: int = 100
+    lr: float = 2e-4
+    batch_size: int = 4
+    max_length: int = 512
+    seed: int = 0
+    save_every: int = 50
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    recompute: bool = False
+
+
+@dataclass
+class SFTConfig:
+    model: str
+    data: Path
+    output_dir: Path
+    method: str = "BF16"
+    group_size: int = 0
+    zero_point: bool = False
+    dtype: str = "float32"
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    train: TrainSettings = field(default_factory=TrainSettings)
+    source: Path | None = None   # the YAML file it came from
+
+    def as_dict(self) -> dict:
+        return {"model": self.model, "data": str(self.data), "output_dir": str(self.output_dir), "method": self.method,
+                "group_size": self.group_size, "zero_point": self.zero_point, "dtype": self.dtype,
+                "lora": {"rank": self.lora.rank, "alpha": self.lora.alpha, "target": list(self.lora.target)},
+                "train": dict(vars(self.train))}
+
+
+def _where(path: Path, key: str) -> str:
+    return f"{path}: {key}"
+
+
+def _check(path: Path, key: str, value, kind: str, ok: bool):
+    if not ok:
+        raise KTError(f"{_where(path, key)} must be {kind}, got {value!r}")
+    return value
+
+
+def _int(path, key, value, least: int):
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= least
+    return _check(path, key, value, f"an integer >= {least}", ok)
+
+
+def _number(path, key, value, positive: bool):
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (value > 0 if positive else value >= 0)
+    return float(_check(path, key, value, "a positive number" if positive else "a number >= 0", ok))
+
+
+def _bool(path, key, value):
+    return _check(path, key, value, "true or false", isinstance(value, bool))
+
+
+def _section(path: Path, key: str, raw, cls):
+    if raw is None:
+        return cls()
+    if not isinstance(raw, dict):
+        raise KTError(f"{_where(path, key)} must be a mapping of settings, got {raw!r}")
+    known = set(vars(cls()))
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise KTError(f"{_where(path, key)} has unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    return raw
+
+
+def load_config(path: str | Path, need_data: bool = True) -> SFTConfig:
+    """The checked config; need_data=False for commands that only use the model (export, chat)."""
+    import yaml
+
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise KTError(f"{path}: no such config file") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise KTError(f"{path}{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    if not isinstance(raw, dict):
+        raise KTError(f"{path}: expected a mapping of settings (model, data, output_dir, ...), got {type(raw).__name__}")
+    known = {"model", "data", "output_dir", "method", "group_size", "zero_point", "dtype", "lora", "train"}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise KTError(f"{path}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    for key in ("model", "data", "output_dir"):
+        if not isinstance(raw.get(key), str) or not raw[key]:
+            raise KTError(f"{_where(path, key)} is required: a {'path' if key != 'model' else 'model folder or tiny'}, "
+                          f"got {raw.get(key)!r}")
+    base = path.parent
+
+    def resolve(p: str) -> Path:
+        q = Path(p).expanduser()
+        return (q if q.is_absolute() else base / q).resolve()
+
+    model = raw["model"] if raw["model"] == PRESET else str(resolve(raw["model"]))
+    if model != PRESET and not (Path(model) / "config.json").is_file():
+        raise KTError(f"{_where(path, 'model')}: {model} is not a model folder (no config.json) and not {PRESET!r}")
+    data = resolve(raw["data"])
+    if need_data and not data.is_file():
+        raise KTError(f"{_where(path, 'data')}: {data} does not exist")
+    method = raw.get("method", "BF16")
+    _check(path, "method", method, "a kt method name (BF16, INT8, INT4, ...)", isinstance(method, str) and method)
+    dtype = raw.get("dtype", "float32")
+    _check(path, "dtype", dtype, f"one of {', '.join(DTYPES)}", dtype in DTYPES)
+    lora_raw = _section(path, "lora", raw.get("lora"), LoraSettings)
+    lora = LoraSettings()
+    if isinstance(lora_raw, dict):
+        if "rank" in lora_raw:
+            lora.rank = _int(path, "lora.rank", lora_raw["rank"], 1)
+        if "alpha" in lora_raw:
+            lora.alpha = _number(path, "lora.alpha", lora_raw["alpha"], positive=True)
+        if "target" in lora_raw:
+            t = lora_raw["target"]
+            ok = isinstance(t, list) and t and all(isinstance(x, str) for x in t)
+            lora.target = tuple(_check(path, "lora.target", t, "a list of gate, up, gate_up, down", ok))
+    train_raw = _section(path, "train", raw.get("train"), TrainSettings)
+    train = TrainSettings()
+    if isinstance(train_raw, dict):
+        least = {"steps": 1, "batch_size": 1, "max_length": 2, "seed": 0, "save_every": 1, "warmup_steps": 0}
+        for key, value in train_raw.items():
+            if key in least:
+                setattr(train, key, _int(path, f"train.{key}", value, least[key]))
+            elif key in ("lr",):
+                train.lr = _number(path, "train.lr", value, positive=True)
+            elif key == "weight_decay":
+                train.weight_decay = _number(path, "train.weight_decay", value, positive=False)
+            elif key == "recompute":
+                train.recompute = _bool(path, "train.recompute", value)
+    return SFTConfig(model=model, data=data, output_dir=resolve(raw["output_dir"]), method=method,
+                     group_size=_int(path, "group_size", raw.get("group_size", 0), 0),
+                     zero_point=_bool(path, "zero_point", raw.get("zero_point", False)), dtype=dtype, lora=lora,
+                     train=train, source=path)

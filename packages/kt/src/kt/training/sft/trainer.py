@@ -1,0 +1,186 @@
+"""`kt sft train`: LoRA fine-tuning of an MoE model's routed experts on kt, resumable.
+
+The model's routed experts go to kt (frozen, `method`) with trainable LoRA (patch_model(mode=
+"train")); everything else is frozen. AdamW over the adapters, linear warm-up then constant
+learning rate, batches padded to their longest sequence. Step s trains on examples
+[s * batch_size, (s + 1) * batch_size) of the data shuffled anew each epoch by (seed, epoch), so
+what a step sees depends only on the config and s: a run resumed from a checkpoint takes exactly
+the steps the uninterrupted run would have taken.
+
+Output folder:
+  checkpoint-STEP/   adapter (PEFT format) + trainer_state.pt (optimizer, step, losses), written
+                     aside and renamed in (a kill never leaves a half checkpoint)
+  adapter/           the final adapter (PEFT format)
+  log.jsonl          one line per step: step, loss, tokens, tokens/s, lr
+  config.yaml        the run's settings as used
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from kt_core.errors import KTError
+
+from .config import PRESET, SFTConfig
+from .data import IGNORE, Example, load_examples
+
+STATE = "trainer_state.pt"
+
+
+def load_model(model: str, dtype: str):
+    """(model, tokenizer) of a model folder or the built-in preset, in train-ready form."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch_dtype = getattr(torch, dtype)
+    if model == PRESET:
+        from ...integrations.transformers.preset import ensure_preset
+
+        model = str(ensure_preset())
+    net = AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype)
+    return net, AutoTokenizer.from_pretrained(model)
+
+
+def batch_for(examples: list[Example], step: int, batch_size: int, seed: int, pad_id: int):
+    """(input_ids, attention_mask, labels) of step `step` (see the module doc for the order)."""
+    n = len(examples)
+    picks = []
+    for i in range(step * batch_size, (step + 1) * batch_size):
+        epoch, at = divmod(i, n)
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+        picks.append(examples[int(order[at])])
+    longest = max(len(e.input_ids) for e in picks)
+    ids = torch.full((len(picks), longest), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(picks), longest), dtype=torch.long)
+    labels = torch.full((len(picks), longest), IGNORE, dtype=torch.long)
+    for row, e in enumerate(picks):
+        ids[row, : len(e.input_ids)] = torch.tensor(e.input_ids)
+        mask[row, : len(e.input_ids)] = 1
+        labels[row, : len(e.labels)] = torch.tensor(e.labels)
+    return ids, mask, labels
+
+
+def checkpoints(output_dir: Path) -> list[tuple[int, Path]]:
+    found = []
+    for p in output_dir.glob("checkpoint-*"):
+        if p.is_dir() and p.name.split("-", 1)[1].isdigit() and (p / STATE).is_file():
+            found.append((int(p.name.split("-", 1)[1]), p))
+    return sorted(found)
+
+
+def _save_checkpoint(output_dir: Path, step: int, patch, opt, sched, losses: list[float], config: SFTConfig) -> Path:
+    final = output_dir / f"checkpoint-{step}"
+    tmp = output_dir / f".checkpoint-{step}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    patch.save_adapter(tmp, base_model_name_or_path=config.model)
+    torch.save({"step": step, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "losses": losses,
+                "config": config.as_dict()}, tmp / STATE)
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    return final
+
+
+def train(config: SFTConfig, *, resume: bool = False, on_step: Callable[[dict], None] | None = None,
+          stop_after: int | None = None) -> list[float]:
+    """Run (or resume) the configured training; returns the loss of every step taken so far.
+    stop_after: return after that many steps in total (tests: a run killed after a checkpoint)."""
+    import yaml
+
+    from ...integrations.transformers import patch_model
+
+    out = config.output_dir
+    existing = checkpoints(out) if out.is_dir() else []
+    if existing and not resume:
+        raise KTError(f"{out} already holds checkpoints (up to step {existing[-1][0]}): pass --resume to continue that "
+                      "run, or choose another output_dir")
+    if resume and not existing:
+        raise KTError(f"--resume: {out} holds no checkpoint to resume from")
+    torch.manual_seed(config.train.seed)
+    model, tokenizer = load_model(config.model, config.dtype)
+    examples = load_examples(config.data, tokenizer, config.train.max_length)
+    patch = patch_model(model, method=config.method, group_size=config.group_size, zero_point=config.zero_point,
+                        mode="train", lora_rank=config.lora.rank, lora_alpha=config.lora.alpha,
+                        target=config.lora.target, recompute=config.train.recompute,
+                        max_tokens=max(config.train.max_length * config.train.batch_size, 16))
+    params = patch.adapter_parameters()
+    opt = torch.optim.AdamW(params, lr=config.train.lr, weight_decay=config.train.weight_decay)
+    warm = config.train.warmup_steps
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
+    losses: list[float] = []
+    start = 0
+    if resume:
+        step, path = existing[-1]
+        state = torch.load(path / STATE, weights_only=False)
+        if state["config"]["train"] != config.as_dict()["train"] or state["config"]["lora"] != config.as_dict()["lora"]:
+            raise KTError(f"--resume: {path} was written with other lora/train settings ({state['config']['lora']}, "
+                          f"{state['config']['train']}) than the config's; a resumed run must use the same ones")
+        patch.load_adapter(path)
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        losses, start = list(state["losses"]), step
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(yaml.safe_dump(config.as_dict(), sort_keys=False))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    model.train()
+    last = config.train.steps if stop_after is None else min(stop_after, config.train.steps)
+    with open(out / "log.jsonl", "a") as log:
+        for step in range(start, last):
+            ids, mask, labels = batch_for(examples, step, config.train.batch_size, config.train.seed, pad)
+            t0 = time.perf_counter()
+            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+            if not torch.isfinite(loss):
+                raise KTError(f"step {step + 1}: the loss is {loss.item()} (lower train.lr?)")
+            loss.backward()
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            seconds = time.perf_counter() - t0
+            tokens = int(mask.sum())
+            losses.append(loss.item())
+            row = {"step": step + 1, "loss": losses[-1], "tokens": tokens, "tokens_per_s": tokens / seconds,
+                   "lr": opt.param_groups[0]["lr"]}
+            log.write(json.dumps(row) + "\n")
+            log.flush()
+            if on_step:
+                on_step(row)
+            if (step + 1) % config.train.save_every == 0 or step + 1 == config.train.steps:
+                _save_checkpoint(out, step + 1, patch, opt, sched, losses, config)
+    if last == config.train.steps:
+        final, tmp = out / "adapter", out / ".adapter.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        patch.save_adapter(tmp, base_model_name_or_path=config.model)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+    return losses
+
+
+def merge_adapter(config: SFTConfig, adapter: Path, destination: Path) -> Path:
+    """The base model with the expert adapter merged into its expert weights, saved as a model folder
+    (W_e += alpha / rank * B_e A_e on gate_up_proj and down_proj, in the model's dtype)."""
+    from ..peft_format import adapter_settings, load_adapter_tensors
+
+    model, tokenizer = load_model(config.model, config.dtype)
+    rank, alpha, _ = adapter_settings(adapter)
+    scaling = alpha / rank
+    merged = 0
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            for param_name, (a, b) in load_adapter_tensors(adapter, name).items():
+                w = getattr(module, param_name)
+                w.add_((torch.bmm(b, a) * scaling).to(w.dtype))
+                merged += 1
+    if not merged:
+        raise KTError(f"{adapter}: none of its tensors names an experts module of {config.model}")
+    tmp = destination.with_name(f".{destination.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(destination, ignore_errors=True)
+    os.replace(tmp, destination)
+    return destination
