@@ -13,7 +13,7 @@ autograd computes the gradients of the hidden states, the routing weights and th
     LoRA matmuls, SiLU gate, weighted index_add — with the weights in bf16 (a bf16 model, bf16
     products: what a transformers + PEFT run on this CPU does) and in f32 (upcast copies), the
     faster of the two being the figure kt is compared with.
-Every side sees the same weights (bf16-valued), hidden states, routing (top-k without replacement,
+Every side sees the same weights (bf16-valued), hidden states (bf16-valued, as a bf16 model's are), routing (top-k without replacement,
 softmax weights, fixed seed) and LoRA factors (B nonzero, so every gradient path carries data). Calls
 alternate between the sides, repeats times after a warm-up each, and the median is reported with the
 spread ((max - min) / median). Also: each side's gradients against kt BF16's (relative max error),
@@ -111,7 +111,8 @@ def main() -> None:
     ap.add_argument("--shape", default="qwen3-30b-a3b", choices=sorted(SHAPES))
     ap.add_argument("--tokens", type=int, nargs="+", default=[512, 2048])
     ap.add_argument("--ranks", type=int, nargs="+", default=[8, 16])
-    ap.add_argument("--methods", nargs="+", default=["BF16", "INT8", "INT4"])
+    ap.add_argument("--methods", nargs="+", default=["BF16", "BF16+fast", "INT8", "INT4"],
+                    help="kt methods; +fast: fast_activations=True (bf16 activations forward, bf16 gradients in backward)")
     ap.add_argument("--threads", type=int, default=None, help="kt pool and torch threads (default: kt's choice)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", default=None)
@@ -136,19 +137,20 @@ def main() -> None:
                 "down_A": torch.randn(E, rank, I, generator=gen) * I**-0.5,
                 "down_B": torch.randn(E, H, rank, generator=gen) * 0.01}
         sides = {}
-        for method in args.methods:
+        for name in args.methods:
+            method, fast = name.removesuffix("+fast"), name.endswith("+fast")
             moe = kt_core.MoE(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, method=method,
-                              max_tokens=max(args.tokens), trainable=True)
+                              max_tokens=max(args.tokens), trainable=True, fast_activations=fast)
             moe.load(gate_up[:, :I], gate_up[:, I:], down)
             m = LoRAExperts(moe, rank=rank, alpha=2 * rank)
             with torch.no_grad():
                 for k, v in lora.items():
                     getattr(m, k).copy_(v)
-            sides[f"kt {method}"] = (m, moe.kernel_id)
+            sides[f"kt {name}"] = (m, moe.kernel_id)
         for dtype in (torch.bfloat16, torch.float32):
             sides[f"torch {str(dtype).split('.')[1]}"] = (TorchLoRAExperts(gate_up, down, lora, 2.0, dtype), "torch")
         for tokens in args.tokens:
-            x = torch.randn(tokens, H, generator=gen)
+            x = torch.randn(tokens, H, generator=gen).bfloat16().float()   # a bf16 model's hidden states
             ids, w = routing(tokens, E, K, gen)
             upstream = torch.randn(tokens, H, generator=gen)
             times = {name: [] for name in sides}
@@ -173,7 +175,7 @@ def main() -> None:
                     row["saved_bytes_per_token_recompute"] = saved_bytes(m, x, ids, w) / tokens
                     m.recompute = False
                 results.append(row)
-                print(f"r={rank:3d} T={tokens:5d} {name:12s} {row['ms']:9.1f} ms (spread {row['spread']:.0%})  "
+                print(f"r={rank:3d} T={tokens:5d} {name:14s} {row['ms']:9.1f} ms (spread {row['spread']:.0%})  "
                       f"x{row['vs_torch_best']:.2f} vs torch's best  grad err {row['grad_err_vs_kt_bf16']:.1e}  "
                       f"saved {row['saved_bytes_per_token'] / 1024:.0f} KiB/token"
                       + (f" (recompute {row['saved_bytes_per_token_recompute'] / 1024:.1f})"

@@ -159,6 +159,122 @@ kt_status transposed(const Columns& col, const uint8_t* base, std::initializer_l
     return KT_OK;
 }
 
+#if defined(__AVX512BF16__)
+// --- BF16 weights, gradients in bf16 (the layer's fast_activations): vdpbf16ps -------------
+// Twice the multiply-adds per instruction of the f32 path, at bf16's rounding of the gradients
+// (what a bf16 training run's backward does anyway). The panels' bf16 pairs run along k, the
+// product needs pairs along n: 16 chunks of a panel transposed give each channel's row of 32
+// bf16 (k in order), and two channels' rows interleaved 16 bits at a time give the pair words
+// (W[n][k], W[n + 1][k]) — for k = 0-3, 8-11, 16-19, 24-27 of the 32 (unpacklo) and 4-7, 12-15,
+// ... (unpackhi): each accumulator holds its k in that order, put back when the block is stored.
+namespace bf16dot {
+
+constexpr int64_t kKBlock = 64;   // two 32-k halves, four accumulators per row
+constexpr int kMr = 4;
+constexpr int64_t kRun = 128;     // channels per run: 64 pairs x 256 bytes of pair words in L1
+
+// Pair words of channels [n0, n0 + count) (panel-aligned, count a multiple of 16), columns
+// [kb, kb + 64): P[4 * pair + 2 * half + (0: unpacklo, 1: unpackhi)].
+void widen_pairs(const uint8_t* base, size_t first_panel, size_t stride, int64_t n0, int64_t count, int64_t K,
+                 int64_t kb, __m512i* P) {
+    for (int64_t n = n0; n < n0 + count; n += kPanel) {
+        const uint8_t* panel = base + first_panel + size_t(n / kPanel) * stride;
+        for (int half = 0; half < 2; ++half) {
+            const int64_t k = kb + 32 * half;   // chunks k/2 .. k/2 + 15
+            __m512i r[16];
+            for (int c = 0; c < 16; ++c)
+                r[c] = 2 * (k / 2 + c) < K ? _mm512_loadu_si512(panel + size_t(k / 2 + c) * 64) : _mm512_setzero_si512();
+            transpose16x16(r);   // r[lane] = bf16 W[n + lane][k .. k + 31]
+            for (int lane = 0; lane < 16; lane += 2) {
+                __m512i* pair = P + 4 * ((n - n0 + lane) / 2) + 2 * half;
+                pair[0] = _mm512_unpacklo_epi16(r[lane], r[lane + 1]);
+                pair[1] = _mm512_unpackhi_epi16(r[lane], r[lane + 1]);
+            }
+        }
+    }
+}
+
+// acc rows [r, r + MR) (four vectors each, in pair-word k order) += the run's pairs' products.
+template <int MR>
+inline void run_rows(const uint32_t* g, int64_t gs, int64_t r, int64_t pair0, int64_t pairs, const __m512i* P,
+                     float* acc) {
+    __m512 a[MR][4];
+    for (int i = 0; i < MR; ++i)
+        for (int v = 0; v < 4; ++v) a[i][v] = _mm512_loadu_ps(acc + (r + i) * kKBlock + v * 16);
+    for (int64_t p = 0; p < pairs; ++p) {
+        const __m512bh w0 = (__m512bh)P[4 * p], w1 = (__m512bh)P[4 * p + 1], w2 = (__m512bh)P[4 * p + 2],
+                       w3 = (__m512bh)P[4 * p + 3];
+        for (int i = 0; i < MR; ++i) {
+            const __m512bh b = (__m512bh)_mm512_set1_epi32(int(g[(r + i) * gs + pair0 + p]));
+            a[i][0] = _mm512_dpbf16_ps(a[i][0], b, w0);
+            a[i][1] = _mm512_dpbf16_ps(a[i][1], b, w1);
+            a[i][2] = _mm512_dpbf16_ps(a[i][2], b, w2);
+            a[i][3] = _mm512_dpbf16_ps(a[i][3], b, w3);
+        }
+    }
+    for (int i = 0; i < MR; ++i)
+        for (int v = 0; v < 4; ++v) _mm512_storeu_ps(acc + (r + i) * kKBlock + v * 16, a[i][v]);
+}
+
+// Gradient rows [rows, N] f32 -> bf16 pairs [rows, ceil(N / 2)] (nearest even; an odd N's last pair
+// padded with 0).
+void to_pairs(const float* grad, int64_t gs, int64_t rows, int64_t N, std::vector<uint32_t>& out) {
+    const int64_t pairs = (N + 1) / 2;
+    out.assign(size_t(rows * pairs), 0u);
+    for (int64_t r = 0; r < rows; ++r) {
+        auto* dst = reinterpret_cast<uint16_t*>(out.data() + r * pairs);
+        for (int64_t n = 0; n < N; ++n) dst[n] = f32_to_bf16(grad[r * gs + n]);
+    }
+}
+
+struct Part {
+    size_t first_panel, panel_stride;
+    int64_t N;
+    const float* grad;
+};
+
+kt_status transposed(const uint8_t* base, std::initializer_list<Part> parts, int64_t K, int64_t gs, int64_t rows,
+                     int64_t k0, int64_t k1, float* out, int64_t ldo) {
+    thread_local std::vector<float> acc;
+    thread_local std::vector<uint32_t> gpairs[2];
+    alignas(64) __m512i P[4 * kRun / 2];
+    acc.resize(size_t(rows * kKBlock));
+    int which = 0;
+    for (const Part& p : parts) to_pairs(p.grad, gs, rows, p.N, gpairs[which++]);
+    for (int64_t kb = k0; kb < k1; kb += kKBlock) {
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        which = 0;
+        for (const Part& p : parts) {
+            const uint32_t* g = gpairs[which++].data();
+            const int64_t gpairs_stride = (p.N + 1) / 2;
+            for (int64_t n0 = 0; n0 < p.N; n0 += kRun) {
+                const int64_t count = std::min(kRun, p.N - n0);
+                widen_pairs(base, p.first_panel, p.panel_stride, n0, (count + kPanel - 1) / kPanel * kPanel, K, kb, P);
+                const __m512i* pp = P;
+                const int64_t pair0 = n0 / 2, pairs = (count + 1) / 2;
+                float* accp = acc.data();
+                const auto block = [=]<int MR>(int64_t r) { run_rows<MR>(g, gpairs_stride, r, pair0, pairs, pp, accp); };
+                for_row_blocks<kMr>(rows, block);
+            }
+        }
+        // Accumulator v = 2 * half + hi holds k = kb + 32 half + 8 (i / 4) + 4 hi + i % 4 in lane i.
+        const int64_t width = std::min(kKBlock, k1 - kb);
+        for (int64_t r = 0; r < rows; ++r) {
+            const float* a = acc.data() + r * kKBlock;
+            float* o = out + r * ldo + kb;
+            for (int v = 0; v < 4; ++v)
+                for (int i = 0; i < 16; ++i) {
+                    const int64_t k = 32 * (v / 2) + 8 * (i / 4) + 4 * (v % 2) + i % 4;
+                    if (k < width) o[k] = a[v * 16 + i];
+                }
+        }
+    }
+    return KT_OK;
+}
+
+}  // namespace bf16dot
+#endif
+
 kt_status check(const char* method, int64_t k0, int64_t k1, int64_t K) {
     if (k0 % kTileBlock == 0 && k0 < k1 && k1 <= K) return KT_OK;
     return fail(KT_ERROR_INVALID_ARGUMENT, "%s transposed tile [%lld, %lld) is not %lld-aligned within [0, %lld)", method,
@@ -168,17 +284,20 @@ kt_status check(const char* method, int64_t k0, int64_t k1, int64_t K) {
 // The columns reader and expert geometry of each format.
 struct Bf16Format {
     static constexpr const char* kName = "BF16";
+    static constexpr bool kBf16Dot = true;   // fast_activations: gradients in bf16, vdpbf16ps
     static Bf16Columns columns(const kt_moe_config*) { return {}; }
     static ExpertPanels panels(const kt_moe_config* c) { return kt::layouts::bf16::expert(c->hidden, c->intermediate); }
 };
 struct Int8Format {
     static constexpr const char* kName = "INT8";
+    static constexpr bool kBf16Dot = false;
     static Int8Columns columns(const kt_moe_config*) { return {}; }
     static ExpertPanels panels(const kt_moe_config* c) { return kt::layouts::int8::expert(c->hidden, c->intermediate); }
 };
 template <bool kRaw>
 struct Int4Format {
     static constexpr const char* kName = kRaw ? "RAWINT4" : "INT4";
+    static constexpr bool kBf16Dot = false;
     static Int4Columns columns(const kt_moe_config* c) { return {int4_layout(c, kRaw)}; }
     static ExpertPanels panels(const kt_moe_config* c) { return int4_layout(c, kRaw).expert(c); }
 };
@@ -191,6 +310,14 @@ kt_status gate_up_transposed_tile(const kt_moe_config* c, const void* packed, co
     const ExpertPanels l = F::panels(c);
     // Gate and up panels alternate: each matrix's panels are two panel sizes apart.
     const size_t stride = 2 * l.gate_up_panel;
+#if defined(__AVX512BF16__)
+    if constexpr (F::kBf16Dot)
+        if (one_activation_pass(c))
+            return bf16dot::transposed(static_cast<const uint8_t*>(packed),
+                                       {bf16dot::Part{l.gate(0), stride, c->intermediate, grad_gate},
+                                        bf16dot::Part{l.up(0), stride, c->intermediate, grad_up}},
+                                       c->hidden, gs, rows, k0, k1, out, ldo);
+#endif
     return transposed(F::columns(c), static_cast<const uint8_t*>(packed),
                       {Part{l.gate(0), stride, c->intermediate, grad_gate}, Part{l.up(0), stride, c->intermediate, grad_up}},
                       c->hidden, gs, rows, k0, k1, out, ldo);
@@ -201,6 +328,12 @@ kt_status down_transposed_tile(const kt_moe_config* c, const void* packed, const
                                int64_t k0, int64_t k1, float* out, int64_t ldo) {
     if (const kt_status st = check(F::kName, k0, k1, c->intermediate)) return st;
     const ExpertPanels l = F::panels(c);
+#if defined(__AVX512BF16__)
+    if constexpr (F::kBf16Dot)
+        if (one_activation_pass(c))
+            return bf16dot::transposed(static_cast<const uint8_t*>(packed), {bf16dot::Part{l.down(0), l.down_panel, c->hidden, grad}},
+                                       c->intermediate, gs, rows, k0, k1, out, ldo);
+#endif
     return transposed(F::columns(c), static_cast<const uint8_t*>(packed), {Part{l.down(0), l.down_panel, c->hidden, grad}},
                       c->intermediate, gs, rows, k0, k1, out, ldo);
 }

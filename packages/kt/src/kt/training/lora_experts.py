@@ -99,13 +99,14 @@ class LoRAExperts(nn.Module):
         if "gate_up" in self.targets:
             g_delta, u_delta = self._lora(rows, routing, self.gate_up_A, self.gate_up_B).chunk(2, dim=-1)
             gate, up = gate + g_delta, up + u_delta
-        h = F.silu(gate) * up
+        # The routing weight scales the down projection's input rather than its output: the same by
+        # linearity (LoRA's down included), on [rows, I] instead of [rows, H] — forward and backward.
+        picked = weights.reshape(-1).index_select(0, routing.slot)
+        h = F.silu(gate) * up * picked[:, None]
         y = BaseDown.apply(h, routing.counts, self.moe)
         if "down" in self.targets:
             y = y + self._lora(h, routing, self.down_A, self.down_B)
-        picked = weights.reshape(-1).index_select(0, routing.slot)
-        out = torch.zeros_like(x)
-        return out.index_add(0, routing.token, y * picked[:, None])
+        return torch.zeros_like(x).index_add(0, routing.token, y)
 
     def _lora(self, rows: torch.Tensor, routing: Routing, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         """scaling * rows_e A_eᵀ B_eᵀ for each expert's rows, in the rows' order."""
