@@ -13,12 +13,13 @@ autograd computes the gradients of the hidden states, the routing weights and th
     LoRA matmuls, SiLU gate, weighted index_add — with the weights in bf16 (a bf16 model, bf16
     products: what a transformers + PEFT run on this CPU does) and in f32 (upcast copies), the
     faster of the two being the figure kt is compared with.
-Every side sees the same weights (bf16-valued), hidden states (bf16-valued, as a bf16 model's are), routing (top-k without replacement,
-softmax weights, fixed seed) and LoRA factors (B nonzero, so every gradient path carries data). Calls
+Every side sees the same weights (bf16-valued), hidden states (bf16-valued, as a bf16 model's are),
+routing (top-k without replacement, softmax weights, fixed seed) and LoRA factors (B nonzero, so every gradient path carries data). Calls
 alternate between the sides, repeats times after a warm-up each, and the median is reported with the
 spread ((max - min) / median). Also: each side's gradients against kt BF16's (relative max error),
-and the bytes autograd keeps between forward and backward per token (saved-tensor hooks), for kt
-with and without recompute=True.
+and the bytes autograd keeps between forward and backward per token (saved-tensor hooks; tensors that
+are views of the frozen weights or of parameters cost nothing and are not counted), for kt with and
+without recompute=True.
 """
 
 from __future__ import annotations
@@ -89,11 +90,18 @@ def step(module, x, ids, w, upstream):
 
 
 def saved_bytes(module, x, ids, w) -> int:
+    """Bytes of the distinct tensors autograd saves, not counting views of weights or parameters."""
+    held = {t.untyped_storage().data_ptr() for t in list(module.parameters()) + list(vars(module).values())
+            if isinstance(t, torch.Tensor)}
+    seen = set()
     total = 0
 
     def pack(t):
         nonlocal total
-        total += t.numel() * t.element_size()
+        key = t.untyped_storage().data_ptr()
+        if key not in held and key not in seen:
+            seen.add(key)
+            total += t.untyped_storage().nbytes()
         return t
 
     x = x.detach().requires_grad_()
