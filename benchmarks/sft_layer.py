@@ -16,7 +16,8 @@ autograd computes the gradients of the hidden states, the routing weights and th
 Every side sees the same weights (bf16-valued), hidden states (bf16-valued, as a bf16 model's are),
 routing (top-k without replacement, softmax weights, fixed seed) and LoRA factors (B nonzero, so
 every gradient path carries data). Calls alternate between the sides, repeats times after a warm-up
-each, and the median is reported with the spread ((max - min) / median). Also: each side's gradients against kt BF16's (relative max error),
+each, and the median is reported with the spread ((max - min) / median). Also: each side's gradients
+against kt BF16's (relative max error),
 and the bytes autograd keeps between forward and backward per token (saved-tensor hooks; tensors that
 are views of the frozen weights or of parameters cost nothing and are not counted), for kt with and
 without recompute=True.
