@@ -19,7 +19,7 @@ peft = pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_integration_transformers import copy_of, prompt, rel_max, tiny_model  # noqa: E402
+from test_integration_transformers import copy_of, experts_modules, prompt, rel_max, tiny_model  # noqa: E402
 
 from kt.integrations.transformers import patch_model  # noqa: E402
 from kt.training import KTTrainPatch, LoRAExperts  # noqa: E402
@@ -61,11 +61,14 @@ def train(model, params, data, lr=1e-2):
     return losses
 
 
-def test_training_matches_peft_step_for_step_and_reduces_the_loss():
-    model = tiny_model("qwen3_moe")
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v2", "deepseek_v3",
+                                        "glm4_moe"])
+def test_training_matches_peft_step_for_step_and_reduces_the_loss(model_type):
+    model = tiny_model(model_type)
+    blocks = len(experts_modules(model))
     twin = peft_twin(model)
     patch = patch_model(model, method="BF16", mode="train", lora_rank=RANK, lora_alpha=ALPHA)
-    assert isinstance(patch, KTTrainPatch) and len(patch.layers) == 2
+    assert isinstance(patch, KTTrainPatch) and len(patch.layers) == blocks
     assert all(isinstance(m, LoRAExperts) for m in patch.layers.values())
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     assert trainable and all("_A" in n or "_B" in n for n in trainable), trainable
@@ -138,3 +141,19 @@ def test_training_refusals(tmp_path):
         patch_model(tiny_model(), expert_lora_path=tmp_path / "a", lora_rank=8)
     with pytest.raises(KTError, match="target_parameters on down_proj "):
         patch_model(tiny_model(), expert_lora_path=tmp_path / "a", lora_rank=RANK, lora_alpha=ALPHA, target=("down",))
+
+
+def test_transformers_trainer_trains_the_expert_adapters(tmp_path):
+    """The patched model under transformers' Trainer: only the expert adapters train, the loss falls."""
+    model = tiny_model("qwen3_moe")
+    patch = patch_model(model, method="BF16", mode="train", lora_rank=RANK, lora_alpha=ALPHA)
+    before = [p.detach().clone() for p in patch.adapter_parameters()]
+    data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(3, 128, (16, 12), generator=torch.Generator().manual_seed(5))]
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=12,
+                                          learning_rate=1e-2, logging_steps=1, report_to=[], save_strategy="no",
+                                          use_cpu=True, disable_tqdm=True)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=data)
+    trainer.train()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert len(losses) == 12 and losses[-1] < losses[0], losses
+    assert all(not torch.equal(a, b.detach()) for a, b in zip(before, patch.adapter_parameters()))
