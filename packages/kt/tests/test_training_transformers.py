@@ -148,7 +148,8 @@ def test_transformers_trainer_trains_the_expert_adapters(tmp_path):
     model = tiny_model("qwen3_moe")
     patch = patch_model(model, method="BF16", mode="train", lora_rank=RANK, lora_alpha=ALPHA)
     before = [p.detach().clone() for p in patch.adapter_parameters()]
-    data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(3, 128, (16, 12), generator=torch.Generator().manual_seed(5))]
+    rows = torch.randint(3, 128, (16, 12), generator=torch.Generator().manual_seed(5))
+    data = [{"input_ids": ids, "labels": ids} for ids in rows]
     args = transformers.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=12,
                                           learning_rate=1e-2, logging_steps=1, report_to=[], save_strategy="no",
                                           use_cpu=True, disable_tqdm=True)
