@@ -217,7 +217,8 @@ def test_transposed_bf16_products(variant, fast, hidden, intermediate):
         layer = kt_core.MoE(num_experts=4, top_k=2, hidden_size=hidden, intermediate_size=intermediate, method="BF16",
                             backend=backend, trainable=True, fast_activations=f)
         layer.load(*w)
-        layers += [layer.grouped_gate_up_transposed(dgate, dup, counts), layer.grouped_down_transposed(dy, counts)]
+        layers += [layer.grouped_gate_up_transposed(np.concatenate([dgate, dup], axis=1), counts),
+                   layer.grouped_down_transposed(dy, counts)]
     for a, b in zip(got, want):
         err = float(np.abs(a - b).max() / np.abs(b).max())
         assert err <= (4e-3 if fast and "bf16" in variant else 1e-5), (variant, fast, err)

@@ -284,14 +284,13 @@ struct Layer {
                                    "-D").c_str());
         return {static_cast<const int64_t*>(counts.data()), int64_t(first.shape(0))};
     }
-    void grouped_gate_up(const Array& x, const Array& counts, nb::ndarray<> gate, nb::ndarray<> up) {
+    void grouped_gate_up(const Array& x, const Array& counts, nb::ndarray<> gate_up) {
         const auto [c, rows] = counts_of(counts, x, "x");
         const int64_t H = layer->shape().hidden, I = layer->shape().intermediate;
         const float* xp = rows_of(x, "x", rows, H);
-        float* g = out_rows(gate, "gate", rows, I);
-        float* u = out_rows(up, "up", rows, I);
+        float* gu = out_rows(gate_up, "gate_up", rows, 2 * I);
         ReleaseGil release;
-        layer->grouped_gate_up(xp, rows, c, g, u);
+        layer->grouped_gate_up(xp, rows, c, gu);
     }
     void grouped_down(const Array& h, const Array& counts, nb::ndarray<> y) {
         const auto [c, rows] = counts_of(counts, h, "h");
@@ -301,14 +300,13 @@ struct Layer {
         ReleaseGil release;
         layer->grouped_down(hp, rows, c, yp);
     }
-    void grouped_gate_up_transposed(const Array& dgate, const Array& dup, const Array& counts, nb::ndarray<> dx) {
-        const auto [c, rows] = counts_of(counts, dgate, "dgate");
+    void grouped_gate_up_transposed(const Array& dgate_up, const Array& counts, nb::ndarray<> dx) {
+        const auto [c, rows] = counts_of(counts, dgate_up, "dgate_up");
         const int64_t H = layer->shape().hidden, I = layer->shape().intermediate;
-        const float* g = rows_of(dgate, "dgate", rows, I);
-        const float* u = rows_of(dup, "dup", rows, I);
+        const float* g = rows_of(dgate_up, "dgate_up", rows, 2 * I);
         float* out = out_rows(dx, "dx", rows, H);
         ReleaseGil release;
-        layer->grouped_gate_up_transposed(g, u, rows, c, out);
+        layer->grouped_gate_up_transposed(g, rows, c, out);
     }
     void grouped_down_transposed(const Array& dy, const Array& counts, nb::ndarray<> dh) {
         const auto [c, rows] = counts_of(counts, dy, "dy");
@@ -823,9 +821,9 @@ NB_MODULE(_native, m) {
              "weight_dtype"_a = std::vector<int>{}, "swiglu_limit"_a = 0.0f, "swiglu_alpha"_a = 0.0f,
              "packer"_a = nb::none(), "expert_bias"_a = false)
         .def("set_expert_bias", &Layer::set_expert_bias, "expert"_a, "gate"_a, "up"_a, "down"_a)
-        .def("grouped_gate_up", &Layer::grouped_gate_up, "x"_a, "counts"_a, "gate"_a, "up"_a)
+        .def("grouped_gate_up", &Layer::grouped_gate_up, "x"_a, "counts"_a, "gate_up"_a)
         .def("grouped_down", &Layer::grouped_down, "h"_a, "counts"_a, "y"_a)
-        .def("grouped_gate_up_transposed", &Layer::grouped_gate_up_transposed, "dgate"_a, "dup"_a, "counts"_a, "dx"_a)
+        .def("grouped_gate_up_transposed", &Layer::grouped_gate_up_transposed, "dgate_up"_a, "counts"_a, "dx"_a)
         .def("grouped_down_transposed", &Layer::grouped_down_transposed, "dy"_a, "counts"_a, "dh"_a)
         .def_prop_ro("training_support", [](const Layer& l) { return l.layer->training_support(); })
         .def_prop_ro("expert_bias", [](const Layer& l) { return l.layer->expert_bias(); })

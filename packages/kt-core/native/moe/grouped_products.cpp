@@ -129,7 +129,7 @@ std::string MoeLayer::training_support() const {
     return "";
 }
 
-void MoeLayer::grouped_gate_up(const float* x, int64_t rows, const int64_t* counts, float* gate, float* up) const {
+void MoeLayer::grouped_gate_up(const float* x, int64_t rows, const int64_t* counts, float* gate_up) const {
     const kt_method_kernels& k = need(pick(*this, has_raw_tile), *this, "gate_up_raw_tile (plugin ABI 1.4)");
     const int64_t H = shape_.hidden, I = shape_.intermediate;
     GroupedPass pass(*this, rows, counts, 2 * H * I);
@@ -138,9 +138,10 @@ void MoeLayer::grouped_gate_up(const float* x, int64_t rows, const int64_t* coun
     const size_t row_bytes = k.activation_row_bytes(H);
     pass.tiles(I, k.gate_up_block, [&](int32_t e, int64_t n0, int64_t n1) {
         const int64_t r0 = pass.first_row(e);
-        // The raw tile writes tile-local columns: hand it the tile's first column.
-        pass.failure(k.gate_up_raw_tile(&shape_, pass.packed(e), static_cast<const char*>(act.get()) + size_t(r0) * row_bytes, pass.rows_of(e), n0,
-                                        n1, gate + r0 * I + n0, up + r0 * I + n0, I),
+        // The raw tile writes tile-local columns: hand it the tile's first column of each half.
+        float* row = gate_up + r0 * 2 * I;
+        pass.failure(k.gate_up_raw_tile(&shape_, pass.packed(e), static_cast<const char*>(act.get()) + size_t(r0) * row_bytes,
+                                        pass.rows_of(e), n0, n1, row + n0, row + I + n0, 2 * I),
                      "the gate/up kernel");
     });
 }
@@ -160,16 +161,16 @@ void MoeLayer::grouped_down(const float* h, int64_t rows, const int64_t* counts,
     });
 }
 
-void MoeLayer::grouped_gate_up_transposed(const float* dgate, const float* dup, int64_t rows, const int64_t* counts,
-                                          float* dx) const {
+void MoeLayer::grouped_gate_up_transposed(const float* dgate_up, int64_t rows, const int64_t* counts, float* dx) const {
     const kt_method_kernels& k = need(pick(*this, has_transposed), *this, "transposed tiles (plugin ABI 1.5)");
     const int64_t H = shape_.hidden, I = shape_.intermediate;
     GroupedPass pass(*this, rows, counts, 2 * H * I);
     if (pass.empty()) return;
     pass.tiles(H, k.transposed_block, [&](int32_t e, int64_t k0, int64_t k1) {
         const int64_t r0 = pass.first_row(e);
-        pass.failure(k.gate_up_transposed_tile(&shape_, pass.packed(e), dgate + r0 * I, dup + r0 * I, I, pass.rows_of(e),
-                                               k0, k1, dx + r0 * H, H),
+        const float* grad = dgate_up + r0 * 2 * I;
+        pass.failure(k.gate_up_transposed_tile(&shape_, pass.packed(e), grad, grad + I, 2 * I, pass.rows_of(e), k0, k1,
+                                               dx + r0 * H, H),
                      "the transposed gate/up kernel");
     });
 }

@@ -94,15 +94,15 @@ public:
     // grouped by expert — counts[e] rows of expert e, experts in index order, counts summing to
     // rows — times the layer's packed weights, on the pool. f32 row-major throughout; every
     // expert with rows must be loaded (std::invalid_argument naming the first that is not).
-    // x [rows, H] -> gate, up [rows, I]: the raw products x·gateᵀ, x·upᵀ (ABI 1.4's raw tile;
-    // x is quantized as the method's forward quantizes activations).
-    void grouped_gate_up(const float* x, int64_t rows, const int64_t* counts, float* gate, float* up) const;
+    // x [rows, H] -> gate_up [rows, 2I]: the raw products x·gateᵀ in columns [0, I) and x·upᵀ in
+    // [I, 2I) (transformers' fused gate_up order; ABI 1.4's raw tile; x is quantized as the method's
+    // forward quantizes activations).
+    void grouped_gate_up(const float* x, int64_t rows, const int64_t* counts, float* gate_up) const;
     // h [rows, I] -> y [rows, H] = h·downᵀ.
     void grouped_down(const float* h, int64_t rows, const int64_t* counts, float* y) const;
-    // ABI 1.5's transposed tiles, gradients used as given: dgate, dup [rows, I] ->
+    // ABI 1.5's transposed tiles, gradients used as given: dgate_up [rows, 2I] (dgate | dup) ->
     // dx [rows, H] = dgate·gate + dup·up, and dy [rows, H] -> dh [rows, I] = dy·down.
-    void grouped_gate_up_transposed(const float* dgate, const float* dup, int64_t rows, const int64_t* counts,
-                                    float* dx) const;
+    void grouped_gate_up_transposed(const float* dgate_up, int64_t rows, const int64_t* counts, float* dx) const;
     void grouped_down_transposed(const float* dy, int64_t rows, const int64_t* counts, float* dh) const;
     // Whether this layer's kernels (or its small-batch ones) can run the four above, and if not why.
     std::string training_support() const;

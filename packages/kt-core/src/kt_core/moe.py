@@ -447,12 +447,12 @@ class MoE:
         return np.empty((rows, width), dtype=np.float32)
 
     def grouped_gate_up(self, x, counts):
-        """x float32 [rows, hidden] -> (gate, up) float32 [rows, intermediate]: x·gateᵀ and x·upᵀ, no activation."""
+        """x float32 [rows, hidden] -> float32 [rows, 2 * intermediate]: x·gateᵀ in the first half of each
+        row, x·upᵀ in the second (transformers' fused gate_up order), no activation."""
         x, c = self._grouped_args(x, counts, "x")
-        rows = _arrays.shape_of(x)[0]
-        gate, up = self._empty_like(x, rows, self.intermediate_size), self._empty_like(x, rows, self.intermediate_size)
-        self._layer.grouped_gate_up(x, c, gate, up)
-        return gate, up
+        gate_up = self._empty_like(x, _arrays.shape_of(x)[0], 2 * self.intermediate_size)
+        self._layer.grouped_gate_up(x, c, gate_up)
+        return gate_up
 
     def grouped_down(self, h, counts):
         """h float32 [rows, intermediate] -> h·downᵀ float32 [rows, hidden]."""
@@ -461,12 +461,11 @@ class MoE:
         self._layer.grouped_down(h, c, y)
         return y
 
-    def grouped_gate_up_transposed(self, dgate, dup, counts):
-        """dgate, dup float32 [rows, intermediate] -> dgate·gate + dup·up float32 [rows, hidden]."""
-        dg, c = self._grouped_args(dgate, counts, "dgate")
-        du = _arrays.to_cpu_contiguous(dup, "dup")
-        dx = self._empty_like(dg, _arrays.shape_of(dg)[0], self.hidden_size)
-        self._layer.grouped_gate_up_transposed(dg, du, c, dx)
+    def grouped_gate_up_transposed(self, dgate_up, counts):
+        """dgate_up float32 [rows, 2 * intermediate] (dgate | dup) -> dgate·gate + dup·up float32 [rows, hidden]."""
+        g, c = self._grouped_args(dgate_up, counts, "dgate_up")
+        dx = self._empty_like(g, _arrays.shape_of(g)[0], self.hidden_size)
+        self._layer.grouped_gate_up_transposed(g, c, dx)
         return dx
 
     def grouped_down_transposed(self, dy, counts):

@@ -59,7 +59,7 @@ def _layer(ctx) -> MoE:
 
 
 class BaseGateUp(torch.autograd.Function):
-    """x [rows, H] (float32, grouped by expert) -> (x·gateᵀ, x·upᵀ) [rows, I] with kt's weights."""
+    """x [rows, H] (float32, grouped by expert) -> [rows, 2I]: x·gateᵀ | x·upᵀ with kt's weights."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, counts: torch.Tensor, moe: MoE):
@@ -67,14 +67,10 @@ class BaseGateUp(torch.autograd.Function):
         return moe.grouped_gate_up(x.detach(), counts)
 
     @staticmethod
-    def backward(ctx, dgate: torch.Tensor, dup: torch.Tensor):
+    def backward(ctx, dgate_up: torch.Tensor):
         if not ctx.needs_input_grad[0]:
             return None, None, None
-        # A product autograd did not need (e.g. only the gate's output used) comes as None.
-        dgate = torch.zeros_like(dup) if dgate is None else dgate
-        dup = torch.zeros_like(dgate) if dup is None else dup
-        dx = _layer(ctx).grouped_gate_up_transposed(dgate.float().contiguous(), dup.float().contiguous(), ctx.counts)
-        return dx, None, None
+        return _layer(ctx).grouped_gate_up_transposed(dgate_up.float().contiguous(), ctx.counts), None, None
 
 
 class BaseDown(torch.autograd.Function):

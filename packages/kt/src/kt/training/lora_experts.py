@@ -95,17 +95,18 @@ class LoRAExperts(nn.Module):
     def _experts(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         routing = Routing.of(ids, self.moe.num_experts)
         rows = x.index_select(0, routing.token)
-        gate, up = BaseGateUp.apply(rows, routing.counts, self.moe)
+        gate_up = BaseGateUp.apply(rows, routing.counts, self.moe)   # [rows, 2I]: gate | up
+        # LoRA added in place: kt's products are fresh tensors no node saved (one [rows, N] pass less).
         if "gate_up" in self.targets:
-            g_delta, u_delta = self._lora(rows, routing, self.gate_up_A, self.gate_up_B).chunk(2, dim=-1)
-            gate, up = gate + g_delta, up + u_delta
+            gate_up = gate_up.add_(self._lora(rows, routing, self.gate_up_A, self.gate_up_B))
+        gate, up = gate_up.chunk(2, dim=-1)
         # The routing weight scales the down projection's input rather than its output: the same by
         # linearity (LoRA's down included), on [rows, I] instead of [rows, H] — forward and backward.
         picked = weights.reshape(-1).index_select(0, routing.slot)
         h = F.silu(gate) * up * picked[:, None]
         y = BaseDown.apply(h, routing.counts, self.moe)
         if "down" in self.targets:
-            y = y + self._lora(h, routing, self.down_A, self.down_B)
+            y = y.add_(self._lora(h, routing, self.down_A, self.down_B))
         return torch.zeros_like(x).index_add(0, routing.token, y)
 
     def _lora(self, rows: torch.Tensor, routing: Routing, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
