@@ -132,8 +132,9 @@ class KTMoEWrapper:
     def _refuse_unsupported(self, mode: str, threadpool_count) -> None:
         """kt-kernel arguments kt cannot honour yet: refused by name, never computed wrongly."""
         if mode != "inference":
-            raise KTError(f"mode={mode!r}: kt serves inference only (kt-kernel's mode='sft', expert LoRA training "
-                          "and serving, is not in kt yet)")
+            raise KTError(f"mode={mode!r}: KTMoEWrapper serves inference only; kt trains expert LoRA through "
+                          "kt.integrations.transformers.patch_model(model, mode='train') or `kt sft` (pip install kt), "
+                          "not through kt-kernel's mode='sft' wrapper API")
         if self.numa_nodes is not None and len(self.numa_nodes) != int(threadpool_count or 1):
             raise ValueError(f"numa_nodes lists {len(self.numa_nodes)} nodes; it must list one per thread pool "
                              f"(threadpool_count={threadpool_count})")
