@@ -176,7 +176,7 @@ def test_refusals():
     with pytest.raises(KTError, match="trainable=True"):
         LoRAExperts(moe, rank=4, alpha=8)
     moe = kt_core.MoE(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, method="BF16", trainable=True)
-    for bad in (0, -1, 2.5, True):
+    for bad in (0, -1, 2.5, True, 65):
         with pytest.raises(KTError, match="lora_rank"):
             LoRAExperts(moe, rank=bad, alpha=8)
     for bad in (0, -1.0, float("nan")):

@@ -8,6 +8,7 @@
 #include "host/cpu_features.h"
 #include "host/topology.h"
 #include "memory/numa_allocator.h"
+#include "moe/grouped_lora.h"
 #include "moe/moe_layer.h"
 #include "pool/thread_pool.h"
 #include "quant/kt_codes.h"
@@ -490,6 +491,72 @@ struct Layer {
     }
 };
 
+// --- per-expert LoRA over grouped rows (kt.training): float32 C-contiguous CPU arrays ---------
+
+float* f32_array(const nb::ndarray<>& a, const char* name, std::initializer_list<int64_t> shape) {
+    const Array v(a);
+    check_cpu(v, name);
+    check_exact(v, name, nb::dlpack::dtype_code::Float, 32);
+    check_shape(v, name, shape);
+    check_contiguous(v, name);
+    return static_cast<float*>(const_cast<void*>(v.data()));
+}
+
+// (shape, counts) of a LoRA call: x [rows, K], a [E, r, K], b [E, N, r], counts int64 [E] summing to rows.
+std::pair<kt::LoraShape, const int64_t*> lora_shape(const nb::ndarray<>& x, const nb::ndarray<>& counts,
+                                                    const nb::ndarray<>& a, const nb::ndarray<>& b) {
+    if (x.ndim() != 2 || a.ndim() != 3 || b.ndim() != 3)
+        throw nb::value_error("LoRA: x must be 2-D [rows, K], a 3-D [E, r, K] and b 3-D [E, N, r]");
+    kt::LoraShape s{int64_t(a.shape(0)), int64_t(a.shape(1)), int64_t(a.shape(2)), int64_t(b.shape(1)), int64_t(x.shape(0))};
+    if (s.rank < 1 || s.rank > kt::kMaxLoraRank)
+        throw nb::value_error(("LoRA rank " + std::to_string(s.rank) + ": kt's grouped LoRA takes ranks 1 .. " +
+                               std::to_string(kt::kMaxLoraRank)).c_str());
+    f32_array(x, "x", {s.rows, s.k});
+    f32_array(a, "a", {s.experts, s.rank, s.k});
+    f32_array(b, "b", {s.experts, s.n, s.rank});
+    const Array c(counts);
+    check_cpu(c, "counts");
+    check_exact(c, "counts", nb::dlpack::dtype_code::Int, 64);
+    check_shape(c, "counts", {s.experts});
+    check_contiguous(c, "counts");
+    const auto* cp = static_cast<const int64_t*>(c.data());
+    int64_t total = 0;
+    for (int64_t e = 0; e < s.experts; ++e) {
+        if (cp[e] < 0) throw nb::value_error(("counts[" + std::to_string(e) + "] is negative").c_str());
+        total += cp[e];
+    }
+    if (total != s.rows)
+        throw nb::value_error(("counts sum to " + std::to_string(total) + " rows; x holds " + std::to_string(s.rows)).c_str());
+    return {s, cp};
+}
+
+void lora_forward(nb::ndarray<> x, nb::ndarray<> counts, nb::ndarray<> a, nb::ndarray<> b, float scaling,
+                  nb::ndarray<> xa, nb::ndarray<> out) {
+    const auto [s, c] = lora_shape(x, counts, a, b);
+    float* xap = f32_array(xa, "xa", {s.rows, s.rank});
+    float* op = f32_array(out, "out", {s.rows, s.n});
+    const float* xp = static_cast<const float*>(x.data());
+    const float* ap = static_cast<const float*>(a.data());
+    const float* bp = static_cast<const float*>(b.data());
+    ReleaseGil release;
+    kt::grouped_lora_forward(s, c, xp, ap, bp, scaling, xap, op);
+}
+
+void lora_backward(nb::ndarray<> dy, nb::ndarray<> x, nb::ndarray<> xa, nb::ndarray<> counts, nb::ndarray<> a,
+                   nb::ndarray<> b, float scaling, nb::ndarray<> dx, nb::ndarray<> da, nb::ndarray<> db) {
+    const auto [s, c] = lora_shape(x, counts, a, b);
+    const float* dyp = f32_array(dy, "dy", {s.rows, s.n});
+    const float* xap = f32_array(xa, "xa", {s.rows, s.rank});
+    float* dxp = f32_array(dx, "dx", {s.rows, s.k});
+    float* dap = f32_array(da, "da", {s.experts, s.rank, s.k});
+    float* dbp = f32_array(db, "db", {s.experts, s.n, s.rank});
+    const float* xp = static_cast<const float*>(x.data());
+    const float* ap = static_cast<const float*>(a.data());
+    const float* bp = static_cast<const float*>(b.data());
+    ReleaseGil release;
+    kt::grouped_lora_backward(s, c, dyp, xp, xap, ap, bp, scaling, dxp, dap, dbp);
+}
+
 void pool_sync() {
     {
         ReleaseGil release;
@@ -760,6 +827,10 @@ NB_MODULE(_native, m) {
         return nb::capsule(static_cast<const void*>(kt::forward_api()), KT_FORWARD_API_CAPSULE);
     }, "kt/forward.h's table, for device bridges (kt-cuda)");
     m.def("pool_sync", &pool_sync, "wait for the submitted forward; the caller joins its work");
+    m.def("grouped_lora_forward", &lora_forward, "x"_a, "counts"_a, "a"_a, "b"_a, "scaling"_a, "xa"_a, "out"_a,
+          "out += scaling * (x A_eᵀ) B_eᵀ per expert's rows (grouped by counts); xa = x A_eᵀ");
+    m.def("grouped_lora_backward", &lora_backward, "dy"_a, "x"_a, "xa"_a, "counts"_a, "a"_a, "b"_a, "scaling"_a, "dx"_a,
+          "da"_a, "db"_a, "the gradients of grouped_lora_forward's x, a and b from that of out (all overwritten)");
     m.def("pool_job_pending", [] { return kt::global_pool().job_pending(); });
     m.def("_at_exit", &at_exit);
     nb::module_::import_("atexit").attr("register")(m.attr("_at_exit"));

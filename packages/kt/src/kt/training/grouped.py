@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kt_core.lora import grouped_lora_backward, grouped_lora_forward
 from kt_core.moe import MoE
 
 
@@ -86,3 +87,27 @@ class BaseDown(torch.autograd.Function):
         if not ctx.needs_input_grad[0]:
             return None, None, None
         return _layer(ctx).grouped_down_transposed(dy.float().contiguous(), ctx.counts), None, None
+
+
+class GroupedLoRA(torch.autograd.Function):
+    """base [rows, N] += scaling * (x A_eᵀ) B_eᵀ per expert's rows, in place (kt_core.lora's loops):
+    the adapter's delta added into the base product, which no node saved."""
+
+    @staticmethod
+    def forward(ctx, base: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, counts: torch.Tensor,
+                scaling: float):
+        x = x.detach().contiguous()
+        a, b = a.detach().contiguous(), b.detach().contiguous()
+        xa = torch.empty((x.shape[0], a.shape[1]), dtype=torch.float32)
+        grouped_lora_forward(x, counts, a, b, scaling, xa, base)
+        ctx.mark_dirty(base)
+        ctx.save_for_backward(x, xa, a, b)
+        ctx.counts, ctx.scaling = counts, scaling
+        return base
+
+    @staticmethod
+    def backward(ctx, dout: torch.Tensor):
+        x, xa, a, b = ctx.saved_tensors
+        dx, da, db = torch.empty_like(x), torch.empty_like(a), torch.empty_like(b)
+        grouped_lora_backward(dout.float().contiguous(), x, xa, ctx.counts, a, b, ctx.scaling, dx, da, db)
+        return dout, dx, da, db, None, None

@@ -25,12 +25,10 @@ from torch.utils.checkpoint import checkpoint
 from kt_core.errors import KTError
 from kt_core.moe import MoE
 
-from .grouped import BaseDown, BaseGateUp, Routing
+from .grouped import BaseDown, BaseGateUp, GroupedLoRA, Routing
 
 TARGETS = ("gate_up", "down")
-# torch's grouped GEMM (rows of several experts against each one's matrix in one call), where this
-# torch has it on the CPU; older versions take the per-expert loop.
-_GROUPED_MM = getattr(torch, "_grouped_mm", None)
+MAX_RANK = 64   # kt_core.lora's loops (kt-core's kMaxLoraRank)
 
 
 def lora_targets(target: Sequence[str]) -> tuple[str, ...]:
@@ -59,8 +57,8 @@ class LoRAExperts(nn.Module):
         if moe.expert_bias or moe.swiglu_limit or moe.swiglu_alpha:
             raise KTError("training experts with biases or the clamped SwiGLU (GPT-OSS) is not supported yet; "
                           "kt trains SiLU-gated experts")
-        if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
-            raise KTError(f"lora_rank must be a positive integer, got {rank!r}")
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 < rank <= MAX_RANK:
+            raise KTError(f"lora_rank must be an integer in [1, {MAX_RANK}], got {rank!r}")
         if not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha > 0):
             raise KTError(f"lora_alpha must be a positive number, got {alpha!r}")
         self.moe = moe
@@ -98,7 +96,7 @@ class LoRAExperts(nn.Module):
         gate_up = BaseGateUp.apply(rows, routing.counts, self.moe)   # [rows, 2I]: gate | up
         # LoRA added in place: kt's products are fresh tensors no node saved (one [rows, N] pass less).
         if "gate_up" in self.targets:
-            gate_up = gate_up.add_(self._lora(rows, routing, self.gate_up_A, self.gate_up_B))
+            gate_up = GroupedLoRA.apply(gate_up, rows, self.gate_up_A, self.gate_up_B, routing.counts, self.scaling)
         gate, up = gate_up.chunk(2, dim=-1)
         # The routing weight scales the down projection's input rather than its output: the same by
         # linearity (LoRA's down included), on [rows, I] instead of [rows, H] — forward and backward.
@@ -106,22 +104,5 @@ class LoRAExperts(nn.Module):
         h = F.silu(gate) * up * picked[:, None]
         y = BaseDown.apply(h, routing.counts, self.moe)
         if "down" in self.targets:
-            y = y.add_(self._lora(h, routing, self.down_A, self.down_B))
+            y = GroupedLoRA.apply(y, h, self.down_A, self.down_B, routing.counts, self.scaling)
         return torch.zeros_like(x).index_add(0, routing.token, y)
-
-    def _lora(self, rows: torch.Tensor, routing: Routing, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        """scaling * rows_e A_eᵀ B_eᵀ for each expert's rows, in the rows' order."""
-        if _GROUPED_MM is not None:
-            # One grouped GEMM per factor over every expert's rows (torch >= 2.9 has it on the CPU,
-            # with autograd): a few calls instead of a few per expert.
-            offs = routing.offsets
-            xa = _GROUPED_MM(rows, a.transpose(1, 2), offs=offs) * self.scaling
-            return _GROUPED_MM(xa, b.transpose(1, 2), offs=offs)
-        # unbind, not a[e]: each a[e]'s backward would write a whole zero [E, r, K] gradient to
-        # add its slice into (E² work: half of a step's time at 128 experts); unbind's stacks once.
-        # The scaling goes on the rank-r intermediate, the smallest tensor of the chain.
-        a_e, b_e = a.unbind(0), b.unbind(0)
-        parts = rows.split(routing.splits)
-        out = [(p @ a_e[e].t() * self.scaling) @ b_e[e].t() if p.shape[0] else p.new_empty((0, b.shape[1]))
-               for e, p in enumerate(parts)]
-        return torch.cat(out)

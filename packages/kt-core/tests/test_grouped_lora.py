@@ -1,0 +1,79 @@
+"""kt_core.lora: per-expert LoRA over grouped rows against NumPy in float64, on every ISA level
+the host runs (the loops are compiled per level and picked after host detection)."""
+
+import numpy as np
+import pytest
+
+from conftest import run_python
+from kt_core import host
+from kt_core.lora import grouped_lora_backward, grouped_lora_forward
+
+CHECK = """
+import numpy as np
+from kt_core.lora import grouped_lora_backward, grouped_lora_forward
+rng = np.random.default_rng(0)
+worst = 0.0
+for E, K, N, r in [(3, 40, 20, 1), (4, 64, 128, 8), (2, 33, 50, 13), (3, 256, 96, 64)]:
+    counts = np.array([5, 0] + [3] * (E - 2), np.int64)
+    S = int(counts.sum())
+    x = rng.standard_normal((S, K)).astype(np.float32)
+    a = rng.standard_normal((E, r, K)).astype(np.float32)
+    b = rng.standard_normal((E, N, r)).astype(np.float32)
+    base = rng.standard_normal((S, N)).astype(np.float32)
+    dy = rng.standard_normal((S, N)).astype(np.float32)
+    out, xa = base.copy(), np.empty((S, r), np.float32)
+    grouped_lora_forward(x, counts, a, b, 0.5, xa, out)
+    dx, da, db = np.empty_like(x), np.empty_like(a), np.empty_like(b)
+    grouped_lora_backward(dy, x, xa, counts, a, b, 0.5, dx, da, db)
+    e = np.repeat(np.arange(E), counts)
+    x64, a64, b64, dy64 = x.astype(np.float64), a[e].astype(np.float64), b[e].astype(np.float64), dy.astype(np.float64)
+    xa64 = np.einsum("sk,srk->sr", x64, a64)
+    g = np.einsum("sn,snr->sr", dy64, b64) * 0.5
+    want = {
+        "out": base + 0.5 * np.einsum("sr,snr->sn", xa64, b64), "xa": xa64,
+        "dx": np.einsum("sr,srk->sk", g, a64),
+        "da": np.stack([np.einsum("sr,sk->rk", g[e == i], x64[e == i]) for i in range(E)]),
+        "db": np.stack([0.5 * np.einsum("sn,sr->nr", dy64[e == i], xa64[e == i]) for i in range(E)]),
+    }
+    got = {"out": out, "xa": xa, "dx": dx, "da": da, "db": db}
+    for k in got:
+        err = np.abs(got[k] - want[k]).max() / max(np.abs(want[k]).max(), 1e-30)
+        assert err < 1e-5, (E, K, N, r, k, err)
+        worst = max(worst, err)
+    assert not da[1].any() and not db[1].any(), "an expert without rows gets zero gradients"
+print("worst", worst)
+"""
+
+LEVELS = ["x86-64", "x86-64-v3", "x86-64-v4"]
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_matches_numpy_float64(level):
+    """Odd K and N (padded to whole vectors), ranks 1, 8, 13 (padded to blocks of 8) and 64, an expert
+    without rows; max |Δ| / max |ref| per output within 1e-5 (f32 accumulation)."""
+    h = host()
+    if h.arch != "x86_64":
+        pytest.skip(f"ISA levels are x86's; this host is {h.arch}")
+    missing = [f for f in {"x86-64-v3": ["avx2", "fma"], "x86-64-v4": ["avx512f", "avx512vl"]}.get(level, [])
+               if f not in h.features]
+    if missing:
+        pytest.skip(f"this host lacks {', '.join(missing)} for {level}")
+    r = run_python(CHECK, KT_MAX_ISA=level)
+    assert r.returncode == 0, r.stderr
+    assert "worst" in r.stdout
+
+
+def test_refuses_bad_arguments():
+    x, counts = np.zeros((4, 8), np.float32), np.array([4, 0], np.int64)
+    a, b = np.zeros((2, 2, 8), np.float32), np.zeros((2, 6, 2), np.float32)
+    xa, out = np.zeros((4, 2), np.float32), np.zeros((4, 6), np.float32)
+    with pytest.raises(ValueError, match="counts sum to 3 rows; x holds 4"):
+        grouped_lora_forward(x, np.array([3, 0], np.int64), a, b, 1.0, xa, out)
+    with pytest.raises(ValueError, match=r"out must have shape \[4, 6\]"):
+        grouped_lora_forward(x, counts, a, b, 1.0, xa, np.zeros((4, 5), np.float32))
+    with pytest.raises(ValueError, match="LoRA rank 65"):
+        grouped_lora_forward(x, counts, np.zeros((2, 65, 8), np.float32), np.zeros((2, 6, 65), np.float32), 1.0,
+                             np.zeros((4, 65), np.float32), out)
+    with pytest.raises(TypeError, match="float32"):
+        grouped_lora_backward(np.zeros((4, 6)), x, xa, counts, a, b, 1.0, np.zeros_like(x), np.zeros_like(a),
+                              np.zeros_like(b))
