@@ -4,9 +4,10 @@ the host runs (the loops are compiled per level and picked after host detection)
 import numpy as np
 import pytest
 
-from conftest import run_python
 from kt_core import host
 from kt_core.lora import grouped_lora_backward, grouped_lora_forward
+
+from conftest import run_python
 
 CHECK = """
 import numpy as np
