@@ -56,6 +56,10 @@ def _torch_experts(x, ids, w, gate, up, down, lora, scaling):
             gu = torch.cat([gate[e] @ x[t], up[e] @ x[t]])
             if "gate_up_A" in lora:
                 gu = gu + scaling * (lora["gate_up_B"][e] @ (lora["gate_up_A"][e] @ x[t]))
+            for half, t_ in enumerate(("gate", "up")):   # separate adapters (kt-kernel's layout)
+                if f"{t_}_A" in lora:
+                    delta = scaling * (lora[f"{t_}_B"][e] @ (lora[f"{t_}_A"][e] @ x[t]))
+                    gu = gu + torch.cat([delta, torch.zeros_like(delta)] if half == 0 else [torch.zeros_like(delta), delta])
             h = torch.nn.functional.silu(gu[:I]) * gu[I:]
             y = down[e] @ h
             if "down_A" in lora:
@@ -71,7 +75,7 @@ def _routing(gen):
     return ids, torch.rand(T, K, generator=gen)
 
 
-def _layer(method: str, backend: str | None, gate, up, down, target=("gate", "up", "down"), recompute=False):
+def _layer(method: str, backend: str | None, gate, up, down, target=("gate_up", "down"), recompute=False):
     kwargs = METHODS[method][0]
     moe = kt_core.MoE(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, method=method.split("-")[0],
                       backend=backend, trainable=True, **kwargs)
@@ -84,13 +88,14 @@ def _layer(method: str, backend: str | None, gate, up, down, target=("gate", "up
     return layer
 
 
+@pytest.mark.parametrize("target", [("gate_up", "down"), ("gate", "up", "down"), ("up",)])
 @pytest.mark.parametrize("backend", ["reference", None])
 @pytest.mark.parametrize("method", sorted(METHODS))
-def test_gradients_match_torch_float64(method, backend):
+def test_gradients_match_torch_float64(method, backend, target):
     gen = torch.Generator().manual_seed(1)
     gate, up = torch.randn(E, I, H, generator=gen) * H**-0.5, torch.randn(E, I, H, generator=gen) * H**-0.5
     down = torch.randn(E, H, I, generator=gen) * I**-0.5
-    layer = _layer(method, backend, gate, up, down)
+    layer = _layer(method, backend, gate, up, down, target=target)
     x = torch.randn(T, H, generator=gen).requires_grad_()
     ids, w = _routing(gen)
     w.requires_grad_()
@@ -149,15 +154,18 @@ def test_fresh_adapters_leave_the_forward_unchanged():
 
 
 def test_targets():
-    assert lora_targets(("gate", "up", "down")) == ("gate_up", "down")
-    assert lora_targets(("down",)) == ("down",)
-    assert lora_targets(("gate_up",)) == ("gate_up",)
-    with pytest.raises(KTError, match="come together"):
-        lora_targets(("gate", "down"))
+    assert lora_targets(("down", "gate_up")) == ("gate_up", "down")
+    assert lora_targets(("down", "up", "gate")) == ("gate", "up", "down")
+    assert lora_targets(("gate",)) == ("gate",)
+    with pytest.raises(KTError, match="are alternatives"):
+        lora_targets(("gate_up", "gate"))
     with pytest.raises(KTError, match="not one of"):
         lora_targets(("q_proj",))
     with pytest.raises(KTError, match="empty"):
         lora_targets(())
+    moe = kt_core.MoE(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, method="BF16", trainable=True)
+    with pytest.raises(KTError, match="rank 66 on the fused projection"):
+        LoRAExperts(moe, rank=33, alpha=8, target=("gate", "up"))
 
 
 def test_only_down_adapter_trains_only_down():

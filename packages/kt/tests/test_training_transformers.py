@@ -100,6 +100,31 @@ def test_saved_adapter_loads_into_peft_with_the_same_logits(tmp_path, model_type
     assert rel_max(got, want) < 1e-4
 
 
+def test_separate_gate_and_up_adapters_export_to_peft(tmp_path):
+    """kt-kernel's layout (one adapter on gate, one on up) has no PEFT form of its own: it is written as
+    one fused gate_up adapter of rank 2r (A's stacked, B block-diagonal) with down padded to 2r and
+    alpha doubled — the same deltas, so PEFT computes the same logits; loading it back into separate
+    adapters is refused by name."""
+    model = tiny_model("qwen3_moe")
+    fresh = copy_of(model)
+    patch = patch_model(model, method="BF16", mode="train", lora_rank=RANK, lora_alpha=ALPHA,
+                        target=("gate", "up", "down"))
+    assert sorted(n for n, _ in patch.layers[0].named_parameters()) == [
+        "down_A", "down_B", "gate_A", "gate_B", "up_A", "up_B"]
+    with torch.no_grad():
+        for p in patch.adapter_parameters():
+            p.normal_(0.0, 0.2)
+    path = patch.save_adapter(tmp_path / "adapter")
+    config = json.loads((path / "adapter_config.json").read_text())
+    assert config["r"] == 2 * RANK and config["lora_alpha"] == 2 * ALPHA
+    loaded = peft.PeftModel.from_pretrained(fresh, str(path)).eval()
+    ids = prompt()
+    with torch.no_grad():
+        assert rel_max(model.eval()(ids).logits, loaded(ids).logits) < 1e-4
+    with pytest.raises(KTError, match="patched with separate ones"):
+        patch.load_adapter(path)
+
+
 def test_peft_adapter_serves_on_kt(tmp_path):
     """An adapter PEFT trained and saved, served by kt (SGLang's --kt-expert-lora-path)."""
     model = tiny_model("qwen3_moe")
@@ -130,8 +155,8 @@ def test_training_refusals(tmp_path):
         patch_model(tiny_model(), mode="sft")
     with pytest.raises(KTError, match="num_gpu_experts: not available with expert LoRA"):
         patch_model(tiny_model(), mode="train", num_gpu_experts=2)
-    with pytest.raises(KTError, match="come together"):
-        patch_model(tiny_model(), mode="train", target=("gate", "down"))
+    with pytest.raises(KTError, match="are alternatives"):
+        patch_model(tiny_model(), mode="train", target=("gate_up", "up"))
     with pytest.raises(KTError, match="is not a PEFT adapter folder"):
         patch_model(tiny_model(), expert_lora_path=tmp_path)
     model = tiny_model()

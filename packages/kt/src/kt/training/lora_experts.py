@@ -27,29 +27,30 @@ from kt_core.moe import MoE
 
 from .grouped import BaseDown, BaseGateUp, GroupedLoRA, Routing
 
-TARGETS = ("gate_up", "down")
+TARGETS = ("gate_up", "gate", "up", "down")
+DEFAULT_TARGET = ("gate_up", "down")
 MAX_RANK = 64   # kt_core.lora's loops (kt-core's kMaxLoraRank)
 
 
 def lora_targets(target: Sequence[str]) -> tuple[str, ...]:
-    """The adapters a `target` list asks for: "gate" and "up" name the fused gate_up adapter
-    (PEFT trains them as one matrix) and must come together."""
+    """The adapters a `target` list asks for, in canonical order. "gate_up" is one adapter on the fused
+    gate/up projection (an A shared by gate and up: PEFT's target_parameters on gate_up_proj);
+    "gate" and "up" are one adapter each (kt-kernel's SFT layout); "down" is the down projection's."""
     names = set(target)
-    unknown = names - {"gate", "up", "gate_up", "down"}
+    unknown = names - set(TARGETS)
     if unknown:
-        raise KTError(f"LoRA target {sorted(unknown)} is not one of gate, up, gate_up, down")
-    if ("gate" in names) != ("up" in names):
-        raise KTError("LoRA targets 'gate' and 'up' come together: the experts' gate and up projections are one "
-                      "fused matrix with one adapter (PEFT's target_parameters on gate_up_proj); use "
-                      "target=('gate', 'up', 'down') or ('gate_up', 'down')")
-    out = tuple(t for t in TARGETS if t in names or (t == "gate_up" and "gate" in names))
+        raise KTError(f"LoRA target {sorted(unknown)} is not one of {', '.join(TARGETS)}")
+    if "gate_up" in names and names & {"gate", "up"}:
+        raise KTError("LoRA target 'gate_up' (one adapter on the fused gate/up projection) and 'gate' / 'up' "
+                      "(one adapter each) are alternatives: name one or the other")
+    out = tuple(t for t in TARGETS if t in names)
     if not out:
-        raise KTError("LoRA target is empty: name at least one of gate_up (gate, up) and down")
+        raise KTError(f"LoRA target is empty: name at least one of {', '.join(TARGETS)}")
     return out
 
 
 class LoRAExperts(nn.Module):
-    def __init__(self, moe: MoE, *, rank: int, alpha: float, target: Sequence[str] = ("gate", "up", "down"),
+    def __init__(self, moe: MoE, *, rank: int, alpha: float, target: Sequence[str] = DEFAULT_TARGET,
                  recompute: bool = False):
         super().__init__()
         if not moe.trainable:
@@ -64,11 +65,15 @@ class LoRAExperts(nn.Module):
         self.moe = moe
         self.rank, self.alpha, self.scaling = rank, float(alpha), float(alpha) / rank
         self.targets = lora_targets(target)
+        if "gate" in self.targets and "up" in self.targets and 2 * rank > MAX_RANK:
+            raise KTError(f"lora_rank {rank} with separate gate and up adapters: they run as one adapter of rank "
+                          f"{2 * rank} on the fused projection, and kt takes ranks up to {MAX_RANK}")
         # Recompute: keep only the inputs and run the experts' forward again in backward
         # (torch.utils.checkpoint) — memory of a step without the rows' intermediate activations.
         self.recompute = bool(recompute)
         E, H, I = moe.num_experts, moe.hidden_size, moe.intermediate_size
-        shapes = {"gate_up": ((E, rank, H), (E, 2 * I, rank)), "down": ((E, rank, I), (E, H, rank))}
+        shapes = {"gate_up": ((E, rank, H), (E, 2 * I, rank)), "gate": ((E, rank, H), (E, I, rank)),
+                  "up": ((E, rank, H), (E, I, rank)), "down": ((E, rank, I), (E, H, rank))}
         for t in self.targets:
             a_shape, b_shape = shapes[t]
             # PEFT's default: A ~ kaiming_uniform(a=sqrt(5)) over its input features = U(±1/sqrt(in)), B = 0.
@@ -95,8 +100,9 @@ class LoRAExperts(nn.Module):
         rows = x.index_select(0, routing.token)
         gate_up = BaseGateUp.apply(rows, routing.counts, self.moe)   # [rows, 2I]: gate | up
         # LoRA added in place: kt's products are fresh tensors no node saved (one [rows, N] pass less).
-        if "gate_up" in self.targets:
-            gate_up = GroupedLoRA.apply(gate_up, rows, self.gate_up_A, self.gate_up_B, routing.counts, self.scaling)
+        adapter = self.gate_up_adapter()
+        if adapter is not None:
+            gate_up = GroupedLoRA.apply(gate_up, rows, *adapter, routing.counts, self.scaling)
         gate, up = gate_up.chunk(2, dim=-1)
         # The routing weight scales the down projection's input rather than its output: the same by
         # linearity (LoRA's down included), on [rows, I] instead of [rows, H] — forward and backward.
@@ -106,3 +112,20 @@ class LoRAExperts(nn.Module):
         if "down" in self.targets:
             y = GroupedLoRA.apply(y, h, self.down_A, self.down_B, routing.counts, self.scaling)
         return torch.zeros_like(x).index_add(0, routing.token, y)
+
+    def gate_up_adapter(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(A [E, r', H], B [E, 2I, r']) of the fused gate/up projection: the gate_up adapter itself, or
+        the separate gate and up adapters as one of rank 2r (A's stacked, B block-diagonal: the same
+        products, and autograd routes each block's gradient back to its own factor)."""
+        if "gate_up" in self.targets:
+            return self.gate_up_A, self.gate_up_B
+        parts = [t for t in ("gate", "up") if t in self.targets]
+        if not parts:
+            return None
+        E, I, r = self.moe.num_experts, self.moe.intermediate_size, self.rank
+        a = torch.cat([getattr(self, f"{t}_A") for t in parts], dim=1)
+        rows = []
+        for t in ("gate", "up"):   # B's row blocks: gate's outputs, then up's
+            blocks = [getattr(self, f"{t}_B") if t == u else torch.zeros(E, I, r) for u in parts]
+            rows.append(torch.cat(blocks, dim=2))
+        return a, torch.cat(rows, dim=1)

@@ -61,25 +61,48 @@ def _check_uniform(layers: dict[str, LoRAExperts]) -> LoRAExperts:
     return first
 
 
+def _peft_adapters(m: LoRAExperts) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """{PEFT target ("gate_up", "down"): (A [E, r', in], B [E, out, r'])} of one layer, all at one rank r'.
+    Separate gate and up adapters become one fused gate_up adapter of rank 2r (A's stacked, B
+    block-diagonal: the same delta), and down is padded with zero rows / columns to that rank (the
+    same delta again), since PEFT's config has one rank; the writer scales alpha with the rank to
+    keep alpha / rank."""
+    out = {}
+    fused = m.gate_up_adapter()
+    if fused is not None:
+        out["gate_up"] = tuple(t.detach() for t in fused)
+    if "down" in m.targets:
+        out["down"] = (m.down_A.detach(), m.down_B.detach())
+    rank = max(a.shape[1] for a, _ in out.values())
+    for t, (a, b) in out.items():
+        pad = rank - a.shape[1]
+        if pad:
+            out[t] = (torch.cat([a, a.new_zeros(a.shape[0], pad, a.shape[2])], dim=1),
+                      torch.cat([b, b.new_zeros(b.shape[0], b.shape[1], pad)], dim=2))
+    return out
+
+
 def adapter_state_dict(model: nn.Module | Mapping[str, LoRAExperts]) -> tuple[dict[str, torch.Tensor], dict]:
     """(PEFT's tensors, PEFT's config) of the model's kt expert adapters."""
     layers = _experts(model)
     first = _check_uniform(layers)
     tensors = {}
+    rank = first.rank
     for name, m in layers.items():
-        nest = _wrapper_paths(m.targets)
-        for t in m.targets:
-            a, b = getattr(m, f"{t}_A").detach(), getattr(m, f"{t}_B").detach()
-            E, r, fan_in = a.shape
+        adapters = _peft_adapters(m)
+        nest = _wrapper_paths(tuple(adapters))
+        for t, (a, b) in adapters.items():
+            E, rank, fan_in = a.shape
             base = f"{PREFIX}{name}.{nest[t]}"
-            tensors[f"{base}lora_A.weight"] = a.reshape(E * r, fan_in).contiguous()
-            tensors[f"{base}lora_B.weight"] = b.permute(1, 2, 0).reshape(b.shape[1], r * E).contiguous()
+            tensors[f"{base}lora_A.weight"] = a.reshape(E * rank, fan_in).contiguous()
+            tensors[f"{base}lora_B.weight"] = b.permute(1, 2, 0).reshape(b.shape[1], rank * E).contiguous()
     module = next(iter(layers))
     m = _LAYER.search(module)
     inside = module[m.end():] if m else module   # e.g. "mlp.experts": PEFT matches target_parameters by suffix
+    peft_targets = list(_peft_adapters(first))
     config = {
-        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": first.rank, "lora_alpha": first.alpha,
-        "target_modules": [], "target_parameters": [f"{inside}.{PARAMETER[t]}" for t in first.targets],
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": first.alpha * rank / first.rank,
+        "target_modules": [], "target_parameters": [f"{inside}.{PARAMETER[t]}" for t in peft_targets],
         "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False, "use_rslora": False, "use_dora": False,
         "init_lora_weights": True, "inference_mode": True, "modules_to_save": None, "base_model_name_or_path": None,
     }
@@ -148,6 +171,9 @@ def load_adapter(model: nn.Module | Mapping[str, LoRAExperts], directory: str | 
     config = json.loads(cfg_path.read_text())
     layers = _experts(model)
     first = _check_uniform(layers)
+    if first.targets != tuple(t for t in ("gate_up", "down") if t in first.targets):
+        raise KTError(f"{folder}: a PEFT adapter holds one fused gate_up adapter; these experts were patched with "
+                      f"separate ones (target={first.targets}): patch with target=('gate_up', 'down') to load it")
     # PEFT saves target_parameters as a set (any order); its wrappers nest in the experts module's
     # parameter order, gate_up_proj (defined first in transformers 5) innermost.
     params = sorted(p.rsplit(".", 1)[-1] for p in config.get("target_parameters") or ())

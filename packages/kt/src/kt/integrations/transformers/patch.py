@@ -164,7 +164,8 @@ def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None =
     come from the model.
 
     `mode="train"`: the experts get trainable per-expert LoRA instead (kt.training.LoRAExperts: rank
-    `lora_rank` (8), `lora_alpha` (16), on the fused gate/up and/or down per `target` (all three),
+    `lora_rank` (8), `lora_alpha` (16), per `target`: ("gate_up", "down") by default — one adapter on
+    the fused gate/up projection as PEFT puts it, or "gate" and "up" apart as kt-kernel's SFT does —
     `recompute` to keep only the inputs between forward and backward); with `freeze_base` the model's
     own parameters stop requiring gradients. Returns a KTTrainPatch (save_adapter / load_adapter in
     PEFT's format). `expert_lora_path=DIR` (either mode): start from that PEFT adapter, whose rank,
@@ -184,7 +185,7 @@ def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None =
         from ...training.model_patch import patch_for_training
         from ...training.peft_format import adapter_settings
 
-        defaults = (8, 16.0, ("gate", "up", "down"))
+        defaults = (8, 16.0, ("gate_up", "down"))
         if expert_lora_path is not None:
             defaults = adapter_settings(expert_lora_path)
         lora_rank = defaults[0] if lora_rank is None else lora_rank

@@ -6,7 +6,7 @@
     method: BF16                # kt's format for the frozen experts (BF16, INT8, INT4, ...)
     group_size: 0               # INT4 only (0: kt's default); zero_point: false
     dtype: float32              # the torch parts of the model (float32 or bfloat16)
-    lora: {rank: 8, alpha: 16, target: [gate, up, down]}
+    lora: {rank: 8, alpha: 16, target: [gate_up, down]}   # or [gate, up, down]: separate gate and up adapters
     train: {steps: 100, lr: 2.0e-4, batch_size: 4, max_length: 512, seed: 0, save_every: 50,
             warmup_steps: 0, weight_decay: 0.0, recompute: false}
 
@@ -30,7 +30,7 @@ DTYPES = ("float32", "bfloat16")
 class LoraSettings:
     rank: int = 8
     alpha: float = 16.0
-    target: tuple[str, ...] = ("gate", "up", "down")
+    target: tuple[str, ...] = ("gate_up", "down")
 
 
 @dataclass
@@ -152,7 +152,7 @@ def load_config(path: str | Path, need_data: bool = True) -> SFTConfig:
         if "target" in lora_raw:
             t = lora_raw["target"]
             ok = isinstance(t, list) and t and all(isinstance(x, str) for x in t)
-            lora.target = tuple(_check(path, "lora.target", t, "a list of gate, up, gate_up, down", ok))
+            lora.target = tuple(_check(path, "lora.target", t, "a list of gate_up, gate, up, down", ok))
     train_raw = _section(path, "train", raw.get("train"), TrainSettings)
     train = TrainSettings()
     if isinstance(train_raw, dict):

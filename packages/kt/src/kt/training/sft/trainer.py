@@ -79,8 +79,12 @@ def _save_checkpoint(output_dir: Path, step: int, patch, opt, sched, losses: lis
     tmp = output_dir / f".checkpoint-{step}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     patch.save_adapter(tmp, base_model_name_or_path=config.model)
+    # The adapters also as kt holds them (the PEFT folder beside it may have changed their form: separate
+    # gate and up adapters are written as one fused adapter), so a resumed run continues from the same
+    # parameters the optimizer state belongs to.
+    adapters = {f"{path}.{name}": p.detach().clone() for path, m in patch.modules.items() for name, p in m.named_parameters()}
     torch.save({"step": step, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "losses": losses,
-                "config": config.as_dict()}, tmp / STATE)
+                "adapters": adapters, "config": config.as_dict()}, tmp / STATE)
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     return final
@@ -120,7 +124,10 @@ def train(config: SFTConfig, *, resume: bool = False, on_step: Callable[[dict], 
         if state["config"]["train"] != config.as_dict()["train"] or state["config"]["lora"] != config.as_dict()["lora"]:
             raise KTError(f"--resume: {path} was written with other lora/train settings ({state['config']['lora']}, "
                           f"{state['config']['train']}) than the config's; a resumed run must use the same ones")
-        patch.load_adapter(path)
+        with torch.no_grad():
+            for path_, m in patch.modules.items():
+                for name, p in m.named_parameters():
+                    p.copy_(state["adapters"][f"{path_}.{name}"])
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
         losses, start = list(state["losses"]), step
