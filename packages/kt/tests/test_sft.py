@@ -153,6 +153,7 @@ def test_bad_data_names_the_line(tmp_path, line, message):
     ({"train": {"steps": 0}}, "train.steps must be an integer >= 1, got 0"),
     ({"train": {"epochs": 3}}, "train has unknown setting\\(s\\) epochs"),
     ({"lora": {"rank": "eight"}}, "lora.rank must be an integer >= 1, got 'eight'"),
+    ({"train": {"fast_activations": "yes"}}, "train.fast_activations must be true or false, got 'yes'"),
     ({"dtype": "float16"}, "dtype must be one of float32, bfloat16"),
     ({"data": "missing.jsonl"}, "data: .*missing.jsonl does not exist"),
     ({"model": "nowhere"}, "model: .*nowhere is not a model folder"),

@@ -8,7 +8,8 @@
     dtype: float32              # the torch parts of the model (float32 or bfloat16)
     lora: {rank: 8, alpha: 16, target: [gate_up, down]}   # or [gate, up, down]: separate gate and up adapters
     train: {steps: 100, lr: 2.0e-4, batch_size: 4, max_length: 512, seed: 0, save_every: 50,
-            warmup_steps: 0, weight_decay: 0.0, recompute: false}
+            warmup_steps: 0, weight_decay: 0.0, recompute: false, fast_activations: false}
+                                # fast_activations: bf16 activations and (BF16 experts) bf16 gradients
 
 Relative paths are relative to the file. Every field is checked: an error names the field, what it
 expected and what it found; an unknown field is an error (a misspelt one would silently do nothing).
@@ -44,6 +45,7 @@ class TrainSettings:
     warmup_steps: int = 0
     weight_decay: float = 0.0
     recompute: bool = False
+    fast_activations: bool = False
 
 
 @dataclass
@@ -164,8 +166,8 @@ def load_config(path: str | Path, need_data: bool = True) -> SFTConfig:
                 train.lr = _number(path, "train.lr", value, positive=True)
             elif key == "weight_decay":
                 train.weight_decay = _number(path, "train.weight_decay", value, positive=False)
-            elif key == "recompute":
-                train.recompute = _bool(path, "train.recompute", value)
+            elif key in ("recompute", "fast_activations"):
+                setattr(train, key, _bool(path, f"train.{key}", value))
     return SFTConfig(model=model, data=data, output_dir=resolve(raw["output_dir"]), method=method,
                      group_size=_int(path, "group_size", raw.get("group_size", 0), 0),
                      zero_point=_bool(path, "zero_point", raw.get("zero_point", False)), dtype=dtype, lora=lora,

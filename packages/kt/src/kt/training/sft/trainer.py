@@ -111,7 +111,8 @@ def train(config: SFTConfig, *, resume: bool = False, on_step: Callable[[dict], 
     patch = patch_model(model, method=config.method, group_size=config.group_size, zero_point=config.zero_point,
                         mode="train", lora_rank=config.lora.rank, lora_alpha=config.lora.alpha,
                         target=config.lora.target, recompute=config.train.recompute,
-                        max_tokens=max(config.train.max_length * config.train.batch_size, 16))
+                        max_tokens=max(config.train.max_length * config.train.batch_size, 16),
+                        fast_activations=config.train.fast_activations)
     params = patch.adapter_parameters()
     opt = torch.optim.AdamW(params, lr=config.train.lr, weight_decay=config.train.weight_decay)
     warm = config.train.warmup_steps
