@@ -228,6 +228,7 @@ def test_routing_groups_rows_by_expert():
     assert r.slot.tolist() == [1, 4, 0, 3]
     assert r.token.tolist() == [0, 2, 0, 1]
     assert r.offsets.tolist() == [1, 2, 4, 4]
+    assert r.row_of_slot.tolist() == [[2, 0], [-1, 3], [1, -1]]
 
 
 def test_fast_activations_gradients():

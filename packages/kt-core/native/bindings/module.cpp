@@ -9,6 +9,7 @@
 #include "host/topology.h"
 #include "memory/numa_allocator.h"
 #include "moe/grouped_lora.h"
+#include "moe/training_rows.h"
 #include "moe/moe_layer.h"
 #include "pool/thread_pool.h"
 #include "quant/kt_codes.h"
@@ -557,6 +558,69 @@ void lora_backward(nb::ndarray<> dy, nb::ndarray<> x, nb::ndarray<> xa, nb::ndar
     kt::grouped_lora_backward(s, c, dyp, xp, xap, ap, bp, scaling, dxp, dap, dbp);
 }
 
+// --- training's row passes (kt.training): float32 / int64 C-contiguous CPU arrays ------------
+
+const int64_t* i64_array(const nb::ndarray<>& a, const char* name, std::initializer_list<int64_t> shape) {
+    const Array v(a);
+    check_cpu(v, name);
+    check_exact(v, name, nb::dlpack::dtype_code::Int, 64);
+    check_shape(v, name, shape);
+    check_contiguous(v, name);
+    return static_cast<const int64_t*>(v.data());
+}
+
+void gather_rows(nb::ndarray<> x, nb::ndarray<> token, nb::ndarray<> rows) {
+    if (x.ndim() != 2 || token.ndim() != 1) throw nb::value_error("gather_rows: x must be [tokens, width], token [rows]");
+    const int64_t T = int64_t(x.shape(0)), W = int64_t(x.shape(1)), S = int64_t(token.shape(0));
+    const float* xp = f32_array(x, "x", {T, W});
+    const int64_t* tp = i64_array(token, "token", {S});
+    float* rp = f32_array(rows, "rows", {S, W});
+    for (int64_t i = 0; i < S; ++i)
+        if (tp[i] < 0 || tp[i] >= T)
+            throw nb::value_error(("token[" + std::to_string(i) + "] = " + std::to_string(tp[i]) + " is outside [0, " +
+                                   std::to_string(T) + ")").c_str());
+    ReleaseGil release;
+    kt::gather_rows(xp, W, tp, S, rp);
+}
+
+void sum_rows(nb::ndarray<> rows, nb::ndarray<> row_of_slot, nb::ndarray<> out) {
+    if (rows.ndim() != 2 || row_of_slot.ndim() != 2) throw nb::value_error("sum_rows: rows must be [rows, width], row_of_slot [tokens, picks]");
+    const int64_t S = int64_t(rows.shape(0)), W = int64_t(rows.shape(1));
+    const int64_t T = int64_t(row_of_slot.shape(0)), K = int64_t(row_of_slot.shape(1));
+    const float* rp = f32_array(rows, "rows", {S, W});
+    const int64_t* sp = i64_array(row_of_slot, "row_of_slot", {T, K});
+    float* op = f32_array(out, "out", {T, W});
+    for (int64_t i = 0; i < T * K; ++i)
+        if (sp[i] < -1 || sp[i] >= S)
+            throw nb::value_error(("row_of_slot holds " + std::to_string(sp[i]) + ", outside [-1, " + std::to_string(S) +
+                                   ")").c_str());
+    ReleaseGil release;
+    kt::sum_rows(rp, W, sp, T, K, op);
+}
+
+void gated_rows_forward(nb::ndarray<> gate_up, nb::ndarray<> w, nb::ndarray<> h) {
+    if (gate_up.ndim() != 2 || gate_up.shape(1) % 2) throw nb::value_error("gate_up must be [rows, 2 * intermediate]");
+    const int64_t S = int64_t(gate_up.shape(0)), I = int64_t(gate_up.shape(1)) / 2;
+    const float* gp = f32_array(gate_up, "gate_up", {S, 2 * I});
+    const float* wp = f32_array(w, "w", {S});
+    float* hp = f32_array(h, "h", {S, I});
+    ReleaseGil release;
+    kt::gated_rows_forward(gp, wp, S, I, hp);
+}
+
+void gated_rows_backward(nb::ndarray<> dh, nb::ndarray<> gate_up, nb::ndarray<> w, nb::ndarray<> dgate_up,
+                         nb::ndarray<> dw) {
+    if (gate_up.ndim() != 2 || gate_up.shape(1) % 2) throw nb::value_error("gate_up must be [rows, 2 * intermediate]");
+    const int64_t S = int64_t(gate_up.shape(0)), I = int64_t(gate_up.shape(1)) / 2;
+    const float* dp = f32_array(dh, "dh", {S, I});
+    const float* gp = f32_array(gate_up, "gate_up", {S, 2 * I});
+    const float* wp = f32_array(w, "w", {S});
+    float* dgp = f32_array(dgate_up, "dgate_up", {S, 2 * I});
+    float* dwp = f32_array(dw, "dw", {S});
+    ReleaseGil release;
+    kt::gated_rows_backward(dp, gp, wp, S, I, dgp, dwp);
+}
+
 void pool_sync() {
     {
         ReleaseGil release;
@@ -827,6 +891,12 @@ NB_MODULE(_native, m) {
         return nb::capsule(static_cast<const void*>(kt::forward_api()), KT_FORWARD_API_CAPSULE);
     }, "kt/forward.h's table, for device bridges (kt-cuda)");
     m.def("pool_sync", &pool_sync, "wait for the submitted forward; the caller joins its work");
+    m.def("gather_rows", &gather_rows, "x"_a, "token"_a, "rows"_a, "rows[i] = x[token[i]]");
+    m.def("sum_rows", &sum_rows, "rows"_a, "row_of_slot"_a, "out"_a,
+          "out[t] = sum of rows[row_of_slot[t, j]] over j (-1 skipped)");
+    m.def("gated_rows_forward", &gated_rows_forward, "gate_up"_a, "w"_a, "h"_a, "h = SiLU(gate) * up * w per row");
+    m.def("gated_rows_backward", &gated_rows_backward, "dh"_a, "gate_up"_a, "w"_a, "dgate_up"_a, "dw"_a,
+          "the gradients of gated_rows_forward's gate_up and w from that of h");
     m.def("grouped_lora_forward", &lora_forward, "x"_a, "counts"_a, "a"_a, "b"_a, "scaling"_a, "xa"_a, "out"_a,
           "out += scaling * (x A_eᵀ) B_eᵀ per expert's rows (grouped by counts); xa = x A_eᵀ");
     m.def("grouped_lora_backward", &lora_backward, "dy"_a, "x"_a, "xa"_a, "counts"_a, "a"_a, "b"_a, "scaling"_a, "dx"_a,

@@ -9,6 +9,7 @@
 // probes/compute_peak.cpp does), so no wider instruction runs on a host (or under a KT_MAX_ISA)
 // without it.
 #include "moe/grouped_lora.h"
+#include "moe/tiles.h"
 
 #include "abi/host_api.h"
 #include "pool/thread_pool.h"
@@ -240,6 +241,7 @@ std::vector<int64_t> first_rows(const LoraShape& s, const int64_t* counts) {
 
 void grouped_lora_forward(const LoraShape& s, const int64_t* counts, const float* x, const float* a, const float* b,
                           float scaling, float* xa, float* out) {
+    std::lock_guard<std::mutex> lock(g_forward_mutex);   // the pool is the forwards' (tiles.h)
 #if defined(__x86_64__)
     const ForwardFn fn = widest<ForwardFn>(forward_avx512, forward_avx2, forward_baseline);
 #else
@@ -254,6 +256,7 @@ void grouped_lora_forward(const LoraShape& s, const int64_t* counts, const float
 
 void grouped_lora_backward(const LoraShape& s, const int64_t* counts, const float* dy, const float* x, const float* xa,
                            const float* a, const float* b, float scaling, float* dx, float* da, float* db) {
+    std::lock_guard<std::mutex> lock(g_forward_mutex);   // the pool is the forwards' (tiles.h)
 #if defined(__x86_64__)
     const BackwardFn fn = widest<BackwardFn>(backward_avx512, backward_avx2, backward_baseline);
 #else

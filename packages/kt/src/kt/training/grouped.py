@@ -19,6 +19,7 @@ import torch
 
 from kt_core.lora import grouped_lora_backward, grouped_lora_forward
 from kt_core.moe import MoE
+from kt_core.rows import gated_rows_backward, gated_rows_forward, gather_rows, sum_rows
 
 
 @dataclass
@@ -27,12 +28,13 @@ class Routing:
 
     slot: index into top_k_index.reshape(-1) of each row; token: its token; counts: rows per
     expert (int64 [E], what kt's grouped products take); splits: the same as a Python list;
-    offsets: where each expert's rows end (int32 [E])."""
+    offsets: where each expert's rows end (int32 [E]); row_of_slot: the row of each (token, pick)."""
     slot: torch.Tensor
     token: torch.Tensor
     counts: torch.Tensor
     splits: list[int]
-    offsets: torch.Tensor   # int32 [E]: end of each expert's rows (torch._grouped_mm's offs)
+    offsets: torch.Tensor   # int32 [E]: end of each expert's rows
+    row_of_slot: torch.Tensor   # int64 [T, k]: the row of each (token, pick), -1 for none
 
     @classmethod
     def of(cls, top_k_index: torch.Tensor, num_experts: int) -> Routing:
@@ -44,8 +46,10 @@ class Routing:
         rows = int((ids >= 0).sum())
         slot = order[:rows]
         counts = torch.bincount(ids[slot], minlength=num_experts)
+        row_of_slot = torch.full((ids.numel(),), -1, dtype=torch.int64)
+        row_of_slot[slot] = torch.arange(rows)
         return cls(slot=slot, token=slot // picks, counts=counts, splits=counts.tolist(),
-                   offsets=torch.cumsum(counts, 0).to(torch.int32))
+                   offsets=torch.cumsum(counts, 0).to(torch.int32), row_of_slot=row_of_slot.view(-1, picks))
 
 
 def _layer(ctx) -> MoE:
@@ -111,3 +115,56 @@ class GroupedLoRA(torch.autograd.Function):
         dx, da, db = torch.empty_like(x), torch.empty_like(a), torch.empty_like(b)
         grouped_lora_backward(dout.float().contiguous(), x, xa, ctx.counts, a, b, ctx.scaling, dx, da, db)
         return dout, dx, da, db, None, None
+
+
+class GatherRows(torch.autograd.Function):
+    """x [T, H] -> rows [S, H], row i = x[token[i]] (kt_core.rows; backward: the rows summed per token)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, routing: Routing):
+        rows = torch.empty((routing.token.numel(), x.shape[1]), dtype=torch.float32)
+        gather_rows(x.detach().contiguous(), routing.token, rows)
+        ctx.routing, ctx.tokens = routing, x.shape[0]
+        return rows
+
+    @staticmethod
+    def backward(ctx, drows: torch.Tensor):
+        dx = torch.empty((ctx.tokens, drows.shape[1]), dtype=torch.float32)
+        sum_rows(drows.float().contiguous(), ctx.routing.row_of_slot, dx)
+        return dx, None
+
+
+class SumRows(torch.autograd.Function):
+    """rows [S, H] -> out [T, H], each token the sum of its rows (kt_core.rows; backward: a gather)."""
+
+    @staticmethod
+    def forward(ctx, rows: torch.Tensor, routing: Routing):
+        out = torch.empty((routing.row_of_slot.shape[0], rows.shape[1]), dtype=torch.float32)
+        sum_rows(rows.detach().contiguous(), routing.row_of_slot, out)
+        ctx.routing = routing
+        return out
+
+    @staticmethod
+    def backward(ctx, dout: torch.Tensor):
+        drows = torch.empty((ctx.routing.token.numel(), dout.shape[1]), dtype=torch.float32)
+        gather_rows(dout.float().contiguous(), ctx.routing.token, drows)
+        return drows, None
+
+
+class GatedRows(torch.autograd.Function):
+    """gate_up [S, 2I], w [S] -> h [S, I] = SiLU(gate) * up * w, one pass each way (kt_core.rows)."""
+
+    @staticmethod
+    def forward(ctx, gate_up: torch.Tensor, w: torch.Tensor):
+        gate_up, w = gate_up.detach().contiguous(), w.detach().float().contiguous()
+        h = torch.empty((gate_up.shape[0], gate_up.shape[1] // 2), dtype=torch.float32)
+        gated_rows_forward(gate_up, w, h)
+        ctx.save_for_backward(gate_up, w)
+        return h
+
+    @staticmethod
+    def backward(ctx, dh: torch.Tensor):
+        gate_up, w = ctx.saved_tensors
+        dgate_up, dw = torch.empty_like(gate_up), torch.empty_like(w)
+        gated_rows_backward(dh.float().contiguous(), gate_up, w, dgate_up, dw)
+        return dgate_up, dw

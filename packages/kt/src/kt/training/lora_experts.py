@@ -18,14 +18,13 @@ import math
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from kt_core.errors import KTError
 from kt_core.moe import MoE
 
-from .grouped import BaseDown, BaseGateUp, GroupedLoRA, Routing
+from .grouped import BaseDown, BaseGateUp, GatedRows, GatherRows, GroupedLoRA, Routing, SumRows
 
 TARGETS = ("gate_up", "gate", "up", "down")
 DEFAULT_TARGET = ("gate_up", "down")
@@ -97,21 +96,20 @@ class LoRAExperts(nn.Module):
 
     def _experts(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         routing = Routing.of(ids, self.moe.num_experts)
-        rows = x.index_select(0, routing.token)
+        rows = GatherRows.apply(x, routing)
         gate_up = BaseGateUp.apply(rows, routing.counts, self.moe)   # [rows, 2I]: gate | up
         # LoRA added in place: kt's products are fresh tensors no node saved (one [rows, N] pass less).
         adapter = self.gate_up_adapter()
         if adapter is not None:
             gate_up = GroupedLoRA.apply(gate_up, rows, *adapter, routing.counts, self.scaling)
-        gate, up = gate_up.chunk(2, dim=-1)
         # The routing weight scales the down projection's input rather than its output: the same by
         # linearity (LoRA's down included), on [rows, I] instead of [rows, H] — forward and backward.
         picked = weights.reshape(-1).index_select(0, routing.slot)
-        h = F.silu(gate) * up * picked[:, None]
+        h = GatedRows.apply(gate_up, picked)   # SiLU(gate) * up * w
         y = BaseDown.apply(h, routing.counts, self.moe)
         if "down" in self.targets:
             y = GroupedLoRA.apply(y, h, self.down_A, self.down_B, routing.counts, self.scaling)
-        return torch.zeros_like(x).index_add(0, routing.token, y)
+        return SumRows.apply(y, routing)
 
     def gate_up_adapter(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(A [E, r', H], B [E, 2I, r']) of the fused gate/up projection: the gate_up adapter itself, or

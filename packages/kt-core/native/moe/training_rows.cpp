@@ -1,0 +1,212 @@
+// training_rows.h's passes. The gated activation is elementwise over [rows, I] with an exponential
+// per element; scalar expf was the cost, so SiLU's sigmoid runs on GCC vectors of 16 floats with
+// its own exp (range reduction + degree-6 polynomial, ~2 ulp, as kt-backend-avx's), compiled per ISA
+// level inside target attributes and picked after host detection, like grouped_lora.cpp.
+#include "moe/training_rows.h"
+#include "moe/tiles.h"
+
+#include "abi/host_api.h"
+#include "pool/thread_pool.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace kt {
+namespace {
+
+constexpr int64_t kSerialElements = int64_t(1) << 16;   // below this the calling thread does it all
+
+// body(begin, end) over [0, n) in chunks on the pool (or at once when small).
+template <class Body>
+void chunks(int64_t n, int64_t cost_per_item, Body&& body) {
+    if (n * cost_per_item < kSerialElements) {
+        body(int64_t(0), n);
+        return;
+    }
+    ThreadPool& pool = global_pool();
+    const int64_t parts = std::min<int64_t>(n, int64_t(pool.num_threads()) * 4);
+    struct Ctx {
+        Body* body;
+        int64_t n, parts;
+    } ctx{&body, n, parts};
+    pool.parallel_for(
+        size_t(parts),
+        [](void* c, size_t p) {
+            auto* x = static_cast<Ctx*>(c);
+            const int64_t b = x->n * int64_t(p) / x->parts, e = x->n * (int64_t(p) + 1) / x->parts;
+            (*x->body)(b, e);
+        },
+        &ctx);
+}
+
+typedef float V16 __attribute__((vector_size(64), aligned(4)));
+typedef int32_t I16 __attribute__((vector_size(64), aligned(4)));
+constexpr int64_t kV = 16;
+
+// Always inlined (see grouped_lora.cpp: vectors must not cross between ISA-specific callers by value).
+[[gnu::always_inline]] inline V16 load(const float* p) {
+    V16 v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+}
+[[gnu::always_inline]] inline void store(float* p, V16 v) { std::memcpy(p, &v, sizeof v); }
+[[gnu::always_inline]] inline V16 splat(float f) { return V16{} + f; }
+
+// 1 / (1 + e^-g), clamped so e^-g stays finite; NaN propagates.
+[[gnu::always_inline]] inline V16 sigmoid(V16 g) {
+    V16 x = -g;
+    x = x < splat(-87.3f) ? splat(-87.3f) : x;   // (vector ?: : elementwise; NaN compares false: kept)
+    x = x > splat(88.3f) ? splat(88.3f) : x;
+    const V16 t = x * 1.44269504088896341f;
+    const V16 n = __builtin_convertvector(__builtin_convertvector(t + (t < splat(0.0f) ? splat(-0.5f) : splat(0.5f)), I16), V16);
+    V16 r = x - n * 0.693359375f;
+    r = r + n * 2.12194440e-4f;
+    V16 p = splat(1.0f / 720);
+    p = p * r + 1.0f / 120;
+    p = p * r + 1.0f / 24;
+    p = p * r + 1.0f / 6;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    const I16 bits = (__builtin_convertvector(n, I16) + 127) << 23;
+    V16 scale;
+    std::memcpy(&scale, &bits, sizeof scale);
+    return 1.0f / (1.0f + p * scale);
+}
+
+[[gnu::always_inline]] inline void forward_range(const float* gu, const float* w, int64_t b, int64_t e, int64_t I,
+                                                 float* h) {
+    for (int64_t i = b; i < e; ++i) {
+        const float* g = gu + i * 2 * I;
+        const float* u = g + I;
+        float* hi = h + i * I;
+        const float wi = w[i];
+        int64_t c = 0;
+        for (; c + kV <= I; c += kV) {
+            const V16 gv = load(g + c);
+            store(hi + c, gv * sigmoid(gv) * load(u + c) * wi);
+        }
+        for (; c < I; ++c) hi[c] = g[c] / (1.0f + std::exp(-g[c])) * u[c] * wi;
+    }
+}
+
+[[gnu::always_inline]] inline void backward_range(const float* dh, const float* gu, const float* w, int64_t b,
+                                                  int64_t e, int64_t I, float* dgu, float* dw) {
+    for (int64_t i = b; i < e; ++i) {
+        const float* g = gu + i * 2 * I;
+        const float* u = g + I;
+        const float* d = dh + i * I;
+        float* dg = dgu + i * 2 * I;
+        float* du = dg + I;
+        const float wi = w[i];
+        V16 acc = {};
+        float tail = 0.0f;
+        int64_t c = 0;
+        for (; c + kV <= I; c += kV) {
+            const V16 gv = load(g + c), uv = load(u + c), dv = load(d + c), s = sigmoid(gv);
+            const V16 silu = gv * s;
+            acc += dv * silu * uv;
+            store(du + c, dv * silu * wi);
+            store(dg + c, dv * uv * wi * s * (1.0f + gv * (1.0f - s)));
+        }
+        for (; c < I; ++c) {
+            const float s = 1.0f / (1.0f + std::exp(-g[c])), silu = g[c] * s;
+            tail += d[c] * silu * u[c];
+            du[c] = d[c] * silu * wi;
+            dg[c] = d[c] * u[c] * wi * s * (1.0f + g[c] * (1.0f - s));
+        }
+        float sum = tail;
+        for (int l = 0; l < kV; ++l) sum += acc[l];
+        dw[i] = sum;
+    }
+}
+
+using ForwardFn = void (*)(const float*, const float*, int64_t, int64_t, int64_t, float*);
+using BackwardFn = void (*)(const float*, const float*, const float*, int64_t, int64_t, int64_t, float*, float*);
+
+void forward_baseline(const float* gu, const float* w, int64_t b, int64_t e, int64_t I, float* h) {
+    forward_range(gu, w, b, e, I, h);
+}
+void backward_baseline(const float* dh, const float* gu, const float* w, int64_t b, int64_t e, int64_t I, float* dgu,
+                       float* dw) {
+    backward_range(dh, gu, w, b, e, I, dgu, dw);
+}
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma"))) void forward_avx2(const float* gu, const float* w, int64_t b, int64_t e, int64_t I,
+                                                      float* h) {
+    forward_range(gu, w, b, e, I, h);
+}
+__attribute__((target("avx2,fma"))) void backward_avx2(const float* dh, const float* gu, const float* w, int64_t b,
+                                                       int64_t e, int64_t I, float* dgu, float* dw) {
+    backward_range(dh, gu, w, b, e, I, dgu, dw);
+}
+__attribute__((target("avx512f,avx512vl,avx2,fma"))) void forward_avx512(const float* gu, const float* w, int64_t b,
+                                                                        int64_t e, int64_t I, float* h) {
+    forward_range(gu, w, b, e, I, h);
+}
+__attribute__((target("avx512f,avx512vl,avx2,fma"))) void backward_avx512(const float* dh, const float* gu,
+                                                                         const float* w, int64_t b, int64_t e,
+                                                                         int64_t I, float* dgu, float* dw) {
+    backward_range(dh, gu, w, b, e, I, dgu, dw);
+}
+#endif
+
+template <class Fn>
+Fn widest(Fn avx512, Fn avx2, Fn baseline) {
+#if defined(__x86_64__)
+    if (host_has_feature("avx512f") && host_has_feature("avx512vl")) return avx512;
+    if (host_has_feature("avx2") && host_has_feature("fma")) return avx2;
+#endif
+    (void)avx512;
+    (void)avx2;
+    return baseline;
+}
+
+}  // namespace
+
+void gather_rows(const float* x, int64_t width, const int64_t* token, int64_t n_rows, float* rows) {
+    std::lock_guard<std::mutex> lock(g_forward_mutex);   // the pool is the forwards' (tiles.h)
+    chunks(n_rows, width, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) std::memcpy(rows + i * width, x + token[i] * width, size_t(width) * 4);
+    });
+}
+
+void sum_rows(const float* rows, int64_t width, const int64_t* row_of_slot, int64_t tokens, int64_t picks, float* out) {
+    std::lock_guard<std::mutex> lock(g_forward_mutex);   // the pool is the forwards' (tiles.h)
+    chunks(tokens, width * picks, [&](int64_t b, int64_t e) {
+        for (int64_t t = b; t < e; ++t) {
+            float* o = out + t * width;
+            std::fill(o, o + width, 0.0f);
+            for (int64_t j = 0; j < picks; ++j) {
+                const int64_t r = row_of_slot[t * picks + j];
+                if (r < 0) continue;
+                const float* src = rows + r * width;
+                for (int64_t c = 0; c < width; ++c) o[c] += src[c];
+            }
+        }
+    });
+}
+
+void gated_rows_forward(const float* gate_up, const float* w, int64_t n_rows, int64_t inter, float* h) {
+    std::lock_guard<std::mutex> lock(g_forward_mutex);   // the pool is the forwards' (tiles.h)
+#if defined(__x86_64__)
+    const ForwardFn fn = widest<ForwardFn>(forward_avx512, forward_avx2, forward_baseline);
+#else
+    const ForwardFn fn = forward_baseline;
+#endif
+    chunks(n_rows, inter, [&](int64_t b, int64_t e) { fn(gate_up, w, b, e, inter, h); });
+}
+
+void gated_rows_backward(const float* dh, const float* gate_up, const float* w, int64_t n_rows, int64_t inter,
+                         float* dgate_up, float* dw) {
+    std::lock_guard<std::mutex> lock(g_forward_mutex);   // the pool is the forwards' (tiles.h)
+#if defined(__x86_64__)
+    const BackwardFn fn = widest<BackwardFn>(backward_avx512, backward_avx2, backward_baseline);
+#else
+    const BackwardFn fn = backward_baseline;
+#endif
+    chunks(n_rows, 2 * inter, [&](int64_t b, int64_t e) { fn(dh, gate_up, w, b, e, inter, dgate_up, dw); });
+}
+
+}  // namespace kt

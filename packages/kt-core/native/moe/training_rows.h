@@ -1,0 +1,23 @@
+// The row passes of a training step around the expert products (kt.training): tokens gathered into
+// rows grouped by expert, the gated activation with the routing weight, and the rows summed back into
+// tokens — each one pass over memory on kt's pool (torch's index_select / index_add and its
+// elementwise chain took several passes each, at a few GB/s, on [rows, hidden] tensors).
+#pragma once
+#include <cstdint>
+
+namespace kt {
+
+// rows[i] = x[token[i]]; x [tokens, width], rows [n_rows, width], token in [0, tokens).
+void gather_rows(const float* x, int64_t width, const int64_t* token, int64_t n_rows, float* rows);
+
+// out[t] = sum over j of rows[row_of_slot[t * picks + j]] (slots of -1 skipped, in slot order: deterministic).
+void sum_rows(const float* rows, int64_t width, const int64_t* row_of_slot, int64_t tokens, int64_t picks, float* out);
+
+// h[i] = SiLU(gate_up[i, :I]) * gate_up[i, I:] * w[i]  (gate_up [n_rows, 2I], h [n_rows, I]).
+void gated_rows_forward(const float* gate_up, const float* w, int64_t n_rows, int64_t inter, float* h);
+
+// From dh [n_rows, I]: dgate_up [n_rows, 2I] (d gate | d up) and dw [n_rows] of gated_rows_forward.
+void gated_rows_backward(const float* dh, const float* gate_up, const float* w, int64_t n_rows, int64_t inter,
+                         float* dgate_up, float* dw);
+
+}  // namespace kt
