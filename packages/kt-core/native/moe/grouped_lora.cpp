@@ -10,6 +10,7 @@
 // without it.
 #include "moe/grouped_lora.h"
 #include "moe/tiles.h"
+#include "moe/vec16.h"
 
 #include "abi/host_api.h"
 #include "pool/thread_pool.h"
@@ -21,28 +22,12 @@
 namespace kt {
 namespace {
 
+using namespace vec16;
+
 // Work below this many multiply-adds stays on the calling thread.
 constexpr int64_t kSerialMacs = int64_t(1) << 18;
 
-// Vectors of 16 floats (GCC's vector extension): one AVX-512 register inside the AVX-512 wrappers,
-// two AVX2 registers inside the AVX2 ones, four SSE registers in the baseline build.
-typedef float V16 __attribute__((vector_size(64), aligned(4)));
-constexpr int64_t kV = 16;
 constexpr int64_t kR = 8;   // adapter rows per block: the rank is padded to a multiple of 8 with zeros
-
-// Always inlined, like the bodies: a vector passed or returned by value between a function compiled
-// for the baseline and one compiled for AVX-512 would cross two calling conventions.
-[[gnu::always_inline]] inline V16 load(const float* p) {
-    V16 v;
-    std::memcpy(&v, p, sizeof v);
-    return v;
-}
-[[gnu::always_inline]] inline void store(float* p, V16 v) { std::memcpy(p, &v, sizeof v); }
-[[gnu::always_inline]] inline float sum(V16 v) {
-    float s = 0.0f;
-    for (int l = 0; l < kV; ++l) s += v[l];
-    return s;
-}
 
 // One expert's adapter with its rank padded to a multiple of kR and its columns to a multiple of
 // kV: A [rp, Kp] and Bᵀ [rp, Np] (zeros beyond r, K and N), so every loop below runs whole blocks.
@@ -205,18 +190,6 @@ __attribute__((target("avx512f,avx512vl,avx2,fma"))) void backward_avx512(const 
     backward_rows(s, rows, dy, x, xa, a, b, scaling, dx, da, db);
 }
 #endif
-
-// The widest body this host (and KT_MAX_ISA) allows.
-template <class Fn>
-Fn widest(Fn avx512, Fn avx2, Fn baseline) {
-#if defined(__x86_64__)
-    if (host_has_feature("avx512f") && host_has_feature("avx512vl")) return avx512;
-    if (host_has_feature("avx2") && host_has_feature("fma")) return avx2;
-#endif
-    (void)avx512;
-    (void)avx2;
-    return baseline;
-}
 
 // body(e) for every expert with rows, on the pool when the work is large enough.
 template <class Body>

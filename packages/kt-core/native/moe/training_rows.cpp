@@ -4,6 +4,7 @@
 // level inside target attributes and picked after host detection, like grouped_lora.cpp.
 #include "moe/training_rows.h"
 #include "moe/tiles.h"
+#include "moe/vec16.h"
 
 #include "abi/host_api.h"
 #include "pool/thread_pool.h"
@@ -14,6 +15,8 @@
 
 namespace kt {
 namespace {
+
+using namespace vec16;
 
 constexpr int64_t kSerialElements = int64_t(1) << 16;   // below this the calling thread does it all
 
@@ -39,19 +42,6 @@ void chunks(int64_t n, int64_t cost_per_item, Body&& body) {
         },
         &ctx);
 }
-
-typedef float V16 __attribute__((vector_size(64), aligned(4)));
-typedef int32_t I16 __attribute__((vector_size(64), aligned(4)));
-constexpr int64_t kV = 16;
-
-// Always inlined (see grouped_lora.cpp: vectors must not cross between ISA-specific callers by value).
-[[gnu::always_inline]] inline V16 load(const float* p) {
-    V16 v;
-    std::memcpy(&v, p, sizeof v);
-    return v;
-}
-[[gnu::always_inline]] inline void store(float* p, V16 v) { std::memcpy(p, &v, sizeof v); }
-[[gnu::always_inline]] inline V16 splat(float f) { return V16{} + f; }
 
 // 1 / (1 + e^-g), clamped so e^-g stays finite; NaN propagates.
 [[gnu::always_inline]] inline V16 sigmoid(V16 g) {
@@ -151,17 +141,6 @@ __attribute__((target("avx512f,avx512vl,avx2,fma"))) void backward_avx512(const 
     backward_range(dh, gu, w, b, e, I, dgu, dw);
 }
 #endif
-
-template <class Fn>
-Fn widest(Fn avx512, Fn avx2, Fn baseline) {
-#if defined(__x86_64__)
-    if (host_has_feature("avx512f") && host_has_feature("avx512vl")) return avx512;
-    if (host_has_feature("avx2") && host_has_feature("fma")) return avx2;
-#endif
-    (void)avx512;
-    (void)avx2;
-    return baseline;
-}
 
 }  // namespace
 
