@@ -1,7 +1,7 @@
 """LLAMAFILE (GGUF blocks) against kt's own INT4/INT8 on one MoE layer, measured in one run.
 
     python benchmarks/gguf_layer.py [--hidden 2048 --intermediate 768 --experts 128 --top-k 8]
-        [--tokens 1 256] [--threads N] [--repeats 10] [--json OUT]
+        [--tokens 1 256] [--threads N] [--repeats 10] [--passes 3] [--json OUT]
         [--kt-kernel-venv .bench/kt-kernel-venv] [--llama-cpp .bench/llama.cpp]
 
 With --kt-kernel-venv, kt-kernel 0.7.2's LLAMAFILE runs on the same blocks and the same calls
@@ -12,7 +12,8 @@ outputs on the first call.
 With --llama-cpp BUILD (made by benchmarks/setup_llama_cpp.sh), llama.cpp's own MoE graph
 (benchmarks/llama_cpp_moe.cpp: mul_mat_id on the same blocks, in llama.cpp's repacked CPU layouts
 where it uses them, with the same thread count) runs the same calls right after kt's; each row gets
-its time, llama.cpp / kt (above 1: kt faster), and both sides' error on the first call's first
+its time, llama.cpp / kt (above 1: kt faster; with --passes N each side is measured N times,
+alternating, and its figure is the median of its pass medians), and both sides' error on the first call's first
 tokens against float64 over the blocks' dequantized weights (gguf-py's dequantizer). BF16 compares
 kt's BF16 method with llama.cpp's BF16 tensors of the same bf16 values.
 
@@ -150,16 +151,17 @@ def kt_kernel_rows(args, type_name: str, blocks, calls: dict) -> dict:
     return {r["tokens"]: (r, np.load(data / f"kt_kernel_out_{r['tokens']}.npy")) for r in rows}
 
 
-def llama_cpp_rows(args, types, blocks, calls: dict) -> dict:
-    """{tokens: (llama.cpp row, its first output)} of benchmarks/llama_cpp_moe.cpp on `blocks` and `calls`."""
+def llama_cpp_rows(args, types, blocks, calls: dict, write: bool = True) -> dict:
+    """{tokens: (llama.cpp row, its first output)} of benchmarks/llama_cpp_moe.cpp on `blocks` and `calls`
+    (write=False: the files of the previous call are still there)."""
     exe = Path(args.llama_cpp) / "llama_cpp_moe"
     if not exe.is_file():
         raise SystemExit(f"--llama-cpp {args.llama_cpp}: no {exe}; build it with benchmarks/setup_llama_cpp.sh")
     data = Path(args.kt_kernel_data).with_name("gguf_layer_llama_cpp")
     data.mkdir(parents=True, exist_ok=True)
-    for proj, b in zip(("gate", "up", "down"), blocks):
+    for proj, b in zip(("gate", "up", "down"), blocks if write else ()):
         np.ascontiguousarray(b).tofile(data / f"{proj}.bin")
-    for tokens, c in calls.items():
+    for tokens, c in calls.items() if write else ():
         with open(data / f"calls_{tokens}.bin", "wb") as f:
             for part, dtype in ((0, np.float32), (1, np.int32), (2, np.float32)):
                 np.stack([call[part] for call in c]).astype(dtype).tofile(f)
@@ -189,6 +191,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--passes", type=int, default=1,
+                    help="measure each method this many times, alternating kt and llama.cpp; medians of the passes")
     ap.add_argument("--json")
     ap.add_argument("--fast-activations", action="store_true",
                     help="kt's integer kernels take one int8 activation pass (llama.cpp's Q8_K precision) instead of two")
@@ -204,29 +208,42 @@ def main() -> None:
     for name in args.methods:
         log(f"loading {name}")
         layer, blocks = make_layer(name, args, rng)
-        outs = {}
+        types = METHODS[name][1]
+        peer = blocks is not None and args.llama_cpp
+        outs, kt_passes, lc_passes, lc_out = {}, {t: [] for t in args.tokens}, {t: [] for t in args.tokens}, {}
+        # Passes alternate the two sides (kt, llama.cpp, kt, ...), so a slow minute of a noisy host
+        # falls on both; each side's figure is the median of its pass medians.
+        for p in range(args.passes):
+            for tokens in args.tokens:
+                row, first = measure(layer, args, calls[tokens])
+                outs.setdefault(tokens, first)
+                kt_passes[tokens].append(row)
+                log(f"{name:15s} T={tokens:4d}  {row['median_ms']:8.3f} ms  {row['GB_per_s']:6.2f} GB/s  "
+                    f"{row['GMAC_per_s']:7.1f} GMAC/s  spread {row['spread']:.2f}"
+                    + (f"  (pass {p + 1})" if args.passes > 1 else ""))
+            if peer:
+                log(f"llama.cpp {name}" + (f" (pass {p + 1})" if args.passes > 1 else ""))
+                for tokens, (theirs, out) in llama_cpp_rows(args, types, blocks, calls, write=p == 0).items():
+                    lc_passes[tokens].append(theirs["median_ms"])
+                    lc_out.setdefault(tokens, out)
         for tokens in args.tokens:
-            row, outs[tokens] = measure(layer, args, calls[tokens])
+            runs = kt_passes[tokens]
             row = {"method": name, "backend": layer.backend, "kernel_id": layer.kernel_id,
-                   "expert_MiB": layer.expert_bytes / 2**20, **row}
-            log(f"{name:15s} T={tokens:4d}  {row['median_ms']:8.3f} ms  {row['GB_per_s']:6.2f} GB/s  "
-                f"{row['GMAC_per_s']:7.1f} GMAC/s  spread {row['spread']:.2f}")
+                   "expert_MiB": layer.expert_bytes / 2**20, **runs[0]}
+            med = float(np.median([r["median_ms"] for r in runs]))
+            row.update(median_ms=med, GB_per_s=runs[0]["GB_per_s"] * runs[0]["median_ms"] / med,
+                       GMAC_per_s=runs[0]["GMAC_per_s"] * runs[0]["median_ms"] / med,
+                       spread=float(max(r["spread"] for r in runs)), pass_ms=[r["median_ms"] for r in runs])
+            if peer and lc_passes[tokens]:
+                truth = reference(blocks, types, calls[tokens][0])
+                theirs = float(np.median(lc_passes[tokens]))
+                row.update(llama_cpp_ms=theirs, llama_cpp_over_kt=theirs / med, llama_cpp_pass_ms=lc_passes[tokens],
+                           kt_error=rel(outs[tokens][:CHECK_TOKENS], truth),
+                           llama_cpp_error=rel(lc_out[tokens][:CHECK_TOKENS], truth))
+                log(f"  T={tokens}: llama.cpp {theirs:.3f} ms, llama.cpp / kt {row['llama_cpp_over_kt']:.2f}; error vs "
+                    f"float64: kt {row['kt_error']:.2e}, llama.cpp {row['llama_cpp_error']:.2e}")
             result["rows"].append(row)
         del layer
-        if blocks is not None and args.llama_cpp:
-            log(f"llama.cpp {name}")
-            types = METHODS[name][1]
-            lc = llama_cpp_rows(args, types, blocks, calls)
-            for row in result["rows"]:
-                if row["method"] == name and row["tokens"] in lc:
-                    theirs, out = lc[row["tokens"]]
-                    truth = reference(blocks, types, calls[row["tokens"]][0])
-                    row.update(llama_cpp_ms=theirs["median_ms"], llama_cpp_over_kt=theirs["median_ms"] / row["median_ms"],
-                               kt_error=rel(outs[row["tokens"]][:CHECK_TOKENS], truth),
-                               llama_cpp_error=rel(out[:CHECK_TOKENS], truth))
-                    log(f"  T={row['tokens']}: llama.cpp {theirs['median_ms']:.3f} ms, llama.cpp / kt "
-                        f"{row['llama_cpp_over_kt']:.2f}; error vs float64: kt {row['kt_error']:.2e}, "
-                        f"llama.cpp {row['llama_cpp_error']:.2e}")
         if blocks is not None and args.kt_kernel_venv and METHODS[name][0] == "LLAMAFILE":
             log(f"kt-kernel {name}")
             kk = kt_kernel_rows(args, METHODS[name][1][0], blocks, calls)
@@ -244,6 +261,13 @@ def main() -> None:
     log(f"read bandwidth {bw[0]:.2f} / {bw[1]:.2f} GB/s (start / end)")
     for row in result["rows"]:
         row["bandwidth_share"] = row["GB_per_s"] / float(np.median(bw))
+    if args.llama_cpp:   # the table docs/performance.md keeps
+        log(f"| format | tokens | {result['threads']} thread(s): llama.cpp / kt ms / ratio | kt's spread |")
+        log("|---|---|---|---|")
+        for row in result["rows"]:
+            if "llama_cpp_ms" in row:
+                log(f"| {row['method'].removeprefix('LLAMAFILE ')} | {row['tokens']} | {row['llama_cpp_ms']:.2f} / "
+                    f"{row['median_ms']:.2f} / {row['llama_cpp_over_kt']:.2f} | {row['spread'] * 100:.0f} % |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
