@@ -1,6 +1,7 @@
 // What every kernel file of a target shares: the host table, error reporting, reading the
 // user's weight matrices, and the activation formats.
 #pragma once
+#include <kt/formats/checkpoint_inputs.h>
 #include <kt/plugin.h>
 
 #include <algorithm>
@@ -30,19 +31,10 @@ inline kt_status fail(kt_status code, const char* fmt, ...) {
 inline int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 inline int64_t panels(int64_t n) { return kt::layouts::panel_count(n); }
 
-inline const char* dtype_name(kt_dtype d) {
-    switch (d) {
-        case KT_DTYPE_F32: return "float32";
-        case KT_DTYPE_BF16: return "bfloat16";
-        case KT_DTYPE_F16: return "float16";
-        case KT_DTYPE_F64: return "float64";
-        case KT_DTYPE_I8: return "int8";
-        case KT_DTYPE_U8: return "uint8";
-        case KT_DTYPE_I32: return "int32";
-        default: break;   // ggml block types: ggml.cpp names them
-    }
-    return "unknown";
-}
+// dtype names, float_at and find_first: kt-core's (kt/formats/checkpoint_inputs.h), shared with kt-backend-kml.
+using kt::inputs::dtype_name;
+using kt::inputs::find_first;
+using kt::inputs::float_at;
 
 inline bool is_float(kt_dtype d) {
     return d == KT_DTYPE_F32 || d == KT_DTYPE_BF16 || d == KT_DTYPE_F16 || d == KT_DTYPE_F64;
@@ -56,16 +48,6 @@ inline float bf16_to_f32(uint16_t h) {
 }
 
 inline float f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
-
-// Element `at` of a floating matrix as f32 (exact for bf16/f16; f64 rounds).
-inline float float_at(const kt_matrix& m, int64_t at) {
-    switch (m.dtype) {
-        case KT_DTYPE_BF16: return bf16_to_f32(static_cast<const uint16_t*>(m.data)[at]);
-        case KT_DTYPE_F16: return f16_to_f32(static_cast<const uint16_t*>(m.data)[at]);
-        case KT_DTYPE_F64: return float(static_cast<const double*>(m.data)[at]);
-        default: return static_cast<const float*>(m.data)[at];
-    }
-}
 
 // One row of a floating matrix as f32 (exact for bf16/f16; f64 rounds).
 inline void load_row(const kt_matrix& m, int64_t row, float* out) {
@@ -83,18 +65,6 @@ inline void load_row(const kt_matrix& m, int64_t row, float* out) {
             break;
         default: break;
     }
-}
-
-// Index of the first of n values `bad` holds for, or -1. Loads read every weight: the scan is
-// branch-free so it vectorises, and the position is searched for only when there is one.
-template <class T, class Pred>
-int64_t find_first(const T* p, int64_t n, Pred bad) {
-    int any = 0;
-    for (int64_t i = 0; i < n; ++i) any |= bad(p[i]);
-    if (!any) return -1;
-    int64_t i = 0;
-    while (!bad(p[i])) ++i;
-    return i;
 }
 
 // Checks a floating weight of the layer's shape, as every quantize-at-load method needs.

@@ -12,6 +12,8 @@
 #include <cmath>
 #include <vector>
 
+#include <kt/formats/checkpoint_inputs.h>
+
 #include "fp8_layout.h"
 #include "methods.h"
 
@@ -23,16 +25,10 @@ namespace {
 inline VF decode(const uint8_t* p, int v) { return vload_e4m3_over_256(p + v * kLanes); }
 #endif
 
-float scale_at(const kt_matrix& s, int64_t r, int64_t c) {
-    const int64_t at = r * s.row_stride + c;
-    return s.dtype == KT_DTYPE_BF16 ? bf16_to_f32(static_cast<const uint16_t*>(s.data)[at]) : static_cast<const float*>(s.data)[at];
-}
-
-// How a method's checkpoint scales its E4M3 codes.
-enum class Scales { kBlock128, kPerChannel, kMx };
-constexpr const char* method_name(Scales k) {
-    return k == Scales::kBlock128 ? "FP8" : k == Scales::kPerChannel ? "FP8_PERCHANNEL" : "MXFP8";
-}
+// How a method's checkpoint scales its E4M3 codes; the checks and the packer are kt-core's
+// (kt/formats/checkpoint_inputs.h), shared with kt-backend-kml.
+using Scales = kt::inputs::Fp8Scales;
+constexpr const char* method_name(Scales k) { return kt::inputs::fp8_method_name(k); }
 template <Scales kScales>
 constexpr fp8_layout::Geometry geometry() { return kScales == Scales::kMx ? kMxfp8Geometry : kFp8Geometry; }
 template <Scales kScales>
@@ -41,104 +37,9 @@ constexpr int64_t kBlockOf = geometry<kScales>().block;
 template <int64_t kBlk>
 constexpr fp8_layout::Geometry kGeo{kFp8RowGroup, kBlk};
 
-// MXFP8's E8M0 exponents e: 0xFF is NaN, and above 246 kt's 2^8 fold would leave f32's range
-// (weights beyond 2^120: no model has them; refused rather than overflowed).
-constexpr int kMaxMxExponent = 246;
-
-kt_status check_mx_scales(const kt_matrix& sc, int64_t N, int64_t K, const char* name) {
-    if (!sc.data || sc.dtype != KT_DTYPE_U8 || sc.rows != N || sc.cols * 32 != K)
-        return fail(KT_ERROR_INVALID_ARGUMENT, "MXFP8: %s scales should be uint8 E8M0 exponents [%lld, %lld] (one per 32 "
-                    "elements), got %s [%lld, %lld]", name, (long long)N, (long long)(K / 32),
-                    sc.data ? dtype_name(sc.dtype) : "none", (long long)sc.rows, (long long)sc.cols);
-    for (int64_t r = 0; r < N; ++r)
-        for (int64_t c = 0; c < K / 32; ++c) {
-            const uint8_t e = static_cast<const uint8_t*>(sc.data)[r * sc.row_stride + c];
-            if (e > kMaxMxExponent)
-                return fail(KT_ERROR_INVALID_ARGUMENT, "MXFP8: %s scale [%lld, %lld] is E8M0 0x%02X (%s); kt takes exponents "
-                            "up to %d (scales up to 2^119)", name, (long long)r, (long long)c, e,
-                            e == 0xFF ? "NaN" : "beyond f32 once kt folds in its 2^8", kMaxMxExponent);
-        }
-    return KT_OK;
-}
-
-// The checkpoint's block or per-channel f32/bf16 scales: present, shaped, finite.
-template <bool kPerChannel>
-kt_status check_float_scales(const kt_matrix& scales, int64_t N, int64_t K, const char* method, const char* name) {
-    const int64_t sr = kPerChannel ? N : fp8_kblocks(N), sc = kPerChannel ? 1 : fp8_kblocks(K);
-    if (!scales.data)
-        return fail(KT_ERROR_INVALID_ARGUMENT, "%s: %s scale is missing (float32 [%lld, %lld] expected)", method, name,
-                    (long long)sr, (long long)sc);
-    if ((scales.dtype != KT_DTYPE_F32 && scales.dtype != KT_DTYPE_BF16) || scales.rows != sr || scales.cols != sc)
-        return fail(KT_ERROR_INVALID_ARGUMENT, "%s: %s scale should be float32 [%lld, %lld], got %s [%lld, %lld]", method, name,
-                    (long long)sr, (long long)sc, dtype_name(scales.dtype), (long long)scales.rows, (long long)scales.cols);
-    for (int64_t r = 0; r < sr; ++r)
-        for (int64_t c = 0; c < sc; ++c)
-            if (!std::isfinite(scale_at(scales, r, c)))
-                return fail(KT_ERROR_INVALID_ARGUMENT, "%s: %s scale [%lld, %lld] is not finite", method, name, (long long)r,
-                            (long long)c);
-    return KT_OK;
-}
-
-template <Scales kScales>
-kt_status check(const kt_weight& w, int64_t N, int64_t K, const char* name) {
-    const char* method = method_name(kScales);
-    if (w.values.dtype != KT_DTYPE_U8 || w.values.rows != N || w.values.cols != K)
-        return fail(KT_ERROR_INVALID_ARGUMENT, "%s: %s should be E4M3 bytes (uint8 or float8_e4m3fn) [%lld, %lld], got %s [%lld, %lld]",
-                    method, name, (long long)N, (long long)K, dtype_name(w.values.dtype), (long long)w.values.rows,
-                    (long long)w.values.cols);
-    if (w.zeros.data) return fail(KT_ERROR_INVALID_ARGUMENT, "%s: %s takes no zero points", method, name);
-    kt_status st;
-    if constexpr (kScales == Scales::kMx) {
-        if (K % 32)
-            return fail(KT_ERROR_INVALID_ARGUMENT, "MXFP8: %s's K = %lld is not a multiple of 32, the scale block", name,
-                        (long long)K);
-        st = check_mx_scales(w.scales, N, K, name);
-    } else {
-        st = check_float_scales<kScales == Scales::kPerChannel>(w.scales, N, K, method, name);
-    }
-    if (st != KT_OK) return st;
-    for (int64_t r = 0; r < N; ++r) {
-        const auto* codes = static_cast<const uint8_t*>(w.values.data) + r * w.values.row_stride;
-        const int64_t c = find_first(codes, K, [](uint8_t b) { return (b & 0x7f) == 0x7f; });
-        if (c >= 0)
-            return fail(KT_ERROR_INVALID_ARGUMENT, "%s: %s holds the E4M3 NaN code 0x%02X at [%lld, %lld]; kt refuses "
-                        "non-finite weights at load", method, name, codes[c], (long long)r, (long long)c);
-    }
-    return KT_OK;
-}
-
-// The scale vector entry of channel n for k block kb, with the 2^8 of the code decode folded in.
-template <Scales kScales>
-float packed_scale(const kt_matrix& sc, int64_t n, int64_t kb) {
-    if constexpr (kScales == Scales::kMx)
-        return kt::layouts::mxfp8::header_scale(static_cast<const uint8_t*>(sc.data)[n * sc.row_stride + kb]);
-    else if constexpr (kScales == Scales::kPerChannel)
-        return 256.0f * scale_at(sc, n, 0);
-    else
-        return 256.0f * scale_at(sc, n / fp8_layout::kBlock, kb);
-}
-
-template <Scales kScales>
-void pack_matrix(const kt_weight& w, int64_t N, int64_t K, uint8_t* dst, size_t stride_panels) {
-    constexpr fp8_layout::Geometry G = geometry<kScales>();
-    const size_t pb = G.panel_bytes(K);
-    for (int64_t p = 0; p < panels(N); ++p) {
-        uint8_t* panel = dst + size_t(p) * stride_panels * pb;
-        auto* scales = reinterpret_cast<float*>(panel);
-        uint8_t* codes = panel + G.codes_at(K);
-        for (int lane = 0; lane < kPanel && p * kPanel + lane < N; ++lane) {
-            const int64_t n = p * kPanel + lane;
-            for (int64_t kb = 0; kb < G.kblocks(K); ++kb) scales[kb * kPanel + lane] = packed_scale<kScales>(w.scales, n, kb);
-            const auto* src = static_cast<const uint8_t*>(w.values.data) + n * w.values.row_stride;
-            size_t at[kFp8RowGroup];   // this lane's offsets within a row group
-            for (int r = 0; r < kFp8RowGroup; ++r) at[r] = G.code_offset(r, lane);
-            for (int64_t k0 = 0; k0 < K; k0 += kFp8RowGroup)
-                for (int r = 0; r < kFp8RowGroup && k0 + r < K; ++r) codes[size_t(k0) * kPanel + at[r]] = src[k0 + r];
-        }
-        // v2 pads K to whole row groups: zero codes, so the padding adds nothing to the dots.
-        for (int64_t k = K; k < G.code_rows(K); ++k)
-            for (int lane = 0; lane < kPanel; ++lane) codes[G.code_offset(k, lane)] = 0;
-    }
+kt_status check(const kt_weight& w, Scales kind, int64_t N, int64_t K, const char* name) {
+    const std::string err = kt::inputs::check_fp8(w, kind, N, K, name);
+    return err.empty() ? KT_OK : fail(KT_ERROR_INVALID_ARGUMENT, "%s", err.c_str());
 }
 
 template <Scales kScales>
@@ -156,14 +57,15 @@ kt_status pack(const kt_moe_config* c, const kt_expert_weights* src, void* dst) 
         return fail(KT_ERROR_INVALID_ARGUMENT, "MXFP8: its scales cover 32 elements; group_size must be 0 or 32, got %lld",
                     (long long)c->group_size);
     kt_status st;
-    if ((st = check<kScales>(src->gate, I, H, "gate")) != KT_OK) return st;
-    if ((st = check<kScales>(src->up, I, H, "up")) != KT_OK) return st;
-    if ((st = check<kScales>(src->down, H, I, "down")) != KT_OK) return st;
+    if ((st = check(src->gate, kScales, I, H, "gate")) != KT_OK) return st;
+    if ((st = check(src->up, kScales, I, H, "up")) != KT_OK) return st;
+    if ((st = check(src->down, kScales, H, I, "down")) != KT_OK) return st;
     auto* out = static_cast<uint8_t*>(dst);
     const ExpertPanels l = layout<kScales>(c);
-    pack_matrix<kScales>(src->gate, I, H, out + l.gate(0), 2);
-    pack_matrix<kScales>(src->up, I, H, out + l.up(0), 2);
-    pack_matrix<kScales>(src->down, H, I, out + l.down(0), 1);
+    constexpr fp8_layout::Geometry G = geometry<kScales>();
+    kt::inputs::pack_fp8_matrix(src->gate, kScales, G, I, H, out + l.gate(0), 2);
+    kt::inputs::pack_fp8_matrix(src->up, kScales, G, I, H, out + l.up(0), 2);
+    kt::inputs::pack_fp8_matrix(src->down, kScales, G, H, I, out + l.down(0), 1);
     return KT_OK;
 }
 

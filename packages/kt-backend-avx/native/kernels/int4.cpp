@@ -18,6 +18,7 @@
 #include <cstring>
 #include <vector>
 
+#include <kt/formats/checkpoint_inputs.h>
 #include <kt/formats/quant_rules.h>
 
 #include "int4_layout.h"
@@ -92,18 +93,14 @@ struct FloatSource final : Source {
     }
 };
 
-// compressed-tensors pack-quantized: int32 words of 8 codes (element k in bits 4*(k%8)),
-// stored q + 8; bf16 (or f32) scale per 32 elements.
+// compressed-tensors pack-quantized (RAWINT4): kt-core reads the codes and scales
+// (kt/formats/checkpoint_inputs.h, shared with kt-backend-kml).
 struct RawSource final : Source {
     const kt_weight& w;
     explicit RawSource(const kt_weight& weight) : w(weight) {}
     void channel(int64_t n, uint8_t* u, float* s, float* z) const override {
-        const auto* words = static_cast<const uint32_t*>(w.values.data) + n * w.values.row_stride;
-        for (int64_t k = 0; k < w.values.cols * 8; ++k) u[k] = uint8_t((words[k / 8] >> (4 * (k % 8))) & 15u);
-        for (int64_t grp = 0; grp < w.scales.cols; ++grp) {
-            s[grp] = float_at(w.scales, n * w.scales.row_stride + grp);
-            z[grp] = 8.0f;
-        }
+        kt::inputs::rawint4_channel(w, n, u, s);
+        for (int64_t grp = 0; grp < w.scales.cols; ++grp) z[grp] = 8.0f;
     }
 };
 
@@ -298,28 +295,8 @@ kt_status pack_gptq(const kt_moe_config* c, const kt_expert_weights* src, void* 
 }
 
 kt_status check_raw(const kt_weight& w, int64_t N, int64_t K, const char* name) {
-    if (w.values.dtype != KT_DTYPE_I32 || w.values.rows != N || w.values.cols * 8 != K)
-        return fail(KT_ERROR_INVALID_ARGUMENT, "RAWINT4: %s weight_packed should be int32 [%lld, %lld], got %s [%lld, %lld]", name,
-                    (long long)N, (long long)(K / 8), dtype_name(w.values.dtype), (long long)w.values.rows,
-                    (long long)w.values.cols);
-    if (!w.scales.data)
-        return fail(KT_ERROR_INVALID_ARGUMENT, "RAWINT4: %s weight_scale is missing (bf16 [%lld, %lld] expected)", name,
-                    (long long)N, (long long)(K / 32));
-    if ((w.scales.dtype != KT_DTYPE_BF16 && w.scales.dtype != KT_DTYPE_F32) || w.scales.rows != N || w.scales.cols * 32 != K)
-        return fail(KT_ERROR_INVALID_ARGUMENT, "RAWINT4: %s weight_scale should be bf16 [%lld, %lld], got %s [%lld, %lld]", name,
-                    (long long)N, (long long)(K / 32), dtype_name(w.scales.dtype), (long long)w.scales.rows,
-                    (long long)w.scales.cols);
-    if (w.zeros.data) return fail(KT_ERROR_INVALID_ARGUMENT, "RAWINT4: %s is symmetric; zero points must not be given", name);
-    if (w.scales.dtype == KT_DTYPE_F32)   // the layout keeps bf16 scales: f32 ones must be bf16 values
-        for (int64_t r = 0; r < N; ++r)
-            for (int64_t c = 0; c < K / 32; ++c) {
-                const float v = static_cast<const float*>(w.scales.data)[r * w.scales.row_stride + c];
-                if (bf16_to_f32(f32_to_bf16(v)) != v)
-                    return fail(KT_ERROR_INVALID_ARGUMENT, "RAWINT4: %s weight_scale [%lld, %lld] = %g is not a bf16 value; "
-                                "RAWINT4 takes the checkpoint's bf16 scales (f32 ones only if each is a bf16 value; "
-                                "INT4 takes f32 scales)", name, (long long)r, (long long)c, double(v));
-            }
-    return KT_OK;
+    const std::string err = kt::inputs::check_rawint4(w, N, K, name);
+    return err.empty() ? KT_OK : fail(KT_ERROR_INVALID_ARGUMENT, "%s", err.c_str());
 }
 
 kt_status pack_raw(const kt_moe_config* c, const kt_expert_weights* src, void* dst) {
