@@ -1,6 +1,8 @@
 """kt-backend-kml's kernels on aarch64 (an ARM host, or qemu-aarch64 through `nox -s aarch64`):
-against float64 over the weights their packed codes stand for, and INT8 bit-identical across
-targets (integer dot products: `smull` on ARMv8.0, `sdot` on ARMv8.2). Elsewhere: skipped, and the
+against float64 over the weights their packed codes stand for (the checkpoint formats RAWINT4,
+FP8, FP8_PERCHANNEL and MXFP8 loaded as their codes and scales), and every method but BF16
+bit-identical across targets (integer dot products: `smull` on ARMv8.0, `sdot` on ARMv8.2; FP8's
+f32 arithmetic is the same instructions on each). Elsewhere: skipped, and the
 descriptor says it is built for aarch64."""
 
 import numpy as np
@@ -10,7 +12,7 @@ import kt_backend_kml
 import kt_core
 from kt_core import MoE
 from kt_core.backends import explain, selection
-from kt_core.testing.quantize import dequantized_weights
+from kt_core.testing.quantize import checkpoint_inputs, dequantized_weights
 from kt_core.testing.reference import moe_reference, random_moe, random_routing, relative_error
 
 ON_ARM = kt_core.host().arch == "aarch64"
@@ -29,7 +31,8 @@ def forward(method, variant, monkeypatch, w, x, ids, wt, **kw):
     monkeypatch.setenv("KT_CPU_VARIANT", variant)
     selection.reset()
     m = MoE(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, method=method, backend="kml", **kw)
-    m.load(*w)
+    gate, up, down, scales = checkpoint_inputs(method, *w)   # the checkpoint formats' codes; floats for the rest
+    m.load(gate, up, down, scales=scales)
     assert m.backend == f"kml/{variant}"
     return np.asarray(m(x, ids, wt)), m.kernel_id
 
@@ -37,7 +40,8 @@ def forward(method, variant, monkeypatch, w, x, ids, wt, **kw):
 @pytest.mark.skipif(not ON_ARM, reason=f"aarch64 kernels; this host is {kt_core.host().arch}")
 @pytest.mark.parametrize("method,kw,tol", [("BF16", {}, 1e-5), ("INT8", {}, 2e-3), ("INT4", {"group_size": 32}, 2e-3),
                                            ("INT4", {"group_size": 64, "zero_point": True}, 2e-3),
-                                           ("INT4", {"group_size": 128}, 2e-3)])
+                                           ("INT4", {"group_size": 128}, 2e-3), ("RAWINT4", {}, 2e-3),
+                                           ("FP8", {}, 1e-5), ("FP8_PERCHANNEL", {}, 1e-5), ("MXFP8", {}, 1e-5)])
 def test_every_target_matches_float64_over_the_stored_weights(method, kw, tol, monkeypatch):
     rng = np.random.default_rng(11)
     w = random_moe(rng, E, H, I)
@@ -53,6 +57,6 @@ def test_every_target_matches_float64_over_the_stored_weights(method, kw, tol, m
         # inside the instruction: ~3e-5 measured under qemu, against f32 activations' ~1e-6.
         limit = 1e-4 if ".bfdot." in kernel else tol
         assert err < limit, f"{kernel}: {err:.2e}"
-    if method != "BF16" and len(outs) > 1:   # exact integer sums, finished alike
+    if method != "BF16" and len(outs) > 1:   # exact integer sums (FP8: the same f32 instructions), finished alike
         first = next(iter(outs.values()))
         assert all(np.array_equal(first, o) for o in outs.values())

@@ -49,15 +49,14 @@ constexpr bool kBfdot = false;
 
 // f32 rows; with bfdot, two bf16 planes per row (hi then lo, K rounded up to even, zero-padded).
 int64_t even(int64_t k) { return (k + 1) / 2 * 2; }
-size_t row_bytes(int64_t k) { return kBfdot ? size_t(even(k)) * 4 : size_t(k) * 4; }
+size_t row_bytes(int64_t k) { return kBfdot ? size_t(even(k)) * 4 : f32_row_bytes(k); }
 
 kt_status quantize(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int64_t stride, void* out) {
+    if (!kBfdot) return quantize_f32_rows(in, dtype, rows, k, stride, out);
     std::vector<float> x(static_cast<size_t>(k));
     for (int64_t r = 0; r < rows; ++r) {
-        float* f = kBfdot ? x.data() : static_cast<float*>(out) + r * k;
-        if (!activation_row(in, dtype, r, k, stride, f))
+        if (!activation_row(in, dtype, r, k, stride, x.data()))
             return fail(KT_ERROR_UNSUPPORTED, "kml BF16: activations must be float32 or bfloat16 (kt_dtype %d)", int(dtype));
-        if (!kBfdot) continue;
         auto* hi = reinterpret_cast<uint16_t*>(static_cast<uint8_t*>(out) + size_t(r) * row_bytes(k));
         uint16_t* lo = hi + even(k);
         if (k % 2) hi[k] = lo[k] = 0;   // the padding of an odd K (its weights are zero too)

@@ -56,6 +56,15 @@ inline bool activation_row(const void* in, kt_dtype dtype, int64_t r, int64_t k,
     return row_f32(m, r, out);
 }
 
+// Exact f32 activation rows (BF16 without bfdot, FP8): K floats per row.
+inline size_t f32_row_bytes(int64_t k) { return size_t(k) * 4; }
+inline kt_status quantize_f32_rows(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int64_t stride, void* out) {
+    for (int64_t r = 0; r < rows; ++r)
+        if (!activation_row(in, dtype, r, k, stride, static_cast<float*>(out) + r * k))
+            return fail(KT_ERROR_UNSUPPORTED, "kml: activations must be float32 or bfloat16 (kt_dtype %d)", int(dtype));
+    return KT_OK;
+}
+
 // SiLU(gate) * up, or the clamped SwiGLU a layer asks for.
 struct Gate {
     float limit = 0.0f, alpha = 0.0f;
@@ -112,10 +121,14 @@ void down_panels(const kt_moe_config* c, const L::ExpertPanels& l, const void* p
         }
 }
 
-// The method tables (bf16.cpp, int8.cpp, int4.cpp).
+// The method tables (bf16.cpp, int8.cpp, int4.cpp, fp8.cpp).
 kt_method_kernels bf16_kernels(const char* kernel_id);
 kt_method_kernels int8_kernels(const char* kernel_id);
 kt_method_kernels int4_kernels(const char* kernel_id);
+kt_method_kernels rawint4_kernels(const char* kernel_id);
+kt_method_kernels fp8_kernels(const char* kernel_id);
+kt_method_kernels fp8_perchannel_kernels(const char* kernel_id);
+kt_method_kernels mxfp8_kernels(const char* kernel_id);
 
 inline kt_method_kernels method_table(const char* method, const char* layout_id, const char* kernel_id,
                                       size_t (*bytes)(const kt_moe_config*),

@@ -4,6 +4,9 @@
 // next quad. A nibble plane masked out is already the dot-product operand order, so per group:
 // dot = sum u * q (sdot / smull on the two int8 activation passes, exact), then
 // s * (dot - 8 * sum q) symmetric, or s * dot - s*z * sum q with zero points, in f32.
+// RAWINT4 (compressed-tensors, Kimi-K2) is the symmetric G = 32 case with the checkpoint's codes
+// and bf16 scales kept bit-exactly ("kt-rawint4-p16-v1": a 32-byte bf16 header per group).
+#include <kt/formats/checkpoint_inputs.h>
 #include <kt/formats/quant_rules.h>
 
 #include "common.h"
@@ -12,13 +15,23 @@
 namespace KT_TARGET_NAMESPACE {
 namespace {
 
+template <bool kRaw>
 L::int4::Geometry geometry(const kt_moe_config* c) {
-    return L::int4::geometry(false, c->group_size == 0 ? 128 : c->group_size, (c->quant_flags & KT_QUANT_ZERO_POINT) != 0);
+    return L::int4::geometry(kRaw, c->group_size == 0 ? 128 : c->group_size, (c->quant_flags & KT_QUANT_ZERO_POINT) != 0);
 }
-size_t packed_bytes(const kt_moe_config* c) { return geometry(c).expert(c->hidden, c->intermediate).bytes(); }
+template <bool kRaw>
+size_t packed_bytes(const kt_moe_config* c) { return geometry<kRaw>(c).expert(c->hidden, c->intermediate).bytes(); }
+
+// Channel `lane` of a panel's group at g0: its codes u[0..g) in the layout's nibbles.
+void put_codes(const L::int4::Geometry& geo, uint8_t* panel, int lane, int64_t g0, const uint8_t* u) {
+    for (int64_t i = 0; i < geo.g; ++i) {
+        uint8_t& byte = panel[geo.code_offset(g0 + i, lane)];
+        byte = L::int4::Geometry::high_nibble(g0 + i) ? uint8_t((byte & 0x0f) | (u[i] << 4)) : uint8_t((byte & 0xf0) | u[i]);
+    }
+}
 
 kt_status pack(const kt_moe_config* c, const kt_expert_weights* src, void* dst) {
-    const L::int4::Geometry geo = geometry(c);
+    const L::int4::Geometry geo = geometry<false>(c);
     const int64_t g = geo.g;
     if (g != 32 && g != 64 && g != 128)
         return fail(KT_ERROR_INVALID_ARGUMENT, "kml INT4: group_size %lld is not supported; use 32, 64 or 128", (long long)g);
@@ -53,18 +66,57 @@ kt_status pack(const kt_moe_config* c, const kt_expert_weights* src, void* dst) 
                 uint8_t* header = panel + size_t(g0 / g) * geo.group_bytes();
                 std::memcpy(header + size_t(lane) * 4, &s, 4);
                 if (geo.zero_point) std::memcpy(header + 64 + size_t(lane) * 4, &sz, 4);
-                for (int64_t i = 0; i < g; ++i) {
-                    uint8_t& byte = panel[geo.code_offset(g0 + i, lane)];
-                    byte = L::int4::Geometry::high_nibble(g0 + i) ? uint8_t((byte & 0x0f) | (u[i] << 4))
-                                                                  : uint8_t((byte & 0xf0) | u[i]);
-                }
+                put_codes(geo, panel, lane, g0, u);
             }
         }
     }
     return KT_OK;
 }
 
+kt_status pack_raw(const kt_moe_config* c, const kt_expert_weights* src, void* dst) {
+    const L::int4::Geometry geo = geometry<true>(c);
+    if (c->hidden % 32 || c->intermediate % 32)
+        return fail(KT_ERROR_INVALID_ARGUMENT, "RAWINT4: group_size 32 must divide hidden (%lld) and intermediate (%lld), the K "
+                    "of gate/up and of down", (long long)c->hidden, (long long)c->intermediate);
+    const Part parts[3] = {{&src->gate, c->intermediate, c->hidden, 0}, {&src->up, c->intermediate, c->hidden, 1},
+                           {&src->down, c->hidden, c->intermediate, 2}};
+    const char* names[3] = {"gate", "up", "down"};
+    for (int i = 0; i < 3; ++i) {
+        const std::string err = kt::inputs::check_rawint4(*parts[i].w, parts[i].rows, parts[i].cols, names[i]);
+        if (!err.empty()) return fail(KT_ERROR_INVALID_ARGUMENT, "%s", err.c_str());
+    }
+    const L::ExpertPanels l = geo.expert(c->hidden, c->intermediate);
+    auto* out = static_cast<uint8_t*>(dst);
+    std::vector<uint8_t> u;
+    std::vector<float> s;
+    for (const Part& part : parts) {
+        u.resize(size_t(part.cols));
+        s.resize(size_t(part.cols / 32));
+        for (int64_t n = 0; n < part.rows; ++n) {
+            kt::inputs::rawint4_channel(*part.w, n, u.data(), s.data());
+            uint8_t* panel = out + panel_at(l, part.which, n / kPanel);
+            const int lane = int(n % kPanel);
+            for (int64_t g0 = 0; g0 < part.cols; g0 += 32) {
+                uint32_t bits;   // a bf16 value (check_rawint4): its high half is the header's bf16
+                std::memcpy(&bits, &s[size_t(g0 / 32)], 4);
+                const uint16_t h = uint16_t(bits >> 16);
+                std::memcpy(panel + size_t(g0 / 32) * geo.group_bytes() + size_t(lane) * 2, &h, 2);
+                put_codes(geo, panel, lane, g0, u.data() + g0);
+            }
+        }
+    }
+    return KT_OK;
+}
+
+// Scales of 4v..4v+3 of a group header: f32, or RAWINT4's bf16 widened exactly.
+template <bool kRaw>
+inline float32x4_t group_scales(const uint8_t* header, int v) {
+    if constexpr (kRaw) return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(reinterpret_cast<const uint16_t*>(header) + 4 * v), 16));
+    return vld1q_f32(reinterpret_cast<const float*>(header) + 4 * v);
+}
+
 // The 16 channels' w . x of one panel for one activation row.
+template <bool kRaw>
 inline void panel_dot(const L::int4::Geometry& geo, const uint8_t* panel, const uint8_t* row, int64_t K, float out[16]) {
     const int8_t* hi = act_hi(row);
     const int8_t* lo = act_lo(row, K);
@@ -92,7 +144,7 @@ inline void panel_dot(const L::int4::Geometry& geo, const uint8_t* panel, const 
         const float asum = float(128 * sum_hi + sum_lo);   // raw units: 128 * hi + lo, exact in int32
         for (int v = 0; v < 4; ++v) {
             const float32x4_t dot = vcvtq_f32_s32(vaddq_s32(vshlq_n_s32(dh[v], 7), dl[v]));
-            const float32x4_t s = vld1q_f32(reinterpret_cast<const float*>(header) + 4 * v);
+            const float32x4_t s = group_scales<kRaw>(header, v);
             if (geo.zero_point) {
                 const float32x4_t sz = vld1q_f32(reinterpret_cast<const float*>(header + 64) + 4 * v);
                 acc[v] = vfmaq_f32(vmlsq_n_f32(acc[v], sz, asum), s, dot);
@@ -105,27 +157,34 @@ inline void panel_dot(const L::int4::Geometry& geo, const uint8_t* panel, const 
     for (int v = 0; v < 4; ++v) vst1q_f32(out + 4 * v, vmulq_n_f32(acc[v], sx));
 }
 
+template <bool kRaw>
 kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                   float* out, int64_t ldo) {
-    const L::int4::Geometry geo = geometry(c);
-    gate_up_panels(c, geo.expert(c->hidden, c->intermediate), packed, act, act_row_bytes(c->hidden), rows, n0, n1, out,
-                   ldo, [&](const uint8_t* panel, const uint8_t* row, int64_t K, float* o) { panel_dot(geo, panel, row, K, o); });
+    const L::int4::Geometry geo = geometry<kRaw>(c);
+    gate_up_panels(c, geo.expert(c->hidden, c->intermediate), packed, act, act_row_bytes(c->hidden), rows, n0, n1, out, ldo,
+                   [&](const uint8_t* panel, const uint8_t* row, int64_t K, float* o) { panel_dot<kRaw>(geo, panel, row, K, o); });
     return KT_OK;
 }
 
+template <bool kRaw>
 kt_status down(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                float* out, int64_t ldo) {
-    const L::int4::Geometry geo = geometry(c);
+    const L::int4::Geometry geo = geometry<kRaw>(c);
     down_panels(c, geo.expert(c->hidden, c->intermediate), packed, act, act_row_bytes(c->intermediate), rows, n0, n1, out,
-                ldo, [&](const uint8_t* panel, const uint8_t* row, int64_t K, float* o) { panel_dot(geo, panel, row, K, o); });
+                ldo, [&](const uint8_t* panel, const uint8_t* row, int64_t K, float* o) { panel_dot<kRaw>(geo, panel, row, K, o); });
     return KT_OK;
 }
 
 }  // namespace
 
 kt_method_kernels int4_kernels(const char* kernel_id) {
-    return method_table("INT4", L::int4::kId, kernel_id, packed_bytes, pack, act_row_bytes, quantize_int8_activations,
-                        gate_up, down);
+    return method_table("INT4", L::int4::kId, kernel_id, packed_bytes<false>, pack, act_row_bytes, quantize_int8_activations,
+                        gate_up<false>, down<false>);
+}
+
+kt_method_kernels rawint4_kernels(const char* kernel_id) {
+    return method_table("RAWINT4", L::int4::kRawId, kernel_id, packed_bytes<true>, pack_raw, act_row_bytes,
+                        quantize_int8_activations, gate_up<true>, down<true>);
 }
 
 }  // namespace KT_TARGET_NAMESPACE

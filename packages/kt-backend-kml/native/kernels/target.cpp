@@ -15,7 +15,7 @@ kt_status init(const kt_host_api* host) {
 }
 
 struct Tables {
-    kt_method_kernels methods[3];
+    kt_method_kernels methods[7];
     kt_backend_api api;
 };
 
@@ -36,8 +36,12 @@ Tables build() {
     t.methods[0] = bf16_kernels("moe.bf16.p16k2." KT_BF16_DOT KT_TARGET_VARIANT);
     t.methods[1] = int8_kernels("moe.int8.p16k4." KT_INT8_DOT KT_TARGET_VARIANT);
     t.methods[2] = int4_kernels("moe.int4g.p16k8." KT_INT8_DOT KT_TARGET_VARIANT);
+    t.methods[3] = rawint4_kernels("moe.rawint4.p16k8." KT_INT8_DOT KT_TARGET_VARIANT);
+    t.methods[4] = fp8_kernels("moe.fp8.p16.fcvtl-fma." KT_TARGET_VARIANT);
+    t.methods[5] = fp8_perchannel_kernels("moe.fp8pc.p16.fcvtl-fma." KT_TARGET_VARIANT);
+    t.methods[6] = mxfp8_kernels("moe.mxfp8.p16.fcvtl-fma." KT_TARGET_VARIANT);
     t.api = kt_backend_api{sizeof(kt_backend_api), KT_PLUGIN_ABI_MAJOR, KT_PLUGIN_ABI_MINOR, "kml", KT_TARGET_VARIANT,
-                           KT_TARGET_FEATURES, init, 3, nullptr};
+                           KT_TARGET_FEATURES, init, 7, nullptr};
     return t;
 }
 

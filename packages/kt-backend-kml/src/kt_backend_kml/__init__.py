@@ -6,7 +6,7 @@ from pathlib import Path
 
 from kt_core.backends import BackendDescriptor, Tier, Variant
 
-METHODS = ("BF16", "INT8", "INT4")
+METHODS = ("BF16", "INT8", "INT4", "RAWINT4", "FP8", "FP8_PERCHANNEL", "MXFP8")
 TARGETS = json.loads((Path(__file__).parent / "targets.json").read_text())["targets"]
 
 descriptor = BackendDescriptor(

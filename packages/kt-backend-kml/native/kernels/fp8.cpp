@@ -1,0 +1,120 @@
+// FP8 (E4M3 bytes) as checkpoints ship them: DeepSeek-V3's 128 x 128 block scales (FP8), one
+// scale per output channel (FP8_PERCHANNEL) or an E8M0 exponent per 32 k of each channel (MXFP8),
+// in "kt-fp8-p16-v1" / "kt-mxfp8-p16-v1" (kt/formats/packed_layouts.h): per panel one f32[16]
+// scale vector per k block (2^8 folded in), then K rows of 16 codes — one NEON register per k.
+// The checks and the packer are kt-core's (kt/formats/checkpoint_inputs.h), as kt-backend-avx's.
+//
+// Decode is exact and branch-free: a code byte shifted into the high half of a 16-bit lane, an
+// arithmetic shift right by one and a mask put E4M3's sign, 4-bit exponent and 3-bit mantissa
+// where binary16 keeps them, which reads as value / 256 (exponent bias 15 against 7), subnormals
+// included; `fcvtl` widens halves to f32 exactly (ARMv8.0). Activations stay exact f32: the only
+// rounding is the f32 arithmetic, as on x86 without AVX512_BF16.
+#include <kt/formats/checkpoint_inputs.h>
+
+#include "common.h"
+
+namespace KT_TARGET_NAMESPACE {
+namespace {
+
+using Scales = kt::inputs::Fp8Scales;
+template <Scales kScales>
+constexpr L::fp8::Geometry kGeo = kt::inputs::fp8_geometry(kScales, 1);   // v1: rows of 16 codes
+
+template <Scales kScales>
+size_t packed_bytes(const kt_moe_config* c) { return kGeo<kScales>.expert(c->hidden, c->intermediate).bytes(); }
+
+template <Scales kScales>
+kt_status pack(const kt_moe_config* c, const kt_expert_weights* src, void* dst) {
+    const int64_t H = c->hidden, I = c->intermediate;
+    if (kScales == Scales::kMx && c->group_size != 0 && c->group_size != 32)
+        return fail(KT_ERROR_INVALID_ARGUMENT, "MXFP8: its scales cover 32 elements; group_size must be 0 or 32, got %lld",
+                    (long long)c->group_size);
+    const kt_weight* w[3] = {&src->gate, &src->up, &src->down};
+    const int64_t rows[3] = {I, I, H}, cols[3] = {H, H, I};
+    const char* names[3] = {"gate", "up", "down"};
+    for (int i = 0; i < 3; ++i) {
+        const std::string err = kt::inputs::check_fp8(*w[i], kScales, rows[i], cols[i], names[i]);
+        if (!err.empty()) return fail(KT_ERROR_INVALID_ARGUMENT, "%s", err.c_str());
+    }
+    const L::ExpertPanels l = kGeo<kScales>.expert(H, I);
+    auto* out = static_cast<uint8_t*>(dst);
+    const size_t offsets[3] = {l.gate(0), l.up(0), l.down(0)}, strides[3] = {2, 2, 1};   // gate and up panels alternate
+    for (int i = 0; i < 3; ++i)
+        kt::inputs::pack_fp8_matrix(*w[i], kScales, kGeo<kScales>, rows[i], cols[i], out + offsets[i], strides[i]);
+    return KT_OK;
+}
+
+// Eight codes -> their values / 256 as binary16 bits (see the top of the file).
+inline float16x8_t e4m3_over_256(uint16x8_t shifted) {   // shifted: each code << 8
+    const int16x8_t keep = vdupq_n_s16(int16_t(0xBFFF));   // clears the sign's copy in bit 14
+    return vreinterpretq_f16_s16(vandq_s16(vshrq_n_s16(vreinterpretq_s16_u16(shifted), 1), keep));
+}
+
+// part[0..3] (16 channels) += x * the 16 codes of one row.
+inline void fma_row(float32x4_t part[4], const uint8_t* codes, float x) {
+    const uint8x16_t c = vld1q_u8(codes);
+    const float16x8_t lo = e4m3_over_256(vshll_n_u8(vget_low_u8(c), 8)), hi = e4m3_over_256(vshll_high_n_u8(c, 8));
+    const float32x4_t xv = vdupq_n_f32(x);
+    part[0] = vfmaq_f32(part[0], vcvt_f32_f16(vget_low_f16(lo)), xv);
+    part[1] = vfmaq_f32(part[1], vcvt_high_f32_f16(lo), xv);
+    part[2] = vfmaq_f32(part[2], vcvt_f32_f16(vget_low_f16(hi)), xv);
+    part[3] = vfmaq_f32(part[3], vcvt_high_f32_f16(hi), xv);
+}
+
+// One panel's 16 outputs for one f32 activation row: per k block, the codes' dot (even and odd k
+// in accumulators of their own, so consecutive FMAs do not wait on each other), then times the
+// block's scale vector.
+template <Scales kScales>
+void panel_out(const uint8_t* panel, const uint8_t* row, int64_t K, float out[16]) {
+    constexpr L::fp8::Geometry G = kGeo<kScales>;
+    const auto* x = reinterpret_cast<const float*>(row);
+    const uint8_t* codes = panel + G.codes_at(K);
+    float32x4_t acc[4];
+    for (int v = 0; v < 4; ++v) acc[v] = vdupq_n_f32(0.0f);
+    for (int64_t kb = 0; kb < G.kblocks(K); ++kb) {
+        float32x4_t even[4], odd[4];
+        for (int v = 0; v < 4; ++v) even[v] = odd[v] = vdupq_n_f32(0.0f);
+        const int64_t k1 = std::min(K, (kb + 1) * G.block);
+        int64_t k = kb * G.block;
+        for (; k + 1 < k1; k += 2) {
+            fma_row(even, codes + size_t(k) * kPanel, x[k]);
+            fma_row(odd, codes + size_t(k + 1) * kPanel, x[k + 1]);
+        }
+        if (k < k1) fma_row(even, codes + size_t(k) * kPanel, x[k]);
+        const auto* s = reinterpret_cast<const float*>(panel + size_t(kb) * L::fp8::kScaleBytes);
+        for (int v = 0; v < 4; ++v) acc[v] = vfmaq_f32(acc[v], vld1q_f32(s + 4 * v), vaddq_f32(even[v], odd[v]));
+    }
+    for (int v = 0; v < 4; ++v) vst1q_f32(out + 4 * v, acc[v]);
+}
+
+template <Scales kScales>
+kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+                  float* out, int64_t ldo) {
+    gate_up_panels(c, kGeo<kScales>.expert(c->hidden, c->intermediate), packed, act, f32_row_bytes(c->hidden), rows, n0, n1,
+                   out, ldo, panel_out<kScales>);
+    return KT_OK;
+}
+
+template <Scales kScales>
+kt_status down(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+               float* out, int64_t ldo) {
+    down_panels(c, kGeo<kScales>.expert(c->hidden, c->intermediate), packed, act, f32_row_bytes(c->intermediate), rows, n0,
+                n1, out, ldo, panel_out<kScales>);
+    return KT_OK;
+}
+
+template <Scales kScales>
+kt_method_kernels table(const char* layout_id, const char* kernel_id) {
+    return method_table(kt::inputs::fp8_method_name(kScales), layout_id, kernel_id, packed_bytes<kScales>, pack<kScales>,
+                        f32_row_bytes, quantize_f32_rows, gate_up<kScales>, down<kScales>);
+}
+
+}  // namespace
+
+kt_method_kernels fp8_kernels(const char* kernel_id) { return table<Scales::kBlock128>(L::fp8::kIdRows, kernel_id); }
+kt_method_kernels fp8_perchannel_kernels(const char* kernel_id) {
+    return table<Scales::kPerChannel>(L::fp8::kIdRows, kernel_id);
+}
+kt_method_kernels mxfp8_kernels(const char* kernel_id) { return table<Scales::kMx>(L::mxfp8::kIdRows, kernel_id); }
+
+}  // namespace KT_TARGET_NAMESPACE
