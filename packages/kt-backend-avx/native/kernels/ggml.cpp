@@ -541,11 +541,6 @@ inline VF widen_u8(const uint8_t* p) {
 #endif
 }
 
-#if defined(__AVX512F__)
-constexpr int kMr = 6;
-#else
-constexpr int kMr = 1;
-#endif
 
 // 8-bit codes: VNNI's vpdpbusd takes u = q + 128 as they are (the 128 * sum term removes the
 // offset); vpmaddubsw would saturate its int16 pair sums on them (2 * 255 * 127), so the other
@@ -569,6 +564,31 @@ inline VI vxor(VI a, VI b) { return _mm256_xor_si256(a, b); }
 inline VI vor(VI a, VI b) { return _mm256_or_si256(a, b); }
 #endif
 
+// The largest unsigned code u a type's kernel multiplies (the 8-bit types: 255).
+template <class P>
+constexpr int max_code() {
+    if constexpr (std::is_same_v<P, Q3K>) return 7;
+    if constexpr (P::kBits == 2) return 3;
+    if constexpr (std::is_same_v<P, Q5K>) return 31;
+    if constexpr (std::is_same_v<P, Q6K>) return 63;
+    if constexpr (P::kBits == 4 && !P::kBig) return 15;
+    return 255;
+}
+
+// Rows per block of a prefill tile: AVX-512's 32 registers hold 6 rows' accumulators; AVX2's 16
+// hold fewer, and how many pay was measured per type (Qwen3-30B-A3B layer, 256 tokens, one thread,
+// x86-64-v3 on a Zen 4, against one row at a time: 3 rows 1.15-1.26x on the 2-, 3-, 4- and 5-bit
+// types; Q6_K best at 2 (1.14x); Q8_0's sign-moving dot spilled at 2 and more (0.76x at 3), so it
+// stays at one; docs/performance.md).
+template <class P>
+constexpr int row_block() {
+#if defined(__AVX512F__)
+    return 6;
+#else
+    return std::is_same_v<P, Q80> ? 1 : std::is_same_v<P, Q6K> ? 2 : 3;
+#endif
+}
+
 // MR activation rows x one panel over all of K; writes `cols` columns of each out row.
 template <class P, int MR, bool kTwoPass>
 void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* panel, float* out, int64_t ldo, int cols) {
@@ -584,6 +604,16 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
     // < 2^29), and converts once per block (the float epilogue below, every 16 k, held its
     // cache-resident rate at 27.6 GB/s; this one 30.1, Q4_K's 29.6: docs/performance.md).
     constexpr bool kIntScales = std::is_same_v<P, Q6K>;
+    // Without VNNI a dot is vpmaddubsw (int16 pair sums), vpmaddwd (widening to int32) and an add.
+    // kPairRun: a run of kRunChunks chunks adds its pair sums in int16 and widens them once —
+    // exact while |sum| <= quads * 2 * max(u) * 127 stays within int16 (Q4_K, Q4_0: 8 quads, a whole
+    // sub-block; Q5_K 4; Q6_K 2; the 2-bit types a chunk). Not for the 8-bit codes (one quad fills
+    // int16) nor for AVX-512's 6-row prefill blocks, whose extra accumulators would not fit the registers.
+    // With AVX2's 3-row blocks it is on (1.04-1.14x on prefill at one row, measured before the blocks).
+    constexpr int kQuadsPerChunk = P::kBits == 2 ? 4 : P::kBits == 4 ? 2 : 1;
+    constexpr int kRunChunks = std::min(kChunksPerSub, 32767 / (2 * max_code<P>() * 127) / kQuadsPerChunk);
+    constexpr bool kPairRun = !kVnni && !P::kBig && MR <= 3 && kRunChunks >= 1;
+    static_assert(!kPairRun || kChunksPerSub % kRunChunks == 0, "a run never crosses a sub-block");
     for (int64_t b = 0; b < k / P::kBlockK; ++b) {
         const uint8_t* blk = panel + size_t(b) * P::kBlockBytes;
         const int64_t k0 = b * P::kBlockK;
@@ -592,9 +622,16 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
             for (int m = 0; m < MR; ++m)
                 for (int v = 0; v < kVecsPerPanel; ++v) ihi[m][v] = ilo[m][v] = vzeroi();
         for (int j = 0; j < int(P::kBlockK / P::kSubK); ++j) {
-            VI hi[MR][kVecsPerPanel], lo[MR][kVecsPerPanel];
+            VI hi[MR][kVecsPerPanel], lo[MR][kVecsPerPanel], hi16[MR][kVecsPerPanel], lo16[MR][kVecsPerPanel];
             for (int m = 0; m < MR; ++m)
-                for (int v = 0; v < kVecsPerPanel; ++v) hi[m][v] = lo[m][v] = vzeroi();
+                for (int v = 0; v < kVecsPerPanel; ++v) hi[m][v] = lo[m][v] = hi16[m][v] = lo16[m][v] = vzeroi();
+            // acc (int32 lanes) += the four-product dots of u and a; with kPairRun into the run's int16 sums.
+            auto dot = [&](VI& acc, VI& acc16, VI u, VI w, VI act) {
+                if constexpr (kPairRun)
+                    acc16 = pairs_u8s8(acc16, u, act);
+                else
+                    acc = dot8<P::kBig>(acc, u, w, act);
+            };
             for (int c = kChunksPerSub * j; c < kChunksPerSub * (j + 1); ++c) {
                 const uint8_t* chunk = blk + chunk_at<P>(c);
                 if constexpr (P::kBits == 2) {
@@ -626,13 +663,13 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
                         const auto* h = reinterpret_cast<const uint8_t*>(a[m].hi + k0 + 16 * c);
                         for (int i = 0; i < 4; ++i) {
                             const VI ah = vset1i(load_i32(h + 4 * i));
-                            for (int v = 0; v < kVecsPerPanel; ++v) hi[m][v] = dot_u8s8(hi[m][v], w[i][v], ah);
+                            for (int v = 0; v < kVecsPerPanel; ++v) dot(hi[m][v], hi16[m][v], w[i][v], w[i][v], ah);
                         }
                         if constexpr (kTwoPass) {
                             const auto* l = reinterpret_cast<const uint8_t*>(a[m].lo + k0 + 16 * c);
                             for (int i = 0; i < 4; ++i) {
                                 const VI al = vset1i(load_i32(l + 4 * i));
-                                for (int v = 0; v < kVecsPerPanel; ++v) lo[m][v] = dot_u8s8(lo[m][v], w[i][v], al);
+                                for (int v = 0; v < kVecsPerPanel; ++v) dot(lo[m][v], lo16[m][v], w[i][v], w[i][v], al);
                             }
                         }
                     }
@@ -684,13 +721,17 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
                     for (int m = 0; m < MR; ++m) {
                         const auto* h = reinterpret_cast<const uint8_t*>(a[m].hi + k0 + 8 * c);
                         const VI ah0 = vset1i(load_i32(h)), ah1 = vset1i(load_i32(h + 4));
-                        for (int v = 0; v < kVecsPerPanel; ++v)
-                            hi[m][v] = dot8<P::kBig>(dot8<P::kBig>(hi[m][v], wu0[v], w0[v], ah0), wu1[v], w1[v], ah1);
+                        for (int v = 0; v < kVecsPerPanel; ++v) {
+                            dot(hi[m][v], hi16[m][v], wu0[v], w0[v], ah0);
+                            dot(hi[m][v], hi16[m][v], wu1[v], w1[v], ah1);
+                        }
                         if constexpr (kTwoPass) {
                             const auto* l = reinterpret_cast<const uint8_t*>(a[m].lo + k0 + 8 * c);
                             const VI al0 = vset1i(load_i32(l)), al1 = vset1i(load_i32(l + 4));
-                            for (int v = 0; v < kVecsPerPanel; ++v)
-                                lo[m][v] = dot8<P::kBig>(dot8<P::kBig>(lo[m][v], wu0[v], w0[v], al0), wu1[v], w1[v], al1);
+                            for (int v = 0; v < kVecsPerPanel; ++v) {
+                                dot(lo[m][v], lo16[m][v], wu0[v], w0[v], al0);
+                                dot(lo[m][v], lo16[m][v], wu1[v], w1[v], al1);
+                            }
                         }
                     }
                 } else {
@@ -711,6 +752,14 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
                         }
                     }
                 }
+                if constexpr (kPairRun)
+                    if ((c + 1) % kRunChunks == 0)   // the run's int16 sums, widened once
+                        for (int m = 0; m < MR; ++m)
+                            for (int v = 0; v < kVecsPerPanel; ++v) {
+                                hi[m][v] = widen_pairs(hi[m][v], hi16[m][v]);
+                                lo[m][v] = widen_pairs(lo[m][v], lo16[m][v]);
+                                hi16[m][v] = lo16[m][v] = vzeroi();
+                            }
             }
             if constexpr (kIntScales) {
                 const int64_t g16 = (k0 + P::kSubK * j) / 16;
@@ -797,11 +846,11 @@ template <class P>
 void panel(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, const uint8_t* p, bool two_pass, float* out,
            int64_t ldo, int cols) {
     if (two_pass) {
-        for_row_blocks<kMr>(rows, [=]<int M>(int64_t r) {
+        for_row_blocks<row_block<P>()>(rows, [=]<int M>(int64_t r) {
             panel_rows<P, M, true>(x + size_t(r) * row_bytes, row_bytes, k, p, out + r * ldo, ldo, cols);
         });
     } else {
-        for_row_blocks<kMr>(rows, [=]<int M>(int64_t r) {
+        for_row_blocks<row_block<P>()>(rows, [=]<int M>(int64_t r) {
             panel_rows<P, M, false>(x + size_t(r) * row_bytes, row_bytes, k, p, out + r * ldo, ldo, cols);
         });
     }

@@ -50,6 +50,10 @@ inline VI dot_u8s8(VI acc, VI u8, VI s8) {
 // x86-64-v4's INT8 prefill slower than x86-64-v3's).
 inline VI abs_i8(VI a) { return _mm512_abs_epi8(a); }
 inline VI sign_i8(VI b, VI a) { return _mm512_mask_sub_epi8(b, _mm512_movepi8_mask(a), _mm512_setzero_si512(), b); }
+// vpmaddubsw's int16 pair sums, added up in int16 (the caller bounds how many), and their
+// widening to int32 lanes: dot_u8s8 split in two, so a run of dots pays the widening once.
+inline VI pairs_u8s8(VI acc16, VI u8, VI s8) { return _mm512_add_epi16(acc16, _mm512_maddubs_epi16(u8, s8)); }
+inline VI widen_pairs(VI acc, VI acc16) { return _mm512_add_epi32(acc, _mm512_madd_epi16(acc16, _mm512_set1_epi16(1))); }
 #else
 inline VI vzeroi() { return _mm256_setzero_si256(); }
 inline VI vset1i(int32_t v) { return _mm256_set1_epi32(v); }
@@ -71,6 +75,8 @@ inline VI dot_u8s8(VI acc, VI u8, VI s8) {
 }
 inline VI abs_i8(VI a) { return _mm256_abs_epi8(a); }
 inline VI sign_i8(VI b, VI a) { return _mm256_sign_epi8(b, a); }
+inline VI pairs_u8s8(VI acc16, VI u8, VI s8) { return _mm256_add_epi16(acc16, _mm256_maddubs_epi16(u8, s8)); }
+inline VI widen_pairs(VI acc, VI acc16) { return _mm256_add_epi32(acc, _mm256_madd_epi16(acc16, _mm256_set1_epi16(1))); }
 #endif
 
 }  // namespace KT_TARGET_NAMESPACE
