@@ -34,8 +34,17 @@ constexpr int64_t kQK = 256;   // activation scale group; every block fits one (
 
 // ---- activations --------------------------------------------------------------------------
 
+// A row: the two int8 planes hi and lo (x ~ s (hi + lo / 128) per kQK group), their sums per
+// 16, the group scales; on AVX2 also the planes joined into one int16 plane, 128 hi + lo
+// (|.| <= 16320), which the signed 8-bit types multiply with vpmaddwd (kPlane16).
+#if defined(__AVX2__) && !defined(__AVX512F__)
+constexpr bool kPlane16 = true;
+#else
+constexpr bool kPlane16 = false;
+#endif
 int64_t act_groups(int64_t k) { return (k + kQK - 1) / kQK; }
-size_t act_row_bytes(int64_t k) { return size_t(round_up(2 * k + k / 4 + 4 * act_groups(k), 64)); }
+size_t plane16_at(int64_t k) { return size_t(round_up(2 * k + k / 4 + 4 * act_groups(k), 64)); }
+size_t act_row_bytes(int64_t k) { return kPlane16 ? plane16_at(k) + size_t(round_up(2 * k, 64)) : plane16_at(k); }
 
 struct ActRow {
     const int8_t* hi;
@@ -43,11 +52,12 @@ struct ActRow {
     const int16_t* sums_hi;
     const int16_t* sums_lo;
     const float* scale;
+    const int16_t* joined;   // kPlane16 only
 };
 inline ActRow act_row(const uint8_t* row, int64_t k) {
     const auto* sums = reinterpret_cast<const int16_t*>(row + 2 * k);
     return {reinterpret_cast<const int8_t*>(row), reinterpret_cast<const int8_t*>(row + k), sums, sums + k / 16,
-            reinterpret_cast<const float*>(row + 2 * k + k / 4)};
+            reinterpret_cast<const float*>(row + 2 * k + k / 4), reinterpret_cast<const int16_t*>(row + plane16_at(k))};
 }
 
 kt_status quantize(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int64_t stride, void* out) {
@@ -92,6 +102,10 @@ kt_status quantize(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int6
                 sums_hi[j] = int16_t(sh);
                 sums_lo[j] = int16_t(sl);
             }
+        }
+        if constexpr (kPlane16) {
+            auto* joined = reinterpret_cast<int16_t*>(base + plane16_at(k));
+            for (int64_t i = 0; i < k; ++i) joined[i] = int16_t(128 * hi[i] + lo[i]);
         }
     }
     return KT_OK;
@@ -564,6 +578,27 @@ inline VI vxor(VI a, VI b) { return _mm256_xor_si256(a, b); }
 inline VI vor(VI a, VI b) { return _mm256_or_si256(a, b); }
 #endif
 
+#if defined(__AVX2__) && !defined(__AVX512F__)
+// kPlane16 (AVX2): 32 signed int8 weights (8 channels x a k-quad, lane-major) as two int16
+// vectors (channels 0-3, 4-7), widened once per row block.
+struct Wide16 {
+    __m256i lo, hi;
+};
+inline Wide16 widen16(__m256i w) {
+    return {_mm256_cvtepi8_epi16(_mm256_castsi256_si128(w)), _mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1))};
+}
+// acc += each channel's four-product dot of the widened weights with the quad a[0..3] of the joined
+// plane (exact: |w a| pair sums < 2^22). vpmaddwd leaves two half-sums per channel and vphaddd
+// adds them, leaving the lanes as channels 0 1 4 5 2 3 6 7 (plane16_order puts them back).
+inline __m256i dot16(__m256i acc, const Wide16& w, const int16_t* a) {
+    int64_t quad;
+    std::memcpy(&quad, a, 8);
+    const __m256i x = _mm256_set1_epi64x(quad);
+    return _mm256_add_epi32(acc, _mm256_hadd_epi32(_mm256_madd_epi16(w.lo, x), _mm256_madd_epi16(w.hi, x)));
+}
+inline __m256i plane16_order(__m256i acc) { return _mm256_permute4x64_epi64(acc, 0xD8); }
+#endif
+
 // The largest unsigned code u a type's kernel multiplies (the 8-bit types: 255).
 template <class P>
 constexpr int max_code() {
@@ -578,14 +613,14 @@ constexpr int max_code() {
 // Rows per block of a prefill tile: AVX-512's 32 registers hold 6 rows' accumulators; AVX2's 16
 // hold fewer, and how many pay was measured per type (Qwen3-30B-A3B layer, 256 tokens, one thread,
 // x86-64-v3 on a Zen 4, against one row at a time: 3 rows 1.15-1.26x on the 2-, 3-, 4- and 5-bit
-// types; Q6_K best at 2 (1.14x); Q8_0's sign-moving dot spilled at 2 and more (0.76x at 3), so it
-// stays at one; docs/performance.md).
+// types and IQ4_XS; Q6_K best at 2 (1.14x), Q8_0 on the joined plane (kJoined) 2 (3: the same);
+// docs/performance.md).
 template <class P>
 constexpr int row_block() {
 #if defined(__AVX512F__)
     return 6;
 #else
-    return std::is_same_v<P, Q80> ? 1 : std::is_same_v<P, Q6K> ? 2 : 3;
+    return std::is_same_v<P, Q80> || std::is_same_v<P, Q6K> ? 2 : 3;
 #endif
 }
 
@@ -614,6 +649,13 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
     constexpr int kRunChunks = std::min(kChunksPerSub, 32767 / (2 * max_code<P>() * 127) / kQuadsPerChunk);
     constexpr bool kPairRun = !kVnni && !P::kBig && MR <= 3 && kRunChunks >= 1;
     static_assert(!kPairRun || kChunksPerSub % kRunChunks == 0, "a run never crosses a sub-block");
+    // Q8_0 and IQ4_XS on AVX2 (signed values up to 128 in magnitude: two passes of the sign-moving
+    // vpmaddubsw dot took 8 instructions per quad and row): their values widened to int16 once per
+    // row block, then vpmaddwd with the joined int16 plane, both passes at once. The dots go to lo
+    // in vphaddd's lane order and come out as 128 hi + lo, which the epilogue reads as (hi + lo / 128)
+    // with hi = 0. IQ4_XS's one-row decode was a little faster the old way (12.1 against 11.6 GB/s
+    // from L3), its table lookups already filling the shuffle port.
+    constexpr bool kJoined = kPlane16 && kTwoPass && P::kBig && (MR > 1 || std::is_same_v<P, Q80>);
     for (int64_t b = 0; b < k / P::kBlockK; ++b) {
         const uint8_t* blk = panel + size_t(b) * P::kBlockBytes;
         const int64_t k0 = b * P::kBlockK;
@@ -718,6 +760,16 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
                             wu1[v] = w1[v];
                         }
                     }
+#if defined(__AVX2__) && !defined(__AVX512F__)
+                    if constexpr (kJoined) {
+                        Wide16 v0[kVecsPerPanel], v1[kVecsPerPanel];
+                        for (int v = 0; v < kVecsPerPanel; ++v) v0[v] = widen16(w0[v]), v1[v] = widen16(w1[v]);
+                        for (int m = 0; m < MR; ++m)
+                            for (int v = 0; v < kVecsPerPanel; ++v)
+                                lo[m][v] = dot16(dot16(lo[m][v], v0[v], a[m].joined + k0 + 8 * c), v1[v], a[m].joined + k0 + 8 * c + 4);
+                        continue;
+                    }
+#endif
                     for (int m = 0; m < MR; ++m) {
                         const auto* h = reinterpret_cast<const uint8_t*>(a[m].hi + k0 + 8 * c);
                         const VI ah0 = vset1i(load_i32(h)), ah1 = vset1i(load_i32(h + 4));
@@ -743,6 +795,15 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
                             wu[v] = abs_i8(w[v]);
                         }
                     }
+#if defined(__AVX2__) && !defined(__AVX512F__)
+                    if constexpr (kJoined) {
+                        Wide16 wide[kVecsPerPanel];
+                        for (int v = 0; v < kVecsPerPanel; ++v) wide[v] = widen16(w[v]);
+                        for (int m = 0; m < MR; ++m)
+                            for (int v = 0; v < kVecsPerPanel; ++v) lo[m][v] = dot16(lo[m][v], wide[v], a[m].joined + k0 + 4 * c);
+                        continue;
+                    }
+#endif
                     for (int m = 0; m < MR; ++m) {
                         const VI ah = vset1i(load_i32(reinterpret_cast<const uint8_t*>(a[m].hi + k0 + 4 * c)));
                         for (int v = 0; v < kVecsPerPanel; ++v) hi[m][v] = dot8<P::kBig>(hi[m][v], wu[v], w[v], ah);
@@ -761,6 +822,11 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
                                 hi16[m][v] = lo16[m][v] = vzeroi();
                             }
             }
+#if defined(__AVX2__) && !defined(__AVX512F__)
+            if constexpr (kJoined)
+                for (int m = 0; m < MR; ++m)
+                    for (int v = 0; v < kVecsPerPanel; ++v) lo[m][v] = plane16_order(lo[m][v]);
+#endif
             if constexpr (kIntScales) {
                 const int64_t g16 = (k0 + P::kSubK * j) / 16;
                 VI sc[kVecsPerPanel];
