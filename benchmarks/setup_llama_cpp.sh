@@ -7,7 +7,10 @@
 #   benchmarks/setup_llama_cpp.sh [BUILD]     # default: <repo>/.bench/llama.cpp
 #
 # Environment: LLAMA_CPP_PYTHON_VERSION (default 0.3.36, llama.cpp 0c1e570 as issue #26 measured),
-# CMAKE_FLAGS (extra flags; the default build is -O3 -march=native: GGML_NATIVE=ON).
+# CMAKE_FLAGS (extra flags; the default build is -O3 -march=native: GGML_NATIVE=ON). An AVX2-only
+# build on an AVX-512 host, to compare with kt's x86-64-v3 target (KT_MAX_ISA=x86-64-v3):
+#   CMAKE_FLAGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON" \
+#       benchmarks/setup_llama_cpp.sh .bench/llama.cpp-avx2
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
