@@ -613,14 +613,14 @@ constexpr int max_code() {
 // Rows per block of a prefill tile: AVX-512's 32 registers hold 6 rows' accumulators; AVX2's 16
 // hold fewer, and how many pay was measured per type (Qwen3-30B-A3B layer, 256 tokens, one thread,
 // x86-64-v3 on a Zen 4, against one row at a time: 3 rows 1.15-1.26x on the 2-, 3-, 4- and 5-bit
-// types and IQ4_XS; Q6_K best at 2 (1.14x), Q8_0 on the joined plane (kJoined) 2 (3: the same);
-// docs/performance.md).
+// types and IQ4_XS; Q5_K 4 (1.05x over 3); Q6_K best at 2 (1.14x), Q8_0 on the joined plane
+// (kJoined) 2 (3: the same); docs/performance.md).
 template <class P>
 constexpr int row_block() {
 #if defined(__AVX512F__)
     return 6;
 #else
-    return std::is_same_v<P, Q80> || std::is_same_v<P, Q6K> ? 2 : 3;
+    return std::is_same_v<P, Q80> || std::is_same_v<P, Q6K> ? 2 : std::is_same_v<P, Q5K> ? 4 : 3;
 #endif
 }
 
@@ -644,10 +644,10 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
     // exact while |sum| <= quads * 2 * max(u) * 127 stays within int16 (Q4_K, Q4_0: 8 quads, a whole
     // sub-block; Q5_K 4; Q6_K 2; the 2-bit types a chunk). Not for the 8-bit codes (one quad fills
     // int16) nor for AVX-512's 6-row prefill blocks, whose extra accumulators would not fit the registers.
-    // With AVX2's 3-row blocks it is on (1.04-1.14x on prefill at one row, measured before the blocks).
+    // With AVX2's row blocks (up to 4) it is on (1.04-1.14x on prefill at one row, measured before the blocks).
     constexpr int kQuadsPerChunk = P::kBits == 2 ? 4 : P::kBits == 4 ? 2 : 1;
     constexpr int kRunChunks = std::min(kChunksPerSub, 32767 / (2 * max_code<P>() * 127) / kQuadsPerChunk);
-    constexpr bool kPairRun = !kVnni && !P::kBig && MR <= 3 && kRunChunks >= 1;
+    constexpr bool kPairRun = !kVnni && !P::kBig && MR <= 4 && kRunChunks >= 1;
     static_assert(!kPairRun || kChunksPerSub % kRunChunks == 0, "a run never crosses a sub-block");
     // Q8_0 and IQ4_XS on AVX2 (signed values up to 128 in magnitude: two passes of the sign-moving
     // vpmaddubsw dot took 8 instructions per quad and row): their values widened to int16 once per
