@@ -37,11 +37,6 @@ constexpr int64_t kBlockOf = geometry<kScales>().block;
 template <int64_t kBlk>
 constexpr fp8_layout::Geometry kGeo{kFp8RowGroup, kBlk};
 
-kt_status check(const kt_weight& w, Scales kind, int64_t N, int64_t K, const char* name) {
-    const std::string err = kt::inputs::check_fp8(w, kind, N, K, name);
-    return err.empty() ? KT_OK : fail(KT_ERROR_INVALID_ARGUMENT, "%s", err.c_str());
-}
-
 template <Scales kScales>
 ExpertPanels layout(const kt_moe_config* c) {
     return geometry<kScales>().expert(c->hidden, c->intermediate);
@@ -52,20 +47,9 @@ size_t packed_bytes(const kt_moe_config* c) { return layout<kScales>(c).bytes();
 
 template <Scales kScales>
 kt_status pack(const kt_moe_config* c, const kt_expert_weights* src, void* dst) {
-    const int64_t H = c->hidden, I = c->intermediate;
-    if (kScales == Scales::kMx && c->group_size != 0 && c->group_size != 32)
-        return fail(KT_ERROR_INVALID_ARGUMENT, "MXFP8: its scales cover 32 elements; group_size must be 0 or 32, got %lld",
-                    (long long)c->group_size);
-    kt_status st;
-    if ((st = check(src->gate, kScales, I, H, "gate")) != KT_OK) return st;
-    if ((st = check(src->up, kScales, I, H, "up")) != KT_OK) return st;
-    if ((st = check(src->down, kScales, H, I, "down")) != KT_OK) return st;
-    auto* out = static_cast<uint8_t*>(dst);
-    const ExpertPanels l = layout<kScales>(c);
-    constexpr fp8_layout::Geometry G = geometry<kScales>();
-    kt::inputs::pack_fp8_matrix(src->gate, kScales, G, I, H, out + l.gate(0), 2);
-    kt::inputs::pack_fp8_matrix(src->up, kScales, G, I, H, out + l.up(0), 2);
-    kt::inputs::pack_fp8_matrix(src->down, kScales, G, H, I, out + l.down(0), 1);
+    const std::string err = kt::inputs::check_fp8_expert(c, src, kScales);
+    if (!err.empty()) return fail(KT_ERROR_INVALID_ARGUMENT, "%s", err.c_str());
+    kt::inputs::pack_fp8_expert(c, src, kScales, geometry<kScales>(), dst);
     return KT_OK;
 }
 

@@ -25,22 +25,9 @@ size_t packed_bytes(const kt_moe_config* c) { return kGeo<kScales>.expert(c->hid
 
 template <Scales kScales>
 kt_status pack(const kt_moe_config* c, const kt_expert_weights* src, void* dst) {
-    const int64_t H = c->hidden, I = c->intermediate;
-    if (kScales == Scales::kMx && c->group_size != 0 && c->group_size != 32)
-        return fail(KT_ERROR_INVALID_ARGUMENT, "MXFP8: its scales cover 32 elements; group_size must be 0 or 32, got %lld",
-                    (long long)c->group_size);
-    const kt_weight* w[3] = {&src->gate, &src->up, &src->down};
-    const int64_t rows[3] = {I, I, H}, cols[3] = {H, H, I};
-    const char* names[3] = {"gate", "up", "down"};
-    for (int i = 0; i < 3; ++i) {
-        const std::string err = kt::inputs::check_fp8(*w[i], kScales, rows[i], cols[i], names[i]);
-        if (!err.empty()) return fail(KT_ERROR_INVALID_ARGUMENT, "%s", err.c_str());
-    }
-    const L::ExpertPanels l = kGeo<kScales>.expert(H, I);
-    auto* out = static_cast<uint8_t*>(dst);
-    const size_t offsets[3] = {l.gate(0), l.up(0), l.down(0)}, strides[3] = {2, 2, 1};   // gate and up panels alternate
-    for (int i = 0; i < 3; ++i)
-        kt::inputs::pack_fp8_matrix(*w[i], kScales, kGeo<kScales>, rows[i], cols[i], out + offsets[i], strides[i]);
+    const std::string err = kt::inputs::check_fp8_expert(c, src, kScales);
+    if (!err.empty()) return fail(KT_ERROR_INVALID_ARGUMENT, "%s", err.c_str());
+    kt::inputs::pack_fp8_expert(c, src, kScales, kGeo<kScales>, dst);
     return KT_OK;
 }
 

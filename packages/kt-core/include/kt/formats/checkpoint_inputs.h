@@ -193,6 +193,29 @@ inline void pack_fp8_matrix(const kt_weight& w, Fp8Scales kind, const layouts::f
     }
 }
 
+// One expert of a layer (hidden H, intermediate I, the layer's group_size): MXFP8's group size, then
+// gate [I, H], up [I, H], down [H, I] checked; "" when all are fine.
+inline std::string check_fp8_expert(const kt_moe_config* c, const kt_expert_weights* src, Fp8Scales kind) {
+    if (kind == Fp8Scales::kMx && c->group_size != 0 && c->group_size != 32)
+        return message("MXFP8: its scales cover 32 elements; group_size must be 0 or 32, got %lld", (long long)c->group_size);
+    const int64_t H = c->hidden, I = c->intermediate;
+    std::string err = check_fp8(src->gate, kind, I, H, "gate");
+    if (err.empty()) err = check_fp8(src->up, kind, I, H, "up");
+    if (err.empty()) err = check_fp8(src->down, kind, H, I, "down");
+    return err;
+}
+
+// Packs one checked expert into its panels of `geo` (gate and up panels alternate, down after them).
+inline void pack_fp8_expert(const kt_moe_config* c, const kt_expert_weights* src, Fp8Scales kind,
+                            const layouts::fp8::Geometry& geo, void* dst) {
+    const int64_t H = c->hidden, I = c->intermediate;
+    const layouts::ExpertPanels l = geo.expert(H, I);
+    auto* out = static_cast<uint8_t*>(dst);
+    pack_fp8_matrix(src->gate, kind, geo, I, H, out + l.gate(0), 2);
+    pack_fp8_matrix(src->up, kind, geo, I, H, out + l.up(0), 2);
+    pack_fp8_matrix(src->down, kind, geo, H, I, out + l.down(0), 1);
+}
+
 // ---- RAWINT4 (compressed-tensors pack-quantized, Kimi-K2) --------------------------------
 // int32 words of 8 codes (element k in bits 4 (k % 8)), stored q + 8; a bf16 scale per 32
 // elements (f32 accepted where each is a bf16 value: the layout keeps bf16).
