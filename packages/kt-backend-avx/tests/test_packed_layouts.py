@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 import kt_core
+from kt_core.formats.ggml import ggml_type
 from kt_core.testing import quantize
+from kt_core.testing.ggml_blocks import dequantize, random_blocks
 from kt_core.testing.reference import random_moe
 
 READER = Path(__file__).parent / "layout_reader" / "layout_reader.cpp"
@@ -26,6 +28,10 @@ def reader(tmp_path_factory):
     fn.restype = ctypes.c_size_t
     fn.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int,
                    *[np.ctypeslib.ndpointer(np.float32, flags="C_CONTIGUOUS")] * 3]
+    fn.ggml = ctypes.CDLL(str(lib)).kt_unpack_ggml_expert
+    fn.ggml.restype = ctypes.c_size_t
+    fn.ggml.argtypes = [np.ctypeslib.ndpointer(np.int32), ctypes.c_char_p, ctypes.c_int64, ctypes.c_int64,
+                        *[np.ctypeslib.ndpointer(np.float32, flags="C_CONTIGUOUS")] * 3]
     return fn
 
 
@@ -67,4 +73,33 @@ def test_public_header_reads_avx_packed_experts(reader, variant, method, group, 
 
 def test_unknown_layout_is_not_read(reader):
     z = np.zeros((16, 16), np.float32)
-    assert reader(b"kt-ggml-v5", b"\0" * 64, 16, 16, 128, 0, z, z, z) == 0
+    assert reader(b"kt-ggml-v4", b"\0" * 64, 16, 16, 128, 0, z, z, z) == 0
+
+
+# LLAMAFILE: every ggml type, and one type per matrix as a GGUF file mixes them (Q4_K_M's Q6_K down).
+GGML_CASES = [(t, t, t) for t in ("Q4_0", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")] + [("Q4_K", "Q5_K", "Q6_K")]
+
+
+@pytest.mark.parametrize("types", GGML_CASES, ids=["-".join(t) for t in GGML_CASES])
+def test_public_header_reads_avx_packed_ggml_experts(reader, variant, types):
+    """kt/formats/ggml_panels.h's reader recovers, from avx's kt-ggml-v5 bytes, the weights gguf-py's
+    dequantizer gives for the file's blocks."""
+    rng = np.random.default_rng(len(set(types)))
+    E, hidden, intermediate = 2, 512, 288 if types[2] in ("Q4_0", "Q8_0") else 256   # K a multiple of the block
+    shapes = ((E, intermediate, hidden), (E, intermediate, hidden), (E, hidden, intermediate))
+    blocks = [random_blocks(rng, t, s) for t, s in zip(types, shapes)]
+    layer = kt_core.MoE(num_experts=E, top_k=1, hidden_size=hidden, intermediate_size=intermediate, method="LLAMAFILE",
+                        weight_types=types)
+    assert layer.backend == f"avx/{variant}" and layer.layout_id == "kt-ggml-v5"
+    layer.load(*blocks)
+    codes = np.array([ggml_type(t).kt_dtype for t in types], np.int32)
+    for e in range(E):
+        packed = layer.packed_expert(e)
+        got = [np.zeros(s[1:], np.float32) for s in shapes]
+        n = reader.ggml(codes, packed, hidden, intermediate, *got)
+        assert n == len(packed) == layer.expert_bytes, f"header says {n} bytes, avx packed {len(packed)}"
+        for name, g, b, t in zip(("gate", "up", "down"), got, blocks, types):
+            want = dequantize(b[e], t).astype(np.float64)
+            # The reader's f32 products (d * sc * u - dmin * m) against gguf-py's: f32 rounding.
+            err = np.max(np.abs(g - want)) / np.max(np.abs(want))
+            assert err <= 1e-6, f"{t} {name} of expert {e}: max error {err:.1e} of max |w|"

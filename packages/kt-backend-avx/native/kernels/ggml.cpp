@@ -1,15 +1,9 @@
 // LLAMAFILE experts: GGUF's ggml blocks, run as the file stores them (docs/formats.md).
 //
-// Packed layout "kt-ggml-v5": gate, up and down one after another, each on 64 bytes, each as
-// panels of 16 output channels (ggml_panels below): every type's codes and scales, nothing
-// dequantized, regrouped so one outer-product kernel runs them all, decode and prefill. Each type
-// is a group-wise integer format in disguise, w = s * u - s*z per sub-block of 16 or 32 k (Q4_K:
-// s = d * sc, s*z = dmin * m; Q4_0: s = d, z = 8; IQ4_XS: a table lookup first). v2 kept Q2_K,
-// Q3_K, Q4_0, Q5_K and IQ4_XS as the file's rows and ran them a block at a time from L1, at a
-// third to two thirds of llama.cpp's decode speed (docs/performance.md, "Against llama.cpp");
-// v3 kept Q8_0's d as f32 (9 bits per weight against the file's 8.5), v4 keeps it f16; v4 held
-// Q6_K's 6-bit codes in bytes (8.6 bits per weight against the file's 6.56), v5 splits them into
-// INT4's nibbles and a line of high bit pairs (6.63).
+// Packed layout "kt-ggml-v5", kt-core's public definition (kt/formats/ggml_panels.h: the panel
+// forms of every type, the checks and the packer, shared with kt-backend-kml): each type's codes
+// and scales regrouped into panels of 16 output channels, so the one outer-product kernel below
+// runs them all, decode and prefill.
 //
 // Activations ("ggml-act-v1"): per group of 256 k (the last one may be shorter), one f32
 // scale s_a = max|x| / 127; two int8 planes, x ~= s_a * (hi + lo / 128) (the second pass
@@ -24,11 +18,15 @@
 #include <type_traits>
 #include <vector>
 
+#include <kt/formats/ggml_panels.h>
+
 #include "int_dot.h"
 #include "methods.h"
 
 namespace KT_TARGET_NAMESPACE {
 namespace {
+
+namespace G = kt::layouts::ggml;
 
 constexpr int64_t kQK = 256;   // activation scale group; every block fits one (32 | 256)
 
@@ -111,381 +109,15 @@ kt_status quantize(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int6
     return KT_OK;
 }
 
-// ---- block decoders ----------------------------------------------------------------------
-
-inline float f16(const uint8_t* p) {
-    uint16_t h;
-    std::memcpy(&h, p, 2);
-    return f16_to_f32(h);
-}
-inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
-inline void store32(uint8_t* p, __m256i v) { _mm256_store_si256(reinterpret_cast<__m256i*>(p), v); }
-inline __m256i bytes(int v) { return _mm256_set1_epi8(char(v)); }
-// Bytes of `v` whose bit `bit` is set -> `value`, others 0.
-inline __m256i bit_to(__m256i v, int bit, int value) {
-    const __m256i m = bytes(1 << bit);
-    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, m), m), bytes(value));
-}
-
-// A 256-element K-quant block's codes, unpacked in element order with a few vector operations,
-// for the panel packers below (scales are read from the block where each packer needs them).
-template <int QK>
-struct Decoded {
-    alignas(32) uint8_t u[QK];
-};
-
-struct Q4_0 {
-    static constexpr int QK = 32, kBytes = 18;
-    static constexpr const char* name = "Q4_0";
-    static constexpr int kScaleAt[2] = {0, -1};
-};
-
-struct Q8_0 {
-    static constexpr int QK = 32, kBytes = 34;
-    static constexpr const char* name = "Q8_0";
-    static constexpr int kScaleAt[2] = {0, -1};
-};
-
-struct Q2_K {
-    static constexpr int QK = 256, kBytes = 84;
-    static constexpr const char* name = "Q2_K";
-    static constexpr int kScaleAt[2] = {80, 82};
-    static void decode(const uint8_t* b, Decoded<QK>& o) {
-        for (int h = 0; h < 2; ++h) {
-            const __m256i q = load32(b + 16 + 32 * h);
-            for (int s = 0; s < 4; ++s)
-                store32(o.u + 128 * h + 32 * s, _mm256_and_si256(_mm256_srli_epi16(q, 2 * s), bytes(3)));
-        }
-    }
-};
-
-// Q3_K: q = low 2 bits - 4 unless the hmask bit is set; stored here as u = q + 4, so
-// w = d * sc * (u - 4).
-struct Q3_K {
-    static constexpr int QK = 256, kBytes = 110;
-    static constexpr const char* name = "Q3_K";
-    static constexpr int kScaleAt[2] = {108, -1};
-    // The j-th 16-element group's scale, sc - 32, from the block's 12 packed 6-bit scales.
-    static int scale(const uint8_t* b, int j) {
-        const uint8_t* sc = b + 96;
-        const int lo = (j < 8 ? sc[j] : sc[j - 8] >> 4) & 15, hi = (sc[8 + j % 4] >> (2 * (j / 4))) & 3;
-        return (lo | (hi << 4)) - 32;
-    }
-    static void decode(const uint8_t* b, Decoded<QK>& o) {
-        const __m256i hm = load32(b);
-        for (int h = 0; h < 2; ++h) {
-            const __m256i q = load32(b + 32 + 32 * h);
-            for (int s = 0; s < 4; ++s) {
-                const __m256i low = _mm256_and_si256(_mm256_srli_epi16(q, 2 * s), bytes(3));
-                store32(o.u + 128 * h + 32 * s, _mm256_or_si256(low, bit_to(hm, 4 * h + s, 4)));
-            }
-        }
-    }
-};
-
-struct Q4_K {
-    static constexpr int QK = 256, kBytes = 144;
-    static constexpr const char* name = "Q4_K";
-    static constexpr int kScaleAt[2] = {0, 2};
-    static void decode(const uint8_t* b, Decoded<QK>& o) {
-        for (int c = 0; c < 4; ++c) {
-            const __m256i q = load32(b + 16 + 32 * c);
-            store32(o.u + 64 * c, _mm256_and_si256(q, bytes(15)));
-            store32(o.u + 64 * c + 32, _mm256_and_si256(_mm256_srli_epi16(q, 4), bytes(15)));
-        }
-    }
-};
-
-struct Q5_K {
-    static constexpr int QK = 256, kBytes = 176;
-    static constexpr const char* name = "Q5_K";
-    static constexpr int kScaleAt[2] = {0, 2};
-    static void decode(const uint8_t* b, Decoded<QK>& o) {
-        const __m256i qh = load32(b + 16);
-        for (int c = 0; c < 4; ++c) {
-            const __m256i q = load32(b + 48 + 32 * c);
-            store32(o.u + 64 * c, _mm256_or_si256(_mm256_and_si256(q, bytes(15)), bit_to(qh, 2 * c, 16)));
-            store32(o.u + 64 * c + 32,
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), bytes(15)), bit_to(qh, 2 * c + 1, 16)));
-        }
-    }
-};
-
-// Q6_K: w = d * sc * (u - 32), u 6 bits.
-struct Q6_K {
-    static constexpr int QK = 256, kBytes = 210;
-    static constexpr const char* name = "Q6_K";
-    static constexpr int kScaleAt[2] = {208, -1};
-    static void decode(const uint8_t* b, Decoded<QK>& o) {
-        for (int h = 0; h < 2; ++h) {
-            const __m256i a = load32(b + 64 * h), c = load32(b + 64 * h + 32), qh = load32(b + 128 + 32 * h);
-            const __m256i m4 = bytes(15), m30 = bytes(0x30);
-            uint8_t* u = o.u + 128 * h;
-            store32(u, _mm256_or_si256(_mm256_and_si256(a, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30)));
-            store32(u + 32, _mm256_or_si256(_mm256_and_si256(c, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30)));
-            store32(u + 64, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), m4), _mm256_and_si256(qh, m30)));
-            store32(u + 96, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), m4),
-                                            _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30)));
-        }
-    }
-};
-
-// IQ4_XS: 4-bit indices into a fixed non-linear table of int8 values, 6-bit scales - 32.
-constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
-// Sub-block j's 6-bit scale of an IQ4_XS block (ggml: low 4 bits in scales_l, high 2 in scales_h).
-inline int iq4_scale(const uint8_t* b, int j) {
-    uint16_t scales_h;
-    std::memcpy(&scales_h, b + 2, 2);
-    return ((b[4 + j / 2] >> (4 * (j % 2))) & 15) | (((scales_h >> (2 * j)) & 3) << 4);
-}
-
-struct IQ4_XS {
-    static constexpr int QK = 256, kBytes = 136;
-    static constexpr const char* name = "IQ4_XS";
-    static constexpr int kScaleAt[2] = {0, -1};
-};
-
 // ---- panels of 16 channels ------------------------------------------------------------------
 //
 // Per 16 output channels side by side and per sub-block, exact integer dots of the unsigned
 // codes with both activation planes (vpdpbusd; AVX2: vpmaddubsw), then
-//   acc += s_a * (s * dot - s*z * sum(activations of the sub-block)).
-// 4-bit codes are laid out as INT4's (int4_layout.h: chunk c holds k = 8c..8c+3 in low nibbles
-// and 8c+4..8c+7 in high nibbles, lane-major), 8-bit ones as kt-int8-p16k4-v1's (chunk c = k
-// 4c..4c+3), 2-bit ones four k-quads to a chunk (Q2K). Each type's struct below gives its block's
-// bytes per panel, e.g.
-//   Q4_K (256 k): f32 d[16], f32 dmin[16], u8 sc[8][16], u8 m[8][16], 32 chunks of 64 bytes
-//                 (2432 bytes for 4096 weights: 4.75 bits each, the file's 4.5);
-//   Q8_0 (32 k):  f16 d[16], 8 chunks of 64 bytes (544 bytes for 512 weights: the file's 8.5 bits;
-//                 v3 kept d as f32, 9 bits, and decode read 6 % more than the file holds).
+//   acc += s_a * (s * dot - s*z * sum(activations of the sub-block)),
+// on the panel forms of kt/formats/ggml_panels.h.
 namespace ggml_panels {
 
-constexpr size_t kChunkBytes = 64;
-
-// kSubK: k per scale (sub-block); kBig: 8-bit codes up to 255 (Q8_0's q + 128), which
-// vpmaddubsw cannot take as they are (Q6_K's u <= 63 can).
-struct Q4K {
-    static constexpr int64_t kBlockK = 256, kSubK = 32;
-    static constexpr int kBits = 4;
-    static constexpr bool kBig = false;
-    static constexpr size_t kFileBlock = 144, kD = 0, kDmin = 64, kSc = 128, kM = 256, kCodes = 384;
-    static constexpr size_t kBlockBytes = kCodes + 32 * kChunkBytes;
-};
-// w = d * (u - 8), u in 0..15: INT4's symmetric group of 32 with the block's f16 d kept as f16,
-// so the panel takes the file's 4.5 bits per weight exactly.
-struct Q40 {
-    static constexpr int64_t kBlockK = 32, kSubK = 32;
-    static constexpr int kBits = 4;
-    static constexpr bool kBig = false;
-    static constexpr size_t kFileBlock = 18, kD = 0, kCodes = 32;   // f16 d[16], then 4 chunks
-    static constexpr size_t kBlockBytes = kCodes + 4 * kChunkBytes;
-};
-// w = d * (ls_j - 32) * kIq4Values[q]: 4-bit indices in INT4's chunk order, looked up by one byte
-// shuffle into the signed table values (then run as Q8_0's signed 8-bit codes); ls_j - 32 as
-// int8 per 32-k sub-block, d kept f16 (4.31 bits per weight against the file's 4.25).
-struct IQ4X {
-    static constexpr int64_t kBlockK = 256, kSubK = 32;
-    static constexpr int kBits = 4;
-    static constexpr bool kBig = true;
-    static constexpr size_t kFileBlock = 136, kD = 0, kSc = 32, kCodes = 160;
-    static constexpr size_t kBlockBytes = kCodes + 32 * kChunkBytes;
-};
-// Q5_K: Q4_K's panel (d, dmin f32; 6-bit sc and m as bytes; the low 4 bits of each code in INT4's
-// chunk order) plus each code's fifth bit: each 32-k sub-block's four chunks are followed by one
-// 64-byte line whose byte i holds, in bit 2cc (2cc + 1), the fifth bit of the code in byte i's
-// low (high) nibble of chunk cc; a shift and an AND put it back as 16 (5.75 bits per weight
-// against the file's 5.5; one stream for decode; as per-chunk 64-bit masks read into mask
-// registers, decode ran at half of Q4_K's GB/s).
-struct Q5K {
-    static constexpr int64_t kBlockK = 256, kSubK = 32;
-    static constexpr int kBits = 4;
-    static constexpr bool kBig = false;
-    static constexpr size_t kFileBlock = 176, kD = 0, kDmin = 64, kSc = 128, kM = 256, kCodes = 384;
-    static constexpr size_t kSubBytes = 4 * kChunkBytes + 64;
-    static constexpr size_t kBlockBytes = kCodes + 8 * kSubBytes;
-};
-
-constexpr size_t fifth_bits_at(int64_t c) { return Q5K::kCodes + size_t(c / 4) * Q5K::kSubBytes + 4 * kChunkBytes; }
-// Q2_K: w = d * sc * u - dmin * m per 16 k, u in 0..3. Codes stay 2-bit: byte lane*4 + b of chunk
-// c holds k = 16c + 4i + b in bits 2i, 2i + 1 (i < 4), so a shift and an AND give four k-quads
-// per chunk; the file's scale bytes (sc | m << 4) and f16 d, dmin as they are: the file's exact
-// 2.625 bits per weight.
-struct Q2K {
-    static constexpr int64_t kBlockK = 256, kSubK = 16;
-    static constexpr int kBits = 2;
-    static constexpr bool kBig = false;
-    static constexpr size_t kFileBlock = 84, kD = 0, kDmin = 32, kSc = 64, kCodes = 320;
-    static constexpr size_t kBlockBytes = kCodes + 16 * kChunkBytes;
-};
-// Q3_K: w = d * sc * (u - 4) per 16 k, u = low 2 bits + 4 * hmask bit in 0..7. Q2K's 2-bit chunks
-// for the low bits; each pair of chunks is followed by one line whose byte lane*4 + b holds, in
-// bit 4 * (c % 2) + i, the third bit of chunk c's code for k = 16c + 4i + b; sc - 32 as int8, d
-// f16 (3.56 bits per weight against the file's 3.44).
-struct Q3K {
-    static constexpr int64_t kBlockK = 256, kSubK = 16;
-    static constexpr int kBits = 2;
-    static constexpr bool kBig = false;
-    static constexpr size_t kFileBlock = 110, kD = 0, kSc = 32, kCodes = 288;
-    static constexpr size_t kPairBytes = 3 * kChunkBytes;
-    static constexpr size_t kBlockBytes = kCodes + 8 * kPairBytes;
-};
-struct Q80 {   // w = d * q: codes q + 128 in bytes, the block's f16 d kept f16
-    static constexpr int64_t kBlockK = 32, kSubK = 32;
-    static constexpr int kBits = 8;
-    static constexpr bool kBig = true;
-    static constexpr size_t kFileBlock = 34, kD = 0, kCodes = 32;
-    static constexpr size_t kBlockBytes = kCodes + 8 * kChunkBytes;
-};
-// Q6_K: w = d * sc_j * (u - 32), u in 0..63, int8 sc per 16 k, d f32. Each 16-k sub-block is
-// two INT4-order chunks of the codes' low 4 bits and one 64-byte line whose byte lane*4 + b
-// holds the high bit pairs of the four codes that share that byte position in the two chunks
-// (chunk c's low / high nibble in bits 4 (c % 2), 4 (c % 2) + 2); a shift and an AND put each
-// pair back as 16 and 32 — Q5_K's fifth bit, twice (6.63 bits per weight against the file's
-// 6.56; v4's byte per code read 8.6 and made decode the slowest of the K types).
-struct Q6K {
-    static constexpr int64_t kBlockK = 256, kSubK = 16;
-    static constexpr int kBits = 4;
-    static constexpr bool kBig = false;
-    static constexpr size_t kFileBlock = 210, kD = 0, kSc = 64, kCodes = 320;
-    static constexpr size_t kSubBytes = 2 * kChunkBytes + 64;
-    static constexpr size_t kBlockBytes = kCodes + 16 * kSubBytes;
-};
-constexpr size_t high_pairs_at(int64_t c) { return Q6K::kCodes + size_t(c / 2) * Q6K::kSubBytes + 2 * kChunkBytes; }
-
-// Where chunk c of a block's codes starts (and, for Q5K, its fifth-bit masks).
-template <class P>
-constexpr size_t chunk_at(int64_t c) {
-    if constexpr (std::is_same_v<P, Q5K>) return P::kCodes + size_t(c / 4) * P::kSubBytes + size_t(c % 4) * kChunkBytes;
-    if constexpr (std::is_same_v<P, Q3K>) return P::kCodes + size_t(c / 2) * P::kPairBytes + size_t(c % 2) * kChunkBytes;
-    if constexpr (std::is_same_v<P, Q6K>) return P::kCodes + size_t(c / 2) * P::kSubBytes + size_t(c % 2) * kChunkBytes;
-    return P::kCodes + size_t(c) * kChunkBytes;
-}
-constexpr size_t third_bits_at(int64_t c) { return Q3K::kCodes + size_t(c / 2) * Q3K::kPairBytes + 2 * kChunkBytes; }
-
-template <class P>
-size_t panel_bytes(int64_t k) { return size_t(k / P::kBlockK) * P::kBlockBytes; }
-
-// ggml's get_scale_min_k4: the j-th 6-bit scale and min of a Q4_K block's 12 scale bytes.
-void scale_min(const uint8_t* q, int j, uint8_t* sc, uint8_t* m) {
-    if (j < 4) {
-        *sc = q[j] & 63;
-        *m = q[j + 4] & 63;
-    } else {
-        *sc = uint8_t((q[j + 4] & 15) | ((q[j - 4] >> 6) << 4));
-        *m = uint8_t((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
-    }
-}
-
-// Rows [n0, n0 + 16) of a Q4_K or Q8_0 matrix (row stride `stride` bytes) into one panel.
-template <class P>
-void pack_panel(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t n0, int64_t k, uint8_t* dst) {
-    for (int64_t b = 0; b < k / P::kBlockK; ++b) {
-        uint8_t* out = dst + size_t(b) * P::kBlockBytes;
-        for (int lane = 0; lane < kPanel && n0 + lane < n_rows; ++lane) {
-            const uint8_t* blk = rows + size_t(n0 + lane) * stride + size_t(b) * P::kFileBlock;
-            uint8_t* codes = out + P::kCodes + size_t(lane) * 4;
-            if constexpr (std::is_same_v<P, Q40>) {
-                std::memcpy(out + P::kD + 2 * size_t(lane), blk, 2);   // d stays f16
-                uint8_t u[32];
-                for (int j = 0; j < 16; ++j) {
-                    u[j] = blk[2 + j] & 15;         // ggml: element j in the low nibble of byte j,
-                    u[j + 16] = blk[2 + j] >> 4;    // element j + 16 in its high nibble
-                }
-                for (int c = 0; c < 4; ++c)
-                    for (int bb = 0; bb < 4; ++bb)
-                        codes[size_t(c) * kChunkBytes + size_t(bb)] = uint8_t(u[8 * c + bb] | (u[8 * c + 4 + bb] << 4));
-                continue;
-            }
-            if constexpr (std::is_same_v<P, Q3K>) {
-                std::memcpy(out + P::kD + 2 * size_t(lane), blk + 108, 2);     // d stays f16
-                for (int j = 0; j < 16; ++j) out[P::kSc + 16 * j + lane] = uint8_t(int8_t(Q3_K::scale(blk, j)));
-                Decoded<256> dec;
-                Q3_K::decode(blk, dec);   // u = low 2 bits + 4 * hmask bit, element order
-                for (int c = 0; c < 16; ++c)
-                    for (int bb = 0; bb < 4; ++bb) {
-                        uint8_t byte = 0, third = 0;
-                        for (int i = 0; i < 4; ++i) {
-                            const uint8_t u = dec.u[16 * c + 4 * i + bb];
-                            byte = uint8_t(byte | ((u & 3) << (2 * i)));
-                            third = uint8_t(third | ((u >> 2) << (4 * (c % 2) + i)));
-                        }
-                        out[chunk_at<P>(c) + size_t(lane) * 4 + size_t(bb)] = byte;
-                        out[third_bits_at(c) + size_t(lane) * 4 + size_t(bb)] |= third;
-                    }
-                continue;
-            }
-            if constexpr (std::is_same_v<P, Q2K>) {
-                std::memcpy(out + P::kD + 2 * size_t(lane), blk + 80, 2);      // d, dmin stay f16
-                std::memcpy(out + P::kDmin + 2 * size_t(lane), blk + 82, 2);
-                for (int j = 0; j < 16; ++j) out[P::kSc + 16 * j + lane] = blk[j];
-                Decoded<256> dec;
-                Q2_K::decode(blk, dec);   // codes in element order
-                for (int c = 0; c < 16; ++c)
-                    for (int bb = 0; bb < 4; ++bb) {
-                        uint8_t byte = 0;
-                        for (int i = 0; i < 4; ++i) byte = uint8_t(byte | (dec.u[16 * c + 4 * i + bb] << (2 * i)));
-                        codes[size_t(c) * kChunkBytes + size_t(bb)] = byte;
-                    }
-                continue;
-            }
-            if constexpr (std::is_same_v<P, IQ4X>) {
-                std::memcpy(out + P::kD + 2 * size_t(lane), blk, 2);   // d stays f16
-                uint8_t u[256];
-                for (int j = 0; j < 8; ++j) {
-                    out[P::kSc + 16 * j + lane] = uint8_t(int8_t(iq4_scale(blk, j) - 32));
-                    for (int i = 0; i < 16; ++i) {
-                        u[32 * j + i] = blk[8 + 16 * j + i] & 15;
-                        u[32 * j + 16 + i] = blk[8 + 16 * j + i] >> 4;
-                    }
-                }
-                for (int c = 0; c < 32; ++c)
-                    for (int bb = 0; bb < 4; ++bb)
-                        codes[size_t(c) * kChunkBytes + size_t(bb)] = uint8_t(u[8 * c + bb] | (u[8 * c + 4 + bb] << 4));
-                continue;
-            }
-            if constexpr (std::is_same_v<P, Q6K>) {
-                reinterpret_cast<float*>(out + P::kD)[lane] = f16(blk + 208);
-                for (int j = 0; j < 16; ++j) out[P::kSc + 16 * j + lane] = blk[192 + j];
-                Decoded<256> dec;
-                Q6_K::decode(blk, dec);   // u = q + 32, element order
-                const uint8_t* u = dec.u;
-                for (int c = 0; c < 32; ++c)
-                    for (int bb = 0; bb < 4; ++bb) {
-                        const uint8_t lo = u[8 * c + bb], hi = u[8 * c + 4 + bb];
-                        out[chunk_at<P>(c) + size_t(lane) * 4 + size_t(bb)] = uint8_t((lo & 15) | ((hi & 15) << 4));
-                        out[high_pairs_at(c) + size_t(lane) * 4 + size_t(bb)] |=
-                            uint8_t(((lo >> 4) << (4 * (c % 2))) | ((hi >> 4) << (4 * (c % 2) + 2)));
-                    }
-                continue;
-            }
-            if constexpr (std::is_same_v<P, Q80>) {
-                std::memcpy(out + P::kD + 2 * size_t(lane), blk, 2);   // d stays f16
-                for (int e = 0; e < 32; ++e)
-                    codes[size_t(e / 4) * kChunkBytes + size_t(e % 4)] = uint8_t(int8_t(blk[2 + e]) + 128);
-                continue;
-            }
-            reinterpret_cast<float*>(out + P::kD)[lane] = f16(blk);
-            if constexpr (std::is_same_v<P, Q4K> || std::is_same_v<P, Q5K>) {
-                reinterpret_cast<float*>(out + P::kDmin)[lane] = f16(blk + 2);
-                for (int j = 0; j < 8; ++j) scale_min(blk + 4, j, out + P::kSc + 16 * j + lane, out + P::kM + 16 * j + lane);
-                Decoded<256> dec;
-                if constexpr (std::is_same_v<P, Q4K>)   // codes in element order (scales as scale_min gives them)
-                    Q4_K::decode(blk, dec);
-                else
-                    Q5_K::decode(blk, dec);
-                const uint8_t* u = dec.u;
-                for (int c = 0; c < 32; ++c)
-                    for (int bb = 0; bb < 4; ++bb) {
-                        out[chunk_at<P>(c) + size_t(lane) * 4 + size_t(bb)] =
-                            uint8_t((u[8 * c + bb] & 15) | ((u[8 * c + 4 + bb] & 15) << 4));
-                        if constexpr (std::is_same_v<P, Q5K>)
-                            out[fifth_bits_at(c) + size_t(lane) * 4 + size_t(bb)] |=
-                                uint8_t(((u[8 * c + bb] >> 4) << (2 * (c % 4))) | ((u[8 * c + 4 + bb] >> 4) << (2 * (c % 4) + 1)));
-                    }
-            }
-        }
-    }
-}
+using namespace G;   // the panel forms (Q4K, Q80, ...), chunk_at, kChunkBytes
 
 // Q5K: bit `bit` of each byte of `bits` moved to bit 4 (16), others cleared. 16-bit shifts by at
 // most 4 cannot carry a neighbouring byte's bit into bit 4.
@@ -924,152 +556,29 @@ void panel(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, const ui
 
 }  // namespace ggml_panels
 
-// ---- types, layout, packer -------------------------------------------------------------------
+// ---- layout, packer (kt/formats/ggml_panels.h) -----------------------------------------------
 
-struct TypeEntry {
-    kt_dtype dtype;
-    const char* name;
-    int64_t block_elems, block_bytes;
-    int scale_at[2];   // offsets of the block's f16 scales (-1: none), checked for NaN/Inf at load
-};
-
-template <class T>
-constexpr TypeEntry entry(kt_dtype d) {
-    return {d, T::name, T::QK, T::kBytes, {T::kScaleAt[0], T::kScaleAt[1]}};
-}
-
-constexpr TypeEntry kTypes[] = {
-    entry<Q4_0>(KT_DTYPE_GGML_Q4_0), entry<Q8_0>(KT_DTYPE_GGML_Q8_0), entry<Q2_K>(KT_DTYPE_GGML_Q2_K),
-    entry<Q3_K>(KT_DTYPE_GGML_Q3_K), entry<Q4_K>(KT_DTYPE_GGML_Q4_K), entry<Q5_K>(KT_DTYPE_GGML_Q5_K),
-    entry<Q6_K>(KT_DTYPE_GGML_Q6_K), entry<IQ4_XS>(KT_DTYPE_GGML_IQ4_XS),
-};
-
-const TypeEntry* type_entry(kt_dtype d) {
-    for (const TypeEntry& t : kTypes)
-        if (t.dtype == d) return &t;
-    return nullptr;
-}
-
-const char* const kMatrix[3] = {"gate", "up", "down"};
-
-enum { kNoPanels = 0, kPanelsQ4K = 1, kPanelsQ80 = 2, kPanelsQ6K = 3, kPanelsQ40 = 4, kPanelsIQ4 = 5, kPanelsQ5K = 6, kPanelsQ2K = 7,
-       kPanelsQ3K = 8 };
-
-// f(P{}) with the ggml_panels struct of a panel form.
-template <class F>
-auto with_panels(int panels, F&& f) {
-    switch (panels) {
-        case kPanelsQ4K: return f(ggml_panels::Q4K{});
-        case kPanelsQ6K: return f(ggml_panels::Q6K{});
-        case kPanelsQ40: return f(ggml_panels::Q40{});
-        case kPanelsIQ4: return f(ggml_panels::IQ4X{});
-        case kPanelsQ5K: return f(ggml_panels::Q5K{});
-        case kPanelsQ2K: return f(ggml_panels::Q2K{});
-        case kPanelsQ3K: return f(ggml_panels::Q3K{});
-        default: return f(ggml_panels::Q80{});
-    }
-}
-
-struct Matrix {
-    const TypeEntry* type;
-    int64_t rows, cols, row_bytes;   // row_bytes: of the file's rows (what the packer takes)
-    int panels;                      // its ggml_panels form (kNoPanels: an invalid type, refused)
-    size_t offset;
-};
-struct Layout {
-    Matrix m[3];
-    size_t bytes;
-    bool ok;
-};
-
-size_t matrix_panel_bytes(const Matrix& m) {
-    return with_panels(m.panels, [&]<class P>(P) { return ggml_panels::panel_bytes<P>(m.cols); });
-}
-
-Layout layout(const kt_moe_config* c) {
-    Layout l{};
-    l.ok = KT_HAS_FIELD(c, kt_moe_config, weight_dtype);
-    const int64_t rows[3] = {c->intermediate, c->intermediate, c->hidden}, cols[3] = {c->hidden, c->hidden, c->intermediate};
-    size_t at = 0;
-    for (int p = 0; p < 3; ++p) {
-        Matrix& m = l.m[p];
-        m.type = l.ok ? type_entry(c->weight_dtype[p]) : nullptr;
-        l.ok = l.ok && m.type;
-        m.rows = rows[p];
-        m.cols = cols[p];
-        m.row_bytes = m.type ? m.cols / m.type->block_elems * m.type->block_bytes : 0;
-        // Every type has a panel form; K is a multiple of its block (check_config).
-        switch (m.type ? m.type->dtype : KT_DTYPE_F32) {
-            case KT_DTYPE_GGML_Q4_0: m.panels = kPanelsQ40; break;
-            case KT_DTYPE_GGML_Q8_0: m.panels = kPanelsQ80; break;
-            case KT_DTYPE_GGML_Q2_K: m.panels = kPanelsQ2K; break;
-            case KT_DTYPE_GGML_Q3_K: m.panels = kPanelsQ3K; break;
-            case KT_DTYPE_GGML_Q4_K: m.panels = kPanelsQ4K; break;
-            case KT_DTYPE_GGML_Q5_K: m.panels = kPanelsQ5K; break;
-            case KT_DTYPE_GGML_Q6_K: m.panels = kPanelsQ6K; break;
-            case KT_DTYPE_GGML_IQ4_XS: m.panels = kPanelsIQ4; break;
-            default: m.panels = kNoPanels;
-        }
-        if (m.type && m.cols % m.type->block_elems) m.panels = kNoPanels;
-        m.offset = at;
-        at += size_t(round_up(m.panels ? panels(m.rows) * int64_t(matrix_panel_bytes(m)) : 0, 64));
-    }
-    l.bytes = at;
-    return l;
+G::Expert layout(const kt_moe_config* c) {
+    if (!KT_HAS_FIELD(c, kt_moe_config, weight_dtype)) return G::Expert{};   // ok = false: check_config says why
+    return G::expert(c->weight_dtype, c->hidden, c->intermediate);
 }
 
 size_t packed_bytes(const kt_moe_config* c) { return layout(c).bytes; }
 
 kt_status check_config(const kt_moe_config* c) {
-    if (!KT_HAS_FIELD(c, kt_moe_config, weight_dtype))
-        return fail(KT_ERROR_INVALID_ARGUMENT, "LLAMAFILE: the core passed no weight types (kt-core older than ABI 1.1)");
-    if (c->group_size != 0 || (c->quant_flags & KT_QUANT_ZERO_POINT))
-        return fail(KT_ERROR_INVALID_ARGUMENT, "LLAMAFILE: ggml blocks carry their own scales; group_size and zero_point "
-                    "do not apply");
-    const int64_t k[3] = {c->hidden, c->hidden, c->intermediate};
-    for (int p = 0; p < 3; ++p) {
-        const TypeEntry* t = type_entry(c->weight_dtype[p]);
-        if (!t)
-            return fail(KT_ERROR_UNSUPPORTED, "LLAMAFILE: %s is ggml type %d, which this backend does not read; supported: "
-                        "Q4_0, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS", kMatrix[p],
-                        int(c->weight_dtype[p]) - int(KT_DTYPE_GGML_BASE));
-        if (k[p] % t->block_elems)
-            return fail(KT_ERROR_INVALID_ARGUMENT, "LLAMAFILE: %s is %s, whose blocks hold %lld elements; K = %lld is not a "
-                        "multiple", kMatrix[p], t->name, (long long)t->block_elems, (long long)k[p]);
-    }
-    return KT_OK;
+    kt_status code;
+    const std::string why = G::check_config(c, &code);
+    return why.empty() ? KT_OK : fail(code, "%s", why.c_str());
 }
 
 kt_status pack(const kt_moe_config* c, const kt_expert_weights* src, void* dst) {
     if (const kt_status st = check_config(c)) return st;
-    const Layout l = layout(c);
+    const G::Expert l = layout(c);
     const kt_weight* w[3] = {&src->gate, &src->up, &src->down};
     for (int p = 0; p < 3; ++p) {
-        const Matrix& m = l.m[p];
-        const kt_matrix& v = w[p]->values;
-        if (!v.data || v.dtype != KT_DTYPE_U8 || v.rows != m.rows || v.cols != m.row_bytes)
-            return fail(KT_ERROR_INVALID_ARGUMENT, "LLAMAFILE: %s (%s) must be uint8 [%lld, %lld] (the blocks of each row); "
-                        "got %s [%lld, %lld]", kMatrix[p], m.type->name, (long long)m.rows, (long long)m.row_bytes,
-                        v.data ? dtype_name(v.dtype) : "nothing", (long long)v.rows, (long long)v.cols);
-        if (w[p]->scales.data || w[p]->zeros.data)
-            return fail(KT_ERROR_INVALID_ARGUMENT, "LLAMAFILE: %s: ggml blocks hold their scales; none may be given", kMatrix[p]);
-        const auto* bytes = static_cast<const uint8_t*>(v.data);
-        for (int64_t r = 0; r < m.rows; ++r) {
-            const uint8_t* row = bytes + r * v.row_stride;
-            int bad = 0;   // f16 scales with an all-ones exponent are NaN or Inf
-            for (int64_t b = 0; b < m.row_bytes; b += m.type->block_bytes)
-                for (int at : m.type->scale_at)
-                    if (at >= 0) bad |= (row[b + at + 1] & 0x7c) == 0x7c;
-            if (bad)
-                return fail(KT_ERROR_INVALID_ARGUMENT, "LLAMAFILE: %s (%s) row %lld has a NaN or Inf block scale; kt refuses "
-                            "non-finite weights at load", kMatrix[p], m.type->name, (long long)r);
-        }
-        for (int64_t q = 0; m.panels && q < panels(m.rows); ++q) {
-            uint8_t* panel = static_cast<uint8_t*>(dst) + m.offset + size_t(q) * matrix_panel_bytes(m);
-            with_panels(m.panels, [&]<class P>(P) {
-                ggml_panels::pack_panel<P>(bytes, size_t(v.row_stride), m.rows, q * kPanel, m.cols, panel);
-            });
-        }
+        const std::string why = G::check_matrix(l.m[p], p, *w[p]);
+        if (!why.empty()) return fail(KT_ERROR_INVALID_ARGUMENT, "%s", why.c_str());
+        G::pack_matrix(l.m[p], *w[p], static_cast<uint8_t*>(dst));
     }
     return KT_OK;
 }
@@ -1083,14 +592,14 @@ kt_status check_tile_range(const char* which, int64_t n0, int64_t n1, int64_t n)
 }
 
 // Columns [n0, n1) of one matrix for every activation row: out[r * ldo + n - n0].
-void matrix_tile(const Matrix& m, const uint8_t* base, const uint8_t* x, size_t ab, int64_t rows, int64_t n0, int64_t n1,
+void matrix_tile(const G::Matrix& m, const uint8_t* base, const uint8_t* x, size_t ab, int64_t rows, int64_t n0, int64_t n1,
                  int pass, float* out, int64_t ldo) {
     const uint8_t* data = base + m.offset;
-    const size_t bytes = matrix_panel_bytes(m);
+    const size_t bytes = m.panel_bytes;
     for (int64_t n = n0; n < n1; n += kPanel) {
         const uint8_t* p = data + size_t(n / kPanel) * bytes;
         const int cols = int(std::min<int64_t>(kPanel, n1 - n));
-        with_panels(m.panels, [&]<class P>(P) {
+        G::with_panels(m.type->dtype, [&]<class P>(P) {
             ggml_panels::panel<P>(x, ab, rows, m.cols, p, pass == 1, out + (n - n0), ldo, cols);
         });
     }
@@ -1101,7 +610,7 @@ constexpr int64_t kWholeTileRows = 8;
 kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                        float* out, int64_t ldo) {
     const GateScope activation(c);   // the layer's gated activation, for the epilogues below
-    const Layout l = layout(c);
+    const G::Expert l = layout(c);
     if (!l.ok) return check_config(c);
     if (const kt_status st = check_tile_range("gate/up", n0, n1, c->intermediate)) return st;
     const int pass = one_activation_pass(c) ? 0 : 1;
@@ -1133,7 +642,7 @@ kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* a
 
 kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                     float* out, int64_t ldo) {
-    const Layout l = layout(c);
+    const G::Expert l = layout(c);
     if (!l.ok) return check_config(c);
     if (const kt_status st = check_tile_range("down", n0, n1, c->hidden)) return st;
     const int pass = one_activation_pass(c) ? 0 : 1;

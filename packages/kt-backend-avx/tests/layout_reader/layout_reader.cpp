@@ -1,6 +1,7 @@
 // A reader of packed experts written only against kt-core's public layout header
-// (kt/formats/packed_layouts.h), as a BLIS or KML backend would read kt-backend-avx's bytes:
+// (kt/formats/packed_layouts.h, ggml_panels.h), as a BLIS or KML backend would read kt-backend-avx's bytes:
 // test_packed_layouts.py compiles it and checks that it recovers the weights the kernels use.
+#include <kt/formats/ggml_panels.h>
 #include <kt/formats/packed_layouts.h>
 
 #include <cstring>
@@ -76,4 +77,27 @@ extern "C" size_t kt_unpack_expert(const char* layout_id, const uint8_t* expert,
         return l.bytes();
     }
     return 0;
+}
+
+// LLAMAFILE's "kt-ggml-v5" (kt/formats/ggml_panels.h): gate, up and down of the ggml types
+// `types` (kt_dtype values), one matrix after another. Returns the expert's byte count, or 0 when
+// a type or K does not fit the layout.
+extern "C" size_t kt_unpack_ggml_expert(const int* types, const uint8_t* expert, int64_t hidden, int64_t intermediate,
+                                        float* gate, float* up, float* down) {
+    namespace G = L::ggml;
+    const kt_dtype t[3] = {kt_dtype(types[0]), kt_dtype(types[1]), kt_dtype(types[2])};
+    const G::Expert e = G::expert(t, hidden, intermediate);
+    if (!e.ok) return 0;
+    float* out[3] = {gate, up, down};
+    for (int p = 0; p < 3; ++p) {
+        const G::Matrix& m = e.m[p];
+        G::with_panels(m.type->dtype, [&](auto form) {
+            using P = decltype(form);
+            for (int64_t n = 0; n < m.rows; ++n) {
+                const uint8_t* panel = expert + m.offset + size_t(n / L::kPanel) * m.panel_bytes;
+                for (int64_t k = 0; k < m.cols; ++k) out[p][n * m.cols + k] = G::weight<P>(panel, k, int(n % L::kPanel));
+            }
+        });
+    }
+    return e.bytes;
 }

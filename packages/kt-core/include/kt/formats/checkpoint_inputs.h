@@ -45,29 +45,11 @@ inline std::string message(const char* fmt, ...) {
     return buffer;
 }
 
-// IEEE half bits -> f32, exact (subnormals included), without F16C or __fp16.
-inline float f16_bits_to_float(uint16_t h) {
-    const uint32_t sign = uint32_t(h & 0x8000) << 16, e = (h >> 10) & 31, m = h & 1023;
-    uint32_t bits;
-    if (e == 31) {
-        bits = sign | 0x7f800000u | (m << 13);
-    } else if (e != 0) {
-        bits = sign | ((e + 112) << 23) | (m << 13);
-    } else {   // zero or subnormal m * 2^-24: an exact f32 product
-        const float v = float(m) * 0x1p-24f;
-        std::memcpy(&bits, &v, 4);
-        bits |= sign;
-    }
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
-}
-
 // Element `at` of a floating matrix as f32 (exact for bf16 / f16; f64 rounds).
 inline float float_at(const kt_matrix& m, int64_t at) {
     switch (m.dtype) {
         case KT_DTYPE_BF16: return layouts::bf16_bits_to_float(static_cast<const uint16_t*>(m.data)[at]);
-        case KT_DTYPE_F16: return f16_bits_to_float(static_cast<const uint16_t*>(m.data)[at]);
+        case KT_DTYPE_F16: return layouts::f16_bits_to_float(static_cast<const uint16_t*>(m.data)[at]);
         case KT_DTYPE_F64: return float(static_cast<const double*>(m.data)[at]);
         default: return static_cast<const float*>(m.data)[at];
     }

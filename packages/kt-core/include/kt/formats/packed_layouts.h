@@ -30,6 +30,24 @@ inline float bf16_bits_to_float(uint16_t h) {
     return f;
 }
 
+// IEEE half bits -> f32, exact (subnormals included), without F16C or __fp16.
+inline float f16_bits_to_float(uint16_t h) {
+    const uint32_t sign = uint32_t(h & 0x8000) << 16, e = (h >> 10) & 31, m = h & 1023;
+    uint32_t bits;
+    if (e == 31) {
+        bits = sign | 0x7f800000u | (m << 13);
+    } else if (e != 0) {
+        bits = sign | ((e + 112) << 23) | (m << 13);
+    } else {   // zero or subnormal m * 2^-24: an exact f32 product
+        const float v = float(m) * 0x1p-24f;
+        std::memcpy(&bits, &v, 4);
+        bits |= sign;
+    }
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
 // --- the expert: which panel is where ----------------------------------------------------
 // Gate and up panels alternate ([gate 0][up 0][gate 1][up 1]...) so a fused gate/up kernel
 // streams one buffer; the down panels follow. A gate/up panel has K = hidden, a down panel

@@ -1,0 +1,476 @@
+// LLAMAFILE's packed layout "kt-ggml-v5" (docs/formats.md): GGUF's ggml blocks regrouped into
+// panels of 16 output channels — every type's codes and scales as the file holds them, nothing
+// dequantized — so that one outer-product kernel per ISA runs them all, decode and prefill.
+// kt-backend-avx (x86) and kt-backend-kml (aarch64) both pack and compute on it; this header is
+// its byte geometry, the file-block checks, the packer (scalar: it runs at load, not in the hot
+// loop) and a scalar reader per type (the layout's specification, and the oracle the tests unpack
+// packed experts with). The kernels that stream it stay in the backends.
+//
+// An expert is gate, up and down one after another, each starting on 64 bytes, each its panels
+// of 16 channels, each panel K / block of the type's panel blocks. Each type is a group-wise
+// integer format in disguise, w = s * u - s*z per sub-block of 16 or 32 k (Q4_K: s = d * sc,
+// s*z = dmin * m; Q4_0: s = d, z = 8; IQ4_XS: a table lookup first). 4-bit codes sit as INT4's
+// (chunk c of 64 bytes holds k = 8c..8c+3 in its low nibbles and 8c+4..8c+7 in its high ones,
+// byte lane * 4 + b: the int8 dot products' operand order), 8-bit ones as kt-int8-p16k4-v1's
+// (chunk c holds k = 4c..4c+3), 2-bit ones four k-quads to a chunk. Each panel form below gives
+// its block's bytes, e.g.
+//   Q4_K (256 k): f32 d[16], f32 dmin[16], u8 sc[8][16], u8 m[8][16], 32 chunks of 64 bytes
+//                 (2432 bytes for 4096 weights: 4.75 bits each, the file's 4.5);
+//   Q8_0 (32 k):  f16 d[16], 8 chunks of 64 bytes (544 bytes for 512 weights: the file's 8.5 bits).
+// History: v2 kept Q2_K, Q3_K, Q4_0, Q5_K and IQ4_XS as the file's rows (run a block at a time
+// from L1, at a third to two thirds of llama.cpp's decode speed); v3 kept Q8_0's d as f32 (9 bits
+// per weight); v4 held Q6_K's 6-bit codes in bytes (8.6 bits per weight against the file's 6.56),
+// v5 splits them into INT4's nibbles and a line of high bit pairs (6.63).
+//
+// Internal linkage, portable C++, as packed_layouts.h: backends compile it into translation
+// units with different ISA flags.
+#pragma once
+#include <kt/formats/checkpoint_inputs.h>
+#include <kt/formats/packed_layouts.h>
+#include <kt/plugin.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <type_traits>
+
+namespace kt::layouts::ggml {
+namespace {
+
+constexpr const char* kId = "kt-ggml-v5";
+constexpr size_t kChunkBytes = 64;
+
+// ---- the file's blocks ---------------------------------------------------------------------
+
+struct BlockType {
+    kt_dtype dtype;
+    const char* name;
+    int64_t elems, bytes;
+    int scale_at[2];   // offsets of the block's f16 scales (-1: none), checked for NaN/Inf at load
+};
+constexpr BlockType kBlockTypes[] = {
+    {KT_DTYPE_GGML_Q4_0, "Q4_0", 32, 18, {0, -1}},      {KT_DTYPE_GGML_Q8_0, "Q8_0", 32, 34, {0, -1}},
+    {KT_DTYPE_GGML_Q2_K, "Q2_K", 256, 84, {80, 82}},    {KT_DTYPE_GGML_Q3_K, "Q3_K", 256, 110, {108, -1}},
+    {KT_DTYPE_GGML_Q4_K, "Q4_K", 256, 144, {0, 2}},     {KT_DTYPE_GGML_Q5_K, "Q5_K", 256, 176, {0, 2}},
+    {KT_DTYPE_GGML_Q6_K, "Q6_K", 256, 210, {208, -1}},  {KT_DTYPE_GGML_IQ4_XS, "IQ4_XS", 256, 136, {0, -1}},
+};
+constexpr const char* kSupported = "Q4_0, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS";
+
+inline const BlockType* block_type(kt_dtype d) {
+    for (const BlockType& t : kBlockTypes)
+        if (t.dtype == d) return &t;
+    return nullptr;
+}
+
+inline float f16_at(const uint8_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return f16_bits_to_float(h);
+}
+
+// A 256-element K-quant block's unsigned codes u in element order (ggml's bit layouts), for the
+// packer; the scales are read from the block where the packer needs them.
+inline void q2k_codes(const uint8_t* b, uint8_t* u) {   // w = d * (sc & 15) * u - dmin * (sc >> 4)
+    for (int e = 0; e < 256; ++e) u[e] = uint8_t((b[16 + 32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3);
+}
+inline void q3k_codes(const uint8_t* b, uint8_t* u) {   // u = q + 4: the low 2 bits, + 4 where hmask is set
+    for (int e = 0; e < 256; ++e) {
+        const int h = e / 128, s = (e % 128) / 32, l = e % 32;
+        u[e] = uint8_t(((b[32 + 32 * h + l] >> (2 * s)) & 3) | (((b[l] >> (4 * h + s)) & 1) << 2));
+    }
+}
+// The j-th 16-element group's scale of a Q3_K block, sc - 32, from its 12 packed 6-bit scales.
+inline int q3k_scale(const uint8_t* b, int j) {
+    const uint8_t* sc = b + 96;
+    const int lo = (j < 8 ? sc[j] : sc[j - 8] >> 4) & 15, hi = (sc[8 + j % 4] >> (2 * (j / 4))) & 3;
+    return (lo | (hi << 4)) - 32;
+}
+inline void q4k_codes(const uint8_t* b, uint8_t* u) {
+    for (int c = 0; c < 4; ++c)
+        for (int l = 0; l < 32; ++l) {
+            u[64 * c + l] = b[16 + 32 * c + l] & 15;
+            u[64 * c + 32 + l] = b[16 + 32 * c + l] >> 4;
+        }
+}
+inline void q5k_codes(const uint8_t* b, uint8_t* u) {   // Q4_K's nibbles + 16 * the qh bit
+    for (int c = 0; c < 4; ++c)
+        for (int l = 0; l < 32; ++l) {
+            const uint8_t q = b[48 + 32 * c + l], qh = b[16 + l];
+            u[64 * c + l] = uint8_t((q & 15) | (((qh >> (2 * c)) & 1) << 4));
+            u[64 * c + 32 + l] = uint8_t((q >> 4) | (((qh >> (2 * c + 1)) & 1) << 4));
+        }
+}
+inline void q6k_codes(const uint8_t* b, uint8_t* u) {   // u = q + 32, 6 bits: w = d * sc * (u - 32)
+    for (int h = 0; h < 2; ++h)
+        for (int l = 0; l < 32; ++l) {
+            const uint8_t a = b[64 * h + l], c = b[64 * h + 32 + l], qh = b[128 + 32 * h + l];
+            uint8_t* o = u + 128 * h + l;
+            o[0] = uint8_t((a & 15) | ((qh & 3) << 4));
+            o[32] = uint8_t((c & 15) | (((qh >> 2) & 3) << 4));
+            o[64] = uint8_t((a >> 4) | (((qh >> 4) & 3) << 4));
+            o[96] = uint8_t((c >> 4) | (((qh >> 6) & 3) << 4));
+        }
+}
+// ggml's get_scale_min_k4: the j-th 6-bit scale and min of a Q4_K / Q5_K block's 12 scale bytes.
+inline void scale_min_k4(const uint8_t* q, int j, uint8_t* sc, uint8_t* m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = uint8_t((q[j + 4] & 15) | ((q[j - 4] >> 6) << 4));
+        *m = uint8_t((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+// IQ4_XS: 4-bit indices into a fixed non-linear table of int8 values; 6-bit scales - 32.
+constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+inline int iq4_scale(const uint8_t* b, int j) {   // low 4 bits in scales_l, high 2 in scales_h
+    const int scales_h = b[2] | (b[3] << 8);
+    return ((b[4 + j / 2] >> (4 * (j % 2))) & 15) | (((scales_h >> (2 * j)) & 3) << 4);
+}
+
+// ---- panel forms: one 16-channel panel's block --------------------------------------------
+// kSubK: k per scale (sub-block); kBits: how the codes are stored (2-bit, 4-bit nibbles, bytes);
+// kBig: 8-bit codes up to 255 (Q8_0's q + 128) or signed table values up to 128 in magnitude
+// (IQ4_XS), which a u8 x s8 dot cannot take as they are (Q6_K's u <= 63 can).
+
+struct Q4K {
+    static constexpr kt_dtype kType = KT_DTYPE_GGML_Q4_K;
+    static constexpr int64_t kBlockK = 256, kSubK = 32;
+    static constexpr int kBits = 4;
+    static constexpr bool kBig = false;
+    static constexpr size_t kFileBlock = 144, kD = 0, kDmin = 64, kSc = 128, kM = 256, kCodes = 384;
+    static constexpr size_t kBlockBytes = kCodes + 32 * kChunkBytes;
+};
+// w = d * (u - 8), u in 0..15: INT4's symmetric group of 32 with the block's f16 d kept as f16,
+// so the panel takes the file's 4.5 bits per weight exactly.
+struct Q40 {
+    static constexpr kt_dtype kType = KT_DTYPE_GGML_Q4_0;
+    static constexpr int64_t kBlockK = 32, kSubK = 32;
+    static constexpr int kBits = 4;
+    static constexpr bool kBig = false;
+    static constexpr size_t kFileBlock = 18, kD = 0, kCodes = 32;   // f16 d[16], then 4 chunks
+    static constexpr size_t kBlockBytes = kCodes + 4 * kChunkBytes;
+};
+// w = d * (ls_j - 32) * kIq4Values[q]: 4-bit indices in INT4's chunk order, looked up by one byte
+// shuffle into the signed table values; ls_j - 32 as int8 per 32-k sub-block, d kept f16 (4.31
+// bits per weight against the file's 4.25).
+struct IQ4X {
+    static constexpr kt_dtype kType = KT_DTYPE_GGML_IQ4_XS;
+    static constexpr int64_t kBlockK = 256, kSubK = 32;
+    static constexpr int kBits = 4;
+    static constexpr bool kBig = true;
+    static constexpr size_t kFileBlock = 136, kD = 0, kSc = 32, kCodes = 160;
+    static constexpr size_t kBlockBytes = kCodes + 32 * kChunkBytes;
+};
+// Q5_K: Q4_K's panel (d, dmin f32; 6-bit sc and m as bytes; the low 4 bits of each code in INT4's
+// chunk order) plus each code's fifth bit: each 32-k sub-block's four chunks are followed by one
+// 64-byte line whose byte i holds, in bit 2cc (2cc + 1), the fifth bit of the code in byte i's
+// low (high) nibble of chunk cc; a shift and an AND put it back as 16 (5.75 bits per weight
+// against the file's 5.5; one stream for decode).
+struct Q5K {
+    static constexpr kt_dtype kType = KT_DTYPE_GGML_Q5_K;
+    static constexpr int64_t kBlockK = 256, kSubK = 32;
+    static constexpr int kBits = 4;
+    static constexpr bool kBig = false;
+    static constexpr size_t kFileBlock = 176, kD = 0, kDmin = 64, kSc = 128, kM = 256, kCodes = 384;
+    static constexpr size_t kSubBytes = 4 * kChunkBytes + 64;
+    static constexpr size_t kBlockBytes = kCodes + 8 * kSubBytes;
+};
+// Q2_K: w = d * sc * u - dmin * m per 16 k, u in 0..3. Codes stay 2-bit: byte lane*4 + b of chunk
+// c holds k = 16c + 4i + b in bits 2i, 2i + 1 (i < 4), so a shift and an AND give four k-quads
+// per chunk; the file's scale bytes (sc | m << 4) and f16 d, dmin as they are: the file's exact
+// 2.625 bits per weight.
+struct Q2K {
+    static constexpr kt_dtype kType = KT_DTYPE_GGML_Q2_K;
+    static constexpr int64_t kBlockK = 256, kSubK = 16;
+    static constexpr int kBits = 2;
+    static constexpr bool kBig = false;
+    static constexpr size_t kFileBlock = 84, kD = 0, kDmin = 32, kSc = 64, kCodes = 320;
+    static constexpr size_t kBlockBytes = kCodes + 16 * kChunkBytes;
+};
+// Q3_K: w = d * sc * (u - 4) per 16 k, u = low 2 bits + 4 * hmask bit in 0..7. Q2K's 2-bit chunks
+// for the low bits; each pair of chunks is followed by one line whose byte lane*4 + b holds, in
+// bit 4 * (c % 2) + i, the third bit of chunk c's code for k = 16c + 4i + b; sc - 32 as int8, d
+// f16 (3.56 bits per weight against the file's 3.44).
+struct Q3K {
+    static constexpr kt_dtype kType = KT_DTYPE_GGML_Q3_K;
+    static constexpr int64_t kBlockK = 256, kSubK = 16;
+    static constexpr int kBits = 2;
+    static constexpr bool kBig = false;
+    static constexpr size_t kFileBlock = 110, kD = 0, kSc = 32, kCodes = 288;
+    static constexpr size_t kPairBytes = 3 * kChunkBytes;
+    static constexpr size_t kBlockBytes = kCodes + 8 * kPairBytes;
+};
+struct Q80 {   // w = d * q: codes q + 128 in bytes, the block's f16 d kept f16
+    static constexpr kt_dtype kType = KT_DTYPE_GGML_Q8_0;
+    static constexpr int64_t kBlockK = 32, kSubK = 32;
+    static constexpr int kBits = 8;
+    static constexpr bool kBig = true;
+    static constexpr size_t kFileBlock = 34, kD = 0, kCodes = 32;
+    static constexpr size_t kBlockBytes = kCodes + 8 * kChunkBytes;
+};
+// Q6_K: w = d * sc_j * (u - 32), u in 0..63, int8 sc per 16 k, d f32. Each 16-k sub-block is
+// two INT4-order chunks of the codes' low 4 bits and one 64-byte line whose byte lane*4 + b
+// holds the high bit pairs of the four codes that share that byte position in the two chunks
+// (chunk c's low / high nibble in bits 4 (c % 2), 4 (c % 2) + 2); a shift and an AND put each
+// pair back as 16 and 32 — Q5_K's fifth bit, twice (6.63 bits per weight against the file's 6.56).
+struct Q6K {
+    static constexpr kt_dtype kType = KT_DTYPE_GGML_Q6_K;
+    static constexpr int64_t kBlockK = 256, kSubK = 16;
+    static constexpr int kBits = 4;
+    static constexpr bool kBig = false;
+    static constexpr size_t kFileBlock = 210, kD = 0, kSc = 64, kCodes = 320;
+    static constexpr size_t kSubBytes = 2 * kChunkBytes + 64;
+    static constexpr size_t kBlockBytes = kCodes + 16 * kSubBytes;
+};
+
+// f(P{}) with the panel form of a ggml type (Q8_0's for a type this layout does not hold:
+// callers check block_type first).
+template <class F>
+auto with_panels(kt_dtype type, F&& f) {
+    switch (type) {
+        case KT_DTYPE_GGML_Q4_K: return f(Q4K{});
+        case KT_DTYPE_GGML_Q6_K: return f(Q6K{});
+        case KT_DTYPE_GGML_Q4_0: return f(Q40{});
+        case KT_DTYPE_GGML_IQ4_XS: return f(IQ4X{});
+        case KT_DTYPE_GGML_Q5_K: return f(Q5K{});
+        case KT_DTYPE_GGML_Q2_K: return f(Q2K{});
+        case KT_DTYPE_GGML_Q3_K: return f(Q3K{});
+        default: return f(Q80{});
+    }
+}
+
+constexpr size_t fifth_bits_at(int64_t c) { return Q5K::kCodes + size_t(c / 4) * Q5K::kSubBytes + 4 * kChunkBytes; }
+constexpr size_t third_bits_at(int64_t c) { return Q3K::kCodes + size_t(c / 2) * Q3K::kPairBytes + 2 * kChunkBytes; }
+constexpr size_t high_pairs_at(int64_t c) { return Q6K::kCodes + size_t(c / 2) * Q6K::kSubBytes + 2 * kChunkBytes; }
+// Where chunk c of a block's codes starts.
+template <class P>
+constexpr size_t chunk_at(int64_t c) {
+    if constexpr (std::is_same_v<P, Q5K>) return P::kCodes + size_t(c / 4) * P::kSubBytes + size_t(c % 4) * kChunkBytes;
+    if constexpr (std::is_same_v<P, Q3K>) return P::kCodes + size_t(c / 2) * P::kPairBytes + size_t(c % 2) * kChunkBytes;
+    if constexpr (std::is_same_v<P, Q6K>) return P::kCodes + size_t(c / 2) * P::kSubBytes + size_t(c % 2) * kChunkBytes;
+    return P::kCodes + size_t(c) * kChunkBytes;
+}
+template <class P>
+size_t panel_bytes(int64_t k) { return size_t(k / P::kBlockK) * P::kBlockBytes; }
+
+// Rows [n0, n0 + 16) of a matrix of the file's rows (`stride` bytes apart) into one panel.
+template <class P>
+void pack_panel(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t n0, int64_t k, uint8_t* dst) {
+    std::memset(dst, 0, panel_bytes<P>(k));   // the bit lines below are OR-ed in; missing channels stay 0
+    uint8_t u[256];
+    for (int64_t b = 0; b < k / P::kBlockK; ++b) {
+        uint8_t* out = dst + size_t(b) * P::kBlockBytes;
+        for (int lane = 0; lane < kPanel && n0 + lane < n_rows; ++lane) {
+            const uint8_t* blk = rows + size_t(n0 + lane) * stride + size_t(b) * P::kFileBlock;
+            // The byte of chunk c holding k-offset bb (of the chunk's 4-k quad) for this lane.
+            auto code = [&](int64_t c, int bb) -> uint8_t& { return out[chunk_at<P>(c) + size_t(lane) * 4 + size_t(bb)]; };
+            if constexpr (std::is_same_v<P, Q40>) {
+                std::memcpy(out + P::kD + 2 * size_t(lane), blk, 2);   // d stays f16
+                for (int j = 0; j < 16; ++j) {
+                    u[j] = blk[2 + j] & 15;        // ggml: element j in the low nibble of byte j,
+                    u[j + 16] = blk[2 + j] >> 4;   // element j + 16 in its high nibble
+                }
+                for (int c = 0; c < 4; ++c)
+                    for (int bb = 0; bb < 4; ++bb) code(c, bb) = uint8_t(u[8 * c + bb] | (u[8 * c + 4 + bb] << 4));
+            } else if constexpr (std::is_same_v<P, Q80>) {
+                std::memcpy(out + P::kD + 2 * size_t(lane), blk, 2);   // d stays f16
+                for (int e = 0; e < 32; ++e) code(e / 4, e % 4) = uint8_t(int8_t(blk[2 + e]) + 128);
+            } else if constexpr (std::is_same_v<P, Q2K>) {
+                std::memcpy(out + P::kD + 2 * size_t(lane), blk + 80, 2);   // d, dmin stay f16
+                std::memcpy(out + P::kDmin + 2 * size_t(lane), blk + 82, 2);
+                for (int j = 0; j < 16; ++j) out[P::kSc + 16 * j + lane] = blk[j];
+                q2k_codes(blk, u);
+                for (int c = 0; c < 16; ++c)
+                    for (int bb = 0; bb < 4; ++bb)
+                        for (int i = 0; i < 4; ++i) code(c, bb) = uint8_t(code(c, bb) | (u[16 * c + 4 * i + bb] << (2 * i)));
+            } else if constexpr (std::is_same_v<P, Q3K>) {
+                std::memcpy(out + P::kD + 2 * size_t(lane), blk + 108, 2);   // d stays f16
+                for (int j = 0; j < 16; ++j) out[P::kSc + 16 * j + lane] = uint8_t(int8_t(q3k_scale(blk, j)));
+                q3k_codes(blk, u);
+                for (int c = 0; c < 16; ++c)
+                    for (int bb = 0; bb < 4; ++bb)
+                        for (int i = 0; i < 4; ++i) {
+                            const uint8_t v = u[16 * c + 4 * i + bb];
+                            code(c, bb) = uint8_t(code(c, bb) | ((v & 3) << (2 * i)));
+                            out[third_bits_at(c) + size_t(lane) * 4 + size_t(bb)] |= uint8_t((v >> 2) << (4 * (c % 2) + i));
+                        }
+            } else if constexpr (std::is_same_v<P, IQ4X>) {
+                std::memcpy(out + P::kD + 2 * size_t(lane), blk, 2);   // d stays f16
+                for (int j = 0; j < 8; ++j) {
+                    out[P::kSc + 16 * j + lane] = uint8_t(int8_t(iq4_scale(blk, j) - 32));
+                    for (int i = 0; i < 16; ++i) {
+                        u[32 * j + i] = blk[8 + 16 * j + i] & 15;
+                        u[32 * j + 16 + i] = blk[8 + 16 * j + i] >> 4;
+                    }
+                }
+                for (int c = 0; c < 32; ++c)
+                    for (int bb = 0; bb < 4; ++bb) code(c, bb) = uint8_t(u[8 * c + bb] | (u[8 * c + 4 + bb] << 4));
+            } else if constexpr (std::is_same_v<P, Q6K>) {
+                const float d = f16_at(blk + 208);
+                std::memcpy(out + P::kD + 4 * size_t(lane), &d, 4);
+                for (int j = 0; j < 16; ++j) out[P::kSc + 16 * j + lane] = blk[192 + j];
+                q6k_codes(blk, u);
+                for (int c = 0; c < 32; ++c)
+                    for (int bb = 0; bb < 4; ++bb) {
+                        const uint8_t lo = u[8 * c + bb], hi = u[8 * c + 4 + bb];
+                        code(c, bb) = uint8_t((lo & 15) | ((hi & 15) << 4));
+                        out[high_pairs_at(c) + size_t(lane) * 4 + size_t(bb)] |=
+                            uint8_t(((lo >> 4) << (4 * (c % 2))) | ((hi >> 4) << (4 * (c % 2) + 2)));
+                    }
+            } else {   // Q4K, Q5K
+                const float d = f16_at(blk), dmin = f16_at(blk + 2);
+                std::memcpy(out + P::kD + 4 * size_t(lane), &d, 4);
+                std::memcpy(out + P::kDmin + 4 * size_t(lane), &dmin, 4);
+                for (int j = 0; j < 8; ++j) scale_min_k4(blk + 4, j, out + P::kSc + 16 * j + lane, out + P::kM + 16 * j + lane);
+                if constexpr (std::is_same_v<P, Q4K>)
+                    q4k_codes(blk, u);
+                else
+                    q5k_codes(blk, u);
+                for (int c = 0; c < 32; ++c)
+                    for (int bb = 0; bb < 4; ++bb) {
+                        code(c, bb) = uint8_t((u[8 * c + bb] & 15) | ((u[8 * c + 4 + bb] & 15) << 4));
+                        if constexpr (std::is_same_v<P, Q5K>)
+                            out[fifth_bits_at(c) + size_t(lane) * 4 + size_t(bb)] |=
+                                uint8_t(((u[8 * c + bb] >> 4) << (2 * (c % 4))) | ((u[8 * c + 4 + bb] >> 4) << (2 * (c % 4) + 1)));
+                    }
+            }
+        }
+    }
+}
+
+// The weight at (k, lane) of a panel as the kernels mean it, w = s * u - s*z in f32 (the
+// layout's specification; not a fast path).
+template <class P>
+float weight(const uint8_t* panel, int64_t k, int lane) {
+    const uint8_t* blk = panel + size_t(k / P::kBlockK) * P::kBlockBytes;
+    const int64_t kk = k % P::kBlockK;
+    const int j = int(kk / P::kSubK);
+    auto byte = [&](size_t at, int64_t b) { return blk[at + size_t(lane) * 4 + size_t(b)]; };
+    int u;
+    if constexpr (P::kBits == 8) {
+        u = byte(chunk_at<P>(kk / 4), kk % 4);
+    } else if constexpr (P::kBits == 4) {
+        const int64_t c = kk / 8, t = kk % 8;
+        u = (byte(chunk_at<P>(c), t % 4) >> (t < 4 ? 0 : 4)) & 15;
+        if constexpr (std::is_same_v<P, Q5K>) u |= ((byte(fifth_bits_at(c), t % 4) >> (2 * (c % 4) + (t >= 4))) & 1) << 4;
+        if constexpr (std::is_same_v<P, Q6K>) u |= ((byte(high_pairs_at(c), t % 4) >> (4 * (c % 2) + 2 * (t >= 4))) & 3) << 4;
+    } else {
+        const int64_t c = kk / 16, i = (kk % 16) / 4, b = kk % 4;
+        u = (byte(chunk_at<P>(c), b) >> (2 * i)) & 3;
+        if constexpr (std::is_same_v<P, Q3K>) u |= ((byte(third_bits_at(c), b) >> (4 * (c % 2) + i)) & 1) << 2;
+    }
+    const auto sc = [&](size_t at) { return blk[at + 16 * size_t(j) + size_t(lane)]; };
+    const auto f32_at = [&](size_t at) {
+        float f;
+        std::memcpy(&f, blk + at + 4 * size_t(lane), 4);
+        return f;
+    };
+    const float d16 = f16_at(blk + P::kD + 2 * size_t(lane));
+    if constexpr (std::is_same_v<P, Q40>) return d16 * float(u - 8);
+    if constexpr (std::is_same_v<P, Q80>) return d16 * float(u - 128);
+    if constexpr (std::is_same_v<P, IQ4X>) return d16 * float(int8_t(sc(P::kSc))) * float(kIq4Values[u]);
+    if constexpr (std::is_same_v<P, Q3K>) return d16 * float(int8_t(sc(P::kSc))) * float(u - 4);
+    if constexpr (std::is_same_v<P, Q2K>)
+        return d16 * float(sc(P::kSc) & 15) * float(u) - f16_at(blk + P::kDmin + 2 * size_t(lane)) * float(sc(P::kSc) >> 4);
+    if constexpr (std::is_same_v<P, Q6K>) return f32_at(P::kD) * float(int8_t(sc(P::kSc))) * float(u - 32);
+    if constexpr (std::is_same_v<P, Q4K> || std::is_same_v<P, Q5K>)
+        return f32_at(P::kD) * float(sc(P::kSc)) * float(u) - f32_at(P::kDmin) * float(sc(P::kM));
+    return 0.0f;
+}
+
+// ---- an expert ----------------------------------------------------------------------------
+
+struct Matrix {
+    const BlockType* type;   // nullptr: a type this layout does not hold
+    int64_t rows, cols, row_bytes;   // row_bytes: of the file's rows (what the packer takes)
+    size_t panel_bytes, offset;      // panel_bytes 0: not packable (unknown type, K not a multiple)
+};
+struct Expert {
+    Matrix m[3];   // gate, up, down
+    size_t bytes;
+    bool ok;       // every matrix packable
+};
+
+inline Expert expert(const kt_dtype types[3], int64_t hidden, int64_t intermediate) {
+    Expert e{};
+    e.ok = true;
+    const int64_t rows[3] = {intermediate, intermediate, hidden}, cols[3] = {hidden, hidden, intermediate};
+    size_t at = 0;
+    for (int p = 0; p < 3; ++p) {
+        Matrix& m = e.m[p];
+        m.type = block_type(types[p]);
+        m.rows = rows[p];
+        m.cols = cols[p];
+        m.row_bytes = m.type ? m.cols / m.type->elems * m.type->bytes : 0;
+        if (m.type && m.cols % m.type->elems == 0)
+            m.panel_bytes = with_panels(m.type->dtype, [&](auto form) { return panel_bytes<decltype(form)>(m.cols); });
+        e.ok = e.ok && m.panel_bytes;
+        m.offset = at;
+        at += (size_t(panel_count(m.rows)) * m.panel_bytes + 63) / 64 * 64;
+    }
+    e.bytes = at;
+    return e;
+}
+
+constexpr const char* kMatrixName[3] = {"gate", "up", "down"};
+
+// "" when the layer's types and shape fit this layout, else why not (*code: the kt_status).
+inline std::string check_config(const kt_moe_config* c, kt_status* code) {
+    *code = KT_ERROR_INVALID_ARGUMENT;
+    if (!KT_HAS_FIELD(c, kt_moe_config, weight_dtype))
+        return "LLAMAFILE: the core passed no weight types (kt-core older than ABI 1.1)";
+    if (c->group_size != 0 || (c->quant_flags & KT_QUANT_ZERO_POINT))
+        return "LLAMAFILE: ggml blocks carry their own scales; group_size and zero_point do not apply";
+    const int64_t k[3] = {c->hidden, c->hidden, c->intermediate};
+    for (int p = 0; p < 3; ++p) {
+        const BlockType* t = block_type(c->weight_dtype[p]);
+        if (!t) {
+            *code = KT_ERROR_UNSUPPORTED;
+            return inputs::message("LLAMAFILE: %s is ggml type %d, which this backend does not read; supported: %s",
+                                   kMatrixName[p], int(c->weight_dtype[p]) - int(KT_DTYPE_GGML_BASE), kSupported);
+        }
+        if (k[p] % t->elems)
+            return inputs::message("LLAMAFILE: %s is %s, whose blocks hold %lld elements; K = %lld is not a multiple",
+                                   kMatrixName[p], t->name, (long long)t->elems, (long long)k[p]);
+    }
+    return "";
+}
+
+// "" when matrix p's weight (the file's rows as uint8, no separate scales, finite block scales)
+// is what the packer takes, else why not.
+inline std::string check_matrix(const Matrix& m, int p, const kt_weight& w) {
+    const kt_matrix& v = w.values;
+    if (!v.data || v.dtype != KT_DTYPE_U8 || v.rows != m.rows || v.cols != m.row_bytes)
+        return inputs::message("LLAMAFILE: %s (%s) must be uint8 [%lld, %lld] (the blocks of each row); got %s [%lld, %lld]",
+                               kMatrixName[p], m.type->name, (long long)m.rows, (long long)m.row_bytes,
+                               v.data ? inputs::dtype_name(v.dtype) : "nothing", (long long)v.rows, (long long)v.cols);
+    if (w.scales.data || w.zeros.data)
+        return inputs::message("LLAMAFILE: %s: ggml blocks hold their scales; none may be given", kMatrixName[p]);
+    const auto* bytes = static_cast<const uint8_t*>(v.data);
+    for (int64_t r = 0; r < m.rows; ++r) {
+        const uint8_t* row = bytes + r * v.row_stride;
+        bool bad = false;   // f16 scales with an all-ones exponent are NaN or Inf
+        for (int64_t b = 0; b < m.row_bytes; b += m.type->bytes)
+            for (int at : m.type->scale_at)
+                if (at >= 0) bad |= (row[b + at + 1] & 0x7c) == 0x7c;
+        if (bad)
+            return inputs::message("LLAMAFILE: %s (%s) row %lld has a NaN or Inf block scale; kt refuses non-finite weights "
+                                   "at load", kMatrixName[p], m.type->name, (long long)r);
+    }
+    return "";
+}
+
+// Matrix m of an expert (checked) into its panels at `expert + m.offset`.
+inline void pack_matrix(const Matrix& m, const kt_weight& w, uint8_t* expert) {
+    const auto* bytes = static_cast<const uint8_t*>(w.values.data);
+    with_panels(m.type->dtype, [&](auto form) {
+        using P = decltype(form);
+        for (int64_t q = 0; q < panel_count(m.rows); ++q)
+            pack_panel<P>(bytes, size_t(w.values.row_stride), m.rows, q * kPanel, m.cols, expert + m.offset + size_t(q) * m.panel_bytes);
+    });
+}
+
+}  // namespace
+}  // namespace kt::layouts::ggml
