@@ -121,7 +121,7 @@ void down_panels(const kt_moe_config* c, const L::ExpertPanels& l, const void* p
         }
 }
 
-// The method tables (bf16.cpp, int8.cpp, int4.cpp, fp8.cpp).
+// The method tables (bf16.cpp, int8.cpp, int4.cpp, fp8.cpp, ggml.cpp).
 kt_method_kernels bf16_kernels(const char* kernel_id);
 kt_method_kernels int8_kernels(const char* kernel_id);
 kt_method_kernels int4_kernels(const char* kernel_id);
@@ -129,6 +129,7 @@ kt_method_kernels rawint4_kernels(const char* kernel_id);
 kt_method_kernels fp8_kernels(const char* kernel_id);
 kt_method_kernels fp8_perchannel_kernels(const char* kernel_id);
 kt_method_kernels mxfp8_kernels(const char* kernel_id);
+kt_method_kernels llamafile_kernels(const char* kernel_id);
 
 inline kt_method_kernels method_table(const char* method, const char* layout_id, const char* kernel_id,
                                       size_t (*bytes)(const kt_moe_config*),

@@ -15,7 +15,7 @@ kt_status init(const kt_host_api* host) {
 }
 
 struct Tables {
-    kt_method_kernels methods[7];
+    kt_method_kernels methods[8];
     kt_backend_api api;
 };
 
@@ -40,8 +40,9 @@ Tables build() {
     t.methods[4] = fp8_kernels("moe.fp8.p16.fcvtl-fma." KT_TARGET_VARIANT);
     t.methods[5] = fp8_perchannel_kernels("moe.fp8pc.p16.fcvtl-fma." KT_TARGET_VARIANT);
     t.methods[6] = mxfp8_kernels("moe.mxfp8.p16.fcvtl-fma." KT_TARGET_VARIANT);
+    t.methods[7] = llamafile_kernels("moe.ggml.p16." KT_INT8_DOT KT_TARGET_VARIANT);
     t.api = kt_backend_api{sizeof(kt_backend_api), KT_PLUGIN_ABI_MAJOR, KT_PLUGIN_ABI_MINOR, "kml", KT_TARGET_VARIANT,
-                           KT_TARGET_FEATURES, init, 7, nullptr};
+                           KT_TARGET_FEATURES, init, 8, nullptr};
     return t;
 }
 

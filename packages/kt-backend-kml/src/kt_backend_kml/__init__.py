@@ -6,7 +6,9 @@ from pathlib import Path
 
 from kt_core.backends import BackendDescriptor, Tier, Variant
 
-METHODS = ("BF16", "INT8", "INT4", "RAWINT4", "FP8", "FP8_PERCHANNEL", "MXFP8")
+METHODS = ("BF16", "INT8", "INT4", "RAWINT4", "FP8", "FP8_PERCHANNEL", "MXFP8", "LLAMAFILE")
+# kt/formats/ggml_panels.h's types: kt-ggml-v5, the layout kt-backend-avx packs too.
+GGML_TYPES = ("Q4_0", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
 TARGETS = json.loads((Path(__file__).parent / "targets.json").read_text())["targets"]
 
 descriptor = BackendDescriptor(
@@ -16,5 +18,5 @@ descriptor = BackendDescriptor(
     arch=("aarch64",),
     description="aarch64 expert kernels: NEON, ARMv8.2 dot product",
     variants=tuple(Variant(t["name"], module="kt_backend_kml._native", requires=frozenset(t["features"]),
-                           methods=METHODS, rank=t["rank"]) for t in TARGETS),
+                           methods=METHODS, rank=t["rank"], ggml_types=GGML_TYPES) for t in TARGETS),
 )

@@ -1,0 +1,357 @@
+// LLAMAFILE (GGUF's ggml blocks) in "kt-ggml-v5", kt-core's layout (kt/formats/ggml_panels.h):
+// the bytes kt-backend-avx packs, read here by NEON. Every type is a group-wise integer format in
+// disguise, w = s * u - s*z per sub-block of 16 or 32 k, so one kernel runs them all: per 16-channel
+// panel and sub-block, exact integer dots of the codes with the two int8 activation passes
+// (`sdot` on ARMv8.2, `smull` + pairwise adds on ARMv8.0: the same sums), then in f32
+//   acc += s_a / 128 * (s * (128 dot_hi + dot_lo) - s*z * (128 sum_hi + sum_lo)).
+// The codes are unsigned and small (u <= 63) except Q8_0's q + 128 and IQ4_XS's table values,
+// which `sdot` takes signed as they are (q back by an EOR; the table by one `tbl`): no sign
+// juggling as on x86's vpmaddubsw.
+//
+// Activations ("ggml-act-v1", as kt-backend-avx's): per group of 256 k one f32 scale
+// s_a = max|x| / 127 and two int8 planes x ~= s_a (hi + lo / 128), rounded to nearest even, so
+// both backends feed the same integers to their dots; int16 sums of each plane per 16 k for the
+// s*z term. KT_QUANT_FAST_ACTIVATIONS (llama.cpp's one Q8_K pass) skips the lo plane's dots.
+// Row: scale[ceil(K/256)] (f32, padded to 16 bytes), hi[K], lo[K], sums_hi[K/16], sums_lo[K/16].
+#include <kt/formats/ggml_panels.h>
+
+#include "common.h"
+#include "int8_activations.h"
+
+namespace KT_TARGET_NAMESPACE {
+namespace {
+
+namespace G = kt::layouts::ggml;
+constexpr int64_t kQK = 256;   // activation scale group; every ggml block fits in one (32 | 256)
+
+// ---- activations --------------------------------------------------------------------------
+
+int64_t act_groups(int64_t k) { return (k + kQK - 1) / kQK; }
+size_t scales_bytes(int64_t k) { return size_t((4 * act_groups(k) + 15) / 16 * 16); }
+size_t act_bytes(int64_t k) { return scales_bytes(k) + 2 * size_t(k) + 4 * size_t(k / 16); }
+
+struct ActRow {
+    const float* scale;
+    const int8_t* hi;
+    const int8_t* lo;
+    const int16_t* sums_hi;
+    const int16_t* sums_lo;
+};
+inline ActRow act_row(const uint8_t* row, int64_t k) {
+    const auto* hi = reinterpret_cast<const int8_t*>(row + scales_bytes(k));
+    const auto* sums = reinterpret_cast<const int16_t*>(hi + 2 * k);
+    return {reinterpret_cast<const float*>(row), hi, hi + k, sums, sums + k / 16};
+}
+
+kt_status quantize(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int64_t stride, void* out) {
+    if (k % 32) return fail(KT_ERROR_INVALID_ARGUMENT, "LLAMAFILE: activation length %lld is not a multiple of 32", (long long)k);
+    std::vector<float> x(static_cast<size_t>(k));
+    for (int64_t r = 0; r < rows; ++r) {
+        if (!activation_row(in, dtype, r, k, stride, x.data()))
+            return fail(KT_ERROR_UNSUPPORTED, "kml LLAMAFILE: activations must be float32 or bfloat16 (kt_dtype %d)", int(dtype));
+        auto* base = static_cast<uint8_t*>(out) + size_t(r) * act_bytes(k);
+        auto* scale = reinterpret_cast<float*>(base);
+        auto* hi = reinterpret_cast<int8_t*>(base + scales_bytes(k));
+        int8_t* lo = hi + k;
+        auto* sums_hi = reinterpret_cast<int16_t*>(lo + k);
+        int16_t* sums_lo = sums_hi + k / 16;
+        for (int64_t g = 0; g < act_groups(k); ++g) {
+            const int64_t k0 = g * kQK, n = std::min(kQK, k - k0);
+            float amax = 0.0f;
+            bool nan = false;
+            for (int64_t i = 0; i < n; ++i) {
+                amax = std::max(amax, std::fabs(x[size_t(k0 + i)]));
+                nan |= x[size_t(k0 + i)] != x[size_t(k0 + i)];
+            }
+            // A NaN makes the group's scale NaN (and its codes 0), so the token's output shows it.
+            scale[g] = nan ? NAN : amax / 127.0f;
+            const float inv = !nan && amax > 0.0f && std::isfinite(amax) ? 127.0f / amax : 0.0f;
+            // 16 at a time (n is a multiple of 32); frintn rounds to nearest, ties to even, as
+            // x86's vroundps does, so both backends quantize alike.
+            for (int64_t i = k0; i < k0 + n; i += 16) {
+                int32x4_t hq[4], lq[4];
+                for (int q = 0; q < 4; ++q) {
+                    const float32x4_t v = vmulq_n_f32(vld1q_f32(&x[size_t(i + 4 * q)]), inv), h = vrndnq_f32(v);
+                    const float32x4_t l = vrndnq_f32(vmulq_n_f32(vsubq_f32(v, h), 128.0f));
+                    hq[q] = vcvtq_s32_f32(h);
+                    lq[q] = vcvtq_s32_f32(vminq_f32(vmaxq_f32(l, vdupq_n_f32(-64.0f)), vdupq_n_f32(64.0f)));
+                }
+                const auto narrow = [](const int32x4_t* q) {
+                    return vcombine_s8(vmovn_s16(vcombine_s16(vmovn_s32(q[0]), vmovn_s32(q[1]))),
+                                       vmovn_s16(vcombine_s16(vmovn_s32(q[2]), vmovn_s32(q[3]))));
+                };
+                vst1q_s8(hi + i, narrow(hq));
+                vst1q_s8(lo + i, narrow(lq));
+            }
+            for (int64_t j = k0 / 16; j < (k0 + n) / 16; ++j) {
+                int sh = 0, sl = 0;
+                for (int i = 0; i < 16; ++i) sh += hi[16 * j + i], sl += lo[16 * j + i];
+                sums_hi[j] = int16_t(sh);
+                sums_lo[j] = int16_t(sl);
+            }
+        }
+    }
+    return KT_OK;
+}
+
+
+// ---- the panel kernel ---------------------------------------------------------------------
+
+inline float32x4_t f16x4(const uint8_t* p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(reinterpret_cast<const uint16_t*>(p)))); }
+inline float32x4_t f32x4(const uint8_t* p) { return vld1q_f32(reinterpret_cast<const float*>(p)); }
+// Each byte's bits moved from bit `from` up or down to bit `to` (one `ushl` by a count that is a
+// constant once the chunk loop is unrolled), then kept under `mask`: Q3_K's, Q5_K's and Q6_K's
+// extra code bits back into place, two instructions each.
+inline uint8x16_t move_bits(uint8x16_t v, int from, int to, uint8x16_t mask) {
+    return vandq_u8(vshlq_u8(v, vdupq_n_s8(int8_t(to - from))), mask);
+}
+// The 16 channels' bytes of a scale row as int32, channels 4v..4v+3 in out[v].
+inline void widen_u8(uint8x16_t b, int32x4_t out[4]) {
+    const uint16x8_t lo = vmovl_u8(vget_low_u8(b)), hi = vmovl_high_u8(b);
+    out[0] = vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(lo)));
+    out[1] = vreinterpretq_s32_u32(vmovl_high_u16(lo));
+    out[2] = vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(hi)));
+    out[3] = vreinterpretq_s32_u32(vmovl_high_u16(hi));
+}
+inline void widen_s8(int8x16_t b, int32x4_t out[4]) {
+    const int16x8_t lo = vmovl_s8(vget_low_s8(b)), hi = vmovl_high_s8(b);
+    out[0] = vmovl_s16(vget_low_s16(lo));
+    out[1] = vmovl_high_s16(lo);
+    out[2] = vmovl_s16(vget_low_s16(hi));
+    out[3] = vmovl_high_s16(hi);
+}
+
+// The 16 channels' w . x of one panel for one activation row.
+//
+// Q4_0 and Q8_0 (one sub-block per 32-k block) finish each block in f32. The K-quants' sub-blocks
+// (16 or 32 k) carry small integer scales, so their sums stay integers through the 256-k block,
+// sc_j * dot_j per pass and m_j * sum_j added by `mla`, and are converted once per block: exact,
+// and a quarter of the instructions of an f32 epilogue per sub-block (int32 bounds: |sc dot| summed
+// over a block <= 1.4e8 for every type, the m term <= 2.7e8).
+// Not inlined: one call per panel and row costs nothing beside a K-long loop, and keeps each type's
+// kernel one symbol whose instructions docs/backends.md counts.
+template <class P, bool kTwoPass>
+__attribute__((noinline)) void panel_dot(const uint8_t* panel, const ActRow& a, int64_t K, float out[16]) {
+    using namespace G;
+    constexpr int64_t kChunkK = P::kBits == 2 ? 16 : P::kBits == 4 ? 8 : 4;   // k per 64-byte chunk
+    constexpr int kPerSub = int(P::kSubK / kChunkK);                         // chunks per sub-block
+    constexpr bool kFloatBlocks = std::is_same_v<P, Q40> || std::is_same_v<P, Q80>;
+    constexpr bool kMin = std::is_same_v<P, Q4K> || std::is_same_v<P, Q5K> || std::is_same_v<P, Q2K>;   // w = s u - dmin m
+    constexpr int kZ = std::is_same_v<P, Q6K> ? 32 : std::is_same_v<P, Q3K> ? 4 : 0;                   // w = s (u - z)
+    const uint8x16_t low4 = vdupq_n_u8(0x0f), low2 = vdupq_n_u8(0x03);
+    const uint8x16_t b2 = vdupq_n_u8(0x04), b4 = vdupq_n_u8(0x10), b45 = vdupq_n_u8(0x30);   // bit 2; bit 4; bits 4-5
+    const int8x16_t table = vld1q_s8(kIq4Values);
+    float32x4_t acc[4];
+    for (int v = 0; v < 4; ++v) acc[v] = vdupq_n_f32(0.0f);
+    for (int64_t b = 0; b < K / P::kBlockK; ++b) {
+        const uint8_t* blk = panel + size_t(b) * P::kBlockBytes;
+        const int64_t k0 = b * P::kBlockK;
+        const float factor = a.scale[k0 / kQK] * (kTwoPass ? 1.0f / 128.0f : 1.0f);
+        int32x4_t ihi[4], ilo[4];   // the block's integer sums (K-quants)
+        for (int v = 0; v < 4; ++v) ihi[v] = ilo[v] = vdupq_n_s32(0);
+        // Sub-block j's activations of one pass (int16 sums per 16 k).
+        const auto sub_sum = [&](const int16_t* sums, int j) {
+            const int64_t g16 = (k0 + int64_t(j) * P::kSubK) / 16;
+            return sums[g16] + (P::kSubK == 32 ? sums[g16 + 1] : 0);
+        };
+        for (int j = 0; j < int(P::kBlockK / P::kSubK); ++j) {
+            int32x4_t dh[4], dl[4];
+            for (int v = 0; v < 4; ++v) dh[v] = dl[v] = vdupq_n_s32(0);
+            // The four k from kq on, against each channel's codes w[v] for them.
+            const auto quad = [&](int64_t kq, const int8x16_t* w) {
+                const int8x16_t xh = broadcast4(a.hi + kq);
+                for (int v = 0; v < 4; ++v) dh[v] = dot4(dh[v], w[v], xh);
+                if constexpr (kTwoPass) {
+                    const int8x16_t xl = broadcast4(a.lo + kq);
+                    for (int v = 0; v < 4; ++v) dl[v] = dot4(dl[v], w[v], xl);
+                }
+            };
+#pragma GCC unroll 8
+            for (int i = 0; i < kPerSub; ++i) {   // i = c % kPerSub: Q5_K's and Q6_K's bit positions
+                const int64_t c = int64_t(j) * kPerSub + i, kc = k0 + c * kChunkK;
+                const uint8_t* chunk = blk + chunk_at<P>(c);
+                if constexpr (P::kBits == 8) {   // Q8_0: u = q + 128 back to q
+                    int8x16_t w[4];
+                    for (int v = 0; v < 4; ++v) w[v] = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(chunk + 16 * v), vdupq_n_u8(0x80)));
+                    quad(kc, w);
+                } else if constexpr (P::kBits == 4) {
+                    // Channel group by channel group (v), each against the chunk's two quads of both
+                    // passes: few registers live, so the 4-chunk unrolled sub-block does not spill.
+                    const int8x16_t xh0 = broadcast4(a.hi + kc), xh1 = broadcast4(a.hi + kc + 4);
+                    const int8x16_t xl0 = broadcast4(a.lo + kc), xl1 = broadcast4(a.lo + kc + 4);
+                    for (int v = 0; v < 4; ++v) {
+                        const uint8x16_t raw = vld1q_u8(chunk + 16 * v);
+                        uint8x16_t u0 = vandq_u8(raw, low4), u1 = vshrq_n_u8(raw, 4);
+                        if constexpr (std::is_same_v<P, Q5K>) {   // fifth bits -> 16
+                            const uint8x16_t bits = vld1q_u8(blk + fifth_bits_at(c) + 16 * v);
+                            u0 = vorrq_u8(u0, move_bits(bits, 2 * i, 4, b4));
+                            u1 = vorrq_u8(u1, move_bits(bits, 2 * i + 1, 4, b4));
+                        }
+                        if constexpr (std::is_same_v<P, Q6K>) {   // high bit pairs -> 16, 32
+                            const uint8x16_t t = vld1q_u8(blk + high_pairs_at(c) + 16 * v);
+                            u0 = vorrq_u8(u0, move_bits(t, 4 * i, 4, b45));
+                            u1 = vorrq_u8(u1, move_bits(t, 4 * i + 2, 4, b45));
+                        }
+                        int8x16_t w0 = vreinterpretq_s8_u8(u0), w1 = vreinterpretq_s8_u8(u1);
+                        if constexpr (P::kBig) {   // IQ4_XS: indices -> the table's signed values
+                            w0 = vqtbl1q_s8(table, u0);
+                            w1 = vqtbl1q_s8(table, u1);
+                        }
+                        dh[v] = dot4(dot4(dh[v], w0, xh0), w1, xh1);
+                        if constexpr (kTwoPass) dl[v] = dot4(dot4(dl[v], w0, xl0), w1, xl1);
+                    }
+                } else {   // 2-bit codes: four k-quads per chunk
+                    int8x16_t w[4][4];
+                    for (int v = 0; v < 4; ++v) {
+                        const uint8x16_t raw = vld1q_u8(chunk + 16 * v);
+                        uint8x16_t u[4] = {vandq_u8(raw, low2), vandq_u8(vshrq_n_u8(raw, 2), low2),
+                                           vandq_u8(vshrq_n_u8(raw, 4), low2), vshrq_n_u8(raw, 6)};
+                        if constexpr (std::is_same_v<P, Q3K>) {   // third bit -> 4
+                            const uint8x16_t t = vld1q_u8(blk + third_bits_at(c) + 16 * v);
+                            for (int q = 0; q < 4; ++q) u[q] = vorrq_u8(u[q], move_bits(t, int(4 * (c % 2)) + q, 2, b2));
+                        }
+                        for (int q = 0; q < 4; ++q) w[q][v] = vreinterpretq_s8_u8(u[q]);
+                    }
+                    for (int q = 0; q < 4; ++q) quad(kc + 4 * q, w[q]);
+                }
+            }
+            const int sh = sub_sum(a.sums_hi, j), sl = sub_sum(a.sums_lo, j), asum = kTwoPass ? 128 * sh + sl : sh;
+            if constexpr (kFloatBlocks) {   // acc += s_a (/ 128) * d * (dot - z * asum)
+                for (int v = 0; v < 4; ++v) {
+                    const int32x4_t t = kTwoPass ? vaddq_s32(vshlq_n_s32(dh[v], 7), dl[v]) : dh[v];
+                    float32x4_t r = vcvtq_f32_s32(t);
+                    if constexpr (std::is_same_v<P, Q40>) r = vsubq_f32(r, vdupq_n_f32(8.0f * float(asum)));
+                    acc[v] = vfmaq_n_f32(acc[v], vmulq_f32(f16x4(blk + P::kD + 8 * size_t(v)), r), factor);
+                }
+            } else if constexpr (kMin) {   // the m term after the sub-blocks, when the dots' registers are free
+                int32x4_t sc[4];
+                const uint8x16_t bytes = vld1q_u8(blk + P::kSc + 16 * size_t(j));
+                widen_u8(std::is_same_v<P, Q2K> ? vandq_u8(bytes, low4) : bytes, sc);   // Q2_K's byte: sc | m << 4
+                for (int v = 0; v < 4; ++v) {
+                    ihi[v] = vmlaq_s32(ihi[v], sc[v], dh[v]);
+                    if constexpr (kTwoPass) ilo[v] = vmlaq_s32(ilo[v], sc[v], dl[v]);
+                }
+            } else {   // signed int8 scales; Q6_K, Q3_K: the codes' offset z per pass
+                int32x4_t sc[4];
+                widen_s8(vld1q_s8(reinterpret_cast<const int8_t*>(blk + P::kSc + 16 * size_t(j))), sc);
+                for (int v = 0; v < 4; ++v) {
+                    ihi[v] = vmlaq_s32(ihi[v], sc[v], kZ ? vsubq_s32(dh[v], vdupq_n_s32(kZ * sh)) : dh[v]);
+                    if constexpr (kTwoPass) ilo[v] = vmlaq_s32(ilo[v], sc[v], kZ ? vsubq_s32(dl[v], vdupq_n_s32(kZ * sl)) : dl[v]);
+                }
+            }
+        }
+        int32x4_t imin[4];   // sum_j m_j * (sub-block j's activations)
+        for (int v = 0; v < 4; ++v) imin[v] = vdupq_n_s32(0);
+        if constexpr (kMin)
+            for (int j = 0; j < int(P::kBlockK / P::kSubK); ++j) {
+                const int sh = sub_sum(a.sums_hi, j), asum = kTwoPass ? 128 * sh + sub_sum(a.sums_lo, j) : sh;
+                int32x4_t mm[4];
+                if constexpr (std::is_same_v<P, Q2K>)
+                    widen_u8(vshrq_n_u8(vld1q_u8(blk + P::kSc + 16 * size_t(j)), 4), mm);
+                else
+                    widen_u8(vld1q_u8(blk + P::kM + 16 * size_t(j)), mm);
+                for (int v = 0; v < 4; ++v) imin[v] = vmlaq_n_s32(imin[v], mm[v], asum);
+            }
+        if constexpr (!kFloatBlocks)   // acc += s_a (/ 128) * (d * (128 ihi + ilo) - dmin * imin)
+            for (int v = 0; v < 4; ++v) {
+                const float32x4_t t = kTwoPass ? vfmaq_n_f32(vcvtq_f32_s32(ilo[v]), vcvtq_f32_s32(ihi[v]), 128.0f)
+                                               : vcvtq_f32_s32(ihi[v]);
+                constexpr bool f32_d = std::is_same_v<P, Q4K> || std::is_same_v<P, Q5K> || std::is_same_v<P, Q6K>;
+                const float32x4_t d = f32_d ? f32x4(blk + P::kD + 16 * size_t(v)) : f16x4(blk + P::kD + 8 * size_t(v));
+                float32x4_t r = vmulq_f32(d, t);
+                if constexpr (kMin) {
+                    const float32x4_t dmin = std::is_same_v<P, Q2K> ? f16x4(blk + P::kDmin + 8 * size_t(v))
+                                                                    : f32x4(blk + P::kDmin + 16 * size_t(v));
+                    r = vmlsq_f32(r, dmin, vcvtq_f32_s32(imin[v]));
+                }
+                acc[v] = vfmaq_n_f32(acc[v], r, factor);
+            }
+    }
+    for (int v = 0; v < 4; ++v) vst1q_f32(out + 4 * v, acc[v]);
+}
+
+// Panel p of matrix m against one activation row.
+inline void matrix_dot(const G::Matrix& m, const uint8_t* expert, int64_t p, const ActRow& a, bool two_pass, float out[16]) {
+    const uint8_t* panel = expert + m.offset + size_t(p) * m.panel_bytes;
+    G::with_panels(m.type->dtype, [&](auto form) {
+        using P = decltype(form);
+        two_pass ? panel_dot<P, true>(panel, a, m.cols, out) : panel_dot<P, false>(panel, a, m.cols, out);
+    });
+}
+
+// ---- layout, packer, tiles ---------------------------------------------------------------
+
+G::Expert layout(const kt_moe_config* c) {
+    if (!KT_HAS_FIELD(c, kt_moe_config, weight_dtype)) return G::Expert{};   // ok = false: check_config says why
+    return G::expert(c->weight_dtype, c->hidden, c->intermediate);
+}
+size_t packed_bytes(const kt_moe_config* c) { return layout(c).bytes; }
+
+kt_status check_config(const kt_moe_config* c) {
+    kt_status code;
+    const std::string why = G::check_config(c, &code);
+    return why.empty() ? KT_OK : fail(code, "%s", why.c_str());
+}
+
+kt_status pack(const kt_moe_config* c, const kt_expert_weights* src, void* dst) {
+    if (const kt_status st = check_config(c)) return st;
+    const G::Expert l = layout(c);
+    const kt_weight* w[3] = {&src->gate, &src->up, &src->down};
+    for (int p = 0; p < 3; ++p) {
+        const std::string why = G::check_matrix(l.m[p], p, *w[p]);
+        if (!why.empty()) return fail(KT_ERROR_INVALID_ARGUMENT, "%s", why.c_str());
+        G::pack_matrix(l.m[p], *w[p], static_cast<uint8_t*>(dst));
+    }
+    return KT_OK;
+}
+
+kt_status check_range(const char* which, int64_t n0, int64_t n1, int64_t n) {
+    if (0 <= n0 && n0 % kPanel == 0 && n0 < n1 && n1 <= n) return KT_OK;
+    return fail(KT_ERROR_INVALID_ARGUMENT, "kml LLAMAFILE %s tile [%lld, %lld) does not start on a panel inside [0, %lld)",
+                which, (long long)n0, (long long)n1, (long long)n);
+}
+
+bool two_pass(const kt_moe_config* c) { return (c->quant_flags & KT_QUANT_FAST_ACTIVATIONS) == 0; }
+
+kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+                  float* out, int64_t ldo) {
+    const G::Expert l = layout(c);
+    if (!l.ok) return check_config(c);
+    if (const kt_status st = check_range("gate/up", n0, n1, c->intermediate)) return st;
+    const auto* base = static_cast<const uint8_t*>(packed);
+    const Gate gate(c);
+    for (int64_t p = n0 / kPanel; p * kPanel < n1; ++p)
+        for (int64_t m = 0; m < rows; ++m) {
+            const ActRow a = act_row(static_cast<const uint8_t*>(act) + size_t(m) * act_bytes(c->hidden), c->hidden);
+            float g[16], u[16];
+            matrix_dot(l.m[0], base, p, a, two_pass(c), g);
+            matrix_dot(l.m[1], base, p, a, two_pass(c), u);
+            for (int lane = 0; lane < kPanel && p * kPanel + lane < n1; ++lane)
+                out[m * ldo + p * kPanel + lane] = gate(g[lane], u[lane]);
+        }
+    return KT_OK;
+}
+
+kt_status down(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+               float* out, int64_t ldo) {
+    const G::Expert l = layout(c);
+    if (!l.ok) return check_config(c);
+    if (const kt_status st = check_range("down", n0, n1, c->hidden)) return st;
+    const auto* base = static_cast<const uint8_t*>(packed);
+    for (int64_t p = n0 / kPanel; p * kPanel < n1; ++p)
+        for (int64_t m = 0; m < rows; ++m) {
+            const ActRow a = act_row(static_cast<const uint8_t*>(act) + size_t(m) * act_bytes(c->intermediate), c->intermediate);
+            float s[16];
+            matrix_dot(l.m[2], base, p, a, two_pass(c), s);
+            for (int lane = 0; lane < kPanel && p * kPanel + lane < n1; ++lane) out[m * ldo + p * kPanel + lane] = s[lane];
+        }
+    return KT_OK;
+}
+
+}  // namespace
+
+kt_method_kernels llamafile_kernels(const char* kernel_id) {
+    return method_table("LLAMAFILE", G::kId, kernel_id, packed_bytes, pack, act_bytes, quantize, gate_up, down);
+}
+
+}  // namespace KT_TARGET_NAMESPACE
