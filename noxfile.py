@@ -396,18 +396,18 @@ AARCH64_CPUS = {
 
 @nox.session
 def aarch64(session):
-    """kt on aarch64 without an ARM machine: kt-core and kt-backend-kml cross-compiled with
-    g++-aarch64-linux-gnu against an arm64 Debian root (tools/aarch64/), run under qemu-aarch64 on
+    """kt on aarch64 without an ARM machine: aarch64 wheels of kt-core and kt-backend-kml cross-compiled
+    with g++-aarch64-linux-gnu against an arm64 Debian root and pip-installed by the root's pip into an
+    arm64 venv (tools/aarch64/), run under qemu-aarch64 on
     several CPU models: host detection (features, ISA level, SVE vector length), kt-backend-kml's
     tests and the conformance suite of every backend on each (a target the model lacks is skipped
     naming the feature, never SIGILL); the reference backend's conformance once."""
     session.run("tools/aarch64/build.sh", "kt-core", "kt-backend-kml", external=True)
     root = ROOT / ".aarch64" / "root"
-    env = {"PYTHONPATH": str(ROOT / ".aarch64" / "site")}
+    python = ROOT / ".aarch64" / "venv" / "bin" / "python"   # the arm64 venv the wheels were pip-installed into
 
     def qemu(cpu, *args, **extra):
-        session.run("qemu-aarch64", "-cpu", cpu, "-L", str(root), str(root / "usr" / "bin" / "python3"), *args,
-                    env={**env, **extra}, external=True)
+        session.run("qemu-aarch64", "-cpu", cpu, "-L", str(root), str(python), *args, env=extra, external=True)
 
     for cpu, (features, sve_bits) in AARCH64_CPUS.items():
         qemu(cpu, "-m", "pytest", "-q", "-p", "no:cacheprovider", "packages/kt-core/tests/test_host_aarch64.py",

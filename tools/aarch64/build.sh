@@ -1,41 +1,35 @@
 #!/usr/bin/env bash
-# Cross-compiles kt packages for aarch64 (toolchain.cmake, against the arm64 root) and installs
-# them into a site directory with their dist-info (version and entry points, so kt-core's backend
-# discovery sees them) for `PYTHONPATH=SITE qemu-aarch64 -L ROOT ROOT/usr/bin/python3 ...`.
+# Builds aarch64 wheels of kt packages — scikit-build-core cross-compiling with toolchain.cmake against
+# the arm64 root, tagged cp311-cp311-linux_aarch64 — into .aarch64/wheels, and pip-installs them with
+# the root's own pip, under qemu, into the arm64 venv .aarch64/venv (system site packages: the root's
+# NumPy and pytest), as a user on an ARM server would: `pip install kt-core kt-backend-kml`.
 #
-#   tools/aarch64/build.sh [PACKAGE...]      # default: kt-core; site .aarch64/site, builds in .aarch64/build
+#   tools/aarch64/build.sh [PACKAGE...]      # default: kt-core
+#   qemu-aarch64 -cpu neoverse-n1 -L .aarch64/root .aarch64/venv/bin/python -m kt_core.cli doctor
+#
+# Builds are incremental (.aarch64/skbuild/PACKAGE); every wheel in .aarch64/wheels is reinstalled.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT="$PWD/.aarch64/root"
-SITE="$PWD/.aarch64/site"
+WHEELS="$PWD/.aarch64/wheels"
+VENV="$PWD/.aarch64/venv"
 PY="${PYTHON:-$PWD/.venv/bin/python}"
 [ -f "$ROOT/.kt-root-complete" ] || tools/aarch64/make_root.sh "$ROOT"
-mkdir -p "$SITE"
-# The conformance suite's GGUF blocks come from the gguf package: pure Python, so the host's pip
-# installs it for the target (its dependencies are the root's Debian packages).
-[ -d "$SITE/gguf" ] || "$PY" -m pip install -q --no-deps --target "$SITE" gguf
-for pkg in "${@:-kt-core}"; do
-  src="packages/$pkg"
-  build=".aarch64/build/$pkg"
-  module="${pkg//-/_}"
-  cmake -S "$src" -B "$build" -G Ninja -DCMAKE_TOOLCHAIN_FILE="$PWD/tools/aarch64/toolchain.cmake" \
-    -DKT_AARCH64_ROOT="$ROOT" -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$PY" \
-    -Dnanobind_DIR="$("$PY" -m nanobind --cmake_dir)" -DKT_AARCH64_SITE="$SITE" >/dev/null
-  cmake --build "$build" -j"$(nproc)"
-  rm -rf "${SITE:?}/$module" "$SITE/$module"-*.dist-info
-  cp -r "$src/src/$module" "$SITE/$module"
-  find "$SITE/$module" -name __pycache__ -prune -exec rm -rf {} +
-  cmake --install "$build" --prefix "$SITE" >/dev/null
-  "$PY" - "$src/pyproject.toml" "$SITE" <<'PYEOF'
-import sys, tomllib
-from pathlib import Path
-meta = tomllib.loads(Path(sys.argv[1]).read_text())["project"]
-info = Path(sys.argv[2]) / f"{meta['name'].replace('-', '_')}-{meta['version']}.dist-info"
-info.mkdir()
-(info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {meta['name']}\nVersion: {meta['version']}\n")
-groups = meta.get("entry-points", {})
-(info / "entry_points.txt").write_text("".join(f"[{g}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()) + "\n"
-                                               for g, eps in groups.items()))
-PYEOF
-  echo "aarch64: $pkg installed in $SITE"
+mkdir -p "$WHEELS"
+# The conformance suite's GGUF blocks come from the gguf package: pure Python, fetched by the host's
+# pip; its dependencies are the root's Debian packages.
+ls "$WHEELS"/gguf-*.whl >/dev/null 2>&1 || "$PY" -m pip download -q --no-deps -d "$WHEELS" gguf
+pkgs=("${@:-kt-core}")
+for pkg in "${pkgs[@]}"; do
+  rm -f "$WHEELS/${pkg//-/_}"-*.whl
+  KT_AARCH64_ROOT="$ROOT" "$PY" -m pip wheel -q --no-build-isolation --no-deps -w "$WHEELS" "packages/$pkg" \
+    -C wheel.tags=cp311-cp311-linux_aarch64 -C build-dir="$PWD/.aarch64/skbuild/$pkg" \
+    -C cmake.define.CMAKE_TOOLCHAIN_FILE="$PWD/tools/aarch64/toolchain.cmake" -C cmake.define.KT_AARCH64_ROOT="$ROOT"
+  echo "aarch64: $(basename "$WHEELS/${pkg//-/_}"-*.whl)"
 done
+qemu() { qemu-aarch64 -L "$ROOT" "$@"; }
+[ -x "$VENV/bin/python" ] || qemu "$ROOT/usr/bin/python3" -m venv --without-pip --system-site-packages "$VENV"
+# Uninstall first: a rebuilt wheel keeps its version, and pip would keep the installed one.
+qemu "$VENV/bin/python" -m pip uninstall -q -y "${pkgs[@]}" 2>/dev/null || true
+qemu "$VENV/bin/python" -m pip install -q --no-index --find-links "$WHEELS" "${pkgs[@]}" gguf
+qemu "$VENV/bin/python" -m pip list 2>/dev/null | grep -E "^(kt-|gguf)" | sed 's/^/aarch64 venv: /'

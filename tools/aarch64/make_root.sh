@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# An arm64 Debian (bookworm) root with Python 3.11, NumPy, pytest and hwloc, for running kt's
+# An arm64 Debian (bookworm) root with Python 3.11, its pip, NumPy, pytest and hwloc, for running kt's
 # aarch64 builds under qemu-user (`qemu-aarch64 -L ROOT ROOT/usr/bin/python3`) and for the cross
 # build's target headers and libraries. debootstrap only downloads and unpacks (--foreign): no
 # maintainer script runs, so nothing here needs binfmt_misc or root inside a chroot; the two
@@ -17,7 +17,7 @@ fi
 rm -rf "$ROOT"
 mkdir -p "$ROOT"
 debootstrap --arch=arm64 --variant=minbase --foreign \
-  --include=python3,python3-numpy,python3-pytest,python3-dev,python3-yaml,python3-tqdm,python3-requests,libhwloc-dev,libstdc++6 \
+  --include=python3,python3-pip,python3-numpy,python3-pytest,python3-dev,python3-yaml,python3-tqdm,python3-requests,libhwloc-dev,libstdc++6 \
   bookworm "$ROOT" "$MIRROR" >"$ROOT.log" 2>&1 || { tail -20 "$ROOT.log"; exit 1; }
 for deb in "$ROOT"/var/cache/apt/archives/*.deb; do dpkg-deb -x "$deb" "$ROOT"; done
 ln -sf blas/libblas.so.3 "$ROOT/usr/lib/aarch64-linux-gnu/libblas.so.3"
@@ -26,5 +26,5 @@ ln -sf lapack/liblapack.so.3 "$ROOT/usr/lib/aarch64-linux-gnu/liblapack.so.3"
 mkdir -p "$ROOT/kt-include"
 ln -sfn ../usr/include/aarch64-linux-gnu "$ROOT/kt-include/aarch64-linux-gnu"
 rm -rf "$ROOT"/var/cache/apt/archives/*.deb
-qemu-aarch64 -L "$ROOT" "$ROOT/usr/bin/python3" -c "import numpy, pytest, platform; print('arm64 root:', platform.machine(), numpy.__version__)"
+qemu-aarch64 -L "$ROOT" "$ROOT/usr/bin/python3" -c "import numpy, pytest, pip, platform; print('arm64 root:', platform.machine(), numpy.__version__, 'pip', pip.__version__)"
 touch "$ROOT/.kt-root-complete"
