@@ -58,6 +58,9 @@ def test_every_target_matches_float64_over_the_stored_weights(method, kw, tol, m
         # inside the instruction: ~3e-5 measured under qemu, against f32 activations' ~1e-6.
         limit = 1e-4 if ".bfdot." in kernel else tol
         assert err < limit, f"{kernel}: {err:.2e}"
+        # I8MM: INT8/INT4/RAWINT4 run row pairs through smmla (each expert gets ~5 rows here: pairs and
+        # a single), which the bit-identity below holds to the sdot / smull targets' integers.
+        assert (".smmla+" in kernel) == (variant == "armv8.6-i8mm-bf16" and method in ("INT8", "INT4", "RAWINT4")), kernel
     if method != "BF16" and len(outs) > 1:   # exact integer sums (FP8: the same f32 instructions), finished alike
         first = next(iter(outs.values()))
         assert all(np.array_equal(first, o) for o in outs.values())

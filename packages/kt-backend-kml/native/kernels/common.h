@@ -12,6 +12,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace KT_TARGET_NAMESPACE {
@@ -92,33 +93,60 @@ inline size_t panel_at(const L::ExpertPanels& l, int which, int64_t p) {
 }
 
 // The tile walk every method shares: for each 16-channel panel in [n0, n1) and each of `rows`
-// activation rows (`row_bytes` apart), dot(panel, row, K, out16) gives the panel's 16 outputs.
-template <class Dot>
+// activation rows (`row_bytes` apart), dot(panel, row, K, out16) gives the panel's 16 outputs. A
+// method with a two-row kernel (the ARMv8.6 `smmla` ones: a 2 x 8 by 8 x 2 integer product per
+// instruction) passes it as `pair`, pair(panel, row0, row1, K, out[2][16]): rows go through it two
+// at a time, an odd last row through dot.
+struct NoPair {};
+
+template <class Dot, class Pair = NoPair>
 void gate_up_panels(const kt_moe_config* c, const L::ExpertPanels& l, const void* packed, const void* act,
-                    size_t row_bytes, int64_t rows, int64_t n0, int64_t n1, float* out, int64_t ldo, Dot dot) {
+                    size_t row_bytes, int64_t rows, int64_t n0, int64_t n1, float* out, int64_t ldo, Dot dot, Pair pair = {}) {
     const auto* base = static_cast<const uint8_t*>(packed);
     const Gate gate(c);
-    for (int64_t p = n0 / kPanel; p * kPanel < n1; ++p)
-        for (int64_t m = 0; m < rows; ++m) {
+    for (int64_t p = n0 / kPanel; p * kPanel < n1; ++p) {
+        const int lanes = int(std::min<int64_t>(kPanel, n1 - p * kPanel));
+        int64_t m = 0;
+        if constexpr (!std::is_same_v<Pair, NoPair>)
+            for (; m + 2 <= rows; m += 2) {
+                const auto* r0 = static_cast<const uint8_t*>(act) + size_t(m) * row_bytes;
+                float g[2][16], u[2][16];
+                pair(base + l.gate(p), r0, r0 + row_bytes, c->hidden, g);
+                pair(base + l.up(p), r0, r0 + row_bytes, c->hidden, u);
+                for (int r = 0; r < 2; ++r)
+                    for (int lane = 0; lane < lanes; ++lane) out[(m + r) * ldo + p * kPanel + lane] = gate(g[r][lane], u[r][lane]);
+            }
+        for (; m < rows; ++m) {
             const auto* row = static_cast<const uint8_t*>(act) + size_t(m) * row_bytes;
             float g[16], u[16];
             dot(base + l.gate(p), row, c->hidden, g);
             dot(base + l.up(p), row, c->hidden, u);
-            for (int lane = 0; lane < kPanel && p * kPanel + lane < n1; ++lane)
-                out[m * ldo + p * kPanel + lane] = gate(g[lane], u[lane]);
+            for (int lane = 0; lane < lanes; ++lane) out[m * ldo + p * kPanel + lane] = gate(g[lane], u[lane]);
         }
+    }
 }
 
-template <class Dot>
+template <class Dot, class Pair = NoPair>
 void down_panels(const kt_moe_config* c, const L::ExpertPanels& l, const void* packed, const void* act,
-                 size_t row_bytes, int64_t rows, int64_t n0, int64_t n1, float* out, int64_t ldo, Dot dot) {
+                 size_t row_bytes, int64_t rows, int64_t n0, int64_t n1, float* out, int64_t ldo, Dot dot, Pair pair = {}) {
     const auto* base = static_cast<const uint8_t*>(packed);
-    for (int64_t p = n0 / kPanel; p * kPanel < n1; ++p)
-        for (int64_t m = 0; m < rows; ++m) {
+    for (int64_t p = n0 / kPanel; p * kPanel < n1; ++p) {
+        const int lanes = int(std::min<int64_t>(kPanel, n1 - p * kPanel));
+        int64_t m = 0;
+        if constexpr (!std::is_same_v<Pair, NoPair>)
+            for (; m + 2 <= rows; m += 2) {
+                const auto* r0 = static_cast<const uint8_t*>(act) + size_t(m) * row_bytes;
+                float s[2][16];
+                pair(base + l.down(p), r0, r0 + row_bytes, c->intermediate, s);
+                for (int r = 0; r < 2; ++r)
+                    for (int lane = 0; lane < lanes; ++lane) out[(m + r) * ldo + p * kPanel + lane] = s[r][lane];
+            }
+        for (; m < rows; ++m) {
             float s[16];
             dot(base + l.down(p), static_cast<const uint8_t*>(act) + size_t(m) * row_bytes, c->intermediate, s);
-            for (int lane = 0; lane < kPanel && p * kPanel + lane < n1; ++lane) out[m * ldo + p * kPanel + lane] = s[lane];
+            for (int lane = 0; lane < lanes; ++lane) out[m * ldo + p * kPanel + lane] = s[lane];
         }
+    }
 }
 
 // The method tables (bf16.cpp, int8.cpp, int4.cpp, fp8.cpp, ggml.cpp).

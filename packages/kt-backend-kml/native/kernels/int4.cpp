@@ -115,6 +115,32 @@ inline float32x4_t group_scales(const uint8_t* header, int v) {
     return vld1q_f32(reinterpret_cast<const float*>(header) + 4 * v);
 }
 
+// acc += one group's scaled dots of one row: s * (dot - 8 * sum q) symmetric, s * dot - s*z * sum q
+// with zero points (dot and sum in raw units, 128 * hi + lo: exact in int32).
+template <bool kRaw>
+inline void group_epilogue(const L::int4::Geometry& geo, const uint8_t* header, const uint8_t* row, int64_t K, int64_t g0,
+                           const int32x4_t* dh, const int32x4_t* dl, float32x4_t* acc) {
+    const int16_t *sums_hi = act_sums_hi(row, K), *sums_lo = act_sums_lo(row, K);
+    int32_t sum_hi = 0, sum_lo = 0;
+    for (int64_t i = g0 / 32; i < (g0 + geo.g) / 32; ++i) sum_hi += sums_hi[i], sum_lo += sums_lo[i];
+    const float asum = float(128 * sum_hi + sum_lo);
+    for (int v = 0; v < 4; ++v) {
+        const float32x4_t dot = vcvtq_f32_s32(vaddq_s32(vshlq_n_s32(dh[v], 7), dl[v]));
+        const float32x4_t s = group_scales<kRaw>(header, v);
+        if (geo.zero_point) {
+            const float32x4_t sz = vld1q_f32(reinterpret_cast<const float*>(header + 64) + 4 * v);
+            acc[v] = vfmaq_f32(vmlsq_n_f32(acc[v], sz, asum), s, dot);
+        } else {
+            acc[v] = vfmaq_f32(acc[v], s, vsubq_f32(dot, vdupq_n_f32(8.0f * asum)));
+        }
+    }
+}
+
+inline void store_row(const uint8_t* row, const float32x4_t* acc, float out[16]) {
+    const float sx = act_scale(row) / 128.0f;
+    for (int v = 0; v < 4; ++v) vst1q_f32(out + 4 * v, vmulq_n_f32(acc[v], sx));
+}
+
 // The 16 channels' w . x of one panel for one activation row.
 template <bool kRaw>
 inline void panel_dot(const L::int4::Geometry& geo, const uint8_t* panel, const uint8_t* row, int64_t K, float out[16]) {
@@ -128,7 +154,6 @@ inline void panel_dot(const L::int4::Geometry& geo, const uint8_t* panel, const 
         const uint8_t* chunks = header + geo.header_bytes();
         int32x4_t dh[4], dl[4];
         for (int v = 0; v < 4; ++v) dh[v] = dl[v] = vdupq_n_s32(0);
-        int32_t sum_hi = 0, sum_lo = 0;
         for (int64_t c = 0; c < geo.g / 8; ++c) {
             const int64_t k = g0 + 8 * c;
             const int8x16_t xh0 = broadcast4(hi + k), xh1 = broadcast4(hi + k + 4);
@@ -140,21 +165,66 @@ inline void panel_dot(const L::int4::Geometry& geo, const uint8_t* panel, const 
                 dl[v] = dot4(dot4(dl[v], w0, xl0), w1, xl1);
             }
         }
-        for (int64_t i = 0; i < geo.g; ++i) sum_hi += hi[g0 + i], sum_lo += lo[g0 + i];
-        const float asum = float(128 * sum_hi + sum_lo);   // raw units: 128 * hi + lo, exact in int32
-        for (int v = 0; v < 4; ++v) {
-            const float32x4_t dot = vcvtq_f32_s32(vaddq_s32(vshlq_n_s32(dh[v], 7), dl[v]));
-            const float32x4_t s = group_scales<kRaw>(header, v);
-            if (geo.zero_point) {
-                const float32x4_t sz = vld1q_f32(reinterpret_cast<const float*>(header + 64) + 4 * v);
-                acc[v] = vfmaq_f32(vmlsq_n_f32(acc[v], sz, asum), s, dot);
-            } else {
-                acc[v] = vfmaq_f32(acc[v], s, vsubq_f32(dot, vdupq_n_f32(8.0f * asum)));
+        group_epilogue<kRaw>(geo, header, row, K, g0, dh, dl, acc);
+    }
+    store_row(row, acc, out);
+}
+
+#if defined(__ARM_FEATURE_MATMUL_INT8)
+// Two activation rows at once: a chunk's low and high nibble planes (k 8c..8c+3, 8c+4..8c+7) zipped
+// into channel pairs, one `smmla` per pair and pass — the integers of two panel_dot calls, the same
+// f32 epilogue: bit-identical outputs.
+template <bool kRaw>
+inline void panel_dot_pair(const L::int4::Geometry& geo, const uint8_t* panel, const uint8_t* row0, const uint8_t* row1,
+                           int64_t K, float out[2][16]) {
+    const int8_t *h0 = act_hi(row0), *h1 = act_hi(row1), *l0 = act_lo(row0, K), *l1 = act_lo(row1, K);
+    const uint8x16_t low4 = vdupq_n_u8(0x0f);
+    float32x4_t acc[2][4];
+    for (int v = 0; v < 4; ++v) acc[0][v] = acc[1][v] = vdupq_n_f32(0.0f);
+    for (int64_t g0 = 0; g0 < K; g0 += geo.g) {
+        const uint8_t* header = panel + size_t(g0 / geo.g) * geo.group_bytes();
+        const uint8_t* chunks = header + geo.header_bytes();
+        int32x4_t th[8], tl[8];
+        for (int t = 0; t < 8; ++t) th[t] = tl[t] = vdupq_n_s32(0);
+        for (int64_t c = 0; c < geo.g / 8; ++c) {
+            const int64_t k = g0 + 8 * c;
+            const int8x16_t xh = rows2x8(h0 + k, h1 + k), xl = rows2x8(l0 + k, l1 + k);
+            for (int v = 0; v < 4; ++v) {
+                const uint8x16_t w = vld1q_u8(chunks + size_t(c) * 64 + 16 * v);
+                const int8x16_t a = vreinterpretq_s8_u8(vandq_u8(w, low4)), b = vreinterpretq_s8_u8(vshrq_n_u8(w, 4));
+                const int8x16_t w0 = channel_pair0(a, b), w1 = channel_pair1(a, b);
+                th[2 * v] = mmla(th[2 * v], xh, w0);
+                th[2 * v + 1] = mmla(th[2 * v + 1], xh, w1);
+                tl[2 * v] = mmla(tl[2 * v], xl, w0);
+                tl[2 * v + 1] = mmla(tl[2 * v + 1], xl, w1);
             }
         }
+        int32x4_t dh[2][4], dl[2][4];
+        for (int v = 0; v < 4; ++v) {
+            dh[0][v] = tile_row0(th[2 * v], th[2 * v + 1]);
+            dh[1][v] = tile_row1(th[2 * v], th[2 * v + 1]);
+            dl[0][v] = tile_row0(tl[2 * v], tl[2 * v + 1]);
+            dl[1][v] = tile_row1(tl[2 * v], tl[2 * v + 1]);
+        }
+        group_epilogue<kRaw>(geo, header, row0, K, g0, dh[0], dl[0], acc[0]);
+        group_epilogue<kRaw>(geo, header, row1, K, g0, dh[1], dl[1], acc[1]);
     }
-    const float sx = act_scale(row) / 128.0f;
-    for (int v = 0; v < 4; ++v) vst1q_f32(out + 4 * v, vmulq_n_f32(acc[v], sx));
+    store_row(row0, acc[0], out[0]);
+    store_row(row1, acc[1], out[1]);
+}
+#endif
+
+// The pair kernel where smmla is, NoPair elsewhere.
+template <bool kRaw>
+auto pair_kernel(const L::int4::Geometry& geo) {
+#if defined(__ARM_FEATURE_MATMUL_INT8)
+    return [&geo](const uint8_t* panel, const uint8_t* r0, const uint8_t* r1, int64_t K, float (*o)[16]) {
+        panel_dot_pair<kRaw>(geo, panel, r0, r1, K, o);
+    };
+#else
+    (void)geo;
+    return NoPair{};
+#endif
 }
 
 template <bool kRaw>
@@ -162,7 +232,8 @@ kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, i
                   float* out, int64_t ldo) {
     const L::int4::Geometry geo = geometry<kRaw>(c);
     gate_up_panels(c, geo.expert(c->hidden, c->intermediate), packed, act, act_row_bytes(c->hidden), rows, n0, n1, out, ldo,
-                   [&](const uint8_t* panel, const uint8_t* row, int64_t K, float* o) { panel_dot<kRaw>(geo, panel, row, K, o); });
+                   [&](const uint8_t* panel, const uint8_t* row, int64_t K, float* o) { panel_dot<kRaw>(geo, panel, row, K, o); },
+                   pair_kernel<kRaw>(geo));
     return KT_OK;
 }
 
@@ -171,7 +242,8 @@ kt_status down(const kt_moe_config* c, const void* packed, const void* act, int6
                float* out, int64_t ldo) {
     const L::int4::Geometry geo = geometry<kRaw>(c);
     down_panels(c, geo.expert(c->hidden, c->intermediate), packed, act, act_row_bytes(c->intermediate), rows, n0, n1, out,
-                ldo, [&](const uint8_t* panel, const uint8_t* row, int64_t K, float* o) { panel_dot<kRaw>(geo, panel, row, K, o); });
+                ldo, [&](const uint8_t* panel, const uint8_t* row, int64_t K, float* o) { panel_dot<kRaw>(geo, panel, row, K, o); },
+                pair_kernel<kRaw>(geo));
     return KT_OK;
 }
 

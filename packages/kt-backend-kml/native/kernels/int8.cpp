@@ -67,13 +67,31 @@ kt_status quantize_int8_activations(const void* in, kt_dtype dtype, int64_t rows
         std::memcpy(row, &s, 4);
         if (s != 0.0f)
             for (int64_t i = 0; i < k; ++i) lo[i] = int8_t(kt::quant::round_clamped((x[size_t(i)] / s - hi[i]) * 128.0f, -127, 127));
+        auto* sums_hi = const_cast<int16_t*>(act_sums_hi(row, k));
+        int16_t* sums_lo = sums_hi + act_sums(k);
+        for (int64_t i = 0; i < act_sums(k); ++i) {   // the padding's codes are 0
+            int sh = 0, sl = 0;
+            for (int64_t e = 32 * i; e < std::min(32 * i + 32, act_padded(k)); ++e) sh += hi[e], sl += lo[e];
+            sums_hi[i] = int16_t(sh);
+            sums_lo[i] = int16_t(sl);
+        }
     }
     return KT_OK;
 }
 
 namespace {
 
-// The 16 channels' w . x of one panel for one activation row, in f32: s_x * s_w * (dot_hi + dot_lo / 128).
+// One row's 16 outputs from its exact dots: s_x * s_w * (dot_hi + dot_lo / 128), in f32.
+inline void finish(const uint8_t* panel, const uint8_t* row, const int32x4_t* acc_hi, const int32x4_t* acc_lo, float out[16]) {
+    const float sx = act_scale(row);
+    const float* sw = reinterpret_cast<const float*>(panel);
+    for (int v = 0; v < 4; ++v) {
+        const float32x4_t dot = vaddq_f32(vcvtq_f32_s32(acc_hi[v]), vmulq_n_f32(vcvtq_f32_s32(acc_lo[v]), 1.0f / 128.0f));
+        vst1q_f32(out + 4 * v, vmulq_f32(vmulq_n_f32(vld1q_f32(sw + 4 * v), sx), dot));
+    }
+}
+
+// The 16 channels' w . x of one panel for one activation row.
 inline void panel_dot(const uint8_t* panel, const uint8_t* row, int64_t K, float out[16]) {
     const int8_t* hi = act_hi(row);
     const int8_t* lo = act_lo(row, K);
@@ -88,23 +106,54 @@ inline void panel_dot(const uint8_t* panel, const uint8_t* row, int64_t K, float
             acc_lo[v] = dot4(acc_lo[v], wv, bl);
         }
     }
-    const float sx = act_scale(row);
-    const float* sw = reinterpret_cast<const float*>(panel);
-    for (int v = 0; v < 4; ++v) {
-        const float32x4_t dot = vaddq_f32(vcvtq_f32_s32(acc_hi[v]), vmulq_n_f32(vcvtq_f32_s32(acc_lo[v]), 1.0f / 128.0f));
-        vst1q_f32(out + 4 * v, vmulq_f32(vmulq_n_f32(vld1q_f32(sw + 4 * v), sx), dot));
-    }
+    finish(panel, row, acc_hi, acc_lo, out);
 }
+
+#if defined(__ARM_FEATURE_MATMUL_INT8)
+// Two activation rows at once: chunks j and j + 1 (k = 4j..4j+7) zipped into channel pairs, one
+// `smmla` per pair and pass (the integers of two panel_dot calls, so the outputs are bit-identical).
+inline void panel_dot_pair(const uint8_t* panel, const uint8_t* row0, const uint8_t* row1, int64_t K, float out[2][16]) {
+    const int8_t *h0 = act_hi(row0), *h1 = act_hi(row1), *l0 = act_lo(row0, K), *l1 = act_lo(row1, K);
+    const int8_t* w = reinterpret_cast<const int8_t*>(panel + L::int8::kHeaderBytes);
+    const int64_t chunks = (K + 3) / 4;
+    int32x4_t th[8], tl[8];
+    for (int t = 0; t < 8; ++t) th[t] = tl[t] = vdupq_n_s32(0);
+    for (int64_t j = 0; j < chunks; j += 2) {   // activations are zero-padded to 16: k up to 4j + 7 is readable
+        const int8x16_t xh = rows2x8(h0 + 4 * j, h1 + 4 * j), xl = rows2x8(l0 + 4 * j, l1 + 4 * j);
+        for (int v = 0; v < 4; ++v) {
+            const int8x16_t a = vld1q_s8(w + size_t(j) * 64 + 16 * v);
+            const int8x16_t b = j + 1 < chunks ? vld1q_s8(w + size_t(j + 1) * 64 + 16 * v) : vdupq_n_s8(0);
+            const int8x16_t w0 = channel_pair0(a, b), w1 = channel_pair1(a, b);
+            th[2 * v] = mmla(th[2 * v], xh, w0);
+            th[2 * v + 1] = mmla(th[2 * v + 1], xh, w1);
+            tl[2 * v] = mmla(tl[2 * v], xl, w0);
+            tl[2 * v + 1] = mmla(tl[2 * v + 1], xl, w1);
+        }
+    }
+    int32x4_t hi[2][4], lo[2][4];
+    for (int v = 0; v < 4; ++v) {
+        hi[0][v] = tile_row0(th[2 * v], th[2 * v + 1]);
+        hi[1][v] = tile_row1(th[2 * v], th[2 * v + 1]);
+        lo[0][v] = tile_row0(tl[2 * v], tl[2 * v + 1]);
+        lo[1][v] = tile_row1(tl[2 * v], tl[2 * v + 1]);
+    }
+    finish(panel, row0, hi[0], lo[0], out[0]);
+    finish(panel, row1, hi[1], lo[1], out[1]);
+}
+constexpr auto kPair = panel_dot_pair;
+#else
+constexpr NoPair kPair{};
+#endif
 
 kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                   float* out, int64_t ldo) {
-    gate_up_panels(c, layout(c), packed, act, act_row_bytes(c->hidden), rows, n0, n1, out, ldo, panel_dot);
+    gate_up_panels(c, layout(c), packed, act, act_row_bytes(c->hidden), rows, n0, n1, out, ldo, panel_dot, kPair);
     return KT_OK;
 }
 
 kt_status down(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                float* out, int64_t ldo) {
-    down_panels(c, layout(c), packed, act, act_row_bytes(c->intermediate), rows, n0, n1, out, ldo, panel_dot);
+    down_panels(c, layout(c), packed, act, act_row_bytes(c->intermediate), rows, n0, n1, out, ldo, panel_dot, kPair);
     return KT_OK;
 }
 

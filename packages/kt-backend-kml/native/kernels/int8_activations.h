@@ -2,16 +2,24 @@
 // x ~ s (q_hi + q_lo / 128), so dot products with integer codes are exact and the second pass
 // brings the error to ~1e-3 of the output (one pass costs up to ~15 %, as on x86). A row is
 // {f32 s; 12 bytes padding} then q_hi and q_lo, each K rounded up to 16 and zero-padded (a chunk's
-// four k never read past the row). And the four-product dot both kernels are made of.
+// four k never read past the row), then each plane's int16 sums per 32 k (INT4's groups of 32, 64
+// or 128 add two to four of them for their zero-point term instead of re-adding g activations per
+// panel). And the four-product dot both kernels are made of.
 #pragma once
 #include "common.h"
 
 namespace KT_TARGET_NAMESPACE {
 
 inline int64_t act_padded(int64_t k) { return (k + 15) / 16 * 16; }
-inline size_t act_row_bytes(int64_t k) { return 16 + 2 * size_t(act_padded(k)); }
+inline int64_t act_sums(int64_t k) { return (act_padded(k) + 31) / 32; }   // sums per plane
+inline size_t act_row_bytes(int64_t k) { return 16 + 2 * size_t(act_padded(k)) + 4 * size_t(act_sums(k)); }
 inline const int8_t* act_hi(const uint8_t* row) { return reinterpret_cast<const int8_t*>(row + 16); }
 inline const int8_t* act_lo(const uint8_t* row, int64_t k) { return act_hi(row) + act_padded(k); }
+// The sums of q_hi (q_lo) over k = 32i..32i+31, at [i] (|sum| <= 32 * 127).
+inline const int16_t* act_sums_hi(const uint8_t* row, int64_t k) {
+    return reinterpret_cast<const int16_t*>(row + 16 + 2 * size_t(act_padded(k)));
+}
+inline const int16_t* act_sums_lo(const uint8_t* row, int64_t k) { return act_sums_hi(row, k) + act_sums(k); }
 inline float act_scale(const uint8_t* row) {
     float s;
     std::memcpy(&s, row, 4);
@@ -38,5 +46,33 @@ inline int32x4_t dot4(int32x4_t acc, int8x16_t w, int8x16_t x) {
     return vaddq_s32(acc, vpaddq_s32(lo, hi));
 #endif
 }
+
+#if defined(__ARM_FEATURE_MATMUL_INT8)
+// ARMv8.6 I8MM: `smmla` multiplies a 2 x 8 int8 matrix by the transpose of another, into a 2 x 2
+// int32 tile — two activation rows against two channels, 8 k at once (32 products per instruction,
+// `sdot` 16). The panels' chunks hold 4 k of 4 channels per vector; a 32-bit zip of the vectors of
+// k 0-3 and k 4-7 is exactly its 2-channel operand, so the layouts stay x86's.
+constexpr bool kMmla = true;
+// Rows 0 and 1's 8 activations from these pointers: smmla's 2 x 8 activation operand.
+inline int8x16_t rows2x8(const int8_t* r0, const int8_t* r1) { return vcombine_s8(vld1_s8(r0), vld1_s8(r1)); }
+// Channels 4v, 4v+1 (pair 0) or 4v+2, 4v+3 (pair 1) of a (their k 0-3) and b (k 4-7), 8 k each.
+inline int8x16_t channel_pair0(int8x16_t a, int8x16_t b) {
+    return vreinterpretq_s8_s32(vzip1q_s32(vreinterpretq_s32_s8(a), vreinterpretq_s32_s8(b)));
+}
+inline int8x16_t channel_pair1(int8x16_t a, int8x16_t b) {
+    return vreinterpretq_s8_s32(vzip2q_s32(vreinterpretq_s32_s8(a), vreinterpretq_s32_s8(b)));
+}
+// tile (lanes: row 0 x channel 0, row 0 x channel 1, row 1 x channel 0, row 1 x channel 1) += x . w^T.
+inline int32x4_t mmla(int32x4_t tile, int8x16_t x, int8x16_t w) { return vmmlaq_s32(tile, x, w); }
+// Channels 4v..4v+3 of row 0 (row 1) from the tiles of pairs 0 and 1.
+inline int32x4_t tile_row0(int32x4_t p0, int32x4_t p1) {
+    return vreinterpretq_s32_s64(vzip1q_s64(vreinterpretq_s64_s32(p0), vreinterpretq_s64_s32(p1)));
+}
+inline int32x4_t tile_row1(int32x4_t p0, int32x4_t p1) {
+    return vreinterpretq_s32_s64(vzip2q_s64(vreinterpretq_s64_s32(p0), vreinterpretq_s64_s32(p1)));
+}
+#else
+constexpr bool kMmla = false;
+#endif
 
 }  // namespace KT_TARGET_NAMESPACE

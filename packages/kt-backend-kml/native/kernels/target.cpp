@@ -25,6 +25,14 @@ struct Tables {
 #define KT_INT8_DOT "smull."
 #endif
 
+// INT8 and INT4 take two rows at a time through `smmla` where the target has I8MM (prefill), the
+// kernel above for a single row.
+#if defined(__ARM_FEATURE_MATMUL_INT8)
+#define KT_INT_PAIRS "smmla+"
+#else
+#define KT_INT_PAIRS ""
+#endif
+
 #if defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC)
 #define KT_BF16_DOT "bfdot."
 #else
@@ -34,9 +42,9 @@ struct Tables {
 Tables build() {
     Tables t{};
     t.methods[0] = bf16_kernels("moe.bf16.p16k2." KT_BF16_DOT KT_TARGET_VARIANT);
-    t.methods[1] = int8_kernels("moe.int8.p16k4." KT_INT8_DOT KT_TARGET_VARIANT);
-    t.methods[2] = int4_kernels("moe.int4g.p16k8." KT_INT8_DOT KT_TARGET_VARIANT);
-    t.methods[3] = rawint4_kernels("moe.rawint4.p16k8." KT_INT8_DOT KT_TARGET_VARIANT);
+    t.methods[1] = int8_kernels("moe.int8.p16k4." KT_INT_PAIRS KT_INT8_DOT KT_TARGET_VARIANT);
+    t.methods[2] = int4_kernels("moe.int4g.p16k8." KT_INT_PAIRS KT_INT8_DOT KT_TARGET_VARIANT);
+    t.methods[3] = rawint4_kernels("moe.rawint4.p16k8." KT_INT_PAIRS KT_INT8_DOT KT_TARGET_VARIANT);
     t.methods[4] = fp8_kernels("moe.fp8.p16.fcvtl-fma." KT_TARGET_VARIANT);
     t.methods[5] = fp8_perchannel_kernels("moe.fp8pc.p16.fcvtl-fma." KT_TARGET_VARIANT);
     t.methods[6] = mxfp8_kernels("moe.mxfp8.p16.fcvtl-fma." KT_TARGET_VARIANT);
