@@ -74,12 +74,12 @@ GGML_TYPES = [(t, t, t) for t in ("Q4_0", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K"
 @pytest.mark.parametrize("types", GGML_TYPES, ids=["-".join(t) if len(set(t)) > 1 else t[0] for t in GGML_TYPES])
 def test_llamafile_matches_float64_over_the_blocks(types, fast, monkeypatch):
     """LLAMAFILE on kt-core's kt-ggml-v5 panels (the bytes kt-backend-avx packs): against float64 over
-    gguf-py's dequantized blocks; bit-identical across targets (sdot and smull give the same integer
-    sums, and the f32 epilogue is the same instructions). Two activation passes (the default): within
-    2e-3 of the output RMS (measured 3.5e-4 to 9.5e-4 here); one pass (fast_activations, llama.cpp's Q8_K
-    precision: one int8 scale per 256 k of the hidden and of the intermediate activations): 0.3
-    (measured 0.027 to 0.22 on these random layers; kt-backend-avx gives the same figures to 5 digits
-    on the same inputs, both modes)."""
+    gguf-py's dequantized blocks; bit-identical across targets (sdot, smull and, for row pairs on
+    I8MM, smmla give the same integer sums, and the f32 epilogue is the same instructions). Two
+    activation passes (the default): within 2e-3 of the output RMS (measured 3.5e-4 to 9.5e-4 here);
+    one pass (fast_activations, llama.cpp's Q8_K precision: one int8 scale per 256 k of the hidden
+    and of the intermediate activations): 0.3 (measured 0.027 to 0.22 on these random layers;
+    kt-backend-avx gives the same figures to 5 digits on the same inputs, both modes)."""
     rng = np.random.default_rng(17)
     hidden, inter = 256, 256   # K of every matrix a multiple of the K-quants' 256-element blocks
     shapes = ((E, inter, hidden), (E, inter, hidden), (E, hidden, inter))
@@ -97,6 +97,7 @@ def test_llamafile_matches_float64_over_the_blocks(types, fast, monkeypatch):
                 weight_types=types, fast_activations=fast)
         m.load(*blocks)
         assert m.backend == f"kml/{variant}" and m.layout_id == "kt-ggml-v5"
+        assert (".smmla+" in m.kernel_id) == (variant == "armv8.6-i8mm-bf16"), m.kernel_id
         outs[variant] = np.asarray(m(x, ids, wt))
         err = relative_error(outs[variant], want)
         assert err < (0.3 if fast else 2e-3), f"{m.kernel_id}: {err:.2e}"

@@ -121,39 +121,162 @@ inline void widen_s8(int8x16_t b, int32x4_t out[4]) {
     out[3] = vmovl_high_s16(hi);
 }
 
-// The 16 channels' w . x of one panel for one activation row.
+// Per type: which codes, scales and offsets (w = s u - dmin m, or s (u - z)).
+template <class P>
+struct Form {
+    static constexpr int64_t kChunkK = P::kBits == 2 ? 16 : P::kBits == 4 ? 8 : 4;   // k per 64-byte chunk
+    static constexpr int kPerSub = int(P::kSubK / kChunkK);                         // chunks per sub-block
+    static constexpr bool kFloatBlocks = std::is_same_v<P, G::Q40> || std::is_same_v<P, G::Q80>;
+    static constexpr bool kMin = std::is_same_v<P, G::Q4K> || std::is_same_v<P, G::Q5K> || std::is_same_v<P, G::Q2K>;
+    static constexpr int kZ = std::is_same_v<P, G::Q6K> ? 32 : std::is_same_v<P, G::Q3K> ? 4 : 0;
+};
+
+// ---- code decoders: a chunk's codes as the int8 operands of the dots, channels 4v..4v+3 --------
+
+// 4-bit forms: chunk c (the i-th of its sub-block) -> w0 (k 0-3 of the chunk), w1 (k 4-7).
+template <class P>
+inline void codes4(const uint8_t* blk, int64_t c, int i, int v, int8x16_t& w0, int8x16_t& w1) {
+    using namespace G;
+    const uint8x16_t low4 = vdupq_n_u8(0x0f);
+    const uint8x16_t raw = vld1q_u8(blk + chunk_at<P>(c) + 16 * v);
+    uint8x16_t u0 = vandq_u8(raw, low4), u1 = vshrq_n_u8(raw, 4);
+    if constexpr (std::is_same_v<P, Q5K>) {   // fifth bits -> 16
+        const uint8x16_t bits = vld1q_u8(blk + fifth_bits_at(c) + 16 * v), b4 = vdupq_n_u8(0x10);
+        u0 = vorrq_u8(u0, move_bits(bits, 2 * i, 4, b4));
+        u1 = vorrq_u8(u1, move_bits(bits, 2 * i + 1, 4, b4));
+    }
+    if constexpr (std::is_same_v<P, Q6K>) {   // high bit pairs -> 16, 32
+        const uint8x16_t t = vld1q_u8(blk + high_pairs_at(c) + 16 * v), b45 = vdupq_n_u8(0x30);
+        u0 = vorrq_u8(u0, move_bits(t, 4 * i, 4, b45));
+        u1 = vorrq_u8(u1, move_bits(t, 4 * i + 2, 4, b45));
+    }
+    if constexpr (P::kBig) {   // IQ4_XS: indices -> the table's signed values
+        const int8x16_t table = vld1q_s8(kIq4Values);
+        w0 = vqtbl1q_s8(table, u0);
+        w1 = vqtbl1q_s8(table, u1);
+    } else {
+        w0 = vreinterpretq_s8_u8(u0);
+        w1 = vreinterpretq_s8_u8(u1);
+    }
+}
+// 2-bit forms: chunk c -> w[q], its four k-quads.
+template <class P>
+inline void codes2(const uint8_t* blk, int64_t c, int v, int8x16_t* w) {
+    using namespace G;
+    const uint8x16_t low2 = vdupq_n_u8(0x03), b2 = vdupq_n_u8(0x04);
+    const uint8x16_t raw = vld1q_u8(blk + chunk_at<P>(c) + 16 * v);
+    uint8x16_t u[4] = {vandq_u8(raw, low2), vandq_u8(vshrq_n_u8(raw, 2), low2), vandq_u8(vshrq_n_u8(raw, 4), low2),
+                       vshrq_n_u8(raw, 6)};
+    if constexpr (std::is_same_v<P, Q3K>) {   // third bit -> 4
+        const uint8x16_t t = vld1q_u8(blk + third_bits_at(c) + 16 * v);
+        for (int q = 0; q < 4; ++q) u[q] = vorrq_u8(u[q], move_bits(t, int(4 * (c % 2)) + q, 2, b2));
+    }
+    for (int q = 0; q < 4; ++q) w[q] = vreinterpretq_s8_u8(u[q]);
+}
+// Q8_0: chunk c's q (the panel's u = q + 128, back by one EOR).
+inline int8x16_t codes8(const uint8_t* blk, int64_t c, int v) {
+    return vreinterpretq_s8_u8(veorq_u8(vld1q_u8(blk + G::chunk_at<G::Q80>(c) + 16 * v), vdupq_n_u8(0x80)));
+}
+
+// ---- the scale epilogues, per activation row (the one-row and two-row kernels share them) ------
+
+// Sub-block j's activations of one pass (int16 sums per 16 k).
+template <class P>
+inline int sub_sum(const int16_t* sums, int64_t k0, int j) {
+    const int64_t g16 = (k0 + int64_t(j) * P::kSubK) / 16;
+    return sums[g16] + (P::kSubK == 32 ? sums[g16 + 1] : 0);
+}
+
+// After sub-block j's exact dots dh, dl (channels 4v..4v+3): Q4_0 / Q8_0 finish their block in f32,
+// acc += s_a (/ 128) * d * (dot - z * asum); the K-quants add sc_j * dot_j (per pass, integers) into
+// the block's ihi, ilo.
+template <class P, bool kTwoPass>
+inline void sub_block(const uint8_t* blk, int j, const ActRow& a, int64_t k0, const int32x4_t* dh, const int32x4_t* dl,
+                      int32x4_t* ihi, int32x4_t* ilo, float32x4_t* acc) {
+    using F = Form<P>;
+    const int sh = sub_sum<P>(a.sums_hi, k0, j), sl = sub_sum<P>(a.sums_lo, k0, j), asum = kTwoPass ? 128 * sh + sl : sh;
+    if constexpr (F::kFloatBlocks) {
+        const float factor = a.scale[k0 / kQK] * (kTwoPass ? 1.0f / 128.0f : 1.0f);
+        for (int v = 0; v < 4; ++v) {
+            const int32x4_t t = kTwoPass ? vaddq_s32(vshlq_n_s32(dh[v], 7), dl[v]) : dh[v];
+            float32x4_t r = vcvtq_f32_s32(t);
+            if constexpr (std::is_same_v<P, G::Q40>) r = vsubq_f32(r, vdupq_n_f32(8.0f * float(asum)));
+            acc[v] = vfmaq_n_f32(acc[v], vmulq_f32(f16x4(blk + P::kD + 8 * size_t(v)), r), factor);
+        }
+    } else if constexpr (F::kMin) {   // the m term at the block's end, when the dots' registers are free
+        int32x4_t sc[4];
+        const uint8x16_t bytes = vld1q_u8(blk + P::kSc + 16 * size_t(j));
+        widen_u8(std::is_same_v<P, G::Q2K> ? vandq_u8(bytes, vdupq_n_u8(0x0f)) : bytes, sc);   // Q2_K's byte: sc | m << 4
+        for (int v = 0; v < 4; ++v) {
+            ihi[v] = vmlaq_s32(ihi[v], sc[v], dh[v]);
+            if constexpr (kTwoPass) ilo[v] = vmlaq_s32(ilo[v], sc[v], dl[v]);
+        }
+    } else {   // signed int8 scales; Q6_K, Q3_K: the codes' offset z per pass
+        int32x4_t sc[4];
+        widen_s8(vld1q_s8(reinterpret_cast<const int8_t*>(blk + P::kSc + 16 * size_t(j))), sc);
+        for (int v = 0; v < 4; ++v) {
+            ihi[v] = vmlaq_s32(ihi[v], sc[v], F::kZ ? vsubq_s32(dh[v], vdupq_n_s32(F::kZ * sh)) : dh[v]);
+            if constexpr (kTwoPass) ilo[v] = vmlaq_s32(ilo[v], sc[v], F::kZ ? vsubq_s32(dl[v], vdupq_n_s32(F::kZ * sl)) : dl[v]);
+        }
+    }
+}
+
+// The K-quants' block end: acc += s_a (/ 128) * (d * (128 ihi + ilo) - dmin * imin), imin = sum_j m_j * asum_j.
+template <class P, bool kTwoPass>
+inline void block_end(const uint8_t* blk, const ActRow& a, int64_t k0, const int32x4_t* ihi, const int32x4_t* ilo,
+                      float32x4_t* acc) {
+    using F = Form<P>;
+    if constexpr (!F::kFloatBlocks) {
+        const float factor = a.scale[k0 / kQK] * (kTwoPass ? 1.0f / 128.0f : 1.0f);
+        int32x4_t imin[4];
+        for (int v = 0; v < 4; ++v) imin[v] = vdupq_n_s32(0);
+        if constexpr (F::kMin)
+            for (int j = 0; j < int(P::kBlockK / P::kSubK); ++j) {
+                const int sh = sub_sum<P>(a.sums_hi, k0, j), asum = kTwoPass ? 128 * sh + sub_sum<P>(a.sums_lo, k0, j) : sh;
+                int32x4_t mm[4];
+                if constexpr (std::is_same_v<P, G::Q2K>)
+                    widen_u8(vshrq_n_u8(vld1q_u8(blk + P::kSc + 16 * size_t(j)), 4), mm);
+                else
+                    widen_u8(vld1q_u8(blk + P::kM + 16 * size_t(j)), mm);
+                for (int v = 0; v < 4; ++v) imin[v] = vmlaq_n_s32(imin[v], mm[v], asum);
+            }
+        for (int v = 0; v < 4; ++v) {
+            const float32x4_t t = kTwoPass ? vfmaq_n_f32(vcvtq_f32_s32(ilo[v]), vcvtq_f32_s32(ihi[v]), 128.0f)
+                                           : vcvtq_f32_s32(ihi[v]);
+            constexpr bool f32_d = std::is_same_v<P, G::Q4K> || std::is_same_v<P, G::Q5K> || std::is_same_v<P, G::Q6K>;
+            const float32x4_t d = f32_d ? f32x4(blk + P::kD + 16 * size_t(v)) : f16x4(blk + P::kD + 8 * size_t(v));
+            float32x4_t r = vmulq_f32(d, t);
+            if constexpr (F::kMin) {
+                const float32x4_t dmin = std::is_same_v<P, G::Q2K> ? f16x4(blk + P::kDmin + 8 * size_t(v))
+                                                                   : f32x4(blk + P::kDmin + 16 * size_t(v));
+                r = vmlsq_f32(r, dmin, vcvtq_f32_s32(imin[v]));
+            }
+            acc[v] = vfmaq_n_f32(acc[v], r, factor);
+        }
+    }
+}
+
+// ---- the kernels ---------------------------------------------------------------------------
 //
 // Q4_0 and Q8_0 (one sub-block per 32-k block) finish each block in f32. The K-quants' sub-blocks
 // (16 or 32 k) carry small integer scales, so their sums stay integers through the 256-k block,
 // sc_j * dot_j per pass and m_j * sum_j added by `mla`, and are converted once per block: exact,
 // and a quarter of the instructions of an f32 epilogue per sub-block (int32 bounds: |sc dot| summed
-// over a block <= 1.4e8 for every type, the m term <= 2.7e8).
-// Not inlined: one call per panel and row costs nothing beside a K-long loop, and keeps each type's
-// kernel one symbol whose instructions docs/backends.md counts.
+// over a block <= 1.4e8 for every type, the m term <= 2.7e8). Not inlined: one call per panel and
+// row costs nothing beside a K-long loop, and keeps each type's kernel one symbol whose
+// instructions docs/backends.md counts.
+
+// The 16 channels' w . x of one panel for one activation row (`sdot`, ARMv8.0: `smull`).
 template <class P, bool kTwoPass>
 __attribute__((noinline)) void panel_dot(const uint8_t* panel, const ActRow& a, int64_t K, float out[16]) {
-    using namespace G;
-    constexpr int64_t kChunkK = P::kBits == 2 ? 16 : P::kBits == 4 ? 8 : 4;   // k per 64-byte chunk
-    constexpr int kPerSub = int(P::kSubK / kChunkK);                         // chunks per sub-block
-    constexpr bool kFloatBlocks = std::is_same_v<P, Q40> || std::is_same_v<P, Q80>;
-    constexpr bool kMin = std::is_same_v<P, Q4K> || std::is_same_v<P, Q5K> || std::is_same_v<P, Q2K>;   // w = s u - dmin m
-    constexpr int kZ = std::is_same_v<P, Q6K> ? 32 : std::is_same_v<P, Q3K> ? 4 : 0;                   // w = s (u - z)
-    const uint8x16_t low4 = vdupq_n_u8(0x0f), low2 = vdupq_n_u8(0x03);
-    const uint8x16_t b2 = vdupq_n_u8(0x04), b4 = vdupq_n_u8(0x10), b45 = vdupq_n_u8(0x30);   // bit 2; bit 4; bits 4-5
-    const int8x16_t table = vld1q_s8(kIq4Values);
+    using F = Form<P>;
     float32x4_t acc[4];
     for (int v = 0; v < 4; ++v) acc[v] = vdupq_n_f32(0.0f);
     for (int64_t b = 0; b < K / P::kBlockK; ++b) {
         const uint8_t* blk = panel + size_t(b) * P::kBlockBytes;
         const int64_t k0 = b * P::kBlockK;
-        const float factor = a.scale[k0 / kQK] * (kTwoPass ? 1.0f / 128.0f : 1.0f);
         int32x4_t ihi[4], ilo[4];   // the block's integer sums (K-quants)
         for (int v = 0; v < 4; ++v) ihi[v] = ilo[v] = vdupq_n_s32(0);
-        // Sub-block j's activations of one pass (int16 sums per 16 k).
-        const auto sub_sum = [&](const int16_t* sums, int j) {
-            const int64_t g16 = (k0 + int64_t(j) * P::kSubK) / 16;
-            return sums[g16] + (P::kSubK == 32 ? sums[g16 + 1] : 0);
-        };
         for (int j = 0; j < int(P::kBlockK / P::kSubK); ++j) {
             int32x4_t dh[4], dl[4];
             for (int v = 0; v < 4; ++v) dh[v] = dl[v] = vdupq_n_s32(0);
@@ -167,12 +290,11 @@ __attribute__((noinline)) void panel_dot(const uint8_t* panel, const ActRow& a, 
                 }
             };
 #pragma GCC unroll 8
-            for (int i = 0; i < kPerSub; ++i) {   // i = c % kPerSub: Q5_K's and Q6_K's bit positions
-                const int64_t c = int64_t(j) * kPerSub + i, kc = k0 + c * kChunkK;
-                const uint8_t* chunk = blk + chunk_at<P>(c);
-                if constexpr (P::kBits == 8) {   // Q8_0: u = q + 128 back to q
+            for (int i = 0; i < F::kPerSub; ++i) {   // i = c % kPerSub: Q5_K's and Q6_K's bit positions
+                const int64_t c = int64_t(j) * F::kPerSub + i, kc = k0 + c * F::kChunkK;
+                if constexpr (P::kBits == 8) {
                     int8x16_t w[4];
-                    for (int v = 0; v < 4; ++v) w[v] = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(chunk + 16 * v), vdupq_n_u8(0x80)));
+                    for (int v = 0; v < 4; ++v) w[v] = codes8(blk, c, v);
                     quad(kc, w);
                 } else if constexpr (P::kBits == 4) {
                     // Channel group by channel group (v), each against the chunk's two quads of both
@@ -180,102 +302,117 @@ __attribute__((noinline)) void panel_dot(const uint8_t* panel, const ActRow& a, 
                     const int8x16_t xh0 = broadcast4(a.hi + kc), xh1 = broadcast4(a.hi + kc + 4);
                     const int8x16_t xl0 = broadcast4(a.lo + kc), xl1 = broadcast4(a.lo + kc + 4);
                     for (int v = 0; v < 4; ++v) {
-                        const uint8x16_t raw = vld1q_u8(chunk + 16 * v);
-                        uint8x16_t u0 = vandq_u8(raw, low4), u1 = vshrq_n_u8(raw, 4);
-                        if constexpr (std::is_same_v<P, Q5K>) {   // fifth bits -> 16
-                            const uint8x16_t bits = vld1q_u8(blk + fifth_bits_at(c) + 16 * v);
-                            u0 = vorrq_u8(u0, move_bits(bits, 2 * i, 4, b4));
-                            u1 = vorrq_u8(u1, move_bits(bits, 2 * i + 1, 4, b4));
-                        }
-                        if constexpr (std::is_same_v<P, Q6K>) {   // high bit pairs -> 16, 32
-                            const uint8x16_t t = vld1q_u8(blk + high_pairs_at(c) + 16 * v);
-                            u0 = vorrq_u8(u0, move_bits(t, 4 * i, 4, b45));
-                            u1 = vorrq_u8(u1, move_bits(t, 4 * i + 2, 4, b45));
-                        }
-                        int8x16_t w0 = vreinterpretq_s8_u8(u0), w1 = vreinterpretq_s8_u8(u1);
-                        if constexpr (P::kBig) {   // IQ4_XS: indices -> the table's signed values
-                            w0 = vqtbl1q_s8(table, u0);
-                            w1 = vqtbl1q_s8(table, u1);
-                        }
+                        int8x16_t w0, w1;
+                        codes4<P>(blk, c, i, v, w0, w1);
                         dh[v] = dot4(dot4(dh[v], w0, xh0), w1, xh1);
                         if constexpr (kTwoPass) dl[v] = dot4(dot4(dl[v], w0, xl0), w1, xl1);
                     }
                 } else {   // 2-bit codes: four k-quads per chunk
-                    int8x16_t w[4][4];
+                    int8x16_t w[4][4], q4[4];
                     for (int v = 0; v < 4; ++v) {
-                        const uint8x16_t raw = vld1q_u8(chunk + 16 * v);
-                        uint8x16_t u[4] = {vandq_u8(raw, low2), vandq_u8(vshrq_n_u8(raw, 2), low2),
-                                           vandq_u8(vshrq_n_u8(raw, 4), low2), vshrq_n_u8(raw, 6)};
-                        if constexpr (std::is_same_v<P, Q3K>) {   // third bit -> 4
-                            const uint8x16_t t = vld1q_u8(blk + third_bits_at(c) + 16 * v);
-                            for (int q = 0; q < 4; ++q) u[q] = vorrq_u8(u[q], move_bits(t, int(4 * (c % 2)) + q, 2, b2));
-                        }
-                        for (int q = 0; q < 4; ++q) w[q][v] = vreinterpretq_s8_u8(u[q]);
+                        codes2<P>(blk, c, v, q4);
+                        for (int q = 0; q < 4; ++q) w[q][v] = q4[q];
                     }
                     for (int q = 0; q < 4; ++q) quad(kc + 4 * q, w[q]);
                 }
             }
-            const int sh = sub_sum(a.sums_hi, j), sl = sub_sum(a.sums_lo, j), asum = kTwoPass ? 128 * sh + sl : sh;
-            if constexpr (kFloatBlocks) {   // acc += s_a (/ 128) * d * (dot - z * asum)
-                for (int v = 0; v < 4; ++v) {
-                    const int32x4_t t = kTwoPass ? vaddq_s32(vshlq_n_s32(dh[v], 7), dl[v]) : dh[v];
-                    float32x4_t r = vcvtq_f32_s32(t);
-                    if constexpr (std::is_same_v<P, Q40>) r = vsubq_f32(r, vdupq_n_f32(8.0f * float(asum)));
-                    acc[v] = vfmaq_n_f32(acc[v], vmulq_f32(f16x4(blk + P::kD + 8 * size_t(v)), r), factor);
-                }
-            } else if constexpr (kMin) {   // the m term after the sub-blocks, when the dots' registers are free
-                int32x4_t sc[4];
-                const uint8x16_t bytes = vld1q_u8(blk + P::kSc + 16 * size_t(j));
-                widen_u8(std::is_same_v<P, Q2K> ? vandq_u8(bytes, low4) : bytes, sc);   // Q2_K's byte: sc | m << 4
-                for (int v = 0; v < 4; ++v) {
-                    ihi[v] = vmlaq_s32(ihi[v], sc[v], dh[v]);
-                    if constexpr (kTwoPass) ilo[v] = vmlaq_s32(ilo[v], sc[v], dl[v]);
-                }
-            } else {   // signed int8 scales; Q6_K, Q3_K: the codes' offset z per pass
-                int32x4_t sc[4];
-                widen_s8(vld1q_s8(reinterpret_cast<const int8_t*>(blk + P::kSc + 16 * size_t(j))), sc);
-                for (int v = 0; v < 4; ++v) {
-                    ihi[v] = vmlaq_s32(ihi[v], sc[v], kZ ? vsubq_s32(dh[v], vdupq_n_s32(kZ * sh)) : dh[v]);
-                    if constexpr (kTwoPass) ilo[v] = vmlaq_s32(ilo[v], sc[v], kZ ? vsubq_s32(dl[v], vdupq_n_s32(kZ * sl)) : dl[v]);
-                }
-            }
+            sub_block<P, kTwoPass>(blk, j, a, k0, dh, dl, ihi, ilo, acc);
         }
-        int32x4_t imin[4];   // sum_j m_j * (sub-block j's activations)
-        for (int v = 0; v < 4; ++v) imin[v] = vdupq_n_s32(0);
-        if constexpr (kMin)
-            for (int j = 0; j < int(P::kBlockK / P::kSubK); ++j) {
-                const int sh = sub_sum(a.sums_hi, j), asum = kTwoPass ? 128 * sh + sub_sum(a.sums_lo, j) : sh;
-                int32x4_t mm[4];
-                if constexpr (std::is_same_v<P, Q2K>)
-                    widen_u8(vshrq_n_u8(vld1q_u8(blk + P::kSc + 16 * size_t(j)), 4), mm);
-                else
-                    widen_u8(vld1q_u8(blk + P::kM + 16 * size_t(j)), mm);
-                for (int v = 0; v < 4; ++v) imin[v] = vmlaq_n_s32(imin[v], mm[v], asum);
-            }
-        if constexpr (!kFloatBlocks)   // acc += s_a (/ 128) * (d * (128 ihi + ilo) - dmin * imin)
-            for (int v = 0; v < 4; ++v) {
-                const float32x4_t t = kTwoPass ? vfmaq_n_f32(vcvtq_f32_s32(ilo[v]), vcvtq_f32_s32(ihi[v]), 128.0f)
-                                               : vcvtq_f32_s32(ihi[v]);
-                constexpr bool f32_d = std::is_same_v<P, Q4K> || std::is_same_v<P, Q5K> || std::is_same_v<P, Q6K>;
-                const float32x4_t d = f32_d ? f32x4(blk + P::kD + 16 * size_t(v)) : f16x4(blk + P::kD + 8 * size_t(v));
-                float32x4_t r = vmulq_f32(d, t);
-                if constexpr (kMin) {
-                    const float32x4_t dmin = std::is_same_v<P, Q2K> ? f16x4(blk + P::kDmin + 8 * size_t(v))
-                                                                    : f32x4(blk + P::kDmin + 16 * size_t(v));
-                    r = vmlsq_f32(r, dmin, vcvtq_f32_s32(imin[v]));
-                }
-                acc[v] = vfmaq_n_f32(acc[v], r, factor);
-            }
+        block_end<P, kTwoPass>(blk, a, k0, ihi, ilo, acc);
     }
     for (int v = 0; v < 4; ++v) vst1q_f32(out + 4 * v, acc[v]);
 }
 
-// Panel p of matrix m against one activation row.
-inline void matrix_dot(const G::Matrix& m, const uint8_t* expert, int64_t p, const ActRow& a, bool two_pass, float out[16]) {
+#if defined(__ARM_FEATURE_MATMUL_INT8)
+// Two activation rows at once (prefill, I8MM): per sub-block, 8 consecutive k of a channel pair
+// (two 4-k code vectors zipped: channel_pair0/1) against 8 k of both rows, one `smmla` per pair and
+// pass — then the tiles are split into each row's dots and finished by the same epilogues as
+// panel_dot's: the same integers, bit-identical outputs. A panel block's codes are decoded once for
+// both rows.
+template <class P, bool kTwoPass>
+__attribute__((noinline)) void panel_dot_pair(const uint8_t* panel, const ActRow* a, int64_t K, float (*out)[16]) {
+    using F = Form<P>;
+    float32x4_t acc[2][4];
+    for (int v = 0; v < 4; ++v) acc[0][v] = acc[1][v] = vdupq_n_f32(0.0f);
+    for (int64_t b = 0; b < K / P::kBlockK; ++b) {
+        const uint8_t* blk = panel + size_t(b) * P::kBlockBytes;
+        const int64_t k0 = b * P::kBlockK;
+        int32x4_t ihi[2][4], ilo[2][4];
+        for (int v = 0; v < 4; ++v) ihi[0][v] = ihi[1][v] = ilo[0][v] = ilo[1][v] = vdupq_n_s32(0);
+        for (int j = 0; j < int(P::kBlockK / P::kSubK); ++j) {
+            int32x4_t th[8], tl[8];   // tiles: channel pair t of group t / 2, rows 0 and 1
+            for (int t = 0; t < 8; ++t) th[t] = tl[t] = vdupq_n_s32(0);
+            // k from kq: w0[v] its first four, w1[v] the next four.
+            const auto octet = [&](int64_t kq, const int8x16_t* w0, const int8x16_t* w1) {
+                const int8x16_t xh = rows2x8(a[0].hi + kq, a[1].hi + kq);
+                [[maybe_unused]] int8x16_t xl;
+                if constexpr (kTwoPass) xl = rows2x8(a[0].lo + kq, a[1].lo + kq);
+                for (int v = 0; v < 4; ++v) {
+                    const int8x16_t p0 = channel_pair0(w0[v], w1[v]), p1 = channel_pair1(w0[v], w1[v]);
+                    th[2 * v] = mmla(th[2 * v], xh, p0);
+                    th[2 * v + 1] = mmla(th[2 * v + 1], xh, p1);
+                    if constexpr (kTwoPass) {
+                        tl[2 * v] = mmla(tl[2 * v], xl, p0);
+                        tl[2 * v + 1] = mmla(tl[2 * v + 1], xl, p1);
+                    }
+                }
+            };
+            if constexpr (P::kBits == 8) {   // chunk pairs (c, c + 1): k 4c..4c+7
+                for (int i = 0; i < F::kPerSub; i += 2) {
+                    const int64_t c = int64_t(j) * F::kPerSub + i;
+                    int8x16_t w0[4], w1[4];
+                    for (int v = 0; v < 4; ++v) w0[v] = codes8(blk, c, v), w1[v] = codes8(blk, c + 1, v);
+                    octet(k0 + c * F::kChunkK, w0, w1);
+                }
+            } else {
+#pragma GCC unroll 8
+                for (int i = 0; i < F::kPerSub; ++i) {
+                    const int64_t c = int64_t(j) * F::kPerSub + i, kc = k0 + c * F::kChunkK;
+                    if constexpr (P::kBits == 4) {   // a chunk's two quads are one octet
+                        int8x16_t w0[4], w1[4];
+                        for (int v = 0; v < 4; ++v) codes4<P>(blk, c, i, v, w0[v], w1[v]);
+                        octet(kc, w0, w1);
+                    } else {   // four quads: two octets
+                        int8x16_t w[4][4], q4[4];
+                        for (int v = 0; v < 4; ++v) {
+                            codes2<P>(blk, c, v, q4);
+                            for (int q = 0; q < 4; ++q) w[q][v] = q4[q];
+                        }
+                        octet(kc, w[0], w[1]);
+                        octet(kc + 8, w[2], w[3]);
+                    }
+                }
+            }
+            int32x4_t dh[2][4], dl[2][4];
+            for (int v = 0; v < 4; ++v) {
+                dh[0][v] = tile_row0(th[2 * v], th[2 * v + 1]);
+                dh[1][v] = tile_row1(th[2 * v], th[2 * v + 1]);
+                dl[0][v] = tile_row0(tl[2 * v], tl[2 * v + 1]);
+                dl[1][v] = tile_row1(tl[2 * v], tl[2 * v + 1]);
+            }
+            for (int r = 0; r < 2; ++r) sub_block<P, kTwoPass>(blk, j, a[r], k0, dh[r], dl[r], ihi[r], ilo[r], acc[r]);
+        }
+        for (int r = 0; r < 2; ++r) block_end<P, kTwoPass>(blk, a[r], k0, ihi[r], ilo[r], acc[r]);
+    }
+    for (int r = 0; r < 2; ++r)
+        for (int v = 0; v < 4; ++v) vst1q_f32(out[r] + 4 * v, acc[r][v]);
+}
+#endif
+
+// Panel p of matrix m against `nr` activation rows (two: the pair kernel, where the target has one).
+inline void matrix_dot(const G::Matrix& m, const uint8_t* expert, int64_t p, const ActRow* a, int nr, bool two_pass,
+                       float (*out)[16]) {
     const uint8_t* panel = expert + m.offset + size_t(p) * m.panel_bytes;
     G::with_panels(m.type->dtype, [&](auto form) {
         using P = decltype(form);
-        two_pass ? panel_dot<P, true>(panel, a, m.cols, out) : panel_dot<P, false>(panel, a, m.cols, out);
+#if defined(__ARM_FEATURE_MATMUL_INT8)
+        if (nr == 2) {
+            two_pass ? panel_dot_pair<P, true>(panel, a, m.cols, out) : panel_dot_pair<P, false>(panel, a, m.cols, out);
+            return;
+        }
+#endif
+        for (int r = 0; r < nr; ++r)
+            two_pass ? panel_dot<P, true>(panel, a[r], m.cols, out[r]) : panel_dot<P, false>(panel, a[r], m.cols, out[r]);
     });
 }
 
@@ -313,6 +450,9 @@ kt_status check_range(const char* which, int64_t n0, int64_t n1, int64_t n) {
 
 bool two_pass(const kt_moe_config* c) { return (c->quant_flags & KT_QUANT_FAST_ACTIVATIONS) == 0; }
 
+// Activation rows per panel pass: two through smmla where the target has I8MM, else one.
+constexpr int kRowsAtOnce = kMmla ? 2 : 1;
+
 kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                   float* out, int64_t ldo) {
     const G::Expert l = layout(c);
@@ -321,13 +461,17 @@ kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, i
     const auto* base = static_cast<const uint8_t*>(packed);
     const Gate gate(c);
     for (int64_t p = n0 / kPanel; p * kPanel < n1; ++p)
-        for (int64_t m = 0; m < rows; ++m) {
-            const ActRow a = act_row(static_cast<const uint8_t*>(act) + size_t(m) * act_bytes(c->hidden), c->hidden);
-            float g[16], u[16];
-            matrix_dot(l.m[0], base, p, a, two_pass(c), g);
-            matrix_dot(l.m[1], base, p, a, two_pass(c), u);
-            for (int lane = 0; lane < kPanel && p * kPanel + lane < n1; ++lane)
-                out[m * ldo + p * kPanel + lane] = gate(g[lane], u[lane]);
+        for (int64_t m = 0; m < rows; m += kRowsAtOnce) {
+            const int nr = int(std::min<int64_t>(kRowsAtOnce, rows - m));
+            ActRow a[kRowsAtOnce];
+            for (int r = 0; r < nr; ++r)
+                a[r] = act_row(static_cast<const uint8_t*>(act) + size_t(m + r) * act_bytes(c->hidden), c->hidden);
+            float g[kRowsAtOnce][16], u[kRowsAtOnce][16];
+            matrix_dot(l.m[0], base, p, a, nr, two_pass(c), g);
+            matrix_dot(l.m[1], base, p, a, nr, two_pass(c), u);
+            for (int r = 0; r < nr; ++r)
+                for (int lane = 0; lane < kPanel && p * kPanel + lane < n1; ++lane)
+                    out[(m + r) * ldo + p * kPanel + lane] = gate(g[r][lane], u[r][lane]);
         }
     return KT_OK;
 }
@@ -339,11 +483,15 @@ kt_status down(const kt_moe_config* c, const void* packed, const void* act, int6
     if (const kt_status st = check_range("down", n0, n1, c->hidden)) return st;
     const auto* base = static_cast<const uint8_t*>(packed);
     for (int64_t p = n0 / kPanel; p * kPanel < n1; ++p)
-        for (int64_t m = 0; m < rows; ++m) {
-            const ActRow a = act_row(static_cast<const uint8_t*>(act) + size_t(m) * act_bytes(c->intermediate), c->intermediate);
-            float s[16];
-            matrix_dot(l.m[2], base, p, a, two_pass(c), s);
-            for (int lane = 0; lane < kPanel && p * kPanel + lane < n1; ++lane) out[m * ldo + p * kPanel + lane] = s[lane];
+        for (int64_t m = 0; m < rows; m += kRowsAtOnce) {
+            const int nr = int(std::min<int64_t>(kRowsAtOnce, rows - m));
+            ActRow a[kRowsAtOnce];
+            for (int r = 0; r < nr; ++r)
+                a[r] = act_row(static_cast<const uint8_t*>(act) + size_t(m + r) * act_bytes(c->intermediate), c->intermediate);
+            float s[kRowsAtOnce][16];
+            matrix_dot(l.m[2], base, p, a, nr, two_pass(c), s);
+            for (int r = 0; r < nr; ++r)
+                for (int lane = 0; lane < kPanel && p * kPanel + lane < n1; ++lane) out[(m + r) * ldo + p * kPanel + lane] = s[r][lane];
         }
     return KT_OK;
 }

@@ -25,7 +25,7 @@ struct Tables {
 #define KT_INT8_DOT "smull."
 #endif
 
-// INT8 and INT4 take two rows at a time through `smmla` where the target has I8MM (prefill), the
+// INT8, INT4 and LLAMAFILE take two rows at a time through `smmla` where the target has I8MM (prefill), the
 // kernel above for a single row.
 #if defined(__ARM_FEATURE_MATMUL_INT8)
 #define KT_INT_PAIRS "smmla+"
@@ -48,7 +48,7 @@ Tables build() {
     t.methods[4] = fp8_kernels("moe.fp8.p16.fcvtl-fma." KT_TARGET_VARIANT);
     t.methods[5] = fp8_perchannel_kernels("moe.fp8pc.p16.fcvtl-fma." KT_TARGET_VARIANT);
     t.methods[6] = mxfp8_kernels("moe.mxfp8.p16.fcvtl-fma." KT_TARGET_VARIANT);
-    t.methods[7] = llamafile_kernels("moe.ggml.p16." KT_INT8_DOT KT_TARGET_VARIANT);
+    t.methods[7] = llamafile_kernels("moe.ggml.p16." KT_INT_PAIRS KT_INT8_DOT KT_TARGET_VARIANT);
     t.api = kt_backend_api{sizeof(kt_backend_api), KT_PLUGIN_ABI_MAJOR, KT_PLUGIN_ABI_MINOR, "kml", KT_TARGET_VARIANT,
                            KT_TARGET_FEATURES, init, 8, nullptr};
     return t;
