@@ -4,7 +4,9 @@
 // f32 accumulation. Where the target has BF16 (ARMv8.6), a chunk's 16-byte quarter is exactly
 // `bfdot`'s operand (4 lanes of a (k, k+1) pair each): activations are split into two bf16 planes
 // (x = hi + lo, ~16 significant bits, as kt-backend-avx's split-bf16) and each plane takes one
-// `bfdot` per quarter. Each weight byte is read once per row (decode streams the panel once).
+// `bfdot` per quarter; two rows at a time (prefill) take `bfmmla` (a 2 x 4 by 4 x 2 bf16 product into
+// a 2 x 2 f32 tile) on two chunks' quarters zipped into channel pairs, as the integer methods take
+// `smmla`. Each weight byte is read once per row, or row pair (decode streams the panel once).
 #include "common.h"
 
 namespace KT_TARGET_NAMESPACE {
@@ -47,9 +49,10 @@ constexpr bool kBfdot = true;
 constexpr bool kBfdot = false;
 #endif
 
-// f32 rows; with bfdot, two bf16 planes per row (hi then lo, K rounded up to even, zero-padded).
-int64_t even(int64_t k) { return (k + 1) / 2 * 2; }
-size_t row_bytes(int64_t k) { return kBfdot ? size_t(even(k)) * 4 : f32_row_bytes(k); }
+// f32 rows; with bfdot, two bf16 planes per row (hi then lo, K rounded up to 4 and zero-padded: a
+// bfmmla operand's 4 k never read past a plane).
+int64_t plane(int64_t k) { return (k + 3) / 4 * 4; }
+size_t row_bytes(int64_t k) { return kBfdot ? size_t(plane(k)) * 4 : f32_row_bytes(k); }
 
 kt_status quantize(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int64_t stride, void* out) {
     if (!kBfdot) return quantize_f32_rows(in, dtype, rows, k, stride, out);
@@ -58,8 +61,8 @@ kt_status quantize(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int6
         if (!activation_row(in, dtype, r, k, stride, x.data()))
             return fail(KT_ERROR_UNSUPPORTED, "kml BF16: activations must be float32 or bfloat16 (kt_dtype %d)", int(dtype));
         auto* hi = reinterpret_cast<uint16_t*>(static_cast<uint8_t*>(out) + size_t(r) * row_bytes(k));
-        uint16_t* lo = hi + even(k);
-        if (k % 2) hi[k] = lo[k] = 0;   // the padding of an odd K (its weights are zero too)
+        uint16_t* lo = hi + plane(k);
+        for (int64_t i = k; i < plane(k); ++i) hi[i] = lo[i] = 0;   // the padding (its weights are zero too)
         for (int64_t i = 0; i < k; ++i) {
             hi[i] = to_bf16(x[size_t(i)]);
             lo[i] = to_bf16(x[size_t(i)] - bf16_to_f32(hi[i]));   // NaN/Inf stay in hi: they reach the output
@@ -72,7 +75,7 @@ kt_status quantize(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int6
 // acc[0..3] (16 channels) += panel . (hi + lo) over K: one bfdot per plane per 4 channels and k pair.
 inline void panel_dot(const uint8_t* panel, const uint8_t* row, int64_t K, float32x4_t acc[4]) {
     const uint32_t* hi = reinterpret_cast<const uint32_t*>(row);
-    const uint32_t* lo = hi + even(K) / 2;
+    const uint32_t* lo = hi + plane(K) / 2;
     for (int64_t j = 0; 2 * j < K; ++j) {
         const bfloat16x8_t xh = vreinterpretq_bf16_u32(vdupq_n_u32(hi[j])), xl = vreinterpretq_bf16_u32(vdupq_n_u32(lo[j]));
         const uint8_t* w = panel + size_t(j) * 64;
@@ -114,15 +117,48 @@ void panel_out(const uint8_t* panel, const uint8_t* row, int64_t K, float out[16
     for (int v = 0; v < 4; ++v) vst1q_f32(out + 4 * v, acc[v]);
 }
 
+#if defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC)
+// Two activation rows' 16 outputs: chunks j and j + 1 (k = 2j..2j+3) zipped into channel pairs (2
+// channels x 4 k), against both rows' 4 k of each plane: one bfmmla per pair and plane.
+void panel_out_pair(const uint8_t* panel, const uint8_t* row0, const uint8_t* row1, int64_t K, float out[2][16]) {
+    const auto* h0 = reinterpret_cast<const bfloat16_t*>(row0);
+    const auto* h1 = reinterpret_cast<const bfloat16_t*>(row1);
+    const bfloat16_t *l0 = h0 + plane(K), *l1 = h1 + plane(K);
+    const int64_t chunks = (K + 1) / 2;
+    float32x4_t t[8];   // tiles: channel pair t of group t / 2, rows 0 and 1
+    for (int i = 0; i < 8; ++i) t[i] = vdupq_n_f32(0.0f);
+    for (int64_t j = 0; j < chunks; j += 2) {
+        const bfloat16x8_t xh = vcombine_bf16(vld1_bf16(h0 + 2 * j), vld1_bf16(h1 + 2 * j));
+        const bfloat16x8_t xl = vcombine_bf16(vld1_bf16(l0 + 2 * j), vld1_bf16(l1 + 2 * j));
+        for (int v = 0; v < 4; ++v) {
+            const uint32x4_t a = vld1q_u32(reinterpret_cast<const uint32_t*>(panel + size_t(j) * 64 + 16 * v));
+            const uint32x4_t b = j + 1 < chunks ? vld1q_u32(reinterpret_cast<const uint32_t*>(panel + size_t(j + 1) * 64 + 16 * v))
+                                                : vdupq_n_u32(0);
+            const bfloat16x8_t p0 = vreinterpretq_bf16_u32(vzip1q_u32(a, b)), p1 = vreinterpretq_bf16_u32(vzip2q_u32(a, b));
+            t[2 * v] = vbfmmlaq_f32(vbfmmlaq_f32(t[2 * v], xh, p0), xl, p0);
+            t[2 * v + 1] = vbfmmlaq_f32(vbfmmlaq_f32(t[2 * v + 1], xh, p1), xl, p1);
+        }
+    }
+    for (int v = 0; v < 4; ++v) {   // tile lanes: row 0 x channel 0, row 0 x channel 1, row 1 x ...
+        const float64x2_t p0 = vreinterpretq_f64_f32(t[2 * v]), p1 = vreinterpretq_f64_f32(t[2 * v + 1]);
+        vst1q_f32(out[0] + 4 * v, vreinterpretq_f32_f64(vzip1q_f64(p0, p1)));
+        vst1q_f32(out[1] + 4 * v, vreinterpretq_f32_f64(vzip2q_f64(p0, p1)));
+    }
+}
+constexpr auto kPair = panel_out_pair;
+#else
+constexpr NoPair kPair{};
+#endif
+
 kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                   float* out, int64_t ldo) {
-    gate_up_panels(c, layout(c), packed, act, row_bytes(c->hidden), rows, n0, n1, out, ldo, panel_out);
+    gate_up_panels(c, layout(c), packed, act, row_bytes(c->hidden), rows, n0, n1, out, ldo, panel_out, kPair);
     return KT_OK;
 }
 
 kt_status down(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                float* out, int64_t ldo) {
-    down_panels(c, layout(c), packed, act, row_bytes(c->intermediate), rows, n0, n1, out, ldo, panel_out);
+    down_panels(c, layout(c), packed, act, row_bytes(c->intermediate), rows, n0, n1, out, ldo, panel_out, kPair);
     return KT_OK;
 }
 

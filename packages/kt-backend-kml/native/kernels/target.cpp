@@ -34,7 +34,7 @@ struct Tables {
 #endif
 
 #if defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC)
-#define KT_BF16_DOT "bfdot."
+#define KT_BF16_DOT "bfmmla+bfdot."
 #else
 #define KT_BF16_DOT "neon-fma."
 #endif
