@@ -2,7 +2,8 @@
 // the bytes kt-backend-avx packs, read here by NEON. Every type is a group-wise integer format in
 // disguise, w = s * u - s*z per sub-block of 16 or 32 k, so one kernel runs them all: per 16-channel
 // panel and sub-block, exact integer dots of the codes with the two int8 activation passes
-// (`sdot` on ARMv8.2, `smull` + pairwise adds on ARMv8.0: the same sums), then in f32
+// (`sdot` on ARMv8.2, `smull` + pairwise adds on ARMv8.0, `smmla` for row pairs on ARMv8.6: the
+// same sums), then in f32
 //   acc += s_a / 128 * (s * (128 dot_hi + dot_lo) - s*z * (128 sum_hi + sum_lo)).
 // The codes are unsigned and small (u <= 63) except Q8_0's q + 128 and IQ4_XS's table values,
 // which `sdot` takes signed as they are (q back by an EOR; the table by one `tbl`): no sign
