@@ -105,3 +105,36 @@ def test_llamafile_matches_float64_over_the_blocks(types, fast, monkeypatch):
     first = next(iter(outs.values()))
     assert all(np.array_equal(first, o) for o in outs.values())
 
+
+
+@pytest.mark.skipif(not ON_ARM, reason=f"aarch64 kernels; this host is {kt_core.host().arch}")
+@pytest.mark.parametrize("method,kw", [("INT8", {}), ("INT4", {"group_size": 64, "zero_point": True}), ("RAWINT4", {}),
+                                       ("FP8", {}), ("MXFP8", {}), ("BF16", {}), ("LLAMAFILE", {})])
+def test_row_pairs_match_single_rows(method, kw, monkeypatch):
+    """Prefill takes activation rows two at a time (I8MM's smmla / bfmmla; FP8 on every target, its codes
+    decoded once for both rows): a batch must give, bit for bit, what the rows give one at a time — but
+    BF16 on armv8.6, whose pairs run bfmmla against single rows' bfdot (within 1e-4, each rounding
+    inside the instruction)."""
+    rng = np.random.default_rng(5)
+    hidden, inter = (256, 256) if method == "LLAMAFILE" else (H, I)
+    tokens = 9
+    x = rng.standard_normal((tokens, hidden)).astype(np.float32)
+    ids, wt = random_routing(rng, tokens, E, K)
+    if method == "LLAMAFILE":
+        types = ("Q4_K", "Q4_K", "Q6_K")
+        shapes = ((E, inter, hidden), (E, inter, hidden), (E, hidden, inter))
+        inputs, kw = ([random_blocks(rng, t, s) for t, s in zip(types, shapes)], {}), {"weight_types": types}
+    else:
+        gate, up, down, scales = checkpoint_inputs(method, *random_moe(rng, E, hidden, inter))
+        inputs = ([gate, up, down], {"scales": scales})
+    for variant in RUNNABLE:
+        monkeypatch.setenv("KT_CPU_VARIANT", variant)
+        selection.reset()
+        m = MoE(num_experts=E, top_k=K, hidden_size=hidden, intermediate_size=inter, method=method, backend="kml", **kw)
+        m.load(*inputs[0], **inputs[1])
+        batch = np.asarray(m(x, ids, wt))
+        single = np.concatenate([np.asarray(m(x[t:t + 1], ids[t:t + 1], wt[t:t + 1])) for t in range(tokens)])
+        if method == "BF16" and "bfmmla" in m.kernel_id:
+            assert relative_error(batch, single) < 1e-4, m.kernel_id
+        else:
+            assert np.array_equal(batch, single), f"{m.kernel_id}: {relative_error(batch, single):.2e}"
