@@ -558,10 +558,7 @@ void panel(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, const ui
 
 // ---- layout, packer (kt/formats/ggml_panels.h) -----------------------------------------------
 
-G::Expert layout(const kt_moe_config* c) {
-    if (!KT_HAS_FIELD(c, kt_moe_config, weight_dtype)) return G::Expert{};   // ok = false: check_config says why
-    return G::expert(c->weight_dtype, c->hidden, c->intermediate);
-}
+G::Expert layout(const kt_moe_config* c) { return G::expert(c); }
 
 size_t packed_bytes(const kt_moe_config* c) { return layout(c).bytes; }
 
@@ -572,15 +569,9 @@ kt_status check_config(const kt_moe_config* c) {
 }
 
 kt_status pack(const kt_moe_config* c, const kt_expert_weights* src, void* dst) {
-    if (const kt_status st = check_config(c)) return st;
-    const G::Expert l = layout(c);
-    const kt_weight* w[3] = {&src->gate, &src->up, &src->down};
-    for (int p = 0; p < 3; ++p) {
-        const std::string why = G::check_matrix(l.m[p], p, *w[p]);
-        if (!why.empty()) return fail(KT_ERROR_INVALID_ARGUMENT, "%s", why.c_str());
-        G::pack_matrix(l.m[p], *w[p], static_cast<uint8_t*>(dst));
-    }
-    return KT_OK;
+    kt_status code;
+    const std::string why = G::pack_expert(c, src, dst, &code);
+    return why.empty() ? KT_OK : fail(code, "%s", why.c_str());
 }
 
 // ---- tiles ----------------------------------------------------------------------------------

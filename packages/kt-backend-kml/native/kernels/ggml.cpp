@@ -385,12 +385,8 @@ __attribute__((noinline)) void panel_dot_pair(const uint8_t* panel, const ActRow
                 }
             }
             int32x4_t dh[2][4], dl[2][4];
-            for (int v = 0; v < 4; ++v) {
-                dh[0][v] = tile_row0(th[2 * v], th[2 * v + 1]);
-                dh[1][v] = tile_row1(th[2 * v], th[2 * v + 1]);
-                dl[0][v] = tile_row0(tl[2 * v], tl[2 * v + 1]);
-                dl[1][v] = tile_row1(tl[2 * v], tl[2 * v + 1]);
-            }
+            untile(th, dh[0], dh[1]);
+            untile(tl, dl[0], dl[1]);
             for (int r = 0; r < 2; ++r) sub_block<P, kTwoPass>(blk, j, a[r], k0, dh[r], dl[r], ihi[r], ilo[r], acc[r]);
         }
         for (int r = 0; r < 2; ++r) block_end<P, kTwoPass>(blk, a[r], k0, ihi[r], ilo[r], acc[r]);
@@ -419,10 +415,7 @@ inline void matrix_dot(const G::Matrix& m, const uint8_t* expert, int64_t p, con
 
 // ---- layout, packer, tiles ---------------------------------------------------------------
 
-G::Expert layout(const kt_moe_config* c) {
-    if (!KT_HAS_FIELD(c, kt_moe_config, weight_dtype)) return G::Expert{};   // ok = false: check_config says why
-    return G::expert(c->weight_dtype, c->hidden, c->intermediate);
-}
+G::Expert layout(const kt_moe_config* c) { return G::expert(c); }
 size_t packed_bytes(const kt_moe_config* c) { return layout(c).bytes; }
 
 kt_status check_config(const kt_moe_config* c) {
@@ -432,15 +425,9 @@ kt_status check_config(const kt_moe_config* c) {
 }
 
 kt_status pack(const kt_moe_config* c, const kt_expert_weights* src, void* dst) {
-    if (const kt_status st = check_config(c)) return st;
-    const G::Expert l = layout(c);
-    const kt_weight* w[3] = {&src->gate, &src->up, &src->down};
-    for (int p = 0; p < 3; ++p) {
-        const std::string why = G::check_matrix(l.m[p], p, *w[p]);
-        if (!why.empty()) return fail(KT_ERROR_INVALID_ARGUMENT, "%s", why.c_str());
-        G::pack_matrix(l.m[p], *w[p], static_cast<uint8_t*>(dst));
-    }
-    return KT_OK;
+    kt_status code;
+    const std::string why = G::pack_expert(c, src, dst, &code);
+    return why.empty() ? KT_OK : fail(code, "%s", why.c_str());
 }
 
 kt_status check_range(const char* which, int64_t n0, int64_t n1, int64_t n) {

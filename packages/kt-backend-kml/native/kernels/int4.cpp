@@ -200,12 +200,8 @@ inline void panel_dot_pair(const L::int4::Geometry& geo, const uint8_t* panel, c
             }
         }
         int32x4_t dh[2][4], dl[2][4];
-        for (int v = 0; v < 4; ++v) {
-            dh[0][v] = tile_row0(th[2 * v], th[2 * v + 1]);
-            dh[1][v] = tile_row1(th[2 * v], th[2 * v + 1]);
-            dl[0][v] = tile_row0(tl[2 * v], tl[2 * v + 1]);
-            dl[1][v] = tile_row1(tl[2 * v], tl[2 * v + 1]);
-        }
+        untile(th, dh[0], dh[1]);
+        untile(tl, dl[0], dl[1]);
         group_epilogue<kRaw>(geo, header, row0, K, g0, dh[0], dl[0], acc[0]);
         group_epilogue<kRaw>(geo, header, row1, K, g0, dh[1], dl[1], acc[1]);
     }

@@ -131,12 +131,8 @@ inline void panel_dot_pair(const uint8_t* panel, const uint8_t* row0, const uint
         }
     }
     int32x4_t hi[2][4], lo[2][4];
-    for (int v = 0; v < 4; ++v) {
-        hi[0][v] = tile_row0(th[2 * v], th[2 * v + 1]);
-        hi[1][v] = tile_row1(th[2 * v], th[2 * v + 1]);
-        lo[0][v] = tile_row0(tl[2 * v], tl[2 * v + 1]);
-        lo[1][v] = tile_row1(tl[2 * v], tl[2 * v + 1]);
-    }
+    untile(th, hi[0], hi[1]);
+    untile(tl, lo[0], lo[1]);
     finish(panel, row0, hi[0], lo[0], out[0]);
     finish(panel, row1, hi[1], lo[1], out[1]);
 }

@@ -64,12 +64,14 @@ inline int8x16_t channel_pair1(int8x16_t a, int8x16_t b) {
 }
 // tile (lanes: row 0 x channel 0, row 0 x channel 1, row 1 x channel 0, row 1 x channel 1) += x . w^T.
 inline int32x4_t mmla(int32x4_t tile, int8x16_t x, int8x16_t w) { return vmmlaq_s32(tile, x, w); }
-// Channels 4v..4v+3 of row 0 (row 1) from the tiles of pairs 0 and 1.
-inline int32x4_t tile_row0(int32x4_t p0, int32x4_t p1) {
-    return vreinterpretq_s32_s64(vzip1q_s64(vreinterpretq_s64_s32(p0), vreinterpretq_s64_s32(p1)));
-}
-inline int32x4_t tile_row1(int32x4_t p0, int32x4_t p1) {
-    return vreinterpretq_s32_s64(vzip2q_s64(vreinterpretq_s64_s32(p0), vreinterpretq_s64_s32(p1)));
+// A panel's 8 tiles (channel pairs 2v, 2v + 1 of group v) split into each row's channel groups:
+// row0[v], row1[v] hold channels 4v..4v+3.
+inline void untile(const int32x4_t* t, int32x4_t* row0, int32x4_t* row1) {
+    for (int v = 0; v < 4; ++v) {
+        const int64x2_t p0 = vreinterpretq_s64_s32(t[2 * v]), p1 = vreinterpretq_s64_s32(t[2 * v + 1]);
+        row0[v] = vreinterpretq_s32_s64(vzip1q_s64(p0, p1));
+        row1[v] = vreinterpretq_s32_s64(vzip2q_s64(p0, p1));
+    }
 }
 #else
 constexpr bool kMmla = false;

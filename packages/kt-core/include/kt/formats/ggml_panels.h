@@ -472,5 +472,27 @@ inline void pack_matrix(const Matrix& m, const kt_weight& w, uint8_t* expert) {
     });
 }
 
+// A layer's expert layout (ok = false when the core passed no weight types: check_config says why).
+inline Expert expert(const kt_moe_config* c) {
+    if (!KT_HAS_FIELD(c, kt_moe_config, weight_dtype)) return Expert{};
+    return expert(c->weight_dtype, c->hidden, c->intermediate);
+}
+
+// One expert's gate, up and down (the file's rows) checked and packed into dst; "" when done, else
+// why not (*code: the kt_status). Both backends' pack_expert.
+inline std::string pack_expert(const kt_moe_config* c, const kt_expert_weights* src, void* dst, kt_status* code) {
+    std::string why = check_config(c, code);
+    if (!why.empty()) return why;
+    *code = KT_ERROR_INVALID_ARGUMENT;
+    const Expert e = expert(c);
+    const kt_weight* w[3] = {&src->gate, &src->up, &src->down};
+    for (int p = 0; p < 3; ++p) {
+        why = check_matrix(e.m[p], p, *w[p]);
+        if (!why.empty()) return why;
+        pack_matrix(e.m[p], *w[p], static_cast<uint8_t*>(dst));
+    }
+    return "";
+}
+
 }  // namespace
 }  // namespace kt::layouts::ggml
