@@ -385,12 +385,17 @@ def fuzz(session):
         session.error(f"fuzz targets that crashed: {', '.join(failed)}; inputs in {crashes}")
 
 
-# qemu-aarch64 CPU models and what kt-core must detect on each (KT_EXPECT_*: tests/test_host_aarch64.py).
+# qemu-aarch64 CPU models, what kt-core must detect on each (KT_EXPECT_*: tests/test_host_aarch64.py)
+# and the kml variants the conformance suite runs there (None: every one the model has; (): none).
+# The SVE targets run their SVE kernels at 256 and 512 bits and their NEON ones at 128 (kml's own
+# tests cover that width); the NEON targets' conformance runs once on `max`.
+_SVE = ("kml/sve", "kml/sve-i8mm-bf16")
 AARCH64_CPUS = {
-    "cortex-a72": ("neon", ""),                                             # ARMv8.0: NEON only
-    "neoverse-n1": ("asimddp,neon", ""),                                    # ARMv8.2 + dotprod
-    "max,sve-max-vq=2": ("asimddp,bf16,i8mm,neon,sve,sve2", "256"),         # SVE2, I8MM, BF16 at 256 bits
-    "max,sve-max-vq=4": ("asimddp,bf16,i8mm,neon,sve,sve2", "512"),         # ... and at 512 bits
+    "cortex-a72": ("neon", "", None),                                          # ARMv8.0: NEON only
+    "neoverse-n1": ("asimddp,neon", "", None),                                 # ARMv8.2 + dotprod
+    "max,sve-max-vq=1": ("asimddp,bf16,i8mm,neon,sve,sve2", "128", ()),        # SVE2, I8MM, BF16 at 128 bits
+    "max,sve-max-vq=2": ("asimddp,bf16,i8mm,neon,sve,sve2", "256", _SVE),      # ... at 256 bits
+    "max,sve-max-vq=4": ("asimddp,bf16,i8mm,neon,sve,sve2", "512", None),      # ... and at 512 bits
 }
 
 
@@ -409,13 +414,16 @@ def aarch64(session):
     def qemu(cpu, *args, **extra):
         session.run("qemu-aarch64", "-cpu", cpu, "-L", str(root), str(python), *args, env=extra, external=True)
 
-    for cpu, (features, sve_bits) in AARCH64_CPUS.items():
+    for cpu, (features, sve_bits, variants) in AARCH64_CPUS.items():
         qemu(cpu, "-m", "pytest", "-q", "-p", "no:cacheprovider", "packages/kt-core/tests/test_host_aarch64.py",
              KT_EXPECT_ARM_FEATURES=features, KT_EXPECT_SVE_BITS=sve_bits)
         qemu(cpu, "-m", "kt_core.cli", "doctor")
         qemu(cpu, "-m", "kt_core.cli", "backends")
         qemu(cpu, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "packages/kt-backend-kml/tests")
+        if variants == ():
+            continue
+        only = [arg for v in variants or () for arg in ("--kt-variant", v)]
         qemu(cpu, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-p", "kt_core.testing.plugin", "--kt-backend",
-             "kml", "--pyargs", "kt_core.testing.conformance", *session.posargs)
+             "kml", *only, "--pyargs", "kt_core.testing.conformance", *session.posargs)
     qemu("neoverse-n1", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "kt_core.testing.plugin", "--kt-backend",
          "reference", "--pyargs", "kt_core.testing.conformance", *session.posargs)

@@ -12,7 +12,7 @@
 namespace nb = nanobind;
 
 NB_MODULE(_native, m) {
-    m.doc() = "kt aarch64 backend: NEON and dot-product expert kernels";
+    m.doc() = "kt aarch64 backend: NEON, dot-product, I8MM, BF16 and SVE expert kernels";
     m.def("backend_api", [](const std::string& variant) {
         std::string known;
         for (const auto& t : kTargets) {

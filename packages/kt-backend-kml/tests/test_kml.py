@@ -28,6 +28,14 @@ def test_on_other_architectures_the_descriptor_says_why():
     assert rows and all(not r["runnable"] and "aarch64" in r["reason"] for r in rows), rows
 
 
+def sve_tag(variant):
+    """What an SVE target's kernel ids say on this CPU: the vector width its SVE kernels use, or nothing."""
+    bits = kt_core.host().sve_vector_bits
+    if not variant.startswith("sve") or bits < 256:
+        return ""
+    return ".sve512." if bits >= 512 else ".sve256."
+
+
 def forward(method, variant, monkeypatch, w, x, ids, wt, **kw):
     monkeypatch.setenv("KT_CPU_VARIANT", variant)
     selection.reset()
@@ -61,7 +69,10 @@ def test_every_target_matches_float64_over_the_stored_weights(method, kw, tol, m
         assert err < limit, f"{kernel}: {err:.2e}"
         # I8MM: INT8/INT4/RAWINT4 run row pairs through smmla (each expert gets ~5 rows here: pairs and
         # a single), which the bit-identity below holds to the sdot / smull targets' integers.
-        assert (".smmla+" in kernel) == (variant == "armv8.6-i8mm-bf16" and method in ("INT8", "INT4", "RAWINT4")), kernel
+        assert (".smmla+" in kernel) == ("i8mm" in variant and method in ("INT8", "INT4", "RAWINT4")), kernel
+        # the SVE targets run every method here through their vector-length agnostic kernels where
+        # vectors are 256 bits or wider, through their NEON ones at 128
+        assert sve_tag(variant) in kernel if sve_tag(variant) else not any(t in kernel for t in (".sve256.", ".sve512.")), kernel
     if method != "BF16" and len(outs) > 1:   # exact integer sums (FP8: the same f32 instructions), finished alike
         first = next(iter(outs.values()))
         assert all(np.array_equal(first, o) for o in outs.values())
@@ -98,7 +109,7 @@ def test_llamafile_matches_float64_over_the_blocks(types, fast, monkeypatch):
                 weight_types=types, fast_activations=fast)
         m.load(*blocks)
         assert m.backend == f"kml/{variant}" and m.layout_id == "kt-ggml-v5"
-        assert (".smmla+" in m.kernel_id) == (variant == "armv8.6-i8mm-bf16"), m.kernel_id
+        assert (".smmla+" in m.kernel_id) == ("i8mm" in variant), m.kernel_id
         outs[variant] = np.asarray(m(x, ids, wt))
         err = relative_error(outs[variant], want)
         assert err < (0.3 if fast else 2e-3), f"{m.kernel_id}: {err:.2e}"

@@ -150,15 +150,109 @@ constexpr auto kPair = panel_out_pair;
 constexpr NoPair kPair{};
 #endif
 
+#if defined(__ARM_FEATURE_SVE)
+// SVE (sve.h): part s of a chunk is one vector of (k, k+1) pair words. Without BF16 each widens to
+// two f32 vectors (the shift and the mask) for `fmla` on exact f32 activations, in NEON's order
+// (bit-identical); with it, `bfdot` per plane on the words as they are, and row pairs through SVE's
+// `bfmmla` on part s of chunks j and j + 1 zipped into channel pairs.
+#if defined(KT_SVE_BF16)
+template <int N>
+void panel_out_sve(const uint8_t* panel, const uint8_t* row, int64_t K, float out[16]) {
+    const uint32_t* hi = reinterpret_cast<const uint32_t*>(row);
+    const uint32_t* lo = hi + plane(K) / 2;
+    const svbool_t pw = sve::words<N>();
+    svfloat32_t a0 = svdup_n_f32(0.0f), a1 = a0;
+    for (int64_t j = 0; 2 * j < K; ++j) {
+        const svbfloat16_t xh = svreinterpret_bf16(svdup_n_u32(hi[j])), xl = svreinterpret_bf16(svdup_n_u32(lo[j]));
+        const uint32_t* w = reinterpret_cast<const uint32_t*>(panel + size_t(j) * 64);
+        sve::for_parts<N>([&](auto s) {
+            const svbfloat16_t wv = svreinterpret_bf16(svld1(pw, w + s * sve::kLanes<N>));
+            svfloat32_t& a = sve::pick<s>(a0, a1);
+            a = svbfdot(svbfdot(a, wv, xh), wv, xl);
+        });
+    }
+    sve::for_parts<N>([&](auto s) { svst1(pw, out + s * sve::kLanes<N>, sve::pick<s>(a0, a1)); });
+}
+
+template <int N>
+void panel_out_pair_sve(const uint8_t* panel, const uint8_t* row0, const uint8_t* row1, int64_t K, float out[2][16]) {
+    const auto* h0 = reinterpret_cast<const uint16_t*>(row0);
+    const auto* h1 = reinterpret_cast<const uint16_t*>(row1);
+    const uint16_t *l0 = h0 + plane(K), *l1 = h1 + plane(K);
+    const int64_t chunks = (K + 1) / 2;
+    const svbool_t pw = sve::words<N>();
+    svfloat32_t a0 = svdup_n_f32(0.0f), a1 = a0, b0 = a0, b1 = a0;   // zip1, zip2 tiles
+    for (int64_t j = 0; j < chunks; j += 2) {   // the planes are padded to 4 k: 2j..2j+3 is readable
+        const svbfloat16_t xh = svreinterpret_bf16(sve::rows2(h0 + 2 * j, h1 + 2 * j));
+        const svbfloat16_t xl = svreinterpret_bf16(sve::rows2(l0 + 2 * j, l1 + 2 * j));
+        const svbool_t next = j + 1 < chunks ? pw : svpfalse();
+        sve::for_parts<N>([&](auto s) {
+            const uint32_t* p = reinterpret_cast<const uint32_t*>(panel + size_t(j) * 64) + s * sve::kLanes<N>;
+            const svuint32_t a = svld1(pw, p), b = svld1(next, p + 16);
+            const svbfloat16_t p0 = svreinterpret_bf16(sve::pair_lo(a, b)), p1 = svreinterpret_bf16(sve::pair_hi(a, b));
+            svfloat32_t &ta = sve::pick<s>(a0, a1), &tb = sve::pick<s>(b0, b1);
+            ta = svbfmmla(svbfmmla(ta, xh, p0), xl, p0);
+            tb = svbfmmla(svbfmmla(tb, xh, p1), xl, p1);
+        });
+    }
+    sve::for_parts<N>([&](auto s) {
+        const svfloat32_t ta = sve::pick<s>(a0, a1), tb = sve::pick<s>(b0, b1);
+        svst1(pw, out[0] + s * sve::kLanes<N>, sve::row0(ta, tb));
+        svst1(pw, out[1] + s * sve::kLanes<N>, sve::row1(ta, tb));
+    });
+}
+template <int N> constexpr auto kPairSve = panel_out_pair_sve<N>;
+#else
+template <int N>
+void panel_out_sve(const uint8_t* panel, const uint8_t* row, int64_t K, float out[16]) {
+    const float* x = reinterpret_cast<const float*>(row);
+    const svbool_t pw = sve::words<N>();
+    svfloat32_t a0 = svdup_n_f32(0.0f), a1 = a0;
+    int64_t j = 0;
+    for (; 2 * j + 1 < K; ++j) {
+        const svfloat32_t x0 = svdup_n_f32(x[2 * j]), x1 = svdup_n_f32(x[2 * j + 1]);
+        const uint32_t* w = reinterpret_cast<const uint32_t*>(panel + size_t(j) * 64);
+        sve::for_parts<N>([&](auto s) {
+            const svuint32_t pair = svld1(pw, w + s * sve::kLanes<N>);
+            svfloat32_t& a = sve::pick<s>(a0, a1);
+            a = svmla_x(pw, a, svreinterpret_f32(svlsl_n_u32_x(pw, pair, 16)), x0);
+            a = svmla_x(pw, a, svreinterpret_f32(svand_n_u32_x(pw, pair, 0xffff0000u)), x1);
+        });
+    }
+    if (2 * j < K) {   // odd K: the last pair's second weight is padding
+        const svfloat32_t x0 = svdup_n_f32(x[2 * j]);
+        const uint32_t* w = reinterpret_cast<const uint32_t*>(panel + size_t(j) * 64);
+        sve::for_parts<N>([&](auto s) {
+            svfloat32_t& a = sve::pick<s>(a0, a1);
+            a = svmla_x(pw, a, svreinterpret_f32(svlsl_n_u32_x(pw, svld1(pw, w + s * sve::kLanes<N>), 16)), x0);
+        });
+    }
+    sve::for_parts<N>([&](auto s) { svst1(pw, out + s * sve::kLanes<N>, sve::pick<s>(a0, a1)); });
+}
+template <int N> constexpr NoPair kPairSve{};
+#endif
+
+// run(dot, pair): the SVE kernels for this CPU's vector length, NEON's at 128 bits.
+template <class Run> void with_kernels(Run run) {
+    if (!sve::with_parts([&]<int N>() { run(panel_out_sve<N>, kPairSve<N>); })) run(panel_out, kPair);
+}
+#else
+template <class Run> void with_kernels(Run run) { run(panel_out, kPair); }
+#endif
+
 kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                   float* out, int64_t ldo) {
-    gate_up_panels(c, layout(c), packed, act, row_bytes(c->hidden), rows, n0, n1, out, ldo, panel_out, kPair);
+    with_kernels([&](auto dot, auto pair) {
+        gate_up_panels(c, layout(c), packed, act, row_bytes(c->hidden), rows, n0, n1, out, ldo, dot, pair);
+    });
     return KT_OK;
 }
 
 kt_status down(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                float* out, int64_t ldo) {
-    down_panels(c, layout(c), packed, act, row_bytes(c->intermediate), rows, n0, n1, out, ldo, panel_out, kPair);
+    with_kernels([&](auto dot, auto pair) {
+        down_panels(c, layout(c), packed, act, row_bytes(c->intermediate), rows, n0, n1, out, ldo, dot, pair);
+    });
     return KT_OK;
 }
 

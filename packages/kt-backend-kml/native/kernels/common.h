@@ -15,6 +15,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "sve.h"
+
 namespace KT_TARGET_NAMESPACE {
 
 extern const kt_host_api* g_host;

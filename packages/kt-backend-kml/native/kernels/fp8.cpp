@@ -118,19 +118,103 @@ void panel_out_pair(const uint8_t* panel, const uint8_t* row0, const uint8_t* ro
         for (int v = 0; v < 4; ++v) vst1q_f32(out[r] + 4 * v, acc[r][v]);
 }
 
+#if defined(__ARM_FEATURE_SVE)
+// SVE (sve.h): part s of a k row's 16 codes loaded sign-extended into 32-bit lanes; a shift left by
+// 7 and the same mask put E4M3's fields where binary16 keeps them in each lane's low half (bit 15 the
+// sign, 14 cleared), which `fcvt` widens exactly — the NEON decode's values, summed in its order
+// (even and odd k, then the block scale): bit-identical.
+template <int N>
+inline svfloat32_t decode_part(const uint8_t* codes, int s) {
+    const svbool_t pw = sve::words<N>();
+    const svint32_t c = svld1sb_s32(pw, reinterpret_cast<const int8_t*>(codes) + s * sve::kLanes<N>);
+    return svcvt_f32_f16_x(pw, svreinterpret_f16(svand_n_s32_x(pw, svlsl_n_s32_x(pw, c, 7), 0xBFFF)));
+}
+
+// One or two activation rows (R) of a panel: even and odd k of each row in their own accumulators per
+// part, folded into the row's total with the block's scales.
+template <Scales kScales, int N, int R>
+void panel_rows_sve(const uint8_t* panel, const float* const* x, int64_t K, float* const* out) {
+    constexpr L::fp8::Geometry G = kGeo<kScales>;
+    const svbool_t pw = sve::words<N>();
+    const uint8_t* codes = panel + G.codes_at(K);
+    const svfloat32_t z = svdup_n_f32(0.0f);
+    svfloat32_t t00 = z, t01 = z, t10 = z, t11 = z;   // totals: row, part
+    for (int64_t kb = 0; kb < G.kblocks(K); ++kb) {
+        svfloat32_t e00 = z, e01 = z, e10 = z, e11 = z;   // even k
+        svfloat32_t o00 = z, o01 = z, o10 = z, o11 = z;   // odd k
+        const auto row = [&](int64_t k, auto odd) {   // k row's codes, decoded part by part, into every row's sum
+            sve::for_parts<N>([&](auto s) {
+                const svfloat32_t w = decode_part<N>(codes + size_t(k) * kPanel, s);
+                svfloat32_t& a0 = odd ? sve::pick<s>(o00, o01) : sve::pick<s>(e00, e01);
+                a0 = svmla_n_f32_x(pw, a0, w, x[0][k]);
+                if constexpr (R == 2) {
+                    svfloat32_t& a1 = odd ? sve::pick<s>(o10, o11) : sve::pick<s>(e10, e11);
+                    a1 = svmla_n_f32_x(pw, a1, w, x[1][k]);
+                }
+            });
+        };
+        const int64_t k1 = std::min(K, (kb + 1) * G.block);
+        int64_t k = kb * G.block;
+        for (; k + 1 < k1; k += 2) {
+            row(k, std::false_type{});
+            row(k + 1, std::true_type{});
+        }
+        if (k < k1) row(k, std::false_type{});
+        const auto* sc = reinterpret_cast<const float*>(panel + size_t(kb) * L::fp8::kScaleBytes);
+        sve::for_parts<N>([&](auto s) {
+            const svfloat32_t bs = svld1(pw, sc + s * sve::kLanes<N>);
+            svfloat32_t& t0 = sve::pick<s>(t00, t01);
+            t0 = svmla_x(pw, t0, bs, svadd_x(pw, sve::pick<s>(e00, e01), sve::pick<s>(o00, o01)));
+            if constexpr (R == 2) {
+                svfloat32_t& t1 = sve::pick<s>(t10, t11);
+                t1 = svmla_x(pw, t1, bs, svadd_x(pw, sve::pick<s>(e10, e11), sve::pick<s>(o10, o11)));
+            }
+        });
+    }
+    sve::for_parts<N>([&](auto s) {
+        svst1(pw, out[0] + s * sve::kLanes<N>, sve::pick<s>(t00, t01));
+        if constexpr (R == 2) svst1(pw, out[1] + s * sve::kLanes<N>, sve::pick<s>(t10, t11));
+    });
+}
+
+// run(dot, pair): the SVE kernels for this CPU's vector length, NEON's at 128 bits.
+template <Scales kScales, class Run>
+void with_kernels(Run run) {
+    const bool wide = sve::with_parts([&]<int N>() {
+        run([](const uint8_t* panel, const uint8_t* row, int64_t K, float* o) {
+                const float* x[1] = {reinterpret_cast<const float*>(row)};
+                panel_rows_sve<kScales, N, 1>(panel, x, K, &o);
+            },
+            [](const uint8_t* panel, const uint8_t* r0, const uint8_t* r1, int64_t K, float (*o)[16]) {
+                const float* x[2] = {reinterpret_cast<const float*>(r0), reinterpret_cast<const float*>(r1)};
+                float* outs[2] = {o[0], o[1]};
+                panel_rows_sve<kScales, N, 2>(panel, x, K, outs);
+            });
+    });
+    if (!wide) run(panel_out<kScales>, panel_out_pair<kScales>);
+}
+#else
+template <Scales kScales, class Run>
+void with_kernels(Run run) { run(panel_out<kScales>, panel_out_pair<kScales>); }
+#endif
+
 template <Scales kScales>
 kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                   float* out, int64_t ldo) {
-    gate_up_panels(c, kGeo<kScales>.expert(c->hidden, c->intermediate), packed, act, f32_row_bytes(c->hidden), rows, n0, n1,
-                   out, ldo, panel_out<kScales>, panel_out_pair<kScales>);
+    with_kernels<kScales>([&](auto dot, auto pair) {
+        gate_up_panels(c, kGeo<kScales>.expert(c->hidden, c->intermediate), packed, act, f32_row_bytes(c->hidden), rows, n0,
+                       n1, out, ldo, dot, pair);
+    });
     return KT_OK;
 }
 
 template <Scales kScales>
 kt_status down(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                float* out, int64_t ldo) {
-    down_panels(c, kGeo<kScales>.expert(c->hidden, c->intermediate), packed, act, f32_row_bytes(c->intermediate), rows, n0,
-                n1, out, ldo, panel_out<kScales>, panel_out_pair<kScales>);
+    with_kernels<kScales>([&](auto dot, auto pair) {
+        down_panels(c, kGeo<kScales>.expert(c->hidden, c->intermediate), packed, act, f32_row_bytes(c->intermediate), rows,
+                    n0, n1, out, ldo, dot, pair);
+    });
     return KT_OK;
 }
 

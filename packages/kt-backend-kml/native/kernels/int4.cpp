@@ -115,15 +115,20 @@ inline float32x4_t group_scales(const uint8_t* header, int v) {
     return vld1q_f32(reinterpret_cast<const float*>(header) + 4 * v);
 }
 
+// The sums of both activation passes over one group, in raw units (128 * hi + lo).
+inline float group_asum(const L::int4::Geometry& geo, const uint8_t* row, int64_t K, int64_t g0) {
+    const int16_t *sums_hi = act_sums_hi(row, K), *sums_lo = act_sums_lo(row, K);
+    int32_t sum_hi = 0, sum_lo = 0;
+    for (int64_t i = g0 / 32; i < (g0 + geo.g) / 32; ++i) sum_hi += sums_hi[i], sum_lo += sums_lo[i];
+    return float(128 * sum_hi + sum_lo);
+}
+
 // acc += one group's scaled dots of one row: s * (dot - 8 * sum q) symmetric, s * dot - s*z * sum q
 // with zero points (dot and sum in raw units, 128 * hi + lo: exact in int32).
 template <bool kRaw>
 inline void group_epilogue(const L::int4::Geometry& geo, const uint8_t* header, const uint8_t* row, int64_t K, int64_t g0,
                            const int32x4_t* dh, const int32x4_t* dl, float32x4_t* acc) {
-    const int16_t *sums_hi = act_sums_hi(row, K), *sums_lo = act_sums_lo(row, K);
-    int32_t sum_hi = 0, sum_lo = 0;
-    for (int64_t i = g0 / 32; i < (g0 + geo.g) / 32; ++i) sum_hi += sums_hi[i], sum_lo += sums_lo[i];
-    const float asum = float(128 * sum_hi + sum_lo);
+    const float asum = group_asum(geo, row, K, g0);
     for (int v = 0; v < 4; ++v) {
         const float32x4_t dot = vcvtq_f32_s32(vaddq_s32(vshlq_n_s32(dh[v], 7), dl[v]));
         const float32x4_t s = group_scales<kRaw>(header, v);
@@ -210,26 +215,150 @@ inline void panel_dot_pair(const L::int4::Geometry& geo, const uint8_t* panel, c
 }
 #endif
 
-// The pair kernel where smmla is, NoPair elsewhere.
-template <bool kRaw>
-auto pair_kernel(const L::int4::Geometry& geo) {
+#if defined(__ARM_FEATURE_SVE)
+// SVE (sve.h): part s of each chunk is one vector, the nibble planes and `sdot`s as above per part,
+// the group epilogue per part in the same f32 order: bit-identical to the NEON targets.
+template <bool kRaw, int N>
+inline svfloat32_t group_scales_sve(const uint8_t* header, int s) {
+    const svbool_t pw = sve::words<N>();
+    if constexpr (kRaw) {
+        const svuint32_t h = svld1uh_u32(pw, reinterpret_cast<const uint16_t*>(header) + s * sve::kLanes<N>);
+        return svreinterpret_f32(svlsl_n_u32_x(pw, h, 16));
+    }
+    return svld1(pw, reinterpret_cast<const float*>(header) + s * sve::kLanes<N>);
+}
+
+template <bool kRaw, int N>
+inline svfloat32_t group_epilogue_sve(const L::int4::Geometry& geo, const uint8_t* header, float asum, int s, svint32_t dh,
+                                      svint32_t dl, svfloat32_t acc) {
+    const svbool_t pw = sve::words<N>();
+    const svfloat32_t dot = svcvt_f32_x(pw, svadd_x(pw, svlsl_n_s32_x(pw, dh, 7), dl));
+    const svfloat32_t sc = group_scales_sve<kRaw, N>(header, s);
+    if (geo.zero_point) {   // NEON's vmlsq_n_f32 is a multiply, then a subtract (two roundings)
+        const svfloat32_t sz = svld1(pw, reinterpret_cast<const float*>(header + 64) + s * sve::kLanes<N>);
+        return svmla_x(pw, svsub_x(pw, acc, svmul_n_f32_x(pw, sz, asum)), sc, dot);
+    }
+    return svmla_x(pw, acc, sc, svsub_n_f32_x(pw, dot, 8.0f * asum));
+}
+
+template <int N>
+inline void store_row_sve(const uint8_t* row, int s, svfloat32_t acc, float* out) {
+    svst1(sve::words<N>(), out + s * sve::kLanes<N>, svmul_n_f32_x(sve::words<N>(), acc, act_scale(row) / 128.0f));
+}
+
+template <bool kRaw, int N>
+void panel_dot_sve(const L::int4::Geometry& geo, const uint8_t* panel, const uint8_t* row, int64_t K, float out[16]) {
+    const int8_t *hi = act_hi(row), *lo = act_lo(row, K);
+    const svbool_t pb = sve::bytes<N>();
+    svfloat32_t a0 = svdup_n_f32(0.0f), a1 = a0;
+    for (int64_t g0 = 0; g0 < K; g0 += geo.g) {
+        const uint8_t* header = panel + size_t(g0 / geo.g) * geo.group_bytes();
+        const uint8_t* chunks = header + geo.header_bytes();
+        svint32_t h0 = svdup_n_s32(0), h1 = h0, l0 = h0, l1 = h0;
+        for (int64_t c = 0; c < geo.g / 8; ++c) {
+            const int64_t k = g0 + 8 * c;
+            const svint8_t xh0 = sve::broadcast4(hi + k), xh1 = sve::broadcast4(hi + k + 4);
+            const svint8_t xl0 = sve::broadcast4(lo + k), xl1 = sve::broadcast4(lo + k + 4);
+            sve::for_parts<N>([&](auto s) {
+                const svuint8_t w = svld1(pb, chunks + size_t(c) * 64 + s * sve::kBytes<N>);
+                const svint8_t w0 = svreinterpret_s8(svand_n_u8_x(pb, w, 0x0f)), w1 = svreinterpret_s8(svlsr_n_u8_x(pb, w, 4));
+                svint32_t &h = sve::pick<s>(h0, h1), &l = sve::pick<s>(l0, l1);
+                h = svdot(svdot(h, w0, xh0), w1, xh1);
+                l = svdot(svdot(l, w0, xl0), w1, xl1);
+            });
+        }
+        const float asum = group_asum(geo, row, K, g0);
+        sve::for_parts<N>([&](auto s) {
+            svfloat32_t& a = sve::pick<s>(a0, a1);
+            a = group_epilogue_sve<kRaw, N>(geo, header, asum, s, sve::pick<s>(h0, h1), sve::pick<s>(l0, l1), a);
+        });
+    }
+    sve::for_parts<N>([&](auto s) { store_row_sve<N>(row, s, sve::pick<s>(a0, a1), out); });
+}
+
+#if defined(__ARM_FEATURE_SVE_MATMUL_INT8)
+// Two rows through SVE's `smmla`: part s's low and high nibble planes zipped into channel pairs.
+template <bool kRaw, int N>
+void panel_dot_pair_sve(const L::int4::Geometry& geo, const uint8_t* panel, const uint8_t* row0, const uint8_t* row1,
+                        int64_t K, float out[2][16]) {
+    const int8_t *h0 = act_hi(row0), *h1 = act_hi(row1), *l0 = act_lo(row0, K), *l1 = act_lo(row1, K);
+    const svbool_t pb = sve::bytes<N>();
+    svfloat32_t r00 = svdup_n_f32(0.0f), r01 = r00, r10 = r00, r11 = r00;
+    for (int64_t g0 = 0; g0 < K; g0 += geo.g) {
+        const uint8_t* header = panel + size_t(g0 / geo.g) * geo.group_bytes();
+        const uint8_t* chunks = header + geo.header_bytes();
+        svint32_t ha0 = svdup_n_s32(0), ha1 = ha0, hb0 = ha0, hb1 = ha0;
+        svint32_t la0 = ha0, la1 = ha0, lb0 = ha0, lb1 = ha0;
+        for (int64_t c = 0; c < geo.g / 8; ++c) {
+            const int64_t k = g0 + 8 * c;
+            const svint8_t xh = svreinterpret_s8(sve::rows2(h0 + k, h1 + k)), xl = svreinterpret_s8(sve::rows2(l0 + k, l1 + k));
+            sve::for_parts<N>([&](auto s) {
+                const svuint8_t w = svld1(pb, chunks + size_t(c) * 64 + s * sve::kBytes<N>);
+                mmla_part(svreinterpret_s32(svand_n_u8_x(pb, w, 0x0f)), svreinterpret_s32(svlsr_n_u8_x(pb, w, 4)), xh, xl,
+                          sve::pick<s>(ha0, ha1), sve::pick<s>(hb0, hb1), sve::pick<s>(la0, la1), sve::pick<s>(lb0, lb1));
+            });
+        }
+        const float asum0 = group_asum(geo, row0, K, g0), asum1 = group_asum(geo, row1, K, g0);
+        sve::for_parts<N>([&](auto s) {
+            const svint32_t ha = sve::pick<s>(ha0, ha1), hb = sve::pick<s>(hb0, hb1);
+            const svint32_t la = sve::pick<s>(la0, la1), lb = sve::pick<s>(lb0, lb1);
+            svfloat32_t &r0 = sve::pick<s>(r00, r01), &r1 = sve::pick<s>(r10, r11);
+            r0 = group_epilogue_sve<kRaw, N>(geo, header, asum0, s, sve::row0(ha, hb), sve::row0(la, lb), r0);
+            r1 = group_epilogue_sve<kRaw, N>(geo, header, asum1, s, sve::row1(ha, hb), sve::row1(la, lb), r1);
+        });
+    }
+    sve::for_parts<N>([&](auto s) {
+        store_row_sve<N>(row0, s, sve::pick<s>(r00, r01), out[0]);
+        store_row_sve<N>(row1, s, sve::pick<s>(r10, r11), out[1]);
+    });
+}
+#endif
+#endif  // __ARM_FEATURE_SVE
+
+// run(dot, pair) with this group geometry: NEON's, the pair kernel where smmla is.
+template <bool kRaw, class Run>
+void with_neon_kernels(const L::int4::Geometry& geo, Run run) {
+    const auto dot = [&geo](const uint8_t* panel, const uint8_t* row, int64_t K, float* o) { panel_dot<kRaw>(geo, panel, row, K, o); };
 #if defined(__ARM_FEATURE_MATMUL_INT8)
-    return [&geo](const uint8_t* panel, const uint8_t* r0, const uint8_t* r1, int64_t K, float (*o)[16]) {
+    run(dot, [&geo](const uint8_t* panel, const uint8_t* r0, const uint8_t* r1, int64_t K, float (*o)[16]) {
         panel_dot_pair<kRaw>(geo, panel, r0, r1, K, o);
-    };
+    });
 #else
-    (void)geo;
-    return NoPair{};
+    run(dot, NoPair{});
 #endif
 }
+
+#if defined(__ARM_FEATURE_SVE)
+// The SVE kernels for this CPU's vector length, NEON's at 128 bits.
+template <bool kRaw, class Run>
+void with_kernels(const L::int4::Geometry& geo, Run run) {
+    const bool wide = sve::with_parts([&]<int N>() {
+        const auto dot = [&geo](const uint8_t* panel, const uint8_t* row, int64_t K, float* o) {
+            panel_dot_sve<kRaw, N>(geo, panel, row, K, o);
+        };
+#if defined(__ARM_FEATURE_SVE_MATMUL_INT8)
+        run(dot, [&geo](const uint8_t* panel, const uint8_t* r0, const uint8_t* r1, int64_t K, float (*o)[16]) {
+            panel_dot_pair_sve<kRaw, N>(geo, panel, r0, r1, K, o);
+        });
+#else
+        run(dot, NoPair{});
+#endif
+    });
+    if (!wide) with_neon_kernels<kRaw>(geo, run);
+}
+#else
+template <bool kRaw, class Run>
+void with_kernels(const L::int4::Geometry& geo, Run run) { with_neon_kernels<kRaw>(geo, run); }
+#endif
 
 template <bool kRaw>
 kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                   float* out, int64_t ldo) {
     const L::int4::Geometry geo = geometry<kRaw>(c);
-    gate_up_panels(c, geo.expert(c->hidden, c->intermediate), packed, act, act_row_bytes(c->hidden), rows, n0, n1, out, ldo,
-                   [&](const uint8_t* panel, const uint8_t* row, int64_t K, float* o) { panel_dot<kRaw>(geo, panel, row, K, o); },
-                   pair_kernel<kRaw>(geo));
+    with_kernels<kRaw>(geo, [&](auto dot, auto pair) {
+        gate_up_panels(c, geo.expert(c->hidden, c->intermediate), packed, act, act_row_bytes(c->hidden), rows, n0, n1, out, ldo,
+                       dot, pair);
+    });
     return KT_OK;
 }
 
@@ -237,9 +366,10 @@ template <bool kRaw>
 kt_status down(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                float* out, int64_t ldo) {
     const L::int4::Geometry geo = geometry<kRaw>(c);
-    down_panels(c, geo.expert(c->hidden, c->intermediate), packed, act, act_row_bytes(c->intermediate), rows, n0, n1, out,
-                ldo, [&](const uint8_t* panel, const uint8_t* row, int64_t K, float* o) { panel_dot<kRaw>(geo, panel, row, K, o); },
-                pair_kernel<kRaw>(geo));
+    with_kernels<kRaw>(geo, [&](auto dot, auto pair) {
+        down_panels(c, geo.expert(c->hidden, c->intermediate), packed, act, act_row_bytes(c->intermediate), rows, n0, n1, out,
+                    ldo, dot, pair);
+    });
     return KT_OK;
 }
 

@@ -141,15 +141,88 @@ constexpr auto kPair = panel_dot_pair;
 constexpr NoPair kPair{};
 #endif
 
+#if defined(__ARM_FEATURE_SVE)
+// SVE (sve.h): part s of a chunk is one vector, `sdot` as above per part — the same integers, and
+// the same f32 finish in the same order: bit-identical to the NEON targets.
+template <int N>
+inline void finish_part(const uint8_t* panel, const uint8_t* row, int s, svint32_t hi, svint32_t lo, float* out) {
+    const svbool_t pw = sve::words<N>();
+    const float* sw = reinterpret_cast<const float*>(panel) + s * sve::kLanes<N>;
+    const svfloat32_t dot = svadd_x(pw, svcvt_f32_x(pw, hi), svmul_n_f32_x(pw, svcvt_f32_x(pw, lo), 1.0f / 128.0f));
+    svst1(pw, out + s * sve::kLanes<N>, svmul_x(pw, svmul_n_f32_x(pw, svld1(pw, sw), act_scale(row)), dot));
+}
+
+template <int N>
+void panel_dot_sve(const uint8_t* panel, const uint8_t* row, int64_t K, float out[16]) {
+    const int8_t *hi = act_hi(row), *lo = act_lo(row, K);
+    const int8_t* w = reinterpret_cast<const int8_t*>(panel + L::int8::kHeaderBytes);
+    svint32_t h0 = svdup_n_s32(0), h1 = h0, l0 = h0, l1 = h0;
+    for (int64_t j = 0; 4 * j < K; ++j, w += 64) {
+        const svint8_t xh = sve::broadcast4(hi + 4 * j), xl = sve::broadcast4(lo + 4 * j);
+        sve::for_parts<N>([&](auto s) {
+            const svint8_t wv = svld1(sve::bytes<N>(), w + s * sve::kBytes<N>);
+            svint32_t &h = sve::pick<s>(h0, h1), &l = sve::pick<s>(l0, l1);
+            h = svdot(h, wv, xh);
+            l = svdot(l, wv, xl);
+        });
+    }
+    sve::for_parts<N>([&](auto s) { finish_part<N>(panel, row, s, sve::pick<s>(h0, h1), sve::pick<s>(l0, l1), out); });
+}
+
+#if defined(__ARM_FEATURE_SVE_MATMUL_INT8)
+// Two rows through SVE's `smmla` (per 128-bit segment as NEON's): part s of chunks j and j + 1
+// zipped into channel pairs (sve.h), tiles un-zipped per part — panel_dot_sve's integers.
+template <int N>
+void panel_dot_pair_sve(const uint8_t* panel, const uint8_t* row0, const uint8_t* row1, int64_t K, float out[2][16]) {
+    const int8_t *h0 = act_hi(row0), *h1 = act_hi(row1), *l0 = act_lo(row0, K), *l1 = act_lo(row1, K);
+    const int8_t* w = reinterpret_cast<const int8_t*>(panel + L::int8::kHeaderBytes);
+    const int64_t chunks = (K + 3) / 4;
+    // per part: hi and lo passes' tiles of the zip1 (a) and zip2 (b) channel pairs
+    svint32_t ha0 = svdup_n_s32(0), ha1 = ha0, hb0 = ha0, hb1 = ha0;
+    svint32_t la0 = ha0, la1 = ha0, lb0 = ha0, lb1 = ha0;
+    for (int64_t j = 0; j < chunks; j += 2) {   // activations are zero-padded to 16: k up to 4j + 7 is readable
+        const svint8_t xh = svreinterpret_s8(sve::rows2(h0 + 4 * j, h1 + 4 * j));
+        const svint8_t xl = svreinterpret_s8(sve::rows2(l0 + 4 * j, l1 + 4 * j));
+        const svbool_t next = j + 1 < chunks ? sve::bytes<N>() : svpfalse();
+        sve::for_parts<N>([&](auto s) {
+            const int8_t* p = w + size_t(j) * 64 + s * sve::kBytes<N>;
+            mmla_part(svreinterpret_s32(svld1(sve::bytes<N>(), p)), svreinterpret_s32(svld1(next, p + 64)), xh, xl,
+                      sve::pick<s>(ha0, ha1), sve::pick<s>(hb0, hb1), sve::pick<s>(la0, la1), sve::pick<s>(lb0, lb1));
+        });
+    }
+    sve::for_parts<N>([&](auto s) {
+        const svint32_t ha = sve::pick<s>(ha0, ha1), hb = sve::pick<s>(hb0, hb1);
+        const svint32_t la = sve::pick<s>(la0, la1), lb = sve::pick<s>(lb0, lb1);
+        finish_part<N>(panel, row0, s, sve::row0(ha, hb), sve::row0(la, lb), out[0]);
+        finish_part<N>(panel, row1, s, sve::row1(ha, hb), sve::row1(la, lb), out[1]);
+    });
+}
+template <int N> constexpr auto kPairSve = panel_dot_pair_sve<N>;
+#else
+template <int N> constexpr NoPair kPairSve{};
+#endif
+
+// run(dot, pair): the SVE kernels for this CPU's vector length, NEON's at 128 bits.
+template <class Run> void with_kernels(Run run) {
+    if (!sve::with_parts([&]<int N>() { run(panel_dot_sve<N>, kPairSve<N>); })) run(panel_dot, kPair);
+}
+#else
+template <class Run> void with_kernels(Run run) { run(panel_dot, kPair); }
+#endif
+
 kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                   float* out, int64_t ldo) {
-    gate_up_panels(c, layout(c), packed, act, act_row_bytes(c->hidden), rows, n0, n1, out, ldo, panel_dot, kPair);
+    with_kernels([&](auto dot, auto pair) {
+        gate_up_panels(c, layout(c), packed, act, act_row_bytes(c->hidden), rows, n0, n1, out, ldo, dot, pair);
+    });
     return KT_OK;
 }
 
 kt_status down(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                float* out, int64_t ldo) {
-    down_panels(c, layout(c), packed, act, act_row_bytes(c->intermediate), rows, n0, n1, out, ldo, panel_dot, kPair);
+    with_kernels([&](auto dot, auto pair) {
+        down_panels(c, layout(c), packed, act, act_row_bytes(c->intermediate), rows, n0, n1, out, ldo, dot, pair);
+    });
     return KT_OK;
 }
 

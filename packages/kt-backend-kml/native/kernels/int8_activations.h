@@ -77,4 +77,18 @@ inline void untile(const int32x4_t* t, int32x4_t* row0, int32x4_t* row1) {
 constexpr bool kMmla = false;
 #endif
 
+#if defined(__ARM_FEATURE_SVE_MATMUL_INT8)
+// SVE's `smmla` for both activation passes of one part (sve.h): a (4 k of its channels) and b (the
+// next 4 k) zipped into channel pairs against two rows' 8 k; ha / la take the zip1 pairs' tiles, hb /
+// lb the zip2 pairs'.
+inline void mmla_part(svint32_t a, svint32_t b, svint8_t xh, svint8_t xl, svint32_t& ha, svint32_t& hb, svint32_t& la,
+                      svint32_t& lb) {
+    const svint8_t w0 = svreinterpret_s8(sve::pair_lo(a, b)), w1 = svreinterpret_s8(sve::pair_hi(a, b));
+    ha = svmmla(ha, xh, w0);
+    hb = svmmla(hb, xh, w1);
+    la = svmmla(la, xl, w0);
+    lb = svmmla(lb, xl, w1);
+}
+#endif
+
 }  // namespace KT_TARGET_NAMESPACE

@@ -3,6 +3,8 @@
 // that the host (HWCAP) can execute them.
 #include "common.h"
 
+#include <string>
+
 namespace KT_TARGET_NAMESPACE {
 
 const kt_host_api* g_host = nullptr;
@@ -15,6 +17,7 @@ kt_status init(const kt_host_api* host) {
 }
 
 struct Tables {
+    std::string ids[8];
     kt_method_kernels methods[8];
     kt_backend_api api;
 };
@@ -34,31 +37,57 @@ struct Tables {
 #endif
 
 #if defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC)
-#define KT_BF16_DOT "bfmmla+bfdot."
+constexpr bool kBf16Dot = true;
 #else
-#define KT_BF16_DOT "neon-fma."
+constexpr bool kBf16Dot = false;
 #endif
 
-Tables build() {
-    Tables t{};
-    t.methods[0] = bf16_kernels("moe.bf16.p16k2." KT_BF16_DOT KT_TARGET_VARIANT);
-    t.methods[1] = int8_kernels("moe.int8.p16k4." KT_INT_PAIRS KT_INT8_DOT KT_TARGET_VARIANT);
-    t.methods[2] = int4_kernels("moe.int4g.p16k8." KT_INT_PAIRS KT_INT8_DOT KT_TARGET_VARIANT);
-    t.methods[3] = rawint4_kernels("moe.rawint4.p16k8." KT_INT_PAIRS KT_INT8_DOT KT_TARGET_VARIANT);
-    t.methods[4] = fp8_kernels("moe.fp8.p16.fcvtl-fma." KT_TARGET_VARIANT);
-    t.methods[5] = fp8_perchannel_kernels("moe.fp8pc.p16.fcvtl-fma." KT_TARGET_VARIANT);
-    t.methods[6] = mxfp8_kernels("moe.mxfp8.p16.fcvtl-fma." KT_TARGET_VARIANT);
-    t.methods[7] = llamafile_kernels("moe.ggml.p16." KT_INT_PAIRS KT_INT8_DOT KT_TARGET_VARIANT);
+// The SVE targets run BF16, INT8, INT4, RAWINT4 and the FP8 methods through vector-length agnostic
+// kernels where vectors are 256 bits or wider (sve.h); at 128 bits, and for LLAMAFILE, through the
+// NEON ones. The kernel ids say which, read on this CPU.
+std::string vector_tag() {
+#if defined(__ARM_FEATURE_SVE)
+    switch (sve::parts()) {
+    case 1: return "sve512.";
+    case 2: return "sve256.";
+    default: return "";
+    }
+#else
+    return "";
+#endif
+}
+
+void build(Tables& t) {
+    const std::string v = vector_tag();
+    const std::string bf16 = kBf16Dot ? "bfmmla+bfdot." : v.empty() ? "neon-fma." : "fma.";
+    const std::string fp8 = v.empty() ? "fcvtl-fma." : "fcvt-fma.";
+    const std::string ids[8] = {"moe.bf16.p16k2." + v + bf16 + KT_TARGET_VARIANT,
+                                "moe.int8.p16k4." + v + KT_INT_PAIRS KT_INT8_DOT KT_TARGET_VARIANT,
+                                "moe.int4g.p16k8." + v + KT_INT_PAIRS KT_INT8_DOT KT_TARGET_VARIANT,
+                                "moe.rawint4.p16k8." + v + KT_INT_PAIRS KT_INT8_DOT KT_TARGET_VARIANT,
+                                "moe.fp8.p16." + v + fp8 + KT_TARGET_VARIANT,
+                                "moe.fp8pc.p16." + v + fp8 + KT_TARGET_VARIANT,
+                                "moe.mxfp8.p16." + v + fp8 + KT_TARGET_VARIANT,
+                                "moe.ggml.p16." KT_INT_PAIRS KT_INT8_DOT KT_TARGET_VARIANT};
+    for (int i = 0; i < 8; ++i) t.ids[i] = ids[i];
+    t.methods[0] = bf16_kernels(t.ids[0].c_str());
+    t.methods[1] = int8_kernels(t.ids[1].c_str());
+    t.methods[2] = int4_kernels(t.ids[2].c_str());
+    t.methods[3] = rawint4_kernels(t.ids[3].c_str());
+    t.methods[4] = fp8_kernels(t.ids[4].c_str());
+    t.methods[5] = fp8_perchannel_kernels(t.ids[5].c_str());
+    t.methods[6] = mxfp8_kernels(t.ids[6].c_str());
+    t.methods[7] = llamafile_kernels(t.ids[7].c_str());
     t.api = kt_backend_api{sizeof(kt_backend_api), KT_PLUGIN_ABI_MAJOR, KT_PLUGIN_ABI_MINOR, "kml", KT_TARGET_VARIANT,
-                           KT_TARGET_FEATURES, init, 8, nullptr};
-    return t;
+                           KT_TARGET_FEATURES, init, 8, t.methods};
 }
 
 }  // namespace
 
 const kt_backend_api* backend_api() {
-    static Tables tables = build();
-    tables.api.methods = tables.methods;
+    static Tables tables;   // built in place: the method tables point into its id strings
+    static const bool built = (build(tables), true);
+    (void)built;
     return &tables.api;
 }
 

@@ -16,7 +16,7 @@ descriptor = BackendDescriptor(
     abi_version=(1, 2),
     tier=Tier.GENERIC_SIMD,
     arch=("aarch64",),
-    description="aarch64 expert kernels: NEON, ARMv8.2 dot product",
+    description="aarch64 expert kernels: NEON, dot product, I8MM, BF16, SVE",
     variants=tuple(Variant(t["name"], module="kt_backend_kml._native", requires=frozenset(t["features"]),
                            methods=METHODS, rank=t["rank"], ggml_types=GGML_TYPES) for t in TARGETS),
 )

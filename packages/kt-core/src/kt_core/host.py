@@ -33,6 +33,7 @@ _ARM_LEVELS = {
     "armv8-a": frozenset({"neon"}),
     "armv8.2-a+dotprod": frozenset({"neon", "asimddp"}),
     "armv8.6-a+i8mm": frozenset({"neon", "asimddp", "i8mm", "bf16"}),
+    "armv8.6-a+i8mm+sve": frozenset({"neon", "asimddp", "i8mm", "bf16", "sve"}),
     "armv9-a+sve": frozenset({"neon", "asimddp", "i8mm", "bf16", "sve", "sve2"}),
 }
 
