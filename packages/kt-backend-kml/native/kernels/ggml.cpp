@@ -1,5 +1,5 @@
 // LLAMAFILE (GGUF's ggml blocks) in "kt-ggml-v5", kt-core's layout (kt/formats/ggml_panels.h):
-// the bytes kt-backend-avx packs, read here by NEON. Every type is a group-wise integer format in
+// the bytes kt-backend-avx packs, read here by NEON (and SVE: the vla section). Every type is a group-wise integer format in
 // disguise, w = s * u - s*z per sub-block of 16 or 32 k, so one kernel runs them all: per 16-channel
 // panel and sub-block, exact integer dots of the codes with the two int8 activation passes
 // (`sdot` on ARMv8.2, `smull` + pairwise adds on ARMv8.0, `smmla` for row pairs on ARMv8.6: the
@@ -396,12 +396,275 @@ __attribute__((noinline)) void panel_dot_pair(const uint8_t* panel, const ActRow
 }
 #endif
 
-// Panel p of matrix m against `nr` activation rows (two: the pair kernel, where the target has one).
+#if defined(__ARM_FEATURE_SVE)
+// ---- SVE kernels (sve.h: vectors of 256 bits and wider) -----------------------------------
+//
+// The NEON kernels above with a part of a chunk (8 or 16 channels) per vector where NEON has a
+// channel group of 4: the same decoders, the same integer dots, the same epilogues in the same f32
+// order — bit-identical outputs. Scale bytes and f16 scales load straight into 32-bit lanes
+// (ld1ub / ld1sb / ld1uh: no widening steps), f16 converts from each lane's low half.
+namespace vla {
+
+template <int N> inline svuint8_t part(const uint8_t* chunk, int s) { return svld1(sve::bytes<N>(), chunk + s * sve::kBytes<N>); }
+template <int N> inline svfloat32_t f16_part(const uint8_t* p, int s) {
+    const svbool_t pw = sve::words<N>();
+    return svcvt_f32_f16_x(pw, svreinterpret_f16(svld1uh_u32(pw, reinterpret_cast<const uint16_t*>(p) + s * sve::kLanes<N>)));
+}
+template <int N> inline svfloat32_t f32_part(const uint8_t* p, int s) {
+    return svld1(sve::words<N>(), reinterpret_cast<const float*>(p) + s * sve::kLanes<N>);
+}
+template <int N> inline svint32_t u8_part(const uint8_t* p, int s) {   // 16 channels' bytes, zero-extended
+    return svreinterpret_s32(svld1ub_u32(sve::words<N>(), p + s * sve::kLanes<N>));
+}
+template <int N> inline svint32_t s8_part(const uint8_t* p, int s) {
+    return svld1sb_s32(sve::words<N>(), reinterpret_cast<const int8_t*>(p) + s * sve::kLanes<N>);
+}
+// move_bits above: bits from `from` to `to`, kept under mask.
+template <int N> inline svuint8_t move_bits(svuint8_t v, int from, int to, uint8_t mask) {
+    const svbool_t pb = sve::bytes<N>();
+    return svand_n_u8_x(pb, to >= from ? svlsl_n_u8_x(pb, v, uint8_t(to - from)) : svlsr_n_u8_x(pb, v, uint8_t(from - to)), mask);
+}
+
+template <class P, int N>
+inline void codes4(const uint8_t* blk, int64_t c, int i, int s, svint8_t& w0, svint8_t& w1) {
+    using namespace G;
+    const svbool_t pb = sve::bytes<N>();
+    const svuint8_t raw = part<N>(blk + chunk_at<P>(c), s);
+    svuint8_t u0 = svand_n_u8_x(pb, raw, 0x0f), u1 = svlsr_n_u8_x(pb, raw, 4);
+    if constexpr (std::is_same_v<P, Q5K>) {
+        const svuint8_t bits = part<N>(blk + fifth_bits_at(c), s);
+        u0 = svorr_x(pb, u0, move_bits<N>(bits, 2 * i, 4, 0x10));
+        u1 = svorr_x(pb, u1, move_bits<N>(bits, 2 * i + 1, 4, 0x10));
+    }
+    if constexpr (std::is_same_v<P, Q6K>) {
+        const svuint8_t t = part<N>(blk + high_pairs_at(c), s);
+        u0 = svorr_x(pb, u0, move_bits<N>(t, 4 * i, 4, 0x30));
+        u1 = svorr_x(pb, u1, move_bits<N>(t, 4 * i + 2, 4, 0x30));
+    }
+    if constexpr (P::kBig) {   // IQ4_XS: the 16-entry table in a vector's first 16 bytes
+        const svint8_t table = svld1(svptrue_pat_b8(SV_VL16), kIq4Values);
+        w0 = svtbl(table, u0);
+        w1 = svtbl(table, u1);
+    } else {
+        w0 = svreinterpret_s8(u0);
+        w1 = svreinterpret_s8(u1);
+    }
+}
+template <class P, int N>
+inline void codes2(const uint8_t* blk, int64_t c, int s, svint8_t& q0, svint8_t& q1, svint8_t& q2, svint8_t& q3) {
+    using namespace G;
+    const svbool_t pb = sve::bytes<N>();
+    const svuint8_t raw = part<N>(blk + chunk_at<P>(c), s);
+    svuint8_t u0 = svand_n_u8_x(pb, raw, 0x03), u1 = svand_n_u8_x(pb, svlsr_n_u8_x(pb, raw, 2), 0x03);
+    svuint8_t u2 = svand_n_u8_x(pb, svlsr_n_u8_x(pb, raw, 4), 0x03), u3 = svlsr_n_u8_x(pb, raw, 6);
+    if constexpr (std::is_same_v<P, Q3K>) {
+        const svuint8_t t = part<N>(blk + third_bits_at(c), s);
+        const int at = int(4 * (c % 2));
+        u0 = svorr_x(pb, u0, move_bits<N>(t, at, 2, 0x04));
+        u1 = svorr_x(pb, u1, move_bits<N>(t, at + 1, 2, 0x04));
+        u2 = svorr_x(pb, u2, move_bits<N>(t, at + 2, 2, 0x04));
+        u3 = svorr_x(pb, u3, move_bits<N>(t, at + 3, 2, 0x04));
+    }
+    q0 = svreinterpret_s8(u0), q1 = svreinterpret_s8(u1), q2 = svreinterpret_s8(u2), q3 = svreinterpret_s8(u3);
+}
+template <int N> inline svint8_t codes8(const uint8_t* blk, int64_t c, int s) {
+    return svreinterpret_s8(sveor_n_u8_x(sve::bytes<N>(), part<N>(blk + G::chunk_at<G::Q80>(c), s), 0x80));
+}
+
+// sub_block above, for part s.
+template <class P, bool kTwoPass, int N>
+inline void sub_block(const uint8_t* blk, int j, const ActRow& a, int64_t k0, int s, svint32_t dh, svint32_t dl, svint32_t& ihi,
+                      svint32_t& ilo, svfloat32_t& acc) {
+    using F = Form<P>;
+    const svbool_t pw = sve::words<N>();
+    const int sh = sub_sum<P>(a.sums_hi, k0, j), sl = sub_sum<P>(a.sums_lo, k0, j), asum = kTwoPass ? 128 * sh + sl : sh;
+    if constexpr (F::kFloatBlocks) {
+        const float factor = a.scale[k0 / kQK] * (kTwoPass ? 1.0f / 128.0f : 1.0f);
+        svfloat32_t r = svcvt_f32_x(pw, kTwoPass ? svadd_x(pw, svlsl_n_s32_x(pw, dh, 7), dl) : dh);
+        if constexpr (std::is_same_v<P, G::Q40>) r = svsub_n_f32_x(pw, r, 8.0f * float(asum));
+        acc = svmla_n_f32_x(pw, acc, svmul_x(pw, f16_part<N>(blk + P::kD, s), r), factor);
+    } else if constexpr (F::kMin) {
+        svint32_t sc = u8_part<N>(blk + P::kSc + 16 * size_t(j), s);
+        if constexpr (std::is_same_v<P, G::Q2K>) sc = svand_n_s32_x(pw, sc, 0x0f);
+        ihi = svmla_x(pw, ihi, sc, dh);
+        if constexpr (kTwoPass) ilo = svmla_x(pw, ilo, sc, dl);
+    } else {
+        const svint32_t sc = s8_part<N>(blk + P::kSc + 16 * size_t(j), s);
+        ihi = svmla_x(pw, ihi, sc, F::kZ ? svsub_n_s32_x(pw, dh, F::kZ * sh) : dh);
+        if constexpr (kTwoPass) ilo = svmla_x(pw, ilo, sc, F::kZ ? svsub_n_s32_x(pw, dl, F::kZ * sl) : dl);
+    }
+}
+
+// block_end above, for part s.
+template <class P, bool kTwoPass, int N>
+inline void block_end(const uint8_t* blk, const ActRow& a, int64_t k0, int s, svint32_t ihi, svint32_t ilo, svfloat32_t& acc) {
+    using F = Form<P>;
+    if constexpr (!F::kFloatBlocks) {
+        const svbool_t pw = sve::words<N>();
+        const float factor = a.scale[k0 / kQK] * (kTwoPass ? 1.0f / 128.0f : 1.0f);
+        svint32_t imin = svdup_n_s32(0);
+        if constexpr (F::kMin)
+            for (int j = 0; j < int(P::kBlockK / P::kSubK); ++j) {
+                const int sh = sub_sum<P>(a.sums_hi, k0, j), asum = kTwoPass ? 128 * sh + sub_sum<P>(a.sums_lo, k0, j) : sh;
+                svint32_t mm;
+                if constexpr (std::is_same_v<P, G::Q2K>)   // Q2_K's byte: sc | m << 4
+                    mm = svasr_n_s32_x(pw, u8_part<N>(blk + P::kSc + 16 * size_t(j), s), 4);
+                else
+                    mm = u8_part<N>(blk + P::kM + 16 * size_t(j), s);
+                imin = svmla_n_s32_x(pw, imin, mm, asum);
+            }
+        const svfloat32_t t = kTwoPass ? svmla_n_f32_x(pw, svcvt_f32_x(pw, ilo), svcvt_f32_x(pw, ihi), 128.0f) : svcvt_f32_x(pw, ihi);
+        constexpr bool f32_d = std::is_same_v<P, G::Q4K> || std::is_same_v<P, G::Q5K> || std::is_same_v<P, G::Q6K>;
+        svfloat32_t r = svmul_x(pw, f32_d ? f32_part<N>(blk + P::kD, s) : f16_part<N>(blk + P::kD, s), t);
+        if constexpr (F::kMin) {
+            const svfloat32_t dmin = std::is_same_v<P, G::Q2K> ? f16_part<N>(blk + P::kDmin, s) : f32_part<N>(blk + P::kDmin, s);
+            r = svsub_x(pw, r, svmul_x(pw, dmin, svcvt_f32_x(pw, imin)));   // NEON's vmlsq: a multiply, then a subtract
+        }
+        acc = svmla_n_f32_x(pw, acc, r, factor);
+    }
+}
+
+// panel_dot above.
+template <class P, bool kTwoPass, int N>
+__attribute__((noinline)) void panel_dot(const uint8_t* panel, const ActRow& a, int64_t K, float out[16]) {
+    using F = Form<P>;
+    svfloat32_t acc0 = svdup_n_f32(0.0f), acc1 = acc0;
+    for (int64_t b = 0; b < K / P::kBlockK; ++b) {
+        const uint8_t* blk = panel + size_t(b) * P::kBlockBytes;
+        const int64_t k0 = b * P::kBlockK;
+        svint32_t ihi0 = svdup_n_s32(0), ihi1 = ihi0, ilo0 = ihi0, ilo1 = ihi0;
+        for (int j = 0; j < int(P::kBlockK / P::kSubK); ++j) {
+            svint32_t dh0 = svdup_n_s32(0), dh1 = dh0, dl0 = dh0, dl1 = dh0;
+            // part s's sums += its codes w against the four k from kq on
+            const auto quad = [&](auto s, int64_t kq, svint8_t w) {
+                svint32_t &dh = sve::pick<s>(dh0, dh1), &dl = sve::pick<s>(dl0, dl1);
+                dh = svdot(dh, w, sve::broadcast4(a.hi + kq));
+                if constexpr (kTwoPass) dl = svdot(dl, w, sve::broadcast4(a.lo + kq));
+            };
+#pragma GCC unroll 8
+            for (int i = 0; i < F::kPerSub; ++i) {
+                const int64_t c = int64_t(j) * F::kPerSub + i, kc = k0 + c * F::kChunkK;
+                sve::for_parts<N>([&](auto s) {
+                    if constexpr (P::kBits == 8) {
+                        quad(s, kc, codes8<N>(blk, c, s));
+                    } else if constexpr (P::kBits == 4) {
+                        svint8_t w0, w1;
+                        codes4<P, N>(blk, c, i, s, w0, w1);
+                        quad(s, kc, w0);
+                        quad(s, kc + 4, w1);
+                    } else {
+                        svint8_t q0, q1, q2, q3;
+                        codes2<P, N>(blk, c, s, q0, q1, q2, q3);
+                        quad(s, kc, q0);
+                        quad(s, kc + 4, q1);
+                        quad(s, kc + 8, q2);
+                        quad(s, kc + 12, q3);
+                    }
+                });
+            }
+            sve::for_parts<N>([&](auto s) {
+                sub_block<P, kTwoPass, N>(blk, j, a, k0, s, sve::pick<s>(dh0, dh1), sve::pick<s>(dl0, dl1), sve::pick<s>(ihi0, ihi1),
+                                          sve::pick<s>(ilo0, ilo1), sve::pick<s>(acc0, acc1));
+            });
+        }
+        sve::for_parts<N>([&](auto s) {
+            block_end<P, kTwoPass, N>(blk, a, k0, s, sve::pick<s>(ihi0, ihi1), sve::pick<s>(ilo0, ilo1), sve::pick<s>(acc0, acc1));
+        });
+    }
+    sve::for_parts<N>([&](auto s) { svst1(sve::words<N>(), out + s * sve::kLanes<N>, sve::pick<s>(acc0, acc1)); });
+}
+
+#if defined(__ARM_FEATURE_SVE_MATMUL_INT8)
+// panel_dot_pair above: two rows through SVE's `smmla`, part s's 8 k of each channel pair zipped from
+// two 4-k code vectors (mmla_part), the tiles split back per part into each row's dots.
+template <class P, bool kTwoPass, int N>
+__attribute__((noinline)) void panel_dot_pair(const uint8_t* panel, const ActRow* a, int64_t K, float (*out)[16]) {
+    using F = Form<P>;
+    const svint32_t zero = svdup_n_s32(0);
+    svfloat32_t acc00 = svdup_n_f32(0.0f), acc01 = acc00, acc10 = acc00, acc11 = acc00;   // row, part
+    for (int64_t b = 0; b < K / P::kBlockK; ++b) {
+        const uint8_t* blk = panel + size_t(b) * P::kBlockBytes;
+        const int64_t k0 = b * P::kBlockK;
+        svint32_t ih00 = zero, ih01 = zero, ih10 = zero, ih11 = zero, il00 = zero, il01 = zero, il10 = zero, il11 = zero;
+        for (int j = 0; j < int(P::kBlockK / P::kSubK); ++j) {
+            svint32_t ha0 = zero, ha1 = zero, hb0 = zero, hb1 = zero, la0 = zero, la1 = zero, lb0 = zero, lb1 = zero;
+            // part s: w0 the first four of 8 k from kq, w1 the next four
+            const auto octet = [&](auto s, int64_t kq, svint8_t w0, svint8_t w1) {
+                const svint8_t xh = svreinterpret_s8(sve::rows2(a[0].hi + kq, a[1].hi + kq));
+                const svint8_t xl = kTwoPass ? svreinterpret_s8(sve::rows2(a[0].lo + kq, a[1].lo + kq)) : svdup_n_s8(0);
+                mmla_part(svreinterpret_s32(w0), svreinterpret_s32(w1), xh, xl, sve::pick<s>(ha0, ha1), sve::pick<s>(hb0, hb1),
+                          sve::pick<s>(la0, la1), sve::pick<s>(lb0, lb1));
+            };
+            if constexpr (P::kBits == 8) {   // chunk pairs (c, c + 1): k 4c..4c+7
+                for (int i = 0; i < F::kPerSub; i += 2) {
+                    const int64_t c = int64_t(j) * F::kPerSub + i;
+                    sve::for_parts<N>([&](auto s) { octet(s, k0 + c * F::kChunkK, codes8<N>(blk, c, s), codes8<N>(blk, c + 1, s)); });
+                }
+            } else {
+#pragma GCC unroll 8
+                for (int i = 0; i < F::kPerSub; ++i) {
+                    const int64_t c = int64_t(j) * F::kPerSub + i, kc = k0 + c * F::kChunkK;
+                    sve::for_parts<N>([&](auto s) {
+                        if constexpr (P::kBits == 4) {
+                            svint8_t w0, w1;
+                            codes4<P, N>(blk, c, i, s, w0, w1);
+                            octet(s, kc, w0, w1);
+                        } else {
+                            svint8_t q0, q1, q2, q3;
+                            codes2<P, N>(blk, c, s, q0, q1, q2, q3);
+                            octet(s, kc, q0, q1);
+                            octet(s, kc + 8, q2, q3);
+                        }
+                    });
+                }
+            }
+            sve::for_parts<N>([&](auto s) {
+                const svint32_t ha = sve::pick<s>(ha0, ha1), hb = sve::pick<s>(hb0, hb1);
+                const svint32_t la = sve::pick<s>(la0, la1), lb = sve::pick<s>(lb0, lb1);
+                sub_block<P, kTwoPass, N>(blk, j, a[0], k0, s, sve::row0(ha, hb), sve::row0(la, lb), sve::pick<s>(ih00, ih01),
+                                          sve::pick<s>(il00, il01), sve::pick<s>(acc00, acc01));
+                sub_block<P, kTwoPass, N>(blk, j, a[1], k0, s, sve::row1(ha, hb), sve::row1(la, lb), sve::pick<s>(ih10, ih11),
+                                          sve::pick<s>(il10, il11), sve::pick<s>(acc10, acc11));
+            });
+        }
+        sve::for_parts<N>([&](auto s) {
+            block_end<P, kTwoPass, N>(blk, a[0], k0, s, sve::pick<s>(ih00, ih01), sve::pick<s>(il00, il01), sve::pick<s>(acc00, acc01));
+            block_end<P, kTwoPass, N>(blk, a[1], k0, s, sve::pick<s>(ih10, ih11), sve::pick<s>(il10, il11), sve::pick<s>(acc10, acc11));
+        });
+    }
+    sve::for_parts<N>([&](auto s) {
+        svst1(sve::words<N>(), out[0] + s * sve::kLanes<N>, sve::pick<s>(acc00, acc01));
+        svst1(sve::words<N>(), out[1] + s * sve::kLanes<N>, sve::pick<s>(acc10, acc11));
+    });
+}
+#endif
+
+// Panel `panel` of type P against `nr` activation rows, N parts per chunk.
+template <class P, int N>
+inline void panel_rows(const uint8_t* panel, const ActRow* a, int nr, bool two_pass, int64_t K, float (*out)[16]) {
+#if defined(__ARM_FEATURE_SVE_MATMUL_INT8)
+    if (nr == 2) {
+        two_pass ? panel_dot_pair<P, true, N>(panel, a, K, out) : panel_dot_pair<P, false, N>(panel, a, K, out);
+        return;
+    }
+#endif
+    for (int r = 0; r < nr; ++r)
+        two_pass ? panel_dot<P, true, N>(panel, a[r], K, out[r]) : panel_dot<P, false, N>(panel, a[r], K, out[r]);
+}
+
+}  // namespace vla
+#endif
+
+// Panel p of matrix m against `nr` activation rows (two: the pair kernel, where the target has one):
+// the SVE kernels where vectors are 256 bits or wider, the NEON ones elsewhere.
 inline void matrix_dot(const G::Matrix& m, const uint8_t* expert, int64_t p, const ActRow* a, int nr, bool two_pass,
                        float (*out)[16]) {
     const uint8_t* panel = expert + m.offset + size_t(p) * m.panel_bytes;
     G::with_panels(m.type->dtype, [&](auto form) {
         using P = decltype(form);
+#if defined(__ARM_FEATURE_SVE)
+        if (sve::with_parts([&]<int N>() { vla::panel_rows<P, N>(panel, a, nr, two_pass, m.cols, out); })) return;
+#endif
 #if defined(__ARM_FEATURE_MATMUL_INT8)
         if (nr == 2) {
             two_pass ? panel_dot_pair<P, true>(panel, a, m.cols, out) : panel_dot_pair<P, false>(panel, a, m.cols, out);

@@ -42,9 +42,8 @@ constexpr bool kBf16Dot = true;
 constexpr bool kBf16Dot = false;
 #endif
 
-// The SVE targets run BF16, INT8, INT4, RAWINT4 and the FP8 methods through vector-length agnostic
-// kernels where vectors are 256 bits or wider (sve.h); at 128 bits, and for LLAMAFILE, through the
-// NEON ones. The kernel ids say which, read on this CPU.
+// The SVE targets run every method through vector-length agnostic kernels where vectors are 256
+// bits or wider (sve.h), through the NEON ones at 128 bits. The kernel ids say which, read on this CPU.
 std::string vector_tag() {
 #if defined(__ARM_FEATURE_SVE)
     switch (sve::parts()) {
@@ -68,7 +67,7 @@ void build(Tables& t) {
                                 "moe.fp8.p16." + v + fp8 + KT_TARGET_VARIANT,
                                 "moe.fp8pc.p16." + v + fp8 + KT_TARGET_VARIANT,
                                 "moe.mxfp8.p16." + v + fp8 + KT_TARGET_VARIANT,
-                                "moe.ggml.p16." KT_INT_PAIRS KT_INT8_DOT KT_TARGET_VARIANT};
+                                "moe.ggml.p16." + v + KT_INT_PAIRS KT_INT8_DOT KT_TARGET_VARIANT};
     for (int i = 0; i < 8; ++i) t.ids[i] = ids[i];
     t.methods[0] = bf16_kernels(t.ids[0].c_str());
     t.methods[1] = int8_kernels(t.ids[1].c_str());
