@@ -1,6 +1,7 @@
 // LLAMAFILE (GGUF's ggml blocks) in "kt-ggml-v5", kt-core's layout (kt/formats/ggml_panels.h):
-// the bytes kt-backend-avx packs, read here by NEON (and SVE: the vla section). Every type is a group-wise integer format in
-// disguise, w = s * u - s*z per sub-block of 16 or 32 k, so one kernel runs them all: per 16-channel
+// the bytes kt-backend-avx packs, read here by NEON (and by SVE: the vla section). Every type is a
+// group-wise integer format in disguise, w = s * u - s*z per sub-block of 16 or 32 k, so one kernel
+// runs them all: per 16-channel
 // panel and sub-block, exact integer dots of the codes with the two int8 activation passes
 // (`sdot` on ARMv8.2, `smull` + pairwise adds on ARMv8.0, `smmla` for row pairs on ARMv8.6: the
 // same sums), then in f32
