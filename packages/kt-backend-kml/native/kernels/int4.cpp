@@ -175,38 +175,66 @@ inline void panel_dot(const L::int4::Geometry& geo, const uint8_t* panel, const 
     store_row(row, acc, out);
 }
 
+#if defined(__ARM_FEATURE_MATMUL_INT8) || defined(__ARM_FEATURE_DOTPROD)
+// One group's dots of two activation rows (h: both rows' hi planes, l: lo), channels 4v..4v+3 of row r
+// in dh[r][v], dl[r][v]. I8MM: a chunk's low and high nibble planes (k 8c..8c+3, 8c+4..8c+7) zipped
+// into channel pairs, one `smmla` per pair and pass, the tiles split back; ARMv8.2: `sdot`, each
+// chunk decoded once for both rows. Either way the integers of two panel_dot calls.
+inline void pair_group_dots(const L::int4::Geometry& geo, const uint8_t* chunks, int64_t g0, const int8_t* const* h,
+                            const int8_t* const* l, int32x4_t (*dh)[4], int32x4_t (*dl)[4]) {
+    const uint8x16_t low4 = vdupq_n_u8(0x0f);
 #if defined(__ARM_FEATURE_MATMUL_INT8)
-// Two activation rows at once: a chunk's low and high nibble planes (k 8c..8c+3, 8c+4..8c+7) zipped
-// into channel pairs, one `smmla` per pair and pass — the integers of two panel_dot calls, the same
-// f32 epilogue: bit-identical outputs.
+    int32x4_t th[8], tl[8];
+    for (int t = 0; t < 8; ++t) th[t] = tl[t] = vdupq_n_s32(0);
+    for (int64_t c = 0; c < geo.g / 8; ++c) {
+        const int64_t k = g0 + 8 * c;
+        const int8x16_t xh = rows2x8(h[0] + k, h[1] + k), xl = rows2x8(l[0] + k, l[1] + k);
+        for (int v = 0; v < 4; ++v) {
+            const uint8x16_t w = vld1q_u8(chunks + size_t(c) * 64 + 16 * v);
+            const int8x16_t a = vreinterpretq_s8_u8(vandq_u8(w, low4)), b = vreinterpretq_s8_u8(vshrq_n_u8(w, 4));
+            const int8x16_t w0 = channel_pair0(a, b), w1 = channel_pair1(a, b);
+            th[2 * v] = mmla(th[2 * v], xh, w0);
+            th[2 * v + 1] = mmla(th[2 * v + 1], xh, w1);
+            tl[2 * v] = mmla(tl[2 * v], xl, w0);
+            tl[2 * v + 1] = mmla(tl[2 * v + 1], xl, w1);
+        }
+    }
+    untile(th, dh[0], dh[1]);
+    untile(tl, dl[0], dl[1]);
+#else
+    for (int v = 0; v < 4; ++v) dh[0][v] = dh[1][v] = dl[0][v] = dl[1][v] = vdupq_n_s32(0);
+    for (int64_t c = 0; c < geo.g / 8; ++c) {
+        const int64_t k = g0 + 8 * c;
+        int8x16_t xh0[2], xh1[2], xl0[2], xl1[2];
+        for (int r = 0; r < 2; ++r) {
+            xh0[r] = broadcast4(h[r] + k), xh1[r] = broadcast4(h[r] + k + 4);
+            xl0[r] = broadcast4(l[r] + k), xl1[r] = broadcast4(l[r] + k + 4);
+        }
+        for (int v = 0; v < 4; ++v) {
+            const uint8x16_t w = vld1q_u8(chunks + size_t(c) * 64 + 16 * v);
+            const int8x16_t w0 = vreinterpretq_s8_u8(vandq_u8(w, low4)), w1 = vreinterpretq_s8_u8(vshrq_n_u8(w, 4));
+            for (int r = 0; r < 2; ++r) {
+                dh[r][v] = dot4(dot4(dh[r][v], w0, xh0[r]), w1, xh1[r]);
+                dl[r][v] = dot4(dot4(dl[r][v], w0, xl0[r]), w1, xl1[r]);
+            }
+        }
+    }
+#endif
+}
+
+// Two activation rows at once (prefill): each group's dots as above, the same f32 epilogue as
+// panel_dot's: bit-identical outputs.
 template <bool kRaw>
 inline void panel_dot_pair(const L::int4::Geometry& geo, const uint8_t* panel, const uint8_t* row0, const uint8_t* row1,
                            int64_t K, float out[2][16]) {
-    const int8_t *h0 = act_hi(row0), *h1 = act_hi(row1), *l0 = act_lo(row0, K), *l1 = act_lo(row1, K);
-    const uint8x16_t low4 = vdupq_n_u8(0x0f);
+    const int8_t* h[2] = {act_hi(row0), act_hi(row1)};
+    const int8_t* l[2] = {act_lo(row0, K), act_lo(row1, K)};
     float32x4_t acc[2][4];
     for (int v = 0; v < 4; ++v) acc[0][v] = acc[1][v] = vdupq_n_f32(0.0f);
     for (int64_t g0 = 0; g0 < K; g0 += geo.g) {
         const uint8_t* header = panel + size_t(g0 / geo.g) * geo.group_bytes();
-        const uint8_t* chunks = header + geo.header_bytes();
-        int32x4_t th[8], tl[8];
-        for (int t = 0; t < 8; ++t) th[t] = tl[t] = vdupq_n_s32(0);
-        for (int64_t c = 0; c < geo.g / 8; ++c) {
-            const int64_t k = g0 + 8 * c;
-            const int8x16_t xh = rows2x8(h0 + k, h1 + k), xl = rows2x8(l0 + k, l1 + k);
-            for (int v = 0; v < 4; ++v) {
-                const uint8x16_t w = vld1q_u8(chunks + size_t(c) * 64 + 16 * v);
-                const int8x16_t a = vreinterpretq_s8_u8(vandq_u8(w, low4)), b = vreinterpretq_s8_u8(vshrq_n_u8(w, 4));
-                const int8x16_t w0 = channel_pair0(a, b), w1 = channel_pair1(a, b);
-                th[2 * v] = mmla(th[2 * v], xh, w0);
-                th[2 * v + 1] = mmla(th[2 * v + 1], xh, w1);
-                tl[2 * v] = mmla(tl[2 * v], xl, w0);
-                tl[2 * v + 1] = mmla(tl[2 * v + 1], xl, w1);
-            }
-        }
         int32x4_t dh[2][4], dl[2][4];
-        untile(th, dh[0], dh[1]);
-        untile(tl, dl[0], dl[1]);
+        pair_group_dots(geo, header + geo.header_bytes(), g0, h, l, dh, dl);
         group_epilogue<kRaw>(geo, header, row0, K, g0, dh[0], dl[0], acc[0]);
         group_epilogue<kRaw>(geo, header, row1, K, g0, dh[1], dl[1], acc[1]);
     }
@@ -315,11 +343,11 @@ void panel_dot_pair_sve(const L::int4::Geometry& geo, const uint8_t* panel, cons
 #endif
 #endif  // __ARM_FEATURE_SVE
 
-// run(dot, pair) with this group geometry: NEON's, the pair kernel where smmla is.
+// run(dot, pair) with this group geometry: NEON's, the pair kernel where smmla or sdot is.
 template <bool kRaw, class Run>
 void with_neon_kernels(const L::int4::Geometry& geo, Run run) {
     const auto dot = [&geo](const uint8_t* panel, const uint8_t* row, int64_t K, float* o) { panel_dot<kRaw>(geo, panel, row, K, o); };
-#if defined(__ARM_FEATURE_MATMUL_INT8)
+#if defined(__ARM_FEATURE_MATMUL_INT8) || defined(__ARM_FEATURE_DOTPROD)
     run(dot, [&geo](const uint8_t* panel, const uint8_t* r0, const uint8_t* r1, int64_t K, float (*o)[16]) {
         panel_dot_pair<kRaw>(geo, panel, r0, r1, K, o);
     });

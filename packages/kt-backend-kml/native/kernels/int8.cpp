@@ -137,6 +137,30 @@ inline void panel_dot_pair(const uint8_t* panel, const uint8_t* row0, const uint
     finish(panel, row1, hi[1], lo[1], out[1]);
 }
 constexpr auto kPair = panel_dot_pair;
+#elif defined(__ARM_FEATURE_DOTPROD)
+// Two activation rows through `sdot` (ARMv8.2 without I8MM): each chunk's codes loaded once for both
+// rows, each row's sums as panel_dot's — the same integers, bit-identical outputs. (ARMv8.0 keeps one
+// row per pass: its four-product dot is six instructions, beside which the shared load is nothing.)
+inline void panel_dot_pair(const uint8_t* panel, const uint8_t* row0, const uint8_t* row1, int64_t K, float out[2][16]) {
+    const int8_t *h0 = act_hi(row0), *h1 = act_hi(row1), *l0 = act_lo(row0, K), *l1 = act_lo(row1, K);
+    int32x4_t hi[2][4], lo[2][4];
+    for (int v = 0; v < 4; ++v) hi[0][v] = hi[1][v] = lo[0][v] = lo[1][v] = vdupq_n_s32(0);
+    for (int64_t j = 0; 4 * j < K; ++j) {
+        const int8x16_t bh0 = broadcast4(h0 + 4 * j), bl0 = broadcast4(l0 + 4 * j);
+        const int8x16_t bh1 = broadcast4(h1 + 4 * j), bl1 = broadcast4(l1 + 4 * j);
+        const int8_t* w = reinterpret_cast<const int8_t*>(panel + L::int8::kHeaderBytes + size_t(j) * 64);
+        for (int v = 0; v < 4; ++v) {
+            const int8x16_t wv = vld1q_s8(w + 16 * v);
+            hi[0][v] = dot4(hi[0][v], wv, bh0);
+            lo[0][v] = dot4(lo[0][v], wv, bl0);
+            hi[1][v] = dot4(hi[1][v], wv, bh1);
+            lo[1][v] = dot4(lo[1][v], wv, bl1);
+        }
+    }
+    finish(panel, row0, hi[0], lo[0], out[0]);
+    finish(panel, row1, hi[1], lo[1], out[1]);
+}
+constexpr auto kPair = panel_dot_pair;
 #else
 constexpr NoPair kPair{};
 #endif
