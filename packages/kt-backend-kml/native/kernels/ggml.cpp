@@ -282,40 +282,36 @@ __attribute__((noinline)) void panel_dot(const uint8_t* panel, const ActRow& a, 
         for (int j = 0; j < int(P::kBlockK / P::kSubK); ++j) {
             int32x4_t dh[4], dl[4];
             for (int v = 0; v < 4; ++v) dh[v] = dl[v] = vdupq_n_s32(0);
-            // The four k from kq on, against each channel's codes w[v] for them.
-            const auto quad = [&](int64_t kq, const int8x16_t* w) {
-                const int8x16_t xh = broadcast4(a.hi + kq);
-                for (int v = 0; v < 4; ++v) dh[v] = dot4(dh[v], w[v], xh);
-                if constexpr (kTwoPass) {
-                    const int8x16_t xl = broadcast4(a.lo + kq);
-                    for (int v = 0; v < 4; ++v) dl[v] = dot4(dl[v], w[v], xl);
-                }
+            // The sub-block's activations, 16 k per register (one or two per pass), read by the dots'
+            // indexed form: four registers where one broadcast per four k would take up to sixteen.
+            const int64_t ks = k0 + int64_t(j) * P::kSubK;
+            int8x16_t xh[2], xl[2];
+            for (int h = 0; h < int(P::kSubK / 16); ++h) {
+                xh[h] = vld1q_s8(a.hi + ks + 16 * h);
+                if constexpr (kTwoPass) xl[h] = vld1q_s8(a.lo + ks + 16 * h);
+            }
+            // dots += channel group v's codes w for the four k from q on (q: from the sub-block's start)
+            const auto quad = [&](int v, int q, int8x16_t w) {
+                dh[v] = dot4_lane(dh[v], w, xh[q / 16], q % 16 / 4);
+                if constexpr (kTwoPass) dl[v] = dot4_lane(dl[v], w, xl[q / 16], q % 16 / 4);
             };
 #pragma GCC unroll 8
             for (int i = 0; i < F::kPerSub; ++i) {   // i = c % kPerSub: Q5_K's and Q6_K's bit positions
-                const int64_t c = int64_t(j) * F::kPerSub + i, kc = k0 + c * F::kChunkK;
-                if constexpr (P::kBits == 8) {
-                    int8x16_t w[4];
-                    for (int v = 0; v < 4; ++v) w[v] = codes8(blk, c, v);
-                    quad(kc, w);
-                } else if constexpr (P::kBits == 4) {
-                    // Channel group by channel group (v), each against the chunk's two quads of both
-                    // passes: few registers live, so the 4-chunk unrolled sub-block does not spill.
-                    const int8x16_t xh0 = broadcast4(a.hi + kc), xh1 = broadcast4(a.hi + kc + 4);
-                    const int8x16_t xl0 = broadcast4(a.lo + kc), xl1 = broadcast4(a.lo + kc + 4);
-                    for (int v = 0; v < 4; ++v) {
+                const int64_t c = int64_t(j) * F::kPerSub + i;
+                const int q = i * int(F::kChunkK);
+                for (int v = 0; v < 4; ++v) {
+                    if constexpr (P::kBits == 8) {
+                        quad(v, q, codes8(blk, c, v));
+                    } else if constexpr (P::kBits == 4) {
                         int8x16_t w0, w1;
                         codes4<P>(blk, c, i, v, w0, w1);
-                        dh[v] = dot4(dot4(dh[v], w0, xh0), w1, xh1);
-                        if constexpr (kTwoPass) dl[v] = dot4(dot4(dl[v], w0, xl0), w1, xl1);
-                    }
-                } else {   // 2-bit codes: four k-quads per chunk
-                    int8x16_t w[4][4], q4[4];
-                    for (int v = 0; v < 4; ++v) {
+                        quad(v, q, w0);
+                        quad(v, q + 4, w1);
+                    } else {   // 2-bit codes: four k-quads per chunk
+                        int8x16_t q4[4];
                         codes2<P>(blk, c, v, q4);
-                        for (int q = 0; q < 4; ++q) w[q][v] = q4[q];
+                        for (int n = 0; n < 4; ++n) quad(v, q + 4 * n, q4[n]);
                     }
-                    for (int q = 0; q < 4; ++q) quad(kc + 4 * q, w[q]);
                 }
             }
             sub_block<P, kTwoPass>(blk, j, a, k0, dh, dl, ihi, ilo, acc);

@@ -47,6 +47,29 @@ inline int32x4_t dot4(int32x4_t acc, int8x16_t w, int8x16_t x) {
 #endif
 }
 
+// acc += the four-product dot of each 32-bit lane of w with lane `lane` (0-3) of x: with `sdot`'s
+// indexed form the activations are read where they were loaded, 16 k per register, instead of one
+// broadcast register per four k. `lane` is a constant wherever the loops are unrolled; the switch
+// folds away there.
+inline int32x4_t dot4_lane(int32x4_t acc, int8x16_t w, int8x16_t x, int lane) {
+#if defined(__ARM_FEATURE_DOTPROD)
+    switch (lane) {
+    case 0: return vdotq_laneq_s32(acc, w, x, 0);
+    case 1: return vdotq_laneq_s32(acc, w, x, 1);
+    case 2: return vdotq_laneq_s32(acc, w, x, 2);
+    default: return vdotq_laneq_s32(acc, w, x, 3);
+    }
+#else
+    const int32x4_t xs = vreinterpretq_s32_s8(x);
+    switch (lane) {
+    case 0: return dot4(acc, w, vreinterpretq_s8_s32(vdupq_laneq_s32(xs, 0)));
+    case 1: return dot4(acc, w, vreinterpretq_s8_s32(vdupq_laneq_s32(xs, 1)));
+    case 2: return dot4(acc, w, vreinterpretq_s8_s32(vdupq_laneq_s32(xs, 2)));
+    default: return dot4(acc, w, vreinterpretq_s8_s32(vdupq_laneq_s32(xs, 3)));
+    }
+#endif
+}
+
 #if defined(__ARM_FEATURE_MATMUL_INT8)
 // ARMv8.6 I8MM: `smmla` multiplies a 2 x 8 int8 matrix by the transpose of another, into a 2 x 2
 // int32 tile — two activation rows against two channels, 8 k at once (32 products per instruction,
