@@ -146,31 +146,38 @@ inline void store_row(const uint8_t* row, const float32x4_t* acc, float out[16])
     for (int v = 0; v < 4; ++v) vst1q_f32(out + 4 * v, vmulq_n_f32(acc[v], sx));
 }
 
+// Chunks c and c + 1 of a group (16 k from k: one register per pass and row, read by `sdot`'s
+// indexed form) into R rows' dots; each chunk's nibble planes decoded once for every row.
+template <int R>
+inline void chunk_pair_dots(const uint8_t* chunks, int64_t c, int64_t k, const int8_t* const* hi, const int8_t* const* lo,
+                            int32x4_t (*dh)[4], int32x4_t (*dl)[4]) {
+    const uint8x16_t low4 = vdupq_n_u8(0x0f);
+    int8x16_t xh[R], xl[R];
+    for (int r = 0; r < R; ++r) xh[r] = vld1q_s8(hi[r] + k), xl[r] = vld1q_s8(lo[r] + k);
+    for (int t = 0; t < 2; ++t)
+        for (int v = 0; v < 4; ++v) {
+            const uint8x16_t w = vld1q_u8(chunks + size_t(c + t) * 64 + 16 * v);
+            const int8x16_t w0 = vreinterpretq_s8_u8(vandq_u8(w, low4)), w1 = vreinterpretq_s8_u8(vshrq_n_u8(w, 4));
+            for (int r = 0; r < R; ++r) {
+                dh[r][v] = dot4_lane(dot4_lane(dh[r][v], w0, xh[r], 2 * t), w1, xh[r], 2 * t + 1);
+                dl[r][v] = dot4_lane(dot4_lane(dl[r][v], w0, xl[r], 2 * t), w1, xl[r], 2 * t + 1);
+            }
+        }
+}
+
 // The 16 channels' w . x of one panel for one activation row.
 template <bool kRaw>
 inline void panel_dot(const L::int4::Geometry& geo, const uint8_t* panel, const uint8_t* row, int64_t K, float out[16]) {
-    const int8_t* hi = act_hi(row);
-    const int8_t* lo = act_lo(row, K);
-    const uint8x16_t low4 = vdupq_n_u8(0x0f);
+    const int8_t* hi[1] = {act_hi(row)};
+    const int8_t* lo[1] = {act_lo(row, K)};
     float32x4_t acc[4];
     for (int v = 0; v < 4; ++v) acc[v] = vdupq_n_f32(0.0f);
     for (int64_t g0 = 0; g0 < K; g0 += geo.g) {
         const uint8_t* header = panel + size_t(g0 / geo.g) * geo.group_bytes();
-        const uint8_t* chunks = header + geo.header_bytes();
-        int32x4_t dh[4], dl[4];
-        for (int v = 0; v < 4; ++v) dh[v] = dl[v] = vdupq_n_s32(0);
-        for (int64_t c = 0; c < geo.g / 8; ++c) {
-            const int64_t k = g0 + 8 * c;
-            const int8x16_t xh0 = broadcast4(hi + k), xh1 = broadcast4(hi + k + 4);
-            const int8x16_t xl0 = broadcast4(lo + k), xl1 = broadcast4(lo + k + 4);
-            for (int v = 0; v < 4; ++v) {
-                const uint8x16_t w = vld1q_u8(chunks + size_t(c) * 64 + 16 * v);
-                const int8x16_t w0 = vreinterpretq_s8_u8(vandq_u8(w, low4)), w1 = vreinterpretq_s8_u8(vshrq_n_u8(w, 4));
-                dh[v] = dot4(dot4(dh[v], w0, xh0), w1, xh1);
-                dl[v] = dot4(dot4(dl[v], w0, xl0), w1, xl1);
-            }
-        }
-        group_epilogue<kRaw>(geo, header, row, K, g0, dh, dl, acc);
+        int32x4_t dh[1][4], dl[1][4];
+        for (int v = 0; v < 4; ++v) dh[0][v] = dl[0][v] = vdupq_n_s32(0);
+        for (int64_t c = 0; c < geo.g / 8; c += 2) chunk_pair_dots<1>(header + geo.header_bytes(), c, g0 + 8 * c, hi, lo, dh, dl);
+        group_epilogue<kRaw>(geo, header, row, K, g0, dh[0], dl[0], acc);
     }
     store_row(row, acc, out);
 }
@@ -182,8 +189,8 @@ inline void panel_dot(const L::int4::Geometry& geo, const uint8_t* panel, const 
 // chunk decoded once for both rows. Either way the integers of two panel_dot calls.
 inline void pair_group_dots(const L::int4::Geometry& geo, const uint8_t* chunks, int64_t g0, const int8_t* const* h,
                             const int8_t* const* l, int32x4_t (*dh)[4], int32x4_t (*dl)[4]) {
-    const uint8x16_t low4 = vdupq_n_u8(0x0f);
 #if defined(__ARM_FEATURE_MATMUL_INT8)
+    const uint8x16_t low4 = vdupq_n_u8(0x0f);
     int32x4_t th[8], tl[8];
     for (int t = 0; t < 8; ++t) th[t] = tl[t] = vdupq_n_s32(0);
     for (int64_t c = 0; c < geo.g / 8; ++c) {
@@ -203,22 +210,7 @@ inline void pair_group_dots(const L::int4::Geometry& geo, const uint8_t* chunks,
     untile(tl, dl[0], dl[1]);
 #else
     for (int v = 0; v < 4; ++v) dh[0][v] = dh[1][v] = dl[0][v] = dl[1][v] = vdupq_n_s32(0);
-    for (int64_t c = 0; c < geo.g / 8; ++c) {
-        const int64_t k = g0 + 8 * c;
-        int8x16_t xh0[2], xh1[2], xl0[2], xl1[2];
-        for (int r = 0; r < 2; ++r) {
-            xh0[r] = broadcast4(h[r] + k), xh1[r] = broadcast4(h[r] + k + 4);
-            xl0[r] = broadcast4(l[r] + k), xl1[r] = broadcast4(l[r] + k + 4);
-        }
-        for (int v = 0; v < 4; ++v) {
-            const uint8x16_t w = vld1q_u8(chunks + size_t(c) * 64 + 16 * v);
-            const int8x16_t w0 = vreinterpretq_s8_u8(vandq_u8(w, low4)), w1 = vreinterpretq_s8_u8(vshrq_n_u8(w, 4));
-            for (int r = 0; r < 2; ++r) {
-                dh[r][v] = dot4(dot4(dh[r][v], w0, xh0[r]), w1, xh1[r]);
-                dl[r][v] = dot4(dot4(dl[r][v], w0, xl0[r]), w1, xl1[r]);
-            }
-        }
-    }
+    for (int64_t c = 0; c < geo.g / 8; c += 2) chunk_pair_dots<2>(chunks, c, g0 + 8 * c, h, l, dh, dl);
 #endif
 }
 

@@ -91,22 +91,40 @@ inline void finish(const uint8_t* panel, const uint8_t* row, const int32x4_t* ac
     }
 }
 
+// Chunks j, j + 1, ... (up to four, fewer at the panel's end) of R activation rows: each row's 16 k
+// from 4j are one register per pass (rows are zero-padded to 16 k), read by `sdot`'s indexed form;
+// each chunk's codes are loaded once for every row.
+template <int R>
+inline void chunk_quartet(const int8_t* w, int64_t j, int64_t chunks, const int8_t* const* hi, const int8_t* const* lo,
+                          int32x4_t (*acc_hi)[4], int32x4_t (*acc_lo)[4]) {
+    int8x16_t xh[R], xl[R];
+    for (int r = 0; r < R; ++r) xh[r] = vld1q_s8(hi[r] + 4 * j), xl[r] = vld1q_s8(lo[r] + 4 * j);
+    const auto chunk = [&](int t) {
+        for (int v = 0; v < 4; ++v) {
+            const int8x16_t wv = vld1q_s8(w + size_t(j + t) * 64 + 16 * v);
+            for (int r = 0; r < R; ++r) {
+                acc_hi[r][v] = dot4_lane(acc_hi[r][v], wv, xh[r], t);
+                acc_lo[r][v] = dot4_lane(acc_lo[r][v], wv, xl[r], t);
+            }
+        }
+    };
+    if (j + 4 <= chunks) {
+        chunk(0), chunk(1), chunk(2), chunk(3);
+    } else {
+        for (int t = 0; t < int(chunks - j); ++t) chunk(t);
+    }
+}
+
 // The 16 channels' w . x of one panel for one activation row.
 inline void panel_dot(const uint8_t* panel, const uint8_t* row, int64_t K, float out[16]) {
-    const int8_t* hi = act_hi(row);
-    const int8_t* lo = act_lo(row, K);
-    int32x4_t acc_hi[4], acc_lo[4];
-    for (int v = 0; v < 4; ++v) acc_hi[v] = acc_lo[v] = vdupq_n_s32(0);
-    for (int64_t j = 0; 4 * j < K; ++j) {
-        const int8x16_t bh = broadcast4(hi + 4 * j), bl = broadcast4(lo + 4 * j);
-        const int8_t* w = reinterpret_cast<const int8_t*>(panel + L::int8::kHeaderBytes + size_t(j) * 64);
-        for (int v = 0; v < 4; ++v) {
-            const int8x16_t wv = vld1q_s8(w + 16 * v);
-            acc_hi[v] = dot4(acc_hi[v], wv, bh);
-            acc_lo[v] = dot4(acc_lo[v], wv, bl);
-        }
-    }
-    finish(panel, row, acc_hi, acc_lo, out);
+    const int8_t* hi[1] = {act_hi(row)};
+    const int8_t* lo[1] = {act_lo(row, K)};
+    const int8_t* w = reinterpret_cast<const int8_t*>(panel + L::int8::kHeaderBytes);
+    int32x4_t acc_hi[1][4], acc_lo[1][4];
+    for (int v = 0; v < 4; ++v) acc_hi[0][v] = acc_lo[0][v] = vdupq_n_s32(0);
+    const int64_t chunks = (K + 3) / 4;
+    for (int64_t j = 0; j < chunks; j += 4) chunk_quartet<1>(w, j, chunks, hi, lo, acc_hi, acc_lo);
+    finish(panel, row, acc_hi[0], acc_lo[0], out);
 }
 
 #if defined(__ARM_FEATURE_MATMUL_INT8)
@@ -142,21 +160,13 @@ constexpr auto kPair = panel_dot_pair;
 // rows, each row's sums as panel_dot's — the same integers, bit-identical outputs. (ARMv8.0 keeps one
 // row per pass: its four-product dot is six instructions, beside which the shared load is nothing.)
 inline void panel_dot_pair(const uint8_t* panel, const uint8_t* row0, const uint8_t* row1, int64_t K, float out[2][16]) {
-    const int8_t *h0 = act_hi(row0), *h1 = act_hi(row1), *l0 = act_lo(row0, K), *l1 = act_lo(row1, K);
+    const int8_t* h[2] = {act_hi(row0), act_hi(row1)};
+    const int8_t* l[2] = {act_lo(row0, K), act_lo(row1, K)};
+    const int8_t* w = reinterpret_cast<const int8_t*>(panel + L::int8::kHeaderBytes);
     int32x4_t hi[2][4], lo[2][4];
     for (int v = 0; v < 4; ++v) hi[0][v] = hi[1][v] = lo[0][v] = lo[1][v] = vdupq_n_s32(0);
-    for (int64_t j = 0; 4 * j < K; ++j) {
-        const int8x16_t bh0 = broadcast4(h0 + 4 * j), bl0 = broadcast4(l0 + 4 * j);
-        const int8x16_t bh1 = broadcast4(h1 + 4 * j), bl1 = broadcast4(l1 + 4 * j);
-        const int8_t* w = reinterpret_cast<const int8_t*>(panel + L::int8::kHeaderBytes + size_t(j) * 64);
-        for (int v = 0; v < 4; ++v) {
-            const int8x16_t wv = vld1q_s8(w + 16 * v);
-            hi[0][v] = dot4(hi[0][v], wv, bh0);
-            lo[0][v] = dot4(lo[0][v], wv, bl0);
-            hi[1][v] = dot4(hi[1][v], wv, bh1);
-            lo[1][v] = dot4(lo[1][v], wv, bl1);
-        }
-    }
+    const int64_t chunks = (K + 3) / 4;
+    for (int64_t j = 0; j < chunks; j += 4) chunk_quartet<2>(w, j, chunks, h, l, hi, lo);
     finish(panel, row0, hi[0], lo[0], out[0]);
     finish(panel, row1, hi[1], lo[1], out[1]);
 }
