@@ -542,10 +542,18 @@ __attribute__((noinline)) void panel_dot(const uint8_t* panel, const ActRow& a, 
         for (int j = 0; j < int(P::kBlockK / P::kSubK); ++j) {
             svint32_t dh0 = svdup_n_s32(0), dh1 = dh0, dl0 = dh0, dl1 = dh0;
             // part s's sums += its codes w against the four k from kq on
+            // The sub-block's activations, 16 k in every 128-bit segment (`ld1rq`), read by the
+            // indexed `sdot`: one load per 16 k and pass instead of one broadcast per four k.
+            const int64_t ks = k0 + int64_t(j) * P::kSubK;
+            const svbool_t all = svptrue_b8();
+            const svint8_t xh0 = svld1rq(all, a.hi + ks), xh1 = P::kSubK > 16 ? svld1rq(all, a.hi + ks + 16) : xh0;
+            const svint8_t xl0 = kTwoPass ? svld1rq(all, a.lo + ks) : xh0;
+            const svint8_t xl1 = kTwoPass && P::kSubK > 16 ? svld1rq(all, a.lo + ks + 16) : xl0;
             const auto quad = [&](auto s, int64_t kq, svint8_t w) {
                 svint32_t &dh = sve::pick<s>(dh0, dh1), &dl = sve::pick<s>(dl0, dl1);
-                dh = svdot(dh, w, sve::broadcast4(a.hi + kq));
-                if constexpr (kTwoPass) dl = svdot(dl, w, sve::broadcast4(a.lo + kq));
+                const int q = int(kq - ks);
+                dh = sve::dot_lane(dh, w, q < 16 ? xh0 : xh1, q % 16 / 4);
+                if constexpr (kTwoPass) dl = sve::dot_lane(dl, w, q < 16 ? xl0 : xl1, q % 16 / 4);
             };
 #pragma GCC unroll 8
             for (int i = 0; i < F::kPerSub; ++i) {

@@ -64,6 +64,17 @@ inline svint8_t broadcast4(const int8_t* x) {
     return svreinterpret_s8(svdup_n_s32(v));
 }
 
+// acc += each 32-bit lane of w dotted with the `lane`-th four bytes of x's 128-bit segment (`sdot`'s
+// indexed form); `lane` is a constant wherever the loops are unrolled, and the switch folds there.
+inline svint32_t dot_lane(svint32_t acc, svint8_t w, svint8_t x, int lane) {
+    switch (lane) {
+    case 0: return svdot_lane(acc, w, x, 0);
+    case 1: return svdot_lane(acc, w, x, 1);
+    case 2: return svdot_lane(acc, w, x, 2);
+    default: return svdot_lane(acc, w, x, 3);
+    }
+}
+
 // Two rows' 8 bytes side by side in every 128-bit segment: `smmla` / `bfmmla`'s 2-row operand.
 inline svuint64_t rows2(const void* r0, const void* r1) {
     uint64_t a, b;
