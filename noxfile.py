@@ -388,14 +388,15 @@ def fuzz(session):
 # qemu-aarch64 CPU models, what kt-core must detect on each (KT_EXPECT_*: tests/test_host_aarch64.py)
 # and the kml variants the conformance suite runs there (None: every one the model has; (): none).
 # The SVE targets run their SVE kernels at 256 and 512 bits and their NEON ones at 128 (kml's own
-# tests cover that width); the NEON targets' conformance runs once on `max`.
+# tests cover that width); armv8.0 and armv8.2's conformance runs on the models made for them,
+# armv8.6's on `max` at 512 bits.
 _SVE = ("kml/sve", "kml/sve-i8mm-bf16")
 AARCH64_CPUS = {
     "cortex-a72": ("neon", "", None),                                          # ARMv8.0: NEON only
     "neoverse-n1": ("asimddp,neon", "", None),                                 # ARMv8.2 + dotprod
     "max,sve-max-vq=1": ("asimddp,bf16,i8mm,neon,sve,sve2", "128", ()),        # SVE2, I8MM, BF16 at 128 bits
     "max,sve-max-vq=2": ("asimddp,bf16,i8mm,neon,sve,sve2", "256", _SVE),      # ... at 256 bits
-    "max,sve-max-vq=4": ("asimddp,bf16,i8mm,neon,sve,sve2", "512", None),      # ... and at 512 bits
+    "max,sve-max-vq=4": ("asimddp,bf16,i8mm,neon,sve,sve2", "512", ("kml/armv8.6-i8mm-bf16", *_SVE)),   # ... and 512
 }
 
 
