@@ -191,14 +191,22 @@ void panel_dot_sve(const uint8_t* panel, const uint8_t* row, int64_t K, float ou
     const int8_t *hi = act_hi(row), *lo = act_lo(row, K);
     const int8_t* w = reinterpret_cast<const int8_t*>(panel + L::int8::kHeaderBytes);
     svint32_t h0 = svdup_n_s32(0), h1 = h0, l0 = h0, l1 = h0;
-    for (int64_t j = 0; 4 * j < K; ++j, w += 64) {
-        const svint8_t xh = sve::broadcast4(hi + 4 * j), xl = sve::broadcast4(lo + 4 * j);
-        sve::for_parts<N>([&](auto s) {
-            const svint8_t wv = svld1(sve::bytes<N>(), w + s * sve::kBytes<N>);
-            svint32_t &h = sve::pick<s>(h0, h1), &l = sve::pick<s>(l0, l1);
-            h = svdot(h, wv, xh);
-            l = svdot(l, wv, xl);
-        });
+    const int64_t chunks = (K + 3) / 4;
+    for (int64_t j = 0; j < chunks; j += 4) {   // 16 k per ld1rq (rows are padded to 16), indexed sdot
+        const svint8_t xh = svld1rq(svptrue_b8(), hi + 4 * j), xl = svld1rq(svptrue_b8(), lo + 4 * j);
+        const auto chunk = [&](int t) {
+            sve::for_parts<N>([&](auto s) {
+                const svint8_t wv = svld1(sve::bytes<N>(), w + size_t(j + t) * 64 + s * sve::kBytes<N>);
+                svint32_t &h = sve::pick<s>(h0, h1), &l = sve::pick<s>(l0, l1);
+                h = sve::dot_lane(h, wv, xh, t);
+                l = sve::dot_lane(l, wv, xl, t);
+            });
+        };
+        if (j + 4 <= chunks) {
+            chunk(0), chunk(1), chunk(2), chunk(3);
+        } else {
+            for (int t = 0; t < int(chunks - j); ++t) chunk(t);
+        }
     }
     sve::for_parts<N>([&](auto s) { finish_part<N>(panel, row, s, sve::pick<s>(h0, h1), sve::pick<s>(l0, l1), out); });
 }
