@@ -29,13 +29,6 @@ inline float act_scale(const uint8_t* row) {
 // kt_method_kernels.quantize_activations of the integer methods (int8.cpp).
 kt_status quantize_int8_activations(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int64_t stride, void* out);
 
-// Four consecutive int8 activations repeated in every 32-bit lane.
-inline int8x16_t broadcast4(const int8_t* x) {
-    int32_t v;
-    std::memcpy(&v, x, 4);
-    return vreinterpretq_s8_s32(vdupq_n_s32(v));
-}
-
 // acc (channels 4v..4v+3) += the four-product dot of each 32-bit lane of w with x's.
 inline int32x4_t dot4(int32x4_t acc, int8x16_t w, int8x16_t x) {
 #if defined(__ARM_FEATURE_DOTPROD)
