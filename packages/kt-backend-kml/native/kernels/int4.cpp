@@ -275,17 +275,16 @@ void panel_dot_sve(const L::int4::Geometry& geo, const uint8_t* panel, const uin
         const uint8_t* header = panel + size_t(g0 / geo.g) * geo.group_bytes();
         const uint8_t* chunks = header + geo.header_bytes();
         svint32_t h0 = svdup_n_s32(0), h1 = h0, l0 = h0, l1 = h0;
-        for (int64_t c = 0; c < geo.g / 8; ++c) {
-            const int64_t k = g0 + 8 * c;
-            const svint8_t xh0 = sve::broadcast4(hi + k), xh1 = sve::broadcast4(hi + k + 4);
-            const svint8_t xl0 = sve::broadcast4(lo + k), xl1 = sve::broadcast4(lo + k + 4);
-            sve::for_parts<N>([&](auto s) {
-                const svuint8_t w = svld1(pb, chunks + size_t(c) * 64 + s * sve::kBytes<N>);
-                const svint8_t w0 = svreinterpret_s8(svand_n_u8_x(pb, w, 0x0f)), w1 = svreinterpret_s8(svlsr_n_u8_x(pb, w, 4));
-                svint32_t &h = sve::pick<s>(h0, h1), &l = sve::pick<s>(l0, l1);
-                h = svdot(svdot(h, w0, xh0), w1, xh1);
-                l = svdot(svdot(l, w0, xl0), w1, xl1);
-            });
+        for (int64_t c = 0; c < geo.g / 8; c += 2) {   // chunks c, c + 1: 16 k per ld1rq, indexed sdot
+            const svint8_t xh = svld1rq(svptrue_b8(), hi + g0 + 8 * c), xl = svld1rq(svptrue_b8(), lo + g0 + 8 * c);
+            for (int t = 0; t < 2; ++t)
+                sve::for_parts<N>([&](auto s) {
+                    const svuint8_t w = svld1(pb, chunks + size_t(c + t) * 64 + s * sve::kBytes<N>);
+                    const svint8_t w0 = svreinterpret_s8(svand_n_u8_x(pb, w, 0x0f)), w1 = svreinterpret_s8(svlsr_n_u8_x(pb, w, 4));
+                    svint32_t &h = sve::pick<s>(h0, h1), &l = sve::pick<s>(l0, l1);
+                    h = sve::dot_lane(sve::dot_lane(h, w0, xh, 2 * t), w1, xh, 2 * t + 1);
+                    l = sve::dot_lane(sve::dot_lane(l, w0, xl, 2 * t), w1, xl, 2 * t + 1);
+                });
         }
         const float asum = group_asum(geo, row, K, g0);
         sve::for_parts<N>([&](auto s) {

@@ -57,13 +57,6 @@ template <int s, class T> inline T& pick(T& a0, T& a1) {
     else return a1;
 }
 
-// Four consecutive int8 activations repeated in every 32-bit lane (`sdot`'s operand).
-inline svint8_t broadcast4(const int8_t* x) {
-    int32_t v;
-    std::memcpy(&v, x, 4);
-    return svreinterpret_s8(svdup_n_s32(v));
-}
-
 // acc += each 32-bit lane of w dotted with the `lane`-th four bytes of x's 128-bit segment (`sdot`'s
 // indexed form); `lane` is a constant wherever the loops are unrolled, and the switch folds there.
 inline svint32_t dot_lane(svint32_t acc, svint8_t w, svint8_t x, int lane) {
