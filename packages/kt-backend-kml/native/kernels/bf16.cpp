@@ -43,19 +43,13 @@ kt_status pack(const kt_moe_config* c, const kt_expert_weights* src, void* dst) 
     return KT_OK;
 }
 
-#if defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC)
-constexpr bool kBfdot = true;
-#else
-constexpr bool kBfdot = false;
-#endif
-
 // f32 rows; with bfdot, two bf16 planes per row (hi then lo, K rounded up to 4 and zero-padded: a
 // bfmmla operand's 4 k never read past a plane).
 int64_t plane(int64_t k) { return (k + 3) / 4 * 4; }
-size_t row_bytes(int64_t k) { return kBfdot ? size_t(plane(k)) * 4 : f32_row_bytes(k); }
+size_t row_bytes(int64_t k) { return kBf16Dot ? size_t(plane(k)) * 4 : f32_row_bytes(k); }
 
 kt_status quantize(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int64_t stride, void* out) {
-    if (!kBfdot) return quantize_f32_rows(in, dtype, rows, k, stride, out);
+    if (!kBf16Dot) return quantize_f32_rows(in, dtype, rows, k, stride, out);
     std::vector<float> x(static_cast<size_t>(k));
     for (int64_t r = 0; r < rows; ++r) {
         if (!activation_row(in, dtype, r, k, stride, x.data()))

@@ -68,6 +68,13 @@ inline kt_status quantize_f32_rows(const void* in, kt_dtype dtype, int64_t rows,
     return KT_OK;
 }
 
+// Whether the target has BF16's dot products (bfdot / bfmmla): BF16's activation rows and kernels.
+#if defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC)
+constexpr bool kBf16Dot = true;
+#else
+constexpr bool kBf16Dot = false;
+#endif
+
 // SiLU(gate) * up, or the clamped SwiGLU a layer asks for.
 struct Gate {
     float limit = 0.0f, alpha = 0.0f;

@@ -91,40 +91,40 @@ inline void finish(const uint8_t* panel, const uint8_t* row, const int32x4_t* ac
     }
 }
 
-// Chunks j, j + 1, ... (up to four, fewer at the panel's end) of R activation rows: each row's 16 k
-// from 4j are one register per pass (rows are zero-padded to 16 k), read by `sdot`'s indexed form;
-// each chunk's codes are loaded once for every row.
+// The 16 channels' w . x of one panel for R activation rows: chunk quartets, each row's 16 k from 4j
+// one register per pass (rows are zero-padded to 16 k) read by `sdot`'s indexed form, each chunk's
+// codes loaded once for every row.
 template <int R>
-inline void chunk_quartet(const int8_t* w, int64_t j, int64_t chunks, const int8_t* const* hi, const int8_t* const* lo,
-                          int32x4_t (*acc_hi)[4], int32x4_t (*acc_lo)[4]) {
-    int8x16_t xh[R], xl[R];
-    for (int r = 0; r < R; ++r) xh[r] = vld1q_s8(hi[r] + 4 * j), xl[r] = vld1q_s8(lo[r] + 4 * j);
-    const auto chunk = [&](int t) {
-        for (int v = 0; v < 4; ++v) {
-            const int8x16_t wv = vld1q_s8(w + size_t(j + t) * 64 + 16 * v);
-            for (int r = 0; r < R; ++r) {
-                acc_hi[r][v] = dot4_lane(acc_hi[r][v], wv, xh[r], t);
-                acc_lo[r][v] = dot4_lane(acc_lo[r][v], wv, xl[r], t);
+inline void panel_rows(const uint8_t* panel, const uint8_t* const* rows, int64_t K, float* const* out) {
+    const int8_t* w = reinterpret_cast<const int8_t*>(panel + L::int8::kHeaderBytes);
+    int32x4_t acc_hi[R][4], acc_lo[R][4];
+    for (int r = 0; r < R; ++r)
+        for (int v = 0; v < 4; ++v) acc_hi[r][v] = acc_lo[r][v] = vdupq_n_s32(0);
+    const int64_t chunks = (K + 3) / 4;
+    for (int64_t j = 0; j < chunks; j += 4) {
+        int8x16_t xh[R], xl[R];
+        for (int r = 0; r < R; ++r) xh[r] = vld1q_s8(act_hi(rows[r]) + 4 * j), xl[r] = vld1q_s8(act_lo(rows[r], K) + 4 * j);
+        const auto chunk = [&](int t) {   // t: the lane the indexed dots read, a constant in a whole quartet
+            for (int v = 0; v < 4; ++v) {
+                const int8x16_t wv = vld1q_s8(w + size_t(j + t) * 64 + 16 * v);
+                for (int r = 0; r < R; ++r) {
+                    acc_hi[r][v] = dot4_lane(acc_hi[r][v], wv, xh[r], t);
+                    acc_lo[r][v] = dot4_lane(acc_lo[r][v], wv, xl[r], t);
+                }
             }
+        };
+        if (j + 4 <= chunks) {
+            chunk(0), chunk(1), chunk(2), chunk(3);
+        } else {
+            for (int t = 0; t < int(chunks - j); ++t) chunk(t);
         }
-    };
-    if (j + 4 <= chunks) {
-        chunk(0), chunk(1), chunk(2), chunk(3);
-    } else {
-        for (int t = 0; t < int(chunks - j); ++t) chunk(t);
     }
+    for (int r = 0; r < R; ++r) finish(panel, rows[r], acc_hi[r], acc_lo[r], out[r]);
 }
 
-// The 16 channels' w . x of one panel for one activation row.
+// One activation row.
 inline void panel_dot(const uint8_t* panel, const uint8_t* row, int64_t K, float out[16]) {
-    const int8_t* hi[1] = {act_hi(row)};
-    const int8_t* lo[1] = {act_lo(row, K)};
-    const int8_t* w = reinterpret_cast<const int8_t*>(panel + L::int8::kHeaderBytes);
-    int32x4_t acc_hi[1][4], acc_lo[1][4];
-    for (int v = 0; v < 4; ++v) acc_hi[0][v] = acc_lo[0][v] = vdupq_n_s32(0);
-    const int64_t chunks = (K + 3) / 4;
-    for (int64_t j = 0; j < chunks; j += 4) chunk_quartet<1>(w, j, chunks, hi, lo, acc_hi, acc_lo);
-    finish(panel, row, acc_hi[0], acc_lo[0], out);
+    panel_rows<1>(panel, &row, K, &out);
 }
 
 #if defined(__ARM_FEATURE_MATMUL_INT8)
@@ -156,19 +156,13 @@ inline void panel_dot_pair(const uint8_t* panel, const uint8_t* row0, const uint
 }
 constexpr auto kPair = panel_dot_pair;
 #elif defined(__ARM_FEATURE_DOTPROD)
-// Two activation rows through `sdot` (ARMv8.2 without I8MM): each chunk's codes loaded once for both
-// rows, each row's sums as panel_dot's — the same integers, bit-identical outputs. (ARMv8.0 keeps one
-// row per pass: its four-product dot is six instructions, beside which the shared load is nothing.)
+// Two activation rows through `sdot` (ARMv8.2 without I8MM): panel_rows' sums for each, so the outputs
+// are bit-identical. (ARMv8.0 keeps one row per pass: its four-product dot is six instructions, beside
+// which the shared load is nothing.)
 inline void panel_dot_pair(const uint8_t* panel, const uint8_t* row0, const uint8_t* row1, int64_t K, float out[2][16]) {
-    const int8_t* h[2] = {act_hi(row0), act_hi(row1)};
-    const int8_t* l[2] = {act_lo(row0, K), act_lo(row1, K)};
-    const int8_t* w = reinterpret_cast<const int8_t*>(panel + L::int8::kHeaderBytes);
-    int32x4_t hi[2][4], lo[2][4];
-    for (int v = 0; v < 4; ++v) hi[0][v] = hi[1][v] = lo[0][v] = lo[1][v] = vdupq_n_s32(0);
-    const int64_t chunks = (K + 3) / 4;
-    for (int64_t j = 0; j < chunks; j += 4) chunk_quartet<2>(w, j, chunks, h, l, hi, lo);
-    finish(panel, row0, hi[0], lo[0], out[0]);
-    finish(panel, row1, hi[1], lo[1], out[1]);
+    const uint8_t* rows[2] = {row0, row1};
+    float* outs[2] = {out[0], out[1]};
+    panel_rows<2>(panel, rows, K, outs);
 }
 constexpr auto kPair = panel_dot_pair;
 #else

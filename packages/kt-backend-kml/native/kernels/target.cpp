@@ -36,12 +36,6 @@ struct Tables {
 #define KT_INT_PAIRS ""
 #endif
 
-#if defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC)
-constexpr bool kBf16Dot = true;
-#else
-constexpr bool kBf16Dot = false;
-#endif
-
 // The SVE targets run every method through vector-length agnostic kernels where vectors are 256
 // bits or wider (sve.h), through the NEON ones at 128 bits. The kernel ids say which, read on this CPU.
 std::string vector_tag() {
@@ -60,15 +54,14 @@ void build(Tables& t) {
     const std::string v = vector_tag();
     const std::string bf16 = kBf16Dot ? "bfmmla+bfdot." : v.empty() ? "neon-fma." : "fma.";
     const std::string fp8 = v.empty() ? "fcvtl-fma." : "fcvt-fma.";
-    const std::string ids[8] = {"moe.bf16.p16k2." + v + bf16 + KT_TARGET_VARIANT,
-                                "moe.int8.p16k4." + v + KT_INT_PAIRS KT_INT8_DOT KT_TARGET_VARIANT,
-                                "moe.int4g.p16k8." + v + KT_INT_PAIRS KT_INT8_DOT KT_TARGET_VARIANT,
-                                "moe.rawint4.p16k8." + v + KT_INT_PAIRS KT_INT8_DOT KT_TARGET_VARIANT,
-                                "moe.fp8.p16." + v + fp8 + KT_TARGET_VARIANT,
-                                "moe.fp8pc.p16." + v + fp8 + KT_TARGET_VARIANT,
-                                "moe.mxfp8.p16." + v + fp8 + KT_TARGET_VARIANT,
-                                "moe.ggml.p16." + v + KT_INT_PAIRS KT_INT8_DOT KT_TARGET_VARIANT};
-    for (int i = 0; i < 8; ++i) t.ids[i] = ids[i];
+    t.ids[0] = "moe.bf16.p16k2." + v + bf16 + KT_TARGET_VARIANT;
+    t.ids[1] = "moe.int8.p16k4." + v + KT_INT_PAIRS KT_INT8_DOT KT_TARGET_VARIANT;
+    t.ids[2] = "moe.int4g.p16k8." + v + KT_INT_PAIRS KT_INT8_DOT KT_TARGET_VARIANT;
+    t.ids[3] = "moe.rawint4.p16k8." + v + KT_INT_PAIRS KT_INT8_DOT KT_TARGET_VARIANT;
+    t.ids[4] = "moe.fp8.p16." + v + fp8 + KT_TARGET_VARIANT;
+    t.ids[5] = "moe.fp8pc.p16." + v + fp8 + KT_TARGET_VARIANT;
+    t.ids[6] = "moe.mxfp8.p16." + v + fp8 + KT_TARGET_VARIANT;
+    t.ids[7] = "moe.ggml.p16." + v + KT_INT_PAIRS KT_INT8_DOT KT_TARGET_VARIANT;
     t.methods[0] = bf16_kernels(t.ids[0].c_str());
     t.methods[1] = int8_kernels(t.ids[1].c_str());
     t.methods[2] = int4_kernels(t.ids[2].c_str());
