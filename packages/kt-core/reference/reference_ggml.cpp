@@ -4,9 +4,11 @@
 // bytes], each matrix starting on 64 bytes; a row is the file's blocks, unchanged. The
 // kernels dequantize one weight row to f32 exactly as gguf-py's `gguf.quants.dequantize`
 // does (same f32 operations in the same order: the bit-for-bit oracle, tested against it),
-// then take the dot product with the f32 activations in double.
+// then take the dot product with the f32 activations in double — or, for a layer with
+// KT_QUANT_FAST_ACTIVATIONS, with the activations one int8 plane carries (q8k_rows below).
 #include "reference_common.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -273,6 +275,32 @@ double dot(const float* x, const float* w, int64_t k) {
     return acc;
 }
 
+// The activations of a layer with KT_QUANT_FAST_ACTIVATIONS: what one int8 plane carries, in
+// llama.cpp's Q8_K form (and the kernels' first plane): per group of 256 k (the last may be
+// shorter), s = max|x| / 127 and x ~ s * q, q = x * (127 / max|x|) rounded to nearest, ties to
+// even. A NaN makes its group NaN; an all-zero group stays zero. Without the flag: x as given.
+const float* q8k_rows(const kt_moe_config* s, const void* act, int64_t rows, int64_t k, std::vector<float>& held) {
+    const auto* x = static_cast<const float*>(act);
+    if (!(s->quant_flags & KT_QUANT_FAST_ACTIVATIONS)) return x;
+    held.assign(size_t(rows * k), 0.0f);
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t k0 = 0; k0 < k; k0 += 256) {
+            const float* in = x + r * k + k0;
+            float* out = held.data() + r * k + k0;
+            const int64_t n = std::min<int64_t>(256, k - k0);
+            float amax = 0.0f;
+            bool nan = false;
+            for (int64_t i = 0; i < n; ++i) {
+                amax = std::max(amax, std::fabs(in[i]));
+                nan |= in[i] != in[i];
+            }
+            const float scale = nan ? NAN : amax / 127.0f;
+            const float inv = !nan && amax > 0.0f && std::isfinite(amax) ? 127.0f / amax : 0.0f;
+            for (int64_t i = 0; i < n; ++i) out[i] = std::nearbyint(in[i] * inv) * scale;
+        }
+    return held.data();
+}
+
 // Every (row, column) of the tile's gate and up products, handed to emit(r, n, g, u).
 template <class Emit>
 kt_status gate_up_pairs(const kt_moe_config* s, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
@@ -280,7 +308,8 @@ kt_status gate_up_pairs(const kt_moe_config* s, const void* packed, const void* 
     const ExpertLayout l = layout_of(s);
     if (!l.ok) return check_config(s);
     const auto* base = static_cast<const char*>(packed);
-    const auto* x = static_cast<const float*>(act);
+    std::vector<float> held;
+    const float* x = q8k_rows(s, act, rows, s->hidden, held);
     std::vector<float> g(size_t(s->hidden)), u(size_t(s->hidden));
     for (int64_t n = n0; n < n1; ++n) {
         dequantize_row(l.part[0], base, n, g.data());
@@ -306,7 +335,8 @@ kt_status down_tile(const kt_moe_config* s, const void* packed, const void* act,
     const ExpertLayout l = layout_of(s);
     if (!l.ok) return check_config(s);
     const auto* base = static_cast<const char*>(packed);
-    const auto* x = static_cast<const float*>(act);
+    std::vector<float> held;
+    const float* x = q8k_rows(s, act, rows, s->intermediate, held);
     std::vector<float> d(size_t(s->intermediate));
     for (int64_t n = n0; n < n1; ++n) {
         dequantize_row(l.part[2], base, n, d.data());

@@ -15,7 +15,7 @@ from kt.weights import load_layer, open_weights  # noqa: E402
 from kt_core import KTMoEWrapper, MoE  # noqa: E402
 from kt_core.backends.reference import _native as reference_native  # noqa: E402
 from kt_core.errors import KTError, WeightsError  # noqa: E402
-from kt_core.testing.ggml_blocks import dequantize, random_blocks  # noqa: E402
+from kt_core.testing.ggml_blocks import dequantize, q8k_activations, random_blocks  # noqa: E402
 from kt_core.testing.reference import moe_reference  # noqa: E402
 
 
@@ -58,7 +58,11 @@ def test_wrapper_forward_matches_fp32_moe(tmp_path, types):
     rng = np.random.default_rng(4)
     x = rng.standard_normal((7, hidden)).astype(np.float32)
     ids, wt = _routing(rng, 7, experts, 2)
-    want = moe_reference(x, *weights[1], ids, wt)
+    # By default a layer whose types llama.cpp runs on Q8_K activations carries those (one int8
+    # plane); with a Q8_0 or Q4_0 matrix it keeps the exact ones.
+    one_plane = "Q8_0" not in types and "Q4_0" not in types
+    assert w._moe.fast_activations == one_plane
+    want = moe_reference(x, *weights[1], ids, wt, activations=q8k_activations if one_plane else None)
     assert _rel(w.forward(x, ids, wt), want) < 1e-5
 
 

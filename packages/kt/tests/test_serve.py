@@ -337,10 +337,14 @@ def test_dry_run_prints_the_transformers_settings():
     assert "kt's transformers server" in r.output and "experts                INT8" in r.output
     assert "cpuinfer threads       3 (given)" in r.output and "threadpool count       1 (kt doctor:" in r.output
     assert "http://127.0.0.1:9000/v1" in r.output and "one request at a time" in r.output
-    assert "activations            f32-exact" in r.output
+    assert "activations            f32-exact (two int8 passes; split bf16); GGUF K-quants: llama.cpp's one Q8_K pass" \
+        in r.output
     r = CliRunner().invoke(app, ["run", "--dry-run", "--fast-activations"])
     assert r.exit_code == 0, r.output
     assert "activations            fast: one int8 pass" in r.output
+    r = CliRunner().invoke(app, ["run", "--dry-run", "--precise-activations"])
+    assert r.exit_code == 0, r.output
+    assert "activations            f32-exact (two int8 passes; split bf16)\n" in r.output
 
 
 def test_dry_run_checks_the_method_the_folder_and_the_port(tmp_path):

@@ -29,7 +29,7 @@ class MoE:
     def __init__(self, *, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
                  method: str = "BF16", gpu_experts_mask: Sequence[bool] | None = None, max_tokens: int = 4096,
                  backend: str | None = None, group_size: int = 0, zero_point: bool = False,
-                 fast_activations: bool = False, weight_types: Sequence[str] | None = None,
+                 fast_activations: bool | None = None, weight_types: Sequence[str] | None = None,
                  pool_groups: Sequence[int] | None = None, swiglu_limit: float = 0.0, swiglu_alpha: float = 0.0,
                  expert_bias: bool = False, trainable: bool = False):
         for name, value in (("num_experts", num_experts), ("top_k", top_k), ("hidden_size", hidden_size),
@@ -50,10 +50,6 @@ class MoE:
             if self.group_size != 128:
                 log.info("INT4 layer %dx%d: group size %d, the largest of 128/64/32 dividing both", self.hidden_size,
                          self.intermediate_size, self.group_size)
-        # Integer kernels quantize activations in two int8 passes by default (~1e-3 of the output
-        # RMS) and split-bf16 kernels (BF16, FP8) carry a low half; fast_activations allows one
-        # int8 pass (kt-kernel's choice: faster prefill, up to ~15%) or bf16 alone (~1.5e-2).
-        self.fast_activations = bool(fast_activations)
         # The clamped SwiGLU of GPT-OSS / DeepSeek-V4 instead of SiLU(gate) * up (kt/plugin.h).
         self.swiglu_limit, self.swiglu_alpha = float(swiglu_limit), float(swiglu_alpha)
         # Experts with gate/up/down biases (GPT-OSS): kt-core adds them around the kernels' raw
@@ -70,6 +66,15 @@ class MoE:
         self.held_on_cpu = tuple(not g for g in mask)
         self.gpu_experts_mask = tuple(mask)
         self.weight_types = self._weight_types(weight_types)
+        # Integer kernels quantize activations in two int8 passes (~1e-3 of the output RMS) and
+        # split-bf16 kernels (BF16, FP8) carry a low half; fast_activations=True allows one int8
+        # pass (kt-kernel's choice: faster prefill) or bf16 alone (~1.5e-2). None (the default)
+        # is two passes, except on GGUF blocks that llama.cpp itself runs on one Q8_K plane:
+        # there one plane computes llama.cpp's own activation integers (docs/formats.md).
+        if fast_activations is None:
+            fast_activations = bool(self.weight_types) and all(
+                ggml_type(t).llama_activations == "Q8_K" for t in self.weight_types)
+        self.fast_activations = bool(fast_activations)
         pool.ensure()
         shape = (self.hidden_size, self.intermediate_size, self.num_experts, self.top_k)
         sel = selector()

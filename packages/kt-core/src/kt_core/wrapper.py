@@ -68,7 +68,7 @@ class KTMoEWrapper:
                  cpu_save: bool = False, max_deferred_experts_per_token: int | None = None, method: str = "AMXINT4",
                  numa_nodes=None, mode: str = "inference", *, num_gpu_experts: int | None = None,
                  swiglu_limit: float = 0.0, swiglu_alpha: float = 0.0, backend: str | None = None,
-                 group_size: int = 0, zero_point: bool = False, fast_activations: bool = False,
+                 group_size: int = 0, zero_point: bool = False, fast_activations: bool | None = None,
                  cpu_copy_of_gpu_experts: bool = True, **unused):
         self.layer_idx = int(layer_idx)
         self.num_experts = int(num_experts)

@@ -18,6 +18,10 @@ class GgmlType:
     ggml_id: int          # ggml's enum ggml_type
     block_elems: int      # elements per block along K
     block_bytes: int      # bytes per block
+    # The activation blocks llama.cpp dots this type against (its vec_dot_type): Q8_K is one int8
+    # plane with one scale per 256 k, which is exactly kt's first activation plane; Q8_0 has a
+    # scale per 32 k, finer than kt's one-plane mode.
+    llama_activations: str
 
     @property
     def kt_dtype(self) -> int:
@@ -29,14 +33,14 @@ class GgmlType:
 
 
 GGML_TYPES = {t.name: t for t in (
-    GgmlType("Q4_0", 2, 32, 18),
-    GgmlType("Q8_0", 8, 32, 34),
-    GgmlType("Q2_K", 10, 256, 84),
-    GgmlType("Q3_K", 11, 256, 110),
-    GgmlType("Q4_K", 12, 256, 144),
-    GgmlType("Q5_K", 13, 256, 176),
-    GgmlType("Q6_K", 14, 256, 210),
-    GgmlType("IQ4_XS", 23, 256, 136),
+    GgmlType("Q4_0", 2, 32, 18, "Q8_0"),
+    GgmlType("Q8_0", 8, 32, 34, "Q8_0"),
+    GgmlType("Q2_K", 10, 256, 84, "Q8_K"),
+    GgmlType("Q3_K", 11, 256, 110, "Q8_K"),
+    GgmlType("Q4_K", 12, 256, 144, "Q8_K"),
+    GgmlType("Q5_K", 13, 256, 176, "Q8_K"),
+    GgmlType("Q6_K", 14, 256, 210, "Q8_K"),
+    GgmlType("IQ4_XS", 23, 256, 136, "Q8_K"),
 )}
 
 

@@ -58,7 +58,7 @@ def _inputs(method, rng, experts, hidden, intermediate, group_size):
 
 
 def _pair(kt_variant, *, experts, hidden, intermediate, top_k, max_tokens=4096, mask=None, seed=0, swiglu=(0.0, 0.0),
-          biases=False, trainable=False):
+          biases=False, trainable=False, fast_activations=None):
     descriptor, variant, method = kt_variant
     rng = np.random.default_rng(seed)
     group_size = _group_size(method, hidden, intermediate)
@@ -73,7 +73,8 @@ def _pair(kt_variant, *, experts, hidden, intermediate, top_k, max_tokens=4096, 
             layer = MoE(num_experts=experts, top_k=top_k, hidden_size=hidden, intermediate_size=intermediate,
                         method=method, gpu_experts_mask=mask, max_tokens=max_tokens, backend=backend,
                         group_size=group_size, weight_types=weight_types, swiglu_limit=swiglu[0],
-                        swiglu_alpha=swiglu[1], expert_bias=biases, trainable=trainable)
+                        swiglu_alpha=swiglu[1], expert_bias=biases, trainable=trainable,
+                        fast_activations=fast_activations)
         except BackendError as exc:
             if "declines" in str(exc) or backend == "reference":
                 pytest.skip(f"{backend} cannot run {method} at hidden={hidden}, intermediate={intermediate}: {exc}")
@@ -110,6 +111,22 @@ def test_matches_reference(kt_variant, kt_tolerance, hidden, intermediate, token
     x = rng.standard_normal((tokens, hidden)).astype(np.float32)
     ids, w = random_routing(rng, tokens, 8, 2)
     _check(layer, oracle, x, ids, w, kt_tolerance, kt_variant[2])
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["two-pass", "one-pass"])
+@pytest.mark.parametrize("hidden,intermediate", [(256, 512), (96, 160)])
+def test_llamafile_activation_precisions_match_reference(kt_variant, kt_tolerance, fast, hidden, intermediate):
+    """LLAMAFILE's activation precision is an explicit choice (by default one int8 plane on the
+    types llama.cpp runs on Q8_K blocks, two otherwise): both, on K-quants (256, 512) and on the
+    32-element types (96, 160), against the reference at the same precision."""
+    if kt_variant[2] != "LLAMAFILE":
+        pytest.skip("only LLAMAFILE's kernels follow the reference's one-pass activations")
+    layer, oracle, rng = _pair(kt_variant, experts=8, hidden=hidden, intermediate=intermediate, top_k=2,
+                               fast_activations=fast)
+    assert layer.fast_activations == oracle.fast_activations == fast
+    x = rng.standard_normal((17, hidden)).astype(np.float32)
+    ids, w = random_routing(rng, 17, 8, 2)
+    _check(layer, oracle, x, ids, w, kt_tolerance, "LLAMAFILE")
 
 
 @pytest.mark.parametrize("limit,alpha", [(7.0, 1.702), (0.5, 0.0), (0.0, 1.702)])

@@ -41,3 +41,21 @@ def dequantize(blocks: np.ndarray, type_name: str) -> np.ndarray:
     import gguf
 
     return gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType[ggml_type(type_name).name])
+
+
+def q8k_activations(x: np.ndarray) -> np.ndarray:
+    """What llama.cpp's Q8_K activation blocks carry of a float32 vector, as float64: per 256
+    elements (the last group may be shorter, as kt's groups are), ggml's quantize_row_q8_K —
+    the signed element of largest magnitude m, q = nearest(x * (-127 / m)) (ties to even, as
+    its magic-number rounding does), value q / (-127 / m) — in float32 like ggml."""
+    x = np.asarray(x, np.float32)
+    out = np.zeros(x.shape, np.float64)
+    for k0 in range(0, x.shape[-1], 256):
+        g = x[..., k0:k0 + 256]
+        m = np.take_along_axis(g, np.abs(g).argmax(-1)[..., None], -1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            iscale = np.where(m != 0, np.float32(-127.0) / m, np.float32(0)).astype(np.float32)
+            d = np.where(m != 0, np.float32(1.0) / iscale, np.float32(0)).astype(np.float32)
+        q = np.minimum(np.rint(g * iscale), 127)
+        out[..., k0:k0 + 256] = (q * d).astype(np.float32)
+    return out

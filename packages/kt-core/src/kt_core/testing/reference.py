@@ -25,10 +25,13 @@ def gated(a: np.ndarray, b: np.ndarray, swiglu_limit: float = 0.0, swiglu_alpha:
 
 
 def moe_reference(hidden, gate, up, down, topk_ids, topk_weights, gpu_experts_mask=None, *, swiglu_limit: float = 0.0,
-                  swiglu_alpha: float = 0.0, biases=None) -> np.ndarray:
+                  swiglu_alpha: float = 0.0, biases=None, activations=None) -> np.ndarray:
     """out[t] = sum_j w[t,j] * down_e(SiLU(gate_e x) * up_e x) (or the clamped SwiGLU: gated()),
     in float64; ids < 0 and GPU-resident experts contribute nothing. biases: (gate [E, I], up
-    [E, I], down [E, H]) added to each product, before the activation for gate and up."""
+    [E, I], down [E, H]) added to each product, before the activation for gate and up.
+    activations: what the kernels carry of a product's input, applied to x (and to the f32
+    intermediate) before each product, e.g. ggml_blocks.q8k_activations; None: exact."""
+    carry = activations or (lambda v: v)
     x = np.asarray(hidden, dtype=np.float64)
     g, u, d = (np.asarray(m, dtype=np.float64) for m in (gate, up, down))
     bg, bu, bd = (np.zeros((g.shape[0], g.shape[1])), np.zeros((g.shape[0], g.shape[1])), np.zeros((d.shape[0], d.shape[1]))) \
@@ -41,8 +44,11 @@ def moe_reference(hidden, gate, up, down, topk_ids, topk_weights, gpu_experts_ma
             e = int(ids[t, j])
             if e < 0 or (gpu_experts_mask is not None and gpu_experts_mask[e]):
                 continue
-            a = g[e] @ x[t] + bg[e]
-            inter = gated(a, u[e] @ x[t] + bu[e], swiglu_limit, swiglu_alpha)
+            xt = carry(x[t])
+            a = g[e] @ xt + bg[e]
+            inter = gated(a, u[e] @ xt + bu[e], swiglu_limit, swiglu_alpha)
+            if activations is not None:   # the kernels hand down an f32 intermediate
+                inter = carry(inter.astype(np.float32))
             out[t] += w[t, j] * (d[e] @ inter + bd[e])
     return out
 

@@ -19,8 +19,9 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=N
                   help="kt: run the routed experts of Mixture-of-Experts models on the CPU.")
 console = Console()
 err_console = Console(stderr=True)
-FAST_ACTIVATIONS_HELP = ("kt's layers carry activations coarsely (one int8 pass; bf16 for BF16 and FP8): faster prefill "
-                         "at kt-kernel's precision")
+FAST_ACTIVATIONS_HELP = ("--fast-activations: kt's layers carry activations coarsely (one int8 pass; bf16 for BF16 and "
+                         "FP8), faster prefill at kt-kernel's precision; --precise-activations: two int8 passes on every "
+                         "method, GGUF K-quants included (their default is llama.cpp's one Q8_K pass)")
 
 
 @app.command()
@@ -57,7 +58,9 @@ def bench(
     plot_path: str = typer.Option(None, "--plot", help="write a PNG of latency and roofline position here"),
     compare_kt_kernel: str = typer.Option(None, "--compare-kt-kernel", metavar="VENV",
                                           help="also measure kt-kernel 0.7.2 installed in this venv, same run"),
-    fast_activations: bool = typer.Option(False, "--fast-activations", help=FAST_ACTIVATIONS_HELP),
+    fast_activations: bool = typer.Option(False, "--fast-activations",
+                                          help="kt's layers carry activations coarsely (one int8 pass; bf16 for BF16 "
+                                               "and FP8): faster prefill at kt-kernel's precision"),
 ) -> None:
     """Benchmark one MoE layer against this host's measured bandwidth and compute peak."""
     from rich.progress import Progress
@@ -157,7 +160,8 @@ def run_cmd(
     kt_num_gpu_experts: int = typer.Option(0, "--kt-num-gpu-experts", help="experts per layer kept as torch tensors"),
     kt_max_deferred: int = typer.Option(0, "--kt-max-deferred-experts-per-token",
                                         help="each token's lowest-weight experts added into the next layer"),
-    fast_activations: bool = typer.Option(False, "--fast-activations", help=FAST_ACTIVATIONS_HELP),
+    fast_activations: bool | None = typer.Option(None, "--fast-activations/--precise-activations",
+                                                 help=FAST_ACTIVATIONS_HELP),
     kt_numa_nodes: str = typer.Option(None, "--kt-numa-nodes", help="SGLang: NUMA node of each thread pool, e.g. 0,1"),
     kt_gpu_experts_ratio: float = typer.Option(None, "--kt-gpu-experts-ratio",
                                                help="SGLang: fraction of all experts on the GPU (overrides the count)"),

@@ -31,6 +31,9 @@ def run(settings: ServeSettings, console: Console, *, dry_run: bool = False) -> 
         if s.fast_activations:
             console.print("--fast-activations: nothing to pass on, kt-kernel's kernels always run at that precision",
                           highlight=False)
+        elif s.fast_activations is False:
+            console.print("--precise-activations: SGLang has no such argument; its layers run at their own default",
+                          highlight=False)
         if not dry_run:
             # Replaced by SGLang: its own signal handling and exit status are kt run's.
             os.execv(cmd[0], cmd)

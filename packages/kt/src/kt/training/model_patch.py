@@ -51,7 +51,7 @@ class KTTrainPatch:
 
 def patch_for_training(model: nn.Module, *, method: str, backend: str | None, lora_rank: int, lora_alpha: float,
                        target: Sequence[str], recompute: bool, group_size: int, zero_point: bool, max_tokens: int,
-                       fast_activations: bool, freeze_base: bool, adapter: str | os.PathLike | None) -> KTTrainPatch:
+                       fast_activations: bool | None, freeze_base: bool, adapter: str | os.PathLike | None) -> KTTrainPatch:
     # The transformers integration's readers of a model's MoE blocks (families, checks, orientation).
     from ..integrations.transformers import patch as inference_patch
 

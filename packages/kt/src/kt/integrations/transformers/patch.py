@@ -140,7 +140,7 @@ def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None =
                 placement: str = "uniform", stats_file: str | os.PathLike | None = None, placement_seed: int = 42,
                 max_deferred_experts_per_token: int = 0, group_size: int = 0, zero_point: bool = False,
                 record_stats: str | os.PathLike | None = None, free_originals: bool = True, max_tokens: int = 4096,
-                fast_activations: bool = False, weight_path: str | os.PathLike | None = None, mode: str = "inference",
+                fast_activations: bool | None = None, weight_path: str | os.PathLike | None = None, mode: str = "inference",
                 lora_rank: int | None = None, lora_alpha: float | None = None, target: tuple[str, ...] | None = None,
                 recompute: bool = False, freeze_base: bool = True,
                 expert_lora_path: str | os.PathLike | None = None):
