@@ -194,8 +194,12 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=1,
                     help="measure each method this many times, alternating kt and llama.cpp; medians of the passes")
     ap.add_argument("--json")
-    ap.add_argument("--fast-activations", action="store_true",
-                    help="kt's integer kernels take one int8 activation pass (llama.cpp's Q8_K precision) instead of two")
+    precision = ap.add_mutually_exclusive_group()
+    precision.add_argument("--fast-activations", dest="fast_activations", action="store_const", const=True,
+                           help="kt's integer kernels take one int8 activation pass on every type")
+    precision.add_argument("--precise-activations", dest="fast_activations", action="store_const", const=False,
+                           help="two int8 activation passes on every type (default: one, llama.cpp's Q8_K, on the "
+                                "K-quants and IQ4_XS; two on Q4_0 / Q8_0)")
     ap.add_argument("--kt-kernel-venv")
     ap.add_argument("--llama-cpp", help="build folder of benchmarks/setup_llama_cpp.sh: adds llama.cpp's columns")
     ap.add_argument("--kt-kernel-data", default=str(Path(__file__).resolve().parent.parent / ".bench" / "gguf_layer_data"))
@@ -229,6 +233,7 @@ def main() -> None:
         for tokens in args.tokens:
             runs = kt_passes[tokens]
             row = {"method": name, "backend": layer.backend, "kernel_id": layer.kernel_id,
+                   "kt_activation_planes": 1 if layer.fast_activations else 2,
                    "expert_MiB": layer.expert_bytes / 2**20, **runs[0]}
             med = float(np.median([r["median_ms"] for r in runs]))
             row.update(median_ms=med, GB_per_s=runs[0]["GB_per_s"] * runs[0]["median_ms"] / med,
@@ -262,12 +267,14 @@ def main() -> None:
     for row in result["rows"]:
         row["bandwidth_share"] = row["GB_per_s"] / float(np.median(bw))
     if args.llama_cpp:   # the table docs/performance.md keeps
-        log(f"| format | tokens | {result['threads']} thread(s): llama.cpp / kt ms / ratio | kt's spread |")
-        log("|---|---|---|---|")
+        log(f"| format | tokens | {result['threads']} thread(s): llama.cpp / kt ms / ratio | kt's spread | "
+            "kt's activation planes | error: kt / llama.cpp |")
+        log("|---|---|---|---|---|---|")
         for row in result["rows"]:
             if "llama_cpp_ms" in row:
                 log(f"| {row['method'].removeprefix('LLAMAFILE ')} | {row['tokens']} | {row['llama_cpp_ms']:.2f} / "
-                    f"{row['median_ms']:.2f} / {row['llama_cpp_over_kt']:.2f} | {row['spread'] * 100:.0f} % |")
+                    f"{row['median_ms']:.2f} / {row['llama_cpp_over_kt']:.2f} | {row['spread'] * 100:.0f} % | "
+                    f"{row['kt_activation_planes']} | {row['kt_error']:.1e} / {row['llama_cpp_error']:.1e} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

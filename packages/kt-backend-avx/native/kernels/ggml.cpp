@@ -296,6 +296,18 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
             for (int m = 0; m < MR; ++m)
                 for (int v = 0; v < kVecsPerPanel; ++v) ihi[m][v] = ilo[m][v] = vzeroi();
         for (int j = 0; j < int(P::kBlockK / P::kSubK); ++j) {
+            // One-row tiles (decode) of the 4-bit types stream their lines on software prefetch, as
+            // INT4's do: the hardware prefetchers alone kept one core at 11–20 GB/s of ~29 (Q5_K 0.72
+            // of llama.cpp's 1-thread decode, then 1.04). Each sub-block prefetches its share of the
+            // block's lines, header (d, scales) and Q5_K's / Q6_K's extra bit lines included: one
+            // prefetch per 64-byte chunk left those to the hardware (Q6_K: 1 line in 3 of each
+            // sub-block, plus its 5 header lines). The 2-bit types run faster without it (Q2_K 1.06
+            // -> 0.88); 8 KiB ahead was slower.
+            if constexpr (MR == 1 && P::kBits == 4) {
+                constexpr int kLines = int((P::kBlockBytes + 63) / 64), kSubs = int(P::kBlockK / P::kSubK);
+                for (int i = j * kLines / kSubs; i < (j + 1) * kLines / kSubs; ++i)
+                    prefetch_decode_stream<4096>(blk + 64 * i);
+            }
             VI hi[MR][kVecsPerPanel], lo[MR][kVecsPerPanel], hi16[MR][kVecsPerPanel], lo16[MR][kVecsPerPanel];
             for (int m = 0; m < MR; ++m)
                 for (int v = 0; v < kVecsPerPanel; ++v) hi[m][v] = lo[m][v] = hi16[m][v] = lo16[m][v] = vzeroi();
@@ -348,11 +360,6 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
                         }
                     }
                 } else if constexpr (P::kBits == 4) {
-                    // One-row tiles (decode) of the 4-bit types stream their lines on software
-                    // prefetch, as INT4's do: the hardware prefetchers alone kept one core at 11–20
-                    // GB/s of ~29 (Q5_K 0.72 of llama.cpp's 1-thread decode, now 1.04). The 2-bit
-                    // types run faster without it (Q2_K 1.06 -> 0.88); 8 KiB ahead was slower.
-                    if constexpr (MR == 1) prefetch_decode_stream<4096>(chunk);
                     VI w0[kVecsPerPanel], w1[kVecsPerPanel];
                     for (int v = 0; v < kVecsPerPanel; ++v) {
                         VI w = vloadi(chunk + size_t(v) * kLanes * 4);
@@ -450,7 +457,7 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
                         for (int m = 0; m < MR; ++m)
                             for (int v = 0; v < kVecsPerPanel; ++v) {
                                 hi[m][v] = widen_pairs(hi[m][v], hi16[m][v]);
-                                lo[m][v] = widen_pairs(lo[m][v], lo16[m][v]);
+                                if constexpr (kTwoPass) lo[m][v] = widen_pairs(lo[m][v], lo16[m][v]);
                                 hi16[m][v] = lo16[m][v] = vzeroi();
                             }
             }
