@@ -198,8 +198,8 @@ def main() -> None:
     precision.add_argument("--fast-activations", dest="fast_activations", action="store_const", const=True,
                            help="kt's integer kernels take one int8 activation pass on every type")
     precision.add_argument("--precise-activations", dest="fast_activations", action="store_const", const=False,
-                           help="two int8 activation passes on every type (default: one, llama.cpp's Q8_K, on the "
-                                "K-quants and IQ4_XS; two on Q4_0 / Q8_0)")
+                           help="two int8 activation passes on every type (default: one, llama.cpp's activation "
+                                "blocks: Q8_K, or Q8_0 for Q4_0 / Q8_0)")
     ap.add_argument("--kt-kernel-venv")
     ap.add_argument("--llama-cpp", help="build folder of benchmarks/setup_llama_cpp.sh: adds llama.cpp's columns")
     ap.add_argument("--kt-kernel-data", default=str(Path(__file__).resolve().parent.parent / ".bench" / "gguf_layer_data"))

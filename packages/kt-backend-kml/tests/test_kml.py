@@ -12,7 +12,7 @@ import kt_backend_kml
 import kt_core
 from kt_core import MoE
 from kt_core.backends import explain, selection
-from kt_core.testing.ggml_blocks import dequantize, q8k_activations, random_blocks
+from kt_core.testing.ggml_blocks import dequantize, llama_activations, random_blocks
 from kt_core.testing.quantize import checkpoint_inputs, dequantized_weights
 from kt_core.testing.reference import moe_reference, random_moe, random_routing, relative_error
 
@@ -90,9 +90,10 @@ def test_llamafile_matches_float64_over_the_blocks(types, fast, monkeypatch):
     gguf-py's dequantized blocks; bit-identical across targets (sdot, smull and, for row pairs on
     I8MM, smmla give the same integer sums, and the f32 epilogue is the same instructions). Two
     activation passes: within 2e-3 of the output RMS (measured 3.5e-4 to 9.5e-4 here); one pass
-    (fast_activations, the default on the K-quants and IQ4_XS: llama.cpp's Q8_K blocks, one int8
-    scale per 256 k of the hidden and of the intermediate activations) against float64 over
-    exactly those activations (q8k_activations): 1e-4 (0.027 to 0.22 against the exact ones on
+    (fast_activations, the default: llama.cpp's activation blocks, Q8_K — one int8 scale per 256
+    k — or for Q4_0 / Q8_0 Q8_0 — an f16 scale per 32 k) against float64 over exactly those
+    activations (llama_activations): 5e-3 (1e-6 where no intermediate value lands on the other
+    side of a rounding boundary, ~2e-3 where one does; 0.027 to 0.22 against the exact ones on
     these random layers, llama.cpp's own figure)."""
     rng = np.random.default_rng(17)
     hidden, inter = 256, 256   # K of every matrix a multiple of the K-quants' 256-element blocks
@@ -102,7 +103,7 @@ def test_llamafile_matches_float64_over_the_blocks(types, fast, monkeypatch):
     x = rng.standard_normal((tokens, hidden)).astype(np.float32)
     ids, wt = random_routing(rng, tokens, E, K)
     dq = [np.stack([dequantize(b[e], t) for e in range(E)]) for b, t in zip(blocks, types)]
-    want = moe_reference(x, *dq, ids, wt, activations=q8k_activations if fast else None)
+    want = moe_reference(x, *dq, ids, wt, activations=llama_activations(types) if fast else None)
     outs = {}
     for variant in RUNNABLE:
         monkeypatch.setenv("KT_CPU_VARIANT", variant)
@@ -116,7 +117,7 @@ def test_llamafile_matches_float64_over_the_blocks(types, fast, monkeypatch):
         assert tag in m.kernel_id if tag else not any(t in m.kernel_id for t in (".sve256.", ".sve512.")), m.kernel_id
         outs[variant] = np.asarray(m(x, ids, wt))
         err = relative_error(outs[variant], want)
-        assert err < (1e-4 if fast else 2e-3), f"{m.kernel_id}: {err:.2e}"
+        assert err < (5e-3 if fast else 2e-3), f"{m.kernel_id}: {err:.2e}"
     first = next(iter(outs.values()))
     assert all(np.array_equal(first, o) for o in outs.values())
 

@@ -5,11 +5,13 @@
 // kernels dequantize one weight row to f32 exactly as gguf-py's `gguf.quants.dequantize`
 // does (same f32 operations in the same order: the bit-for-bit oracle, tested against it),
 // then take the dot product with the f32 activations in double — or, for a layer with
-// KT_QUANT_FAST_ACTIVATIONS, with the activations one int8 plane carries (q8k_rows below).
+// KT_QUANT_FAST_ACTIVATIONS, with the activations one int8 plane carries: llama.cpp's Q8_K or
+// Q8_0 blocks, whichever llama.cpp dots the matrix's type against (one_plane_rows below).
 #include "reference_common.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 namespace kt_reference {
@@ -275,26 +277,49 @@ double dot(const float* x, const float* w, int64_t k) {
     return acc;
 }
 
-// The activations of a layer with KT_QUANT_FAST_ACTIVATIONS: what one int8 plane carries, in
-// llama.cpp's Q8_K form (and the kernels' first plane): per group of 256 k (the last may be
-// shorter), s = max|x| / 127 and x ~ s * q, q = x * (127 / max|x|) rounded to nearest, ties to
-// even. A NaN makes its group NaN; an all-zero group stays zero. Without the flag: x as given.
-const float* q8k_rows(const kt_moe_config* s, const void* act, int64_t rows, int64_t k, std::vector<float>& held) {
+// f32 -> the nearest f16 (ties to even), as f32: llama.cpp keeps its Q8_0 activation scales as
+// f16. Bitwise, for this file's baseline ISA has no F16C.
+float f16_round(float v) {
+    uint32_t b;
+    std::memcpy(&b, &v, 4);
+    const uint32_t a = b & 0x7fffffffu;
+    if (a >= 0x7f800000u) return v;                    // Inf, NaN
+    float r;
+    if (a >= 0x477ff000u) {                            // from 65520 up: Inf
+        r = INFINITY;
+    } else if (a < 0x38800000u) {                      // below 2^-14: f16 subnormals, steps of 2^-24
+        r = std::nearbyint(std::fabs(v) * 16777216.0f) / 16777216.0f;
+    } else {                                           // 10 of the 23 mantissa bits, ties to even
+        const uint32_t rounded = (a + 0xfffu + ((a >> 13) & 1u)) & ~0x1fffu;
+        std::memcpy(&r, &rounded, 4);
+    }
+    return (b >> 31) ? -r : r;
+}
+
+// The activations a layer with KT_QUANT_FAST_ACTIVATIONS carries into a matrix of type t: one
+// int8 plane in llama.cpp's form for that type (the kernels' one-pass planes): Q8_K for the
+// 256-element types — per group of 256 k (the last may be shorter), s = max|x| / 127 — and Q8_0
+// for Q4_0 / Q8_0 — per 32 k, s = f16(max|x| / 127); x ~ s * q, q = x * (127 / max|x|) rounded
+// to nearest, ties to even. A NaN makes its group NaN; an all-zero group stays zero. Without the
+// flag: x as given.
+const float* one_plane_rows(const kt_moe_config* s, const TypeInfo* t, const void* act, int64_t rows, int64_t k,
+                            std::vector<float>& held) {
     const auto* x = static_cast<const float*>(act);
     if (!(s->quant_flags & KT_QUANT_FAST_ACTIVATIONS)) return x;
+    const int64_t group = t->block_elems == 32 ? 32 : 256;
     held.assign(size_t(rows * k), 0.0f);
     for (int64_t r = 0; r < rows; ++r)
-        for (int64_t k0 = 0; k0 < k; k0 += 256) {
+        for (int64_t k0 = 0; k0 < k; k0 += group) {
             const float* in = x + r * k + k0;
             float* out = held.data() + r * k + k0;
-            const int64_t n = std::min<int64_t>(256, k - k0);
+            const int64_t n = std::min<int64_t>(group, k - k0);
             float amax = 0.0f;
             bool nan = false;
             for (int64_t i = 0; i < n; ++i) {
                 amax = std::max(amax, std::fabs(in[i]));
                 nan |= in[i] != in[i];
             }
-            const float scale = nan ? NAN : amax / 127.0f;
+            const float scale = nan ? NAN : group == 32 ? f16_round(amax / 127.0f) : amax / 127.0f;
             const float inv = !nan && amax > 0.0f && std::isfinite(amax) ? 127.0f / amax : 0.0f;
             for (int64_t i = 0; i < n; ++i) out[i] = std::nearbyint(in[i] * inv) * scale;
         }
@@ -308,14 +333,15 @@ kt_status gate_up_pairs(const kt_moe_config* s, const void* packed, const void* 
     const ExpertLayout l = layout_of(s);
     if (!l.ok) return check_config(s);
     const auto* base = static_cast<const char*>(packed);
-    std::vector<float> held;
-    const float* x = q8k_rows(s, act, rows, s->hidden, held);
+    std::vector<float> held_g, held_u;
+    const float* xg = one_plane_rows(s, l.part[0].type, act, rows, s->hidden, held_g);
+    const float* xu = one_plane_rows(s, l.part[1].type, act, rows, s->hidden, held_u);
     std::vector<float> g(size_t(s->hidden)), u(size_t(s->hidden));
     for (int64_t n = n0; n < n1; ++n) {
         dequantize_row(l.part[0], base, n, g.data());
         dequantize_row(l.part[1], base, n, u.data());
         for (int64_t r = 0; r < rows; ++r)
-            emit(r, n, dot(x + r * s->hidden, g.data(), s->hidden), dot(x + r * s->hidden, u.data(), s->hidden));
+            emit(r, n, dot(xg + r * s->hidden, g.data(), s->hidden), dot(xu + r * s->hidden, u.data(), s->hidden));
     }
     return KT_OK;
 }
@@ -336,7 +362,7 @@ kt_status down_tile(const kt_moe_config* s, const void* packed, const void* act,
     if (!l.ok) return check_config(s);
     const auto* base = static_cast<const char*>(packed);
     std::vector<float> held;
-    const float* x = q8k_rows(s, act, rows, s->intermediate, held);
+    const float* x = one_plane_rows(s, l.part[2].type, act, rows, s->intermediate, held);
     std::vector<float> d(size_t(s->intermediate));
     for (int64_t n = n0; n < n1; ++n) {
         dequantize_row(l.part[2], base, n, d.data());

@@ -15,7 +15,7 @@ from kt.weights import load_layer, open_weights  # noqa: E402
 from kt_core import KTMoEWrapper, MoE  # noqa: E402
 from kt_core.backends.reference import _native as reference_native  # noqa: E402
 from kt_core.errors import KTError, WeightsError  # noqa: E402
-from kt_core.testing.ggml_blocks import dequantize, q8k_activations, random_blocks  # noqa: E402
+from kt_core.testing.ggml_blocks import dequantize, llama_activations, random_blocks  # noqa: E402
 from kt_core.testing.reference import moe_reference  # noqa: E402
 
 
@@ -58,11 +58,10 @@ def test_wrapper_forward_matches_fp32_moe(tmp_path, types):
     rng = np.random.default_rng(4)
     x = rng.standard_normal((7, hidden)).astype(np.float32)
     ids, wt = _routing(rng, 7, experts, 2)
-    # By default a layer whose types llama.cpp runs on Q8_K activations carries those (one int8
-    # plane); with a Q8_0 or Q4_0 matrix it keeps the exact ones.
-    one_plane = "Q8_0" not in types and "Q4_0" not in types
-    assert w._moe.fast_activations == one_plane
-    want = moe_reference(x, *weights[1], ids, wt, activations=q8k_activations if one_plane else None)
+    # By default the layer carries the activation blocks llama.cpp dots each type against (one
+    # int8 plane: Q8_K, or Q8_0 for Q4_0 / Q8_0).
+    assert w._moe.fast_activations
+    want = moe_reference(x, *weights[1], ids, wt, activations=llama_activations(types))
     assert _rel(w.forward(x, ids, wt), want) < 1e-5
 
 
@@ -75,7 +74,7 @@ def test_split_files_and_folder(tmp_path):
         model = open_weights(path)
         assert len(model.files) == 5 and model.moe_layers() == [0, 1, 2]
     moe = MoE(num_experts=4, top_k=2, hidden_size=256, intermediate_size=256, method="LLAMAFILE",
-              weight_types=("Q8_0",) * 3, backend="reference")
+              weight_types=("Q8_0",) * 3, backend="reference", fast_activations=False)   # exact activations
     load_layer(moe, tmp_path, 2)
     rng = np.random.default_rng(6)
     x = rng.standard_normal((3, 256)).astype(np.float32)
@@ -93,7 +92,7 @@ def test_per_expert_tensors(tmp_path):
     model = open_gguf(tmp_path / "m.gguf")
     assert model.layer_experts(0).types == ("Q4_0", "Q4_K", "Q6_K")
     moe = MoE(num_experts=3, top_k=1, hidden_size=256, intermediate_size=256, method="LLAMAFILE",
-              weight_types=("Q4_0", "Q4_K", "Q6_K"), backend="reference")
+              weight_types=("Q4_0", "Q4_K", "Q6_K"), backend="reference", fast_activations=False)
     load_layer(moe, model, 0, physical_to_logical_map=[2, 0, 1])
     rng = np.random.default_rng(8)
     x = rng.standard_normal((4, 256)).astype(np.float32)
@@ -150,7 +149,7 @@ def test_unsupported_types_and_block_sizes(tmp_path):
         MoE(num_experts=2, top_k=1, hidden_size=256, intermediate_size=256, method="LLAMAFILE")
     # 32-element blocks need only K % 32: no 256 restriction for Q8_0/Q4_0 layers.
     moe = MoE(num_experts=2, top_k=1, hidden_size=96, intermediate_size=160, method="LLAMAFILE",
-              weight_types=("Q8_0", "Q8_0", "Q4_0"), backend="reference")
+              weight_types=("Q8_0", "Q8_0", "Q4_0"), backend="reference", fast_activations=False)
     rng = np.random.default_rng(11)
     gate, up = (random_blocks(rng, "Q8_0", (2, 160, 96)) for _ in range(2))
     down = random_blocks(rng, "Q4_0", (2, 96, 160))

@@ -337,7 +337,7 @@ def test_dry_run_prints_the_transformers_settings():
     assert "kt's transformers server" in r.output and "experts                INT8" in r.output
     assert "cpuinfer threads       3 (given)" in r.output and "threadpool count       1 (kt doctor:" in r.output
     assert "http://127.0.0.1:9000/v1" in r.output and "one request at a time" in r.output
-    assert "activations            f32-exact (two int8 passes; split bf16); GGUF K-quants: llama.cpp's one Q8_K pass" \
+    assert "activations            f32-exact (two int8 passes; split bf16); GGUF: llama.cpp's activation blocks" \
         in r.output
     r = CliRunner().invoke(app, ["run", "--dry-run", "--fast-activations"])
     assert r.exit_code == 0, r.output

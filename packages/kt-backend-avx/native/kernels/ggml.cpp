@@ -5,11 +5,14 @@
 // and scales regrouped into panels of 16 output channels, so the one outer-product kernel below
 // runs them all, decode and prefill.
 //
-// Activations ("ggml-act-v1"): per group of 256 k (the last one may be shorter), one f32
+// Activations ("ggml-act-v2"): per group of 256 k (the last one may be shorter), one f32
 // scale s_a = max|x| / 127; two int8 planes, x ~= s_a * (hi + lo / 128) (the second pass
 // keeps the activation error ~1e-3 of the output RMS; KT_QUANT_FAST_ACTIVATIONS skips it, as
 // llama.cpp's single Q8_K pass does); int16 sums of each plane per 16 k for the mn term.
 // Layout: hi[K], lo[K], sums_hi[K/16], sums_lo[K/16] (int16), scale[ceil(K/256)] (f32).
+// Then the one-pass plane of the 32-element types (Q4_0, Q8_0), llama.cpp's Q8_0 activations:
+// per 32 k, q = x * 127 / max|x| rounded to nearest even, scale f16(max|x| / 127) held as f32;
+// hi32[K], sums32[K/16], scale32[K/32].
 // vpmaddubsw cannot saturate: |code| <= 63 (or |value| <= 128 with the sign moved onto the
 // activation) times |activation| <= 127, two products per int16.
 #include <algorithm>
@@ -42,7 +45,8 @@ constexpr bool kPlane16 = false;
 #endif
 int64_t act_groups(int64_t k) { return (k + kQK - 1) / kQK; }
 size_t plane16_at(int64_t k) { return size_t(round_up(2 * k + k / 4 + 4 * act_groups(k), 64)); }
-size_t act_row_bytes(int64_t k) { return kPlane16 ? plane16_at(k) + size_t(round_up(2 * k, 64)) : plane16_at(k); }
+size_t per32_at(int64_t k) { return kPlane16 ? plane16_at(k) + size_t(round_up(2 * k, 64)) : plane16_at(k); }
+size_t act_row_bytes(int64_t k) { return per32_at(k) + size_t(round_up(k + k / 8 + k / 8, 64)); }
 
 struct ActRow {
     const int8_t* hi;
@@ -52,10 +56,28 @@ struct ActRow {
     const float* scale;
     const int16_t* joined;   // kPlane16 only
 };
+// kPer32: the Q8_0-like plane in hi, sums_hi and scale (one pass only: lo stays the 256-k one).
+template <bool kPer32 = false>
 inline ActRow act_row(const uint8_t* row, int64_t k) {
+    if constexpr (kPer32) {
+        const uint8_t* p = row + per32_at(k);
+        return {reinterpret_cast<const int8_t*>(p), reinterpret_cast<const int8_t*>(row + k),
+                reinterpret_cast<const int16_t*>(p + k), nullptr, reinterpret_cast<const float*>(p + k + k / 8), nullptr};
+    }
     const auto* sums = reinterpret_cast<const int16_t*>(row + 2 * k);
     return {reinterpret_cast<const int8_t*>(row), reinterpret_cast<const int8_t*>(row + k), sums, sums + k / 16,
             reinterpret_cast<const float*>(row + 2 * k + k / 4), reinterpret_cast<const int16_t*>(row + plane16_at(k))};
+}
+
+// max|x| over n floats (n a multiple of kLanes), and whether one was NaN.
+inline float group_amax(const float* x, int64_t n, bool& nan) {
+    float amax = 0.0f;
+    nan = false;
+    for (int64_t i = 0; i < n; ++i) {
+        amax = std::max(amax, std::fabs(x[i]));
+        nan |= x[i] != x[i];
+    }
+    return amax;
 }
 
 kt_status quantize(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int64_t stride, void* out) {
@@ -74,12 +96,8 @@ kt_status quantize(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int6
             const int64_t k0 = g * kQK, n = std::min(kQK, k - k0);
             kt_matrix m{static_cast<const char*>(in) + size_t(k0) * elem, dtype, r + 1, n, stride};
             load_row(m, r, x);
-            float amax = 0.0f;
-            bool nan = false;
-            for (int64_t i = 0; i < n; ++i) {
-                amax = std::max(amax, std::fabs(x[i]));
-                nan |= x[i] != x[i];
-            }
+            bool nan;
+            const float amax = group_amax(x, n, nan);
             // A NaN makes the group's scale NaN (and its codes 0), so the token's output shows it.
             scale[g] = nan ? NAN : amax / 127.0f;
             const float inv = !nan && amax > 0.0f && std::isfinite(amax) ? 127.0f / amax : 0.0f;
@@ -99,6 +117,24 @@ kt_status quantize(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int6
                 }
                 sums_hi[j] = int16_t(sh);
                 sums_lo[j] = int16_t(sl);
+            }
+            // The Q8_0-like plane, as ggml's x86 quantize_row_q8_0 makes it: 127 / max|x| as the
+            // multiplier, the scale rounded to f16 (llama.cpp stores it so and multiplies by that).
+            auto* p32 = base + per32_at(k);
+            auto* hi32 = reinterpret_cast<int8_t*>(p32);
+            auto* sums32 = reinterpret_cast<int16_t*>(p32 + k);
+            auto* scale32 = reinterpret_cast<float*>(p32 + k + k / 8);
+            for (int64_t b = 0; b < n; b += 32) {
+                bool nan32;
+                const float amax32 = group_amax(x + b, 32, nan32);
+                scale32[(k0 + b) / 32] = nan32 ? NAN : _cvtsh_ss(_cvtss_sh(amax32 / 127.0f, _MM_FROUND_TO_NEAREST_INT));
+                const VF vinv = vset1(!nan32 && amax32 > 0.0f && std::isfinite(amax32) ? 127.0f / amax32 : 0.0f);
+                for (int64_t i = 0; i < 32; i += kLanes) store_i8(hi32 + k0 + b + i, vroundint(vmul(vload(x + b + i), vinv)));
+                for (int64_t j = (k0 + b) / 16; j < (k0 + b + 32) / 16; ++j) {
+                    int sh = 0;
+                    for (int i = 0; i < 16; ++i) sh += hi32[16 * j + i];
+                    sums32[j] = int16_t(sh);
+                }
             }
         }
         if constexpr (kPlane16) {
@@ -262,8 +298,11 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
     VF acc[MR][kVecsPerPanel];
     for (int m = 0; m < MR; ++m)
         for (int v = 0; v < kVecsPerPanel; ++v) acc[m][v] = vzero();
+    // One pass on Q4_0 / Q8_0 dots llama.cpp's Q8_0 activations: a scale per 32 k, not per 256.
+    constexpr bool kPer32 = !kTwoPass && (std::is_same_v<P, Q40> || std::is_same_v<P, Q80>);
+    constexpr int64_t kScaleK = kPer32 ? 32 : kQK;
     ActRow a[MR];
-    for (int m = 0; m < MR; ++m) a[m] = act_row(x + size_t(m) * row_bytes, k);
+    for (int m = 0; m < MR; ++m) a[m] = act_row<kPer32>(x + size_t(m) * row_bytes, k);
     const VI low4 = vset1i(0x0f0f0f0f);
     constexpr int kChunksPerSub = int(P::kSubK / (P::kBits == 2 ? 16 : P::kBits == 4 ? 8 : 4));
     // Q6_K's scales are int8 per 16 k and its activation scale one per 256-k block: its sub-block
@@ -517,7 +556,7 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
             }
             const int64_t g16 = (k0 + P::kSubK * j) / 16;
             for (int m = 0; m < MR; ++m) {
-                const float sa = a[m].scale[(k0 + P::kSubK * j) / kQK];
+                const float sa = a[m].scale[(k0 + P::kSubK * j) / kScaleK];
                 float sum = float(a[m].sums_hi[g16] + (P::kSubK == 32 ? a[m].sums_hi[g16 + 1] : 0));
                 if constexpr (kTwoPass)
                     sum += float(a[m].sums_lo[g16] + (P::kSubK == 32 ? a[m].sums_lo[g16 + 1] : 0)) * (1.0f / 128.0f);

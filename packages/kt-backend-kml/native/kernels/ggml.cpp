@@ -13,8 +13,11 @@
 // Activations ("ggml-act-v1", as kt-backend-avx's): per group of 256 k one f32 scale
 // s_a = max|x| / 127 and two int8 planes x ~= s_a (hi + lo / 128), rounded to nearest even, so
 // both backends feed the same integers to their dots; int16 sums of each plane per 16 k for the
-// s*z term. KT_QUANT_FAST_ACTIVATIONS (llama.cpp's one Q8_K pass) skips the lo plane's dots.
-// Row: scale[ceil(K/256)] (f32, padded to 16 bytes), hi[K], lo[K], sums_hi[K/16], sums_lo[K/16].
+// s*z term. KT_QUANT_FAST_ACTIVATIONS (llama.cpp's one Q8_K pass) skips the lo plane's dots;
+// on Q4_0 and Q8_0 it dots a plane of its own instead, llama.cpp's Q8_0 activations: per 32 k,
+// q = x * 127 / max|x| rounded to nearest even, scale f16(max|x| / 127).
+// Row ("ggml-act-v2"): scale[ceil(K/256)] (f32, padded to 16 bytes), hi[K], lo[K],
+// sums_hi[K/16], sums_lo[K/16]; then scale32[K/32] (f32), hi32[K], sums32[K/16].
 #include <kt/formats/ggml_panels.h>
 
 #include "common.h"
@@ -30,19 +33,27 @@ constexpr int64_t kQK = 256;   // activation scale group; every ggml block fits 
 
 int64_t act_groups(int64_t k) { return (k + kQK - 1) / kQK; }
 size_t scales_bytes(int64_t k) { return size_t((4 * act_groups(k) + 15) / 16 * 16); }
-size_t act_bytes(int64_t k) { return scales_bytes(k) + 2 * size_t(k) + 4 * size_t(k / 16); }
+size_t per32_at(int64_t k) { return scales_bytes(k) + 2 * size_t(k) + 4 * size_t(k / 16); }
+size_t act_bytes(int64_t k) { return per32_at(k) + size_t(k / 8 + k + k / 8); }
 
 struct ActRow {
-    const float* scale;
+    const float* scale;   // scale[k >> scale_shift]
     const int8_t* hi;
     const int8_t* lo;
     const int16_t* sums_hi;
     const int16_t* sums_lo;
+    const uint8_t* per32;   // the Q8_0-like plane's region
+    int scale_shift;
 };
 inline ActRow act_row(const uint8_t* row, int64_t k) {
     const auto* hi = reinterpret_cast<const int8_t*>(row + scales_bytes(k));
     const auto* sums = reinterpret_cast<const int16_t*>(hi + 2 * k);
-    return {reinterpret_cast<const float*>(row), hi, hi + k, sums, sums + k / 16};
+    return {reinterpret_cast<const float*>(row), hi, hi + k, sums, sums + k / 16, row + per32_at(k), 8};
+}
+// The row's Q8_0-like plane as its one pass (lo stays the 256-k one: a one-pass kernel reads none).
+inline ActRow per32_row(const ActRow& a, int64_t k) {
+    return {reinterpret_cast<const float*>(a.per32), reinterpret_cast<const int8_t*>(a.per32 + k / 8), a.lo,
+            reinterpret_cast<const int16_t*>(a.per32 + k / 8 + k), nullptr, a.per32, 5};
 }
 
 kt_status quantize(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int64_t stride, void* out) {
@@ -57,6 +68,9 @@ kt_status quantize(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int6
         int8_t* lo = hi + k;
         auto* sums_hi = reinterpret_cast<int16_t*>(lo + k);
         int16_t* sums_lo = sums_hi + k / 16;
+        auto* scale32 = reinterpret_cast<float*>(base + per32_at(k));
+        auto* hi32 = reinterpret_cast<int8_t*>(scale32 + k / 32);
+        auto* sums32 = reinterpret_cast<int16_t*>(hi32 + k);
         for (int64_t g = 0; g < act_groups(k); ++g) {
             const int64_t k0 = g * kQK, n = std::min(kQK, k - k0);
             float amax = 0.0f;
@@ -90,6 +104,27 @@ kt_status quantize(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int6
                 for (int i = 0; i < 16; ++i) sh += hi[16 * j + i], sl += lo[16 * j + i];
                 sums_hi[j] = int16_t(sh);
                 sums_lo[j] = int16_t(sl);
+            }
+            // The Q8_0-like plane, as ggml's x86 quantize_row_q8_0 makes it (kt-backend-avx's):
+            // 127 / max|x| as the multiplier, the scale rounded to f16.
+            for (int64_t b = k0; b < k0 + n; b += 32) {
+                float amax32 = 0.0f;
+                bool nan32 = false;
+                for (int64_t i = b; i < b + 32; ++i) {
+                    amax32 = std::max(amax32, std::fabs(x[size_t(i)]));
+                    nan32 |= x[size_t(i)] != x[size_t(i)];
+                }
+                scale32[b / 32] = nan32 ? NAN : vgetq_lane_f32(vcvt_f32_f16(vcvt_f16_f32(vdupq_n_f32(amax32 / 127.0f))), 0);
+                const float inv = !nan32 && amax32 > 0.0f && std::isfinite(amax32) ? 127.0f / amax32 : 0.0f;
+                for (int64_t i = b; i < b + 32; ++i) {   // a NaN product (NaN, or Inf * 0) codes as 0
+                    const float q = std::nearbyint(x[size_t(i)] * inv);
+                    hi32[i] = q == q ? int8_t(q) : int8_t(0);
+                }
+                for (int64_t j = b / 16; j < b / 16 + 2; ++j) {
+                    int sh = 0;
+                    for (int i = 0; i < 16; ++i) sh += hi32[16 * j + i];
+                    sums32[j] = int16_t(sh);
+                }
             }
         }
     }
@@ -198,7 +233,7 @@ inline void sub_block(const uint8_t* blk, int j, const ActRow& a, int64_t k0, co
     using F = Form<P>;
     const int sh = sub_sum<P>(a.sums_hi, k0, j), sl = sub_sum<P>(a.sums_lo, k0, j), asum = kTwoPass ? 128 * sh + sl : sh;
     if constexpr (F::kFloatBlocks) {
-        const float factor = a.scale[k0 / kQK] * (kTwoPass ? 1.0f / 128.0f : 1.0f);
+        const float factor = a.scale[k0 >> a.scale_shift] * (kTwoPass ? 1.0f / 128.0f : 1.0f);
         for (int v = 0; v < 4; ++v) {
             const int32x4_t t = kTwoPass ? vaddq_s32(vshlq_n_s32(dh[v], 7), dl[v]) : dh[v];
             float32x4_t r = vcvtq_f32_s32(t);
@@ -229,7 +264,7 @@ inline void block_end(const uint8_t* blk, const ActRow& a, int64_t k0, const int
                       float32x4_t* acc) {
     using F = Form<P>;
     if constexpr (!F::kFloatBlocks) {
-        const float factor = a.scale[k0 / kQK] * (kTwoPass ? 1.0f / 128.0f : 1.0f);
+        const float factor = a.scale[k0 >> a.scale_shift] * (kTwoPass ? 1.0f / 128.0f : 1.0f);
         int32x4_t imin[4];
         for (int v = 0; v < 4; ++v) imin[v] = vdupq_n_s32(0);
         if constexpr (F::kMin)
@@ -485,7 +520,7 @@ inline void sub_block(const uint8_t* blk, int j, const ActRow& a, int64_t k0, in
     const svbool_t pw = sve::words<N>();
     const int sh = sub_sum<P>(a.sums_hi, k0, j), sl = sub_sum<P>(a.sums_lo, k0, j), asum = kTwoPass ? 128 * sh + sl : sh;
     if constexpr (F::kFloatBlocks) {
-        const float factor = a.scale[k0 / kQK] * (kTwoPass ? 1.0f / 128.0f : 1.0f);
+        const float factor = a.scale[k0 >> a.scale_shift] * (kTwoPass ? 1.0f / 128.0f : 1.0f);
         svfloat32_t r = svcvt_f32_x(pw, kTwoPass ? svadd_x(pw, svlsl_n_s32_x(pw, dh, 7), dl) : dh);
         if constexpr (std::is_same_v<P, G::Q40>) r = svsub_n_f32_x(pw, r, 8.0f * float(asum));
         acc = svmla_n_f32_x(pw, acc, svmul_x(pw, f16_part<N>(blk + P::kD, s), r), factor);
@@ -507,7 +542,7 @@ inline void block_end(const uint8_t* blk, const ActRow& a, int64_t k0, int s, sv
     using F = Form<P>;
     if constexpr (!F::kFloatBlocks) {
         const svbool_t pw = sve::words<N>();
-        const float factor = a.scale[k0 / kQK] * (kTwoPass ? 1.0f / 128.0f : 1.0f);
+        const float factor = a.scale[k0 >> a.scale_shift] * (kTwoPass ? 1.0f / 128.0f : 1.0f);
         svint32_t imin = svdup_n_s32(0);
         if constexpr (F::kMin)
             for (int j = 0; j < int(P::kBlockK / P::kSubK); ++j) {
@@ -676,22 +711,28 @@ inline void matrix_dot(const G::Matrix& m, const uint8_t* expert, int64_t p, con
     const uint8_t* panel = expert + m.offset + size_t(p) * m.panel_bytes;
     G::with_panels(m.type->dtype, [&](auto form) {
         using P = decltype(form);
+        ActRow one[2];   // (nr <= 2) Q4_0 / Q8_0 in one pass: llama.cpp's Q8_0 activations, a scale per 32 k
+        const ActRow* ar = a;
+        if (!two_pass && (std::is_same_v<P, G::Q40> || std::is_same_v<P, G::Q80>)) {
+            for (int r = 0; r < nr; ++r) one[r] = per32_row(a[r], m.cols);
+            ar = one;
+        }
 #if defined(__ARM_FEATURE_SVE)
-        if (sve::with_parts([&]<int N>() { vla::panel_rows<P, N>(panel, a, nr, two_pass, m.cols, out); })) return;
+        if (sve::with_parts([&]<int N>() { vla::panel_rows<P, N>(panel, ar, nr, two_pass, m.cols, out); })) return;
 #endif
 #if defined(__ARM_FEATURE_MATMUL_INT8)
         if (nr == 2) {
-            two_pass ? panel_dot_pair<P, true>(panel, a, m.cols, out) : panel_dot_pair<P, false>(panel, a, m.cols, out);
+            two_pass ? panel_dot_pair<P, true>(panel, ar, m.cols, out) : panel_dot_pair<P, false>(panel, ar, m.cols, out);
             return;
         }
 #elif defined(__ARM_FEATURE_DOTPROD)
         if (nr == 2 && !std::is_same_v<P, G::Q40>) {   // Q4_0's pair counted 24.8 against 23.1 per row
-            two_pass ? panel_dot<P, true, 2>(panel, a, m.cols, out) : panel_dot<P, false, 2>(panel, a, m.cols, out);
+            two_pass ? panel_dot<P, true, 2>(panel, ar, m.cols, out) : panel_dot<P, false, 2>(panel, ar, m.cols, out);
             return;
         }
 #endif
         for (int r = 0; r < nr; ++r)
-            two_pass ? panel_dot<P, true, 1>(panel, a + r, m.cols, out + r) : panel_dot<P, false, 1>(panel, a + r, m.cols, out + r);
+            two_pass ? panel_dot<P, true, 1>(panel, ar + r, m.cols, out + r) : panel_dot<P, false, 1>(panel, ar + r, m.cols, out + r);
     });
 }
 

@@ -69,11 +69,10 @@ class MoE:
         # Integer kernels quantize activations in two int8 passes (~1e-3 of the output RMS) and
         # split-bf16 kernels (BF16, FP8) carry a low half; fast_activations=True allows one int8
         # pass (kt-kernel's choice: faster prefill) or bf16 alone (~1.5e-2). None (the default)
-        # is two passes, except on GGUF blocks that llama.cpp itself runs on one Q8_K plane:
-        # there one plane computes llama.cpp's own activation integers (docs/formats.md).
+        # is two passes, except on GGUF blocks (LLAMAFILE): there one pass carries exactly the
+        # activation blocks llama.cpp dots each type against, Q8_K or Q8_0 (docs/formats.md).
         if fast_activations is None:
-            fast_activations = bool(self.weight_types) and all(
-                ggml_type(t).llama_activations == "Q8_K" for t in self.weight_types)
+            fast_activations = bool(self.weight_types)
         self.fast_activations = bool(fast_activations)
         pool.ensure()
         shape = (self.hidden_size, self.intermediate_size, self.num_experts, self.top_k)

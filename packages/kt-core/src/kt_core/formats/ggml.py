@@ -18,9 +18,9 @@ class GgmlType:
     ggml_id: int          # ggml's enum ggml_type
     block_elems: int      # elements per block along K
     block_bytes: int      # bytes per block
-    # The activation blocks llama.cpp dots this type against (its vec_dot_type): Q8_K is one int8
-    # plane with one scale per 256 k, which is exactly kt's first activation plane; Q8_0 has a
-    # scale per 32 k, finer than kt's one-plane mode.
+    # The activation blocks llama.cpp dots this type against (its vec_dot_type), which is what
+    # kt's one-pass kernels carry for it: Q8_K, one int8 plane with one scale per 256 k (kt's
+    # first activation plane), or Q8_0, one plane with an f16 scale per 32 k.
     llama_activations: str
 
     @property

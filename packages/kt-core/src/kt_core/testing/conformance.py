@@ -116,9 +116,9 @@ def test_matches_reference(kt_variant, kt_tolerance, hidden, intermediate, token
 @pytest.mark.parametrize("fast", [False, True], ids=["two-pass", "one-pass"])
 @pytest.mark.parametrize("hidden,intermediate", [(256, 512), (96, 160)])
 def test_llamafile_activation_precisions_match_reference(kt_variant, kt_tolerance, fast, hidden, intermediate):
-    """LLAMAFILE's activation precision is an explicit choice (by default one int8 plane on the
-    types llama.cpp runs on Q8_K blocks, two otherwise): both, on K-quants (256, 512) and on the
-    32-element types (96, 160), against the reference at the same precision."""
+    """LLAMAFILE's activation precision is a choice (by default one int8 plane, llama.cpp's Q8_K
+    or Q8_0 blocks; two planes with fast_activations=False): both, on K-quants (256, 512) and on
+    the 32-element types (96, 160), against the reference at the same precision."""
     if kt_variant[2] != "LLAMAFILE":
         pytest.skip("only LLAMAFILE's kernels follow the reference's one-pass activations")
     layer, oracle, rng = _pair(kt_variant, experts=8, hidden=hidden, intermediate=intermediate, top_k=2,

@@ -59,3 +59,26 @@ def q8k_activations(x: np.ndarray) -> np.ndarray:
         q = np.minimum(np.rint(g * iscale), 127)
         out[..., k0:k0 + 256] = (q * d).astype(np.float32)
     return out
+
+
+def q8_0_activations(x: np.ndarray) -> np.ndarray:
+    """What llama.cpp's Q8_0 activation blocks carry of a float32 vector (the ones it dots Q4_0
+    and Q8_0 against), as float64: per 32 elements, ggml's x86 quantize_row_q8_0 — a = max|x|,
+    q = nearest(x * (127 / a)) (ties to even: its AVX rounding), the scale a / 127 stored as f16."""
+    x = np.asarray(x, np.float32)
+    g = x.reshape(*x.shape[:-1], -1, 32)
+    a = np.abs(g).max(-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv = np.where(a != 0, np.float32(127.0) / a, np.float32(0)).astype(np.float32)
+    d = (a / np.float32(127.0)).astype(np.float16).astype(np.float32)
+    return (np.rint(g * inv) * d).astype(np.float32).astype(np.float64).reshape(x.shape)
+
+
+def llama_activations(types) -> tuple:
+    """(layer input, intermediate) activations of a one-pass LLAMAFILE layer with ggml types
+    (gate, up, down), for testing.reference.moe_reference: gate and up must agree."""
+    pick = {"Q8_K": q8k_activations, "Q8_0": q8_0_activations}
+    first, down = (pick[ggml_type(t).llama_activations] for t in (types[0], types[2]))
+    if ggml_type(types[1]).llama_activations != ggml_type(types[0]).llama_activations:
+        raise ValueError(f"gate {types[0]} and up {types[1]} take different activation blocks: two inputs, not one")
+    return first, down

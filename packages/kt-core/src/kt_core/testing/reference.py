@@ -30,8 +30,10 @@ def moe_reference(hidden, gate, up, down, topk_ids, topk_weights, gpu_experts_ma
     in float64; ids < 0 and GPU-resident experts contribute nothing. biases: (gate [E, I], up
     [E, I], down [E, H]) added to each product, before the activation for gate and up.
     activations: what the kernels carry of a product's input, applied to x (and to the f32
-    intermediate) before each product, e.g. ggml_blocks.q8k_activations; None: exact."""
-    carry = activations or (lambda v: v)
+    intermediate) before each product, e.g. ggml_blocks.q8k_activations, or a pair (for x, for
+    the intermediate) as ggml_blocks.llama_activations gives; None: exact."""
+    carry, carry_down = (activations if isinstance(activations, tuple) else (activations, activations)) \
+        if activations is not None else (lambda v: v, None)
     x = np.asarray(hidden, dtype=np.float64)
     g, u, d = (np.asarray(m, dtype=np.float64) for m in (gate, up, down))
     bg, bu, bd = (np.zeros((g.shape[0], g.shape[1])), np.zeros((g.shape[0], g.shape[1])), np.zeros((d.shape[0], d.shape[1]))) \
@@ -47,8 +49,8 @@ def moe_reference(hidden, gate, up, down, topk_ids, topk_weights, gpu_experts_ma
             xt = carry(x[t])
             a = g[e] @ xt + bg[e]
             inter = gated(a, u[e] @ xt + bu[e], swiglu_limit, swiglu_alpha)
-            if activations is not None:   # the kernels hand down an f32 intermediate
-                inter = carry(inter.astype(np.float32))
+            if carry_down is not None:   # the kernels hand down an f32 intermediate
+                inter = carry_down(inter.astype(np.float32))
             out[t] += w[t, j] * (d[e] @ inter + bd[e])
     return out
 

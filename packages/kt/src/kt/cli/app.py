@@ -21,7 +21,7 @@ console = Console()
 err_console = Console(stderr=True)
 FAST_ACTIVATIONS_HELP = ("--fast-activations: kt's layers carry activations coarsely (one int8 pass; bf16 for BF16 and "
                          "FP8), faster prefill at kt-kernel's precision; --precise-activations: two int8 passes on every "
-                         "method, GGUF K-quants included (their default is llama.cpp's one Q8_K pass)")
+                         "method, GGUF included (its default is llama.cpp's activation blocks, one pass)")
 
 
 @app.command()

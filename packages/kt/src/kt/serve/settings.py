@@ -23,7 +23,7 @@ class ServeSettings:
     num_gpu_experts: int = 0
     max_deferred_experts_per_token: int = 0
     fast_activations: bool | None = None   # True: one int8 activation pass / bf16 (kt-kernel's precision);
-                                           # None: two passes, one on GGUF K-quants (llama.cpp's Q8_K)
+                                           # None: two passes, one on GGUF (llama.cpp's activation blocks)
     host: str = "127.0.0.1"
     port: int = 8000
     served_model_name: str | None = None   # None: "tiny", or the folder's name
@@ -126,7 +126,7 @@ class ServeSettings:
             ("deferred experts", f"{self.max_deferred_experts_per_token} per token"),
             ("activations", "fast: one int8 pass, bf16 for BF16/FP8 (kt-kernel's precision)" if self.fast_activations
              else "f32-exact (two int8 passes; split bf16)" if self.fast_activations is False
-             else "f32-exact (two int8 passes; split bf16); GGUF K-quants: llama.cpp's one Q8_K pass"),
+             else "f32-exact (two int8 passes; split bf16); GGUF: llama.cpp's activation blocks (one int8 pass)"),
             ("listen", f"http://{self.host}:{self.port}/v1"),
             ("scheduling", f"one request at a time, FIFO queue of up to {self.max_queue} waiting (503 beyond)"),
         ]
