@@ -5,7 +5,8 @@ built with the fork's keyword arguments, load_weights with a permuted physical-t
 submit_forward / sync_forward per layer with deferred experts, a run-time mask update, and a
 batch over the chunk size. Outputs (bf16, as the model's hidden states) against a float64
 reference of the stored weights: ||out - ref|| / ||ref|| <= 1e-2 per layer and step (bf16's own
-rounding of the output is ~1e-3 of that). (The CUDA stream argument is the fork's; on the CPU it
+rounding of the output is ~1e-3 of that); for GGUF's LLAMAFILE the reference carries the activation
+blocks llama.cpp (and kt by default) quantizes the products' inputs to. (The CUDA stream argument is the fork's; on the CPU it
 is not used.)"""
 
 import numpy as np
@@ -73,8 +74,14 @@ def test_sglang_call_sequence(tmp_path, method):
         wrappers[layer].load_weights(p2l)
         stored[layer] = tuple(m[p2l.numpy()] for m in truth[layer])
 
+    acts = None
+    if method == "LLAMAFILE":
+        from kt_core.testing.ggml_blocks import llama_activations
+        acts = llama_activations(("Q8_0",) * 3)
+
     def reference(layer, x, ids, w, mask):
-        return moe_reference(x.double().numpy(), *stored[layer], ids.numpy(), w.double().numpy(), mask.numpy())
+        return moe_reference(x.double().numpy(), *stored[layer], ids.numpy(), w.double().numpy(), mask.numpy(),
+                             activations=acts)
 
     for step, tokens in enumerate((0, 1, 3, 8, CHUNK)):
         if step == 3:   # --kt-enable-dynamic-expert-update: wrapper.gpu_experts_mask.copy_(new)
