@@ -69,7 +69,7 @@ inline ActRow act_row(const uint8_t* row, int64_t k) {
             reinterpret_cast<const float*>(row + 2 * k + k / 4), reinterpret_cast<const int16_t*>(row + plane16_at(k))};
 }
 
-// max|x| over n floats (n a multiple of kLanes), and whether one was NaN.
+// max|x| over n floats, and whether one was NaN.
 inline float group_amax(const float* x, int64_t n, bool& nan) {
     float amax = 0.0f;
     nan = false;

@@ -56,6 +56,17 @@ inline ActRow per32_row(const ActRow& a, int64_t k) {
             reinterpret_cast<const int16_t*>(a.per32 + k / 8 + k), nullptr, a.per32, 5};
 }
 
+// max|x| over n floats, and whether one was NaN.
+inline float group_amax(const float* x, int64_t n, bool& nan) {
+    float amax = 0.0f;
+    nan = false;
+    for (int64_t i = 0; i < n; ++i) {
+        amax = std::max(amax, std::fabs(x[i]));
+        nan |= x[i] != x[i];
+    }
+    return amax;
+}
+
 kt_status quantize(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int64_t stride, void* out) {
     if (k % 32) return fail(KT_ERROR_INVALID_ARGUMENT, "LLAMAFILE: activation length %lld is not a multiple of 32", (long long)k);
     std::vector<float> x(static_cast<size_t>(k));
@@ -73,12 +84,8 @@ kt_status quantize(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int6
         auto* sums32 = reinterpret_cast<int16_t*>(hi32 + k);
         for (int64_t g = 0; g < act_groups(k); ++g) {
             const int64_t k0 = g * kQK, n = std::min(kQK, k - k0);
-            float amax = 0.0f;
-            bool nan = false;
-            for (int64_t i = 0; i < n; ++i) {
-                amax = std::max(amax, std::fabs(x[size_t(k0 + i)]));
-                nan |= x[size_t(k0 + i)] != x[size_t(k0 + i)];
-            }
+            bool nan;
+            const float amax = group_amax(&x[size_t(k0)], n, nan);
             // A NaN makes the group's scale NaN (and its codes 0), so the token's output shows it.
             scale[g] = nan ? NAN : amax / 127.0f;
             const float inv = !nan && amax > 0.0f && std::isfinite(amax) ? 127.0f / amax : 0.0f;
@@ -108,12 +115,8 @@ kt_status quantize(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int6
             // The Q8_0-like plane, as ggml's x86 quantize_row_q8_0 makes it (kt-backend-avx's):
             // 127 / max|x| as the multiplier, the scale rounded to f16.
             for (int64_t b = k0; b < k0 + n; b += 32) {
-                float amax32 = 0.0f;
-                bool nan32 = false;
-                for (int64_t i = b; i < b + 32; ++i) {
-                    amax32 = std::max(amax32, std::fabs(x[size_t(i)]));
-                    nan32 |= x[size_t(i)] != x[size_t(i)];
-                }
+                bool nan32;
+                const float amax32 = group_amax(&x[size_t(b)], 32, nan32);
                 scale32[b / 32] = nan32 ? NAN : vgetq_lane_f32(vcvt_f32_f16(vcvt_f16_f32(vdupq_n_f32(amax32 / 127.0f))), 0);
                 const float inv = !nan32 && amax32 > 0.0f && std::isfinite(amax32) ? 127.0f / amax32 : 0.0f;
                 for (int64_t i = b; i < b + 32; ++i) {   // a NaN product (NaN, or Inf * 0) codes as 0

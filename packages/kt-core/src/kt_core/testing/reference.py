@@ -32,8 +32,7 @@ def moe_reference(hidden, gate, up, down, topk_ids, topk_weights, gpu_experts_ma
     activations: what the kernels carry of a product's input, applied to x (and to the f32
     intermediate) before each product, e.g. ggml_blocks.q8k_activations, or a pair (for x, for
     the intermediate) as ggml_blocks.llama_activations gives; None: exact."""
-    carry, carry_down = (activations if isinstance(activations, tuple) else (activations, activations)) \
-        if activations is not None else (lambda v: v, None)
+    carry, carry_down = activations if isinstance(activations, tuple) else (activations, activations)
     x = np.asarray(hidden, dtype=np.float64)
     g, u, d = (np.asarray(m, dtype=np.float64) for m in (gate, up, down))
     bg, bu, bd = (np.zeros((g.shape[0], g.shape[1])), np.zeros((g.shape[0], g.shape[1])), np.zeros((d.shape[0], d.shape[1]))) \
@@ -46,7 +45,7 @@ def moe_reference(hidden, gate, up, down, topk_ids, topk_weights, gpu_experts_ma
             e = int(ids[t, j])
             if e < 0 or (gpu_experts_mask is not None and gpu_experts_mask[e]):
                 continue
-            xt = carry(x[t])
+            xt = x[t] if carry is None else carry(x[t])
             a = g[e] @ xt + bg[e]
             inter = gated(a, u[e] @ xt + bu[e], swiglu_limit, swiglu_alpha)
             if carry_down is not None:   # the kernels hand down an f32 intermediate
