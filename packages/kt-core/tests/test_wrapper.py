@@ -223,8 +223,8 @@ def test_generate_gpu_experts_masks_takes_the_hottest_pairs_over_all_layers():
 
 
 def test_kt_kernel_arguments_kt_cannot_honour_are_refused_by_name():
-    with pytest.raises(KTError, match="mode='sft': KTMoEWrapper serves inference only; kt trains expert LoRA through"):
-        make(mode="sft")
+    with pytest.raises(ValueError, match="Unknown mode: 'train'. Supported modes: 'inference', 'sft'"):
+        make(mode="train")
     with pytest.raises(ValueError, match="numa_nodes lists 2 nodes; it must list one per thread pool"):
         make(numa_nodes=[0, 1])
     with pytest.raises(KTError, match=r"numa_nodes=\[7\]: kt's pool has no threads on NUMA node\(s\) \[7\]"):

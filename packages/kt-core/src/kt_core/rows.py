@@ -1,4 +1,5 @@
-"""Training's row passes around the expert products (what kt.training's autograd nodes run).
+"""Training's row passes around the expert products (what kt.training's autograd nodes and
+kt_core.sft's wrapper run), and `Routing`, the order of those rows.
 
 One pass over memory each, on kt's pool; arrays float32 (indices int64), C-contiguous, on the CPU,
 outputs written in place:
@@ -9,12 +10,19 @@ outputs written in place:
     gated_rows_backward(dh, gate_up, w, dgate_up [S, 2I], dw [S])     its gradients
 
 gather_rows and sum_rows are each other's backward; sum_rows adds a token's rows in slot order, so
-the result does not depend on the thread count.
+the result does not depend on the thread count. `Routing.of(top_k_index, num_experts)` (torch)
+groups a forward's (token, pick) pairs by expert once: the rows' order every pass above takes.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 from . import _native, pool
+
+if TYPE_CHECKING:   # torch is optional for kt-core; Routing is built by callers that have it
+    import torch
 
 
 def gather_rows(x, token, rows) -> None:
@@ -35,3 +43,35 @@ def gated_rows_forward(gate_up, w, h) -> None:
 def gated_rows_backward(dh, gate_up, w, dgate_up, dw) -> None:
     pool.ensure()
     _native.gated_rows_backward(dh, gate_up, w, dgate_up, dw)
+
+
+@dataclass
+class Routing:
+    """The routed (token, pick) pairs of one forward, grouped by expert.
+
+    slot: index into top_k_index.reshape(-1) of each row; token: its token; counts: rows per
+    expert (int64 [E], what kt's grouped products take); splits: the same as a Python list;
+    offsets: where each expert's rows end (int32 [E]); row_of_slot: the row of each (token, pick)."""
+    slot: torch.Tensor
+    token: torch.Tensor
+    counts: torch.Tensor
+    splits: list[int]
+    offsets: torch.Tensor   # int32 [E]: end of each expert's rows
+    row_of_slot: torch.Tensor   # int64 [T, k]: the row of each (token, pick), -1 for none
+
+    @classmethod
+    def of(cls, top_k_index: torch.Tensor, num_experts: int) -> Routing:
+        import torch
+
+        ids = top_k_index.reshape(-1).to(torch.int64)
+        picks = top_k_index.shape[-1]
+        # -1 marks "no expert" (a pick another device computes): sorted past every real expert.
+        key = torch.where(ids >= 0, ids, num_experts)
+        order = torch.argsort(key, stable=True)
+        rows = int((ids >= 0).sum())
+        slot = order[:rows]
+        counts = torch.bincount(ids[slot], minlength=num_experts)
+        row_of_slot = torch.full((ids.numel(),), -1, dtype=torch.int64)
+        row_of_slot[slot] = torch.arange(rows)
+        return cls(slot=slot, token=slot // picks, counts=counts, splits=counts.tolist(),
+                   offsets=torch.cumsum(counts, 0).to(torch.int32), row_of_slot=row_of_slot.view(-1, picks))

@@ -1,4 +1,5 @@
-"""KTMoEWrapper — kt-kernel 0.7.2's wrapper API, on kt-core.
+"""KTMoEWrapper — kt-kernel 0.7.2's wrapper API, on kt-core. (mode="sft" returns kt_core.sft's
+training wrapper, as kt-kernel's factory does.)
 
 Same constructor arguments, same methods, so SGLang-style callers switch by changing the
 import (the `kt_kernel` import name itself is the kt-kernel-compat package's). Semantics as
@@ -61,6 +62,15 @@ class KTMoEWrapper:
     # still on the pool, by layer_idx, for the next layer to collect.
     _capture_batch_sizes: ClassVar[list[int]] = []
     _deferred: ClassVar[dict[int, KTMoEWrapper]] = {}
+
+    def __new__(cls, *args, **kwargs):
+        # kt-kernel's KTMoEWrapper is a factory: mode="sft" (the 15th argument) gives its SFT wrapper.
+        mode = kwargs.get("mode", args[14] if len(args) > 14 else "inference")
+        if mode == "sft":
+            from .sft import SFTMoEWrapper
+
+            return SFTMoEWrapper(*args, **kwargs)
+        return super().__new__(cls)
 
     def __init__(self, layer_idx: int, num_experts: int, num_experts_per_tok: int, hidden_size: int,
                  moe_intermediate_size: int, gpu_experts_mask=None, cpuinfer_threads: int | None = None,
@@ -132,9 +142,7 @@ class KTMoEWrapper:
     def _refuse_unsupported(self, mode: str, threadpool_count) -> None:
         """kt-kernel arguments kt cannot honour yet: refused by name, never computed wrongly."""
         if mode != "inference":
-            raise KTError(f"mode={mode!r}: KTMoEWrapper serves inference only; kt trains expert LoRA through "
-                          "kt.integrations.transformers.patch_model(model, mode='train') or `kt sft` (pip install kt), "
-                          "not through kt-kernel's mode='sft' wrapper API")
+            raise ValueError(f"Unknown mode: {mode!r}. Supported modes: 'inference', 'sft'")
         if self.numa_nodes is not None and len(self.numa_nodes) != int(threadpool_count or 1):
             raise ValueError(f"numa_nodes lists {len(self.numa_nodes)} nodes; it must list one per thread pool "
                              f"(threadpool_count={threadpool_count})")

@@ -7,49 +7,18 @@ expert — its LoRA, the gated activation, the routing weights, gathering the to
 the picks — is ordinary torch, so autograd derives every other gradient itself and no
 hand-written backward has to agree with a forward it does not see.
 
-Rows are (token, pick) pairs grouped by expert: `Routing` makes that order once per forward.
+Rows are (token, pick) pairs grouped by expert: `kt_core.rows.Routing` makes that order once per forward.
 """
 
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
 
 import torch
 
 from kt_core.lora import grouped_lora_backward, grouped_lora_forward
 from kt_core.moe import MoE
-from kt_core.rows import gated_rows_backward, gated_rows_forward, gather_rows, sum_rows
-
-
-@dataclass
-class Routing:
-    """The routed (token, pick) pairs of one forward, grouped by expert.
-
-    slot: index into top_k_index.reshape(-1) of each row; token: its token; counts: rows per
-    expert (int64 [E], what kt's grouped products take); splits: the same as a Python list;
-    offsets: where each expert's rows end (int32 [E]); row_of_slot: the row of each (token, pick)."""
-    slot: torch.Tensor
-    token: torch.Tensor
-    counts: torch.Tensor
-    splits: list[int]
-    offsets: torch.Tensor   # int32 [E]: end of each expert's rows
-    row_of_slot: torch.Tensor   # int64 [T, k]: the row of each (token, pick), -1 for none
-
-    @classmethod
-    def of(cls, top_k_index: torch.Tensor, num_experts: int) -> Routing:
-        ids = top_k_index.reshape(-1).to(torch.int64)
-        picks = top_k_index.shape[-1]
-        # -1 marks "no expert" (a pick another device computes): sorted past every real expert.
-        key = torch.where(ids >= 0, ids, num_experts)
-        order = torch.argsort(key, stable=True)
-        rows = int((ids >= 0).sum())
-        slot = order[:rows]
-        counts = torch.bincount(ids[slot], minlength=num_experts)
-        row_of_slot = torch.full((ids.numel(),), -1, dtype=torch.int64)
-        row_of_slot[slot] = torch.arange(rows)
-        return cls(slot=slot, token=slot // picks, counts=counts, splits=counts.tolist(),
-                   offsets=torch.cumsum(counts, 0).to(torch.int32), row_of_slot=row_of_slot.view(-1, picks))
+from kt_core.rows import Routing, gated_rows_backward, gated_rows_forward, gather_rows, sum_rows
 
 
 def _layer(ctx) -> MoE:

@@ -1,0 +1,552 @@
+"""KTMoEWrapper(mode="sft"): kt-kernel 0.7.2's SFT wrapper API, on kt-core's training primitives.
+
+kt-kernel trains routed-expert LoRA through an explicit wrapper (no autograd): the caller owns
+bf16 LoRA factors and their gradient buffers, calls forward(save_for_backward=True) and later
+backward(grad_output), and gets the gradients of the hidden states and of the routing weights back
+while the LoRA gradients land in its buffers. This is that API — same constructor arguments, the
+same methods, shapes and dtypes — so code written against kt-kernel's SFT classes runs on kt.
+
+Per call it runs kt's grouped products with the frozen packed weights (`MoE.grouped_*`, forward
+and transposed), kt_core.lora's per-expert adapters and kt_core.rows' row passes, in float32:
+
+    rows = x[token]                        (grouped by expert, Routing)
+    gu   = rows·[gate|up]ᵀ + s·(rows·A_guᵀ)·B_guᵀ        gate and up adapters as one of rank 2r
+    h    = SiLU(gu_gate) · gu_up · w       (the routing weight scales down's input: equal by linearity)
+    y    = h·downᵀ + s·(h·A_dᵀ)·B_dᵀ,      out[t] = Σ over t's picks of y
+
+A forward kept for backward holds x (f32 [T, H]), the routing, gu ([rows, 2I]), the routing
+weights and the adapters' x·Aᵀ; backward re-gathers rows and recomputes h (one pass each).
+
+Differences from kt-kernel, all deliberate (docs/training.md):
+ - every method runs on the best backend with transposed tiles (kt-backend-avx, amx, reference);
+   AMXFP8_SFT / MXFP4_SFT are refused by name (kt has no transposed FP8 / MXFP4 tiles yet);
+ - max_cache_depth forwards are kept, newest first; backward consumes the newest (a forward past
+   the depth drops the oldest, whose backward then finds no cache — an error, not other gradients);
+ - optimizer-owned gradients ("authoritative" in kt-kernel) whenever the six LoRA factors are
+   nn.Parameters, for every method: a backward overwrites the grad buffers when the Parameters'
+   .grad is None and adds into them when .grad is the buffer (gradient accumulation), then sets
+   .grad; with plain tensors each backward overwrites the buffers;
+ - lora_dropout > 0 and num_gpu_experts > 0 are refused by name (kt-kernel's RAWINT4/FP8 paths
+   refuse them too); the checkpoint-reuse caches and distributed helpers of kt-kernel's layer
+   wrapper are not part of this class (kt's patch_model(mode="train") is the layer integration).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from .errors import KTError
+from .lora import grouped_lora_backward, grouped_lora_forward
+from .moe import MoE
+from .rows import Routing, gated_rows_backward, gated_rows_forward, gather_rows, sum_rows
+
+log = logging.getLogger("kt_core")
+
+# kt-kernel 0.7.2's SFT method names -> (kt's method, INT4 zero point, INT4 group taken from group_size)
+SFT_METHODS = {
+    "AMXBF16_SFT": ("BF16", False, False),
+    "INT8_SFT": ("INT8", False, False),
+    "AMXINT8_SFT": ("INT8", False, False),
+    "AMXINT4_SFT": ("INT4", False, False),
+    "AMXINT4_1_SFT": ("INT4", True, False),
+    "AMXINT4_KGroup_SFT": ("INT4", False, True),
+    "AMXINT4_1KGroup_SFT": ("INT4", True, True),
+    "RAWINT4_SFT": ("RAWINT4", False, False),
+}
+SKIP_LORA_SUFFIX = "_SkipLoRA"
+REFUSED_METHODS = {
+    "AMXFP8_SFT": "kt has no transposed tiles for block FP8 yet (train on BF16, INT8 or INT4)",
+    "MXFP4_SFT": "kt has no transposed tiles for MXFP4 yet (train on BF16, INT8 or INT4)",
+}
+MAX_RANK = 32   # gate and up run as one adapter of rank 2r, and kt_core.lora takes ranks up to 64
+LORA_NAMES = ("gate_lora_a", "gate_lora_b", "up_lora_a", "up_lora_b", "down_lora_a", "down_lora_b")
+
+
+def sft_methods() -> list[str]:
+    return sorted([*SFT_METHODS, *(m + SKIP_LORA_SUFFIX for m in SFT_METHODS if m.startswith("AMX"))])
+
+
+@dataclass
+class _Saved:
+    """What one forward keeps for its backward."""
+    x: torch.Tensor              # f32 [T, H]
+    routing: Routing
+    gate_up: torch.Tensor        # f32 [rows, 2I], the adapters' deltas included
+    picked: torch.Tensor         # f32 [rows]: each row's routing weight
+    lora: tuple | None           # f32 (A_gu, B_gu, A_d, B_d) the forward used
+    xa_gate_up: torch.Tensor | None
+    xa_down: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class _OwnedGrad:
+    """A Parameter whose gradient this wrapper writes into `grad` (kt-kernel's authoritative grads)."""
+    name: str
+    parameter: torch.nn.Parameter
+    grad: torch.Tensor
+
+
+class SFTMoEWrapper:
+    """One MoE layer's routed experts for LoRA (or full BF16) fine-tuning; see the module docstring."""
+
+    def __init__(self, layer_idx: int, num_experts: int, num_experts_per_tok: int, hidden_size: int,
+                 moe_intermediate_size: int, gpu_experts_mask=None, cpuinfer_threads: int | None = None,
+                 threadpool_count: int = 1, weight_path: str | None = None, chunked_prefill_size: int = 4096,
+                 cpu_save: bool = False, max_deferred_experts_per_token: int | None = None,
+                 method: str = "AMXBF16_SFT", numa_nodes=None, mode: str = "sft", *, num_gpu_experts: int = 0,
+                 lora_rank: int = 16, lora_alpha: float = 32.0, lora_dropout: float = 0.0, max_cache_depth: int = 1,
+                 group_size: int = 128, zero_point: bool = True, full_weight_grad: bool = False,
+                 swiglu_limit: float = 0.0, swiglu_alpha: float = 0.0, backend: str | None = None,
+                 fast_activations: bool | None = None, **unused):
+        from .wrapper import KTMoEWrapper  # the pool settings are the inference wrapper's
+
+        self.layer_idx, self.num_experts = int(layer_idx), int(num_experts)
+        self.num_experts_per_tok, self.hidden_size = int(num_experts_per_tok), int(hidden_size)
+        self.moe_intermediate_size = int(moe_intermediate_size)
+        self.weight_path, self.chunked_prefill_size = weight_path, int(chunked_prefill_size)
+        self.threadpool_count, self.cpu_save = int(threadpool_count or 1), bool(cpu_save)
+        self.method = str(method)
+        self._is_skip_lora = self.method.endswith(SKIP_LORA_SUFFIX)
+        base_method = self.method.removesuffix(SKIP_LORA_SUFFIX)
+        if base_method in REFUSED_METHODS:
+            raise KTError(f"method {self.method}: {REFUSED_METHODS[base_method]}")
+        if base_method not in SFT_METHODS or (self._is_skip_lora and not base_method.startswith("AMX")):
+            raise ValueError(f"Method '{self.method}' not supported for SFT mode. Supported methods: {sft_methods()}")
+        kt_method, zp, grouped = SFT_METHODS[base_method]
+        if gpu_experts_mask is not None and bool(torch.as_tensor(gpu_experts_mask).any()):
+            raise KTError("mode='sft' computes every routed expert on the CPU: gpu_experts_mask must be None or "
+                          "all False (kt trains GPU-resident experts through patch_model(mode='train'), not here)")
+        if int(num_gpu_experts or 0):
+            raise KTError(f"num_gpu_experts={num_gpu_experts}: mode='sft' computes every routed expert on the CPU "
+                          "(kt-kernel's optimizer-owned gradients need the same)")
+        if max_deferred_experts_per_token:
+            raise KTError("max_deferred_experts_per_token is an inference setting; mode='sft' defers nothing")
+        if swiglu_limit or swiglu_alpha:
+            raise KTError("mode='sft' trains SiLU-gated experts; swiglu_limit / swiglu_alpha (the clamped SwiGLU) "
+                          "are not supported in training")
+        self._validate_sft_config(lora_rank, lora_alpha, lora_dropout, max_cache_depth, full_weight_grad)
+        if full_weight_grad and kt_method != "BF16":
+            raise KTError(f"full_weight_grad=True trains the expert weights themselves, which kt does on BF16 only "
+                          f"(AMXBF16_SFT); {self.method} holds quantized weights (frozen: train LoRA on them)")
+        if not self._is_skip_lora and lora_rank > MAX_RANK:
+            raise KTError(f"lora_rank {lora_rank}: kt runs the gate and up adapters as one of rank 2 x lora_rank, "
+                          f"and takes ranks up to {MAX_RANK} here")
+        if unused:
+            log.debug("SFT KTMoEWrapper ignores kt-kernel arguments it has no use for: %s", sorted(unused))
+        self.num_gpu_experts = 0
+        self.lora_rank, self.lora_alpha = int(lora_rank), float(lora_alpha)
+        self.lora_dropout, self.max_cache_depth = float(lora_dropout), int(max_cache_depth)
+        self.lora_scaling = self.lora_alpha / self.lora_rank if self.lora_rank > 0 else 0.0
+        self._full_weight_grad = bool(full_weight_grad)
+        self.group_size = int(group_size) if grouped else 0
+        self.zero_point = zp
+
+        KTMoEWrapper._configure_pool(cpuinfer_threads, threadpool_count)
+        self._moe = MoE(num_experts=self.num_experts, top_k=self.num_experts_per_tok, hidden_size=self.hidden_size,
+                        intermediate_size=self.moe_intermediate_size, method=kt_method,
+                        max_tokens=self.chunked_prefill_size, backend=backend, group_size=self.group_size,
+                        zero_point=zp, fast_activations=fast_activations, trainable=True)
+        self._physical_to_logical = None
+        self._weights_loaded = False
+        self._lora_initialized = False
+        for name in LORA_NAMES:
+            setattr(self, name, None)
+            setattr(self, "grad_" + name, None)
+        self.gate_proj_buf = self.up_proj_buf = self.down_proj_buf = None
+        self.grad_gate_proj_buf = self.grad_up_proj_buf = self.grad_down_proj_buf = None
+        self._owned: list[_OwnedGrad] = []
+        self._saved: list[_Saved] = []
+        self._job: tuple[threading.Thread, dict] | None = None
+
+    @staticmethod
+    def _validate_sft_config(lora_rank, lora_alpha, lora_dropout, max_cache_depth, full_weight_grad) -> None:
+        if isinstance(lora_rank, bool) or not isinstance(lora_rank, int) or lora_rank < 0:
+            raise ValueError(f"lora_rank must be a non-negative integer, got {lora_rank!r}")
+        if not full_weight_grad and lora_rank <= 0:
+            raise ValueError(f"lora_rank must be positive in LoRA mode, got {lora_rank}. "
+                             "Set full_weight_grad=True for full fine-tuning.")
+        if lora_rank > 0 and not (math.isfinite(float(lora_alpha)) and lora_alpha > 0):
+            raise ValueError(f"lora_alpha must be positive, got {lora_alpha}")
+        if not 0.0 <= float(lora_dropout) < 1.0:
+            raise ValueError(f"lora_dropout must be in [0, 1), got {lora_dropout}")
+        if float(lora_dropout) != 0.0:
+            raise KTError(f"lora_dropout={lora_dropout}: kt's SFT wrapper trains without LoRA dropout (0.0)")
+        if isinstance(max_cache_depth, bool) or int(max_cache_depth) <= 0:
+            raise ValueError(f"max_cache_depth must be positive, got {max_cache_depth}")
+
+    @property
+    def backend(self) -> str:
+        return self._moe.backend
+
+    @property
+    def _trains_lora(self) -> bool:
+        return self.lora_rank > 0 and not self._is_skip_lora
+
+    # -- weights ------------------------------------------------------------------------------
+    def load_weights_from_tensors(self, gate_proj, up_proj, down_proj, physical_to_logical_map_cpu=None) -> None:
+        """gate_proj/up_proj [E, I, H], down_proj [E, H, I] (any float dtype), packed into the method's
+        layout. With full_weight_grad they are also the starting point of init_full_weight_grad_buffers."""
+        self._moe.load(gate_proj, up_proj, down_proj, physical_to_logical_map_cpu)
+        self._physical_to_logical = physical_to_logical_map_cpu
+        self._weights_loaded = True
+
+    def load_weights(self, physical_to_logical_map_cpu=None) -> None:
+        """Layer `layer_idx`'s experts from weight_path (read by the kt application's weight source)."""
+        from .weight_source import weight_source
+
+        if not self.weight_path:
+            raise KTError("load_weights() reads experts from weight_path, and this wrapper has none; pass "
+                          "weight_path= or use load_weights_from_tensors()")
+        weight_source().load_layer(self._moe, self.weight_path, self.layer_idx, physical_to_logical_map_cpu,
+                                   quantize_at_load=True)
+        self._physical_to_logical = physical_to_logical_map_cpu
+        self._weights_loaded = True
+
+    # -- LoRA ---------------------------------------------------------------------------------
+    def _lora_shapes(self) -> dict[str, tuple[int, int, int]]:
+        E, H, I, r = self.num_experts, self.hidden_size, self.moe_intermediate_size, self.lora_rank
+        return {"gate_lora_a": (E, r, H), "gate_lora_b": (E, I, r), "up_lora_a": (E, r, H),
+                "up_lora_b": (E, I, r), "down_lora_a": (E, r, I), "down_lora_b": (E, H, r)}
+
+    def init_lora_weights(self, gate_lora_a, gate_lora_b, up_lora_a, up_lora_b, down_lora_a, down_lora_b,
+                          grad_gate_lora_a, grad_gate_lora_b, grad_up_lora_a, grad_up_lora_b, grad_down_lora_a,
+                          grad_down_lora_b) -> None:
+        """The caller's LoRA factors and their gradient buffers: CPU, bfloat16, contiguous, A [E, r, in],
+        B [E, out, r]. Forwards read the factors as they are at that moment (an optimizer updates them
+        in place); backward writes the buffers. All six factors nn.Parameters: their .grad is set to
+        the buffers (overwritten while .grad is None, accumulated while it is the buffer)."""
+        values = dict(zip(LORA_NAMES, (gate_lora_a, gate_lora_b, up_lora_a, up_lora_b, down_lora_a, down_lora_b)))
+        grads = dict(zip(LORA_NAMES, (grad_gate_lora_a, grad_gate_lora_b, grad_up_lora_a, grad_up_lora_b,
+                                      grad_down_lora_a, grad_down_lora_b)))
+        shapes = self._lora_shapes()
+        for name, tensor in [*values.items(), *(("grad_" + n, g) for n, g in grads.items())]:
+            expected = shapes[name.removeprefix("grad_")]
+            if not isinstance(tensor, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+            if tuple(tensor.shape) != expected:
+                raise ValueError(f"{name} shape mismatch: expected {expected}, got {tuple(tensor.shape)}")
+            if tensor.device.type != "cpu" or tensor.dtype != torch.bfloat16:
+                raise ValueError(f"{name} must be a CPU torch.bfloat16 tensor for {self.method} SFT, got "
+                                 f"{tensor.dtype} on {tensor.device}")
+            if not tensor.is_contiguous():
+                raise ValueError(f"{name} must be contiguous")
+        parameters = sum(isinstance(t, torch.nn.Parameter) for t in values.values())
+        if parameters not in (0, len(values)):
+            raise ValueError("optimizer-owned LoRA gradients need all six factors to be nn.Parameter objects, or none")
+        self._owned = [o for o in self._owned if not o.name.startswith("lora.")]
+        for name in LORA_NAMES:
+            setattr(self, name, values[name])
+            setattr(self, "grad_" + name, grads[name])
+            if parameters:
+                self._own(f"lora.{name}", values[name], grads[name])
+        self._lora_initialized = True
+
+    def update_lora_weights(self) -> None:
+        """kt-kernel re-registers the factors' pointers here; kt reads the factors at every forward,
+        so only the checks remain."""
+        if not self._weights_loaded:
+            raise RuntimeError("Weights not loaded. Call load_weights() or load_weights_from_tensors() first.")
+        if self._trains_lora and not self._lora_initialized:
+            raise RuntimeError("LoRA weights not initialized. Call init_lora_weights() first.")
+
+    def _lora_f32(self):
+        """(A_gu [E, 2r, H], B_gu [E, 2I, 2r] block-diagonal, A_d, B_d) in float32, from the factors now."""
+        E, I, r = self.num_experts, self.moe_intermediate_size, self.lora_rank
+        a_gu = torch.cat([self.gate_lora_a, self.up_lora_a], dim=1).float().contiguous()
+        b_gu = torch.zeros((E, 2 * I, 2 * r), dtype=torch.float32)
+        b_gu[:, :I, :r] = self.gate_lora_b
+        b_gu[:, I:, r:] = self.up_lora_b
+        return a_gu, b_gu, self.down_lora_a.float().contiguous(), self.down_lora_b.float().contiguous()
+
+    # -- full fine-tuning (BF16) ------------------------------------------------------------------
+    def init_full_weight_grad_buffers(self, gate_proj, up_proj, down_proj) -> None:
+        """The expert weights as bf16 nn.Parameters (gate_proj_buf, up_proj_buf, down_proj_buf) with
+        gradient buffers backward writes (as the LoRA buffers); update_base_weights() repacks them."""
+        if not self._full_weight_grad:
+            raise RuntimeError("init_full_weight_grad_buffers() needs full_weight_grad=True")
+        E, H, I = self.num_experts, self.hidden_size, self.moe_intermediate_size
+        for name, tensor, shape in (("gate_proj", gate_proj, (E, I, H)), ("up_proj", up_proj, (E, I, H)),
+                                    ("down_proj", down_proj, (E, H, I))):
+            if tuple(tensor.shape) != shape:
+                raise ValueError(f"{name} shape mismatch: expected {shape}, got {tuple(tensor.shape)}")
+        self._owned = [o for o in self._owned if not o.name.startswith("base.")]
+        for name, tensor in (("gate_proj", gate_proj), ("up_proj", up_proj), ("down_proj", down_proj)):
+            param = torch.nn.Parameter(tensor.detach().to("cpu", torch.bfloat16).contiguous().clone())
+            grad = torch.zeros_like(param.data)
+            setattr(self, f"{name}_buf", param)
+            setattr(self, f"grad_{name}_buf", grad)
+            self._own(f"base.{name}", param, grad)
+
+    def update_base_weights(self) -> None:
+        """Repack the (optimizer-updated) bf16 expert Parameters into the kernels' layout."""
+        if not self._weights_loaded:
+            raise RuntimeError("Weights not loaded. Call load_weights() first.")
+        if not self._full_weight_grad:
+            return
+        if self.gate_proj_buf is None:
+            raise RuntimeError("Base weight buffers not initialized. Call init_full_weight_grad_buffers() first.")
+        self._moe.load(self.gate_proj_buf.data, self.up_proj_buf.data, self.down_proj_buf.data,
+                       self._physical_to_logical)
+
+    # -- optimizer-owned gradients ----------------------------------------------------------------
+    def _own(self, name: str, parameter, grad) -> None:
+        parameter.grad = None   # a closed window: the first backward overwrites
+        self._owned.append(_OwnedGrad(name, parameter, grad))
+
+    @property
+    def authoritative_optimizer_grads(self) -> tuple[_OwnedGrad, ...]:
+        return tuple(self._owned)
+
+    @property
+    def _uses_authoritative_optimizer_grads(self) -> bool:
+        return bool(self._owned)
+
+    def validate_authoritative_optimizer_grad_state(self) -> str:
+        """'empty' (no Parameters), 'closed' (every .grad None) or 'open' (every .grad its buffer)."""
+        if not self._owned:
+            return "empty"
+        state = set()
+        for owned in self._owned:
+            grad = owned.parameter.grad
+            if grad is None:
+                state.add("closed")
+            elif grad is owned.grad:
+                state.add("open")
+            else:
+                raise RuntimeError(f"{owned.name}: Parameter.grad was replaced; expected None or the gradient buffer "
+                                   "this wrapper writes")
+        if len(state) > 1:
+            raise RuntimeError("some of this layer's Parameters have .grad set and others None; zero them together "
+                               "(optimizer.zero_grad())")
+        return state.pop()
+
+    def release_authoritative_optimizer_grads(self) -> None:
+        """Close the window after an optimizer step (what optimizer.zero_grad(set_to_none=True) does)."""
+        self.validate_authoritative_optimizer_grad_state()
+        for owned in self._owned:
+            owned.parameter.grad = None
+
+    # -- forward ------------------------------------------------------------------------------------
+    def _idle(self) -> None:
+        if self._job is not None:
+            raise RuntimeError(f"a {self._job[1]['kind']} of this layer is in flight; sync it first")
+
+    def _validate_forward_inputs(self, hidden_states, expert_ids, weights) -> None:
+        self._idle()
+        if not self._weights_loaded:
+            raise RuntimeError("Weights not loaded. Call load_weights() or load_weights_from_tensors() first.")
+        if self._trains_lora and not self._lora_initialized:
+            raise RuntimeError("LoRA weights not initialized. Call init_lora_weights() first.")
+        if hidden_states.dim() != 2 or hidden_states.shape[1] != self.hidden_size:
+            raise ValueError(f"hidden_states shape {tuple(hidden_states.shape)} must be (qlen, {self.hidden_size})")
+        qlen = hidden_states.shape[0]
+        if qlen > self.chunked_prefill_size:
+            raise ValueError(f"qlen ({qlen}) exceeds chunked_prefill_size ({self.chunked_prefill_size}). "
+                             "Increase chunked_prefill_size or reduce qlen.")
+        if tuple(expert_ids.shape) != (qlen, self.num_experts_per_tok):
+            raise ValueError(f"expert_ids shape {tuple(expert_ids.shape)} must be ({qlen}, {self.num_experts_per_tok}).")
+        if tuple(weights.shape) != (qlen, self.num_experts_per_tok):
+            raise ValueError(f"weights shape {tuple(weights.shape)} must be ({qlen}, {self.num_experts_per_tok}).")
+        if expert_ids.is_floating_point():
+            raise ValueError(f"expert_ids must be an integer tensor, got {expert_ids.dtype}")
+        if qlen and (int(expert_ids.min()) < -1 or int(expert_ids.max()) >= self.num_experts):
+            raise ValueError(f"expert_ids must lie in [0, {self.num_experts}) (-1: no expert), found "
+                             f"{int(expert_ids.min())}..{int(expert_ids.max())}")
+
+    def forward(self, hidden_states, expert_ids, weights, save_for_backward: bool = True, output_device=None):
+        """The layer's routed-expert output, bf16 [qlen, H] (on output_device, else the CPU)."""
+        self._validate_forward_inputs(hidden_states, expert_ids, weights)
+        return self._to(self._forward(hidden_states, expert_ids, weights, save_for_backward), output_device)
+
+    def _forward(self, hidden_states, expert_ids, weights, save: bool) -> torch.Tensor:
+        moe = self._moe
+        # kt-kernel hands its kernels bf16 inputs; kt computes from the same rounded values.
+        x = hidden_states.detach().to("cpu", torch.bfloat16).float().contiguous()
+        ids = expert_ids.detach().to("cpu", torch.int64)
+        routing = Routing.of(ids, self.num_experts)
+        rows = torch.empty((routing.token.numel(), self.hidden_size), dtype=torch.float32)
+        gather_rows(x, routing.token, rows)
+        gate_up = moe.grouped_gate_up(rows, routing.counts)
+        lora = xa_gate_up = xa_down = None
+        if self._trains_lora:
+            lora = self._lora_f32()
+            xa_gate_up = torch.empty((rows.shape[0], 2 * self.lora_rank), dtype=torch.float32)
+            grouped_lora_forward(rows, routing.counts, lora[0], lora[1], self.lora_scaling, xa_gate_up, gate_up)
+        del rows
+        picked = weights.detach().to("cpu", torch.float32).reshape(-1).index_select(0, routing.slot).contiguous()
+        h = torch.empty((gate_up.shape[0], self.moe_intermediate_size), dtype=torch.float32)
+        gated_rows_forward(gate_up, picked, h)
+        y = moe.grouped_down(h, routing.counts)
+        if lora is not None:
+            xa_down = torch.empty((h.shape[0], self.lora_rank), dtype=torch.float32)
+            grouped_lora_forward(h, routing.counts, lora[2], lora[3], self.lora_scaling, xa_down, y)
+        out = torch.empty((x.shape[0], self.hidden_size), dtype=torch.float32)
+        sum_rows(y, routing.row_of_slot, out)
+        if save:
+            if len(self._saved) == self.max_cache_depth:
+                self._saved.pop(0)
+            self._saved.append(_Saved(x, routing, gate_up, picked, lora, xa_gate_up, xa_down))
+        return out.to(torch.bfloat16)
+
+    @staticmethod
+    def _to(t: torch.Tensor, device) -> torch.Tensor:
+        return t.to(device) if device is not None else t
+
+    # -- backward -----------------------------------------------------------------------------------
+    def backward(self, grad_output, output_device=None, optimizer_grad_scale: float = 1.0):
+        """From the gradient of the newest saved forward's output: (grad of hidden_states bf16 [qlen, H],
+        grad of the routing weights f32 [qlen, k]); the LoRA (and, full_weight_grad, the expert
+        weights') gradients, times optimizer_grad_scale, go into their buffers."""
+        scale = self._check_backward(grad_output, optimizer_grad_scale)
+        grad_input, grad_weights = self._backward(grad_output, scale)
+        return self._to(grad_input, output_device), self._to(grad_weights, output_device)
+
+    def _check_backward(self, grad_output, optimizer_grad_scale) -> float:
+        self._idle()
+        if not self._saved:
+            raise RuntimeError("No forward cache available. Call forward(save_for_backward=True) first.")
+        scale = float(optimizer_grad_scale)
+        if not math.isfinite(scale) or scale <= 0.0:
+            raise ValueError(f"optimizer_grad_scale must be finite and positive, got {optimizer_grad_scale}")
+        qlen = self._saved[-1].x.shape[0]
+        if tuple(grad_output.shape) != (qlen, self.hidden_size):
+            raise ValueError(f"grad_output shape {tuple(grad_output.shape)} must be the saved forward's output shape "
+                             f"({qlen}, {self.hidden_size})")
+        return scale
+
+    def _backward(self, grad_output, scale: float):
+        accumulate = self.validate_authoritative_optimizer_grad_state() == "open"
+        saved = self._saved.pop()
+        moe, routing, counts = self._moe, saved.routing, saved.routing.counts
+        g = grad_output.detach().to("cpu", torch.bfloat16).float().contiguous()
+        dy = torch.empty((routing.token.numel(), self.hidden_size), dtype=torch.float32)
+        gather_rows(g, routing.token, dy)
+        dh = moe.grouped_down_transposed(dy, counts)
+        h = None
+        if saved.lora is not None or self._full_weight_grad:
+            h = torch.empty_like(dh)
+            gated_rows_forward(saved.gate_up, saved.picked, h)
+        grads = {}
+        if saved.lora is not None:
+            a_gu, b_gu, a_d, b_d = saved.lora
+            dh_lora, da_d, db_d = torch.empty_like(dh), torch.empty_like(a_d), torch.empty_like(b_d)
+            grouped_lora_backward(dy, h, saved.xa_down, counts, a_d, b_d, self.lora_scaling, dh_lora, da_d, db_d)
+            dh += dh_lora
+            grads["down_lora_a"], grads["down_lora_b"] = da_d, db_d
+        dgate_up, dpicked = torch.empty_like(saved.gate_up), torch.empty_like(saved.picked)
+        gated_rows_backward(dh, saved.gate_up, saved.picked, dgate_up, dpicked)
+        del dh
+        drows = moe.grouped_gate_up_transposed(dgate_up, counts)
+        rows = None
+        if saved.lora is not None or self._full_weight_grad:
+            rows = torch.empty_like(drows)
+            gather_rows(saved.x, routing.token, rows)
+        if saved.lora is not None:
+            r, I = self.lora_rank, self.moe_intermediate_size
+            drows_lora, da_gu, db_gu = torch.empty_like(drows), torch.empty_like(a_gu), torch.empty_like(b_gu)
+            grouped_lora_backward(dgate_up, rows, saved.xa_gate_up, counts, a_gu, b_gu, self.lora_scaling,
+                                  drows_lora, da_gu, db_gu)
+            drows += drows_lora
+            grads["gate_lora_a"], grads["up_lora_a"] = da_gu[:, :r], da_gu[:, r:]
+            grads["gate_lora_b"], grads["up_lora_b"] = db_gu[:, :I, :r], db_gu[:, I:, r:]
+        grad_input = torch.empty((saved.x.shape[0], self.hidden_size), dtype=torch.float32)
+        sum_rows(drows, routing.row_of_slot, grad_input)
+        grad_weights = torch.zeros(routing.row_of_slot.numel(), dtype=torch.float32)
+        grad_weights[routing.slot] = dpicked
+        for name, grad in grads.items():
+            self._write_grad(getattr(self, "grad_" + name), grad, scale, accumulate)
+        if self._full_weight_grad:
+            self._expert_weight_grads(routing, rows, dgate_up, h, dy, scale, accumulate)
+        for owned in self._owned:
+            owned.parameter.grad = owned.grad
+        return grad_input.to(torch.bfloat16), grad_weights.view(routing.row_of_slot.shape)
+
+    @staticmethod
+    def _write_grad(buffer: torch.Tensor, grad: torch.Tensor, scale: float, accumulate: bool) -> None:
+        if accumulate:   # summed in f32, rounded once into the bf16 buffer
+            buffer.copy_(buffer.float() + grad * scale)
+        else:
+            buffer.copy_(grad * scale if scale != 1.0 else grad)
+
+    def _expert_weight_grads(self, routing: Routing, rows, dgate_up, h, dy, scale: float, accumulate: bool) -> None:
+        """d gate|up [e] = dgate_upᵀ·rows and d down [e] = dyᵀ·h over each expert's rows (torch GEMMs)."""
+        if self.gate_proj_buf is None:
+            raise RuntimeError("full_weight_grad=True: call init_full_weight_grad_buffers() before backward")
+        I = self.moe_intermediate_size
+        start = 0
+        for e, n in enumerate(routing.splits):
+            end = start + n
+            if n:
+                dgu = dgate_up[start:end].T @ rows[start:end]
+                parts = ((self.grad_gate_proj_buf, dgu[:I]), (self.grad_up_proj_buf, dgu[I:]),
+                         (self.grad_down_proj_buf, dy[start:end].T @ h[start:end]))
+            else:
+                parts = ((self.grad_gate_proj_buf, None), (self.grad_up_proj_buf, None), (self.grad_down_proj_buf, None))
+            for buffer, grad in parts:
+                if grad is not None:
+                    self._write_grad(buffer[e], grad, scale, accumulate)
+                elif not accumulate:
+                    buffer[e].zero_()
+            start = end
+
+    # -- asynchronous forms (kt-kernel's submit / sync pairs) ------------------------------------------
+    def _submit(self, kind: str, fn, *args) -> None:
+        outcome: dict = {"kind": kind}
+
+        def run():
+            try:
+                outcome["value"] = fn(*args)
+            except BaseException as exc:   # raised by the sync call
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=run, name=f"kt-sft-layer-{self.layer_idx}", daemon=True)
+        thread.start()
+        self._job = (thread, outcome)
+
+    def _sync(self, kind: str):
+        if self._job is None or self._job[1]["kind"] != kind:
+            raise RuntimeError(f"No pending {kind}. Call submit_{'forward' if kind == 'forward' else 'backward_async'}() "
+                               "first.")
+        thread, outcome = self._job
+        thread.join()
+        self._job = None
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["value"]
+
+    def submit_forward(self, hidden_states, expert_ids, weights, save_for_backward: bool = True) -> None:
+        """forward() started off the calling thread; sync_forward() returns its output."""
+        self._validate_forward_inputs(hidden_states, expert_ids, weights)
+        self._submit("forward", self._forward, hidden_states, expert_ids, weights, save_for_backward)
+
+    def sync_forward(self, output_device=None):
+        return self._to(self._sync("forward"), output_device)
+
+    def submit_forward_inference(self, hidden_states, expert_ids, weights, cuda_stream=None) -> None:
+        """A serving forward (nothing kept for backward); sync_forward_inference() returns it on
+        hidden_states' device."""
+        self._inference_device = hidden_states.device
+        self.submit_forward(hidden_states, expert_ids, weights, save_for_backward=False)
+
+    def sync_forward_inference(self, cuda_stream=None):
+        return self.sync_forward(self._inference_device)
+
+    def submit_backward_async(self, grad_output, output_device=None, optimizer_grad_scale: float = 1.0) -> None:
+        """backward() started off the calling thread; sync_backward() returns its gradients."""
+        scale = self._check_backward(grad_output, optimizer_grad_scale)
+        self._backward_device = output_device
+        self._submit("backward", self._backward, grad_output, scale)
+
+    def sync_backward(self):
+        grad_input, grad_weights = self._sync("backward")
+        return self._to(grad_input, self._backward_device), self._to(grad_weights, self._backward_device)
+
+    # -- kt-kernel's buffer-cache class methods ---------------------------------------------------------
+    @staticmethod
+    def clear_sft_buffer_cache() -> None:
+        """kt-kernel frees its shared staging buffers; kt allocates per call and has none to free."""
