@@ -14,32 +14,55 @@ import numpy as np
 from kt_core.lora import grouped_lora_backward, grouped_lora_forward
 rng = np.random.default_rng(0)
 worst = 0.0
-for E, K, N, r in [(3, 40, 20, 1), (4, 64, 128, 8), (2, 33, 50, 13), (3, 256, 96, 64)]:
+
+def dense(b, blocks):
+    # A block-diagonal B [E, N, r/blocks] as the dense [E, N, r] it stands for.
+    E, N, rb = b.shape
+    d = np.zeros((E, N, rb * blocks), b.dtype)
+    nb = N // blocks
+    for q in range(blocks):
+        d[:, q * nb:(q + 1) * nb, q * rb:(q + 1) * rb] = b[:, q * nb:(q + 1) * nb]
+    return d
+
+
+def blocked(d, blocks):
+    E, N, r = d.shape
+    nb, rb = N // blocks, r // blocks
+    return np.concatenate([d[:, q * nb:(q + 1) * nb, q * rb:(q + 1) * rb] for q in range(blocks)], axis=1)
+
+
+# (E, K, N, r, blocks, accumulate_dx): blocks=2 aligned to whole vectors and rank blocks (the loops
+# skip the zeros: N/2 = 64, r/2 = 8) and not (N/2 = 25, r/2 = 3); three blocks; dx accumulated.
+for E, K, N, r, blocks, acc in [(3, 40, 20, 1, 1, False), (4, 64, 128, 8, 1, True), (2, 33, 50, 13, 1, False),
+                                (3, 256, 96, 64, 1, False), (4, 72, 128, 16, 2, True), (3, 40, 50, 6, 2, False),
+                                (2, 48, 96, 24, 3, True)]:
     counts = np.array([5, 0] + [3] * (E - 2), np.int64)
     S = int(counts.sum())
     x = rng.standard_normal((S, K)).astype(np.float32)
     a = rng.standard_normal((E, r, K)).astype(np.float32)
-    b = rng.standard_normal((E, N, r)).astype(np.float32)
+    b = rng.standard_normal((E, N, r // blocks)).astype(np.float32)
     base = rng.standard_normal((S, N)).astype(np.float32)
     dy = rng.standard_normal((S, N)).astype(np.float32)
     out, xa = base.copy(), np.empty((S, r), np.float32)
-    grouped_lora_forward(x, counts, a, b, 0.5, xa, out)
-    dx, da, db = np.empty_like(x), np.empty_like(a), np.empty_like(b)
-    grouped_lora_backward(dy, x, xa, counts, a, b, 0.5, dx, da, db)
+    grouped_lora_forward(x, counts, a, b, 0.5, xa, out, blocks=blocks)
+    dx0 = rng.standard_normal(x.shape).astype(np.float32) if acc else np.zeros_like(x)
+    dx, da, db = dx0.copy(), np.empty_like(a), np.empty_like(b)
+    grouped_lora_backward(dy, x, xa, counts, a, b, 0.5, dx, da, db, blocks=blocks, accumulate_dx=acc)
     e = np.repeat(np.arange(E), counts)
-    x64, a64, b64, dy64 = x.astype(np.float64), a[e].astype(np.float64), b[e].astype(np.float64), dy.astype(np.float64)
+    b_dense = dense(b, blocks)
+    x64, a64, b64, dy64 = x.astype(np.float64), a[e].astype(np.float64), b_dense[e].astype(np.float64), dy.astype(np.float64)
     xa64 = np.einsum("sk,srk->sr", x64, a64)
     g = np.einsum("sn,snr->sr", dy64, b64) * 0.5
     want = {
         "out": base + 0.5 * np.einsum("sr,snr->sn", xa64, b64), "xa": xa64,
-        "dx": np.einsum("sr,srk->sk", g, a64),
+        "dx": dx0 + np.einsum("sr,srk->sk", g, a64),
         "da": np.stack([np.einsum("sr,sk->rk", g[e == i], x64[e == i]) for i in range(E)]),
-        "db": np.stack([0.5 * np.einsum("sn,sr->nr", dy64[e == i], xa64[e == i]) for i in range(E)]),
+        "db": blocked(np.stack([0.5 * np.einsum("sn,sr->nr", dy64[e == i], xa64[e == i]) for i in range(E)]), blocks),
     }
     got = {"out": out, "xa": xa, "dx": dx, "da": da, "db": db}
     for k in got:
         err = np.abs(got[k] - want[k]).max() / max(np.abs(want[k]).max(), 1e-30)
-        assert err < 1e-5, (E, K, N, r, k, err)
+        assert err < 1e-5, (E, K, N, r, blocks, k, err)
         worst = max(worst, err)
     assert not da[1].any() and not db[1].any(), "an expert without rows gets zero gradients"
 print("worst", worst)
@@ -51,7 +74,8 @@ LEVELS = ["x86-64", "x86-64-v3", "x86-64-v4"]
 @pytest.mark.parametrize("level", LEVELS)
 def test_matches_numpy_float64(level):
     """Odd K and N (padded to whole vectors), ranks 1, 8, 13 (padded to blocks of 8) and 64, an expert
-    without rows; max |Δ| / max |ref| per output within 1e-5 (f32 accumulation)."""
+    without rows, block-diagonal B (2 and 3 blocks, aligned and not), dx accumulated; max |Δ| / max |ref|
+    per output within 1e-5 (f32 accumulation)."""
     h = host()
     if h.arch != "x86_64":
         pytest.skip(f"ISA levels are x86's; this host is {h.arch}")
@@ -75,6 +99,10 @@ def test_refuses_bad_arguments():
     with pytest.raises(ValueError, match="LoRA rank 65"):
         grouped_lora_forward(x, counts, np.zeros((2, 65, 8), np.float32), np.zeros((2, 6, 65), np.float32), 1.0,
                              np.zeros((4, 65), np.float32), out)
+    with pytest.raises(ValueError, match=r"LoRA blocks=3 must divide the rank \(2\) and N \(6\)"):
+        grouped_lora_forward(x, counts, a, b, 1.0, xa, out, blocks=3)
+    with pytest.raises(ValueError, match=r"b must have shape \[2, 6, 1\]"):
+        grouped_lora_forward(x, counts, a, b, 1.0, xa, out, blocks=2)
     with pytest.raises(TypeError, match="float32"):
         grouped_lora_backward(np.zeros((4, 6)), x, xa, counts, a, b, 1.0, np.zeros_like(x), np.zeros_like(a),
                               np.zeros_like(b))

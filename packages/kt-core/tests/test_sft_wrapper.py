@@ -27,7 +27,8 @@ E, K, H, I, T, R, ALPHA = 8, 2, 128, 64, 24, 8, 16.0
 LORA = ("gate_lora_a", "gate_lora_b", "up_lora_a", "up_lora_b", "down_lora_a", "down_lora_b")
 # method -> (INT4 group, zero point, bound)
 METHODS = {
-    "AMXBF16_SFT": (0, False, 4e-3),
+    "AMXBF16_SFT": (0, False, 4e-3),                # bf16 activations and gradients (the default here)
+    "AMXBF16_SFT precise": (0, False, 4e-3),        # fast_activations=False: kt's exact planes
     "AMXINT8_SFT": (0, False, 5e-3),
     "AMXINT4_SFT": (64, False, 5e-3),          # kt's INT4 default group: the largest of 128/64/32 dividing H and I
     "AMXINT4_1KGroup_SFT": (32, True, 5e-3),
@@ -51,6 +52,7 @@ def base_weights(seed=0):
 def held(method: str, w: torch.Tensor) -> torch.Tensor:
     """The weights a layer of `method` holds for bf16(w), dequantized, float64."""
     group, zp, _ = METHODS[method]
+    method = method.split()[0]
     a = w.bfloat16().float().numpy()
     if "INT8" in method:
         return torch.from_numpy(dequantize_int8(*quantize_int8(a))).double()
@@ -115,8 +117,9 @@ def err(a, b) -> float:
 @pytest.mark.parametrize("method", list(METHODS))
 def test_forward_and_every_gradient_match_float64(method, backend):
     gate, up, down = base_weights()
-    wrapper = make(method, backend=backend)
-    assert isinstance(wrapper, SFTMoEWrapper)
+    name, *precise = method.split()
+    wrapper = make(name, backend=backend, **({"fast_activations": False} if precise else {}))
+    assert isinstance(wrapper, SFTMoEWrapper) and wrapper._moe.fast_activations == (name == "AMXBF16_SFT" and not precise)
     wrapper.load_weights_from_tensors(gate.bfloat16(), up.bfloat16(), down.bfloat16(), torch.arange(E))
     lora, grads = lora_tensors()
     wrapper.init_lora_weights(*lora.values(), *grads.values())
@@ -131,7 +134,7 @@ def test_forward_and_every_gradient_match_float64(method, backend):
     errors.update({n: err(grads[n], rgrads[n]) for n in LORA})
     assert max(errors.values()) < bound, errors
     # The routing weights' gradient comes back in float32: kt's own arithmetic, without bf16's rounding.
-    assert errors["w"] < (1e-5 if method == "AMXBF16_SFT" else 5e-4), errors
+    assert errors["w"] < (1e-5 if name == "AMXBF16_SFT" else 5e-4), errors
 
 
 def test_full_weight_gradients_and_update_base_weights():

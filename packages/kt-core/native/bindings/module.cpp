@@ -503,18 +503,22 @@ float* f32_array(const nb::ndarray<>& a, const char* name, std::initializer_list
     return static_cast<float*>(const_cast<void*>(v.data()));
 }
 
-// (shape, counts) of a LoRA call: x [rows, K], a [E, r, K], b [E, N, r], counts int64 [E] summing to rows.
+// (shape, counts) of a LoRA call: x [rows, K], a [E, r, K], b [E, N, r / blocks], counts int64 [E] summing to rows.
 std::pair<kt::LoraShape, const int64_t*> lora_shape(const nb::ndarray<>& x, const nb::ndarray<>& counts,
-                                                    const nb::ndarray<>& a, const nb::ndarray<>& b) {
+                                                    const nb::ndarray<>& a, const nb::ndarray<>& b, int64_t blocks) {
     if (x.ndim() != 2 || a.ndim() != 3 || b.ndim() != 3)
-        throw nb::value_error("LoRA: x must be 2-D [rows, K], a 3-D [E, r, K] and b 3-D [E, N, r]");
-    kt::LoraShape s{int64_t(a.shape(0)), int64_t(a.shape(1)), int64_t(a.shape(2)), int64_t(b.shape(1)), int64_t(x.shape(0))};
+        throw nb::value_error("LoRA: x must be 2-D [rows, K], a 3-D [E, r, K] and b 3-D [E, N, r / blocks]");
+    kt::LoraShape s{int64_t(a.shape(0)), int64_t(a.shape(1)), int64_t(a.shape(2)), int64_t(b.shape(1)), int64_t(x.shape(0)),
+                    blocks};
     if (s.rank < 1 || s.rank > kt::kMaxLoraRank)
         throw nb::value_error(("LoRA rank " + std::to_string(s.rank) + ": kt's grouped LoRA takes ranks 1 .. " +
                                std::to_string(kt::kMaxLoraRank)).c_str());
+    if (blocks < 1 || s.rank % blocks || s.n % blocks)
+        throw nb::value_error(("LoRA blocks=" + std::to_string(blocks) + " must divide the rank (" +
+                               std::to_string(s.rank) + ") and N (" + std::to_string(s.n) + ")").c_str());
     f32_array(x, "x", {s.rows, s.k});
     f32_array(a, "a", {s.experts, s.rank, s.k});
-    f32_array(b, "b", {s.experts, s.n, s.rank});
+    f32_array(b, "b", {s.experts, s.n, s.rank / blocks});
     const Array c(counts);
     check_cpu(c, "counts");
     check_exact(c, "counts", nb::dlpack::dtype_code::Int, 64);
@@ -532,8 +536,8 @@ std::pair<kt::LoraShape, const int64_t*> lora_shape(const nb::ndarray<>& x, cons
 }
 
 void lora_forward(nb::ndarray<> x, nb::ndarray<> counts, nb::ndarray<> a, nb::ndarray<> b, float scaling,
-                  nb::ndarray<> xa, nb::ndarray<> out) {
-    const auto [s, c] = lora_shape(x, counts, a, b);
+                  nb::ndarray<> xa, nb::ndarray<> out, int64_t blocks) {
+    const auto [s, c] = lora_shape(x, counts, a, b, blocks);
     float* xap = f32_array(xa, "xa", {s.rows, s.rank});
     float* op = f32_array(out, "out", {s.rows, s.n});
     const float* xp = static_cast<const float*>(x.data());
@@ -544,18 +548,19 @@ void lora_forward(nb::ndarray<> x, nb::ndarray<> counts, nb::ndarray<> a, nb::nd
 }
 
 void lora_backward(nb::ndarray<> dy, nb::ndarray<> x, nb::ndarray<> xa, nb::ndarray<> counts, nb::ndarray<> a,
-                   nb::ndarray<> b, float scaling, nb::ndarray<> dx, nb::ndarray<> da, nb::ndarray<> db) {
-    const auto [s, c] = lora_shape(x, counts, a, b);
+                   nb::ndarray<> b, float scaling, nb::ndarray<> dx, nb::ndarray<> da, nb::ndarray<> db, int64_t blocks,
+                   bool accumulate_dx) {
+    const auto [s, c] = lora_shape(x, counts, a, b, blocks);
     const float* dyp = f32_array(dy, "dy", {s.rows, s.n});
     const float* xap = f32_array(xa, "xa", {s.rows, s.rank});
     float* dxp = f32_array(dx, "dx", {s.rows, s.k});
     float* dap = f32_array(da, "da", {s.experts, s.rank, s.k});
-    float* dbp = f32_array(db, "db", {s.experts, s.n, s.rank});
+    float* dbp = f32_array(db, "db", {s.experts, s.n, s.rank / blocks});
     const float* xp = static_cast<const float*>(x.data());
     const float* ap = static_cast<const float*>(a.data());
     const float* bp = static_cast<const float*>(b.data());
     ReleaseGil release;
-    kt::grouped_lora_backward(s, c, dyp, xp, xap, ap, bp, scaling, dxp, dap, dbp);
+    kt::grouped_lora_backward(s, c, dyp, xp, xap, ap, bp, scaling, dxp, dap, dbp, accumulate_dx);
 }
 
 // --- training's row passes (kt.training): float32 / int64 C-contiguous CPU arrays ------------
@@ -898,9 +903,13 @@ NB_MODULE(_native, m) {
     m.def("gated_rows_backward", &gated_rows_backward, "dh"_a, "gate_up"_a, "w"_a, "dgate_up"_a, "dw"_a,
           "the gradients of gated_rows_forward's gate_up and w from that of h");
     m.def("grouped_lora_forward", &lora_forward, "x"_a, "counts"_a, "a"_a, "b"_a, "scaling"_a, "xa"_a, "out"_a,
-          "out += scaling * (x A_eᵀ) B_eᵀ per expert's rows (grouped by counts); xa = x A_eᵀ");
+          "blocks"_a = 1,
+          "out += scaling * (x A_eᵀ) B_eᵀ per expert's rows (grouped by counts; B block-diagonal in `blocks` parts); "
+          "xa = x A_eᵀ");
     m.def("grouped_lora_backward", &lora_backward, "dy"_a, "x"_a, "xa"_a, "counts"_a, "a"_a, "b"_a, "scaling"_a, "dx"_a,
-          "da"_a, "db"_a, "the gradients of grouped_lora_forward's x, a and b from that of out (all overwritten)");
+          "da"_a, "db"_a, "blocks"_a = 1, "accumulate_dx"_a = false,
+          "the gradients of grouped_lora_forward's x, a and b from that of out (overwritten; dx added to with "
+          "accumulate_dx)");
     m.def("pool_job_pending", [] { return kt::global_pool().job_pending(); });
     m.def("_at_exit", &at_exit);
     nb::module_::import_("atexit").attr("register")(m.attr("_at_exit"));

@@ -450,32 +450,33 @@ class MoE:
             return torch.empty((rows, width), dtype=torch.float32)
         return np.empty((rows, width), dtype=np.float32)
 
-    def grouped_gate_up(self, x, counts):
+    def grouped_gate_up(self, x, counts, out=None):
         """x float32 [rows, hidden] -> float32 [rows, 2 * intermediate]: x·gateᵀ in the first half of each
-        row, x·upᵀ in the second (transformers' fused gate_up order), no activation."""
+        row, x·upᵀ in the second (transformers' fused gate_up order), no activation. Each grouped_*
+        product writes into `out` when given (a float32 C-contiguous array of the result's shape)."""
         x, c = self._grouped_args(x, counts, "x")
-        gate_up = self._empty_like(x, _arrays.shape_of(x)[0], 2 * self.intermediate_size)
+        gate_up = out if out is not None else self._empty_like(x, _arrays.shape_of(x)[0], 2 * self.intermediate_size)
         self._layer.grouped_gate_up(x, c, gate_up)
         return gate_up
 
-    def grouped_down(self, h, counts):
+    def grouped_down(self, h, counts, out=None):
         """h float32 [rows, intermediate] -> h·downᵀ float32 [rows, hidden]."""
         h, c = self._grouped_args(h, counts, "h")
-        y = self._empty_like(h, _arrays.shape_of(h)[0], self.hidden_size)
+        y = out if out is not None else self._empty_like(h, _arrays.shape_of(h)[0], self.hidden_size)
         self._layer.grouped_down(h, c, y)
         return y
 
-    def grouped_gate_up_transposed(self, dgate_up, counts):
+    def grouped_gate_up_transposed(self, dgate_up, counts, out=None):
         """dgate_up float32 [rows, 2 * intermediate] (dgate | dup) -> dgate·gate + dup·up float32 [rows, hidden]."""
         g, c = self._grouped_args(dgate_up, counts, "dgate_up")
-        dx = self._empty_like(g, _arrays.shape_of(g)[0], self.hidden_size)
+        dx = out if out is not None else self._empty_like(g, _arrays.shape_of(g)[0], self.hidden_size)
         self._layer.grouped_gate_up_transposed(g, c, dx)
         return dx
 
-    def grouped_down_transposed(self, dy, counts):
+    def grouped_down_transposed(self, dy, counts, out=None):
         """dy float32 [rows, hidden] -> dy·down float32 [rows, intermediate]."""
         dy, c = self._grouped_args(dy, counts, "dy")
-        dh = self._empty_like(dy, _arrays.shape_of(dy)[0], self.intermediate_size)
+        dh = out if out is not None else self._empty_like(dy, _arrays.shape_of(dy)[0], self.intermediate_size)
         self._layer.grouped_down_transposed(dy, c, dh)
         return dh
 

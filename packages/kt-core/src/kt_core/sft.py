@@ -10,7 +10,7 @@ Per call it runs kt's grouped products with the frozen packed weights (`MoE.grou
 and transposed), kt_core.lora's per-expert adapters and kt_core.rows' row passes, in float32:
 
     rows = x[token]                        (grouped by expert, Routing)
-    gu   = rows·[gate|up]ᵀ + s·(rows·A_guᵀ)·B_guᵀ        gate and up adapters as one of rank 2r
+    gu   = rows·[gate|up]ᵀ + s·(rows·A_guᵀ)·B_guᵀ        gate and up adapters in one call (B block-diagonal)
     h    = SiLU(gu_gate) · gu_up · w       (the routing weight scales down's input: equal by linearity)
     y    = h·downᵀ + s·(h·A_dᵀ)·B_dᵀ,      out[t] = Σ over t's picks of y
 
@@ -83,6 +83,39 @@ class _Saved:
     xa_down: torch.Tensor | None
 
 
+class _Buffers:
+    """Float32 [rows, width] buffers the steps reuse. A fresh 100 MB tensor costs ~35 ms of page faults
+    on first touch (a step of a Qwen3-30B-A3B layer at 2048 tokens makes ~1 GB of them); a recycled one
+    none. Shared by every layer (they run one after another), so it holds one step's peak; a buffer
+    serves any request of its width up to its capacity. clear_sft_buffer_cache() frees them."""
+
+    def __init__(self):
+        self._free: list[torch.Tensor] = []
+        self._lent: dict[int, torch.Tensor] = {}
+        self._lock = threading.Lock()
+
+    def take(self, rows: int, width: int) -> torch.Tensor:
+        with self._lock:
+            fits = [i for i, b in enumerate(self._free) if b.shape[1] == width and b.shape[0] >= rows]
+            if fits:
+                base = self._free.pop(min(fits, key=lambda i: self._free[i].shape[0]))
+            else:
+                base = torch.empty((max(rows, 1), width))
+            self._lent[base.data_ptr()] = base
+            return base[:rows]
+
+    def give(self, *views) -> None:
+        with self._lock:
+            for v in views:
+                base = self._lent.pop(v.data_ptr(), None) if v is not None else None
+                if base is not None:
+                    self._free.append(base)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._free.clear()
+
+
 @dataclass(frozen=True)
 class _OwnedGrad:
     """A Parameter whose gradient this wrapper writes into `grad` (kt-kernel's authoritative grads)."""
@@ -93,6 +126,8 @@ class _OwnedGrad:
 
 class SFTMoEWrapper:
     """One MoE layer's routed experts for LoRA (or full BF16) fine-tuning; see the module docstring."""
+
+    _buffers = _Buffers()
 
     def __init__(self, layer_idx: int, num_experts: int, num_experts_per_tok: int, hidden_size: int,
                  moe_intermediate_size: int, gpu_experts_mask=None, cpuinfer_threads: int | None = None,
@@ -147,6 +182,12 @@ class SFTMoEWrapper:
         self.zero_point = zp
 
         KTMoEWrapper._configure_pool(cpuinfer_threads, threadpool_count)
+        # BF16 takes bf16 activations and gradients by default here, as kt-kernel's SFT kernels and any
+        # bf16 training run do: its outputs are bf16 anyway, and the error stays at that floor
+        # (docs/training.md); 1.2x the exact planes' speed. The integer methods keep two int8 passes
+        # (one pass doubles their error against float64). fast_activations=True / False overrides.
+        if fast_activations is None:
+            fast_activations = kt_method == "BF16"
         self._moe = MoE(num_experts=self.num_experts, top_k=self.num_experts_per_tok, hidden_size=self.hidden_size,
                         intermediate_size=self.moe_intermediate_size, method=kt_method,
                         max_tokens=self.chunked_prefill_size, backend=backend, group_size=self.group_size,
@@ -255,12 +296,10 @@ class SFTMoEWrapper:
             raise RuntimeError("LoRA weights not initialized. Call init_lora_weights() first.")
 
     def _lora_f32(self):
-        """(A_gu [E, 2r, H], B_gu [E, 2I, 2r] block-diagonal, A_d, B_d) in float32, from the factors now."""
-        E, I, r = self.num_experts, self.moe_intermediate_size, self.lora_rank
-        a_gu = torch.cat([self.gate_lora_a, self.up_lora_a], dim=1).float().contiguous()
-        b_gu = torch.zeros((E, 2 * I, 2 * r), dtype=torch.float32)
-        b_gu[:, :I, :r] = self.gate_lora_b
-        b_gu[:, I:, r:] = self.up_lora_b
+        """(A_gu [E, 2r, H], B_gu [E, 2I, r], A_d, B_d) in float32, from the factors now: the gate and up
+        adapters as one call on the fused product (B block-diagonal in two blocks, kt_core.lora)."""
+        a_gu = torch.cat([self.gate_lora_a, self.up_lora_a], dim=1).float()
+        b_gu = torch.cat([self.gate_lora_b, self.up_lora_b], dim=1).float()
         return a_gu, b_gu, self.down_lora_a.float().contiguous(), self.down_lora_b.float().contiguous()
 
     # -- full fine-tuning (BF16) ------------------------------------------------------------------
@@ -364,34 +403,40 @@ class SFTMoEWrapper:
         return self._to(self._forward(hidden_states, expert_ids, weights, save_for_backward), output_device)
 
     def _forward(self, hidden_states, expert_ids, weights, save: bool) -> torch.Tensor:
-        moe = self._moe
+        moe, buf, H, I = self._moe, self._buffers, self.hidden_size, self.moe_intermediate_size
         # kt-kernel hands its kernels bf16 inputs; kt computes from the same rounded values.
         x = hidden_states.detach().to("cpu", torch.bfloat16).float().contiguous()
         ids = expert_ids.detach().to("cpu", torch.int64)
         routing = Routing.of(ids, self.num_experts)
-        rows = torch.empty((routing.token.numel(), self.hidden_size), dtype=torch.float32)
+        S, counts = routing.token.numel(), routing.counts
+        rows = buf.take(S, H)
         gather_rows(x, routing.token, rows)
-        gate_up = moe.grouped_gate_up(rows, routing.counts)
+        gate_up = moe.grouped_gate_up(rows, counts, out=buf.take(S, 2 * I))
         lora = xa_gate_up = xa_down = None
         if self._trains_lora:
             lora = self._lora_f32()
-            xa_gate_up = torch.empty((rows.shape[0], 2 * self.lora_rank), dtype=torch.float32)
-            grouped_lora_forward(rows, routing.counts, lora[0], lora[1], self.lora_scaling, xa_gate_up, gate_up)
-        del rows
+            xa_gate_up = torch.empty((S, 2 * self.lora_rank), dtype=torch.float32)
+            grouped_lora_forward(rows, counts, lora[0], lora[1], self.lora_scaling, xa_gate_up, gate_up, blocks=2)
+        buf.give(rows)
         picked = weights.detach().to("cpu", torch.float32).reshape(-1).index_select(0, routing.slot).contiguous()
-        h = torch.empty((gate_up.shape[0], self.moe_intermediate_size), dtype=torch.float32)
+        h = buf.take(S, I)
         gated_rows_forward(gate_up, picked, h)
-        y = moe.grouped_down(h, routing.counts)
+        y = moe.grouped_down(h, counts, out=buf.take(S, H))
         if lora is not None:
-            xa_down = torch.empty((h.shape[0], self.lora_rank), dtype=torch.float32)
-            grouped_lora_forward(h, routing.counts, lora[2], lora[3], self.lora_scaling, xa_down, y)
-        out = torch.empty((x.shape[0], self.hidden_size), dtype=torch.float32)
+            xa_down = torch.empty((S, self.lora_rank), dtype=torch.float32)
+            grouped_lora_forward(h, counts, lora[2], lora[3], self.lora_scaling, xa_down, y)
+        buf.give(h)
+        out = buf.take(x.shape[0], H)
         sum_rows(y, routing.row_of_slot, out)
+        result = out.to(torch.bfloat16)
+        buf.give(y, out)
         if save:
             if len(self._saved) == self.max_cache_depth:
-                self._saved.pop(0)
+                buf.give(self._saved.pop(0).gate_up)
             self._saved.append(_Saved(x, routing, gate_up, picked, lora, xa_gate_up, xa_down))
-        return out.to(torch.bfloat16)
+        else:
+            buf.give(gate_up)
+        return result
 
     @staticmethod
     def _to(t: torch.Tensor, device) -> torch.Tensor:
@@ -422,49 +467,51 @@ class SFTMoEWrapper:
     def _backward(self, grad_output, scale: float):
         accumulate = self.validate_authoritative_optimizer_grad_state() == "open"
         saved = self._saved.pop()
-        moe, routing, counts = self._moe, saved.routing, saved.routing.counts
+        moe, buf, routing, counts = self._moe, self._buffers, saved.routing, saved.routing.counts
+        S, H, I = routing.token.numel(), self.hidden_size, self.moe_intermediate_size
         g = grad_output.detach().to("cpu", torch.bfloat16).float().contiguous()
-        dy = torch.empty((routing.token.numel(), self.hidden_size), dtype=torch.float32)
+        dy = buf.take(S, H)
         gather_rows(g, routing.token, dy)
-        dh = moe.grouped_down_transposed(dy, counts)
+        dh = moe.grouped_down_transposed(dy, counts, out=buf.take(S, I))
         h = None
         if saved.lora is not None or self._full_weight_grad:
-            h = torch.empty_like(dh)
+            h = buf.take(S, I)
             gated_rows_forward(saved.gate_up, saved.picked, h)
         grads = {}
         if saved.lora is not None:
             a_gu, b_gu, a_d, b_d = saved.lora
-            dh_lora, da_d, db_d = torch.empty_like(dh), torch.empty_like(a_d), torch.empty_like(b_d)
-            grouped_lora_backward(dy, h, saved.xa_down, counts, a_d, b_d, self.lora_scaling, dh_lora, da_d, db_d)
-            dh += dh_lora
+            da_d, db_d = torch.empty_like(a_d), torch.empty_like(b_d)
+            grouped_lora_backward(dy, h, saved.xa_down, counts, a_d, b_d, self.lora_scaling, dh, da_d, db_d,
+                                  accumulate_dx=True)
             grads["down_lora_a"], grads["down_lora_b"] = da_d, db_d
-        dgate_up, dpicked = torch.empty_like(saved.gate_up), torch.empty_like(saved.picked)
+        dgate_up, dpicked = buf.take(S, 2 * I), torch.empty_like(saved.picked)
         gated_rows_backward(dh, saved.gate_up, saved.picked, dgate_up, dpicked)
-        del dh
-        drows = moe.grouped_gate_up_transposed(dgate_up, counts)
+        buf.give(dh, saved.gate_up)
+        drows = moe.grouped_gate_up_transposed(dgate_up, counts, out=buf.take(S, H))
         rows = None
         if saved.lora is not None or self._full_weight_grad:
-            rows = torch.empty_like(drows)
+            rows = buf.take(S, H)
             gather_rows(saved.x, routing.token, rows)
         if saved.lora is not None:
-            r, I = self.lora_rank, self.moe_intermediate_size
-            drows_lora, da_gu, db_gu = torch.empty_like(drows), torch.empty_like(a_gu), torch.empty_like(b_gu)
+            r = self.lora_rank
+            da_gu, db_gu = torch.empty_like(a_gu), torch.empty_like(b_gu)
             grouped_lora_backward(dgate_up, rows, saved.xa_gate_up, counts, a_gu, b_gu, self.lora_scaling,
-                                  drows_lora, da_gu, db_gu)
-            drows += drows_lora
+                                  drows, da_gu, db_gu, blocks=2, accumulate_dx=True)
             grads["gate_lora_a"], grads["up_lora_a"] = da_gu[:, :r], da_gu[:, r:]
-            grads["gate_lora_b"], grads["up_lora_b"] = db_gu[:, :I, :r], db_gu[:, I:, r:]
-        grad_input = torch.empty((saved.x.shape[0], self.hidden_size), dtype=torch.float32)
+            grads["gate_lora_b"], grads["up_lora_b"] = db_gu[:, :I], db_gu[:, I:]
+        grad_input = buf.take(saved.x.shape[0], H)
         sum_rows(drows, routing.row_of_slot, grad_input)
+        result = grad_input.to(torch.bfloat16)
         grad_weights = torch.zeros(routing.row_of_slot.numel(), dtype=torch.float32)
         grad_weights[routing.slot] = dpicked
         for name, grad in grads.items():
             self._write_grad(getattr(self, "grad_" + name), grad, scale, accumulate)
         if self._full_weight_grad:
             self._expert_weight_grads(routing, rows, dgate_up, h, dy, scale, accumulate)
+        buf.give(dy, h, dgate_up, drows, rows, grad_input)
         for owned in self._owned:
             owned.parameter.grad = owned.grad
-        return grad_input.to(torch.bfloat16), grad_weights.view(routing.row_of_slot.shape)
+        return result, grad_weights.view(routing.row_of_slot.shape)
 
     @staticmethod
     def _write_grad(buffer: torch.Tensor, grad: torch.Tensor, scale: float, accumulate: bool) -> None:
@@ -547,6 +594,7 @@ class SFTMoEWrapper:
         return self._to(grad_input, self._backward_device), self._to(grad_weights, self._backward_device)
 
     # -- kt-kernel's buffer-cache class methods ---------------------------------------------------------
-    @staticmethod
-    def clear_sft_buffer_cache() -> None:
-        """kt-kernel frees its shared staging buffers; kt allocates per call and has none to free."""
+    @classmethod
+    def clear_sft_buffer_cache(cls) -> None:
+        """Free the reusable buffers the layers' steps share (they are re-made by the next step)."""
+        cls._buffers.clear()

@@ -64,26 +64,28 @@ class BaseDown(torch.autograd.Function):
 
 class GroupedLoRA(torch.autograd.Function):
     """base [rows, N] += scaling * (x A_eᵀ) B_eᵀ per expert's rows, in place (kt_core.lora's loops):
-    the adapter's delta added into the base product, which no node saved."""
+    the adapter's delta added into the base product, which no node saved. blocks > 1: B block-diagonal
+    given as its blocks (kt_core.lora)."""
 
     @staticmethod
     def forward(ctx, base: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, counts: torch.Tensor,
-                scaling: float):
+                scaling: float, blocks: int):
         x = x.detach().contiguous()
         a, b = a.detach().contiguous(), b.detach().contiguous()
         xa = torch.empty((x.shape[0], a.shape[1]), dtype=torch.float32)
-        grouped_lora_forward(x, counts, a, b, scaling, xa, base)
+        grouped_lora_forward(x, counts, a, b, scaling, xa, base, blocks=blocks)
         ctx.mark_dirty(base)
         ctx.save_for_backward(x, xa, a, b)
-        ctx.counts, ctx.scaling = counts, scaling
+        ctx.counts, ctx.scaling, ctx.blocks = counts, scaling, blocks
         return base
 
     @staticmethod
     def backward(ctx, dout: torch.Tensor):
         x, xa, a, b = ctx.saved_tensors
         dx, da, db = torch.empty_like(x), torch.empty_like(a), torch.empty_like(b)
-        grouped_lora_backward(dout.float().contiguous(), x, xa, ctx.counts, a, b, ctx.scaling, dx, da, db)
-        return dout, dx, da, db, None, None
+        grouped_lora_backward(dout.float().contiguous(), x, xa, ctx.counts, a, b, ctx.scaling, dx, da, db,
+                              blocks=ctx.blocks)
+        return dout, dx, da, db, None, None, None
 
 
 class GatherRows(torch.autograd.Function):

@@ -99,17 +99,26 @@ class LoRAExperts(nn.Module):
         rows = GatherRows.apply(x, routing)
         gate_up = BaseGateUp.apply(rows, routing.counts, self.moe)   # [rows, 2I]: gate | up
         # LoRA added in place: kt's products are fresh tensors no node saved (one [rows, N] pass less).
-        adapter = self.gate_up_adapter()
+        adapter = self._gate_up_lora()
         if adapter is not None:
-            gate_up = GroupedLoRA.apply(gate_up, rows, *adapter, routing.counts, self.scaling)
+            gate_up = GroupedLoRA.apply(gate_up, rows, *adapter[:2], routing.counts, self.scaling, adapter[2])
         # The routing weight scales the down projection's input rather than its output: the same by
         # linearity (LoRA's down included), on [rows, I] instead of [rows, H] — forward and backward.
         picked = weights.reshape(-1).index_select(0, routing.slot)
         h = GatedRows.apply(gate_up, picked)   # SiLU(gate) * up * w
         y = BaseDown.apply(h, routing.counts, self.moe)
         if "down" in self.targets:
-            y = GroupedLoRA.apply(y, h, self.down_A, self.down_B, routing.counts, self.scaling)
+            y = GroupedLoRA.apply(y, h, self.down_A, self.down_B, routing.counts, self.scaling, 1)
         return SumRows.apply(y, routing)
+
+    def _gate_up_lora(self) -> tuple[torch.Tensor, torch.Tensor, int] | None:
+        """What the forward runs on the fused gate/up product: (A, B, blocks). Separate gate and up
+        adapters go as A's stacked and B's concatenated along the outputs, blocks=2 (kt_core.lora's
+        block-diagonal B: each half of the product its own adapter, no zero blocks computed)."""
+        if "gate" in self.targets and "up" in self.targets:
+            return (torch.cat([self.gate_A, self.up_A], dim=1), torch.cat([self.gate_B, self.up_B], dim=1), 2)
+        adapter = self.gate_up_adapter()
+        return None if adapter is None else (*adapter, 1)
 
     def gate_up_adapter(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(A [E, r', H], B [E, 2I, r']) of the fused gate/up projection: the gate_up adapter itself, or
