@@ -407,7 +407,7 @@ def aarch64(session):
     arm64 venv (tools/aarch64/), run under qemu-aarch64 on
     several CPU models: host detection (features, ISA level, SVE vector length), kt-backend-kml's
     tests and the conformance suite of every backend on each (a target the model lacks is skipped
-    naming the feature, never SIGILL); the reference backend's conformance once."""
+    naming the feature, never SIGILL); the reference backend's conformance and kt-core's LoRA loops once."""
     session.run("tools/aarch64/build.sh", "kt-core", "kt-backend-kml", external=True)
     root = ROOT / ".aarch64" / "root"
     python = ROOT / ".aarch64" / "venv" / "bin" / "python"   # the arm64 venv the wheels were pip-installed into
@@ -428,3 +428,6 @@ def aarch64(session):
              "kml", *only, "--pyargs", "kt_core.testing.conformance", *session.posargs)
     qemu("neoverse-n1", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "kt_core.testing.plugin", "--kt-backend",
          "reference", "--pyargs", "kt_core.testing.conformance", *session.posargs)
+    # kt-core's training loops (kt_core.lora: compiled for the baseline ISA on aarch64)
+    qemu("neoverse-n1", "-m", "pytest", "-q", "-p", "no:cacheprovider", "packages/kt-core/tests/test_grouped_lora.py",
+         "-k", "in_process or refuses")

@@ -88,6 +88,13 @@ def test_matches_numpy_float64(level):
     assert "worst" in r.stdout
 
 
+def test_matches_numpy_float64_in_process():
+    """The same check at the level this process picked, in process: how it runs on aarch64 (under
+    qemu-aarch64 in `nox -s aarch64`), where the x86 levels above skip."""
+    scope: dict = {}
+    exec(CHECK, scope)
+
+
 def test_refuses_bad_arguments():
     x, counts = np.zeros((4, 8), np.float32), np.array([4, 0], np.int64)
     a, b = np.zeros((2, 2, 8), np.float32), np.zeros((2, 6, 2), np.float32)

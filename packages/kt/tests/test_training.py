@@ -137,6 +137,19 @@ def test_recompute_gives_the_same_gradients():
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+def test_a_second_backward_through_the_experts_is_refused():
+    """The step's activations live in reused buffers: a retained graph's second backward would read
+    another step's values, so it is an error, named."""
+    gen = torch.Generator().manual_seed(3)
+    layer = _layer("BF16", None, torch.randn(E, I, H, generator=gen), torch.randn(E, I, H, generator=gen),
+                   torch.randn(E, H, I, generator=gen))
+    ids, w = _routing(gen)
+    out = layer(torch.randn(T, H, generator=gen).requires_grad_(), ids, w)
+    out.sum().backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match=r"backward through kt experts a second time \(retain_graph\)"):
+        out.sum().backward()
+
+
 def test_fresh_adapters_leave_the_forward_unchanged():
     """B starts at zero (PEFT's init): before the first step the layer computes the frozen experts."""
     gen = torch.Generator().manual_seed(3)

@@ -6,16 +6,9 @@ backward(grad_output), and gets the gradients of the hidden states and of the ro
 while the LoRA gradients land in its buffers. This is that API — same constructor arguments, the
 same methods, shapes and dtypes — so code written against kt-kernel's SFT classes runs on kt.
 
-Per call it runs kt's grouped products with the frozen packed weights (`MoE.grouped_*`, forward
-and transposed), kt_core.lora's per-expert adapters and kt_core.rows' row passes, in float32:
-
-    rows = x[token]                        (grouped by expert, Routing)
-    gu   = rows·[gate|up]ᵀ + s·(rows·A_guᵀ)·B_guᵀ        gate and up adapters in one call (B block-diagonal)
-    h    = SiLU(gu_gate) · gu_up · w       (the routing weight scales down's input: equal by linearity)
-    y    = h·downᵀ + s·(h·A_dᵀ)·B_dᵀ,      out[t] = Σ over t's picks of y
-
-A forward kept for backward holds x (f32 [T, H]), the routing, gu ([rows, 2I]), the routing
-weights and the adapters' x·Aᵀ; backward re-gathers rows and recomputes h (one pass each).
+Each call is one kt_core.training_step.ExpertStep (kt's grouped products with the frozen packed
+weights, kt_core.lora's adapters, kt_core.rows' row passes, in float32, the step's temporaries from a
+pool reused across steps), the gate and up adapters run as one call on the fused product.
 
 Differences from kt-kernel, all deliberate (docs/training.md):
  - every method runs on the best backend with transposed tiles (kt-backend-avx, amx, reference);
@@ -41,9 +34,9 @@ from dataclasses import dataclass
 import torch
 
 from .errors import KTError
-from .lora import grouped_lora_backward, grouped_lora_forward
 from .moe import MoE
-from .rows import Routing, gated_rows_backward, gated_rows_forward, gather_rows, sum_rows
+from .rows import Routing
+from .training_step import Adapters, ExpertStep, Saved
 
 log = logging.getLogger("kt_core")
 
@@ -71,51 +64,6 @@ def sft_methods() -> list[str]:
     return sorted([*SFT_METHODS, *(m + SKIP_LORA_SUFFIX for m in SFT_METHODS if m.startswith("AMX"))])
 
 
-@dataclass
-class _Saved:
-    """What one forward keeps for its backward."""
-    x: torch.Tensor              # f32 [T, H]
-    routing: Routing
-    gate_up: torch.Tensor        # f32 [rows, 2I], the adapters' deltas included
-    picked: torch.Tensor         # f32 [rows]: each row's routing weight
-    lora: tuple | None           # f32 (A_gu, B_gu, A_d, B_d) the forward used
-    xa_gate_up: torch.Tensor | None
-    xa_down: torch.Tensor | None
-
-
-class _Buffers:
-    """Float32 [rows, width] buffers the steps reuse. A fresh 100 MB tensor costs ~35 ms of page faults
-    on first touch (a step of a Qwen3-30B-A3B layer at 2048 tokens makes ~1 GB of them); a recycled one
-    none. Shared by every layer (they run one after another), so it holds one step's peak; a buffer
-    serves any request of its width up to its capacity. clear_sft_buffer_cache() frees them."""
-
-    def __init__(self):
-        self._free: list[torch.Tensor] = []
-        self._lent: dict[int, torch.Tensor] = {}
-        self._lock = threading.Lock()
-
-    def take(self, rows: int, width: int) -> torch.Tensor:
-        with self._lock:
-            fits = [i for i, b in enumerate(self._free) if b.shape[1] == width and b.shape[0] >= rows]
-            if fits:
-                base = self._free.pop(min(fits, key=lambda i: self._free[i].shape[0]))
-            else:
-                base = torch.empty((max(rows, 1), width))
-            self._lent[base.data_ptr()] = base
-            return base[:rows]
-
-    def give(self, *views) -> None:
-        with self._lock:
-            for v in views:
-                base = self._lent.pop(v.data_ptr(), None) if v is not None else None
-                if base is not None:
-                    self._free.append(base)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._free.clear()
-
-
 @dataclass(frozen=True)
 class _OwnedGrad:
     """A Parameter whose gradient this wrapper writes into `grad` (kt-kernel's authoritative grads)."""
@@ -126,8 +74,6 @@ class _OwnedGrad:
 
 class SFTMoEWrapper:
     """One MoE layer's routed experts for LoRA (or full BF16) fine-tuning; see the module docstring."""
-
-    _buffers = _Buffers()
 
     def __init__(self, layer_idx: int, num_experts: int, num_experts_per_tok: int, hidden_size: int,
                  moe_intermediate_size: int, gpu_experts_mask=None, cpuinfer_threads: int | None = None,
@@ -192,6 +138,7 @@ class SFTMoEWrapper:
                         intermediate_size=self.moe_intermediate_size, method=kt_method,
                         max_tokens=self.chunked_prefill_size, backend=backend, group_size=self.group_size,
                         zero_point=zp, fast_activations=fast_activations, trainable=True)
+        self._step = ExpertStep(self._moe)
         self._physical_to_logical = None
         self._weights_loaded = False
         self._lora_initialized = False
@@ -201,7 +148,7 @@ class SFTMoEWrapper:
         self.gate_proj_buf = self.up_proj_buf = self.down_proj_buf = None
         self.grad_gate_proj_buf = self.grad_up_proj_buf = self.grad_down_proj_buf = None
         self._owned: list[_OwnedGrad] = []
-        self._saved: list[_Saved] = []
+        self._saved: list[Saved] = []
         self._job: tuple[threading.Thread, dict] | None = None
 
     @staticmethod
@@ -295,12 +242,15 @@ class SFTMoEWrapper:
         if self._trains_lora and not self._lora_initialized:
             raise RuntimeError("LoRA weights not initialized. Call init_lora_weights() first.")
 
-    def _lora_f32(self):
-        """(A_gu [E, 2r, H], B_gu [E, 2I, r], A_d, B_d) in float32, from the factors now: the gate and up
-        adapters as one call on the fused product (B block-diagonal in two blocks, kt_core.lora)."""
-        a_gu = torch.cat([self.gate_lora_a, self.up_lora_a], dim=1).float()
-        b_gu = torch.cat([self.gate_lora_b, self.up_lora_b], dim=1).float()
-        return a_gu, b_gu, self.down_lora_a.float().contiguous(), self.down_lora_b.float().contiguous()
+    def _adapters(self) -> Adapters | None:
+        """The factors as they are now, in float32: gate and up as one call on the fused product (B
+        block-diagonal in two blocks, kt_core.lora), and down."""
+        if not self._trains_lora:
+            return None
+        return Adapters(scaling=self.lora_scaling,
+                        gate_up_a=torch.cat([self.gate_lora_a, self.up_lora_a], dim=1).float(),
+                        gate_up_b=torch.cat([self.gate_lora_b, self.up_lora_b], dim=1).float(), blocks=2,
+                        down_a=self.down_lora_a.float().contiguous(), down_b=self.down_lora_b.float().contiguous())
 
     # -- full fine-tuning (BF16) ------------------------------------------------------------------
     def init_full_weight_grad_buffers(self, gate_proj, up_proj, down_proj) -> None:
@@ -403,39 +353,16 @@ class SFTMoEWrapper:
         return self._to(self._forward(hidden_states, expert_ids, weights, save_for_backward), output_device)
 
     def _forward(self, hidden_states, expert_ids, weights, save: bool) -> torch.Tensor:
-        moe, buf, H, I = self._moe, self._buffers, self.hidden_size, self.moe_intermediate_size
         # kt-kernel hands its kernels bf16 inputs; kt computes from the same rounded values.
-        x = hidden_states.detach().to("cpu", torch.bfloat16).float().contiguous()
-        ids = expert_ids.detach().to("cpu", torch.int64)
-        routing = Routing.of(ids, self.num_experts)
-        S, counts = routing.token.numel(), routing.counts
-        rows = buf.take(S, H)
-        gather_rows(x, routing.token, rows)
-        gate_up = moe.grouped_gate_up(rows, counts, out=buf.take(S, 2 * I))
-        lora = xa_gate_up = xa_down = None
-        if self._trains_lora:
-            lora = self._lora_f32()
-            xa_gate_up = torch.empty((S, 2 * self.lora_rank), dtype=torch.float32)
-            grouped_lora_forward(rows, counts, lora[0], lora[1], self.lora_scaling, xa_gate_up, gate_up, blocks=2)
-        buf.give(rows)
-        picked = weights.detach().to("cpu", torch.float32).reshape(-1).index_select(0, routing.slot).contiguous()
-        h = buf.take(S, I)
-        gated_rows_forward(gate_up, picked, h)
-        y = moe.grouped_down(h, counts, out=buf.take(S, H))
-        if lora is not None:
-            xa_down = torch.empty((S, self.lora_rank), dtype=torch.float32)
-            grouped_lora_forward(h, counts, lora[2], lora[3], self.lora_scaling, xa_down, y)
-        buf.give(h)
-        out = buf.take(x.shape[0], H)
-        sum_rows(y, routing.row_of_slot, out)
+        x = hidden_states.detach().to("cpu", torch.bfloat16).float()
+        ids, w = expert_ids.detach().to("cpu"), weights.detach().to("cpu", torch.float32)
+        out, saved = self._step.forward(x, ids, w, self._adapters(), save=save, pooled_output=True)
         result = out.to(torch.bfloat16)
-        buf.give(y, out)
-        if save:
+        self._step.buffers.give(out)
+        if saved is not None:
             if len(self._saved) == self.max_cache_depth:
-                buf.give(self._saved.pop(0).gate_up)
-            self._saved.append(_Saved(x, routing, gate_up, picked, lora, xa_gate_up, xa_down))
-        else:
-            buf.give(gate_up)
+                self._step.release(self._saved.pop(0))
+            self._saved.append(saved)
         return result
 
     @staticmethod
@@ -467,51 +394,24 @@ class SFTMoEWrapper:
     def _backward(self, grad_output, scale: float):
         accumulate = self.validate_authoritative_optimizer_grad_state() == "open"
         saved = self._saved.pop()
-        moe, buf, routing, counts = self._moe, self._buffers, saved.routing, saved.routing.counts
-        S, H, I = routing.token.numel(), self.hidden_size, self.moe_intermediate_size
-        g = grad_output.detach().to("cpu", torch.bfloat16).float().contiguous()
-        dy = buf.take(S, H)
-        gather_rows(g, routing.token, dy)
-        dh = moe.grouped_down_transposed(dy, counts, out=buf.take(S, I))
-        h = None
-        if saved.lora is not None or self._full_weight_grad:
-            h = buf.take(S, I)
-            gated_rows_forward(saved.gate_up, saved.picked, h)
-        grads = {}
-        if saved.lora is not None:
-            a_gu, b_gu, a_d, b_d = saved.lora
-            da_d, db_d = torch.empty_like(a_d), torch.empty_like(b_d)
-            grouped_lora_backward(dy, h, saved.xa_down, counts, a_d, b_d, self.lora_scaling, dh, da_d, db_d,
-                                  accumulate_dx=True)
-            grads["down_lora_a"], grads["down_lora_b"] = da_d, db_d
-        dgate_up, dpicked = buf.take(S, 2 * I), torch.empty_like(saved.picked)
-        gated_rows_backward(dh, saved.gate_up, saved.picked, dgate_up, dpicked)
-        buf.give(dh, saved.gate_up)
-        drows = moe.grouped_gate_up_transposed(dgate_up, counts, out=buf.take(S, H))
-        rows = None
-        if saved.lora is not None or self._full_weight_grad:
-            rows = buf.take(S, H)
-            gather_rows(saved.x, routing.token, rows)
-        if saved.lora is not None:
-            r = self.lora_rank
-            da_gu, db_gu = torch.empty_like(a_gu), torch.empty_like(b_gu)
-            grouped_lora_backward(dgate_up, rows, saved.xa_gate_up, counts, a_gu, b_gu, self.lora_scaling,
-                                  drows, da_gu, db_gu, blocks=2, accumulate_dx=True)
-            grads["gate_lora_a"], grads["up_lora_a"] = da_gu[:, :r], da_gu[:, r:]
-            grads["gate_lora_b"], grads["up_lora_b"] = db_gu[:, :I], db_gu[:, I:]
-        grad_input = buf.take(saved.x.shape[0], H)
-        sum_rows(drows, routing.row_of_slot, grad_input)
-        result = grad_input.to(torch.bfloat16)
-        grad_weights = torch.zeros(routing.row_of_slot.numel(), dtype=torch.float32)
-        grad_weights[routing.slot] = dpicked
-        for name, grad in grads.items():
-            self._write_grad(getattr(self, "grad_" + name), grad, scale, accumulate)
-        if self._full_weight_grad:
+        g = grad_output.detach().to("cpu", torch.bfloat16).float()
+
+        def weight_grads(routing, rows, dgate_up, h, dy):
             self._expert_weight_grads(routing, rows, dgate_up, h, dy, scale, accumulate)
-        buf.give(dy, h, dgate_up, drows, rows, grad_input)
+
+        grads = self._step.backward(saved, g, weight_grads=weight_grads if self._full_weight_grad else None,
+                                    pooled_output=True)
+        result = grads.x.to(torch.bfloat16)
+        self._step.buffers.give(grads.x)
+        if saved.adapters is not None:
+            r, I = self.lora_rank, self.moe_intermediate_size
+            for name, grad in (("gate_lora_a", grads.gate_up_a[:, :r]), ("up_lora_a", grads.gate_up_a[:, r:]),
+                               ("gate_lora_b", grads.gate_up_b[:, :I]), ("up_lora_b", grads.gate_up_b[:, I:]),
+                               ("down_lora_a", grads.down_a), ("down_lora_b", grads.down_b)):
+                self._write_grad(getattr(self, "grad_" + name), grad, scale, accumulate)
         for owned in self._owned:
             owned.parameter.grad = owned.grad
-        return result, grad_weights.view(routing.row_of_slot.shape)
+        return result, grads.weights
 
     @staticmethod
     def _write_grad(buffer: torch.Tensor, grad: torch.Tensor, scale: float, accumulate: bool) -> None:
@@ -594,7 +494,7 @@ class SFTMoEWrapper:
         return self._to(grad_input, self._backward_device), self._to(grad_weights, self._backward_device)
 
     # -- kt-kernel's buffer-cache class methods ---------------------------------------------------------
-    @classmethod
-    def clear_sft_buffer_cache(cls) -> None:
+    @staticmethod
+    def clear_sft_buffer_cache() -> None:
         """Free the reusable buffers the layers' steps share (they are re-made by the next step)."""
-        cls._buffers.clear()
+        ExpertStep.buffers.clear()

@@ -8,8 +8,9 @@ The LoRA sits where PEFT's `target_parameters` puts it on a transformers 5 exper
 adapter on the fused gate_up projection (A [E, r, H] shared by gate and up, B [E, 2I, r]) and one
 on down (A [E, r, I], B [E, H, r]), delta W_e = scaling * B_e A_e, scaling = alpha / rank — so
 an adapter trained here is a PEFT adapter of the same model (kt.training.peft_format).
-The base products run on kt's kernels (kt.training.grouped); the rest is torch on the CPU, in
-float32, whatever the device and dtype of the hidden states (the output goes back to both).
+The whole block runs on kt as one autograd node (kt.training.routed_experts over
+kt_core.training_step), in float32 on the CPU, whatever the device and dtype of the hidden states
+(the output goes back to both).
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from kt_core.errors import KTError
 from kt_core.moe import MoE
+from kt_core.training_step import ExpertStep
 
-from .grouped import BaseDown, BaseGateUp, GatedRows, GatherRows, GroupedLoRA, Routing, SumRows
+from .routed_experts import RoutedExperts
 
 TARGETS = ("gate_up", "gate", "up", "down")
 DEFAULT_TARGET = ("gate_up", "down")
@@ -67,9 +68,10 @@ class LoRAExperts(nn.Module):
         if "gate" in self.targets and "up" in self.targets and 2 * rank > MAX_RANK:
             raise KTError(f"lora_rank {rank} with separate gate and up adapters: they run as one adapter of rank "
                           f"{2 * rank} on the fused projection, and kt takes ranks up to {MAX_RANK}")
-        # Recompute: keep only the inputs and run the experts' forward again in backward
-        # (torch.utils.checkpoint) — memory of a step without the rows' intermediate activations.
+        # Recompute: keep only the inputs and run the experts' forward again in backward — memory of a
+        # step without the rows' intermediate activations.
         self.recompute = bool(recompute)
+        self.step = ExpertStep(moe)
         E, H, I = moe.num_experts, moe.hidden_size, moe.intermediate_size
         shapes = {"gate_up": ((E, rank, H), (E, 2 * I, rank)), "gate": ((E, rank, H), (E, I, rank)),
                   "up": ((E, rank, H), (E, I, rank)), "down": ((E, rank, I), (E, H, rank))}
@@ -88,28 +90,12 @@ class LoRAExperts(nn.Module):
         device, dtype = hidden_states.device, hidden_states.dtype
         x = hidden_states.to("cpu", torch.float32)
         ids, weights = top_k_index.to("cpu"), top_k_weights.to("cpu", torch.float32)
-        if self.recompute and torch.is_grad_enabled():
-            out = checkpoint(self._experts, x, ids, weights, use_reentrant=False)
-        else:
-            out = self._experts(x, ids, weights)
+        gate_up = self._gate_up_lora()
+        gu_a, gu_b, blocks = gate_up if gate_up is not None else (None, None, 1)
+        down_a, down_b = (self.down_A, self.down_B) if "down" in self.targets else (None, None)
+        out = RoutedExperts.apply(x, weights, gu_a, gu_b, down_a, down_b, self.step, ids, self.scaling, blocks,
+                                  self.recompute and torch.is_grad_enabled())
         return out.to(device, dtype)
-
-    def _experts(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        routing = Routing.of(ids, self.moe.num_experts)
-        rows = GatherRows.apply(x, routing)
-        gate_up = BaseGateUp.apply(rows, routing.counts, self.moe)   # [rows, 2I]: gate | up
-        # LoRA added in place: kt's products are fresh tensors no node saved (one [rows, N] pass less).
-        adapter = self._gate_up_lora()
-        if adapter is not None:
-            gate_up = GroupedLoRA.apply(gate_up, rows, *adapter[:2], routing.counts, self.scaling, adapter[2])
-        # The routing weight scales the down projection's input rather than its output: the same by
-        # linearity (LoRA's down included), on [rows, I] instead of [rows, H] — forward and backward.
-        picked = weights.reshape(-1).index_select(0, routing.slot)
-        h = GatedRows.apply(gate_up, picked)   # SiLU(gate) * up * w
-        y = BaseDown.apply(h, routing.counts, self.moe)
-        if "down" in self.targets:
-            y = GroupedLoRA.apply(y, h, self.down_A, self.down_B, routing.counts, self.scaling, 1)
-        return SumRows.apply(y, routing)
 
     def _gate_up_lora(self) -> tuple[torch.Tensor, torch.Tensor, int] | None:
         """What the forward runs on the fused gate/up product: (A, B, blocks). Separate gate and up

@@ -1,0 +1,194 @@
+"""The routed experts' training step as one explicit forward and backward (torch tensors, float32).
+
+    step = ExpertStep(moe)                                  # moe: kt_core.MoE(..., trainable=True), loaded
+    out, saved = step.forward(x, ids, weights, adapters)    # x [T, H], ids int64 [T, k], weights [T, k]
+    grads = step.backward(saved, grad_out)                  # StepGrads: x, weights, the adapters' factors
+
+kt's grouped products with the frozen packed weights (`MoE.grouped_*`, forward and transposed),
+kt_core.lora's per-expert adapters and kt_core.rows' row passes:
+
+    rows = x[token]                                         (grouped by expert: Routing)
+    gu   = rows·[gate|up]ᵀ + s·(rows·A_guᵀ)·B_guᵀ           (B_gu block-diagonal for separate gate/up adapters)
+    h    = SiLU(gu_gate) · gu_up · w                        (the routing weight scales down's input: equal by linearity)
+    y    = h·downᵀ + s·(h·A_dᵀ)·B_dᵀ,   out[t] = Σ over t's picks of y
+
+Backward runs the same chain in reverse, the adapters' input gradients added in place into the base
+products' (kt_core.lora's accumulate_dx). A saved forward holds x, the routing, gu ([rows, 2I]), the
+routing weights per row and the adapters' x·Aᵀ; backward re-gathers rows and recomputes h (one
+pass each) instead of keeping them.
+
+The step's large temporaries ([rows, H], [rows, 2I], [rows, I]) come from `ExpertStep.buffers`, a
+pool shared by every layer and reused across steps: a fresh 100 MB tensor costs ~35 ms of page
+faults on first touch, and a step of a Qwen3-30B-A3B layer at 2048 tokens makes ~1 GB of them.
+
+Used by kt_core.sft (kt-kernel's SFT wrapper API) and kt.training.LoRAExperts (one autograd node
+over the whole expert block).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .lora import grouped_lora_backward, grouped_lora_forward
+from .moe import MoE
+from .rows import Routing, gated_rows_backward, gated_rows_forward, gather_rows, sum_rows
+
+
+class BufferPool:
+    """Float32 [rows, width] buffers reused across steps; a buffer serves any request of its width up
+    to its capacity. Holds one step's peak; clear() frees it. A buffer handed out and never given back
+    (a forward that is never backwarded) is not referenced here: it is freed with its last user."""
+
+    def __init__(self):
+        self._free: list[torch.Tensor] = []
+        self._lock = threading.Lock()
+
+    def take(self, rows: int, width: int) -> torch.Tensor:
+        with self._lock:
+            fits = [i for i, b in enumerate(self._free) if b.shape[1] == width and b.shape[0] >= rows]
+            base = self._free.pop(min(fits, key=lambda i: self._free[i].shape[0])) if fits else None
+        if base is None:
+            base = torch.empty((max(rows, 1), width))
+        return base[:rows]   # a view: its ._base is the buffer give() takes back
+
+    def give(self, *views) -> None:
+        with self._lock:
+            self._free.extend(v._base for v in views if v is not None and v._base is not None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._free.clear()
+
+
+@dataclass
+class Adapters:
+    """A step's LoRA factors, float32 C-contiguous: the fused gate/up product's (A [E, r', H],
+    B [E, 2I, r' / blocks], blocks: 2 for separate gate and up adapters) and down's (A [E, r, I],
+    B [E, H, r]); either pair may be None."""
+    scaling: float
+    gate_up_a: torch.Tensor | None = None
+    gate_up_b: torch.Tensor | None = None
+    blocks: int = 1
+    down_a: torch.Tensor | None = None
+    down_b: torch.Tensor | None = None
+
+
+@dataclass
+class Saved:
+    """What one forward keeps for its backward."""
+    x: torch.Tensor              # f32 [T, H]
+    routing: Routing
+    gate_up: torch.Tensor        # f32 [rows, 2I], the adapter's delta included (a pool buffer)
+    picked: torch.Tensor         # f32 [rows]: each row's routing weight
+    adapters: Adapters | None
+    xa_gate_up: torch.Tensor | None
+    xa_down: torch.Tensor | None
+
+
+@dataclass
+class StepGrads:
+    x: torch.Tensor              # f32 [T, H]
+    weights: torch.Tensor        # f32 [T, k] (0 for picks of -1)
+    gate_up_a: torch.Tensor | None = None
+    gate_up_b: torch.Tensor | None = None
+    down_a: torch.Tensor | None = None
+    down_b: torch.Tensor | None = None
+
+
+# weight_grads(routing, rows [S, H], dgate_up [S, 2I], h [S, I], dy [S, H]): the expert weights'
+# gradients from the step's pieces (full fine-tuning), called before they go back to the pool.
+WeightGrads = Callable[[Routing, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
+
+
+class ExpertStep:
+    buffers = BufferPool()   # shared: layers run one after another
+
+    def __init__(self, moe: MoE):
+        self.moe = moe
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, adapters: Adapters | None,
+                save: bool = True, pooled_output: bool = False) -> tuple[torch.Tensor, Saved | None]:
+        """out f32 [T, H] (a pool buffer when pooled_output: the caller gives it back) and, with save,
+        what backward needs (give it to backward() or release())."""
+        moe, buf = self.moe, self.buffers
+        H, I = moe.hidden_size, moe.intermediate_size
+        x = x.float().contiguous()
+        routing = Routing.of(ids.to(torch.int64), moe.num_experts)
+        S, counts = routing.token.numel(), routing.counts
+        rows = buf.take(S, H)
+        gather_rows(x, routing.token, rows)
+        gate_up = moe.grouped_gate_up(rows, counts, out=buf.take(S, 2 * I))
+        xa_gate_up = xa_down = None
+        if adapters is not None and adapters.gate_up_a is not None:
+            xa_gate_up = torch.empty((S, adapters.gate_up_a.shape[1]), dtype=torch.float32)
+            grouped_lora_forward(rows, counts, adapters.gate_up_a, adapters.gate_up_b, adapters.scaling, xa_gate_up,
+                                 gate_up, blocks=adapters.blocks)
+        buf.give(rows)
+        picked = weights.float().reshape(-1).index_select(0, routing.slot).contiguous()
+        h = buf.take(S, I)
+        gated_rows_forward(gate_up, picked, h)
+        y = moe.grouped_down(h, counts, out=buf.take(S, H))
+        if adapters is not None and adapters.down_a is not None:
+            xa_down = torch.empty((S, adapters.down_a.shape[1]), dtype=torch.float32)
+            grouped_lora_forward(h, counts, adapters.down_a, adapters.down_b, adapters.scaling, xa_down, y)
+        buf.give(h)
+        out = buf.take(x.shape[0], H) if pooled_output else torch.empty((x.shape[0], H), dtype=torch.float32)
+        sum_rows(y, routing.row_of_slot, out)
+        buf.give(y)
+        if not save:
+            buf.give(gate_up)
+            return out, None
+        return out, Saved(x, routing, gate_up, picked, adapters, xa_gate_up, xa_down)
+
+    def release(self, saved: Saved) -> None:
+        """A saved forward that will not be backwarded: its buffer back to the pool."""
+        self.buffers.give(saved.gate_up)
+
+    def backward(self, saved: Saved, grad_out: torch.Tensor, *, weight_grads: WeightGrads | None = None,
+                 pooled_output: bool = False) -> StepGrads:
+        """The gradients from grad_out f32 [T, H] (consumes `saved`). grads.x is a pool buffer when
+        pooled_output (the caller gives it back)."""
+        moe, buf, routing, ad = self.moe, self.buffers, saved.routing, saved.adapters
+        counts = routing.counts
+        S, H, I = routing.token.numel(), moe.hidden_size, moe.intermediate_size
+        lora_gu = ad is not None and ad.gate_up_a is not None
+        lora_d = ad is not None and ad.down_a is not None
+        g = grad_out.float().contiguous()
+        dy = buf.take(S, H)
+        gather_rows(g, routing.token, dy)
+        dh = moe.grouped_down_transposed(dy, counts, out=buf.take(S, I))
+        h = None
+        if lora_d or weight_grads is not None:
+            h = buf.take(S, I)
+            gated_rows_forward(saved.gate_up, saved.picked, h)
+        grads = StepGrads(x=None, weights=None)
+        if lora_d:
+            grads.down_a, grads.down_b = torch.empty_like(ad.down_a), torch.empty_like(ad.down_b)
+            grouped_lora_backward(dy, h, saved.xa_down, counts, ad.down_a, ad.down_b, ad.scaling, dh, grads.down_a,
+                                  grads.down_b, accumulate_dx=True)
+        dgate_up, dpicked = buf.take(S, 2 * I), torch.empty_like(saved.picked)
+        gated_rows_backward(dh, saved.gate_up, saved.picked, dgate_up, dpicked)
+        buf.give(dh, saved.gate_up)
+        drows = moe.grouped_gate_up_transposed(dgate_up, counts, out=buf.take(S, H))
+        rows = None
+        if lora_gu or weight_grads is not None:
+            rows = buf.take(S, H)
+            gather_rows(saved.x, routing.token, rows)
+        if lora_gu:
+            grads.gate_up_a, grads.gate_up_b = torch.empty_like(ad.gate_up_a), torch.empty_like(ad.gate_up_b)
+            grouped_lora_backward(dgate_up, rows, saved.xa_gate_up, counts, ad.gate_up_a, ad.gate_up_b, ad.scaling,
+                                  drows, grads.gate_up_a, grads.gate_up_b, blocks=ad.blocks, accumulate_dx=True)
+        T = saved.x.shape[0]
+        grads.x = buf.take(T, H) if pooled_output else torch.empty((T, H), dtype=torch.float32)
+        sum_rows(drows, routing.row_of_slot, grads.x)
+        dw = torch.zeros(routing.row_of_slot.numel(), dtype=torch.float32)
+        dw[routing.slot] = dpicked
+        grads.weights = dw.view(routing.row_of_slot.shape)
+        if weight_grads is not None:
+            weight_grads(routing, rows, dgate_up, h, dy)
+        buf.give(dy, h, dgate_up, drows, rows)
+        return grads
