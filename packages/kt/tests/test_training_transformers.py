@@ -81,6 +81,38 @@ def test_training_matches_peft_step_for_step_and_reduces_the_loss(model_type):
     assert kt_losses[-1] < kt_losses[0] - 0.05, kt_losses
 
 
+@pytest.mark.parametrize("target", [("gate_up", "down"), ("gate", "up", "down")])
+def test_gpu_resident_experts_train_with_their_adapters(target):
+    """num_gpu_experts with mode="train": those experts are torch's (here on the CPU device, in the
+    model's float32), with their rows of the same adapters; kt computes the others. Against PEFT step
+    for step, as the all-kt run (gate/up apart: against kt with every expert on kt, PEFT having no
+    form for separate adapters on the fused projection)."""
+    model = tiny_model("qwen3_moe")
+    reference = copy_of(model)
+    patch = patch_model(model, method="BF16", mode="train", lora_rank=RANK, lora_alpha=ALPHA, target=target,
+                        num_gpu_experts=3, placement="random")
+    resident = {layer: sum(m) for layer, m in patch.gpu_masks.items()}
+    assert sum(resident.values()) == 3 * len(resident) and all(
+        m.resident_experts.numel() == resident[layer] for layer, m in patch.layers.items())
+    if target == ("gate_up", "down"):
+        twin = peft_twin(reference)
+        copy_adapters_into_peft(patch, twin)
+        twin_params = [p for p in twin.parameters() if p.requires_grad]
+    else:
+        twin = reference
+        twin_patch = patch_model(twin, method="BF16", mode="train", lora_rank=RANK, lora_alpha=ALPHA, target=target)
+        with torch.no_grad():
+            for a, b in zip(twin_patch.adapter_parameters(), patch.adapter_parameters()):
+                a.copy_(b)
+        twin_params = twin_patch.adapter_parameters()
+    data = batches(6)
+    kt_losses = train(model.train(), patch.adapter_parameters(), data)
+    twin_losses = train(twin.train(), twin_params, data)
+    for step, (a, b) in enumerate(zip(kt_losses, twin_losses)):
+        assert abs(a - b) <= 1e-4 * abs(b), f"step {step}: kt loss {a:.6f}, reference {b:.6f}"
+    assert kt_losses[-1] < kt_losses[0], kt_losses
+
+
 @pytest.mark.parametrize("model_type", ["qwen3_moe", "mixtral", "deepseek_v3"])
 def test_saved_adapter_loads_into_peft_with_the_same_logits(tmp_path, model_type):
     model = tiny_model(model_type)
@@ -153,8 +185,10 @@ def test_quantized_base_trains(tmp_path):
 def test_training_refusals(tmp_path):
     with pytest.raises(KTError, match="mode must be"):
         patch_model(tiny_model(), mode="sft")
-    with pytest.raises(KTError, match="num_gpu_experts: not available with expert LoRA"):
-        patch_model(tiny_model(), mode="train", num_gpu_experts=2)
+    with pytest.raises(KTError, match="max_deferred_experts_per_token: not available with expert LoRA"):
+        patch_model(tiny_model(), mode="train", max_deferred_experts_per_token=1)
+    with pytest.raises(KTError, match="every expert of this layer is GPU-resident: nothing is left for kt"):
+        patch_model(tiny_model(), mode="train", num_gpu_experts=8)
     with pytest.raises(KTError, match="are alternatives"):
         patch_model(tiny_model(), mode="train", target=("gate_up", "up"))
     with pytest.raises(KTError, match="is not a PEFT adapter folder"):

@@ -19,6 +19,7 @@ import math
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from kt_core.errors import KTError
@@ -50,8 +51,13 @@ def lora_targets(target: Sequence[str]) -> tuple[str, ...]:
 
 
 class LoRAExperts(nn.Module):
+    """resident_gate_up [G, 2I, H] / resident_down [G, H, I] (on the model's device, in its dtype): the
+    weights of the experts `moe.gpu_experts_mask` marks GPU-resident, computed by torch there with
+    their rows of the same adapters (autograd carries their gradients); kt computes the rest."""
+
     def __init__(self, moe: MoE, *, rank: int, alpha: float, target: Sequence[str] = DEFAULT_TARGET,
-                 recompute: bool = False):
+                 recompute: bool = False, resident_gate_up: torch.Tensor | None = None,
+                 resident_down: torch.Tensor | None = None):
         super().__init__()
         if not moe.trainable:
             raise KTError("LoRAExperts needs a kt_core.MoE made with trainable=True (kernels with transposed tiles)")
@@ -72,6 +78,21 @@ class LoRAExperts(nn.Module):
         # step without the rows' intermediate activations.
         self.recompute = bool(recompute)
         self.step = ExpertStep(moe)
+        resident = [e for e, g in enumerate(moe.gpu_experts_mask) if g]
+        if len(resident) == moe.num_experts:
+            raise KTError("every expert of this layer is GPU-resident: nothing is left for kt (lower num_gpu_experts)")
+        if resident and (resident_gate_up is None or resident_down is None
+                         or resident_gate_up.shape[0] != len(resident) or resident_down.shape[0] != len(resident)):
+            raise KTError(f"the layer's gpu_experts_mask marks {len(resident)} experts GPU-resident; give their weights "
+                          "as resident_gate_up [G, 2I, H] and resident_down [G, H, I]")
+        slots = torch.full((moe.num_experts,), -1, dtype=torch.int64)
+        slots[resident] = torch.arange(len(resident))
+        device = resident_gate_up.device if resident else torch.device("cpu")
+        # Buffers, so model.to(device) takes the resident experts and their slot map along.
+        self.register_buffer("resident_slot", slots.to(device), persistent=False)
+        self.register_buffer("resident_experts", torch.tensor(resident, dtype=torch.int64), persistent=False)
+        self.register_buffer("resident_gate_up", resident_gate_up if resident else None, persistent=False)
+        self.register_buffer("resident_down", resident_down if resident else None, persistent=False)
         E, H, I = moe.num_experts, moe.hidden_size, moe.intermediate_size
         shapes = {"gate_up": ((E, rank, H), (E, 2 * I, rank)), "gate": ((E, rank, H), (E, I, rank)),
                   "up": ((E, rank, H), (E, I, rank)), "down": ((E, rank, I), (E, H, rank))}
@@ -84,18 +105,46 @@ class LoRAExperts(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"experts={self.moe.num_experts}, kt={self.moe.method} on {self.moe.backend}, rank={self.rank}, "
-                f"alpha={self.alpha:g}, target={self.targets}, recompute={self.recompute}")
+                f"alpha={self.alpha:g}, target={self.targets}, recompute={self.recompute}, "
+                f"gpu_resident={self.resident_experts.numel()}")
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
         device, dtype = hidden_states.device, hidden_states.dtype
+        slot = self.resident_slot[top_k_index.to(self.resident_slot.device)]   # resident slot of each pick; -1: kt's
         x = hidden_states.to("cpu", torch.float32)
         ids, weights = top_k_index.to("cpu"), top_k_weights.to("cpu", torch.float32)
+        if self.resident_experts.numel():
+            ids = ids.masked_fill(slot.to("cpu") >= 0, -1)
         gate_up = self._gate_up_lora()
         gu_a, gu_b, blocks = gate_up if gate_up is not None else (None, None, 1)
         down_a, down_b = (self.down_A, self.down_B) if "down" in self.targets else (None, None)
         out = RoutedExperts.apply(x, weights, gu_a, gu_b, down_a, down_b, self.step, ids, self.scaling, blocks,
-                                  self.recompute and torch.is_grad_enabled())
-        return out.to(device, dtype)
+                                  self.recompute and torch.is_grad_enabled()).to(device, dtype)
+        if self.resident_experts.numel():
+            out = out + self._resident(hidden_states, slot, top_k_weights)
+        return out
+
+    def _resident(self, hidden: torch.Tensor, slot: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """The GPU-resident picks, by torch on the model's device in its dtype, each with its expert's
+        rows of the adapters (moved there; autograd takes their gradients back to the CPU factors)."""
+        out = torch.zeros_like(hidden)
+        dense = self.gate_up_adapter()
+        dev, dt = hidden.device, hidden.dtype
+        for s in torch.unique(slot[slot >= 0]).tolist():
+            e = int(self.resident_experts[s])
+            token, pick = torch.where(slot == s)
+            x = hidden[token]
+            gu = F.linear(x, self.resident_gate_up[s])
+            if dense is not None:
+                a, b = (t[e].to(dev, dt) for t in dense)
+                gu = gu + self.scaling * F.linear(F.linear(x, a), b)
+            gate, up = gu.chunk(2, dim=-1)
+            h = F.silu(gate) * up
+            y = F.linear(h, self.resident_down[s])
+            if "down" in self.targets:
+                y = y + self.scaling * F.linear(F.linear(h, self.down_A[e].to(dev, dt)), self.down_B[e].to(dev, dt))
+            out = out.index_add(0, token, (y * weights[token, pick, None]).to(out.dtype))
+        return out
 
     def _gate_up_lora(self) -> tuple[torch.Tensor, torch.Tensor, int] | None:
         """What the forward runs on the fused gate/up product: (A, B, blocks). Separate gate and up

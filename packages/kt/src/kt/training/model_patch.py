@@ -6,7 +6,9 @@ modules — with `freeze_base` (default) their parameters stop requiring gradien
 get_peft_model does, and they can take PEFT LoRA of their own. The model then trains with the
 transformers Trainer or a plain torch loop; `KTTrainPatch.save_adapter` writes the expert adapters
 in PEFT's format. With `adapter=` (a PEFT adapter folder) the adapters are loaded instead of
-initialised: inference with expert LoRA (SGLang's --kt-expert-lora-path).
+initialised: inference with expert LoRA (SGLang's --kt-expert-lora-path). `num_gpu_experts` per layer
+(placed as the inference patch places them) stay torch's on the model's device, with their rows of
+the same adapters; kt computes the rest.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class KTTrainPatch:
     modules: dict[str, LoRAExperts]
     backends: tuple[str, ...]
     freed_bytes: int = 0
+    gpu_masks: dict[int, tuple[bool, ...]] | None = None   # per layer: the GPU-resident experts (torch's)
 
     def adapter_parameters(self) -> list[nn.Parameter]:
         """The expert LoRA factors (what an optimizer over the experts' adapters takes)."""
@@ -51,9 +54,14 @@ class KTTrainPatch:
 
 def patch_for_training(model: nn.Module, *, method: str, backend: str | None, lora_rank: int, lora_alpha: float,
                        target: Sequence[str], recompute: bool, group_size: int, zero_point: bool, max_tokens: int,
-                       fast_activations: bool | None, freeze_base: bool, adapter: str | os.PathLike | None) -> KTTrainPatch:
-    # The transformers integration's readers of a model's MoE blocks (families, checks, orientation).
+                       fast_activations: bool | None, freeze_base: bool, adapter: str | os.PathLike | None,
+                       num_gpu_experts: int = 0, placement: str = "uniform", stats_file: str | os.PathLike | None = None,
+                       placement_seed: int = 42) -> KTTrainPatch:
+    # The transformers integration's readers of a model's MoE blocks (families, checks, orientation)
+    # and its placement of GPU-resident experts.
     from ..integrations.transformers import patch as inference_patch
+    from ..integrations.transformers.placement import gpu_expert_masks
+    from ..integrations.transformers.stats import load_counts
 
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
@@ -74,17 +82,27 @@ def patch_for_training(model: nn.Module, *, method: str, backend: str | None, lo
     layers: dict[int, LoRAExperts] = {}
     modules: dict[str, LoRAExperts] = {}
     freed = 0
+    tensors = {layer: inference_patch._expert_tensors(block, fam, layer, model_type) for layer, block in blocks}
+    num_experts = next(iter(tensors.values())).gate.shape[0]
+    counts = load_counts(stats_file, num_experts=num_experts, model_type=model_type) if stats_file is not None else None
+    masks = gpu_expert_masks(placement, layers=list(tensors), num_experts=num_experts, num_gpu_experts=num_gpu_experts,
+                             counts=counts, seed=placement_seed)
     for layer, block in blocks:
-        t = inference_patch._expert_tensors(block, fam, layer, model_type)
+        t = tensors[layer]
         if t.biases is not None:
             raise KTError(f"layer {layer}: training experts with biases is not supported yet")
         num_experts, intermediate, hidden = t.gate.shape
+        mask = masks[layer]
         moe = MoE(num_experts=num_experts, top_k=top_k, hidden_size=hidden, intermediate_size=intermediate,
-                  method=method, max_tokens=max_tokens, backend=backend, group_size=group_size, zero_point=zero_point,
-                  fast_activations=fast_activations, trainable=True)
+                  method=method, gpu_experts_mask=mask, max_tokens=max_tokens, backend=backend, group_size=group_size,
+                  zero_point=zero_point, fast_activations=fast_activations, trainable=True)
         with torch.no_grad():
             moe.load(t.gate, t.up, t.down)
-        module = LoRAExperts(moe, rank=lora_rank, alpha=lora_alpha, target=target, recompute=recompute)
+            resident = torch.tensor([e for e in range(num_experts) if mask[e]], dtype=torch.int64, device=t.gate.device)
+            resident_gate_up = torch.cat([t.gate.index_select(0, resident), t.up.index_select(0, resident)], dim=1)
+            resident_down = t.down.index_select(0, resident)
+        module = LoRAExperts(moe, rank=lora_rank, alpha=lora_alpha, target=target, recompute=recompute,
+                             resident_gate_up=resident_gate_up, resident_down=resident_down)
         for p in t.params:   # the torch copies of the frozen experts: kt holds them packed now
             freed += p.numel() * p.element_size()
             p.requires_grad_(False)
@@ -93,7 +111,8 @@ def patch_for_training(model: nn.Module, *, method: str, backend: str | None, lo
         layers[layer] = module
         modules[paths[id(t.module)]] = module
     patch = KTTrainPatch(model_type=model_type, method=layers[blocks[0][0]].moe.method, layers=layers, modules=modules,
-                         backends=tuple(sorted({m.moe.backend for m in layers.values()})), freed_bytes=freed)
+                         backends=tuple(sorted({m.moe.backend for m in layers.values()})), freed_bytes=freed,
+                         gpu_masks=masks)
     if adapter is not None:
         patch.load_adapter(adapter)
     return patch

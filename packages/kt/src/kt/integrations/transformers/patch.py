@@ -170,18 +170,19 @@ def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None =
     own parameters stop requiring gradients. Returns a KTTrainPatch (save_adapter / load_adapter in
     PEFT's format). `expert_lora_path=DIR` (either mode): start from that PEFT adapter, whose rank,
     alpha and targets are used — inference with expert LoRA.
-    Training keeps every expert on kt (num_gpu_experts, deferral, record_stats and weight_path are
-    inference options).
+    With expert LoRA, `num_gpu_experts` (and `placement`) keep experts on the model's device as torch
+    computes them, with their rows of the same adapters; deferral, record_stats and weight_path are
+    inference options.
     """
     if mode not in ("inference", "train"):
         raise KTError(f"mode must be 'inference' or 'train', got {mode!r}")
     if mode == "train" or expert_lora_path is not None:
-        extras = {"num_gpu_experts": num_gpu_experts, "max_deferred_experts_per_token": max_deferred_experts_per_token,
-                  "record_stats": record_stats, "weight_path": weight_path, "stats_file": stats_file}
+        extras = {"max_deferred_experts_per_token": max_deferred_experts_per_token, "record_stats": record_stats,
+                  "weight_path": weight_path}
         used = [k for k, v in extras.items() if v]
         if used:
             raise KTError(f"{', '.join(used)}: not available with expert LoRA (mode='train' or expert_lora_path); "
-                          "kt runs every expert, from the model's own weights")
+                          "kt's experts come from the model's own weights and run in their own layer")
         from ...training.model_patch import patch_for_training
         from ...training.peft_format import adapter_settings
 
@@ -195,7 +196,9 @@ def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None =
         patch = patch_for_training(model, method=method, backend=backend, lora_rank=lora_rank, lora_alpha=lora_alpha,
                                    target=target, recompute=recompute, group_size=group_size, zero_point=zero_point,
                                    max_tokens=max_tokens, fast_activations=fast_activations,
-                                   freeze_base=freeze_base and mode == "train", adapter=expert_lora_path)
+                                   freeze_base=freeze_base and mode == "train", adapter=expert_lora_path,
+                                   num_gpu_experts=num_gpu_experts, placement=placement, stats_file=stats_file,
+                                   placement_seed=placement_seed)
         if mode == "inference":
             for p in patch.adapter_parameters():
                 p.requires_grad_(False)
