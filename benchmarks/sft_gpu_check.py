@@ -71,12 +71,18 @@ def gradient_check(dev) -> bool:
     return ok
 
 
-def training_check(dev) -> bool:
+def training_check(dev, resident: int = 0) -> bool:
+    """A short training run; with `resident` > 0 the first experts are GPU-resident (torch on dev with
+    their adapter rows), kt computes the others."""
     E, K, H, I, V = 16, 4, 128, 64, 64
     torch.manual_seed(1)
-    moe = kt_core.MoE(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, method="BF16", trainable=True)
-    moe.load(torch.randn(E, I, H) * H**-0.5, torch.randn(E, I, H) * H**-0.5, torch.randn(E, H, I) * I**-0.5)
-    experts = LoRAExperts(moe, rank=8, alpha=16)
+    mask = [e < resident for e in range(E)]
+    moe = kt_core.MoE(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, method="BF16", trainable=True,
+                      gpu_experts_mask=mask)
+    gate, up, down = torch.randn(E, I, H) * H**-0.5, torch.randn(E, I, H) * H**-0.5, torch.randn(E, H, I) * I**-0.5
+    moe.load(gate, up, down)
+    experts = LoRAExperts(moe, rank=8, alpha=16, resident_gate_up=torch.cat([gate, up], dim=1)[:resident].to(dev),
+                          resident_down=down[:resident].to(dev))
     embed, router, head = (torch.nn.Embedding(V, H).to(dev), torch.nn.Linear(H, E).to(dev), torch.nn.Linear(H, V).to(dev))
     params = list(experts.parameters()) + list(embed.parameters()) + list(router.parameters()) + list(head.parameters())
     opt = torch.optim.AdamW(params, lr=3e-3)
@@ -94,7 +100,8 @@ def training_check(dev) -> bool:
         opt.zero_grad()
         losses.append(loss.item())
     ok = losses[-1] < losses[0] - 0.5
-    print(f"training, embedding/router/head on {dev}, experts on kt ({moe.backend}): loss {losses[0]:.3f} -> "
+    print(f"training, embedding/router/head on {dev}, {resident} experts resident there, the rest on kt "
+          f"({moe.backend}): loss {losses[0]:.3f} -> "
           f"{losses[-1]:.3f} in 30 steps, {time.perf_counter() - start:.1f} s -> {'ok' if ok else 'FAILED'}")
     return ok
 
@@ -103,7 +110,7 @@ def main() -> int:
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if dev.type != "cuda":
         print("no CUDA device: the checks run with everything on the CPU")
-    results = [gradient_check(dev), training_check(dev)]
+    results = [gradient_check(dev), training_check(dev), training_check(dev, resident=4)]
     return 0 if all(results) else 1
 
 
