@@ -301,6 +301,8 @@ def test_bad_input_is_refused_by_name():
         make(num_gpu_experts=2)
     with pytest.raises(ValueError, match="max_cache_depth must be positive, got 0"):
         make(max_cache_depth=0)
+    with pytest.raises(KTError, match="RAWINT4_SFT reads its int4 experts as a compressed-tensors checkpoint"):
+        make("RAWINT4_SFT").load_weights_from_tensors(*base_weights())
 
     wrapper = make()
     x, ids, w, dy = batch()

@@ -1,6 +1,7 @@
 """kt-kernel's SFT wrapper API (`KTMoEWrapper(mode="sft")`), driven as kt-kernel's own training loop
 drives it: one wrapper per MoE layer built with kt-kernel's SFT keyword arguments, experts loaded
-from weight_path (a model folder for AMXBF16_SFT, a kt converted folder for AMXINT8_SFT), bf16 LoRA
+from weight_path (a model folder for AMXBF16_SFT, a kt converted folder for AMXINT8_SFT, a
+compressed-tensors int4 checkpoint for RAWINT4_SFT, read as stored), bf16 LoRA
 factors as nn.Parameters with caller-owned gradient buffers (init_lora_weights), then steps of
 forward(save_for_backward=True) / backward(grad_output) / optimizer.step() / zero_grad().
 
@@ -25,7 +26,9 @@ H, I, E, TOP_K, T, RANK = 128, 128, 8, 2, 16, 8
 
 def layers_and_truth(tmp_path, method):
     folder = tmp_path / "hf"
-    truth = write_checkpoint(folder, "qwen3_moe", hidden=H, intermediate=I, experts=E, top_k=TOP_K, layers=2)
+    model_type, quant = ("kimi_k2", "rawint4") if method == "RAWINT4_SFT" else ("qwen3_moe", None)
+    truth = write_checkpoint(folder, model_type, hidden=H, intermediate=I, experts=E, top_k=TOP_K, layers=2,
+                             quant=quant)
     layers = list(Checkpoint(folder).spec.moe_layers)
     if method == "AMXINT8_SFT":
         out = convert(folder, tmp_path / "converted", method="INT8")
@@ -46,7 +49,7 @@ def reference(x, ids, w, gate, up, down):
     return out, X
 
 
-@pytest.mark.parametrize("method", ["AMXBF16_SFT", "AMXINT8_SFT"])
+@pytest.mark.parametrize("method", ["AMXBF16_SFT", "AMXINT8_SFT", "RAWINT4_SFT"])
 def test_kt_kernel_sft_training_loop(tmp_path, method):
     weight_path, truth, layers = layers_and_truth(tmp_path, method)
     g = torch.Generator().manual_seed(0)

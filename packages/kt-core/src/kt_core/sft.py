@@ -179,6 +179,9 @@ class SFTMoEWrapper:
     def load_weights_from_tensors(self, gate_proj, up_proj, down_proj, physical_to_logical_map_cpu=None) -> None:
         """gate_proj/up_proj [E, I, H], down_proj [E, H, I] (any float dtype), packed into the method's
         layout. With full_weight_grad they are also the starting point of init_full_weight_grad_buffers."""
+        if self._moe.method == "RAWINT4":
+            raise KTError("RAWINT4_SFT reads its int4 experts as a compressed-tensors checkpoint stores them: use "
+                          "load_weights() with weight_path (kt-kernel's load_rawint4_weights() is not provided)")
         self._moe.load(gate_proj, up_proj, down_proj, physical_to_logical_map_cpu)
         self._physical_to_logical = physical_to_logical_map_cpu
         self._weights_loaded = True
