@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds aarch64 wheels of kt packages — scikit-build-core cross-compiling with toolchain.cmake against
-# the arm64 root, tagged cp311-cp311-linux_aarch64 — into .aarch64/wheels, and pip-installs them with
+# the arm64 root, then audited by auditwheel into manylinux wheels (the root's libhwloc grafted into
+# kt-core's, the tag the glibc symbols allow: manylinux_2_34_aarch64) — into .aarch64/wheels, and pip-installs them with
 # the root's own pip, under qemu, into the arm64 venv .aarch64/venv (system site packages: the root's
 # NumPy and pytest), as a user on an ARM server would: `pip install kt-core kt-backend-kml`.
 #
@@ -25,6 +26,15 @@ for pkg in "${pkgs[@]}"; do
   KT_AARCH64_ROOT="$ROOT" "$PY" -m pip wheel -q --no-build-isolation --no-deps -w "$WHEELS" "packages/$pkg" \
     -C wheel.tags=cp311-cp311-linux_aarch64 -C build-dir="$PWD/.aarch64/skbuild/$pkg" \
     -C cmake.define.CMAKE_TOOLCHAIN_FILE="$PWD/tools/aarch64/toolchain.cmake" -C cmake.define.KT_AARCH64_ROOT="$ROOT"
+  # auditwheel reads the aarch64 ELF files from this x86 host; the libraries it grafts are the root's.
+  raw="$(ls "$WHEELS/${pkg//-/_}"-*-linux_aarch64.whl)"
+  if ! log="$(PATH="$(dirname "$PY"):$PATH" "$PY" -m auditwheel repair --plat auto -w "$WHEELS" \
+      --ldpaths "$ROOT/usr/lib/aarch64-linux-gnu:$ROOT/lib/aarch64-linux-gnu" "$raw" 2>&1)"; then
+    echo "$log" >&2
+    echo "error: auditwheel could not repair $raw" >&2
+    exit 1
+  fi
+  rm -f "$raw"
   echo "aarch64: $(basename "$WHEELS/${pkg//-/_}"-*.whl)"
 done
 qemu() { qemu-aarch64 -L "$ROOT" "$@"; }
