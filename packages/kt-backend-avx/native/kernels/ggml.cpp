@@ -341,7 +341,9 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
             // block's lines, header (d, scales) and Q5_K's / Q6_K's extra bit lines included: one
             // prefetch per 64-byte chunk left those to the hardware (Q6_K: 1 line in 3 of each
             // sub-block, plus its 5 header lines). The 2-bit types run faster without it (Q2_K 1.06
-            // -> 0.88); 8 KiB ahead was slower.
+            // -> 0.88); 8 KiB ahead was slower. Re-measured with this per-block scheme (session 20,
+            // one thread, 3 alternations): Q2_K 0.69 -> 0.75-0.84 ms, Q3_K 0.80 -> 0.83 (x86-64-v3:
+            // 0.85 -> 1.03, 1.06 -> 1.17) — still without.
             if constexpr (MR == 1 && P::kBits == 4) {
                 constexpr int kLines = int((P::kBlockBytes + 63) / 64), kSubs = int(P::kBlockK / P::kSubK);
                 for (int i = j * kLines / kSubs; i < (j + 1) * kLines / kSubs; ++i)
