@@ -342,3 +342,15 @@ def test_mode_is_kt_kernels_fifteenth_argument_and_names_are_listed():
     assert isinstance(wrapper, SFTMoEWrapper) and wrapper.lora_rank == 4 and wrapper.lora_scaling == 32.0 / 4
     assert "AMXBF16_SFT_SkipLoRA" in sft_methods() and "RAWINT4_SFT" in sft_methods()
     assert np.isclose(make(lora_alpha=8.0).lora_scaling, 1.0)
+
+
+def test_the_buffer_pool_takes_back_only_its_own_buffers_once():
+    from kt_core.training_step import BufferPool
+
+    pool = BufferPool()
+    a = pool.take(10, 4)
+    foreign = torch.zeros(20, 4)
+    pool.give(a, a, foreign[:10], foreign)
+    b, c = pool.take(8, 4), pool.take(8, 4)
+    assert b._base is a._base and c._base is not a._base and c._base is not foreign
+    assert pool.take(30, 4).shape == (30, 4) and pool.take(3, 5).shape == (3, 5)

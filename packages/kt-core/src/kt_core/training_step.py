@@ -28,6 +28,7 @@ over the whole expert block).
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -41,23 +42,30 @@ from .rows import Routing, gated_rows_backward, gated_rows_forward, gather_rows,
 class BufferPool:
     """Float32 [rows, width] buffers reused across steps; a buffer serves any request of its width up
     to its capacity. Holds one step's peak; clear() frees it. A buffer handed out and never given back
-    (a forward that is never backwarded) is not referenced here: it is freed with its last user."""
+    (a forward that is never backwarded) is not referenced here: it is freed with its last user. Only
+    views of the pool's own buffers are taken back (a saved-tensor hook may hand back something else),
+    and each once."""
 
     def __init__(self):
         self._free: list[torch.Tensor] = []
+        self._made: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
         self._lock = threading.Lock()
 
     def take(self, rows: int, width: int) -> torch.Tensor:
         with self._lock:
             fits = [i for i, b in enumerate(self._free) if b.shape[1] == width and b.shape[0] >= rows]
             base = self._free.pop(min(fits, key=lambda i: self._free[i].shape[0])) if fits else None
-        if base is None:
-            base = torch.empty((max(rows, 1), width))
+            if base is None:
+                base = torch.empty((max(rows, 1), width))
+                self._made[id(base)] = base
         return base[:rows]   # a view: its ._base is the buffer give() takes back
 
     def give(self, *views) -> None:
         with self._lock:
-            self._free.extend(v._base for v in views if v is not None and v._base is not None)
+            for v in views:
+                base = v._base if v is not None else None
+                if base is not None and self._made.get(id(base)) is base and all(b is not base for b in self._free):
+                    self._free.append(base)
 
     def clear(self) -> None:
         with self._lock:
