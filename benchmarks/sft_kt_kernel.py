@@ -148,9 +148,8 @@ def main() -> None:
     if not (a.kt_kernel_venv / "bin" / "python").is_file():
         p.error(f"--kt-kernel-venv {a.kt_kernel_venv}: no bin/python; run benchmarks/setup_kt_kernel.sh")
     kt_core.pool.configure(a.threads, 0)
-    isa = kt_core.host().isa_level if hasattr(kt_core.host(), "isa_level") else ""
-    doctor = subprocess.run([sys.executable, "-m", "kt_core.cli", "doctor"], capture_output=True, text=True).stdout
-    host_line = next((ln.strip() for ln in doctor.splitlines() if "level" in ln.lower()), isa)
+    host = kt_core.host()
+    host_line = f"{host.brand}, ISA level {host.isa_level} (kt doctor)"
     log(f"host: {host_line}; shape {a.shape} {SHAPES[a.shape]}, rank {a.rank}, threads {a.threads}")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -443,7 +443,11 @@ class MoE:
         return x, c
 
     @staticmethod
-    def _empty_like(x, rows: int, width: int):
+    def _result(out, x, width: int):
+        """`out` when the caller gave one, else a new float32 [rows of x, width] of x's kind."""
+        if out is not None:
+            return out
+        rows = _arrays.shape_of(x)[0]
         if _arrays.is_torch(x):
             import torch
 
@@ -455,28 +459,28 @@ class MoE:
         row, x·upᵀ in the second (transformers' fused gate_up order), no activation. Each grouped_*
         product writes into `out` when given (a float32 C-contiguous array of the result's shape)."""
         x, c = self._grouped_args(x, counts, "x")
-        gate_up = out if out is not None else self._empty_like(x, _arrays.shape_of(x)[0], 2 * self.intermediate_size)
+        gate_up = self._result(out, x, 2 * self.intermediate_size)
         self._layer.grouped_gate_up(x, c, gate_up)
         return gate_up
 
     def grouped_down(self, h, counts, out=None):
         """h float32 [rows, intermediate] -> h·downᵀ float32 [rows, hidden]."""
         h, c = self._grouped_args(h, counts, "h")
-        y = out if out is not None else self._empty_like(h, _arrays.shape_of(h)[0], self.hidden_size)
+        y = self._result(out, h, self.hidden_size)
         self._layer.grouped_down(h, c, y)
         return y
 
     def grouped_gate_up_transposed(self, dgate_up, counts, out=None):
         """dgate_up float32 [rows, 2 * intermediate] (dgate | dup) -> dgate·gate + dup·up float32 [rows, hidden]."""
         g, c = self._grouped_args(dgate_up, counts, "dgate_up")
-        dx = out if out is not None else self._empty_like(g, _arrays.shape_of(g)[0], self.hidden_size)
+        dx = self._result(out, g, self.hidden_size)
         self._layer.grouped_gate_up_transposed(g, c, dx)
         return dx
 
     def grouped_down_transposed(self, dy, counts, out=None):
         """dy float32 [rows, hidden] -> dy·down float32 [rows, intermediate]."""
         dy, c = self._grouped_args(dy, counts, "dy")
-        dh = out if out is not None else self._empty_like(dy, _arrays.shape_of(dy)[0], self.intermediate_size)
+        dh = self._result(out, dy, self.intermediate_size)
         self._layer.grouped_down_transposed(dy, c, dh)
         return dh
 

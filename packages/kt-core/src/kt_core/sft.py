@@ -431,17 +431,14 @@ class SFTMoEWrapper:
         start = 0
         for e, n in enumerate(routing.splits):
             end = start + n
+            buffers = (self.grad_gate_proj_buf[e], self.grad_up_proj_buf[e], self.grad_down_proj_buf[e])
             if n:
                 dgu = dgate_up[start:end].T @ rows[start:end]
-                parts = ((self.grad_gate_proj_buf, dgu[:I]), (self.grad_up_proj_buf, dgu[I:]),
-                         (self.grad_down_proj_buf, dy[start:end].T @ h[start:end]))
-            else:
-                parts = ((self.grad_gate_proj_buf, None), (self.grad_up_proj_buf, None), (self.grad_down_proj_buf, None))
-            for buffer, grad in parts:
-                if grad is not None:
-                    self._write_grad(buffer[e], grad, scale, accumulate)
-                elif not accumulate:
-                    buffer[e].zero_()
+                for buffer, grad in zip(buffers, (dgu[:I], dgu[I:], dy[start:end].T @ h[start:end])):
+                    self._write_grad(buffer, grad, scale, accumulate)
+            elif not accumulate:   # an expert without rows: its gradient is zero
+                for buffer in buffers:
+                    buffer.zero_()
             start = end
 
     # -- asynchronous forms (kt-kernel's submit / sync pairs) ------------------------------------------

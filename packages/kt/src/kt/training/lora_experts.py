@@ -26,6 +26,7 @@ from kt_core.errors import KTError
 from kt_core.moe import MoE
 from kt_core.training_step import ExpertStep
 
+from ..integrations.transformers.experts import resident_picks, resident_slots
 from .routed_experts import RoutedExperts
 
 TARGETS = ("gate_up", "gate", "up", "down")
@@ -85,11 +86,9 @@ class LoRAExperts(nn.Module):
                          or resident_gate_up.shape[0] != len(resident) or resident_down.shape[0] != len(resident)):
             raise KTError(f"the layer's gpu_experts_mask marks {len(resident)} experts GPU-resident; give their weights "
                           "as resident_gate_up [G, 2I, H] and resident_down [G, H, I]")
-        slots = torch.full((moe.num_experts,), -1, dtype=torch.int64)
-        slots[resident] = torch.arange(len(resident))
         device = resident_gate_up.device if resident else torch.device("cpu")
         # Buffers, so model.to(device) takes the resident experts and their slot map along.
-        self.register_buffer("resident_slot", slots.to(device), persistent=False)
+        self.register_buffer("resident_slot", resident_slots(moe.gpu_experts_mask).to(device), persistent=False)
         self.register_buffer("resident_experts", torch.tensor(resident, dtype=torch.int64), persistent=False)
         self.register_buffer("resident_gate_up", resident_gate_up if resident else None, persistent=False)
         self.register_buffer("resident_down", resident_down if resident else None, persistent=False)
@@ -110,41 +109,38 @@ class LoRAExperts(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
         device, dtype = hidden_states.device, hidden_states.dtype
-        slot = self.resident_slot[top_k_index.to(self.resident_slot.device)]   # resident slot of each pick; -1: kt's
         x = hidden_states.to("cpu", torch.float32)
         ids, weights = top_k_index.to("cpu"), top_k_weights.to("cpu", torch.float32)
+        slot = None
         if self.resident_experts.numel():
-            ids = ids.masked_fill(slot.to("cpu") >= 0, -1)
+            slot = self.resident_slot[top_k_index.to(self.resident_slot.device)]   # resident slot of each pick
+            ids = ids.masked_fill(slot.to("cpu") >= 0, -1)   # those picks are torch's, not kt's
         gate_up = self._gate_up_lora()
         gu_a, gu_b, blocks = gate_up if gate_up is not None else (None, None, 1)
         down_a, down_b = (self.down_A, self.down_B) if "down" in self.targets else (None, None)
         out = RoutedExperts.apply(x, weights, gu_a, gu_b, down_a, down_b, self.step, ids, self.scaling, blocks,
                                   self.recompute and torch.is_grad_enabled()).to(device, dtype)
-        if self.resident_experts.numel():
+        if slot is not None:
             out = out + self._resident(hidden_states, slot, top_k_weights)
         return out
 
     def _resident(self, hidden: torch.Tensor, slot: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """The GPU-resident picks, by torch on the model's device in its dtype, each with its expert's
         rows of the adapters (moved there; autograd takes their gradients back to the CPU factors)."""
-        out = torch.zeros_like(hidden)
         dense = self.gate_up_adapter()
         dev, dt = hidden.device, hidden.dtype
-        for s in torch.unique(slot[slot >= 0]).tolist():
+
+        def delta(s: int, product: str, x: torch.Tensor) -> torch.Tensor | None:
             e = int(self.resident_experts[s])
-            token, pick = torch.where(slot == s)
-            x = hidden[token]
-            gu = F.linear(x, self.resident_gate_up[s])
-            if dense is not None:
-                a, b = (t[e].to(dev, dt) for t in dense)
-                gu = gu + self.scaling * F.linear(F.linear(x, a), b)
-            gate, up = gu.chunk(2, dim=-1)
-            h = F.silu(gate) * up
-            y = F.linear(h, self.resident_down[s])
-            if "down" in self.targets:
-                y = y + self.scaling * F.linear(F.linear(h, self.down_A[e].to(dev, dt)), self.down_B[e].to(dev, dt))
-            out = out.index_add(0, token, (y * weights[token, pick, None]).to(out.dtype))
-        return out
+            if product == "gate_up":
+                a, b = (None, None) if dense is None else dense
+            else:
+                a, b = (self.down_A, self.down_B) if "down" in self.targets else (None, None)
+            if a is None:
+                return None
+            return self.scaling * F.linear(F.linear(x, a[e].to(dev, dt)), b[e].to(dev, dt))
+
+        return resident_picks(hidden, slot, weights, self.resident_gate_up, self.resident_down, delta)
 
     def _gate_up_lora(self) -> tuple[torch.Tensor, torch.Tensor, int] | None:
         """What the forward runs on the fused gate/up product: (A, B, blocks). Separate gate and up

@@ -60,6 +60,7 @@ def patch_for_training(model: nn.Module, *, method: str, backend: str | None, lo
     # The transformers integration's readers of a model's MoE blocks (families, checks, orientation)
     # and its placement of GPU-resident experts.
     from ..integrations.transformers import patch as inference_patch
+    from ..integrations.transformers.experts import resident_weights
     from ..integrations.transformers.placement import gpu_expert_masks
     from ..integrations.transformers.stats import load_counts
 
@@ -98,9 +99,7 @@ def patch_for_training(model: nn.Module, *, method: str, backend: str | None, lo
                   zero_point=zero_point, fast_activations=fast_activations, trainable=True)
         with torch.no_grad():
             moe.load(t.gate, t.up, t.down)
-            resident = torch.tensor([e for e in range(num_experts) if mask[e]], dtype=torch.int64, device=t.gate.device)
-            resident_gate_up = torch.cat([t.gate.index_select(0, resident), t.up.index_select(0, resident)], dim=1)
-            resident_down = t.down.index_select(0, resident)
+            resident_gate_up, resident_down = resident_weights(t.gate, t.up, t.down, mask)
         module = LoRAExperts(moe, rank=lora_rank, alpha=lora_alpha, target=target, recompute=recompute,
                              resident_gate_up=resident_gate_up, resident_down=resident_down)
         for p in t.params:   # the torch copies of the frozen experts: kt holds them packed now

@@ -21,6 +21,45 @@ from .deferral import Handoff, lowest_weight_picks
 from .stats import ExpertStats
 
 
+def resident_slots(gpu_mask) -> torch.Tensor:
+    """Each expert's slot among the GPU-resident ones (int64 [E]; -1: an expert kt computes)."""
+    resident = [e for e, g in enumerate(gpu_mask) if g]
+    slots = torch.full((len(gpu_mask),), -1, dtype=torch.int64)
+    slots[resident] = torch.arange(len(resident))
+    return slots
+
+
+def resident_weights(gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, gpu_mask) -> tuple[torch.Tensor, torch.Tensor]:
+    """The GPU-resident experts' weights, in slot order: gate|up [G, 2I, H] and down [G, H, I]."""
+    resident = torch.tensor([e for e, g in enumerate(gpu_mask) if g], dtype=torch.int64, device=gate.device)
+    return (torch.cat([gate.index_select(0, resident), up.index_select(0, resident)], dim=1),
+            down.index_select(0, resident))
+
+
+# delta(slot, product, input): what an adapter adds to a resident expert's "gate_up" or "down"
+# product of `input`, or None.
+Delta = Callable[[int, str, torch.Tensor], "torch.Tensor | None"]
+
+
+def resident_picks(hidden: torch.Tensor, slot: torch.Tensor, weights: torch.Tensor, gate_up: torch.Tensor,
+                   down: torch.Tensor, delta: Delta | None = None) -> torch.Tensor:
+    """The picks of GPU-resident experts (slot >= 0), computed as transformers' eager experts do, on
+    hidden's device in its dtype, summed per token; `delta` adds an adapter's share (training)."""
+    out = torch.zeros_like(hidden)
+    for s in torch.unique(slot[slot >= 0]).tolist():
+        token, pick = torch.where(slot == s)
+        x = hidden[token]
+        gu = F.linear(x, gate_up[s])
+        d = delta(s, "gate_up", x) if delta is not None else None
+        gate, up = (gu if d is None else gu + d).chunk(2, dim=-1)
+        h = F.silu(gate) * up
+        y = F.linear(h, down[s])
+        d = delta(s, "down", h) if delta is not None else None
+        y = (y if d is None else y + d) * weights[token, pick, None]
+        out.index_add_(0, token, y.to(out.dtype))
+    return out
+
+
 class KTExperts(nn.Module):
     def __init__(self, *, layer: int, order: int, num_experts: int, moe: MoE | None, gpu_mask: tuple[bool, ...],
                  resident_gate_up: torch.Tensor, resident_down: torch.Tensor, defer: int, handoff: Handoff | None,
@@ -33,12 +72,9 @@ class KTExperts(nn.Module):
         # The torch experts module this one replaced, kept only with free_originals=False (to
         # compare against); stored outside _modules so the model's parameters do not include it.
         self.__dict__["original"] = original
-        slots = torch.full((num_experts,), -1, dtype=torch.int64)
-        resident = [e for e in range(num_experts) if gpu_mask[e]]
-        slots[resident] = torch.arange(len(resident))
         # Buffers, so model.to(device) takes the GPU-resident experts and their slot map along;
         # not persistent: a checkpoint of the patched model keeps its original expert names.
-        self.register_buffer("resident_slot", slots.to(resident_gate_up.device), persistent=False)
+        self.register_buffer("resident_slot", resident_slots(gpu_mask).to(resident_gate_up.device), persistent=False)
         self.register_buffer("resident_gate_up", resident_gate_up, persistent=False)   # [G, 2I, H]
         self.register_buffer("resident_down", resident_down, persistent=False)         # [G, H, I]
 
@@ -88,10 +124,4 @@ class KTExperts(nn.Module):
         """The GPU-resident picks, computed as transformers' eager experts do, or None if there are none."""
         if self.resident_gate_up.shape[0] == 0:
             return None
-        out = torch.zeros_like(hidden)
-        for s in torch.unique(slot[slot >= 0]).tolist():
-            token, pick = torch.where(slot == s)
-            gate, up = F.linear(hidden[token], self.resident_gate_up[s]).chunk(2, dim=-1)
-            y = F.linear(F.silu(gate) * up, self.resident_down[s]) * weights[token, pick, None]
-            out.index_add_(0, token, y.to(out.dtype))
-        return out
+        return resident_picks(hidden, slot, weights, self.resident_gate_up, self.resident_down)

@@ -19,7 +19,7 @@ from ...gguf.reader import GGUFModel
 from ...models import ACTIVATIONS, FAMILIES, Family
 from ...weights import Checkpoint, ConvertedFolder, KtKernelFolder, load_layer, open_weights
 from .deferral import Handoff
-from .experts import KTExperts
+from .experts import KTExperts, resident_weights
 from .placement import gpu_expert_masks
 from .stats import ExpertStats, load_counts
 
@@ -273,12 +273,10 @@ def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None =
                     load_layer(moe, source, layer)
                 else:
                     moe.load(t.gate, t.up, t.down, biases=t.biases)
-            resident = torch.tensor([e for e in range(num_experts) if mask[e]], dtype=torch.int64, device=t.gate.device)
+            resident_gate_up, resident_down = resident_weights(t.gate, t.up, t.down, mask)
             last = order == len(blocks) - 1
             module = KTExperts(layer=layer, order=order, num_experts=num_experts, moe=moe, gpu_mask=mask,
-                               resident_gate_up=torch.cat([t.gate.index_select(0, resident),
-                                                           t.up.index_select(0, resident)], dim=1),
-                               resident_down=t.down.index_select(0, resident),
+                               resident_gate_up=resident_gate_up, resident_down=resident_down,
                                defer=0 if last else defer, handoff=handoff, stats=stats,
                                original=None if free_originals else t.module)
             if free_originals:
