@@ -14,8 +14,10 @@ With --llama-cpp BUILD (made by benchmarks/setup_llama_cpp.sh), llama.cpp's own 
 where it uses them, with the same thread count) runs the same calls right after kt's; each row gets
 its time, llama.cpp / kt (above 1: kt faster; with --passes N each side is measured N times,
 alternating, and its figure is the median of its pass medians), and both sides' error on the first call's first
-tokens against float64 over the blocks' dequantized weights (gguf-py's dequantizer). BF16 compares
-kt's BF16 method with llama.cpp's BF16 tensors of the same bf16 values.
+tokens against float64 over the blocks' dequantized weights (gguf-py's dequantizer). "LLAMAFILE BF16"
+is a GGUF BF16 file's experts through kt's LLAMAFILE method (BF16 kernels, llama.cpp's bf16
+activations by default); "BF16" is kt's BF16 method given the same values as floats (exact f32
+activations by default); both against llama.cpp's BF16 tensors of the same bf16 values.
 
 Default shape: Qwen3-30B-A3B's MoE layer. Per method (LLAMAFILE Q4_K and Q8_0 — gate, up and
 down all of that type, random blocks — and INT4 (group 128) / INT8 quantized from random
@@ -44,7 +46,8 @@ from kt_core.testing.ggml_blocks import dequantize, random_blocks
 METHODS = {"LLAMAFILE Q4_K": ("LLAMAFILE", ("Q4_K",) * 3), "LLAMAFILE Q8_0": ("LLAMAFILE", ("Q8_0",) * 3),
            "LLAMAFILE Q4_K_M": ("LLAMAFILE", ("Q4_K", "Q4_K", "Q6_K")),
            **{f"LLAMAFILE {t}": ("LLAMAFILE", (t,) * 3) for t in ("Q4_0", "Q2_K", "Q3_K", "Q5_K", "Q6_K", "IQ4_XS")},
-           "BF16": ("BF16", ("BF16",) * 3), "INT4": ("INT4", None), "INT8": ("INT8", None)}
+           "LLAMAFILE BF16": ("LLAMAFILE", ("BF16",) * 3), "BF16": ("BF16", ("BF16",) * 3),
+           "INT4": ("INT4", None), "INT8": ("INT8", None)}
 CHECK_TOKENS = 4   # tokens of the first call checked against float64 (their experts are dequantized)
 
 
@@ -64,9 +67,12 @@ def make_layer(name: str, args, rng):
                         max_tokens=max(args.tokens), weight_types=types if method == "LLAMAFILE" else None,
                         group_size=128 if method == "INT4" else 0, fast_activations=args.fast_activations)
     shapes = ((E, I, H), (E, I, H), (E, H, I))
-    if method == "BF16":   # bf16 bits, loaded into kt as the floats they are, 16 experts at a time
+    if types == ("BF16",) * 3:   # bf16 bits: a GGUF BF16 file's rows, or kt's BF16 method given their floats
         bits = tuple((rng.standard_normal(s, dtype=np.float32) * 0.02).view(np.uint32) >> 16 for s in shapes)
         bits = tuple(b.astype(np.uint16) for b in bits)
+        if method == "LLAMAFILE":
+            layer.load(*bits)
+            return layer, bits
         for e0 in range(0, E, 16):
             layer.load_experts({e: tuple(bf16_to_f32(b[e]) for b in bits) for e in range(e0, min(E, e0 + 16))})
         return layer, bits

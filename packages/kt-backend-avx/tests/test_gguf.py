@@ -85,6 +85,30 @@ def test_fast_activations_and_32_element_blocks(variant):
         assert _rel(layer(x, ids, w), moe_reference(x, *dense, ids, w, activations=acts)) < tol
 
 
+@pytest.mark.parametrize("tokens", [1, 70])
+def test_bf16_experts_run_on_bf16_kernels(variant, tokens):
+    """GGUF BF16 experts (the file's row bytes) run on method BF16's kernels. By default where the
+    variant has `vdpbf16ps` with llama.cpp's BF16 numerics (activations rounded to bf16, its
+    vec_dot_type): measured 1.4e-5 (1 token) and 9.6e-4 (70) against float64 over those
+    activations — f32 intermediates against float64 put a value on the other side of a bf16 step.
+    Variants without it keep exact f32 activations (no faster form), as fast_activations=False
+    does everywhere: 3e-7 to 1.4e-5 against float64 (the BF16 method's bound, 1e-4)."""
+    types, hidden, inter, experts, top_k = ("BF16",) * 3, 512, 256, 8, 3
+    rng = np.random.default_rng(tokens)
+    blocks, dense = _weights(rng, types, hidden, inter, experts)
+    x = rng.standard_normal((tokens, hidden)).astype(np.float32)
+    ids = np.stack([rng.permutation(experts)[:top_k] for _ in range(tokens)]).astype(np.int64)
+    w = rng.random((tokens, top_k)).astype(np.float32)
+    exact = (1e-4, None)
+    for fast, (tol, acts) in ((None, (2e-3, llama_activations(types)) if "bf16" in variant else exact),
+                              (False, exact)):
+        layer = _layer(types, hidden, inter, experts, top_k, fast_activations=fast)
+        assert (layer.method, layer.kernel_method, layer.backend) == ("LLAMAFILE", "BF16", f"avx/{variant}")
+        assert layer.fast_activations == (fast is None) and layer.layout_id.startswith("kt-bf16")
+        layer.load(*blocks)
+        assert _rel(layer(x, ids, w), moe_reference(x, *dense, ids, w, activations=acts)) < tol
+
+
 def test_gguf_file_through_the_wrapper(variant, tmp_path):
     """A GGUF file read by the kt application (KTMoEWrapper(weight_path=) finds its reader), run here."""
     gguf_files = pytest.importorskip("kt.testing.gguf_files", reason="reading GGUF files is the kt application's")

@@ -4,6 +4,8 @@ split and per-expert files, and clear errors for bad files and unsupported types
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -63,6 +65,42 @@ def test_wrapper_forward_matches_fp32_moe(tmp_path, types):
     assert w._moe.fast_activations
     want = moe_reference(x, *weights[1], ids, wt, activations=llama_activations(types))
     assert _rel(w.forward(x, ids, wt), want) < 1e-5
+
+
+def test_bf16_file_loads_on_the_bf16_kernels(tmp_path, monkeypatch):
+    """A GGUF of BF16 experts (convert_hf_to_gguf --outtype bf16) runs on method BF16's packed layout
+    (the file's bf16 values exactly); the reference backend computes it in exact f32 (3e-7 against
+    float64), the backends' own numerics are tested with them (kt-backend-avx test_gguf.py)."""
+    hidden, inter, experts = 256, 512, 6
+    weights = write_moe_gguf(tmp_path / "m.gguf", hidden=hidden, intermediate=inter, experts=experts, top_k=2,
+                             layers=2, types=("BF16",) * 3, seed=3)
+    assert open_gguf(tmp_path / "m.gguf").layer_experts(1).types == ("BF16",) * 3
+    w = KTMoEWrapper(layer_idx=1, num_experts=experts, num_experts_per_tok=2, hidden_size=hidden,
+                     moe_intermediate_size=inter, weight_path=str(tmp_path / "m.gguf"), method="GGUF",
+                     backend="reference")
+    w.load_weights()
+    assert (w._moe.method, w._moe.kernel_method, w._moe.layout_id) == ("LLAMAFILE", "BF16", "kt-bf16-rowmajor-v1")
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((7, hidden)).astype(np.float32)
+    ids, wt = _routing(rng, 7, experts, 2)
+    assert _rel(w.forward(x, ids, wt), moe_reference(x, *weights[1], ids, wt)) < 1e-5
+    # Without torch the packer gets the exact float32 values instead of a bf16 view: same bytes.
+    moe = MoE(num_experts=experts, top_k=2, hidden_size=hidden, intermediate_size=inter, method="LLAMAFILE",
+              weight_types=("BF16",) * 3, backend="reference")
+    experts_bytes = open_gguf(tmp_path / "m.gguf").layer_experts(1)
+    monkeypatch.setitem(sys.modules, "torch", None)   # import torch fails
+    moe.load_expert(0, *(np.asarray(m[0]).view(np.uint16) for m in experts_bytes.matrices))
+    assert moe.packed_expert(0) == w._moe.packed_expert(0)
+
+
+def test_float_and_block_types_do_not_mix():
+    with pytest.raises(ValueError, match="gate, up, down are BF16, BF16, Q4_K: kt runs a layer's GGUF experts either all"):
+        MoE(num_experts=2, top_k=1, hidden_size=256, intermediate_size=256, method="LLAMAFILE",
+            weight_types=("BF16", "BF16", "Q4_K"))
+    moe = MoE(num_experts=2, top_k=1, hidden_size=64, intermediate_size=32, method="LLAMAFILE",
+              weight_types=("BF16",) * 3, backend="reference")
+    with pytest.raises(TypeError, match=r"gate must be a 2-D matrix of GGUF BF16 bytes .* got int32 \[32, 64\]"):
+        moe.load_expert(0, np.zeros((32, 64), np.int32), np.zeros((32, 128), np.uint8), np.zeros((64, 64), np.uint8))
 
 
 def test_split_files_and_folder(tmp_path):
@@ -170,7 +208,8 @@ def test_unsupported_types_and_block_sizes(tmp_path):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(WeightsError, match="stored as F16, which kt's LLAMAFILE method does not read; it reads Q4_0"):
+    with pytest.raises(WeightsError, match="stored as F16, which kt's LLAMAFILE method does not read; it reads Q4_0.*BF16 "
+                                           r"\(llama-quantize can rewrite the file as BF16 or Q8_0\)"):
         open_gguf(tmp_path / "f16.gguf").layer_experts(0)
 
 

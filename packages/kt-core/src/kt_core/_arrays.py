@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import warnings
 
 import numpy as np
 
@@ -44,6 +45,35 @@ def weight_matrix(x, name: str):
 
         return x.view(torch.uint8)
     return x
+
+
+def bf16_rows(x, name: str):
+    """A GGUF BF16 matrix (its rows' bytes, uint8 [N, 2K], or bits, uint16 [N, K]) as bfloat16
+    for the BF16 packer: a torch view where torch is installed (no copy of a file's experts),
+    else the exact float32 values. Floating input passes through."""
+    x = to_cpu_contiguous(x, name)
+    if is_torch(x):
+        import torch
+
+        if x.dtype.is_floating_point:
+            return x
+        if x.dtype == torch.bool or x.element_size() > 2 or x.ndim != 2 or x.shape[-1] * x.element_size() % 2:
+            raise TypeError(f"{name} must be a 2-D matrix of GGUF BF16 bytes (uint8 [N, 2K]) or bits (16-bit ints "
+                            f"[N, K]), got {x.dtype} {list(x.shape)}")
+        return x.view(torch.int16).view(torch.bfloat16)
+    if x.dtype.kind == "f":
+        return x
+    if x.dtype not in (np.uint8, np.uint16, np.int16) or x.ndim != 2 or x.shape[-1] * x.itemsize % 2:
+        raise TypeError(f"{name} must be a 2-D matrix of GGUF BF16 bytes (uint8 [N, 2K]) or bits (uint16 [N, K]), got "
+                        f"{x.dtype} {list(x.shape)}")
+    bits = x.view(np.uint16)
+    try:
+        import torch
+    except ImportError:
+        return (bits.astype(np.uint32) << 16).view(np.float32)
+    with warnings.catch_warnings():   # a file's read-only mapping: the packer only reads it
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)
 
 
 def as_int64(x, name: str):

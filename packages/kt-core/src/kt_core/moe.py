@@ -20,7 +20,7 @@ from . import _arrays, _native, pool
 from .backends.selection import canonical_method, selector
 from .errors import BackendError, WeightsError
 from .formats.codes import int4_group_for
-from .formats.ggml import ggml_type
+from .formats.ggml import FLOAT_TYPES, float_method, ggml_type
 
 log = logging.getLogger("kt_core")
 
@@ -66,6 +66,9 @@ class MoE:
         self.held_on_cpu = tuple(not g for g in mask)
         self.gpu_experts_mask = tuple(mask)
         self.weight_types = self._weight_types(weight_types)
+        # The method whose kernels run this layer: its own, except GGUF experts of plain floats,
+        # which run on their float method's kernels (BF16 GGUF files: formats/ggml.py).
+        self.kernel_method = (float_method(self.weight_types) if self.weight_types else None) or self.method
         # Integer kernels quantize activations in two int8 passes (~1e-3 of the output RMS) and
         # split-bf16 kernels (BF16, FP8) carry a low half; fast_activations=True allows one int8
         # pass (kt-kernel's choice: faster prefill) or bf16 alone (~1.5e-2). None (the default)
@@ -78,29 +81,29 @@ class MoE:
         shape = (self.hidden_size, self.intermediate_size, self.num_experts, self.top_k)
         sel = selector()
         if backend is None:
-            self.candidate, native = sel.choose(self.method, shape, self.max_tokens, needs_raw_gate_up=self.expert_bias,
+            self.candidate, native = sel.choose(self.kernel_method, shape, self.max_tokens, needs_raw_gate_up=self.expert_bias,
                                                 needs_transposed=self.trainable)
         else:
-            choices = [c for c in sel.ranked(self.method) if c.backend == backend]
+            choices = [c for c in sel.ranked(self.kernel_method) if c.backend == backend]
             if not choices:
                 own = [c for c in sel.candidates if c.backend == backend]
                 provides = ", ".join(sorted({m for c in own for m in c.methods})) or "nothing (not installed)"
                 why = "; ".join(f"{c.variant}: {c.reason}" for c in own if not c.runnable)
-                raise BackendError(f"backend {backend!r} cannot run method {self.method} here; it provides {provides}"
+                raise BackendError(f"backend {backend!r} cannot run method {self.kernel_method} here; it provides {provides}"
                                    + (f" ({why})" if why else "") + "; see `kt backends`")
             self.candidate, native = choices[0], sel.load(choices[0])
-        if self.trainable and not any(m["method"] == self.method and m["raw_gate_up"] and m["transposed"]
+        if self.trainable and not any(m["method"] == self.kernel_method and m["raw_gate_up"] and m["transposed"]
                                       for m in native.methods):
             raise BackendError(f"backend {self.candidate.backend}/{self.candidate.variant} has no transposed tiles "
-                               f"(plugin ABI 1.5) for method {self.method}, which trainable=True needs; kt-backend-avx "
+                               f"(plugin ABI 1.5) for method {self.kernel_method}, which trainable=True needs; kt-backend-avx "
                                "and the reference backend have them")
-        if self.weight_types:
+        if self.kernel_method == "LLAMAFILE":
             self._check_ggml_support(sel)
         self.packer_candidate, packer = self._borrowed_packer(sel, native)
-        self._layer = _native.MoeLayer(native, self.method, self.hidden_size, self.intermediate_size,
+        self._layer = _native.MoeLayer(native, self.kernel_method, self.hidden_size, self.intermediate_size,
                                        self.num_experts, self.top_k, [not g for g in mask], self.max_tokens,
                                        self.group_size, self.zero_point, self.fast_activations,
-                                       [ggml_type(t).kt_dtype for t in self.weight_types], self.swiglu_limit,
+                                       self._ggml_dtypes(), self.swiglu_limit,
                                        self.swiglu_alpha, packer, self.expert_bias)
         if pool_groups is not None:   # the groups (NUMA nodes) this layer's experts live and run on
             self._layer.set_groups([int(g) for g in pool_groups])
@@ -110,20 +113,20 @@ class MoE:
     def _borrowed_packer(self, sel, native):
         """Kernels that compute on another backend's layout and pack nothing (plugin ABI 1.3, e.g.
         kt-backend-blis on kt-backend-avx's layouts) get the best runnable variant that packs it."""
-        mine = next(m for m in native.methods if m["method"] == self.method)
+        mine = next(m for m in native.methods if m["method"] == self.kernel_method)
         if mine["packs"]:
             return None, None
-        for c in sel.ranked(self.method):
+        for c in sel.ranked(self.kernel_method):
             if (c.backend, c.variant) == (self.candidate.backend, self.candidate.variant):
                 continue
             try:
                 other = sel.load(c)
             except BackendError:
                 continue
-            if any(m["method"] == self.method and m["layout_id"] == mine["layout_id"] and m["packs"]
+            if any(m["method"] == self.kernel_method and m["layout_id"] == mine["layout_id"] and m["packs"]
                    for m in other.methods):
                 return c, other
-        raise BackendError(f"{self.candidate.backend}/{self.candidate.variant} computes method {self.method} on layout "
+        raise BackendError(f"{self.candidate.backend}/{self.candidate.variant} computes method {self.kernel_method} on layout "
                            f"{mine['layout_id']} but packs nothing itself, and no runnable backend here packs that "
                            f"layout (kt-backend-avx does); see `kt backends`")
 
@@ -131,20 +134,20 @@ class MoE:
         """A kernel that declines decode-sized batches (a matrix engine) gets the best other
         variant that reads the same packed layout for them, so one copy of the weights serves
         both; without one, the declining kernel runs small batches itself."""
-        if not native.declines(self.method, *shape, 1):
+        if not native.declines(self.kernel_method, *shape, 1):
             return None
         layout = self._layer.layout_id
-        for c in sel.ranked(self.method):
+        for c in sel.ranked(self.kernel_method):
             if (c.backend, c.variant) == (self.candidate.backend, self.candidate.variant):
                 continue
             try:
                 other = sel.load(c)
             except BackendError:
                 continue
-            same = any(m["method"] == self.method and m["layout_id"] == layout and (m["raw_gate_up"] or not self.expert_bias)
-                       for m in other.methods)
-            if same and not other.declines(self.method, *shape, 1):
-                self._layer.set_small_batch_backend(other, self.method)
+            same = any(m["method"] == self.kernel_method and m["layout_id"] == layout
+                       and (m["raw_gate_up"] or not self.expert_bias) for m in other.methods)
+            if same and not other.declines(self.kernel_method, *shape, 1):
+                self._layer.set_small_batch_backend(other, self.kernel_method)
                 return c
         return None
 
@@ -162,14 +165,19 @@ class MoE:
         if weight_types is None or len(weight_types) != 3:
             raise ValueError("method LLAMAFILE needs weight_types=(gate, up, down), their ggml types such as "
                              "('Q4_K', 'Q4_K', 'Q6_K'); KTMoEWrapper and kt.gguf read them from the GGUF file")
-        names = tuple(ggml_type(t).name for t in weight_types)
+        names = tuple(str(t).upper() if str(t).upper() in FLOAT_TYPES else ggml_type(t).name for t in weight_types)
         for name, t in zip(("gate", "up", "down"), names):
+            if t in FLOAT_TYPES:
+                continue
             k = self.intermediate_size if name == "down" else self.hidden_size
             block = ggml_type(t).block_elems
             if k % block:
                 raise ValueError(f"{name} is {t}, whose blocks hold {block} elements along K; K = {k} "
                                  f"({'intermediate' if name == 'down' else 'hidden'}) is not a multiple of {block}")
         return names
+
+    def _ggml_dtypes(self) -> list[int]:
+        return [ggml_type(t).kt_dtype for t in self.weight_types] if self.kernel_method == "LLAMAFILE" else []
 
     def _check_ggml_support(self, sel) -> None:
         supported = self.candidate.spec.ggml_types
@@ -245,9 +253,16 @@ class MoE:
         their codes with scales=(gate_scale, up_scale, down_scale) and optional zeros=(...).
         A layer with expert_bias=True takes biases=(gate [I], up [I], down [H])."""
         self._check_biases(biases)
+        gate, up, down = self._gguf_floats(gate, up, down)
         self._layer.load_expert(int(expert), *self._parts(gate, up, down, scales, zeros))
         if biases is not None:
             self._set_biases(int(expert), biases)
+
+    def _gguf_floats(self, gate, up, down) -> tuple:
+        """GGUF float experts arrive as the file's row bytes; the float method packs them as floats."""
+        if self.kernel_method == self.method:
+            return gate, up, down
+        return tuple(_arrays.bf16_rows(m, n) for m, n in ((gate, "gate"), (up, "up"), (down, "down")))
 
     def _check_biases(self, biases) -> None:
         if biases is not None and not self.expert_bias:
@@ -274,7 +289,7 @@ class MoE:
             scales, zeros, bias = (list(rest) + [None, None, None])[:3]
             self._check_biases(bias)
             ids.append(int(slot))
-            parts.append(self._parts(gate, up, down, scales, zeros))
+            parts.append(self._parts(*self._gguf_floats(gate, up, down), scales, zeros))
             if bias is not None:
                 biases[int(slot)] = bias
         if ids:

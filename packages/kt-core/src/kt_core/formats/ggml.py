@@ -50,3 +50,23 @@ def ggml_type(name: str) -> GgmlType:
     if t is None:
         raise ValueError(f"ggml type {name!r} is not one kt reads; known: {', '.join(GGML_TYPES)}")
     return t
+
+
+# GGUF expert tensors of plain floats, and the kt method whose kernels run them. They need no
+# block kernel: BF16's own packed layout holds them exactly, and its one-pass bf16 activations
+# are what llama.cpp dots BF16 against (its vec_dot_type), so a LLAMAFILE layer of BF16 experts
+# is a BF16 layer with llama.cpp's numerics by default. F16 and F32 are not read: kt has no
+# kernel for them, and BF16 would round F16's mantissa.
+FLOAT_TYPES = {"BF16": "BF16"}
+
+
+def float_method(weight_types) -> str | None:
+    """The kt method of a layer whose (gate, up, down) GGUF types are all one float type; None
+    for block types. A layer mixing the two is refused by name (kt runs one kernel per layer)."""
+    floats = [t for t in weight_types if t in FLOAT_TYPES]
+    if not floats:
+        return None
+    if len(floats) != len(weight_types) or len(set(floats)) != 1:
+        raise ValueError(f"gate, up, down are {', '.join(weight_types)}: kt runs a layer's GGUF experts either all as "
+                         f"one float type ({', '.join(FLOAT_TYPES)}) or all as block types, not a mix")
+    return FLOAT_TYPES[floats[0]]

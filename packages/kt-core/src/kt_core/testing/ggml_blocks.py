@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..formats.ggml import ggml_type
+from ..formats.ggml import FLOAT_TYPES, ggml_type
 
 # Byte offsets of each type's f16 scale fields within a block, and a magnitude that keeps
 # weights around 0.1 (the largest sub-scale x code product differs per type; small ones are
@@ -25,6 +25,8 @@ def random_blocks(rng: np.random.Generator, type_name: str, shape: tuple[int, ..
     """uint8 [..., N, bytes per row] of ggml type `type_name` for float shape [..., N, K]."""
     import gguf
 
+    if str(type_name).upper() == "BF16":   # the file's rows: round-to-nearest-even bf16 bits
+        return bf16_bits(rng.standard_normal(shape, dtype=np.float32) * 0.05).view(np.uint8)
     t = ggml_type(type_name)
     qtype = gguf.GGMLQuantizationType[t.name]
     if t.name in ("Q4_0", "Q8_0"):
@@ -37,9 +39,22 @@ def random_blocks(rng: np.random.Generator, type_name: str, shape: tuple[int, ..
     return blocks.reshape(*lead, n, t.row_bytes(k))
 
 
+def bf16_bits(x: np.ndarray) -> np.ndarray:
+    """uint16 bf16 bits of float32 x, rounded to nearest even (finite x)."""
+    u = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def bf16_values(x: np.ndarray) -> np.ndarray:
+    """float32 x rounded to bf16 (what llama.cpp's BF16 activations carry of it)."""
+    return (bf16_bits(x).astype(np.uint32) << 16).view(np.float32)
+
+
 def dequantize(blocks: np.ndarray, type_name: str) -> np.ndarray:
     import gguf
 
+    if str(type_name).upper() in FLOAT_TYPES:
+        return (np.ascontiguousarray(blocks).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
     return gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType[ggml_type(type_name).name])
 
 
@@ -77,8 +92,12 @@ def q8_0_activations(x: np.ndarray) -> np.ndarray:
 def llama_activations(types) -> tuple:
     """(layer input, intermediate) activations of a one-pass LLAMAFILE layer with ggml types
     (gate, up, down), for testing.reference.moe_reference: gate and up must agree."""
-    pick = {"Q8_K": q8k_activations, "Q8_0": q8_0_activations}
-    first, down = (pick[ggml_type(t).llama_activations] for t in (types[0], types[2]))
-    if ggml_type(types[1]).llama_activations != ggml_type(types[0]).llama_activations:
+    pick = {"Q8_K": q8k_activations, "Q8_0": q8_0_activations, "BF16": bf16_values}
+
+    def blocks(t):
+        return "BF16" if str(t).upper() in FLOAT_TYPES else ggml_type(t).llama_activations
+
+    first, down = (pick[blocks(t)] for t in (types[0], types[2]))
+    if blocks(types[1]) != blocks(types[0]):
         raise ValueError(f"gate {types[0]} and up {types[1]} take different activation blocks: two inputs, not one")
     return first, down

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from kt_core.errors import KTError, WeightsError
-from kt_core.formats.ggml import GGML_TYPES
+from kt_core.formats.ggml import FLOAT_TYPES, GGML_TYPES
 
 SPLIT = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 PROJECTIONS = ("gate", "up", "down")
@@ -268,9 +268,11 @@ class GGUFModel:
         if tuple(int(x) for x in t.shape) != shape:
             raise WeightsError(f"{name} in {f.name} has shape {list(map(int, t.shape))} (ggml order); the metadata "
                                f"says {kind} {list(shape)}")
-        if type_name not in GGML_TYPES:
+        if type_name not in GGML_TYPES and type_name not in FLOAT_TYPES:
             raise WeightsError(f"{name} in {f.name} is stored as {type_name}, which kt's LLAMAFILE method does not "
-                               f"read; it reads {', '.join(GGML_TYPES)}")
+                               f"read; it reads {', '.join([*GGML_TYPES, *FLOAT_TYPES])}"
+                               + (" (llama-quantize can rewrite the file as BF16 or Q8_0)" if type_name in ("F16", "F32")
+                                  else ""))
         data = t.data
         if data.dtype != np.uint8:
             data = data.view(np.uint8)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kt_core.formats.ggml import ggml_type
+from kt_core.formats.ggml import FLOAT_TYPES, ggml_type
 from kt_core.testing.ggml_blocks import dequantize, random_blocks
 
 
@@ -32,7 +32,8 @@ def write_moe_gguf(path: str | Path, *, hidden: int, intermediate: int, experts:
         dense = []
         for proj, type_name in zip(("gate", "up", "down"), types):
             blocks = random_blocks(rng, type_name, (experts, *shapes[proj]))
-            qtype = gguf.GGMLQuantizationType[ggml_type(type_name).name]
+            name = str(type_name).upper() if str(type_name).upper() in FLOAT_TYPES else ggml_type(type_name).name
+            qtype = gguf.GGMLQuantizationType[name]
             if per_expert:
                 for e in range(experts):
                     w.add_tensor(f"blk.{layer}.ffn_{proj}.{e}.weight", blocks[e], raw_dtype=qtype)
