@@ -86,7 +86,7 @@ GGML_TYPES = [(t, t, t) for t in ("Q4_0", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K"
 @pytest.mark.parametrize("fast", [False, True], ids=["two-pass", "fast"])
 @pytest.mark.parametrize("types", GGML_TYPES, ids=["-".join(t) if len(set(t)) > 1 else t[0] for t in GGML_TYPES])
 def test_llamafile_matches_float64_over_the_blocks(types, fast, monkeypatch):
-    """LLAMAFILE on kt-core's kt-ggml-v5 panels (the bytes kt-backend-avx packs): against float64 over
+    """LLAMAFILE on kt-core's kt-ggml-v6 panels (the bytes kt-backend-avx packs): against float64 over
     gguf-py's dequantized blocks; bit-identical across targets (sdot, smull and, for row pairs on
     I8MM, smmla give the same integer sums, and the f32 epilogue is the same instructions). Two
     activation passes: within 2e-3 of the output RMS (measured 3.5e-4 to 9.5e-4 here); one pass
@@ -111,7 +111,7 @@ def test_llamafile_matches_float64_over_the_blocks(types, fast, monkeypatch):
         m = MoE(num_experts=E, top_k=K, hidden_size=hidden, intermediate_size=inter, method="LLAMAFILE", backend="kml",
                 weight_types=types, fast_activations=fast)
         m.load(*blocks)
-        assert m.backend == f"kml/{variant}" and m.layout_id == "kt-ggml-v5"
+        assert m.backend == f"kml/{variant}" and m.layout_id == "kt-ggml-v6"
         assert (".smmla+" in m.kernel_id) == ("i8mm" in variant), m.kernel_id
         tag = sve_tag(variant)
         assert tag in m.kernel_id if tag else not any(t in m.kernel_id for t in (".sve256.", ".sve512.")), m.kernel_id

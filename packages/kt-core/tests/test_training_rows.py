@@ -31,6 +31,31 @@ for S, I in [(37, 50), (5, 16), (64, 768)]:
              "dw": (d64 * g * s * u).sum(axis=1)}
     for name, got in (("dgate", dgu[:, :I]), ("dup", dgu[:, I:]), ("dw", dw)):
         assert np.abs(got - wants[name]).max() <= 1e-5 * np.abs(wants[name]).max(), (name, S, I)
+
+    # GPT-OSS's clamped SwiGLU: inputs across both limits, and exactly on them (the clamps pass the
+    # gradient there, as torch's clamp does).
+    L, A = 7.0, 1.702
+    gu[1, :4] = [L, 2 * L, -L, -2 * L]
+    gu[1, I:I + 4] = [L, 2 * L, -L, -2 * L]
+    gated_rows_forward(gu, w, h, (L, A))
+    g, u = gu[:, :I].astype(np.float64), gu[:, I:].astype(np.float64)
+    gc, uc = np.minimum(g, L), np.clip(u, -L, L)
+    sc = 1 / (1 + np.exp(-A * gc))
+    want = (uc + 1) * gc * sc * w64[:, None]
+    assert np.abs(h - want).max() <= 1e-5 * np.abs(want).max(), ("swiglu h", S, I)
+    gated_rows_backward(dh, gu, w, dgu, dw, (L, A))
+    wants = {"dgate": np.where(g <= L, d64 * (uc + 1) * w64[:, None] * sc * (1 + A * gc * (1 - sc)), 0.0),
+             "dup": np.where(np.abs(u) <= L, d64 * gc * sc * w64[:, None], 0.0),
+             "dw": (d64 * (uc + 1) * gc * sc).sum(axis=1)}
+    for name, got in (("dgate", dgu[:, :I]), ("dup", dgu[:, I:]), ("dw", dw)):
+        assert np.abs(got - wants[name]).max() <= 1e-5 * np.abs(wants[name]).max(), ("swiglu " + name, S, I)
+    for bad in ((-1.0, A), (float("nan"), A), (L, float("inf"))):
+        try:
+            gated_rows_forward(gu, w, h, bad)
+        except ValueError as e:
+            assert "finite swiglu_limit >= 0" in str(e), e
+        else:
+            raise AssertionError(bad)
 print("ok")
 """
 

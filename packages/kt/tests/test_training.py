@@ -45,8 +45,9 @@ def _held_weights(method: str, kwargs: dict, w: torch.Tensor) -> torch.Tensor:
     return w.double()
 
 
-def _torch_experts(x, ids, w, gate, up, down, lora, scaling):
-    """The LoRA'd experts, one (token, pick) at a time, in float64."""
+def _torch_experts(x, ids, w, gate, up, down, lora, scaling, biases=None, swiglu=None):
+    """The LoRA'd experts, one (token, pick) at a time, in float64; with biases (gate [E, I], up [E, I],
+    down [E, H]) and swiglu=(limit, alpha), GPT-OSS's experts (transformers' GptOssExperts)."""
     out = torch.zeros(x.shape, dtype=torch.float64)
     for t in range(x.shape[0]):
         for j in range(ids.shape[1]):
@@ -60,10 +61,18 @@ def _torch_experts(x, ids, w, gate, up, down, lora, scaling):
                 if f"{t_}_A" in lora:
                     delta = scaling * (lora[f"{t_}_B"][e] @ (lora[f"{t_}_A"][e] @ x[t]))
                     gu = gu + torch.cat([delta, torch.zeros_like(delta)] if half == 0 else [torch.zeros_like(delta), delta])
-            h = torch.nn.functional.silu(gu[:I]) * gu[I:]
+            if biases is not None:
+                gu = gu + torch.cat([biases[0][e], biases[1][e]])
+            if swiglu is not None:
+                g, u = gu[:I].clamp(max=swiglu[0]), gu[I:].clamp(-swiglu[0], swiglu[0])
+                h = (u + 1) * g * torch.sigmoid(swiglu[1] * g)
+            else:
+                h = torch.nn.functional.silu(gu[:I]) * gu[I:]
             y = down[e] @ h
             if "down_A" in lora:
                 y = y + scaling * (lora["down_B"][e] @ (lora["down_A"][e] @ h))
+            if biases is not None:
+                y = y + biases[2][e]
             out[t] += w[t, j] * y
     return out
 
@@ -75,17 +84,44 @@ def _routing(gen):
     return ids, torch.rand(T, K, generator=gen)
 
 
-def _layer(method: str, backend: str | None, gate, up, down, target=("gate_up", "down"), recompute=False):
+def _layer(method: str, backend: str | None, gate, up, down, target=("gate_up", "down"), recompute=False,
+           biases=None, swiglu=(0.0, 0.0)):
     kwargs = METHODS[method][0]
     moe = kt_core.MoE(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, method=method.split("-")[0],
-                      backend=backend, trainable=True, **kwargs)
-    moe.load(gate, up, down)
+                      backend=backend, trainable=True, expert_bias=biases is not None, swiglu_limit=swiglu[0],
+                      swiglu_alpha=swiglu[1], **kwargs)
+    moe.load(gate, up, down, biases=biases)
     layer = LoRAExperts(moe, rank=4, alpha=8.0, target=target, recompute=recompute)
     with torch.no_grad():   # B starts at zero (PEFT's init); nonzero here so every path carries a gradient
         for name, p in layer.named_parameters():
             if name.endswith("_B"):
                 p.normal_(0.0, 0.5)
     return layer
+
+
+def _check_against_torch(method: str, layer, weights, gen, biases=None, swiglu=None):
+    """Run `layer` forward and backward on random inputs from `gen` and hold the output and every
+    gradient to torch float64 over the method's held weights; (x, ids, held weights, float64 factors)."""
+    x = torch.randn(T, H, generator=gen).requires_grad_()
+    ids, w = _routing(gen)
+    w.requires_grad_()
+    upstream = torch.randn(T, H, generator=gen)
+    out = layer(x, ids, w)
+    out.backward(upstream)
+
+    held = [_held_weights(method, METHODS[method][0], m) for m in weights]
+    ref = {n: p.detach().double().requires_grad_() for n, p in layer.named_parameters()}
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    want = _torch_experts(x64, ids, w64, *held, ref, layer.scaling,
+                          None if biases is None else tuple(b.double() for b in biases), swiglu)
+    want.backward(upstream.double())
+    tol = METHODS[method][1]
+    pairs = {"output": (out, want), "d hidden": (x.grad, x64.grad), "d routing weights": (w.grad, w64.grad)}
+    pairs.update({f"d {n}": (p.grad, ref[n].grad) for n, p in layer.named_parameters()})
+    for what, (got, exp) in pairs.items():
+        err = float((got.detach().double() - exp.detach()).abs().max() / exp.detach().abs().max())
+        assert err <= tol, f"{method} on {layer.moe.backend}: {what} differs from torch float64 by {err:.2e} > {tol:.0e}"
+    return x, ids, held, ref
 
 
 @pytest.mark.parametrize("target", [("gate_up", "down"), ("gate", "up", "down"), ("up",)])
@@ -96,27 +132,44 @@ def test_gradients_match_torch_float64(method, backend, target):
     gate, up = torch.randn(E, I, H, generator=gen) * H**-0.5, torch.randn(E, I, H, generator=gen) * H**-0.5
     down = torch.randn(E, H, I, generator=gen) * I**-0.5
     layer = _layer(method, backend, gate, up, down, target=target)
-    x = torch.randn(T, H, generator=gen).requires_grad_()
-    ids, w = _routing(gen)
-    w.requires_grad_()
-    upstream = torch.randn(T, H, generator=gen)
-    out = layer(x, ids, w)
-    out.backward(upstream)
-
-    kwargs = METHODS[method][0]
-    held = [_held_weights(method, kwargs, m) for m in (gate, up, down)]
-    ref = {n: p.detach().double().requires_grad_() for n, p in layer.named_parameters()}
-    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
-    want = _torch_experts(x64, ids, w64, *held, ref, layer.scaling)
-    want.backward(upstream.double())
-
-    tol = METHODS[method][1]
-    pairs = {"output": (out, want), "d hidden": (x.grad, x64.grad), "d routing weights": (w.grad, w64.grad)}
-    pairs.update({f"d {n}": (p.grad, ref[n].grad) for n, p in layer.named_parameters()})
-    for what, (got, exp) in pairs.items():
-        err = float((got.detach().double() - exp.detach()).abs().max() / exp.detach().abs().max())
-        assert err <= tol, f"{method} on {layer.moe.backend}: {what} differs from torch float64 by {err:.2e} > {tol:.0e}"
+    x, *_ = _check_against_torch(method, layer, (gate, up, down), gen)
     assert torch.all(x.grad[5] == 0), "a token routed to no kt expert gets no gradient"
+
+
+# GPT-OSS's clamp for the test below, chosen in a gap of its pre-activation values (2.5e-3 from the
+# nearest with FP32's, BF16's and INT8's weights); a fifth of them lie beyond it, on both sides.
+LIMIT = 3.878
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+@pytest.mark.parametrize("backend", ["reference", None])
+@pytest.mark.parametrize("method", ["FP32", "BF16", "INT8"])
+def test_gpt_oss_experts_biases_and_clamped_swiglu(method, backend, recompute):
+    """Experts with gate/up/down biases and GPT-OSS's clamped SwiGLU: every gradient against torch
+    float64 of the same experts. The limit (LIMIT) is small enough that gate and up values cross it
+    (the clamps zero those gradients) and the biases are as large as the products (so the routing
+    weights' gradient carries down's bias). Measured (largest over the tensors): FP32 2.8e-7, BF16
+    3.5e-6 (avx), INT8 7.1e-5 (avx), 2.5e-7 to 3e-7 on the reference backend; the METHODS tolerances."""
+    gen = torch.Generator().manual_seed(3)
+    gate, up = (torch.randn(E, I, H, generator=gen) * H**-0.5 * 2 for _ in range(2))
+    down = torch.randn(E, H, I, generator=gen) * I**-0.5
+    biases = (torch.randn(E, I, generator=gen), torch.randn(E, I, generator=gen), torch.randn(E, H, generator=gen))
+    biases = tuple(b.bfloat16().float() for b in biases)
+    swiglu = (LIMIT, 1.702)
+    layer = _layer(method, backend, gate, up, down, recompute=recompute, biases=biases, swiglu=swiglu)
+    with torch.no_grad():   # the adapters from this test's generator: the margin below depends on them
+        for name, p in layer.named_parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * (0.5 if name.endswith("_B") else 0.1))
+    x, ids, held, ref = _check_against_torch(method, layer, (gate, up, down), gen, biases, swiglu)
+    x64 = x.detach().double()
+    # A clamp's gradient jumps at the limit: the test's values keep a margin from ±limit that INT8's
+    # activation rounding (~1e-4 here) cannot cross, while many lie beyond it on both sides.
+    pre = torch.cat([torch.cat([held[0][e] @ x64[t] + biases[0][e], held[1][e] @ x64[t] + biases[1][e]])
+                     + layer.scaling * (ref["gate_up_B"][e] @ (ref["gate_up_A"][e] @ x64[t]))
+                     for t in range(T) for e in ids[t].tolist() if e >= 0]).detach()
+    margin = float((pre.abs() - swiglu[0]).abs().min())
+    assert margin > 1e-3, margin
+    assert (pre > swiglu[0]).sum() > 100 and (pre < -swiglu[0]).sum() > 100, "the clamps are exercised"
 
 
 def test_recompute_gives_the_same_gradients():

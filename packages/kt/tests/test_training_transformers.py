@@ -19,10 +19,11 @@ peft = pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_integration_transformers import copy_of, experts_modules, prompt, rel_max, tiny_model  # noqa: E402
+from test_integration_transformers import copy_of, experts_modules, prompt, rel_max, tiny_gpt_oss, tiny_model  # noqa: E402
 
 from kt.integrations.transformers import patch_model  # noqa: E402
 from kt.training import KTTrainPatch, LoRAExperts  # noqa: E402
+from kt.training.peft_format import merge_expert_adapter  # noqa: E402
 from kt_core import KTError  # noqa: E402
 
 RANK, ALPHA = 4, 8.0
@@ -61,10 +62,15 @@ def train(model, params, data, lr=1e-2):
     return losses
 
 
+def tiny(model_type):
+    return tiny_gpt_oss() if model_type == "gpt_oss" else tiny_model(model_type)
+
+
 @pytest.mark.parametrize("model_type", ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v2", "deepseek_v3",
-                                        "glm4_moe"])
+                                        "glm4_moe", "gpt_oss"])
 def test_training_matches_peft_step_for_step_and_reduces_the_loss(model_type):
-    model = tiny_model(model_type)
+    """gpt_oss: expert biases, the clamped SwiGLU, gate and up interleaved in gate_up_proj [E, H, 2I]."""
+    model = tiny(model_type)
     blocks = len(experts_modules(model))
     twin = peft_twin(model)
     patch = patch_model(model, method="BF16", mode="train", lora_rank=RANK, lora_alpha=ALPHA)
@@ -79,6 +85,30 @@ def test_training_matches_peft_step_for_step_and_reduces_the_loss(model_type):
     for step, (a, b) in enumerate(zip(kt_losses, peft_losses)):
         assert abs(a - b) <= 1e-4 * abs(b), f"step {step}: kt loss {a:.6f}, PEFT {b:.6f}"
     assert kt_losses[-1] < kt_losses[0] - 0.05, kt_losses
+
+
+def test_gpt_oss_adapters_from_peft_serve_and_merge(tmp_path):
+    """GPT-OSS keeps gate and up interleaved in gate_up_proj [E, H, 2I]: an adapter PEFT wrote (random
+    factors) serves on kt with PEFT's logits (kt reorders B's rows), merges into the model's
+    [E, in, out] parameters with the same logits (kt sft export --merge), and GPU-resident experts
+    are refused by name in training as in inference."""
+    twin = peft_twin(tiny_gpt_oss())
+    with torch.no_grad():
+        for n, p in twin.named_parameters():
+            if "lora_" in n:
+                p.normal_(0.0, 0.2, generator=torch.Generator().manual_seed(len(n)))
+    twin.eval().save_pretrained(tmp_path / "peft")
+    ids = prompt()
+    with torch.no_grad():
+        want = twin(ids).logits
+        served = tiny_gpt_oss()
+        patch_model(served, method="BF16", expert_lora_path=tmp_path / "peft")
+        assert rel_max(served(ids).logits, want) < 1e-4
+        merged = tiny_gpt_oss()
+        assert merge_expert_adapter(merged, tmp_path / "peft") == 2 * len(experts_modules(merged))
+        assert rel_max(merged.eval()(ids).logits, want) < 1e-4
+    with pytest.raises(KTError, match="GPU-resident experts are not offered for experts with biases"):
+        patch_model(tiny_gpt_oss(1), mode="train", num_gpu_experts=2)
 
 
 @pytest.mark.parametrize("target", [("gate_up", "down"), ("gate", "up", "down")])
@@ -113,9 +143,9 @@ def test_gpu_resident_experts_train_with_their_adapters(target):
     assert kt_losses[-1] < kt_losses[0], kt_losses
 
 
-@pytest.mark.parametrize("model_type", ["qwen3_moe", "mixtral", "deepseek_v3"])
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "mixtral", "deepseek_v3", "gpt_oss"])
 def test_saved_adapter_loads_into_peft_with_the_same_logits(tmp_path, model_type):
-    model = tiny_model(model_type)
+    model = tiny(model_type)
     fresh = copy_of(model)
     patch = patch_model(model, method="BF16", mode="train", lora_rank=RANK, lora_alpha=ALPHA)
     with torch.no_grad():

@@ -1,6 +1,6 @@
 // LLAMAFILE experts: GGUF's ggml blocks, run as the file stores them (docs/formats.md).
 //
-// Packed layout "kt-ggml-v5", kt-core's public definition (kt/formats/ggml_panels.h: the panel
+// Packed layout "kt-ggml-v6", kt-core's public definition (kt/formats/ggml_panels.h: the panel
 // forms of every type, the checks and the packer, shared with kt-backend-kml): each type's codes
 // and scales regrouped into panels of 16 output channels, so the one outer-product kernel below
 // runs them all, decode and prefill.
@@ -331,6 +331,13 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
         const uint8_t* blk = panel + size_t(b) * P::kBlockBytes;
         const int64_t k0 = b * P::kBlockK;
         VI ihi[MR][kVecsPerPanel], ilo[MR][kVecsPerPanel];
+        // Q4_K's / Q5_K's f16 d and dmin (the file's), widened once per block for its 8 sub-blocks.
+        VF d_block[kVecsPerPanel]{}, dmin_block[kVecsPerPanel]{};
+        if constexpr (std::is_same_v<P, Q4K> || std::is_same_v<P, Q5K>)
+            for (int v = 0; v < kVecsPerPanel; ++v) {
+                d_block[v] = widen_f16(blk + P::kD + 2 * size_t(v) * kLanes);
+                dmin_block[v] = widen_f16(blk + P::kDmin + 2 * size_t(v) * kLanes);
+            }
         if constexpr (kIntScales)
             for (int m = 0; m < MR; ++m)
                 for (int v = 0; v < kVecsPerPanel; ++v) ihi[m][v] = ilo[m][v] = vzeroi();
@@ -549,11 +556,9 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
                     sz[v] = kVnni ? vmul(s[v], vset1(128.0f)) : vzero();   // the + 128 was taken off the codes
                     continue;
                 }
-                const VF d = vload(reinterpret_cast<const float*>(blk + P::kD) + v * kLanes);
                 if constexpr (std::is_same_v<P, Q4K> || std::is_same_v<P, Q5K>) {
-                    s[v] = vmul(d, widen_u8(blk + P::kSc + 16 * j + v * kLanes));
-                    sz[v] = vmul(vload(reinterpret_cast<const float*>(blk + P::kDmin) + v * kLanes),
-                                 widen_u8(blk + P::kM + 16 * j + v * kLanes));
+                    s[v] = vmul(d_block[v], widen_u8(blk + P::kSc + 16 * j + v * kLanes));
+                    sz[v] = vmul(dmin_block[v], widen_u8(blk + P::kM + 16 * j + v * kLanes));
                 }
             }
             const int64_t g16 = (k0 + P::kSubK * j) / 16;
@@ -693,7 +698,7 @@ kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act,
 }  // namespace
 
 kt_method_kernels llamafile_kernels(const char* kernel_id) {
-    return method_table("LLAMAFILE", "kt-ggml-v5", kernel_id, packed_bytes, pack, act_row_bytes, quantize, gate_up_tile,
+    return method_table("LLAMAFILE", "kt-ggml-v6", kernel_id, packed_bytes, pack, act_row_bytes, quantize, gate_up_tile,
                         down_tile);
 }
 

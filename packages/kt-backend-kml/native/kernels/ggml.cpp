@@ -1,4 +1,4 @@
-// LLAMAFILE (GGUF's ggml blocks) in "kt-ggml-v5", kt-core's layout (kt/formats/ggml_panels.h):
+// LLAMAFILE (GGUF's ggml blocks) in "kt-ggml-v6", kt-core's layout (kt/formats/ggml_panels.h):
 // the bytes kt-backend-avx packs, read here by NEON (and by SVE: the vla section). Every type is a
 // group-wise integer format in disguise, w = s * u - s*z per sub-block of 16 or 32 k, so one kernel
 // runs them all: per 16-channel
@@ -283,12 +283,11 @@ inline void block_end(const uint8_t* blk, const ActRow& a, int64_t k0, const int
         for (int v = 0; v < 4; ++v) {
             const float32x4_t t = kTwoPass ? vfmaq_n_f32(vcvtq_f32_s32(ilo[v]), vcvtq_f32_s32(ihi[v]), 128.0f)
                                            : vcvtq_f32_s32(ihi[v]);
-            constexpr bool f32_d = std::is_same_v<P, G::Q4K> || std::is_same_v<P, G::Q5K> || std::is_same_v<P, G::Q6K>;
+            constexpr bool f32_d = std::is_same_v<P, G::Q6K>;   // every other type keeps the file's f16 d
             const float32x4_t d = f32_d ? f32x4(blk + P::kD + 16 * size_t(v)) : f16x4(blk + P::kD + 8 * size_t(v));
             float32x4_t r = vmulq_f32(d, t);
             if constexpr (F::kMin) {
-                const float32x4_t dmin = std::is_same_v<P, G::Q2K> ? f16x4(blk + P::kDmin + 8 * size_t(v))
-                                                                   : f32x4(blk + P::kDmin + 16 * size_t(v));
+                const float32x4_t dmin = f16x4(blk + P::kDmin + 8 * size_t(v));
                 r = vmlsq_f32(r, dmin, vcvtq_f32_s32(imin[v]));
             }
             acc[v] = vfmaq_n_f32(acc[v], r, factor);
@@ -558,10 +557,10 @@ inline void block_end(const uint8_t* blk, const ActRow& a, int64_t k0, int s, sv
                 imin = svmla_n_s32_x(pw, imin, mm, asum);
             }
         const svfloat32_t t = kTwoPass ? svmla_n_f32_x(pw, svcvt_f32_x(pw, ilo), svcvt_f32_x(pw, ihi), 128.0f) : svcvt_f32_x(pw, ihi);
-        constexpr bool f32_d = std::is_same_v<P, G::Q4K> || std::is_same_v<P, G::Q5K> || std::is_same_v<P, G::Q6K>;
+        constexpr bool f32_d = std::is_same_v<P, G::Q6K>;   // every other type keeps the file's f16 d
         svfloat32_t r = svmul_x(pw, f32_d ? f32_part<N>(blk + P::kD, s) : f16_part<N>(blk + P::kD, s), t);
         if constexpr (F::kMin) {
-            const svfloat32_t dmin = std::is_same_v<P, G::Q2K> ? f16_part<N>(blk + P::kDmin, s) : f32_part<N>(blk + P::kDmin, s);
+            const svfloat32_t dmin = f16_part<N>(blk + P::kDmin, s);
             r = svsub_x(pw, r, svmul_x(pw, dmin, svcvt_f32_x(pw, imin)));   // NEON's vmlsq: a multiply, then a subtract
         }
         acc = svmla_n_f32_x(pw, acc, r, factor);

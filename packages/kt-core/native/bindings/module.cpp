@@ -603,18 +603,26 @@ void sum_rows(nb::ndarray<> rows, nb::ndarray<> row_of_slot, nb::ndarray<> out) 
     kt::sum_rows(rp, W, sp, T, K, op);
 }
 
-void gated_rows_forward(nb::ndarray<> gate_up, nb::ndarray<> w, nb::ndarray<> h) {
+void check_gate(float limit, float alpha) {
+    if (!(limit >= 0.0f) || !std::isfinite(limit) || !std::isfinite(alpha))
+        throw nb::value_error(("the clamped SwiGLU needs a finite swiglu_limit >= 0 (0: SiLU) and a finite swiglu_alpha, got " +
+                               std::to_string(limit) + " and " + std::to_string(alpha)).c_str());
+}
+
+void gated_rows_forward(nb::ndarray<> gate_up, nb::ndarray<> w, nb::ndarray<> h, float limit, float alpha) {
+    check_gate(limit, alpha);
     if (gate_up.ndim() != 2 || gate_up.shape(1) % 2) throw nb::value_error("gate_up must be [rows, 2 * intermediate]");
     const int64_t S = int64_t(gate_up.shape(0)), I = int64_t(gate_up.shape(1)) / 2;
     const float* gp = f32_array(gate_up, "gate_up", {S, 2 * I});
     const float* wp = f32_array(w, "w", {S});
     float* hp = f32_array(h, "h", {S, I});
     ReleaseGil release;
-    kt::gated_rows_forward(gp, wp, S, I, hp);
+    kt::gated_rows_forward(gp, wp, S, I, limit, alpha, hp);
 }
 
 void gated_rows_backward(nb::ndarray<> dh, nb::ndarray<> gate_up, nb::ndarray<> w, nb::ndarray<> dgate_up,
-                         nb::ndarray<> dw) {
+                         nb::ndarray<> dw, float limit, float alpha) {
+    check_gate(limit, alpha);
     if (gate_up.ndim() != 2 || gate_up.shape(1) % 2) throw nb::value_error("gate_up must be [rows, 2 * intermediate]");
     const int64_t S = int64_t(gate_up.shape(0)), I = int64_t(gate_up.shape(1)) / 2;
     const float* dp = f32_array(dh, "dh", {S, I});
@@ -623,7 +631,7 @@ void gated_rows_backward(nb::ndarray<> dh, nb::ndarray<> gate_up, nb::ndarray<> 
     float* dgp = f32_array(dgate_up, "dgate_up", {S, 2 * I});
     float* dwp = f32_array(dw, "dw", {S});
     ReleaseGil release;
-    kt::gated_rows_backward(dp, gp, wp, S, I, dgp, dwp);
+    kt::gated_rows_backward(dp, gp, wp, S, I, limit, alpha, dgp, dwp);
 }
 
 void pool_sync() {
@@ -899,8 +907,10 @@ NB_MODULE(_native, m) {
     m.def("gather_rows", &gather_rows, "x"_a, "token"_a, "rows"_a, "rows[i] = x[token[i]]");
     m.def("sum_rows", &sum_rows, "rows"_a, "row_of_slot"_a, "out"_a,
           "out[t] = sum of rows[row_of_slot[t, j]] over j (-1 skipped)");
-    m.def("gated_rows_forward", &gated_rows_forward, "gate_up"_a, "w"_a, "h"_a, "h = SiLU(gate) * up * w per row");
+    m.def("gated_rows_forward", &gated_rows_forward, "gate_up"_a, "w"_a, "h"_a, "limit"_a = 0.0f, "alpha"_a = 0.0f,
+          "h = SiLU(gate) * up * w per row (limit > 0: GPT-OSS's clamped SwiGLU)");
     m.def("gated_rows_backward", &gated_rows_backward, "dh"_a, "gate_up"_a, "w"_a, "dgate_up"_a, "dw"_a,
+          "limit"_a = 0.0f, "alpha"_a = 0.0f,
           "the gradients of gated_rows_forward's gate_up and w from that of h");
     m.def("grouped_lora_forward", &lora_forward, "x"_a, "counts"_a, "a"_a, "b"_a, "scaling"_a, "xa"_a, "out"_a,
           "blocks"_a = 1,

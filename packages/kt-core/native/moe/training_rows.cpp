@@ -65,8 +65,16 @@ void chunks(int64_t n, int64_t cost_per_item, Body&& body) {
     return 1.0f / (1.0f + p * scale);
 }
 
+// The gated activation of a row's gate g and up u: SiLU(g) * u, or with a limit (GPT-OSS's clamped
+// SwiGLU) (clamp(u, -limit, limit) + 1) * g' * sigmoid(alpha * g'), g' = min(g, limit).
+struct Gate {
+    float limit = 0.0f, alpha = 0.0f;   // limit 0: SiLU
+};
+
+template <bool kClamped>
 [[gnu::always_inline]] inline void forward_range(const float* gu, const float* w, int64_t b, int64_t e, int64_t I,
-                                                 float* h) {
+                                                 Gate gate, float* h) {
+    const V16 lim = splat(gate.limit), neg = splat(-gate.limit);
     for (int64_t i = b; i < e; ++i) {
         const float* g = gu + i * 2 * I;
         const float* u = g + I;
@@ -74,15 +82,34 @@ void chunks(int64_t n, int64_t cost_per_item, Body&& body) {
         const float wi = w[i];
         int64_t c = 0;
         for (; c + kV <= I; c += kV) {
-            const V16 gv = load(g + c);
-            store(hi + c, gv * sigmoid(gv) * load(u + c) * wi);
+            V16 gv = load(g + c), uv = load(u + c);
+            if constexpr (kClamped) {
+                gv = gv > lim ? lim : gv;   // NaN compares false: kept, as torch's clamp keeps it
+                uv = uv > lim ? lim : (uv < neg ? neg : uv);
+                store(hi + c, (uv + 1.0f) * gv * sigmoid(gv * gate.alpha) * wi);
+            } else {
+                store(hi + c, gv * sigmoid(gv) * uv * wi);
+            }
         }
-        for (; c < I; ++c) hi[c] = g[c] / (1.0f + std::exp(-g[c])) * u[c] * wi;
+        for (; c < I; ++c) {
+            if constexpr (kClamped) {
+                const float gc = g[c] > gate.limit ? gate.limit : g[c];
+                const float uc = u[c] > gate.limit ? gate.limit : (u[c] < -gate.limit ? -gate.limit : u[c]);
+                hi[c] = (uc + 1.0f) * gc / (1.0f + std::exp(-gate.alpha * gc)) * wi;
+            } else {
+                hi[c] = g[c] / (1.0f + std::exp(-g[c])) * u[c] * wi;
+            }
+        }
     }
 }
 
+// d(g * sigmoid(a g)) / dg = s (1 + a g (1 - s)), s = sigmoid(a g); the clamps pass the gradient
+// where their input is inside the limits, ends included (torch's clamp backward).
+template <bool kClamped>
 [[gnu::always_inline]] inline void backward_range(const float* dh, const float* gu, const float* w, int64_t b,
-                                                  int64_t e, int64_t I, float* dgu, float* dw) {
+                                                  int64_t e, int64_t I, Gate gate, float* dgu, float* dw) {
+    const V16 lim = splat(gate.limit), neg = splat(-gate.limit), zero = splat(0.0f);
+    const float a = kClamped ? gate.alpha : 1.0f;
     for (int64_t i = b; i < e; ++i) {
         const float* g = gu + i * 2 * I;
         const float* u = g + I;
@@ -94,17 +121,36 @@ void chunks(int64_t n, int64_t cost_per_item, Body&& body) {
         float tail = 0.0f;
         int64_t c = 0;
         for (; c + kV <= I; c += kV) {
-            const V16 gv = load(g + c), uv = load(u + c), dv = load(d + c), s = sigmoid(gv);
-            const V16 silu = gv * s;
-            acc += dv * silu * uv;
-            store(du + c, dv * silu * wi);
-            store(dg + c, dv * uv * wi * s * (1.0f + gv * (1.0f - s)));
+            V16 gv = load(g + c), uv = load(u + c);
+            const V16 dv = load(d + c);
+            if constexpr (kClamped) {
+                const V16 graw = gv, uraw = uv;
+                gv = gv > lim ? lim : gv;
+                uv = uv > lim ? lim : (uv < neg ? neg : uv);
+                const V16 s = sigmoid(gv * a), glu = gv * s, up1 = uv + 1.0f;
+                acc += dv * up1 * glu;
+                store(du + c, (uraw >= neg) & (uraw <= lim) ? dv * glu * wi : zero);
+                store(dg + c, graw <= lim ? dv * up1 * wi * s * (1.0f + a * gv * (1.0f - s)) : zero);
+            } else {
+                const V16 s = sigmoid(gv), silu = gv * s;
+                acc += dv * silu * uv;
+                store(du + c, dv * silu * wi);
+                store(dg + c, dv * uv * wi * s * (1.0f + gv * (1.0f - s)));
+            }
         }
         for (; c < I; ++c) {
-            const float s = 1.0f / (1.0f + std::exp(-g[c])), silu = g[c] * s;
-            tail += d[c] * silu * u[c];
-            du[c] = d[c] * silu * wi;
-            dg[c] = d[c] * u[c] * wi * s * (1.0f + g[c] * (1.0f - s));
+            float gc = g[c], uc = u[c];
+            bool g_in = true, u_in = true;
+            if constexpr (kClamped) {
+                g_in = !(gc > gate.limit);
+                u_in = !(uc > gate.limit) && !(uc < -gate.limit);
+                gc = g_in ? gc : gate.limit;
+                uc = u_in ? uc : (uc > gate.limit ? gate.limit : -gate.limit);
+            }
+            const float s = 1.0f / (1.0f + std::exp(-a * gc)), glu = gc * s, up = kClamped ? uc + 1.0f : uc;
+            tail += d[c] * glu * up;
+            du[c] = u_in ? d[c] * glu * wi : 0.0f;
+            dg[c] = g_in ? d[c] * up * wi * s * (1.0f + a * gc * (1.0f - s)) : 0.0f;
         }
         float sum = tail;
         for (int l = 0; l < kV; ++l) sum += acc[l];
@@ -112,35 +158,32 @@ void chunks(int64_t n, int64_t cost_per_item, Body&& body) {
     }
 }
 
-using ForwardFn = void (*)(const float*, const float*, int64_t, int64_t, int64_t, float*);
-using BackwardFn = void (*)(const float*, const float*, const float*, int64_t, int64_t, int64_t, float*, float*);
+using ForwardFn = void (*)(const float*, const float*, int64_t, int64_t, int64_t, Gate, float*);
+using BackwardFn = void (*)(const float*, const float*, const float*, int64_t, int64_t, int64_t, Gate, float*, float*);
 
-void forward_baseline(const float* gu, const float* w, int64_t b, int64_t e, int64_t I, float* h) {
-    forward_range(gu, w, b, e, I, h);
-}
-void backward_baseline(const float* dh, const float* gu, const float* w, int64_t b, int64_t e, int64_t I, float* dgu,
-                       float* dw) {
-    backward_range(dh, gu, w, b, e, I, dgu, dw);
-}
+// One function per ISA level; the gate kind is chosen inside (once per chunk).
+#define KT_GATED_ROWS(SUFFIX, ATTR)                                                                                  \
+    ATTR void forward_##SUFFIX(const float* gu, const float* w, int64_t b, int64_t e, int64_t I, Gate gate,        \
+                               float* h) {                                                                         \
+        if (gate.limit != 0.0f)                                                                                    \
+            forward_range<true>(gu, w, b, e, I, gate, h);                                                          \
+        else                                                                                                       \
+            forward_range<false>(gu, w, b, e, I, gate, h);                                                         \
+    }                                                                                                              \
+    ATTR void backward_##SUFFIX(const float* dh, const float* gu, const float* w, int64_t b, int64_t e, int64_t I, \
+                                Gate gate, float* dgu, float* dw) {                                                \
+        if (gate.limit != 0.0f)                                                                                    \
+            backward_range<true>(dh, gu, w, b, e, I, gate, dgu, dw);                                               \
+        else                                                                                                       \
+            backward_range<false>(dh, gu, w, b, e, I, gate, dgu, dw);                                              \
+    }
+
+KT_GATED_ROWS(baseline, )
 #if defined(__x86_64__)
-__attribute__((target("avx2,fma"))) void forward_avx2(const float* gu, const float* w, int64_t b, int64_t e, int64_t I,
-                                                      float* h) {
-    forward_range(gu, w, b, e, I, h);
-}
-__attribute__((target("avx2,fma"))) void backward_avx2(const float* dh, const float* gu, const float* w, int64_t b,
-                                                       int64_t e, int64_t I, float* dgu, float* dw) {
-    backward_range(dh, gu, w, b, e, I, dgu, dw);
-}
-__attribute__((target("avx512f,avx512vl,avx2,fma"))) void forward_avx512(const float* gu, const float* w, int64_t b,
-                                                                        int64_t e, int64_t I, float* h) {
-    forward_range(gu, w, b, e, I, h);
-}
-__attribute__((target("avx512f,avx512vl,avx2,fma"))) void backward_avx512(const float* dh, const float* gu,
-                                                                         const float* w, int64_t b, int64_t e,
-                                                                         int64_t I, float* dgu, float* dw) {
-    backward_range(dh, gu, w, b, e, I, dgu, dw);
-}
+KT_GATED_ROWS(avx2, __attribute__((target("avx2,fma"))))
+KT_GATED_ROWS(avx512, __attribute__((target("avx512f,avx512vl,avx2,fma"))))
 #endif
+#undef KT_GATED_ROWS
 
 }  // namespace
 
@@ -167,25 +210,28 @@ void sum_rows(const float* rows, int64_t width, const int64_t* row_of_slot, int6
     });
 }
 
-void gated_rows_forward(const float* gate_up, const float* w, int64_t n_rows, int64_t inter, float* h) {
+void gated_rows_forward(const float* gate_up, const float* w, int64_t n_rows, int64_t inter, float limit, float alpha,
+                        float* h) {
     std::lock_guard<std::mutex> lock(g_forward_mutex);   // the pool is the forwards' (tiles.h)
 #if defined(__x86_64__)
     const ForwardFn fn = widest<ForwardFn>(forward_avx512, forward_avx2, forward_baseline);
 #else
     const ForwardFn fn = forward_baseline;
 #endif
-    chunks(n_rows, inter, [&](int64_t b, int64_t e) { fn(gate_up, w, b, e, inter, h); });
+    const Gate gate{limit, alpha};
+    chunks(n_rows, inter, [&](int64_t b, int64_t e) { fn(gate_up, w, b, e, inter, gate, h); });
 }
 
 void gated_rows_backward(const float* dh, const float* gate_up, const float* w, int64_t n_rows, int64_t inter,
-                         float* dgate_up, float* dw) {
+                         float limit, float alpha, float* dgate_up, float* dw) {
     std::lock_guard<std::mutex> lock(g_forward_mutex);   // the pool is the forwards' (tiles.h)
 #if defined(__x86_64__)
     const BackwardFn fn = widest<BackwardFn>(backward_avx512, backward_avx2, backward_baseline);
 #else
     const BackwardFn fn = backward_baseline;
 #endif
-    chunks(n_rows, 2 * inter, [&](int64_t b, int64_t e) { fn(dh, gate_up, w, b, e, inter, dgate_up, dw); });
+    const Gate gate{limit, alpha};
+    chunks(n_rows, 2 * inter, [&](int64_t b, int64_t e) { fn(dh, gate_up, w, b, e, inter, gate, dgate_up, dw); });
 }
 
 }  // namespace kt

@@ -13,11 +13,13 @@ void gather_rows(const float* x, int64_t width, const int64_t* token, int64_t n_
 // out[t] = sum over j of rows[row_of_slot[t * picks + j]] (slots of -1 skipped, in slot order: deterministic).
 void sum_rows(const float* rows, int64_t width, const int64_t* row_of_slot, int64_t tokens, int64_t picks, float* out);
 
-// h[i] = SiLU(gate_up[i, :I]) * gate_up[i, I:] * w[i]  (gate_up [n_rows, 2I], h [n_rows, I]).
-void gated_rows_forward(const float* gate_up, const float* w, int64_t n_rows, int64_t inter, float* h);
+// h[i] = act(gate_up[i, :I], gate_up[i, I:]) * w[i]  (gate_up [n_rows, 2I], h [n_rows, I]), act = SiLU(g) * u,
+// or with limit > 0 GPT-OSS's clamped SwiGLU: (clamp(u, -limit, limit) + 1) * g' * sigmoid(alpha g'), g' = min(g, limit).
+void gated_rows_forward(const float* gate_up, const float* w, int64_t n_rows, int64_t inter, float limit, float alpha,
+                        float* h);
 
 // From dh [n_rows, I]: dgate_up [n_rows, 2I] (d gate | d up) and dw [n_rows] of gated_rows_forward.
 void gated_rows_backward(const float* dh, const float* gate_up, const float* w, int64_t n_rows, int64_t inter,
-                         float* dgate_up, float* dw);
+                         float limit, float alpha, float* dgate_up, float* dw);
 
 }  // namespace kt

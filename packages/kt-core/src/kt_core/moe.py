@@ -109,6 +109,7 @@ class MoE:
             self._layer.set_groups([int(g) for g in pool_groups])
         self.small_batch_candidate = self._attach_small_batch_kernels(sel, native, shape)
         self._pending = None
+        self._training_biases = None
 
     def _borrowed_packer(self, sel, native):
         """Kernels that compute on another backend's layout and pack nothing (plugin ABI 1.3, e.g.
@@ -278,7 +279,21 @@ class MoE:
                                      dtype=np.float32)
             return a.reshape(-1) if a.ndim == 2 and 1 in a.shape else a
 
-        self._layer.set_expert_bias(slot, *(f32(b) for b in biases))
+        parts = tuple(f32(b) for b in biases)
+        self._layer.set_expert_bias(slot, *parts)   # checks their shapes and values
+        if self.trainable:   # training adds them around its grouped products (kt_core.training_step)
+            if self._training_biases is None:
+                self._training_biases = (np.zeros((self.num_experts, 2 * self.intermediate_size), np.float32),
+                                         np.zeros((self.num_experts, self.hidden_size), np.float32))
+            gate_up, down = self._training_biases
+            gate_up[slot] = np.concatenate(parts[:2])
+            down[slot] = parts[2]
+
+    @property
+    def training_biases(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """A trainable layer's expert biases as the grouped products' rows take them: (gate_up
+        [E, 2I] float32, gate | up, and down [E, H]); zeros for slots never loaded; None without biases."""
+        return self._training_biases
 
     def load_experts(self, experts: dict) -> None:
         """Pack many experts in parallel on the pool: {slot: (gate, up, down[, scales[, zeros[,

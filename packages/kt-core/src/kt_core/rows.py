@@ -9,6 +9,9 @@ outputs written in place:
     gated_rows_forward(gate_up [S, 2I], w [S], h [S, I])              h = SiLU(gate) * up * w
     gated_rows_backward(dh, gate_up, w, dgate_up [S, 2I], dw [S])     its gradients
 
+The gated passes take swiglu=(limit, alpha) for GPT-OSS's clamped SwiGLU instead of SiLU:
+h = (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g) * w with g = min(gate, limit); (0, 0) is SiLU.
+
 gather_rows and sum_rows are each other's backward; sum_rows adds a token's rows in slot order, so
 the result does not depend on the thread count. `Routing.of(top_k_index, num_experts)` (torch)
 groups a forward's (token, pick) pairs by expert once: the rows' order every pass above takes.
@@ -35,14 +38,14 @@ def sum_rows(rows, row_of_slot, out) -> None:
     _native.sum_rows(rows, row_of_slot, out)
 
 
-def gated_rows_forward(gate_up, w, h) -> None:
+def gated_rows_forward(gate_up, w, h, swiglu: tuple[float, float] = (0.0, 0.0)) -> None:
     pool.ensure()
-    _native.gated_rows_forward(gate_up, w, h)
+    _native.gated_rows_forward(gate_up, w, h, *swiglu)
 
 
-def gated_rows_backward(dh, gate_up, w, dgate_up, dw) -> None:
+def gated_rows_backward(dh, gate_up, w, dgate_up, dw, swiglu: tuple[float, float] = (0.0, 0.0)) -> None:
     pool.ensure()
-    _native.gated_rows_backward(dh, gate_up, w, dgate_up, dw)
+    _native.gated_rows_backward(dh, gate_up, w, dgate_up, dw, *swiglu)
 
 
 @dataclass

@@ -8,9 +8,13 @@ kt's grouped products with the frozen packed weights (`MoE.grouped_*`, forward a
 kt_core.lora's per-expert adapters and kt_core.rows' row passes:
 
     rows = x[token]                                         (grouped by expert: Routing)
-    gu   = rows·[gate|up]ᵀ + s·(rows·A_guᵀ)·B_guᵀ           (B_gu block-diagonal for separate gate/up adapters)
+    gu   = rows·[gate|up]ᵀ + s·(rows·A_guᵀ)·B_guᵀ (+ b_gu)  (B_gu block-diagonal for separate gate/up adapters)
     h    = SiLU(gu_gate) · gu_up · w                        (the routing weight scales down's input: equal by linearity)
-    y    = h·downᵀ + s·(h·A_dᵀ)·B_dᵀ,   out[t] = Σ over t's picks of y
+    y    = h·downᵀ + s·(h·A_dᵀ)·B_dᵀ (+ w·b_d),   out[t] = Σ over t's picks of y
+
+Experts with biases and the clamped SwiGLU (GPT-OSS: MoE(expert_bias=True, swiglu_limit=...)) add
+their frozen biases per expert around the products and gate with that activation instead of SiLU;
+the routing weights' gradient then carries down's bias too (dw = <dy, h_u·downᵀ + b_d>).
 
 Backward runs the same chain in reverse, the adapters' input gradients added in place into the base
 products' (kt_core.lora's accumulate_dx). A saved forward holds x, the routing, gu ([rows, 2I]), the
@@ -112,11 +116,29 @@ class StepGrads:
 WeightGrads = Callable[[Routing, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
 
 
+def _expert_rows_add(t: torch.Tensor, splits: list[int], bias: torch.Tensor, scale: torch.Tensor | None = None) -> None:
+    """t[rows of expert e] += bias[e] (times each row's scale when given), in place."""
+    start = 0
+    for e, n in enumerate(splits):
+        if n:
+            rows = t[start:start + n]
+            if scale is None:
+                rows += bias[e]
+            else:
+                rows.addr_(scale[start:start + n], bias[e])
+        start += n
+
+
 class ExpertStep:
     buffers = BufferPool()   # shared: layers run one after another
 
     def __init__(self, moe: MoE):
         self.moe = moe
+        self.swiglu = (moe.swiglu_limit, moe.swiglu_alpha)
+
+    def _biases(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        b = self.moe.training_biases   # set as the experts load, so read at each step
+        return None if b is None else (torch.from_numpy(b[0]), torch.from_numpy(b[1]))
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, adapters: Adapters | None,
                 save: bool = True, pooled_output: bool = False) -> tuple[torch.Tensor, Saved | None]:
@@ -136,13 +158,18 @@ class ExpertStep:
             grouped_lora_forward(rows, counts, adapters.gate_up_a, adapters.gate_up_b, adapters.scaling, xa_gate_up,
                                  gate_up, blocks=adapters.blocks)
         buf.give(rows)
+        biases = self._biases()
+        if biases is not None:
+            _expert_rows_add(gate_up, routing.splits, biases[0])
         picked = weights.float().reshape(-1).index_select(0, routing.slot).contiguous()
         h = buf.take(S, I)
-        gated_rows_forward(gate_up, picked, h)
+        gated_rows_forward(gate_up, picked, h, self.swiglu)
         y = moe.grouped_down(h, counts, out=buf.take(S, H))
         if adapters is not None and adapters.down_a is not None:
             xa_down = torch.empty((S, adapters.down_a.shape[1]), dtype=torch.float32)
             grouped_lora_forward(h, counts, adapters.down_a, adapters.down_b, adapters.scaling, xa_down, y)
+        if biases is not None:
+            _expert_rows_add(y, routing.splits, biases[1], picked)
         buf.give(h)
         out = buf.take(x.shape[0], H) if pooled_output else torch.empty((x.shape[0], H), dtype=torch.float32)
         sum_rows(y, routing.row_of_slot, out)
@@ -172,14 +199,21 @@ class ExpertStep:
         h = None
         if lora_d or weight_grads is not None:
             h = buf.take(S, I)
-            gated_rows_forward(saved.gate_up, saved.picked, h)
+            gated_rows_forward(saved.gate_up, saved.picked, h, self.swiglu)
         grads = StepGrads(x=None, weights=None)
         if lora_d:
             grads.down_a, grads.down_b = torch.empty_like(ad.down_a), torch.empty_like(ad.down_b)
             grouped_lora_backward(dy, h, saved.xa_down, counts, ad.down_a, ad.down_b, ad.scaling, dh, grads.down_a,
                                   grads.down_b, accumulate_dx=True)
         dgate_up, dpicked = buf.take(S, 2 * I), torch.empty_like(saved.picked)
-        gated_rows_backward(dh, saved.gate_up, saved.picked, dgate_up, dpicked)
+        gated_rows_backward(dh, saved.gate_up, saved.picked, dgate_up, dpicked, self.swiglu)
+        biases = self._biases()
+        if biases is not None:   # y's w·b_d term
+            start = 0
+            for e, n in enumerate(routing.splits):
+                if n:
+                    dpicked[start:start + n].addmv_(dy[start:start + n], biases[1][e])
+                start += n
         buf.give(dh, saved.gate_up)
         drows = moe.grouped_gate_up_transposed(dgate_up, counts, out=buf.take(S, H))
         rows = None

@@ -1,4 +1,4 @@
-// LLAMAFILE's packed layout "kt-ggml-v5" (docs/formats.md): GGUF's ggml blocks regrouped into
+// LLAMAFILE's packed layout "kt-ggml-v6" (docs/formats.md): GGUF's ggml blocks regrouped into
 // panels of 16 output channels — every type's codes and scales as the file holds them, nothing
 // dequantized — so that one outer-product kernel per ISA runs them all, decode and prefill.
 // kt-backend-avx (x86) and kt-backend-kml (aarch64) both pack and compute on it; this header is
@@ -14,13 +14,14 @@
 // byte lane * 4 + b: the int8 dot products' operand order), 8-bit ones as kt-int8-p16k4-v1's
 // (chunk c holds k = 4c..4c+3), 2-bit ones four k-quads to a chunk. Each panel form below gives
 // its block's bytes, e.g.
-//   Q4_K (256 k): f32 d[16], f32 dmin[16], u8 sc[8][16], u8 m[8][16], 32 chunks of 64 bytes
-//                 (2432 bytes for 4096 weights: 4.75 bits each, the file's 4.5);
+//   Q4_K (256 k): f16 d[16], f16 dmin[16], u8 sc[8][16], u8 m[8][16], 32 chunks of 64 bytes
+//                 (2368 bytes for 4096 weights: 4.625 bits each, the file's 4.5);
 //   Q8_0 (32 k):  f16 d[16], 8 chunks of 64 bytes (544 bytes for 512 weights: the file's 8.5 bits).
 // History: v2 kept Q2_K, Q3_K, Q4_0, Q5_K and IQ4_XS as the file's rows (run a block at a time
 // from L1, at a third to two thirds of llama.cpp's decode speed); v3 kept Q8_0's d as f32 (9 bits
 // per weight); v4 held Q6_K's 6-bit codes in bytes (8.6 bits per weight against the file's 6.56),
-// v5 splits them into INT4's nibbles and a line of high bit pairs (6.63).
+// v5 splits them into INT4's nibbles and a line of high bit pairs (6.63); v6 keeps Q4_K's and
+// Q5_K's d and dmin f16 as the file does (v5 widened them to f32: 4.75 and 5.75 bits per weight).
 //
 // Internal linkage, portable C++, as packed_layouts.h: backends compile it into translation
 // units with different ISA flags.
@@ -38,7 +39,7 @@
 namespace kt::layouts::ggml {
 namespace {
 
-constexpr const char* kId = "kt-ggml-v5";
+constexpr const char* kId = "kt-ggml-v6";
 constexpr size_t kChunkBytes = 64;
 
 // ---- the file's blocks ---------------------------------------------------------------------
@@ -139,7 +140,7 @@ struct Q4K {
     static constexpr int64_t kBlockK = 256, kSubK = 32;
     static constexpr int kBits = 4;
     static constexpr bool kBig = false;
-    static constexpr size_t kFileBlock = 144, kD = 0, kDmin = 64, kSc = 128, kM = 256, kCodes = 384;
+    static constexpr size_t kFileBlock = 144, kD = 0, kDmin = 32, kSc = 64, kM = 192, kCodes = 320;
     static constexpr size_t kBlockBytes = kCodes + 32 * kChunkBytes;
 };
 // w = d * (u - 8), u in 0..15: INT4's symmetric group of 32 with the block's f16 d kept as f16,
@@ -163,17 +164,17 @@ struct IQ4X {
     static constexpr size_t kFileBlock = 136, kD = 0, kSc = 32, kCodes = 160;
     static constexpr size_t kBlockBytes = kCodes + 32 * kChunkBytes;
 };
-// Q5_K: Q4_K's panel (d, dmin f32; 6-bit sc and m as bytes; the low 4 bits of each code in INT4's
+// Q5_K: Q4_K's panel (d, dmin f16; 6-bit sc and m as bytes; the low 4 bits of each code in INT4's
 // chunk order) plus each code's fifth bit: each 32-k sub-block's four chunks are followed by one
 // 64-byte line whose byte i holds, in bit 2cc (2cc + 1), the fifth bit of the code in byte i's
-// low (high) nibble of chunk cc; a shift and an AND put it back as 16 (5.75 bits per weight
+// low (high) nibble of chunk cc; a shift and an AND put it back as 16 (5.625 bits per weight
 // against the file's 5.5; one stream for decode).
 struct Q5K {
     static constexpr kt_dtype kType = KT_DTYPE_GGML_Q5_K;
     static constexpr int64_t kBlockK = 256, kSubK = 32;
     static constexpr int kBits = 4;
     static constexpr bool kBig = false;
-    static constexpr size_t kFileBlock = 176, kD = 0, kDmin = 64, kSc = 128, kM = 256, kCodes = 384;
+    static constexpr size_t kFileBlock = 176, kD = 0, kDmin = 32, kSc = 64, kM = 192, kCodes = 320;
     static constexpr size_t kSubBytes = 4 * kChunkBytes + 64;
     static constexpr size_t kBlockBytes = kCodes + 8 * kSubBytes;
 };
@@ -320,9 +321,8 @@ void pack_panel(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t n0, 
                             uint8_t(((lo >> 4) << (4 * (c % 2))) | ((hi >> 4) << (4 * (c % 2) + 2)));
                     }
             } else {   // Q4K, Q5K
-                const float d = f16_at(blk), dmin = f16_at(blk + 2);
-                std::memcpy(out + P::kD + 4 * size_t(lane), &d, 4);
-                std::memcpy(out + P::kDmin + 4 * size_t(lane), &dmin, 4);
+                std::memcpy(out + P::kD + 2 * size_t(lane), blk, 2);   // d, dmin stay f16
+                std::memcpy(out + P::kDmin + 2 * size_t(lane), blk + 2, 2);
                 for (int j = 0; j < 8; ++j) scale_min_k4(blk + 4, j, out + P::kSc + 16 * j + lane, out + P::kM + 16 * j + lane);
                 if constexpr (std::is_same_v<P, Q4K>)
                     q4k_codes(blk, u);
@@ -376,7 +376,7 @@ float weight(const uint8_t* panel, int64_t k, int lane) {
         return d16 * float(sc(P::kSc) & 15) * float(u) - f16_at(blk + P::kDmin + 2 * size_t(lane)) * float(sc(P::kSc) >> 4);
     if constexpr (std::is_same_v<P, Q6K>) return f32_at(P::kD) * float(int8_t(sc(P::kSc))) * float(u - 32);
     if constexpr (std::is_same_v<P, Q4K> || std::is_same_v<P, Q5K>)
-        return f32_at(P::kD) * float(sc(P::kSc)) * float(u) - f32_at(P::kDmin) * float(sc(P::kM));
+        return d16 * float(sc(P::kSc)) * float(u) - f16_at(blk + P::kDmin + 2 * size_t(lane)) * float(sc(P::kM));
     return 0.0f;
 }
 

@@ -8,7 +8,8 @@ The LoRA sits where PEFT's `target_parameters` puts it on a transformers 5 exper
 adapter on the fused gate_up projection (A [E, r, H] shared by gate and up, B [E, 2I, r]) and one
 on down (A [E, r, I], B [E, H, r]), delta W_e = scaling * B_e A_e, scaling = alpha / rank — so
 an adapter trained here is a PEFT adapter of the same model (kt.training.peft_format).
-The whole block runs on kt as one autograd node (kt.training.routed_experts over
+Experts with biases and GPT-OSS's clamped SwiGLU (a MoE made with expert_bias=True, swiglu_limit=)
+train the same way, their biases frozen. The whole block runs on kt as one autograd node (kt.training.routed_experts over
 kt_core.training_step), in float32 on the CPU, whatever the device and dtype of the hidden states
 (the output goes back to both).
 """
@@ -58,13 +59,10 @@ class LoRAExperts(nn.Module):
 
     def __init__(self, moe: MoE, *, rank: int, alpha: float, target: Sequence[str] = DEFAULT_TARGET,
                  recompute: bool = False, resident_gate_up: torch.Tensor | None = None,
-                 resident_down: torch.Tensor | None = None):
+                 resident_down: torch.Tensor | None = None, interleaved_gate_up: bool = False):
         super().__init__()
         if not moe.trainable:
             raise KTError("LoRAExperts needs a kt_core.MoE made with trainable=True (kernels with transposed tiles)")
-        if moe.expert_bias or moe.swiglu_limit or moe.swiglu_alpha:
-            raise KTError("training experts with biases or the clamped SwiGLU (GPT-OSS) is not supported yet; "
-                          "kt trains SiLU-gated experts")
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 < rank <= MAX_RANK:
             raise KTError(f"lora_rank must be an integer in [1, {MAX_RANK}], got {rank!r}")
         if not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha > 0):
@@ -78,8 +76,14 @@ class LoRAExperts(nn.Module):
         # Recompute: keep only the inputs and run the experts' forward again in backward — memory of a
         # step without the rows' intermediate activations.
         self.recompute = bool(recompute)
+        # The model's fused gate_up parameter holds gate and up as even / odd outputs (GPT-OSS): PEFT's
+        # gate_up B follows it, kt's is [gate | up] (peft_format reorders B's rows).
+        self.interleaved_gate_up = bool(interleaved_gate_up)
         self.step = ExpertStep(moe)
         resident = [e for e, g in enumerate(moe.gpu_experts_mask) if g]
+        if resident and (moe.expert_bias or moe.swiglu_limit):
+            raise KTError("GPU-resident experts are not offered for experts with biases or the clamped SwiGLU "
+                          "(GPT-OSS) yet: every expert of such a layer trains on kt (num_gpu_experts=0)")
         if len(resident) == moe.num_experts:
             raise KTError("every expert of this layer is GPU-resident: nothing is left for kt (lower num_gpu_experts)")
         if resident and (resident_gate_up is None or resident_down is None

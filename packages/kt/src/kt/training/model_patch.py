@@ -69,12 +69,8 @@ def patch_for_training(model: nn.Module, *, method: str, backend: str | None, lo
     if not model_type:
         raise KTError(f"{type(model).__name__} has no config.model_type; patch_model takes a transformers model")
     fam = inference_patch._family(model_type)
-    if fam.activation == "gpt-oss-swiglu":
-        raise KTError(f"{model_type}: training experts with biases and the clamped SwiGLU is not supported yet")
     cfg = getattr(config, fam.text_config_key) if fam.text_config_key else config
-    act = getattr(cfg, "hidden_act", "silu")
-    if act not in ("silu", "swish"):
-        raise KTError(f"this {model_type} model's experts use hidden_act={act!r}; kt trains SiLU-gated experts")
+    swiglu = inference_patch._swiglu(fam, cfg, model_type)
     blocks = inference_patch._moe_blocks(model, fam, model_type)
     top_k = inference_patch._config_int(cfg, fam.top_k_key, "experts per token", model_type)
     if freeze_base:
@@ -90,18 +86,18 @@ def patch_for_training(model: nn.Module, *, method: str, backend: str | None, lo
                              counts=counts, seed=placement_seed)
     for layer, block in blocks:
         t = tensors[layer]
-        if t.biases is not None:
-            raise KTError(f"layer {layer}: training experts with biases is not supported yet")
         num_experts, intermediate, hidden = t.gate.shape
         mask = masks[layer]
         moe = MoE(num_experts=num_experts, top_k=top_k, hidden_size=hidden, intermediate_size=intermediate,
                   method=method, gpu_experts_mask=mask, max_tokens=max_tokens, backend=backend, group_size=group_size,
-                  zero_point=zero_point, fast_activations=fast_activations, trainable=True)
+                  zero_point=zero_point, fast_activations=fast_activations, trainable=True,
+                  swiglu_limit=swiglu[0], swiglu_alpha=swiglu[1], expert_bias=t.biases is not None)
         with torch.no_grad():
-            moe.load(t.gate, t.up, t.down)
+            moe.load(t.gate, t.up, t.down, biases=t.biases)
             resident_gate_up, resident_down = resident_weights(t.gate, t.up, t.down, mask)
         module = LoRAExperts(moe, rank=lora_rank, alpha=lora_alpha, target=target, recompute=recompute,
-                             resident_gate_up=resident_gate_up, resident_down=resident_down)
+                             resident_gate_up=resident_gate_up, resident_down=resident_down,
+                             interleaved_gate_up=fam.fused is not None and fam.fused.interleaved)
         for p in t.params:   # the torch copies of the frozen experts: kt holds them packed now
             freed += p.numel() * p.element_size()
             p.requires_grad_(False)

@@ -6,6 +6,8 @@ and the same for `down_proj`, with delta W_e = scaling * B_e A_e where A_e is ro
 lora_A.weight and B_e[:, j] is column j*E + e of lora_B.weight (PEFT's reshapes: A to [E, r, in],
 B to [out, r, E]). When both parameters of a module are targeted the second wraps the first, so
 the first's tensors sit one `base_layer.` deeper. Keys carry PeftModel's `base_model.model.` prefix.
+GPT-OSS's gate_up_proj [E, H, 2I] holds gate and up as even / odd outputs, so its PEFT B rows are
+in that order; kt's B is [gate | up] and is reordered on the way out and in.
 
     save_adapter(model, "out/")          # adapter_config.json + adapter_model.safetensors
     load_adapter(model, "out/")          # into the LoRAExperts of a kt-patched model
@@ -61,6 +63,16 @@ def _check_uniform(layers: dict[str, LoRAExperts]) -> LoRAExperts:
     return first
 
 
+def _interleave(b: torch.Tensor) -> torch.Tensor:
+    """B [E, 2I, r] from kt's [gate | up] rows to even / odd ones."""
+    half = b.shape[1] // 2
+    return torch.stack([b[:, :half], b[:, half:]], dim=2).reshape(b.shape)
+
+
+def _deinterleave(b: torch.Tensor) -> torch.Tensor:
+    return torch.cat([b[:, 0::2], b[:, 1::2]], dim=1)
+
+
 def _peft_adapters(m: LoRAExperts) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """{PEFT target ("gate_up", "down"): (A [E, r', in], B [E, out, r'])} of one layer, all at one rank r'.
     Separate gate and up adapters become one fused gate_up adapter of rank 2r (A's stacked, B
@@ -70,7 +82,8 @@ def _peft_adapters(m: LoRAExperts) -> dict[str, tuple[torch.Tensor, torch.Tensor
     out = {}
     fused = m.gate_up_adapter()
     if fused is not None:
-        out["gate_up"] = tuple(t.detach() for t in fused)
+        a, b = (t.detach() for t in fused)
+        out["gate_up"] = (a, _interleave(b) if m.interleaved_gate_up else b)
     if "down" in m.targets:
         out["down"] = (m.down_A.detach(), m.down_B.detach())
     rank = max(a.shape[1] for a, _ in out.values())
@@ -140,13 +153,15 @@ def adapter_settings(directory: str | os.PathLike) -> tuple[int, float, tuple[st
     return int(config.get("r", 0)), float(config.get("lora_alpha", 0)), targets
 
 
-def load_adapter_tensors(directory: str | os.PathLike, module_path: str) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+def load_adapter_tensors(directory: str | os.PathLike, module_path: str,
+                         tensors: dict[str, torch.Tensor] | None = None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """{experts parameter name: (A [E, r, in], B [E, out, r])} of the experts module at `module_path`
-    in a PEFT adapter folder ({} when the adapter has none for it)."""
+    in a PEFT adapter folder ({} when the adapter has none for it); `tensors`: the folder's file, read."""
     from safetensors.torch import load_file
 
     rank, _, targets = adapter_settings(directory)
-    tensors = load_file(str(Path(directory) / WEIGHTS_NAME))
+    if tensors is None:
+        tensors = load_file(str(Path(directory) / WEIGHTS_NAME))
     nest = _wrapper_paths(targets)
     found = {}
     for t in targets:
@@ -157,6 +172,26 @@ def load_adapter_tensors(directory: str | os.PathLike, module_path: str) -> dict
         experts = a.shape[0] // rank
         found[PARAMETER[t]] = (a.reshape(experts, rank, a.shape[1]), b.reshape(b.shape[0], rank, experts).permute(2, 0, 1))
     return found
+
+
+def merge_expert_adapter(model: nn.Module, directory: str | os.PathLike) -> int:
+    """Add a PEFT adapter folder's expert deltas into an unpatched model's expert parameters
+    (W_e += alpha / rank * B_e A_e, in the parameter's own orientation and dtype); how many it merged."""
+    from safetensors.torch import load_file
+
+    rank, alpha, _ = adapter_settings(directory)
+    tensors = load_file(str(Path(directory) / WEIGHTS_NAME))
+    merged = 0
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            for param_name, (a, b) in load_adapter_tensors(directory, name, tensors).items():
+                w = getattr(module, param_name)
+                delta = torch.bmm(b, a) * (alpha / rank)   # [E, out, in]
+                if getattr(module, "is_transposed", False):   # GPT-OSS keeps [E, in, out]
+                    delta = delta.transpose(1, 2)
+                w.add_(delta.to(w.dtype))
+                merged += 1
+    return merged
 
 
 def load_adapter(model: nn.Module | Mapping[str, LoRAExperts], directory: str | os.PathLike) -> None:
@@ -203,7 +238,8 @@ def load_adapter(model: nn.Module | Mapping[str, LoRAExperts], directory: str | 
                     if tuple(tensors[key].shape) != shape:
                         raise KTError(f"{weights_path}: {key} is {list(tensors[key].shape)}, expected {list(shape)}")
                 a.copy_(tensors[ka].reshape(E, r, fan_in))
-                b.copy_(tensors[kb].reshape(b.shape[1], r, E).permute(2, 0, 1))
+                peft_b = tensors[kb].reshape(b.shape[1], r, E).permute(2, 0, 1)
+                b.copy_(_deinterleave(peft_b) if t == "gate_up" and m.interleaved_gate_up else peft_b)
                 used.update((ka, kb))
     extra = sorted(set(tensors) - used)
     if extra:

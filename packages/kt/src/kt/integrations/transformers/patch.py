@@ -82,6 +82,17 @@ def _moe_blocks(model: nn.Module, fam: Family, model_type: str) -> list[tuple[in
     return sorted(found, key=lambda item: item[0])
 
 
+def _swiglu(fam: Family, cfg, model_type: str) -> tuple[float, float]:
+    """(swiglu_limit, swiglu_alpha) of the experts' activation: GPT-OSS's clamped SwiGLU (its own,
+    whatever hidden_act says), or (0, 0) for SiLU; any other hidden_act is refused."""
+    if fam.activation == "gpt-oss-swiglu":
+        return float(getattr(cfg, "swiglu_limit", 7.0)), float(getattr(cfg, "swiglu_alpha", 1.702))
+    act = getattr(cfg, "hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        raise KTError(f"this {model_type} model's experts use hidden_act={act!r}; kt's kernels compute {ACTIVATIONS['silu']}")
+    return 0.0, 0.0
+
+
 @dataclass
 class _Experts:
     """One block's routed experts as kt loads them: gate, up [E, I, H] and down [E, H, I] (views),
@@ -209,12 +220,7 @@ def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None =
         raise KTError(f"{type(model).__name__} has no config.model_type; patch_model takes a transformers model")
     fam = _family(model_type)
     cfg = getattr(config, fam.text_config_key) if fam.text_config_key else config
-    act = getattr(cfg, "hidden_act", "silu")
-    swiglu = (0.0, 0.0)
-    if fam.activation == "gpt-oss-swiglu":   # its experts' own activation, whatever hidden_act says
-        swiglu = (float(getattr(cfg, "swiglu_limit", 7.0)), float(getattr(cfg, "swiglu_alpha", 1.702)))
-    elif act not in ("silu", "swish"):
-        raise KTError(f"this {model_type} model's experts use hidden_act={act!r}; kt's kernels compute {ACTIVATIONS['silu']}")
+    swiglu = _swiglu(fam, cfg, model_type)
     blocks = _moe_blocks(model, fam, model_type)
     tensors = [_expert_tensors(block, fam, layer, model_type) for layer, block in blocks]
     num_experts, intermediate, hidden = tensors[0].gate.shape

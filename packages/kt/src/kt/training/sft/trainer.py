@@ -171,18 +171,10 @@ def train(config: SFTConfig, *, resume: bool = False, on_step: Callable[[dict], 
 def merge_adapter(config: SFTConfig, adapter: Path, destination: Path) -> Path:
     """The base model with the expert adapter merged into its expert weights, saved as a model folder
     (W_e += alpha / rank * B_e A_e on gate_up_proj and down_proj, in the model's dtype)."""
-    from ..peft_format import adapter_settings, load_adapter_tensors
+    from ..peft_format import merge_expert_adapter
 
     model, tokenizer = load_model(config.model, config.dtype)
-    rank, alpha, _ = adapter_settings(adapter)
-    scaling = alpha / rank
-    merged = 0
-    with torch.no_grad():
-        for name, module in model.named_modules():
-            for param_name, (a, b) in load_adapter_tensors(adapter, name).items():
-                w = getattr(module, param_name)
-                w.add_((torch.bmm(b, a) * scaling).to(w.dtype))
-                merged += 1
+    merged = merge_expert_adapter(model, adapter)
     if not merged:
         raise KTError(f"{adapter}: none of its tensors names an experts module of {config.model}")
     tmp = destination.with_name(f".{destination.name}.tmp")
