@@ -116,17 +116,22 @@ class StepGrads:
 WeightGrads = Callable[[Routing, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
 
 
-def _expert_rows_add(t: torch.Tensor, splits: list[int], bias: torch.Tensor, scale: torch.Tensor | None = None) -> None:
-    """t[rows of expert e] += bias[e] (times each row's scale when given), in place."""
+def _expert_rows(splits: list[int]):
+    """(expert, its rows as a slice) of each expert with rows, in the rows' order."""
     start = 0
     for e, n in enumerate(splits):
         if n:
-            rows = t[start:start + n]
-            if scale is None:
-                rows += bias[e]
-            else:
-                rows.addr_(scale[start:start + n], bias[e])
+            yield e, slice(start, start + n)
         start += n
+
+
+def _expert_rows_add(t: torch.Tensor, splits: list[int], bias: torch.Tensor, scale: torch.Tensor | None = None) -> None:
+    """t[rows of expert e] += bias[e] (times each row's scale when given), in place."""
+    for e, rows in _expert_rows(splits):
+        if scale is None:
+            t[rows].add_(bias[e])
+        else:
+            t[rows].addr_(scale[rows], bias[e])
 
 
 class ExpertStep:
@@ -209,11 +214,8 @@ class ExpertStep:
         gated_rows_backward(dh, saved.gate_up, saved.picked, dgate_up, dpicked, self.swiglu)
         biases = self._biases()
         if biases is not None:   # y's w·b_d term
-            start = 0
-            for e, n in enumerate(routing.splits):
-                if n:
-                    dpicked[start:start + n].addmv_(dy[start:start + n], biases[1][e])
-                start += n
+            for e, rows in _expert_rows(routing.splits):
+                dpicked[rows].addmv_(dy[rows], biases[1][e])
         buf.give(dh, saved.gate_up)
         drows = moe.grouped_gate_up_transposed(dgate_up, counts, out=buf.take(S, H))
         rows = None

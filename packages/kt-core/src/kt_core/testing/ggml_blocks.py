@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..formats.ggml import FLOAT_TYPES, ggml_type
+from .reference import bf16_round
 
 # Byte offsets of each type's f16 scale fields within a block, and a magnitude that keeps
 # weights around 0.1 (the largest sub-scale x code product differs per type; small ones are
@@ -26,7 +27,8 @@ def random_blocks(rng: np.random.Generator, type_name: str, shape: tuple[int, ..
     import gguf
 
     if str(type_name).upper() == "BF16":   # the file's rows: round-to-nearest-even bf16 bits
-        return bf16_bits(rng.standard_normal(shape, dtype=np.float32) * 0.05).view(np.uint8)
+        rounded = bf16_round(rng.standard_normal(shape, dtype=np.float32) * 0.05)
+        return (rounded.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
     t = ggml_type(type_name)
     qtype = gguf.GGMLQuantizationType[t.name]
     if t.name in ("Q4_0", "Q8_0"):
@@ -37,17 +39,6 @@ def random_blocks(rng: np.random.Generator, type_name: str, shape: tuple[int, ..
         scales = (rng.uniform(0.25, 1.0, size=blocks.shape[:-1]) * _SCALE[t.name]).astype(np.float16)
         blocks[..., at:at + 2] = scales[..., None].view(np.uint8)
     return blocks.reshape(*lead, n, t.row_bytes(k))
-
-
-def bf16_bits(x: np.ndarray) -> np.ndarray:
-    """uint16 bf16 bits of float32 x, rounded to nearest even (finite x)."""
-    u = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-
-
-def bf16_values(x: np.ndarray) -> np.ndarray:
-    """float32 x rounded to bf16 (what llama.cpp's BF16 activations carry of it)."""
-    return (bf16_bits(x).astype(np.uint32) << 16).view(np.float32)
 
 
 def dequantize(blocks: np.ndarray, type_name: str) -> np.ndarray:
@@ -92,7 +83,7 @@ def q8_0_activations(x: np.ndarray) -> np.ndarray:
 def llama_activations(types) -> tuple:
     """(layer input, intermediate) activations of a one-pass LLAMAFILE layer with ggml types
     (gate, up, down), for testing.reference.moe_reference: gate and up must agree."""
-    pick = {"Q8_K": q8k_activations, "Q8_0": q8_0_activations, "BF16": bf16_values}
+    pick = {"Q8_K": q8k_activations, "Q8_0": q8_0_activations, "BF16": bf16_round}   # BF16: llama.cpp's bf16 activations
 
     def blocks(t):
         return "BF16" if str(t).upper() in FLOAT_TYPES else ggml_type(t).llama_activations

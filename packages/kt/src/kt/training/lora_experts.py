@@ -9,9 +9,9 @@ adapter on the fused gate_up projection (A [E, r, H] shared by gate and up, B [E
 on down (A [E, r, I], B [E, H, r]), delta W_e = scaling * B_e A_e, scaling = alpha / rank — so
 an adapter trained here is a PEFT adapter of the same model (kt.training.peft_format).
 Experts with biases and GPT-OSS's clamped SwiGLU (a MoE made with expert_bias=True, swiglu_limit=)
-train the same way, their biases frozen. The whole block runs on kt as one autograd node (kt.training.routed_experts over
-kt_core.training_step), in float32 on the CPU, whatever the device and dtype of the hidden states
-(the output goes back to both).
+train the same way, their biases frozen. The whole block runs on kt as one autograd node
+(kt.training.routed_experts over kt_core.training_step), in float32 on the CPU, whatever the device
+and dtype of the hidden states (the output goes back to both).
 """
 
 from __future__ import annotations
