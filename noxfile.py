@@ -118,9 +118,9 @@ else:
 
 @nox.session
 def amx_hardware_build(session):
-    """kt-backend-amx's hardware build (the real tile instructions) compiled into a wheel that is
-    checked, not installed: this host may have no AMX to run it, but it must build, and its
-    kernels must contain the tile instructions the emulation build stands in for."""
+    """kt-backend-amx's hardware build (the real tile instructions) compiled into a wheel: it must
+    build and its kernels must contain the tile instructions the emulation build stands in for;
+    on a host with AMX its tests and the conformance suite run on the real tiles as well."""
     import zipfile
     with tempfile.TemporaryDirectory() as tmp:
         session.run("python", "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", tmp,
@@ -135,6 +135,24 @@ def amx_hardware_build(session):
         for instruction in ("ldtilecfg", "tileloadd", "tilestored", "tdpbusd", "tdpbsud", "tdpbf16ps", "tilerelease"):
             assert instruction in disassembly, f"the hardware build has no {instruction}"
         session.log(f"{wheel.name}: sapphire-rapids build with the AMX tile instructions")
+        missing = session.run("python", "-c", "from kt_core.host import host; "
+                              "print(' '.join(host().missing(('amx_tile', 'amx_int8', 'amx_bf16'))))",
+                              silent=True).strip()
+        if missing:
+            session.log(f"its kernels are not run: this host lacks {missing} (the emulation build ran them in `tests`)")
+            return
+        # An AMX host: run the hardware build's kernels too. Installed beside the emulation build,
+        # first on PYTHONPATH: Python takes the first kt_backend_amx (module and entry point) there.
+        hw = Path(tmp) / "hardware"
+        session.run("python", "-m", "pip", "install", "-q", "--no-deps", "--target", str(hw), str(wheel))
+        env = {"PYTHONPATH": str(hw)}
+        session.run("python", "-c", "import kt_backend_amx._build as b; assert not b.EMULATED, b.__file__", env=env)
+        session.run("python", "-m", "pytest", "-q", str(ROOT / "packages" / "kt-backend-amx" / "tests"), env=env)
+        # importlib mode: pytest's default would put site-packages (the conformance module's base)
+        # in front of PYTHONPATH, and with it the emulation build.
+        session.run("python", "-m", "pytest", "-q", "--import-mode=importlib", "-p", "kt_core.testing.plugin",
+                    "--kt-backend", "amx", "--kt-variant", "amx/sapphire-rapids", "--pyargs", "kt_core.testing.conformance",
+                    env={**env, "KT_AMX_MIN_ROWS": "0"})
 
 
 @nox.session

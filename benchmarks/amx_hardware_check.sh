@@ -26,10 +26,8 @@ lscpu | tee "$OUT/amx_lscpu.txt" | grep -E 'Model name|Socket|Core|NUMA node\(s\
 
 PY=${PYTHON:-python3}
 if [ -n "${KT_CHECK_IN_PLACE:-}" ]; then
-  # Called by cuda_check.sh: $PY already has torch, numpy, pytest, kt-core and kt-backend-avx, and
-  # the benchmark needs only kt's pure-Python bench helpers.
+  # Called by cuda_check.sh: $PY already has torch, numpy, pytest, kt-core and kt-backend-avx.
   PIP=("$PY" -m pip install -q --disable-pip-version-check)
-  export PYTHONPATH="$ROOT/packages/kt/src${PYTHONPATH:+:$PYTHONPATH}"
   python() { "$PY" "$@"; }
 else
   VENV="$ROOT/.amx-venv"
@@ -40,6 +38,8 @@ else
   "${PIP[@]}" --no-build-isolation ./packages/kt-backend-avx
   export PATH="$VENV/bin:$PATH"
 fi
+# The benchmark needs only kt's pure-Python bench helpers, not the kt application installed.
+export PYTHONPATH="$ROOT/packages/kt/src${PYTHONPATH:+:$PYTHONPATH}"
 KT_AMX_EMULATE=OFF "${PIP[@]}" --no-build-isolation ./packages/kt-backend-amx
 kt backends | tee "$OUT/amx_backends.txt"
 # Every batch on the tiles, then the default hand-off.

@@ -122,6 +122,18 @@ def test_decode_goes_to_avx_on_the_same_packed_weights(amx, monkeypatch):
         np.testing.assert_array_equal(np.asarray(m(x, ids, wt)), np.asarray(ref(x, ids, wt)))
 
 
+@pytest.mark.parametrize("method,rows", [("BF16", 2), ("INT8", 3), ("FP8", 3), ("INT4", 6), ("RAWINT4", 8), ("MXFP4", 8)])
+def test_each_method_hands_off_at_its_measured_crossover(amx, monkeypatch, method, rows):
+    """Without KT_AMX_MIN_ROWS each method keeps its own crossover (rows per expert, measured on
+    AMX silicon: docs/performance.md): a layer averaging fewer goes to avx as a whole."""
+    monkeypatch.delenv("KT_AMX_MIN_ROWS")
+    selection.reset()
+    m = MoE(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, method=method)
+    assert m.backend.startswith("amx/") and m.small_batch_backend.startswith("avx/"), (m.backend, m.small_batch_backend)
+    first = rows * E // K     # the fewest tokens whose experts average `rows` rows
+    assert "tdp" in m.kernel_id_for(first) and "tdp" not in m.kernel_id_for(first - 1), method
+
+
 def test_shapes_the_tiles_cannot_step_run_on_avx512(amx, native):
     """INT8 tiles step 64 k: with hidden 96 every expert takes the wrapped AVX-512 kernels."""
     rng = np.random.default_rng(5)

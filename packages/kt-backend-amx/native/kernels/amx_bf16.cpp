@@ -84,7 +84,7 @@ int declines(const kt_moe_config* c, int64_t tokens) { return amx_declines(g_bf1
 }  // namespace
 
 kt_method_kernels amx_bf16_kernels(const kt_method_kernels& avx, const char* kernel_id) {
-    g_bf16 = {avx, 32};
+    g_bf16 = {avx, 32, 2};
     return amx_table(avx, kernel_id, declines, gate_up, down);
 }
 

@@ -13,30 +13,36 @@
 
 namespace KT_TARGET_NAMESPACE {
 
-// Rows an expert needs before its tiles run on AMX (KT_AMX_MIN_ROWS, read at init): below it
-// the AVX-512 kernels are faster, since a tile instruction costs the same for 1 row as for 16.
-// An estimate (docs/backends.md): unmeasured on AMX hardware so far. 0 sends every batch,
-// however small, to the tiles (the tests use it to run the tile path on every shape).
+// Rows an expert needs before its tiles run on AMX: below it the AVX-512 kernels are faster,
+// since a tile instruction costs the same for 1 row as for 16 and each panel's set-up (INT4's
+// unpacking, FP8's widening) is paid whatever the rows. Each method's default is the crossover
+// measured on a Sapphire Rapids-class host (2 cores, Qwen3-30B-A3B layer, amx vs avx on the same
+// packed bytes: docs/performance.md, "AMX on silicon"). KT_AMX_MIN_ROWS (read at init)
+// overrides every method; 0 sends every batch, however small, to the tiles (the tests use it
+// to run the tile path on every shape). g_amx_min_rows < 0: no override.
 extern int64_t g_amx_min_rows;
-constexpr int64_t kAmxDefaultMinRows = 4;
 
 // The AMX wrapper of one AVX method table: same packer/quantizer, tile kernels replaced.
-// `k_multiple`: the K (hidden and intermediate) the AMX kernels need a multiple of.
+// `k_multiple`: the K (hidden and intermediate) the AMX kernels need a multiple of;
+// `min_rows`: the method's measured crossover (above).
 struct AmxMethod {
     kt_method_kernels avx;      // the wrapped table (small batches, packing, quantizing)
     int64_t k_multiple;
+    int64_t min_rows;
 };
 
-// The layer-level decline: batches whose experts average fewer than g_amx_min_rows rows go
+inline int64_t min_rows(const AmxMethod& m) { return g_amx_min_rows >= 0 ? g_amx_min_rows : m.min_rows; }
+
+// The layer-level decline: batches whose experts average fewer than min_rows rows go
 // to the next variant with the same layout (kt-backend-avx) as a whole. Shapes whose K the
 // tiles cannot step through are not declined: their experts take the AVX-512 kernels here.
-inline bool amx_declines(const AmxMethod&, const kt_moe_config* c, int64_t tokens) {
-    return tokens * c->top_k < g_amx_min_rows * c->num_experts;
+inline bool amx_declines(const AmxMethod& m, const kt_moe_config* c, int64_t tokens) {
+    return tokens * c->top_k < min_rows(m) * c->num_experts;
 }
 
 // Whether one expert's `rows` rows with this K run on tiles (else on the AVX-512 kernels).
 inline bool amx_takes(const AmxMethod& m, int64_t rows, int64_t k) {
-    return rows >= g_amx_min_rows && k % m.k_multiple == 0;
+    return rows >= min_rows(m) && k % m.k_multiple == 0;
 }
 
 // A configuration of 16-row C and A tiles cut to `rows`, A rows of `a_colsb` bytes and

@@ -154,7 +154,7 @@ int declines(const kt_moe_config* c, int64_t tokens) { return amx_declines(g_met
 
 template <int kSlot>
 kt_method_kernels wrap(const kt_method_kernels& avx, const char* kernel_id) {
-    g_methods[kSlot] = {avx, 32};
+    g_methods[kSlot] = {avx, 32, 3};
     return amx_table(avx, kernel_id, declines<kSlot>, gate_up<kSlot>, down<kSlot>);
 }
 

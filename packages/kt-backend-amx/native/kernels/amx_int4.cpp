@@ -5,13 +5,17 @@
 // nibbles the next — and two-pass signed int8 activations with per-32 block sums.
 //
 // Each panel is unpacked once per call into int8 B-tile rows (chunk c -> rows 2c = low
-// nibbles, 2c + 1 = high nibbles: codes 0..15 as u8), in L1/L2 for every row block that
-// follows. Per row block and group, tdpbsud (signed activations x unsigned codes) sums the
-// group exactly in C0-C3 (hi/lo plane x panel a/b); the group's scales apply on the stored
-// accumulators: acc += s * dot - s*z * sum(activations of the group); the row's activation
-// scale s_a applies at the end (int4_layout.h). MXFP4's codes go through one byte shuffle while
-// unpacking, to u = 2 value + 12 in [0, 24] (still unsigned for tdpbsud), and its groups subtract
-// 12 where INT4's subtract 8, exactly as kt-backend-avx's MXFP4 kernel.
+// nibbles, 2c + 1 = high nibbles), in L1/L2 for every row block that follows. Per row block and
+// group, the tiles sum the group exactly in C0-C3 (hi/lo plane x panel a/b) and the group's
+// scales apply on the stored accumulators; the row's activation scale s_a applies at the end
+// (int4_layout.h).
+// - Symmetric groups (INT4 without zero points, RAWINT4, GPTQ_INT4, MXFP4) unpack to signed
+//   codes q - 8 (MXFP4: one byte shuffle to 2 value, in [-12, 12]), so tdpbssd sums
+//   sum(a (q - 8)) itself and the group's update is acc += s * dot: no per-row activation sums
+//   in the epilogue, which costs as much as the tiles here. The same integer AVX reaches as
+//   dot - 8 asum in f32 (exact while both stay below 2^24, as they do for int8 activations and
+//   G <= 128 unless nearly every product is at its extreme).
+// - Zero-point groups keep codes 0..15 (tdpbsud) and subtract s*z * sum(activations).
 #include <vector>
 
 #include "amx_common.h"
@@ -24,17 +28,31 @@ constexpr size_t kChunkBytes = 64;
 enum Slot : int { kInt4, kRaw, kGptq, kMx, kSlots };
 AmxMethod g_methods[kSlots];
 
+// The group's integer dot: signed activations x signed (q - 8) or unsigned (q) codes.
+template <bool kSigned, int C, int A, int B>
+inline void dot() {
+    if constexpr (kSigned) tiles::dpbssd<C, A, B>();
+    else tiles::dpbsud<C, A, B>();
+}
+
 Int4Layout layout_of(int slot, const kt_moe_config* c) {
     return slot == kMx ? mxfp4_layout() : int4_layout(c, slot == kRaw);
 }
 
-// Codes of a whole panel as int8 B-tile rows: [K / 4][64] (MXFP4: looked up to 2 value + 12).
-template <bool kMx>
+// Codes of a whole panel as int8 B-tile rows: [K / 4][64]. kSigned: q - 8 (MXFP4: 2 value),
+// else q in 0..15 (MXFP4: 2 value + 12).
+template <bool kMx, bool kSigned>
 void unpack_panel(const uint8_t* panel, int64_t k, const Int4Layout& lay, uint8_t* dst) {
     const __m512i low4 = _mm512_set1_epi8(0x0f);
-    const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(
+    const __m512i offset = _mm512_set1_epi8(char(kMx ? kt::layouts::mxfp4::kOffset : 8));
+    __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(
         kt::layouts::mxfp4::kDoubledPlusOffset)));
-    const auto codes = [&](__m512i v) { return kMx ? _mm512_shuffle_epi8(lut, v) : v; };
+    if constexpr (kSigned) lut = _mm512_sub_epi8(lut, offset);
+    const auto codes = [&](__m512i v) {
+        if constexpr (kMx) return _mm512_shuffle_epi8(lut, v);
+        else if constexpr (kSigned) return _mm512_sub_epi8(v, offset);
+        else return v;
+    };
     const int64_t g = lay.g;
     for (int64_t grp = 0; grp < k / g; ++grp) {
         const uint8_t* chunks = panel + lay.group_at(grp) + lay.header_bytes();
@@ -47,7 +65,7 @@ void unpack_panel(const uint8_t* panel, int64_t k, const Int4Layout& lay, uint8_
     }
 }
 
-template <bool kFused, bool kMx>
+template <bool kFused, bool kMx, bool kSigned>
 void panel_pair(tiles::Session& session, const uint8_t* act, int64_t rows, int64_t k, const Int4Layout& lay, const uint8_t* pa,
                 const uint8_t* pb, const uint8_t* ua, const uint8_t* ub, bool two_pass, float* out, int64_t ldo,
                 int cols_a, int cols_b) {
@@ -72,15 +90,15 @@ void panel_pair(tiles::Session& session, const uint8_t* act, int64_t rows, int64
             for (int64_t k0 = grp * g; k0 < (grp + 1) * g; k0 += step) {
                 tiles::load<4>(hi + k0, row_bytes);
                 tiles::load<6>(ua + size_t(k0) * 16, 64);
-                tiles::dpbsud<0, 4, 6>();
+                dot<kSigned, 0, 4, 6>();
                 if (ub) {
                     tiles::load<7>(ub + size_t(k0) * 16, 64);
-                    tiles::dpbsud<1, 4, 7>();
+                    dot<kSigned, 1, 4, 7>();
                 }
                 if (two_pass) {
                     tiles::load<5>(lo + k0, row_bytes);
-                    tiles::dpbsud<2, 5, 6>();
-                    if (ub) tiles::dpbsud<3, 5, 7>();
+                    dot<kSigned, 2, 5, 6>();
+                    if (ub) dot<kSigned, 3, 5, 7>();
                 }
             }
             tiles::store<0>(c[0], 64);
@@ -90,6 +108,15 @@ void panel_pair(tiles::Session& session, const uint8_t* act, int64_t rows, int64
                 tiles::store<3>(c[3], 64);
             }
             const size_t block = lay.group_at(grp);
+            if constexpr (kSigned) {
+                for (int f = 0; f < (ub ? 2 : 1); ++f) {
+                    const VF s = lay.scale(panel[f] + block, 0);
+                    for (int m = 0; m < mr; ++m)
+                        vstore(acc[f][m], vfma(s, int4_raw_dot(vloadi(c[f][m]), two_pass ? vloadi(c[2 + f][m]) : vzeroi(), two_pass),
+                                               vload(acc[f][m])));
+                }
+                continue;
+            }
             for (int m = 0; m < mr; ++m) {
                 const uint8_t* row = x + size_t(m) * row_bytes;
                 int32_t sum_hi = 0, sum_lo = 0;
@@ -115,6 +142,33 @@ void panel_pair(tiles::Session& session, const uint8_t* act, int64_t rows, int64
     }
 }
 
+// One panel pair: unpacked (codes signed for symmetric groups), then every row block of it.
+template <bool kFused, int kSlot, bool kSigned>
+void run_pair(tiles::Session& session, const uint8_t* act, int64_t rows, int64_t k, const Int4Layout& lay,
+              const uint8_t* pa, const uint8_t* pb, bool two_pass, float* out, int64_t ldo, int cols_a, int cols_b) {
+    thread_local std::vector<uint8_t> unpacked;
+    unpacked.resize(size_t(2 * k) * 16);
+    uint8_t* ua = unpacked.data();
+    uint8_t* ub = pb ? ua + size_t(k) * 16 : nullptr;
+    unpack_panel<kSlot == kMx, kSigned>(pa, k, lay, ua);
+    if (pb) unpack_panel<kSlot == kMx, kSigned>(pb, k, lay, ub);
+    panel_pair<kFused, kSlot == kMx, kSigned>(session, act, rows, k, lay, pa, pb, ua, ub, two_pass, out, ldo, cols_a, cols_b);
+}
+
+template <bool kFused, int kSlot, class Pairs>
+void run_pairs(const kt_moe_config* c, const void* act, int64_t rows, int64_t k, Pairs&& for_pairs, float* out, int64_t ldo) {
+    const Int4Layout lay = layout_of(kSlot, c);
+    const bool two_pass = !one_activation_pass(c);
+    tiles::Session session;
+    for_pairs(lay.expert(c), [&](const uint8_t* pa, const uint8_t* pb, int64_t n, int cols_a, int cols_b) {
+        const auto* x = static_cast<const uint8_t*>(act);
+        if (lay.zero_point)
+            run_pair<kFused, kSlot, false>(session, x, rows, k, lay, pa, pb, two_pass, out + n, ldo, cols_a, cols_b);
+        else
+            run_pair<kFused, kSlot, true>(session, x, rows, k, lay, pa, pb, two_pass, out + n, ldo, cols_a, cols_b);
+    });
+}
+
 template <int kSlot>
 kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                   float* out, int64_t ldo) {
@@ -122,22 +176,10 @@ kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, i
     const AmxMethod& method = g_methods[kSlot];
     if (!amx_takes(method, rows, c->hidden)) return method.avx.gate_up_tile(c, packed, act, rows, n0, n1, out, ldo);
     if (const kt_status st = check_tile(method.avx.method, "gate/up", n0, n1, c->intermediate)) return st;
-    const int64_t H = c->hidden;
-    const Int4Layout lay = layout_of(kSlot, c);
-    const ExpertPanels l = lay.expert(c);
     const auto* base = static_cast<const uint8_t*>(packed);
-    const bool two_pass = !one_activation_pass(c);
-    thread_local std::vector<uint8_t> unpacked;
-    unpacked.resize(size_t(2 * H) * 16);
-    uint8_t* ua = unpacked.data();
-    uint8_t* ub = ua + size_t(H) * 16;
-    tiles::Session session;
-    for_gate_up_pairs(l, base, n0, n1, [&](const uint8_t* pa, const uint8_t* pb, int64_t n, int cols_a, int cols_b) {
-        unpack_panel<kSlot == kMx>(pa, H, lay, ua);
-        unpack_panel<kSlot == kMx>(pb, H, lay, ub);
-        panel_pair<true, kSlot == kMx>(session, static_cast<const uint8_t*>(act), rows, H, lay, pa, pb, ua, ub, two_pass, out + n, ldo,
-                         cols_a, cols_b);
-    });
+    run_pairs<true, kSlot>(c, act, rows, c->hidden, [&](const ExpertPanels& l, auto&& fn) {
+        for_gate_up_pairs(l, base, n0, n1, fn);
+    }, out, ldo);
     return KT_OK;
 }
 
@@ -147,22 +189,10 @@ kt_status down(const kt_moe_config* c, const void* packed, const void* act, int6
     const AmxMethod& method = g_methods[kSlot];
     if (!amx_takes(method, rows, c->intermediate)) return method.avx.down_tile(c, packed, act, rows, n0, n1, out, ldo);
     if (const kt_status st = check_tile(method.avx.method, "down", n0, n1, c->hidden)) return st;
-    const int64_t I = c->intermediate;
-    const Int4Layout lay = layout_of(kSlot, c);
-    const ExpertPanels l = lay.expert(c);
     const auto* base = static_cast<const uint8_t*>(packed);
-    const bool two_pass = !one_activation_pass(c);
-    thread_local std::vector<uint8_t> unpacked;
-    unpacked.resize(size_t(2 * I) * 16);
-    uint8_t* ua = unpacked.data();
-    uint8_t* ub = ua + size_t(I) * 16;
-    tiles::Session session;
-    for_down_pairs(l, base, n0, n1, [&](const uint8_t* pa, const uint8_t* pb, int64_t n, int cols_a, int cols_b) {
-        unpack_panel<kSlot == kMx>(pa, I, lay, ua);
-        if (pb) unpack_panel<kSlot == kMx>(pb, I, lay, ub);
-        panel_pair<false, kSlot == kMx>(session, static_cast<const uint8_t*>(act), rows, I, lay, pa, pb, ua, pb ? ub : nullptr, two_pass,
-                          out + n, ldo, cols_a, cols_b);
-    });
+    run_pairs<false, kSlot>(c, act, rows, c->intermediate, [&](const ExpertPanels& l, auto&& fn) {
+        for_down_pairs(l, base, n0, n1, fn);
+    }, out, ldo);
     return KT_OK;
 }
 
@@ -172,8 +202,9 @@ int declines(const kt_moe_config* c, int64_t tokens) { return amx_declines(g_met
 template <int kSlot>
 kt_method_kernels wrap(const kt_method_kernels& avx, const char* kernel_id) {
     // Every supported group (32, 64, 128) divides K already (the packer insists); tiles step
-    // min(G, 64) k at a time.
-    g_methods[kSlot] = {avx, 32};
+    // min(G, 64) k at a time. Groups of 32 (RAWINT4, MXFP4) pay the group epilogue twice as often
+    // and on half-depth tiles: their crossover is higher.
+    g_methods[kSlot] = {avx, 32, kSlot == kRaw || kSlot == kMx ? 8 : 6};
     return amx_table(avx, kernel_id, declines<kSlot>, gate_up<kSlot>, down<kSlot>);
 }
 

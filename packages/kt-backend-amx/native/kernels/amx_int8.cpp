@@ -109,7 +109,7 @@ int declines(const kt_moe_config* c, int64_t tokens) { return amx_declines(g_int
 }  // namespace
 
 kt_method_kernels amx_int8_kernels(const kt_method_kernels& avx, const char* kernel_id) {
-    g_int8 = {avx, 64};
+    g_int8 = {avx, 64, 3};
     return amx_table(avx, kernel_id, declines, gate_up, down);
 }
 

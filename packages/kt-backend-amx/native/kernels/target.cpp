@@ -10,12 +10,13 @@
 namespace KT_TARGET_NAMESPACE {
 
 const kt_host_api* g_host = nullptr;
-int64_t g_amx_min_rows = kAmxDefaultMinRows;
+int64_t g_amx_min_rows = -1;   // no KT_AMX_MIN_ROWS: each method's measured crossover
 
 namespace {
 
 kt_status init(const kt_host_api* host) {
     g_host = host;
+    g_amx_min_rows = -1;
     if (const char* v = std::getenv("KT_AMX_MIN_ROWS")) {
         char* end = nullptr;
         const long rows = std::strtol(v, &end, 10);
@@ -36,15 +37,15 @@ Tables build() {
     Tables t{};
     t.methods[0] = amx_bf16_kernels(bf16_kernels("moe.bf16.p16k2.avx512bf16"), "moe.bf16.p16k2.tdpbf16ps." KT_TARGET_VARIANT);
     t.methods[1] = amx_int8_kernels(int8_kernels("moe.int8.p16k4.avx512vnni"), "moe.int8.p16k4.tdpbusd." KT_TARGET_VARIANT);
-    t.methods[2] = amx_int4_kernels(int4_kernels("moe.int4g.p16k8.avx512vnni"), "moe.int4g.p16k8.tdpbsud." KT_TARGET_VARIANT);
+    t.methods[2] = amx_int4_kernels(int4_kernels("moe.int4g.p16k8.avx512vnni"), "moe.int4g.p16k8.tdpbssd." KT_TARGET_VARIANT);
     t.methods[3] = amx_rawint4_kernels(rawint4_kernels("moe.rawint4.p16k8.avx512vnni"),
-                                       "moe.rawint4.p16k8.tdpbsud." KT_TARGET_VARIANT);
+                                       "moe.rawint4.p16k8.tdpbssd." KT_TARGET_VARIANT);
     t.methods[4] = amx_fp8_kernels(fp8_kernels("moe.fp8e4m3b128.p16.avx512bf16"), "moe.fp8e4m3b128.p16.tdpbf16ps." KT_TARGET_VARIANT);
     t.methods[5] = amx_fp8_perchannel_kernels(fp8_perchannel_kernels("moe.fp8e4m3ch.p16.avx512bf16"),
                                               "moe.fp8e4m3ch.p16.tdpbf16ps." KT_TARGET_VARIANT);
     t.methods[6] = amx_gptq_int4_kernels(gptq_int4_kernels("moe.gptq_int4.int4g.p16k8.avx512vnni"),
-                                         "moe.gptq_int4.int4g.p16k8.tdpbsud." KT_TARGET_VARIANT);
-    t.methods[7] = amx_mxfp4_kernels(mxfp4_kernels("moe.mxfp4.p16k8.lut.avx512vnni"), "moe.mxfp4.p16k8.tdpbsud." KT_TARGET_VARIANT);
+                                         "moe.gptq_int4.int4g.p16k8.tdpbssd." KT_TARGET_VARIANT);
+    t.methods[7] = amx_mxfp4_kernels(mxfp4_kernels("moe.mxfp4.p16k8.lut.avx512vnni"), "moe.mxfp4.p16k8.tdpbssd." KT_TARGET_VARIANT);
     // Training's transposed tiles are avx's (ABI 1.5): backward's products have no tile-engine form here yet.
     for (kt_method_kernels& m : t.methods) add_transposed_tiles(m);
     t.api = kt_backend_api{sizeof(kt_backend_api), KT_PLUGIN_ABI_MAJOR, KT_PLUGIN_ABI_MINOR, "amx", KT_TARGET_VARIANT,
