@@ -135,6 +135,9 @@ def amx_hardware_build(session):
         for instruction in ("ldtilecfg", "tileloadd", "tilestored", "tdpbusd", "tdpbsud", "tdpbf16ps", "tilerelease"):
             assert instruction in disassembly, f"the hardware build has no {instruction}"
         session.log(f"{wheel.name}: sapphire-rapids build with the AMX tile instructions")
+        probe = Path(tmp) / "amx_tile_probe"   # the tile-unit bounds docs/performance.md quotes; built everywhere
+        session.run("g++", "-O2", "-Wall", "-Werror", "-mamx-tile", "-mamx-int8", str(ROOT / "benchmarks" / "amx_tile_probe.cpp"),
+                    "-o", str(probe), external=True)
         missing = session.run("python", "-c", "from kt_core.host import host; "
                               "print(' '.join(host().missing(('amx_tile', 'amx_int8', 'amx_bf16'))))",
                               silent=True).strip()
@@ -145,6 +148,7 @@ def amx_hardware_build(session):
         # first on PYTHONPATH: Python takes the first kt_backend_amx (module and entry point) there.
         hw = Path(tmp) / "hardware"
         session.run("python", "-m", "pip", "install", "-q", "--no-deps", "--target", str(hw), str(wheel))
+        session.run(str(probe), external=True)
         env = {"PYTHONPATH": str(hw)}
         session.run("python", "-c", "import kt_backend_amx._build as b; assert not b.EMULATED, b.__file__", env=env)
         session.run("python", "-m", "pytest", "-q", str(ROOT / "packages" / "kt-backend-amx" / "tests"), env=env)

@@ -89,9 +89,9 @@ void panel_pair(tiles::Session& session, const uint16_t* hi, const uint16_t* lo,
 
 // The per-call work both projections share: split the rows, then each panel pair.
 struct Scratch {
-    std::vector<uint16_t> planes;
+    TileScratch<uint16_t> planes;
     std::vector<uint8_t> has_lo;
-    std::vector<uint32_t> weights;
+    TileScratch<uint32_t> weights;
 };
 
 template <int kSlot>
@@ -105,19 +105,17 @@ kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, i
     const ExpertPanels l = kFp8Geometry.expert(H, c->intermediate);
     const auto* base = static_cast<const uint8_t*>(packed);
     thread_local Scratch s;
-    s.planes.resize(size_t(2 * rows * H));
-    s.has_lo.resize(size_t(rows));
-    s.weights.resize(size_t(H) * kPanel);   // two panels of H / 2 pair rows x 16
-    split_rows(static_cast<const uint8_t*>(act), rows, H, s.planes.data(), s.planes.data() + rows * H, s.has_lo.data(),
-               one_activation_pass(c));
-    uint32_t* wa = s.weights.data();
+    uint16_t* planes = s.planes.get(size_t(2 * rows * H));
+    s.has_lo.resize(size_t(rows));   // two panels of H / 2 pair rows x 16
+    split_rows(static_cast<const uint8_t*>(act), rows, H, planes, planes + rows * H, s.has_lo.data(), one_activation_pass(c));
+    uint32_t* wa = s.weights.get(size_t(H) * kPanel);   // two panels of H / 2 pair rows x 16
     uint32_t* wb = wa + H / 2 * kPanel;
     tiles::Session session;
     for_gate_up_pairs(l, base, n0, n1, [&](const uint8_t* pa, const uint8_t* pb, int64_t n, int cols_a, int cols_b) {
         decode_panel(pa, H, wa);
         decode_panel(pb, H, wb);
-        panel_pair<true>(session, s.planes.data(), s.planes.data() + rows * H, s.has_lo.data(), rows, H, pa, pb, wa, wb,
-                         out + n, ldo, cols_a, cols_b);
+        panel_pair<true>(session, planes, planes + rows * H, s.has_lo.data(), rows, H, pa, pb, wa, wb, out + n, ldo, cols_a,
+                         cols_b);
     });
     return KT_OK;
 }
@@ -132,19 +130,17 @@ kt_status down(const kt_moe_config* c, const void* packed, const void* act, int6
     const ExpertPanels l = kFp8Geometry.expert(c->hidden, I);
     const auto* base = static_cast<const uint8_t*>(packed);
     thread_local Scratch s;
-    s.planes.resize(size_t(2 * rows * I));
+    uint16_t* planes = s.planes.get(size_t(2 * rows * I));
     s.has_lo.resize(size_t(rows));
-    s.weights.resize(size_t(I) * kPanel);
-    split_rows(static_cast<const uint8_t*>(act), rows, I, s.planes.data(), s.planes.data() + rows * I, s.has_lo.data(),
-               one_activation_pass(c));
-    uint32_t* wa = s.weights.data();
+    split_rows(static_cast<const uint8_t*>(act), rows, I, planes, planes + rows * I, s.has_lo.data(), one_activation_pass(c));
+    uint32_t* wa = s.weights.get(size_t(I) * kPanel);   // two panels of I / 2 pair rows x 16
     uint32_t* wb = wa + I / 2 * kPanel;
     tiles::Session session;
     for_down_pairs(l, base, n0, n1, [&](const uint8_t* pa, const uint8_t* pb, int64_t n, int cols_a, int cols_b) {
         decode_panel(pa, I, wa);
         if (pb) decode_panel(pb, I, wb);
-        panel_pair<false>(session, s.planes.data(), s.planes.data() + rows * I, s.has_lo.data(), rows, I, pa, pb, wa,
-                          pb ? wb : nullptr, out + n, ldo, cols_a, cols_b);
+        panel_pair<false>(session, planes, planes + rows * I, s.has_lo.data(), rows, I, pa, pb, wa, pb ? wb : nullptr,
+                          out + n, ldo, cols_a, cols_b);
     });
     return KT_OK;
 }

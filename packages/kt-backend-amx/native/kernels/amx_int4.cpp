@@ -146,9 +146,8 @@ void panel_pair(tiles::Session& session, const uint8_t* act, int64_t rows, int64
 template <bool kFused, int kSlot, bool kSigned>
 void run_pair(tiles::Session& session, const uint8_t* act, int64_t rows, int64_t k, const Int4Layout& lay,
               const uint8_t* pa, const uint8_t* pb, bool two_pass, float* out, int64_t ldo, int cols_a, int cols_b) {
-    thread_local std::vector<uint8_t> unpacked;
-    unpacked.resize(size_t(2 * k) * 16);
-    uint8_t* ua = unpacked.data();
+    thread_local TileScratch<uint8_t> unpacked;
+    uint8_t* ua = unpacked.get(size_t(2 * k) * 16);
     uint8_t* ub = pb ? ua + size_t(k) * 16 : nullptr;
     unpack_panel<kSlot == kMx, kSigned>(pa, k, lay, ua);
     if (pb) unpack_panel<kSlot == kMx, kSigned>(pb, k, lay, ub);

@@ -85,17 +85,24 @@ kt_status quantize_int8_rows(const void* in, kt_dtype dtype, int64_t rows, int64
         int8_t* lo = hi + code_bytes;
         auto* sums_hi = reinterpret_cast<int32_t*>(lo + code_bytes);
         int32_t* sums_lo = sums_hi + blocks;
+        // The chunk [c0, c0 + n) of the row as f32: f32 input read in place (no copy) when the
+        // chunk needs no zero padding, anything else widened into tmp.
+        const auto chunk = [&](int64_t c0, int64_t n, bool pad) -> const float* {
+            if (dtype == KT_DTYPE_F32 && (!pad || n % 32 == 0))
+                return static_cast<const float*>(in) + r * stride + c0;
+            kt_matrix m{static_cast<const char*>(in) + size_t(c0) * elem, dtype, r + 1, n, stride};
+            load_row(m, r, tmp);
+            if (pad)
+                for (int64_t c = n; c < round_up(n, 32); ++c) tmp[c] = 0.0f;
+            return tmp;
+        };
         // Pass 1: the row's absolute maximum (a NaN makes the scale NaN, so the output shows it).
         float amax = 0.0f;
         bool nan = false;
         for (int64_t c0 = 0; c0 < k; c0 += 512) {
             const int64_t n = k - c0 < 512 ? k - c0 : 512;
-            kt_matrix m{static_cast<const char*>(in) + size_t(c0) * elem, dtype, r + 1, n, stride};
-            load_row(m, r, tmp);
-            for (int64_t c = 0; c < n; ++c) {
-                amax = std::fabs(tmp[c]) > amax ? std::fabs(tmp[c]) : amax;
-                nan |= tmp[c] != tmp[c];
-            }
+            const float a = row_amax(chunk(c0, n, false), n, nan);
+            amax = a > amax ? a : amax;
         }
         const float scale = nan ? NAN : amax / 127.0f;
         const float inv = amax > 0.0f && std::isfinite(amax) ? 127.0f / amax : 0.0f;
@@ -108,14 +115,12 @@ kt_status quantize_int8_rows(const void* in, kt_dtype dtype, int64_t rows, int64
         const VF l_hi = vset1(64.0f), l_lo = vset1(-64.0f), s128 = vset1(128.0f);
         for (int64_t c0 = 0; c0 < k && !nan; c0 += 512) {   // a NaN row keeps zero codes: its scale is NaN
             const int64_t n = k - c0 < 512 ? k - c0 : 512;
-            kt_matrix m{static_cast<const char*>(in) + size_t(c0) * elem, dtype, r + 1, n, stride};
-            load_row(m, r, tmp);
+            const float* x = chunk(c0, n, true);
             const int64_t padded = round_up(n, 32);
-            for (int64_t c = n; c < padded; ++c) tmp[c] = 0.0f;
             for (int64_t b = 0; b < padded; b += sum_block) {
                 VF sum_h = vzero(), sum_l = vzero();
                 for (int64_t c = b; c < b + sum_block; c += kLanes) {
-                    const VF v = vmul(vload(tmp + c), vinv);
+                    const VF v = vmul(vload(x + c), vinv);
                     const VF qh = vmax(lo_lo, vmin(lo_hi, vroundint(v)));
                     const VF ql = vmax(l_lo, vmin(l_hi, vroundint(vmul(vsub(v, qh), s128))));
                     store_i8(hi + c0 + c, qh);

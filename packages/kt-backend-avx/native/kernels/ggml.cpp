@@ -69,17 +69,6 @@ inline ActRow act_row(const uint8_t* row, int64_t k) {
             reinterpret_cast<const float*>(row + 2 * k + k / 4), reinterpret_cast<const int16_t*>(row + plane16_at(k))};
 }
 
-// max|x| over n floats, and whether one was NaN.
-inline float group_amax(const float* x, int64_t n, bool& nan) {
-    float amax = 0.0f;
-    nan = false;
-    for (int64_t i = 0; i < n; ++i) {
-        amax = std::max(amax, std::fabs(x[i]));
-        nan |= x[i] != x[i];
-    }
-    return amax;
-}
-
 kt_status quantize(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int64_t stride, void* out) {
     if (!is_float(dtype)) return fail(KT_ERROR_INVALID_ARGUMENT, "activations must be floating point, got %s", dtype_name(dtype));
     if (k % 32) return fail(KT_ERROR_INVALID_ARGUMENT, "LLAMAFILE: activation length %lld is not a multiple of 32", (long long)k);
@@ -96,8 +85,8 @@ kt_status quantize(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int6
             const int64_t k0 = g * kQK, n = std::min(kQK, k - k0);
             kt_matrix m{static_cast<const char*>(in) + size_t(k0) * elem, dtype, r + 1, n, stride};
             load_row(m, r, x);
-            bool nan;
-            const float amax = group_amax(x, n, nan);
+            bool nan = false;
+            const float amax = row_amax(x, n, nan);
             // A NaN makes the group's scale NaN (and its codes 0), so the token's output shows it.
             scale[g] = nan ? NAN : amax / 127.0f;
             const float inv = !nan && amax > 0.0f && std::isfinite(amax) ? 127.0f / amax : 0.0f;
@@ -125,8 +114,8 @@ kt_status quantize(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int6
             auto* sums32 = reinterpret_cast<int16_t*>(p32 + k);
             auto* scale32 = reinterpret_cast<float*>(p32 + k + k / 8);
             for (int64_t b = 0; b < n; b += 32) {
-                bool nan32;
-                const float amax32 = group_amax(x + b, 32, nan32);
+                bool nan32 = false;
+                const float amax32 = row_amax(x + b, 32, nan32);
                 scale32[(k0 + b) / 32] = nan32 ? NAN : _cvtsh_ss(_cvtss_sh(amax32 / 127.0f, _MM_FROUND_TO_NEAREST_INT));
                 const VF vinv = vset1(!nan32 && amax32 > 0.0f && std::isfinite(amax32) ? 127.0f / amax32 : 0.0f);
                 for (int64_t i = 0; i < 32; i += kLanes) store_i8(hi32 + k0 + b + i, vroundint(vmul(vload(x + b + i), vinv)));
