@@ -88,8 +88,9 @@ inline void write_pair_row(float* out, VF a, VF b, int cols_a, int cols_b) {
 }
 
 // Scratch the tiles load from (unpacked or widened panels, split activation rows): 64-byte
-// aligned, since a tile row that straddles two cache lines makes tileloadd ~7x slower (measured
-// on a Xeon with AMX: 16 ns against 2.4 ns per 1 KiB tile), and std::vector promises 16 bytes
+// aligned, since a tile row that straddles two cache lines makes tileloadd ~6x slower (measured
+// on a Xeon with AMX: 15 ns against 2.3 ns per 1 KiB tile, benchmarks/amx_tile_probe.cpp), and
+// std::vector promises 16 bytes
 // (large blocks come from mmap at 16 mod 64).
 template <class T>
 class TileScratch {

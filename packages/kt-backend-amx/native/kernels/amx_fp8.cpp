@@ -106,7 +106,7 @@ kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, i
     const auto* base = static_cast<const uint8_t*>(packed);
     thread_local Scratch s;
     uint16_t* planes = s.planes.get(size_t(2 * rows * H));
-    s.has_lo.resize(size_t(rows));   // two panels of H / 2 pair rows x 16
+    s.has_lo.resize(size_t(rows));
     split_rows(static_cast<const uint8_t*>(act), rows, H, planes, planes + rows * H, s.has_lo.data(), one_activation_pass(c));
     uint32_t* wa = s.weights.get(size_t(H) * kPanel);   // two panels of H / 2 pair rows x 16
     uint32_t* wb = wa + H / 2 * kPanel;

@@ -40,17 +40,17 @@ Int4Layout layout_of(int slot, const kt_moe_config* c) {
 }
 
 // Codes of a whole panel as int8 B-tile rows: [K / 4][64]. kSigned: q - 8 (MXFP4: 2 value),
-// else q in 0..15 (MXFP4: 2 value + 12).
+// else q in 0..15 (zero-point groups; MXFP4's are always symmetric).
 template <bool kMx, bool kSigned>
 void unpack_panel(const uint8_t* panel, int64_t k, const Int4Layout& lay, uint8_t* dst) {
-    const __m512i low4 = _mm512_set1_epi8(0x0f);
-    const __m512i offset = _mm512_set1_epi8(char(kMx ? kt::layouts::mxfp4::kOffset : 8));
-    __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(
-        kt::layouts::mxfp4::kDoubledPlusOffset)));
-    if constexpr (kSigned) lut = _mm512_sub_epi8(lut, offset);
+    static_assert(kSigned || !kMx, "MXFP4 groups are symmetric: signed codes only");
+    const __m512i low4 = _mm512_set1_epi8(0x0f), eight = _mm512_set1_epi8(8);
+    const __m512i doubled = _mm512_sub_epi8(   // 2 value, from the layout's 2 value + 12 table
+        _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kt::layouts::mxfp4::kDoubledPlusOffset))),
+        _mm512_set1_epi8(char(kt::layouts::mxfp4::kOffset)));
     const auto codes = [&](__m512i v) {
-        if constexpr (kMx) return _mm512_shuffle_epi8(lut, v);
-        else if constexpr (kSigned) return _mm512_sub_epi8(v, offset);
+        if constexpr (kMx) return _mm512_shuffle_epi8(doubled, v);
+        else if constexpr (kSigned) return _mm512_sub_epi8(v, eight);
         else return v;
     };
     const int64_t g = lay.g;
@@ -65,7 +65,7 @@ void unpack_panel(const uint8_t* panel, int64_t k, const Int4Layout& lay, uint8_
     }
 }
 
-template <bool kFused, bool kMx, bool kSigned>
+template <bool kFused, bool kSigned>
 void panel_pair(tiles::Session& session, const uint8_t* act, int64_t rows, int64_t k, const Int4Layout& lay, const uint8_t* pa,
                 const uint8_t* pb, const uint8_t* ua, const uint8_t* ub, bool two_pass, float* out, int64_t ldo,
                 int cols_a, int cols_b) {
@@ -108,30 +108,26 @@ void panel_pair(tiles::Session& session, const uint8_t* act, int64_t rows, int64
                 tiles::store<3>(c[3], 64);
             }
             const size_t block = lay.group_at(grp);
-            if constexpr (kSigned) {
+            if constexpr (kSigned) {   // the tiles summed a (q - 8): the group's update is s * dot
                 for (int f = 0; f < (ub ? 2 : 1); ++f) {
                     const VF s = lay.scale(panel[f] + block, 0);
                     for (int m = 0; m < mr; ++m)
                         vstore(acc[f][m], vfma(s, int4_raw_dot(vloadi(c[f][m]), two_pass ? vloadi(c[2 + f][m]) : vzeroi(), two_pass),
                                                vload(acc[f][m])));
                 }
-                continue;
-            }
-            for (int m = 0; m < mr; ++m) {
-                const uint8_t* row = x + size_t(m) * row_bytes;
-                int32_t sum_hi = 0, sum_lo = 0;
-                for (int64_t b = 0; b < blocks_per_group; ++b) {
-                    sum_hi += int8_sums_hi(row, k)[grp * blocks_per_group + b];
-                    sum_lo += int8_sums_lo(row, k)[grp * blocks_per_group + b];
-                }
-                const VF asum = vset1(int4_raw_sum(sum_hi, sum_lo, two_pass));
-                for (int f = 0; f < (ub ? 2 : 1); ++f) {
-                    const VF dot = int4_raw_dot(vloadi(c[f][m]), two_pass ? vloadi(c[2 + f][m]) : vzeroi(), two_pass);
-                    if constexpr (kMx)
-                        vstore(acc[f][m], Int4Layout::apply<false, kt::layouts::mxfp4::kOffset>(
-                                              lay.scale(panel[f] + block, 0), vzero(), vload(acc[f][m]), dot, asum));
-                    else
+            } else {   // zero points: s * dot - s*z * (the row's activation sum over the group)
+                for (int m = 0; m < mr; ++m) {
+                    const uint8_t* row = x + size_t(m) * row_bytes;
+                    int32_t sum_hi = 0, sum_lo = 0;
+                    for (int64_t b = 0; b < blocks_per_group; ++b) {
+                        sum_hi += int8_sums_hi(row, k)[grp * blocks_per_group + b];
+                        sum_lo += int8_sums_lo(row, k)[grp * blocks_per_group + b];
+                    }
+                    const VF asum = vset1(int4_raw_sum(sum_hi, sum_lo, two_pass));
+                    for (int f = 0; f < (ub ? 2 : 1); ++f) {
+                        const VF dot = int4_raw_dot(vloadi(c[f][m]), two_pass ? vloadi(c[2 + f][m]) : vzeroi(), two_pass);
                         vstore(acc[f][m], lay.update(panel[f] + block, 0, vload(acc[f][m]), dot, asum));
+                    }
                 }
             }
         }
@@ -151,7 +147,7 @@ void run_pair(tiles::Session& session, const uint8_t* act, int64_t rows, int64_t
     uint8_t* ub = pb ? ua + size_t(k) * 16 : nullptr;
     unpack_panel<kSlot == kMx, kSigned>(pa, k, lay, ua);
     if (pb) unpack_panel<kSlot == kMx, kSigned>(pb, k, lay, ub);
-    panel_pair<kFused, kSlot == kMx, kSigned>(session, act, rows, k, lay, pa, pb, ua, ub, two_pass, out, ldo, cols_a, cols_b);
+    panel_pair<kFused, kSigned>(session, act, rows, k, lay, pa, pb, ua, ub, two_pass, out, ldo, cols_a, cols_b);
 }
 
 template <bool kFused, int kSlot, class Pairs>
@@ -161,10 +157,13 @@ void run_pairs(const kt_moe_config* c, const void* act, int64_t rows, int64_t k,
     tiles::Session session;
     for_pairs(lay.expert(c), [&](const uint8_t* pa, const uint8_t* pb, int64_t n, int cols_a, int cols_b) {
         const auto* x = static_cast<const uint8_t*>(act);
-        if (lay.zero_point)
-            run_pair<kFused, kSlot, false>(session, x, rows, k, lay, pa, pb, two_pass, out + n, ldo, cols_a, cols_b);
-        else
-            run_pair<kFused, kSlot, true>(session, x, rows, k, lay, pa, pb, two_pass, out + n, ldo, cols_a, cols_b);
+        if constexpr (kSlot == kInt4 || kSlot == kGptq) {   // the formats that may carry zero points
+            if (lay.zero_point) {
+                run_pair<kFused, kSlot, false>(session, x, rows, k, lay, pa, pb, two_pass, out + n, ldo, cols_a, cols_b);
+                return;
+            }
+        }
+        run_pair<kFused, kSlot, true>(session, x, rows, k, lay, pa, pb, two_pass, out + n, ldo, cols_a, cols_b);
     });
 }
 
