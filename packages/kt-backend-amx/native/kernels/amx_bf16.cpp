@@ -15,9 +15,9 @@ AmxMethod g_bf16;
 
 ExpertPanels layout(const kt_moe_config* c) { return kt::layouts::bf16::expert(c->hidden, c->intermediate); }
 
-template <bool kFused>
+template <PairWrite kWrite>
 void panel_pair(tiles::Session& session, const uint8_t* act, int64_t rows, int64_t k, const uint8_t* pa,
-                const uint8_t* pb, float* out, int64_t ldo, int cols_a, int cols_b, bool one_pass) {
+                const uint8_t* pb, const PairOut& out, bool one_pass) {
     const size_t row_bytes = split_bf16_row_bytes(k), lo_offset = size_t(round_up(k, 2)) * 2;
     alignas(64) float c[2][16][16];
     for (int64_t m0 = 0; m0 < rows; m0 += 16) {
@@ -46,23 +46,32 @@ void panel_pair(tiles::Session& session, const uint8_t* act, int64_t rows, int64
         tiles::store<0>(c[0], 64);
         if (pb) tiles::store<1>(c[1], 64);
         for (int m = 0; m < mr; ++m)
-            write_pair_row<kFused>(out + (m0 + m) * ldo, vload(c[0][m]), pb ? vload(c[1][m]) : vzero(), cols_a, cols_b);
+            out.row<kWrite>(m0 + m, vload(c[0][m]), pb ? vload(c[1][m]) : vzero());
     }
 }
 
-kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
-                  float* out, int64_t ldo) {
-    const GateScope activation(c);   // the layer's gated activation, for write_pair_row
-    if (!amx_takes(g_bf16, rows, c->hidden)) return g_bf16.avx.gate_up_tile(c, packed, act, rows, n0, n1, out, ldo);
+// Gate/up on the tiles, fused (out_up == nullptr) or raw (PairOut).
+template <PairWrite kWrite>
+kt_status gate_up_pairs(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+                        float* out, float* out_up, int64_t ldo) {
     if (const kt_status st = check_tile("BF16", "gate/up", n0, n1, c->intermediate)) return st;
     const ExpertPanels l = layout(c);
     const auto* base = static_cast<const uint8_t*>(packed);
     tiles::Session session;
-    for_gate_up_pairs(l, base, n0, n1, [&](const uint8_t* pa, const uint8_t* pb, int64_t n, int cols_a, int cols_b) {
-        panel_pair<true>(session, static_cast<const uint8_t*>(act), rows, c->hidden, pa, pb, out + n, ldo, cols_a, cols_b,
-                         one_activation_pass(c));
+    for_gate_up_pairs(l, base, n0, n1, out, out_up, ldo, [&](const uint8_t* pa, const uint8_t* pb, const PairOut& o) {
+        panel_pair<kWrite>(session, static_cast<const uint8_t*>(act), rows, c->hidden, pa, pb, o, one_activation_pass(c));
     });
     return KT_OK;
+}
+
+kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+                  float* out, int64_t ldo) {
+    return amx_gate_up(g_bf16, gate_up_pairs<PairWrite::kGated>, c, packed, act, rows, n0, n1, out, ldo);
+}
+
+kt_status gate_up_raw(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+                      float* out_gate, float* out_up, int64_t ldo) {
+    return amx_gate_up_raw(g_bf16, gate_up_pairs<PairWrite::kRaw>, c, packed, act, rows, n0, n1, out_gate, out_up, ldo);
 }
 
 kt_status down(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
@@ -72,9 +81,9 @@ kt_status down(const kt_moe_config* c, const void* packed, const void* act, int6
     const ExpertPanels l = layout(c);
     const auto* base = static_cast<const uint8_t*>(packed);
     tiles::Session session;
-    for_down_pairs(l, base, n0, n1, [&](const uint8_t* pa, const uint8_t* pb, int64_t n, int cols_a, int cols_b) {
-        panel_pair<false>(session, static_cast<const uint8_t*>(act), rows, c->intermediate, pa, pb, out + n, ldo, cols_a,
-                          cols_b, one_activation_pass(c));
+    for_down_pairs(l, base, n0, n1, out, ldo, [&](const uint8_t* pa, const uint8_t* pb, const PairOut& o) {
+        panel_pair<PairWrite::kSideBySide>(session, static_cast<const uint8_t*>(act), rows, c->intermediate, pa, pb, o,
+                                           one_activation_pass(c));
     });
     return KT_OK;
 }
@@ -85,7 +94,7 @@ int declines(const kt_moe_config* c, int64_t tokens) { return amx_declines(g_bf1
 
 kt_method_kernels amx_bf16_kernels(const kt_method_kernels& avx, const char* kernel_id) {
     g_bf16 = {avx, 32, 2};
-    return amx_table(avx, kernel_id, declines, gate_up, down);
+    return amx_table(avx, kernel_id, declines, gate_up, down, gate_up_raw);
 }
 
 }  // namespace KT_TARGET_NAMESPACE

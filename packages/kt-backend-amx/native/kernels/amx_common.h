@@ -57,33 +57,54 @@ inline tiles::Config tile_config(int rows, int a_colsb) {
     return c;
 }
 
-// The panel pairs of one tile [n0, n1), as every kernel here walks them:
-// fn(pa, pb, n, cols_a, cols_b) writes output columns [n, n + cols_a + cols_b).
-// gate/up: pa = gate panel, pb = up panel of the same 16 channels, cols_b = 0 (fused).
+// How one panel pair's output rows are written: the gated activation of a and b (fused
+// gate/up), a and b side by side (two neighbouring down panels), or a to one output and b to
+// another (plugin ABI 1.4's raw gate/up tile: x·gateᵀ and x·upᵀ, which training and expert biases
+// take before any activation).
+enum class PairWrite { kGated, kSideBySide, kRaw };
+
+// Where the rows of one panel pair go: row m at a + m * ldo (and at b + m * ldo for kRaw);
+// cols_b = 0 when a down tile ends after panel a.
+struct PairOut {
+    float* a;
+    float* b;
+    int64_t ldo;
+    int cols_a, cols_b;
+
+    template <PairWrite kWrite>
+    void row(int64_t m, VF va, VF vb) const {
+        float* o = a + m * ldo;
+        if constexpr (kWrite == PairWrite::kGated) {
+            vstore_partial(o, gate_mul(va, vb), cols_a);
+        } else if constexpr (kWrite == PairWrite::kRaw) {
+            vstore_partial(o, va, cols_a);
+            vstore_partial(b + m * ldo, vb, cols_a);
+        } else {
+            vstore_partial(o, va, cols_a);
+            if (cols_b > 0) vstore_partial(o + kPanel, vb, cols_b);
+        }
+    }
+};
+
+// The panel pairs of one tile [n0, n1), as every kernel here walks them: fn(pa, pb, out).
+// gate/up: pa = gate panel, pb = up panel of the same 16 channels. Fused (out_up == nullptr):
+// column n at out[n]; raw: tile-local, x·gateᵀ at out[n - n0] and x·upᵀ at out_up[n - n0].
 template <class Fn>
-void for_gate_up_pairs(const ExpertPanels& l, const uint8_t* base, int64_t n0, int64_t n1, Fn&& fn) {
-    for (int64_t n = n0; n < n1; n += kPanel)
-        fn(base + l.gate(n / kPanel), base + l.up(n / kPanel), n, int(std::min<int64_t>(kPanel, n1 - n)), 0);
+void for_gate_up_pairs(const ExpertPanels& l, const uint8_t* base, int64_t n0, int64_t n1, float* out, float* out_up,
+                       int64_t ldo, Fn&& fn) {
+    for (int64_t n = n0; n < n1; n += kPanel) {
+        const int cols = int(std::min<int64_t>(kPanel, n1 - n));
+        const PairOut o = out_up ? PairOut{out + (n - n0), out_up + (n - n0), ldo, cols, cols} : PairOut{out + n, nullptr, ldo, cols, 0};
+        fn(base + l.gate(n / kPanel), base + l.up(n / kPanel), o);
+    }
 }
-// down: two neighbouring panels; pb = nullptr and cols_b = 0 when the tile ends after pa.
+// down: two neighbouring panels; pb = nullptr when the tile ends after pa.
 template <class Fn>
-void for_down_pairs(const ExpertPanels& l, const uint8_t* base, int64_t n0, int64_t n1, Fn&& fn) {
+void for_down_pairs(const ExpertPanels& l, const uint8_t* base, int64_t n0, int64_t n1, float* out, int64_t ldo, Fn&& fn) {
     for (int64_t n = n0; n < n1; n += 2 * kPanel) {
         const int cols_a = int(std::min<int64_t>(kPanel, n1 - n));
         const int cols_b = int(std::clamp<int64_t>(n1 - n - kPanel, 0, kPanel));
-        fn(base + l.down(n / kPanel), cols_b ? base + l.down(n / kPanel + 1) : nullptr, n, cols_a, cols_b);
-    }
-}
-
-// Writes one output row of a panel pair: the gated activation of a and b (fused gate/up) or a and b side by side
-// (two down panels; cols_b == 0 when there is no second panel).
-template <bool kFused>
-inline void write_pair_row(float* out, VF a, VF b, int cols_a, int cols_b) {
-    if constexpr (kFused) {
-        vstore_partial(out, gate_mul(a, b), cols_a);
-    } else {
-        vstore_partial(out, a, cols_a);
-        if (cols_b > 0) vstore_partial(out + kPanel, b, cols_b);
+        fn(base + l.down(n / kPanel), cols_b ? base + l.down(n / kPanel + 1) : nullptr, PairOut{out + n, nullptr, ldo, cols_a, cols_b});
     }
 }
 
@@ -107,15 +128,36 @@ private:
 
 using DeclinesFn = int (*)(const kt_moe_config*, int64_t);
 
+// A method's gate/up on the tiles, fused (out_up == nullptr) or raw: gate_up_pairs<PairWrite>.
+using GateUpPairsFn = kt_status (*)(const kt_moe_config*, const void* packed, const void* act, int64_t rows, int64_t n0,
+                                   int64_t n1, float* out, float* out_up, int64_t ldo);
+
+// The fused (gate_up_tile) and raw (gate_up_raw_tile) entries: experts below the crossover take
+// avx's kernels, the rest `tiles`.
+inline kt_status amx_gate_up(const AmxMethod& m, GateUpPairsFn tiles, const kt_moe_config* c, const void* packed,
+                             const void* act, int64_t rows, int64_t n0, int64_t n1, float* out, int64_t ldo) {
+    const GateScope activation(c);   // the layer's gated activation, for PairOut::row
+    if (!amx_takes(m, rows, c->hidden)) return m.avx.gate_up_tile(c, packed, act, rows, n0, n1, out, ldo);
+    return tiles(c, packed, act, rows, n0, n1, out, nullptr, ldo);
+}
+inline kt_status amx_gate_up_raw(const AmxMethod& m, GateUpPairsFn tiles, const kt_moe_config* c, const void* packed,
+                                 const void* act, int64_t rows, int64_t n0, int64_t n1, float* out_gate, float* out_up,
+                                 int64_t ldo) {
+    if (!amx_takes(m, rows, c->hidden)) return m.avx.gate_up_raw_tile(c, packed, act, rows, n0, n1, out_gate, out_up, ldo);
+    return tiles(c, packed, act, rows, n0, n1, out_gate, out_up, ldo);
+}
+
 // `avx`'s table with its tile kernels replaced: packer, quantizer and layout stay. Down tiles
-// take panel pairs, so the core hands them 32 columns at a time.
+// take panel pairs, so the core hands them 32 columns at a time. The raw gate/up tile replaces
+// avx's where avx has one (its small batches still go there).
 inline kt_method_kernels amx_table(const kt_method_kernels& avx, const char* kernel_id, DeclinesFn declines,
-                                   TileFn gate_up, TileFn down) {
+                                   TileFn gate_up, TileFn down, RawTileFn gate_up_raw) {
     kt_method_kernels m = avx;
     m.kernel_id = kernel_id;
     m.declines = declines;
     m.gate_up_tile = gate_up;
     m.down_tile = down;
+    m.gate_up_raw_tile = avx.gate_up_raw_tile ? gate_up_raw : nullptr;
     m.down_block = 2 * kPanel;
     return m;
 }
@@ -128,5 +170,8 @@ kt_method_kernels amx_mxfp4_kernels(const kt_method_kernels& avx, const char* ke
 kt_method_kernels amx_bf16_kernels(const kt_method_kernels& avx, const char* kernel_id);
 kt_method_kernels amx_fp8_kernels(const kt_method_kernels& avx, const char* kernel_id);
 kt_method_kernels amx_fp8_perchannel_kernels(const kt_method_kernels& avx, const char* kernel_id);
+// Plugin ABI 1.5's transposed tiles on AMX-BF16 where avx has them (BF16, INT8, INT4, RAWINT4,
+// GPTQ_INT4), avx's kernels behind them for small experts (amx_transposed.cpp).
+void add_amx_transposed_tiles(kt_method_kernels& m);
 
 }  // namespace KT_TARGET_NAMESPACE

@@ -44,10 +44,10 @@ void split_rows(const uint8_t* act, int64_t rows, int64_t k, uint16_t* hi, uint1
     }
 }
 
-template <bool kFused>
+template <PairWrite kWrite>
 void panel_pair(tiles::Session& session, const uint16_t* hi, const uint16_t* lo, const uint8_t* has_lo, int64_t rows,
-                int64_t k, const uint8_t* pa, const uint8_t* pb, const uint32_t* wa, const uint32_t* wb, float* out,
-                int64_t ldo, int cols_a, int cols_b) {
+                int64_t k, const uint8_t* pa, const uint8_t* pb, const uint32_t* wa, const uint32_t* wb,
+                const PairOut& out) {
     const size_t row_bytes = size_t(k) * 2;
     alignas(64) float c[2][16][16];
     alignas(64) float acc[2][16][16];
@@ -83,7 +83,7 @@ void panel_pair(tiles::Session& session, const uint16_t* hi, const uint16_t* lo,
             }
         }
         for (int m = 0; m < mr; ++m)
-            write_pair_row<kFused>(out + (m0 + m) * ldo, vload(acc[0][m]), vload(acc[1][m]), cols_a, cols_b);
+            out.row<kWrite>(m0 + m, vload(acc[0][m]), vload(acc[1][m]));
     }
 }
 
@@ -94,14 +94,12 @@ struct Scratch {
     TileScratch<uint32_t> weights;
 };
 
-template <int kSlot>
-kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
-                  float* out, int64_t ldo) {
-    const GateScope activation(c);   // the layer's gated activation, for write_pair_row
-    const AmxMethod& method = g_methods[kSlot];
+// Gate/up on the tiles, fused (out_up == nullptr) or raw (PairOut).
+template <PairWrite kWrite, int kSlot>
+kt_status gate_up_pairs(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+                        float* out, float* out_up, int64_t ldo) {
     const int64_t H = c->hidden;
-    if (!amx_takes(method, rows, H)) return method.avx.gate_up_tile(c, packed, act, rows, n0, n1, out, ldo);
-    if (const kt_status st = check_tile(method.avx.method, "gate/up", n0, n1, c->intermediate)) return st;
+    if (const kt_status st = check_tile(g_methods[kSlot].avx.method, "gate/up", n0, n1, c->intermediate)) return st;
     const ExpertPanels l = kFp8Geometry.expert(H, c->intermediate);
     const auto* base = static_cast<const uint8_t*>(packed);
     thread_local Scratch s;
@@ -111,13 +109,25 @@ kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, i
     uint32_t* wa = s.weights.get(size_t(H) * kPanel);   // two panels of H / 2 pair rows x 16
     uint32_t* wb = wa + H / 2 * kPanel;
     tiles::Session session;
-    for_gate_up_pairs(l, base, n0, n1, [&](const uint8_t* pa, const uint8_t* pb, int64_t n, int cols_a, int cols_b) {
+    for_gate_up_pairs(l, base, n0, n1, out, out_up, ldo, [&](const uint8_t* pa, const uint8_t* pb, const PairOut& o) {
         decode_panel(pa, H, wa);
         decode_panel(pb, H, wb);
-        panel_pair<true>(session, planes, planes + rows * H, s.has_lo.data(), rows, H, pa, pb, wa, wb, out + n, ldo, cols_a,
-                         cols_b);
+        panel_pair<kWrite>(session, planes, planes + rows * H, s.has_lo.data(), rows, H, pa, pb, wa, wb, o);
     });
     return KT_OK;
+}
+
+template <int kSlot>
+kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+                  float* out, int64_t ldo) {
+    return amx_gate_up(g_methods[kSlot], gate_up_pairs<PairWrite::kGated, kSlot>, c, packed, act, rows, n0, n1, out, ldo);
+}
+
+template <int kSlot>
+kt_status gate_up_raw(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+                      float* out_gate, float* out_up, int64_t ldo) {
+    return amx_gate_up_raw(g_methods[kSlot], gate_up_pairs<PairWrite::kRaw, kSlot>, c, packed, act, rows, n0, n1, out_gate,
+                           out_up, ldo);
 }
 
 template <int kSlot>
@@ -136,11 +146,11 @@ kt_status down(const kt_moe_config* c, const void* packed, const void* act, int6
     uint32_t* wa = s.weights.get(size_t(I) * kPanel);   // two panels of I / 2 pair rows x 16
     uint32_t* wb = wa + I / 2 * kPanel;
     tiles::Session session;
-    for_down_pairs(l, base, n0, n1, [&](const uint8_t* pa, const uint8_t* pb, int64_t n, int cols_a, int cols_b) {
+    for_down_pairs(l, base, n0, n1, out, ldo, [&](const uint8_t* pa, const uint8_t* pb, const PairOut& o) {
         decode_panel(pa, I, wa);
         if (pb) decode_panel(pb, I, wb);
-        panel_pair<false>(session, planes, planes + rows * I, s.has_lo.data(), rows, I, pa, pb, wa, pb ? wb : nullptr,
-                          out + n, ldo, cols_a, cols_b);
+        panel_pair<PairWrite::kSideBySide>(session, planes, planes + rows * I, s.has_lo.data(), rows, I, pa, pb, wa,
+                                           pb ? wb : nullptr, o);
     });
     return KT_OK;
 }
@@ -151,7 +161,7 @@ int declines(const kt_moe_config* c, int64_t tokens) { return amx_declines(g_met
 template <int kSlot>
 kt_method_kernels wrap(const kt_method_kernels& avx, const char* kernel_id) {
     g_methods[kSlot] = {avx, 32, 3};
-    return amx_table(avx, kernel_id, declines<kSlot>, gate_up<kSlot>, down<kSlot>);
+    return amx_table(avx, kernel_id, declines<kSlot>, gate_up<kSlot>, down<kSlot>, gate_up_raw<kSlot>);
 }
 
 }  // namespace

@@ -65,10 +65,9 @@ void unpack_panel(const uint8_t* panel, int64_t k, const Int4Layout& lay, uint8_
     }
 }
 
-template <bool kFused, bool kSigned>
+template <PairWrite kWrite, bool kSigned>
 void panel_pair(tiles::Session& session, const uint8_t* act, int64_t rows, int64_t k, const Int4Layout& lay, const uint8_t* pa,
-                const uint8_t* pb, const uint8_t* ua, const uint8_t* ub, bool two_pass, float* out, int64_t ldo,
-                int cols_a, int cols_b) {
+                const uint8_t* pb, const uint8_t* ua, const uint8_t* ub, bool two_pass, const PairOut& out) {
     const size_t row_bytes = int8_row_bytes(k);
     const int64_t g = lay.g;
     const int64_t step = std::min<int64_t>(g, 64), blocks_per_group = g / 32;
@@ -133,52 +132,63 @@ void panel_pair(tiles::Session& session, const uint8_t* act, int64_t rows, int64
         }
         for (int m = 0; m < mr; ++m) {
             const VF sa = vset1(int4_row_scale(reinterpret_cast<const Int8Header*>(x + size_t(m) * row_bytes)->scale, two_pass));
-            write_pair_row<kFused>(out + (m0 + m) * ldo, vmul(vload(acc[0][m]), sa), vmul(vload(acc[1][m]), sa), cols_a, cols_b);
+            out.row<kWrite>(m0 + m, vmul(vload(acc[0][m]), sa), vmul(vload(acc[1][m]), sa));
         }
     }
 }
 
 // One panel pair: unpacked (codes signed for symmetric groups), then every row block of it.
-template <bool kFused, int kSlot, bool kSigned>
+template <PairWrite kWrite, int kSlot, bool kSigned>
 void run_pair(tiles::Session& session, const uint8_t* act, int64_t rows, int64_t k, const Int4Layout& lay,
-              const uint8_t* pa, const uint8_t* pb, bool two_pass, float* out, int64_t ldo, int cols_a, int cols_b) {
+              const uint8_t* pa, const uint8_t* pb, bool two_pass, const PairOut& out) {
     thread_local TileScratch<uint8_t> unpacked;
     uint8_t* ua = unpacked.get(size_t(2 * k) * 16);
     uint8_t* ub = pb ? ua + size_t(k) * 16 : nullptr;
     unpack_panel<kSlot == kMx, kSigned>(pa, k, lay, ua);
     if (pb) unpack_panel<kSlot == kMx, kSigned>(pb, k, lay, ub);
-    panel_pair<kFused, kSigned>(session, act, rows, k, lay, pa, pb, ua, ub, two_pass, out, ldo, cols_a, cols_b);
+    panel_pair<kWrite, kSigned>(session, act, rows, k, lay, pa, pb, ua, ub, two_pass, out);
 }
 
-template <bool kFused, int kSlot, class Pairs>
-void run_pairs(const kt_moe_config* c, const void* act, int64_t rows, int64_t k, Pairs&& for_pairs, float* out, int64_t ldo) {
+template <PairWrite kWrite, int kSlot, class Pairs>
+void run_pairs(const kt_moe_config* c, const void* act, int64_t rows, int64_t k, Pairs&& for_pairs) {
     const Int4Layout lay = layout_of(kSlot, c);
     const bool two_pass = !one_activation_pass(c);
     tiles::Session session;
-    for_pairs(lay.expert(c), [&](const uint8_t* pa, const uint8_t* pb, int64_t n, int cols_a, int cols_b) {
+    for_pairs(lay.expert(c), [&](const uint8_t* pa, const uint8_t* pb, const PairOut& o) {
         const auto* x = static_cast<const uint8_t*>(act);
         if constexpr (kSlot == kInt4 || kSlot == kGptq) {   // the formats that may carry zero points
             if (lay.zero_point) {
-                run_pair<kFused, kSlot, false>(session, x, rows, k, lay, pa, pb, two_pass, out + n, ldo, cols_a, cols_b);
+                run_pair<kWrite, kSlot, false>(session, x, rows, k, lay, pa, pb, two_pass, o);
                 return;
             }
         }
-        run_pair<kFused, kSlot, true>(session, x, rows, k, lay, pa, pb, two_pass, out + n, ldo, cols_a, cols_b);
+        run_pair<kWrite, kSlot, true>(session, x, rows, k, lay, pa, pb, two_pass, o);
     });
+}
+
+// Gate/up on the tiles, fused (out_up == nullptr) or raw (PairOut).
+template <PairWrite kWrite, int kSlot>
+kt_status gate_up_pairs(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+                        float* out, float* out_up, int64_t ldo) {
+    if (const kt_status st = check_tile(g_methods[kSlot].avx.method, "gate/up", n0, n1, c->intermediate)) return st;
+    const auto* base = static_cast<const uint8_t*>(packed);
+    run_pairs<kWrite, kSlot>(c, act, rows, c->hidden, [&](const ExpertPanels& l, auto&& fn) {
+        for_gate_up_pairs(l, base, n0, n1, out, out_up, ldo, fn);
+    });
+    return KT_OK;
 }
 
 template <int kSlot>
 kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                   float* out, int64_t ldo) {
-    const GateScope activation(c);   // the layer's gated activation, for write_pair_row
-    const AmxMethod& method = g_methods[kSlot];
-    if (!amx_takes(method, rows, c->hidden)) return method.avx.gate_up_tile(c, packed, act, rows, n0, n1, out, ldo);
-    if (const kt_status st = check_tile(method.avx.method, "gate/up", n0, n1, c->intermediate)) return st;
-    const auto* base = static_cast<const uint8_t*>(packed);
-    run_pairs<true, kSlot>(c, act, rows, c->hidden, [&](const ExpertPanels& l, auto&& fn) {
-        for_gate_up_pairs(l, base, n0, n1, fn);
-    }, out, ldo);
-    return KT_OK;
+    return amx_gate_up(g_methods[kSlot], gate_up_pairs<PairWrite::kGated, kSlot>, c, packed, act, rows, n0, n1, out, ldo);
+}
+
+template <int kSlot>
+kt_status gate_up_raw(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+                      float* out_gate, float* out_up, int64_t ldo) {
+    return amx_gate_up_raw(g_methods[kSlot], gate_up_pairs<PairWrite::kRaw, kSlot>, c, packed, act, rows, n0, n1, out_gate,
+                           out_up, ldo);
 }
 
 template <int kSlot>
@@ -188,9 +198,9 @@ kt_status down(const kt_moe_config* c, const void* packed, const void* act, int6
     if (!amx_takes(method, rows, c->intermediate)) return method.avx.down_tile(c, packed, act, rows, n0, n1, out, ldo);
     if (const kt_status st = check_tile(method.avx.method, "down", n0, n1, c->hidden)) return st;
     const auto* base = static_cast<const uint8_t*>(packed);
-    run_pairs<false, kSlot>(c, act, rows, c->intermediate, [&](const ExpertPanels& l, auto&& fn) {
-        for_down_pairs(l, base, n0, n1, fn);
-    }, out, ldo);
+    run_pairs<PairWrite::kSideBySide, kSlot>(c, act, rows, c->intermediate, [&](const ExpertPanels& l, auto&& fn) {
+        for_down_pairs(l, base, n0, n1, out, ldo, fn);
+    });
     return KT_OK;
 }
 
@@ -203,7 +213,7 @@ kt_method_kernels wrap(const kt_method_kernels& avx, const char* kernel_id) {
     // min(G, 64) k at a time. Groups of 32 (RAWINT4, MXFP4) pay the group epilogue twice as often
     // and on half-depth tiles: their crossover is higher.
     g_methods[kSlot] = {avx, 32, kSlot == kRaw || kSlot == kMx ? 8 : 6};
-    return amx_table(avx, kernel_id, declines<kSlot>, gate_up<kSlot>, down<kSlot>);
+    return amx_table(avx, kernel_id, declines<kSlot>, gate_up<kSlot>, down<kSlot>, gate_up_raw<kSlot>);
 }
 
 }  // namespace

@@ -20,9 +20,9 @@ AmxMethod g_int8;
 
 ExpertPanels layout(const kt_moe_config* c) { return kt::layouts::int8::expert(c->hidden, c->intermediate); }
 
-template <bool kFused>
+template <PairWrite kWrite>
 void panel_pair(tiles::Session& session, const uint8_t* act, int64_t rows, int64_t k, const uint8_t* pa,
-                const uint8_t* pb, bool two_pass, float* out, int64_t ldo, int cols_a, int cols_b) {
+                const uint8_t* pb, bool two_pass, const PairOut& out) {
     const size_t row_bytes = int8_row_bytes(k);
     alignas(64) int32_t c[4][16][16];
     const uint8_t* wa = pa + kHeaderBytes;
@@ -70,25 +70,34 @@ void panel_pair(tiles::Session& session, const uint8_t* act, int64_t rows, int64
                 const VF dot = two_pass ? vfma(vcvt(vsubi(vloadi(c[2 + f][m]), comp)), vset1(1.0f / 128.0f), h) : h;
                 r[f] = vmul(dot, vmul(vload(reinterpret_cast<const float*>(headers[f])), vset1(sa)));
             }
-            write_pair_row<kFused>(out + (m0 + m) * ldo, r[0], r[1], cols_a, cols_b);
+            out.row<kWrite>(m0 + m, r[0], r[1]);
         }
     }
 }
 
-kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
-                  float* out, int64_t ldo) {
-    const GateScope activation(c);   // the layer's gated activation, for write_pair_row
-    if (!amx_takes(g_int8, rows, c->hidden)) return g_int8.avx.gate_up_tile(c, packed, act, rows, n0, n1, out, ldo);
+// Gate/up on the tiles, fused (out_up == nullptr) or raw (PairOut).
+template <PairWrite kWrite>
+kt_status gate_up_pairs(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+                        float* out, float* out_up, int64_t ldo) {
     if (const kt_status st = check_tile("INT8", "gate/up", n0, n1, c->intermediate)) return st;
     const ExpertPanels l = layout(c);
     const auto* base = static_cast<const uint8_t*>(packed);
     const bool two_pass = !one_activation_pass(c);
     tiles::Session session;
-    for_gate_up_pairs(l, base, n0, n1, [&](const uint8_t* pa, const uint8_t* pb, int64_t n, int cols_a, int cols_b) {
-        panel_pair<true>(session, static_cast<const uint8_t*>(act), rows, c->hidden, pa, pb, two_pass, out + n, ldo, cols_a,
-                         cols_b);
+    for_gate_up_pairs(l, base, n0, n1, out, out_up, ldo, [&](const uint8_t* pa, const uint8_t* pb, const PairOut& o) {
+        panel_pair<kWrite>(session, static_cast<const uint8_t*>(act), rows, c->hidden, pa, pb, two_pass, o);
     });
     return KT_OK;
+}
+
+kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+                  float* out, int64_t ldo) {
+    return amx_gate_up(g_int8, gate_up_pairs<PairWrite::kGated>, c, packed, act, rows, n0, n1, out, ldo);
+}
+
+kt_status gate_up_raw(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+                      float* out_gate, float* out_up, int64_t ldo) {
+    return amx_gate_up_raw(g_int8, gate_up_pairs<PairWrite::kRaw>, c, packed, act, rows, n0, n1, out_gate, out_up, ldo);
 }
 
 kt_status down(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
@@ -99,9 +108,8 @@ kt_status down(const kt_moe_config* c, const void* packed, const void* act, int6
     const auto* base = static_cast<const uint8_t*>(packed);
     const bool two_pass = !one_activation_pass(c);
     tiles::Session session;
-    for_down_pairs(l, base, n0, n1, [&](const uint8_t* pa, const uint8_t* pb, int64_t n, int cols_a, int cols_b) {
-        panel_pair<false>(session, static_cast<const uint8_t*>(act), rows, c->intermediate, pa, pb, two_pass, out + n, ldo,
-                          cols_a, cols_b);
+    for_down_pairs(l, base, n0, n1, out, ldo, [&](const uint8_t* pa, const uint8_t* pb, const PairOut& o) {
+        panel_pair<PairWrite::kSideBySide>(session, static_cast<const uint8_t*>(act), rows, c->intermediate, pa, pb, two_pass, o);
     });
     return KT_OK;
 }
@@ -112,7 +120,7 @@ int declines(const kt_moe_config* c, int64_t tokens) { return amx_declines(g_int
 
 kt_method_kernels amx_int8_kernels(const kt_method_kernels& avx, const char* kernel_id) {
     g_int8 = {avx, 64, 3};
-    return amx_table(avx, kernel_id, declines, gate_up, down);
+    return amx_table(avx, kernel_id, declines, gate_up, down, gate_up_raw);
 }
 
 }  // namespace KT_TARGET_NAMESPACE

@@ -46,8 +46,8 @@ Tables build() {
     t.methods[6] = amx_gptq_int4_kernels(gptq_int4_kernels("moe.gptq_int4.int4g.p16k8.avx512vnni"),
                                          "moe.gptq_int4.int4g.p16k8.tdpbssd." KT_TARGET_VARIANT);
     t.methods[7] = amx_mxfp4_kernels(mxfp4_kernels("moe.mxfp4.p16k8.lut.avx512vnni"), "moe.mxfp4.p16k8.tdpbssd." KT_TARGET_VARIANT);
-    // Training's transposed tiles are avx's (ABI 1.5): backward's products have no tile-engine form here yet.
-    for (kt_method_kernels& m : t.methods) add_transposed_tiles(m);
+    // Training's transposed tiles (ABI 1.5): on the tiles for the formats that have them (amx_transposed.cpp).
+    for (kt_method_kernels& m : t.methods) add_amx_transposed_tiles(m);
     t.api = kt_backend_api{sizeof(kt_backend_api), KT_PLUGIN_ABI_MAJOR, KT_PLUGIN_ABI_MINOR, "amx", KT_TARGET_VARIANT,
                            KT_TARGET_FEATURES, init, sizeof(t.methods) / sizeof(t.methods[0]), nullptr};
     return t;

@@ -12,11 +12,8 @@
 //
 // Formats: BF16, INT8 and the INT4 layouts with integer codes (INT4 symmetric or with zero
 // points, RAWINT4, GPTQ_INT4), which is what frozen base weights of LoRA training come in.
-#include <kt/formats/packed_layouts.h>
-
-#include "int4_layout.h"
-#include "lanes.h"
 #include "methods.h"
+#include "transposed_weights.h"
 
 #include <algorithm>
 #include <initializer_list>
@@ -26,82 +23,9 @@
 namespace KT_TARGET_NAMESPACE {
 namespace {
 
-constexpr int kVecs = 4;                           // k-vectors per row of the register block
-constexpr int64_t kKBlock = kVecs * kLanes;        // columns per block: 64 (AVX-512), 32 (AVX2)
+using namespace transposed;   // the column readers, widen_run and the formats (transposed_weights.h)
+
 constexpr int kMr = kLanes == 16 ? 4 : 3;          // rows per register block: 16 / 12 accumulators
-constexpr int64_t kRun = 128;                      // channels per run: W rows of a run stay in L1
-constexpr int64_t kTileBlock = 64;                 // transposed_block: a multiple of every kKBlock
-
-// --- widening: the 16 lanes of column k of a panel, as f32 ---------------------------------
-// Each format writes lanes [v * kLanes, (v + 1) * kLanes) of column k (k < K).
-
-struct Bf16Columns {
-    VF operator()(const uint8_t* panel, int64_t k, int v) const {
-        const VI w = vloadi(panel + size_t(k / 2) * 64 + size_t(v) * kLanes * 4);
-        return (k & 1) ? bf16_odd(w) : bf16_even(w);
-    }
-};
-
-struct Int8Columns {
-    VF operator()(const uint8_t* panel, int64_t k, int v) const {
-        namespace l8 = kt::layouts::int8;
-        const VI w = vloadi(panel + l8::kHeaderBytes + size_t(k / 4) * 64 + size_t(v) * kLanes * 4);
-        // Byte k % 4 of each lane, sign-extended: shift it to the top, then arithmetically down.
-        const int up = 24 - 8 * int(k % 4);
-#if defined(__AVX512F__)
-        const VI q = _mm512_srai_epi32(_mm512_sllv_epi32(w, _mm512_set1_epi32(up)), 24);
-#else
-        const VI q = _mm256_srai_epi32(_mm256_sllv_epi32(w, _mm256_set1_epi32(up)), 24);
-#endif
-        return vmul(vcvt(q), vload(reinterpret_cast<const float*>(panel) + v * kLanes));
-    }
-};
-
-struct Int4Columns {
-    Int4Layout lay;
-    VF operator()(const uint8_t* panel, int64_t k, int v) const {
-        const uint8_t* header = panel + lay.group_at(k / lay.g);
-        const int64_t within = k % lay.g, b = within % 8;
-        const VI w = vloadi(header + lay.header_bytes() + size_t(within / 8) * 64 + size_t(v) * kLanes * 4);
-        // Byte b % 4 of each lane holds k in its low nibble for b < 4, in its high one after.
-        const int shift = 8 * int(b % 4) + (b >= 4 ? 4 : 0);
-#if defined(__AVX512F__)
-        const VI u = _mm512_and_si512(_mm512_srlv_epi32(w, _mm512_set1_epi32(shift)), _mm512_set1_epi32(15));
-#else
-        const VI u = _mm256_and_si256(_mm256_srlv_epi32(w, _mm256_set1_epi32(shift)), _mm256_set1_epi32(15));
-#endif
-        const VF s = lay.scale(header, v);
-        if (lay.zero_point) return vsub(vmul(s, vcvt(u)), lay.scale_times_zero(header, v));
-        return vmul(s, vsub(vcvt(u), vset1(8.0f)));
-    }
-};
-
-// Rows W[n][0 .. kKBlock) for the channels [n0, n0 + count) (count <= kRun, panel-aligned n0) of
-// a matrix with K columns, columns [kb, kb + kKBlock) of it; columns >= K are zero.
-template <class Columns>
-void widen_run(const Columns& col, const uint8_t* base, size_t first_panel, size_t panel_stride, int64_t n0,
-               int64_t count, int64_t K, int64_t kb, float* w) {
-    alignas(64) float t[kPanel * kPanel];   // 16 columns x 16 lanes, column-major
-    for (int64_t n = n0; n < n0 + count; n += kPanel) {
-        const uint8_t* panel = base + first_panel + size_t(n / kPanel) * panel_stride;
-        float* rows = w + (n - n0) * kKBlock;   // W rows of this panel's 16 channels
-        for (int64_t k16 = kb; k16 < kb + kKBlock; k16 += kPanel) {
-#if defined(__AVX512F__)
-            __m512i r[16];
-            for (int j = 0; j < 16; ++j)
-                r[j] = k16 + j < K ? _mm512_castps_si512(col(panel, k16 + j, 0)) : _mm512_setzero_si512();
-            transpose16x16(r);   // r[lane] = columns k16 .. k16 + 15 of channel n + lane
-            for (int lane = 0; lane < 16; ++lane) _mm512_storeu_si512(rows + lane * kKBlock + (k16 - kb), r[lane]);
-#else
-            for (int j = 0; j < 16; ++j)
-                for (int v = 0; v < kVecsPerPanel; ++v)
-                    vstore(t + j * kPanel + v * kLanes, k16 + j < K ? col(panel, k16 + j, v) : vzero());
-            for (int lane = 0; lane < kPanel; ++lane)
-                for (int j = 0; j < kPanel; ++j) rows[lane * kKBlock + (k16 - kb) + j] = t[j * kPanel + lane];
-#endif
-        }
-    }
-}
 
 // acc rows [r, r + MR) of the tile buffer (kKBlock floats each) += grad[r][n0 + c] * W[c][.]
 // over the run's `count` channels.
@@ -275,33 +199,6 @@ kt_status transposed(const uint8_t* base, std::initializer_list<Part> parts, int
 }  // namespace bf16dot
 #endif
 
-kt_status check(const char* method, int64_t k0, int64_t k1, int64_t K) {
-    if (k0 % kTileBlock == 0 && k0 < k1 && k1 <= K) return KT_OK;
-    return fail(KT_ERROR_INVALID_ARGUMENT, "%s transposed tile [%lld, %lld) is not %lld-aligned within [0, %lld)", method,
-                (long long)k0, (long long)k1, (long long)kTileBlock, (long long)K);
-}
-
-// The columns reader and expert geometry of each format.
-struct Bf16Format {
-    static constexpr const char* kName = "BF16";
-    static constexpr bool kBf16Dot = true;   // fast_activations: gradients in bf16, vdpbf16ps
-    static Bf16Columns columns(const kt_moe_config*) { return {}; }
-    static ExpertPanels panels(const kt_moe_config* c) { return kt::layouts::bf16::expert(c->hidden, c->intermediate); }
-};
-struct Int8Format {
-    static constexpr const char* kName = "INT8";
-    static constexpr bool kBf16Dot = false;
-    static Int8Columns columns(const kt_moe_config*) { return {}; }
-    static ExpertPanels panels(const kt_moe_config* c) { return kt::layouts::int8::expert(c->hidden, c->intermediate); }
-};
-template <bool kRaw>
-struct Int4Format {
-    static constexpr const char* kName = kRaw ? "RAWINT4" : "INT4";
-    static constexpr bool kBf16Dot = false;
-    static Int4Columns columns(const kt_moe_config* c) { return {int4_layout(c, kRaw)}; }
-    static ExpertPanels panels(const kt_moe_config* c) { return int4_layout(c, kRaw).expert(c); }
-};
-
 template <class F>
 kt_status gate_up_transposed_tile(const kt_moe_config* c, const void* packed, const float* grad_gate,
                                   const float* grad_up, int64_t gs, int64_t rows, int64_t k0, int64_t k1, float* out,
@@ -311,7 +208,7 @@ kt_status gate_up_transposed_tile(const kt_moe_config* c, const void* packed, co
     // Gate and up panels alternate: each matrix's panels are two panel sizes apart.
     const size_t stride = 2 * l.gate_up_panel;
 #if defined(__AVX512BF16__)
-    if constexpr (F::kBf16Dot)
+    if constexpr (F::kBf16Values)
         if (one_activation_pass(c))
             return bf16dot::transposed(static_cast<const uint8_t*>(packed),
                                        {bf16dot::Part{l.gate(0), stride, c->intermediate, grad_gate},
@@ -329,7 +226,7 @@ kt_status down_transposed_tile(const kt_moe_config* c, const void* packed, const
     if (const kt_status st = check(F::kName, k0, k1, c->intermediate)) return st;
     const ExpertPanels l = F::panels(c);
 #if defined(__AVX512BF16__)
-    if constexpr (F::kBf16Dot)
+    if constexpr (F::kBf16Values)
         if (one_activation_pass(c))
             return bf16dot::transposed(static_cast<const uint8_t*>(packed), {bf16dot::Part{l.down(0), l.down_panel, c->hidden, grad}},
                                        c->intermediate, gs, rows, k0, k1, out, ldo);

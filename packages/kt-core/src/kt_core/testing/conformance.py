@@ -155,8 +155,10 @@ def test_expert_biases_match_reference(kt_variant, kt_tolerance, tokens):
 def test_grouped_products_match_reference(kt_variant, kt_tolerance, hidden, intermediate):
     """Training's products on rows grouped by expert (kt_core.MoE.grouped_*): the raw gate/up and
     down products (activations quantized as the forward quantizes them: the forward's tolerance)
-    and the transposed ones of plugin ABI 1.5 (f32 gradients used as given, so only the
-    accumulation order differs from the reference's: 1e-5). Experts with no rows included."""
+    and the transposed ones of plugin ABI 1.5: f32 gradients used as given (FMA kernels: only the
+    accumulation order differs from the reference's, ~1e-7) or split into bf16 hi + lo planes, and
+    the weights too where they are not bf16 (tile kernels: 16 significant bits of each factor,
+    measured up to 2.2e-5 on AMX) — 4e-5. Experts with no rows included."""
     layer, oracle, rng = _pair(kt_variant, experts=6, hidden=hidden, intermediate=intermediate, top_k=2, trainable=True)
     counts = np.array([5, 0, 1, 37, 0, 16], dtype=np.int64)
     rows = int(counts.sum())
@@ -170,7 +172,7 @@ def test_grouped_products_match_reference(kt_variant, kt_tolerance, hidden, inte
                   "gate_up^T": m.grouped_gate_up_transposed(dgate_up, counts), "down^T": m.grouped_down_transposed(dy, counts)}
                  for m in (layer, oracle))
     for name in got:
-        tol = 1e-5 if name.endswith("^T") else kt_tolerance[method]
+        tol = 4e-5 if name.endswith("^T") else kt_tolerance[method]
         err = relative_error(got[name], want[name])
         assert err <= tol, f"{layer.backend} {method} grouped {name}: error {err:.3e} vs reference exceeds {tol:.1e}"
 

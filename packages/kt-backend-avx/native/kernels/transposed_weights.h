@@ -1,0 +1,117 @@
+// Training's transposed products read the packed panels column by column (the panels run the
+// other way: 16 output channels n, per input column k one 16-lane vector): each format's column
+// reader, and widen_run, which turns a run of channels' columns into rows W[n][k-block] in f32.
+// Shared by kt-backend-avx's FMA kernels (transposed.cpp) and kt-backend-amx's tile kernels,
+// which build their B tiles from the same rows.
+#pragma once
+#include <kt/formats/packed_layouts.h>
+
+#include "int4_layout.h"
+#include "lanes.h"
+
+namespace KT_TARGET_NAMESPACE::transposed {
+
+constexpr int kVecs = 4;                           // k-vectors per row of a W block
+constexpr int64_t kKBlock = kVecs * kLanes;        // columns per block: 64 (AVX-512), 32 (AVX2)
+constexpr int64_t kRun = 128;                      // channels per run: W rows of a run stay in L1
+constexpr int64_t kTileBlock = 64;                 // transposed_block: a multiple of every kKBlock
+
+// --- widening: the 16 lanes of column k of a panel, as f32 ---------------------------------
+// Each format writes lanes [v * kLanes, (v + 1) * kLanes) of column k (k < K).
+
+struct Bf16Columns {
+    VF operator()(const uint8_t* panel, int64_t k, int v) const {
+        const VI w = vloadi(panel + size_t(k / 2) * 64 + size_t(v) * kLanes * 4);
+        return (k & 1) ? bf16_odd(w) : bf16_even(w);
+    }
+};
+
+struct Int8Columns {
+    VF operator()(const uint8_t* panel, int64_t k, int v) const {
+        namespace l8 = kt::layouts::int8;
+        const VI w = vloadi(panel + l8::kHeaderBytes + size_t(k / 4) * 64 + size_t(v) * kLanes * 4);
+        // Byte k % 4 of each lane, sign-extended: shift it to the top, then arithmetically down.
+        const int up = 24 - 8 * int(k % 4);
+#if defined(__AVX512F__)
+        const VI q = _mm512_srai_epi32(_mm512_sllv_epi32(w, _mm512_set1_epi32(up)), 24);
+#else
+        const VI q = _mm256_srai_epi32(_mm256_sllv_epi32(w, _mm256_set1_epi32(up)), 24);
+#endif
+        return vmul(vcvt(q), vload(reinterpret_cast<const float*>(panel) + v * kLanes));
+    }
+};
+
+struct Int4Columns {
+    Int4Layout lay;
+    VF operator()(const uint8_t* panel, int64_t k, int v) const {
+        const uint8_t* header = panel + lay.group_at(k / lay.g);
+        const int64_t within = k % lay.g, b = within % 8;
+        const VI w = vloadi(header + lay.header_bytes() + size_t(within / 8) * 64 + size_t(v) * kLanes * 4);
+        // Byte b % 4 of each lane holds k in its low nibble for b < 4, in its high one after.
+        const int shift = 8 * int(b % 4) + (b >= 4 ? 4 : 0);
+#if defined(__AVX512F__)
+        const VI u = _mm512_and_si512(_mm512_srlv_epi32(w, _mm512_set1_epi32(shift)), _mm512_set1_epi32(15));
+#else
+        const VI u = _mm256_and_si256(_mm256_srlv_epi32(w, _mm256_set1_epi32(shift)), _mm256_set1_epi32(15));
+#endif
+        const VF s = lay.scale(header, v);
+        if (lay.zero_point) return vsub(vmul(s, vcvt(u)), lay.scale_times_zero(header, v));
+        return vmul(s, vsub(vcvt(u), vset1(8.0f)));
+    }
+};
+
+// Rows W[n][0 .. kKBlock) for the channels [n0, n0 + count) (count <= kRun, panel-aligned n0) of
+// a matrix with K columns, columns [kb, kb + kKBlock) of it; columns >= K are zero.
+template <class Columns>
+void widen_run(const Columns& col, const uint8_t* base, size_t first_panel, size_t panel_stride, int64_t n0,
+               int64_t count, int64_t K, int64_t kb, float* w) {
+    alignas(64) float t[kPanel * kPanel];   // 16 columns x 16 lanes, column-major
+    for (int64_t n = n0; n < n0 + count; n += kPanel) {
+        const uint8_t* panel = base + first_panel + size_t(n / kPanel) * panel_stride;
+        float* rows = w + (n - n0) * kKBlock;   // W rows of this panel's 16 channels
+        for (int64_t k16 = kb; k16 < kb + kKBlock; k16 += kPanel) {
+#if defined(__AVX512F__)
+            __m512i r[16];
+            for (int j = 0; j < 16; ++j)
+                r[j] = k16 + j < K ? _mm512_castps_si512(col(panel, k16 + j, 0)) : _mm512_setzero_si512();
+            transpose16x16(r);   // r[lane] = columns k16 .. k16 + 15 of channel n + lane
+            for (int lane = 0; lane < 16; ++lane) _mm512_storeu_si512(rows + lane * kKBlock + (k16 - kb), r[lane]);
+#else
+            for (int j = 0; j < 16; ++j)
+                for (int v = 0; v < kVecsPerPanel; ++v)
+                    vstore(t + j * kPanel + v * kLanes, k16 + j < K ? col(panel, k16 + j, v) : vzero());
+            for (int lane = 0; lane < kPanel; ++lane)
+                for (int j = 0; j < kPanel; ++j) rows[lane * kKBlock + (k16 - kb) + j] = t[j * kPanel + lane];
+#endif
+        }
+    }
+}
+
+inline kt_status check(const char* method, int64_t k0, int64_t k1, int64_t K) {
+    if (k0 % kTileBlock == 0 && k0 < k1 && k1 <= K) return KT_OK;
+    return fail(KT_ERROR_INVALID_ARGUMENT, "%s transposed tile [%lld, %lld) is not %lld-aligned within [0, %lld)", method,
+                (long long)k0, (long long)k1, (long long)kTileBlock, (long long)K);
+}
+
+// The columns reader and expert geometry of each format.
+struct Bf16Format {
+    static constexpr const char* kName = "BF16";
+    static constexpr bool kBf16Values = true;   // the packed values are bf16: bf16 products lose nothing on the weight side
+    static Bf16Columns columns(const kt_moe_config*) { return {}; }
+    static ExpertPanels panels(const kt_moe_config* c) { return kt::layouts::bf16::expert(c->hidden, c->intermediate); }
+};
+struct Int8Format {
+    static constexpr const char* kName = "INT8";
+    static constexpr bool kBf16Values = false;
+    static Int8Columns columns(const kt_moe_config*) { return {}; }
+    static ExpertPanels panels(const kt_moe_config* c) { return kt::layouts::int8::expert(c->hidden, c->intermediate); }
+};
+template <bool kRaw>
+struct Int4Format {
+    static constexpr const char* kName = kRaw ? "RAWINT4" : "INT4";
+    static constexpr bool kBf16Values = false;
+    static Int4Columns columns(const kt_moe_config* c) { return {int4_layout(c, kRaw)}; }
+    static ExpertPanels panels(const kt_moe_config* c) { return int4_layout(c, kRaw).expert(c); }
+};
+
+}  // namespace KT_TARGET_NAMESPACE::transposed
