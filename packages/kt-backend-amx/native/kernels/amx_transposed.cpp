@@ -1,18 +1,24 @@
 // Plugin ABI 1.5's transposed tiles (training's backward) on AMX-BF16:
 // out[r, k] = sum_n grad[r, n] W[n, k] for k in [k0, k1), from the packed panels as they are.
 //
-// A tile product reduces over its A tile's columns, here the channels n, and a B tile must hold
+// A tile product reduces over its A tile's columns, here the channels n, and its B tile must hold
 // (W[n][k], W[n + 1][k]) pairs: 16 rows of channel pairs by 16 columns k. The panels hold the
-// weights the other way (pairs along k), so each run of kRun channels of a 64-column block is
-// widened to f32 rows W[n][k-block] by kt-backend-avx's column readers (transposed_weights.h) and
-// re-packed into such B tiles (L1-resident), then every 16-row block of gradients runs over them,
-// four C tiles wide (64 columns), the accumulators kept in a buffer between runs.
+// weights the other way (pairs along k), so for each 64-column block, a run of channels is
+// re-packed into such B tiles (L1/L2-resident), then every 16-row block of gradients runs over
+// them four C tiles wide, the accumulators kept in a buffer between runs. The re-packing, per
+// format (TileWeights below):
+//   BF16: the panels' bf16 words transposed and interleaved (bf16_pair_words): exact, one plane,
+//         the columns in pair-word order, put back as the block is stored;
+//   INT8: the codes (exact in bf16), one plane; the channel's scale, constant along k, goes
+//         into the gradient as it is split;
+//   INT4, RAWINT4, GPTQ_INT4: the values (their scales change along k), widened by kt-backend-avx's
+//         column readers (transposed_weights.h) and split into bf16 hi + lo planes.
 //
 // Precision: gradients arrive in f32 and are split into bf16 hi + lo planes (16 significant
-// bits), and so are the weights unless they are bf16 already (BF16's panels); the tiles sum
-// ghi·whi + glo·whi + ghi·wlo in f32 — all but glo·wlo, a 2^-16-relative term, so the products are
-// within ~1e-5 of f32 ones (the conformance tolerance). A layer with fast_activations takes
-// bf16 gradients alone, as kt-backend-avx's vdpbf16ps path does.
+// bits); the tiles sum ghi·whi + glo·whi (+ ghi·wlo for split weights) in f32 — all but 2^-16-
+// relative terms, so the products are within ~2e-5 of f32 ones (the conformance tolerance is
+// 4e-5). A layer with fast_activations takes bf16 gradients alone, as kt-backend-avx's vdpbf16ps
+// path does.
 //
 // Experts with fewer rows than kMinRows take kt-backend-avx's FMA kernels: a run's re-packing
 // costs the same for one row as for sixteen.
@@ -29,7 +35,11 @@ namespace {
 using namespace transposed;
 
 constexpr int64_t kChunk = 32;   // channels per tile step: a B tile's 16 pair rows
-static_assert(kKBlock == 64 && kRun % kChunk == 0, "a block is 4 C tiles of 16 columns; runs hold whole chunks");
+#ifndef KT_AMX_TRANSPOSED_RUN
+#define KT_AMX_TRANSPOSED_RUN 128
+#endif
+constexpr int64_t kTileRun = KT_AMX_TRANSPOSED_RUN;   // channels whose B tiles are built at once
+static_assert(kKBlock == 64 && kTileRun % kChunk == 0, "a block is 4 C tiles of 16 columns; runs hold whole chunks");
 constexpr int64_t kMinRows = 16;  // rows per expert from which the tiles pay (docs/performance.md)
 
 // The avx kernels this file's functions hand small experts to, per method slot.
@@ -46,29 +56,44 @@ inline __m512 bf16_to_f32(__m256bh h) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)h), 16));
 }
 
+struct Part {
+    size_t first_panel, panel_stride;
+    int64_t N;
+    const float* grad;
+};
+
 // Gradient rows f32 [rows, N] (row stride gs) -> bf16 planes hi (and lo = bf16(g - hi)) at
-// columns [at, at + round_up(N, 32)) of rows `ld` wide, the padding zero.
-void split_gradients(const float* g, int64_t gs, int64_t rows, int64_t N, uint16_t* hi, uint16_t* lo, int64_t ld,
+// columns [at, at + round_up(N, 32)) of rows `ld` wide, the padding zero. kScaled: each channel's
+// gradient times its INT8 scale (Int8Columns::scales of its panel).
+template <bool kScaled>
+void split_gradients(const uint8_t* base, const Part& p, int64_t gs, int64_t rows, uint16_t* hi, uint16_t* lo, int64_t ld,
                      int64_t at) {
-    const int64_t padded = round_up(N, kChunk);
-    for (int64_t r = 0; r < rows; ++r)
-        for (int64_t n = 0; n < padded; n += 16) {
-            const __mmask16 m = n + 16 <= N ? __mmask16(0xffff) : n < N ? __mmask16((1u << (N - n)) - 1) : __mmask16(0);
-            const __m512 v = _mm512_maskz_loadu_ps(m, g + r * gs + n);
+    const int64_t padded = round_up(p.N, kChunk);
+    for (int64_t n = 0; n < padded; n += 16) {
+        const __mmask16 m = n + 16 <= p.N ? __mmask16(0xffff) : n < p.N ? __mmask16((1u << (p.N - n)) - 1) : __mmask16(0);
+        __m512 scale = _mm512_set1_ps(1.0f);
+        if constexpr (kScaled)
+            if (m) scale = _mm512_loadu_ps(Int8Columns::scales(base + p.first_panel + size_t(n / kPanel) * p.panel_stride));
+        for (int64_t r = 0; r < rows; ++r) {
+            const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, p.grad + r * gs + n), scale);
             const __m256bh h = _mm512_cvtneps_pbh(v);
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + r * ld + at + n), (__m256i)h);
             if (lo)
                 _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + r * ld + at + n),
                                     (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(v, bf16_to_f32(h))));
         }
+    }
 }
 
-// B tiles of one run from its W rows (w: [count][kKBlock] f32, count a multiple of kChunk):
-// tile (j, chunk c) at b + (j * kRun / 2 + c * 16) * 16 words, row p = the pair words
-// (W[2p][k], W[2p + 1][k]) of its 16 columns k = 16 j .. 16 j + 15. blo (if any) gets the
-// pairs of w - bf16(w).
-void pack_pairs(const float* w, int64_t count, uint32_t* bhi, uint32_t* blo) {
-    for (int64_t p = 0; p < count / 2; ++p)
+// B tiles: tile (j, chunk c) of a run at b + (j * kTileRun / 2 + c * 16) * 16 words, row p = the
+// pair words (W[2p][k], W[2p + 1][k]) of its 16 columns. Each format fills them one panel (16
+// channels, 8 pair rows) at a time: pack_panel(col, base, part, n, K, kb, w, bhi, blo) writes the
+// rows of channels [n, n + 16) at bhi (blo: the lo plane), already offset to the panel's first pair.
+
+// From W rows (w: [16][kKBlock] f32), columns k = 16 j .. 16 j + 15 in order; blo (if any) gets
+// the pairs of w - bf16(w).
+void pack_pairs(const float* w, uint32_t* bhi, uint32_t* blo) {
+    for (int64_t p = 0; p < kPanel / 2; ++p)
         for (int j = 0; j < 4; ++j) {
             const __m512 r0 = _mm512_load_ps(w + (2 * p) * kKBlock + 16 * j);
             const __m512 r1 = _mm512_load_ps(w + (2 * p + 1) * kKBlock + 16 * j);
@@ -76,7 +101,7 @@ void pack_pairs(const float* w, int64_t count, uint32_t* bhi, uint32_t* blo) {
             const auto words = [](__m256bh a, __m256bh b) {
                 return _mm512_or_si512(_mm512_cvtepu16_epi32((__m256i)a), _mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)b), 16));
             };
-            const size_t at = size_t(j * kRun / 2 + p) * 16;
+            const size_t at = size_t(j * kTileRun / 2 + p) * 16;
             _mm512_store_si512(bhi + at, words(h0, h1));
             if (blo)
                 _mm512_store_si512(blo + at, words(_mm512_cvtneps_pbh(_mm512_sub_ps(r0, bf16_to_f32(h0))),
@@ -84,15 +109,72 @@ void pack_pairs(const float* w, int64_t count, uint32_t* bhi, uint32_t* blo) {
         }
 }
 
+// The pair rows of channels past the last panel: zero weights.
+void zero_panel(uint32_t* bhi, uint32_t* blo) {
+    for (int64_t p = 0; p < kPanel / 2; ++p)
+        for (int j = 0; j < 4; ++j) {
+            const size_t at = size_t(j * kTileRun / 2 + p) * 16;
+            _mm512_store_si512(bhi + at, _mm512_setzero_si512());
+            if (blo) _mm512_store_si512(blo + at, _mm512_setzero_si512());
+        }
+}
+
+struct WidenedPanel {   // through f32 W rows: any column reader
+    template <class Columns>
+    static void pack_panel(const Columns& col, const uint8_t* base, const Part& p, int64_t n, int64_t K, int64_t kb, float* w,
+                           uint32_t* bhi, uint32_t* blo) {
+        widen_run(col, base, p.first_panel, p.panel_stride, n, kPanel, K, kb, w);
+        pack_pairs(w, bhi, blo);
+    }
+};
+
+struct Bf16Tiles {
+    using Format = Bf16Format;
+    static constexpr bool kSplitWeights = false, kScaledGradients = false, kPairWordColumns = true;
+    static Bf16Columns columns(const kt_moe_config*) { return {}; }
+    static void pack_panel(const Bf16Columns&, const uint8_t* base, const Part& p, int64_t n, int64_t K, int64_t kb, float*,
+                           uint32_t* bhi, uint32_t*) {
+        bf16_pair_words(base, p.first_panel, p.panel_stride, n, kPanel, K, kb, reinterpret_cast<__m512i*>(bhi), 1, kTileRun / 2);
+    }
+};
+
+struct Int8Tiles {
+    using Format = Int8Format;
+    static constexpr bool kSplitWeights = false, kScaledGradients = true, kPairWordColumns = false;
+    struct Codes {
+        VF operator()(const uint8_t* panel, int64_t k, int v) const { return Int8Columns::codes(panel, k, v); }
+    };
+    static Codes columns(const kt_moe_config*) { return {}; }
+    static constexpr auto pack_panel = WidenedPanel::pack_panel<Codes>;
+};
+
+template <bool kRaw>
+struct Int4Tiles {
+    using Format = Int4Format<kRaw>;
+    static constexpr bool kSplitWeights = true, kScaledGradients = false, kPairWordColumns = false;
+    static Int4Columns columns(const kt_moe_config* c) { return Format::columns(c); }
+    static constexpr auto pack_panel = WidenedPanel::pack_panel<Int4Columns>;
+};
+
+// Columns [16 q, 16 q + 16) of a block whose four 16-lane vectors a hold the pair-word order of
+// bf16_pair_words: both halves of q's 32-column half are in vectors 2 (q / 2) and 2 (q / 2) + 1,
+// column 16 (q % 2) + 8 u + 4 w + t at lane 4 (2 (q % 2) + u) + t of vector 2 (q / 2) + w.
+inline __m512 pair_word_columns(const float* a, int q) {
+    alignas(64) static constexpr int32_t kIndex[2][16] = {{0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23},
+                                                           {8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31}};
+    const float* v = a + 32 * (q / 2);
+    return _mm512_permutex2var_ps(_mm512_load_ps(v), _mm512_load_si512(kIndex[q % 2]), _mm512_load_ps(v + 16));
+}
+
 // C tile J += the chunk's products: A4 = gradient hi, A5 = lo (two_grad), B6 = weights hi,
 // B7 = lo (two_w).
 template <int J>
 inline void chunk_step(const uint32_t* bhi, const uint32_t* blo, bool two_grad) {
-    tiles::load<6>(bhi + size_t(J) * kRun / 2 * 16, 64);
+    tiles::load<6>(bhi + size_t(J) * kTileRun / 2 * 16, 64);
     tiles::dpbf16ps<J, 4, 6>();
     if (two_grad) tiles::dpbf16ps<J, 5, 6>();
     if (blo) {
-        tiles::load<7>(blo + size_t(J) * kRun / 2 * 16, 64);
+        tiles::load<7>(blo + size_t(J) * kTileRun / 2 * 16, 64);
         tiles::dpbf16ps<J, 4, 7>();
     }
 }
@@ -103,12 +185,6 @@ inline void load_or_zero(const float* acc, bool zero) {
     else tiles::load<J>(acc + 16 * J, kKBlock * 4);
 }
 
-struct Part {
-    size_t first_panel, panel_stride;
-    int64_t N;
-    const float* grad;
-};
-
 struct Scratch {
     TileScratch<uint16_t> grads;   // [2 planes][rows][ld] bf16
     TileScratch<float> w;          // a run's W rows
@@ -116,36 +192,37 @@ struct Scratch {
     TileScratch<float> acc;        // [rows][kKBlock]
 };
 
-template <class F>
+template <class T>
 kt_status transposed_tiles(const kt_moe_config* c, const uint8_t* base, std::initializer_list<Part> parts, int64_t K,
                            int64_t gs, int64_t rows, int64_t k0, int64_t k1, float* out, int64_t ldo) {
-    const bool two_grad = !one_activation_pass(c), two_w = !F::kBf16Values;
-    const auto col = F::columns(c);
+    const bool two_grad = !one_activation_pass(c);
+    const auto col = T::columns(c);
     thread_local Scratch s;
     int64_t ld = 0;
     for (const Part& p : parts) ld += round_up(p.N, kChunk);
     uint16_t* ghi = s.grads.get(size_t(2 * rows * ld));
     uint16_t* glo = two_grad ? ghi + rows * ld : nullptr;
-    int64_t at = 0;
-    for (const Part& p : parts) {
-        split_gradients(p.grad, gs, rows, p.N, ghi, glo, ld, at);
+    for (int64_t at = 0; const Part& p : parts) {
+        split_gradients<T::kScaledGradients>(base, p, gs, rows, ghi, glo, ld, at);
         at += round_up(p.N, kChunk);
     }
-    float* w = s.w.get(size_t(kRun * kKBlock));
-    uint32_t* bhi = s.b.get(size_t(2 * kRun / 2 * 4 * 16));
-    uint32_t* blo = two_w ? bhi + kRun / 2 * 4 * 16 : nullptr;
+    float* w = s.w.get(size_t(kTileRun * kKBlock));
+    const size_t plane = size_t(kTileRun / 2 * 4 * 16);   // words of one plane of a run's B tiles
+    uint32_t* bhi = s.b.get(2 * plane);
+    uint32_t* blo = T::kSplitWeights ? bhi + plane : nullptr;
     float* acc = s.acc.get(size_t(rows * kKBlock));
     tiles::Session session;
     for (int64_t kb = k0; kb < k1; kb += kKBlock) {
         bool first = true;
-        at = 0;
-        for (const Part& p : parts) {
-            for (int64_t n0 = 0; n0 < p.N; n0 += kRun) {
-                const int64_t count = round_up(std::min(kRun, p.N - n0), kChunk);
-                const int64_t panels = std::min(count, round_up(p.N - n0, kPanel));
-                widen_run(col, base, p.first_panel, p.panel_stride, n0, panels, K, kb, w);
-                std::fill(w + panels * kKBlock, w + count * kKBlock, 0.0f);   // channels past N: zero weights
-                pack_pairs(w, count, bhi, blo);
+        for (int64_t at = 0; const Part& p : parts) {
+            for (int64_t n0 = 0; n0 < p.N; n0 += kTileRun) {
+                const int64_t count = round_up(std::min(kTileRun, p.N - n0), kChunk);
+                for (int64_t u = 0; u < count / kPanel; ++u) {
+                    const size_t pair0 = size_t(u) * kPanel / 2 * 16;
+                    if (n0 + u * kPanel < p.N)
+                        T::pack_panel(col, base, p, n0 + u * kPanel, K, kb, w + u * kPanel * kKBlock, bhi + pair0, blo ? blo + pair0 : nullptr);
+                    else zero_panel(bhi + pair0, blo ? blo + pair0 : nullptr);   // channels past N: zero weights
+                }
                 for (int64_t m0 = 0; m0 < rows; m0 += 16) {
                     const int mr = int(std::min<int64_t>(16, rows - m0));
                     session.use(tile_config(mr, 64));
@@ -175,39 +252,48 @@ kt_status transposed_tiles(const kt_moe_config* c, const uint8_t* base, std::ini
             at += round_up(p.N, kChunk);
         }
         const int64_t width = std::min(kKBlock, k1 - kb);
-        for (int64_t r = 0; r < rows; ++r) std::copy_n(acc + r * kKBlock, width, out + r * ldo + kb);
+        for (int64_t r = 0; r < rows; ++r) {
+            const float* a = acc + r * kKBlock;
+            float* o = out + r * ldo + kb;
+            if constexpr (T::kPairWordColumns) {   // C tile v's lane i holds column pair_word_column(v, i)
+                for (int q = 0; q < 4 && 16 * q < width; ++q)
+                    vstore_partial(o + 16 * q, pair_word_columns(a, q), int(std::min<int64_t>(16, width - 16 * q)));
+            } else {
+                std::copy_n(a, width, o);
+            }
+        }
     }
     return KT_OK;
 }
 
-template <class F, int kSlot>
+template <class T, int kSlot>
 kt_status gate_up_transposed_tile(const kt_moe_config* c, const void* packed, const float* grad_gate,
                                   const float* grad_up, int64_t gs, int64_t rows, int64_t k0, int64_t k1, float* out,
                                   int64_t ldo) {
     if (rows < min_rows()) return g_avx[kSlot].gate_up(c, packed, grad_gate, grad_up, gs, rows, k0, k1, out, ldo);
-    if (const kt_status st = check(F::kName, k0, k1, c->hidden)) return st;
-    const ExpertPanels l = F::panels(c);
+    if (const kt_status st = check(T::Format::kName, k0, k1, c->hidden)) return st;
+    const ExpertPanels l = T::Format::panels(c);
     const size_t stride = 2 * l.gate_up_panel;   // gate and up panels alternate
-    return transposed_tiles<F>(c, static_cast<const uint8_t*>(packed),
+    return transposed_tiles<T>(c, static_cast<const uint8_t*>(packed),
                                {Part{l.gate(0), stride, c->intermediate, grad_gate}, Part{l.up(0), stride, c->intermediate, grad_up}},
                                c->hidden, gs, rows, k0, k1, out, ldo);
 }
 
-template <class F, int kSlot>
+template <class T, int kSlot>
 kt_status down_transposed_tile(const kt_moe_config* c, const void* packed, const float* grad, int64_t gs, int64_t rows,
                                int64_t k0, int64_t k1, float* out, int64_t ldo) {
     if (rows < min_rows()) return g_avx[kSlot].down(c, packed, grad, gs, rows, k0, k1, out, ldo);
-    if (const kt_status st = check(F::kName, k0, k1, c->intermediate)) return st;
-    const ExpertPanels l = F::panels(c);
-    return transposed_tiles<F>(c, static_cast<const uint8_t*>(packed), {Part{l.down(0), l.down_panel, c->hidden, grad}},
+    if (const kt_status st = check(T::Format::kName, k0, k1, c->intermediate)) return st;
+    const ExpertPanels l = T::Format::panels(c);
+    return transposed_tiles<T>(c, static_cast<const uint8_t*>(packed), {Part{l.down(0), l.down_panel, c->hidden, grad}},
                                c->intermediate, gs, rows, k0, k1, out, ldo);
 }
 
-template <class F, int kSlot>
+template <class T, int kSlot>
 void set(kt_method_kernels& m) {
     g_avx[kSlot] = {m.gate_up_transposed_tile, m.down_transposed_tile};
-    m.gate_up_transposed_tile = gate_up_transposed_tile<F, kSlot>;
-    m.down_transposed_tile = down_transposed_tile<F, kSlot>;
+    m.gate_up_transposed_tile = gate_up_transposed_tile<T, kSlot>;
+    m.down_transposed_tile = down_transposed_tile<T, kSlot>;
 }
 
 }  // namespace
@@ -216,10 +302,10 @@ void add_amx_transposed_tiles(kt_method_kernels& m) {
     add_transposed_tiles(m);   // avx's: the small experts' kernels, and the methods without a tile form
     if (!m.gate_up_transposed_tile) return;
     const std::string method = m.method;
-    if (method == "BF16") set<Bf16Format, kBf16>(m);
-    else if (method == "INT8") set<Int8Format, kInt8>(m);
-    else if (method == "INT4" || method == "GPTQ_INT4") set<Int4Format<false>, kInt4>(m);
-    else if (method == "RAWINT4") set<Int4Format<true>, kRaw>(m);
+    if (method == "BF16") set<Bf16Tiles, kBf16>(m);
+    else if (method == "INT8") set<Int8Tiles, kInt8>(m);
+    else if (method == "INT4" || method == "GPTQ_INT4") set<Int4Tiles<false>, kInt4>(m);
+    else if (method == "RAWINT4") set<Int4Tiles<true>, kRaw>(m);
 }
 
 }  // namespace KT_TARGET_NAMESPACE

@@ -87,36 +87,13 @@ kt_status transposed(const Columns& col, const uint8_t* base, std::initializer_l
 // --- BF16 weights, gradients in bf16 (the layer's fast_activations): vdpbf16ps -------------
 // Twice the multiply-adds per instruction of the f32 path, at bf16's rounding of the gradients
 // (what a bf16 training run's backward does anyway). The panels' bf16 pairs run along k, the
-// product needs pairs along n: 16 chunks of a panel transposed give each channel's row of 32
-// bf16 (k in order), and two channels' rows interleaved 16 bits at a time give the pair words
-// (W[n][k], W[n + 1][k]) — for k = 0-3, 8-11, 16-19, 24-27 of the 32 (unpacklo) and 4-7, 12-15,
-// ... (unpackhi): each accumulator holds its k in that order, put back when the block is stored.
+// product needs pairs along n: bf16_pair_words (transposed_weights.h) makes them, in an order of k
+// that each accumulator keeps, put back when the block is stored.
 namespace bf16dot {
 
 constexpr int64_t kKBlock = 64;   // two 32-k halves, four accumulators per row
 constexpr int kMr = 4;
 constexpr int64_t kRun = 128;     // channels per run: 64 pairs x 256 bytes of pair words in L1
-
-// Pair words of channels [n0, n0 + count) (panel-aligned, count a multiple of 16), columns
-// [kb, kb + 64): P[4 * pair + 2 * half + (0: unpacklo, 1: unpackhi)].
-void widen_pairs(const uint8_t* base, size_t first_panel, size_t stride, int64_t n0, int64_t count, int64_t K,
-                 int64_t kb, __m512i* P) {
-    for (int64_t n = n0; n < n0 + count; n += kPanel) {
-        const uint8_t* panel = base + first_panel + size_t(n / kPanel) * stride;
-        for (int half = 0; half < 2; ++half) {
-            const int64_t k = kb + 32 * half;   // chunks k/2 .. k/2 + 15
-            __m512i r[16];
-            for (int c = 0; c < 16; ++c)
-                r[c] = 2 * (k / 2 + c) < K ? _mm512_loadu_si512(panel + size_t(k / 2 + c) * 64) : _mm512_setzero_si512();
-            transpose16x16(r);   // r[lane] = bf16 W[n + lane][k .. k + 31]
-            for (int lane = 0; lane < 16; lane += 2) {
-                __m512i* pair = P + 4 * ((n - n0 + lane) / 2) + 2 * half;
-                pair[0] = _mm512_unpacklo_epi16(r[lane], r[lane + 1]);
-                pair[1] = _mm512_unpackhi_epi16(r[lane], r[lane + 1]);
-            }
-        }
-    }
-}
 
 // acc rows [r, r + MR) (four vectors each, in pair-word k order) += the run's pairs' products.
 template <int MR>
@@ -173,7 +150,7 @@ kt_status transposed(const uint8_t* base, std::initializer_list<Part> parts, int
             const int64_t gpairs_stride = (p.N + 1) / 2;
             for (int64_t n0 = 0; n0 < p.N; n0 += kRun) {
                 const int64_t count = std::min(kRun, p.N - n0);
-                widen_pairs(base, p.first_panel, p.panel_stride, n0, (count + kPanel - 1) / kPanel * kPanel, K, kb, P);
+                bf16_pair_words(base, p.first_panel, p.panel_stride, n0, (count + kPanel - 1) / kPanel * kPanel, K, kb, P, 4, 1);
                 const __m512i* pp = P;
                 const int64_t pair0 = n0 / 2, pairs = (count + 1) / 2;
                 float* accp = acc.data();
@@ -181,14 +158,14 @@ kt_status transposed(const uint8_t* base, std::initializer_list<Part> parts, int
                 for_row_blocks<kMr>(rows, block);
             }
         }
-        // Accumulator v = 2 * half + hi holds k = kb + 32 half + 8 (i / 4) + 4 hi + i % 4 in lane i.
+        // Accumulator v holds the k of pair-word vector v.
         const int64_t width = std::min(kKBlock, k1 - kb);
         for (int64_t r = 0; r < rows; ++r) {
             const float* a = acc.data() + r * kKBlock;
             float* o = out + r * ldo + kb;
             for (int v = 0; v < 4; ++v)
                 for (int i = 0; i < 16; ++i) {
-                    const int64_t k = 32 * (v / 2) + 8 * (i / 4) + 4 * (v % 2) + i % 4;
+                    const int64_t k = pair_word_column(v, i);
                     if (k < width) o[k] = a[v * 16 + i];
                 }
         }

@@ -27,18 +27,20 @@ struct Bf16Columns {
 };
 
 struct Int8Columns {
-    VF operator()(const uint8_t* panel, int64_t k, int v) const {
+    // The codes alone (exact in f32 and in bf16); the value is codes * the channel's scale.
+    static VF codes(const uint8_t* panel, int64_t k, int v) {
         namespace l8 = kt::layouts::int8;
         const VI w = vloadi(panel + l8::kHeaderBytes + size_t(k / 4) * 64 + size_t(v) * kLanes * 4);
         // Byte k % 4 of each lane, sign-extended: shift it to the top, then arithmetically down.
         const int up = 24 - 8 * int(k % 4);
 #if defined(__AVX512F__)
-        const VI q = _mm512_srai_epi32(_mm512_sllv_epi32(w, _mm512_set1_epi32(up)), 24);
+        return vcvt(_mm512_srai_epi32(_mm512_sllv_epi32(w, _mm512_set1_epi32(up)), 24));
 #else
-        const VI q = _mm256_srai_epi32(_mm256_sllv_epi32(w, _mm256_set1_epi32(up)), 24);
+        return vcvt(_mm256_srai_epi32(_mm256_sllv_epi32(w, _mm256_set1_epi32(up)), 24));
 #endif
-        return vmul(vcvt(q), vload(reinterpret_cast<const float*>(panel) + v * kLanes));
     }
+    static const float* scales(const uint8_t* panel) { return reinterpret_cast<const float*>(panel); }
+    VF operator()(const uint8_t* panel, int64_t k, int v) const { return vmul(codes(panel, k, v), vload(scales(panel) + v * kLanes)); }
 };
 
 struct Int4Columns {
@@ -92,6 +94,37 @@ inline kt_status check(const char* method, int64_t k0, int64_t k1, int64_t K) {
     return fail(KT_ERROR_INVALID_ARGUMENT, "%s transposed tile [%lld, %lld) is not %lld-aligned within [0, %lld)", method,
                 (long long)k0, (long long)k1, (long long)kTileBlock, (long long)K);
 }
+
+#if defined(__AVX512F__)
+// BF16's panels as pair words along n, for products that sum over channel pairs (vdpbf16ps,
+// AMX-BF16): channels [n0, n0 + count) (panel-aligned, count a multiple of 16), columns
+// [kb, kb + 64). 16 chunks of a panel transposed give each channel's row of 32 bf16 (k in order),
+// and two channels' rows interleaved 16 bits at a time give the words (W[n][k], W[n + 1][k]) for
+// k = 0-3, 8-11, 16-19, 24-27 of the 32 (unpacklo) and 4-7, 12-15, ... (unpackhi). Vector
+// v = 2 * half + (0: unpacklo, 1: unpackhi) of pair p goes to P[p * pair_stride + v * v_stride];
+// its lane i holds k = kb + 32 half + 8 (i / 4) + 4 (v % 2) + i % 4 (pair_word_column).
+inline void bf16_pair_words(const uint8_t* base, size_t first_panel, size_t stride, int64_t n0, int64_t count, int64_t K,
+                            int64_t kb, __m512i* P, size_t pair_stride, size_t v_stride) {
+    for (int64_t n = n0; n < n0 + count; n += kPanel) {
+        const uint8_t* panel = base + first_panel + size_t(n / kPanel) * stride;
+        for (int half = 0; half < 2; ++half) {
+            const int64_t k = kb + 32 * half;   // chunks k/2 .. k/2 + 15
+            __m512i r[16];
+            for (int c = 0; c < 16; ++c)
+                r[c] = 2 * (k / 2 + c) < K ? _mm512_loadu_si512(panel + size_t(k / 2 + c) * 64) : _mm512_setzero_si512();
+            transpose16x16(r);   // r[lane] = bf16 W[n + lane][k .. k + 31]
+            for (int lane = 0; lane < 16; lane += 2) {
+                __m512i* pair = P + size_t((n - n0 + lane) / 2) * pair_stride + size_t(2 * half) * v_stride;
+                pair[0] = _mm512_unpacklo_epi16(r[lane], r[lane + 1]);
+                pair[v_stride] = _mm512_unpackhi_epi16(r[lane], r[lane + 1]);
+            }
+        }
+    }
+}
+
+// The column (within its 64-column block) of lane i of pair-word vector v.
+constexpr int64_t pair_word_column(int v, int i) { return 32 * (v / 2) + 8 * (i / 4) + 4 * (v % 2) + i % 4; }
+#endif
 
 // The columns reader and expert geometry of each format.
 struct Bf16Format {
