@@ -36,7 +36,7 @@ def blocked(d, blocks):
 for E, K, N, r, blocks, acc in [(3, 40, 20, 1, 1, False), (4, 64, 128, 8, 1, True), (2, 33, 50, 13, 1, False),
                                 (3, 256, 96, 64, 1, False), (4, 72, 128, 16, 2, True), (3, 40, 50, 6, 2, False),
                                 (2, 48, 96, 24, 3, True)]:
-    counts = np.array([5, 0] + [3] * (E - 2), np.int64)
+    counts = np.array([37, 0] + [3] * (E - 2), np.int64)   # 37: whole register tiles of every height, and the rest
     S = int(counts.sum())
     x = rng.standard_normal((S, K)).astype(np.float32)
     a = rng.standard_normal((E, r, K)).astype(np.float32)

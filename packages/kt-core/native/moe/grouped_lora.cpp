@@ -1,8 +1,8 @@
 // The LoRA products of grouped_lora.h. A rank-r adapter makes skinny GEMMs ([rows, 2048] x [2048, 8]):
 // a BLAS call per expert spends more on dispatch than on arithmetic (torch's grouped GEMM over 128
-// experts ran them at ~10 GFLOP/s), so these are plain loops, one pass over each big operand, every
-// inner loop running along a contiguous dimension with no reduction in it (so the compiler vectorizes
-// it without reassociating sums): K or N with r broadcast factors, or r with one broadcast.
+// experts ran them at ~10 GFLOP/s), so these are register-tiled loops of one form (`product` below),
+// every inner loop running along a contiguous dimension with no reduction in it (so the compiler
+// vectorizes it without reassociating sums): K or N, or the rank padded to whole vectors.
 //
 // Compiled for the baseline ISA like the rest of kt-core; the loop bodies are instantiated a second
 // and third time inside AVX2 / AVX-512 target attributes and picked after host detection (as
@@ -22,208 +22,238 @@
 namespace kt {
 namespace {
 
-using namespace vec16;
+using vec16::widest;
 
 // Work below this many multiply-adds stays on the calling thread.
 constexpr int64_t kSerialMacs = int64_t(1) << 18;
 
-constexpr int64_t kR = 8;   // adapter rows per block: the rank is padded to a multiple of 8 with zeros
+// --- the one product all six are --------------------------------------------------------------
+// C[o][l] (+)= sum over t < T of coef[o * co + t * ct] * V[t * sv + l], for o < O and l < L: each
+// output row a combination of V's rows, the vector dimension l contiguous in V and C. With the rank
+// on one side, every LoRA product has this form (t running over K, N, the rank or the rows):
+//   xa  = x A_eᵀ     O rows, T = K,  L = rank  (V = A_eᵀ, [K, rank])
+//   out += sxa B_eᵀ  O rows, T = rank, L = N   (V = B_eᵀ, [rank, N])
+//   g   = dy B_e     O rows, T = N,  L = rank  (V = B_e, [N, rank])
+//   dBᵀ = xaᵀ dy     O = rank, T = rows, L = N (coef = xa read down its columns)
+//   dA  = gᵀ x       O = rank, T = rows, L = K
+//   dx += g A_e      O rows, T = rank, L = K
+// A register tile holds kO outputs x kNV vectors; each step loads kNV vectors of one V row and
+// broadcasts kO coefficients, so V streams once per kO outputs and C leaves registers once.
+// Measured against the per-row loops this replaces (Qwen3-30B-A3B layer, 2048 tokens, rank 16,
+// 2 cores): docs/performance.md.
+//
+// The vector type is each ISA's own register (Vec below): a 64-byte vector in an AVX2 function
+// made GCC copy every temporary through the stack with `rep movs` (10x slower than AVX-512).
 
-// One expert's adapter with its rank padded to a multiple of kR and its columns to a multiple of
-// kV: A [rp, Kp] and Bᵀ [rp, Np] (zeros beyond r, K and N, and off a block-diagonal B's blocks), so
-// every loop below runs whole blocks and is right over the zeros; `banded` says the blocks are
-// aligned to whole vectors and rank blocks, and the loops may skip the zeros.
-struct Padded {
-    int64_t rp, kp, np, rb, nb;
-    bool banded;
-    std::vector<float> a, bt;
-    Padded(const LoraShape& s, const float* a_e, const float* b_e)
-        : rp((s.rank + kR - 1) / kR * kR), kp((s.k + kV - 1) / kV * kV), np((s.n + kV - 1) / kV * kV),
-          rb(s.rank / s.blocks), nb(s.n / s.blocks), banded(s.blocks > 1 && nb % kV == 0 && rb % kR == 0),
-          a(static_cast<size_t>(rp * kp), 0.0f), bt(static_cast<size_t>(rp * np), 0.0f) {
-        for (int64_t j = 0; j < s.rank; ++j) {
-            std::memcpy(a.data() + j * kp, a_e + j * s.k, size_t(s.k) * 4);
-            const int64_t q = j / rb;
-            for (int64_t n = q * nb; n < (q + 1) * nb; ++n) bt[size_t(j * np + n)] = b_e[n * rb + j - q * rb];
-        }
+// The vectors of one ISA: a register's worth of floats, unaligned loads and stores, a broadcast.
+typedef float F16 __attribute__((vector_size(64), aligned(4)));
+typedef float F8 __attribute__((vector_size(32), aligned(4)));
+typedef float F4 __attribute__((vector_size(16), aligned(4)));
+
+template <class Vector>
+struct Vec {
+    using V = Vector;
+    static constexpr int64_t kLanes = sizeof(V) / 4;
+    [[gnu::always_inline]] static V load(const float* p) {
+        V v;
+        std::memcpy(&v, p, sizeof v);
+        return v;
     }
-    // The ranks column vector c reads, and the columns rank block j0 reads: a block's own, or all.
-    int64_t rank_lo(int64_t c) const { return banded ? c / nb * rb : 0; }
-    int64_t rank_hi(int64_t c) const { return banded ? (c / nb + 1) * rb : rp; }
-    int64_t col_lo(int64_t j0) const { return banded ? j0 / rb * nb : 0; }
-    int64_t col_hi(int64_t j0) const { return banded ? (j0 / rb + 1) * nb : np; }
+    [[gnu::always_inline]] static void store(float* p, V v) { std::memcpy(p, &v, sizeof v); }
+    // An add and a broadcast. (Spellings that should be one broadcast — a shuffle of lane 0,
+    // V{f, f, ...} — made GCC emit a masked broadcast per lane in some instantiations: slower.)
+    [[gnu::always_inline]] static V splat(float f) { return V{} + f; }
 };
 
-// A row of `len` floats copied into a zero-padded buffer of `padded` (when len is not a multiple of kV).
-inline const float* padded_row(const float* row, int64_t len, int64_t padded, std::vector<float>& buf) {
-    if (len == padded) return row;
-    buf.assign(size_t(padded), 0.0f);
-    std::memcpy(buf.data(), row, size_t(len) * 4);
-    return buf.data();
+// kStream: V is the big operand, read from memory kNV lines per row and the rows ~8 KiB apart (a
+// column block of x or dy): the hardware prefetchers do not follow that, so each step prefetches
+// the lines kAhead rows on (~5 % of the LoRA step).
+constexpr int64_t kAhead = 8;
+
+template <class W, int kO, int kNV, bool kStream = false>
+[[gnu::always_inline]] inline void tile(int64_t T, const float* coef, int64_t co, int64_t ct, const float* V, int64_t sv,
+                                        float* C, int64_t sc, bool add) {
+    // Fully unrolled, so the accumulators live in registers (GCC left a partly unrolled array of
+    // them in memory, copied each step).
+    typename W::V acc[kO][kNV];
+#pragma GCC unroll 16
+    for (int o = 0; o < kO; ++o)
+#pragma GCC unroll 16
+        for (int v = 0; v < kNV; ++v) acc[o][v] = add ? W::load(C + o * sc + v * W::kLanes) : typename W::V{};
+    for (int64_t t = 0; t < T; ++t) {
+        typename W::V w[kNV];
+#pragma GCC unroll 16
+        for (int v = 0; v < kNV; ++v) {
+            w[v] = W::load(V + t * sv + v * W::kLanes);
+            if constexpr (kStream) __builtin_prefetch(V + (t + kAhead) * sv + v * W::kLanes);
+        }
+#pragma GCC unroll 16
+        for (int o = 0; o < kO; ++o) {
+            const typename W::V c = W::splat(coef[o * co + t * ct]);
+#pragma GCC unroll 16
+            for (int v = 0; v < kNV; ++v) acc[o][v] += c * w[v];
+        }
+    }
+#pragma GCC unroll 16
+    for (int o = 0; o < kO; ++o)
+#pragma GCC unroll 16
+        for (int v = 0; v < kNV; ++v) W::store(C + o * sc + v * W::kLanes, acc[o][v]);
 }
 
-// Rows handled together: each pass over an expert's A (and dA) or Bᵀ (and dBᵀ) — the operands the
-// loops stream from L2 for every row, L2's bandwidth being what bounded them — serves this many rows.
-// Measured on a Qwen3-30B-A3B layer at 2048 tokens (rank 16, gate and up as one call, AVX-512, 2
-// cores): the backward's x side 2 -> 4 -> 8 rows took the whole backward 329 -> 224 -> 175-197 ms, the
-// forward 1 -> 2 rows 123 -> 91-112 ms. The dy side and the forward keep 2 rows: their 2 x 8
-// accumulators already fill half the AVX-512 registers (4 rows would spill).
-constexpr int kDyRows = 2, kMaxXRows = 8;
-
-// One expert's forward for kRows rows: xa = x A_eᵀ (kR dot products per block of the rank, one load
-// of each A row per column block for all rows), then out += scaling * xa B_eᵀ along N (one load of
-// each Bᵀ row for all rows). Always inlined into each target's wrapper, so it is compiled (and its
-// vectors mapped to registers) once per ISA.
-template <int kRows>
-[[gnu::always_inline]] inline void forward_block(const LoraShape& s, const Padded& p, int64_t i, const float* x,
-                                                 float scaling, float* xa, float* out, std::vector<float> (&buf)[kMaxXRows][2]) {
-    const float* xr[kRows];
-    float dots[kRows][kMaxLoraRank], sdots[kRows][kMaxLoraRank];   // the rank padded to kR: at most kMaxLoraRank
-    for (int q = 0; q < kRows; ++q) xr[q] = padded_row(x + (i + q) * s.k, s.k, p.kp, buf[q][0]);
-    for (int64_t j0 = 0; j0 < p.rp; j0 += kR) {
-        V16 acc[kRows][kR] = {};
-        const float* m = p.a.data() + j0 * p.kp;
-        for (int64_t c = 0; c < p.kp; c += kV) {
-            V16 v[kRows];
-            for (int q = 0; q < kRows; ++q) v[q] = load(xr[q] + c);
-            for (int64_t j = 0; j < kR; ++j) {
-                const V16 aj = load(m + j * p.kp + c);
-                for (int q = 0; q < kRows; ++q) acc[q][j] += v[q] * aj;
-            }
-        }
-        for (int q = 0; q < kRows; ++q)
-            for (int64_t j = 0; j < kR; ++j) {
-                dots[q][j0 + j] = sum(acc[q][j]);
-                sdots[q][j0 + j] = scaling * dots[q][j0 + j];
-            }
-    }
-    float* o[kRows];
-    for (int q = 0; q < kRows; ++q) {
-        for (int64_t j = 0; j < s.rank; ++j) xa[(i + q) * s.rank + j] = dots[q][j];
-        o[q] = out + (i + q) * s.n;
-        if (s.n != p.np) {
-            buf[q][1].assign(size_t(p.np), 0.0f);
-            std::memcpy(buf[q][1].data(), o[q], size_t(s.n) * 4);
-            o[q] = buf[q][1].data();
-        }
-    }
-    for (int64_t c = 0; c < p.np; c += kV) {
-        V16 acc[kRows];
-        for (int q = 0; q < kRows; ++q) acc[q] = load(o[q] + c);
-        for (int64_t j = p.rank_lo(c); j < p.rank_hi(c); ++j) {
-            const V16 bj = load(p.bt.data() + j * p.np + c);
-            for (int q = 0; q < kRows; ++q) acc[q] += sdots[q][j] * bj;
-        }
-        for (int q = 0; q < kRows; ++q) store(o[q] + c, acc[q]);
-    }
-    if (s.n != p.np)
-        for (int q = 0; q < kRows; ++q) std::memcpy(out + (i + q) * s.n, o[q], size_t(s.n) * 4);
+// Columns [0, kNV lanes) of every output, kO at a time.
+template <class W, int kO, int kNV, bool kStream = false>
+[[gnu::always_inline]] inline void column_block(int64_t O, int64_t T, const float* coef, int64_t co, int64_t ct,
+                                                const float* V, int64_t sv, float* C, int64_t sc, bool add) {
+    int64_t o = 0;
+    for (; o + kO <= O; o += kO) tile<W, kO, kNV, kStream>(T, coef + o * co, co, ct, V, sv, C + o * sc, sc, add);
+    for (; o < O; ++o) tile<W, 1, kNV, kStream>(T, coef + o * co, co, ct, V, sv, C + o * sc, sc, add);
 }
 
+// Outputs [0, O) (at most kO of them when called per output block), every column: blocks of kNV
+// vectors, single vectors, then the columns past the last whole vector one at a time (shapes
+// whose K or N is not a multiple of the lanes).
+template <class W, int kO, int kNV, bool kStream>
+[[gnu::always_inline]] inline void all_columns(int64_t O, int64_t T, int64_t L, const float* coef, int64_t co, int64_t ct,
+                                               const float* V, int64_t sv, float* C, int64_t sc, bool add) {
+    constexpr int64_t kBlock = kNV * W::kLanes;
+    const int64_t whole = L / kBlock * kBlock, vectors = L / W::kLanes * W::kLanes;
+    for (int64_t l = 0; l < whole; l += kBlock)
+        column_block<W, kO, kNV, kStream>(O, T, coef, co, ct, V + l, sv, C + l, sc, add);
+    for (int64_t l = whole; l < vectors; l += W::kLanes)
+        column_block<W, kO, 1, kStream>(O, T, coef, co, ct, V + l, sv, C + l, sc, add);
+    for (int64_t l = vectors; l < L; ++l)
+        for (int64_t o = 0; o < O; ++o) {
+            float acc = add ? C[o * sc + l] : 0.0f;
+            for (int64_t t = 0; t < T; ++t) acc += coef[o * co + t * ct] * V[t * sv + l];
+            C[o * sc + l] = acc;
+        }
+}
+
+// The whole product. The larger of C and V is walked once, row by row, the smaller re-read from
+// cache: with C the bigger (out, dx: O = the expert's rows, T = the rank) kO outputs take every
+// column block before the next kO (C's rows stream in order, V's few rows stay in L1/L2); with V
+// the bigger (dA, dBᵀ: O = the rank, T = the rows) each column block of V serves every output first.
+// (No lambdas here: GCC compiles a lambda for the baseline ISA even inside a target-attributed
+// function, and the vectors in it with it.)
+template <class W, int kO, int kNV>
+[[gnu::always_inline]] inline void product(int64_t O, int64_t T, int64_t L, const float* coef, int64_t co, int64_t ct,
+                                           const float* V, int64_t sv, float* C, int64_t sc, bool add) {
+    if (T >= O) return all_columns<W, kO, kNV, true>(O, T, L, coef, co, ct, V, sv, C, sc, add);
+    for (int64_t o = 0; o < O; o += kO)
+        all_columns<W, kO, kNV, false>(std::min<int64_t>(kO, O - o), T, L, coef + o * co, co, ct, V, sv, C + o * sc, sc, add);
+}
+
+// Register tiles per ISA: the vector, the wide products' tile (L = N or K) and the rank products'
+// (L = the rank padded to 16, 32, 48 or 64: kRankO[q] outputs of q 16-float groups), each within
+// the ISA's registers (32 zmm, 16 ymm, 16 xmm).
+struct Avx512Tiles {
+    using W = Vec<F16>;
+    static constexpr int kWideO = 4, kWideNV = 4, kRankO[5] = {0, 8, 6, 4, 3};
+};
+struct Avx2Tiles {
+    using W = Vec<F8>;
+    static constexpr int kWideO = 6, kWideNV = 2, kRankO[5] = {0, 6, 2, 1, 1};
+};
+struct BaselineTiles {
+    using W = Vec<F4>;
+    static constexpr int kWideO = 6, kWideNV = 2, kRankO[5] = {0, 2, 1, 1, 1};
+};
+
+template <class Tiles>
+[[gnu::always_inline]] inline void wide(int64_t O, int64_t T, int64_t L, const float* coef, int64_t co, int64_t ct,
+                                        const float* V, int64_t sv, float* C, int64_t sc, bool add) {
+    product<typename Tiles::W, Tiles::kWideO, Tiles::kWideNV>(O, T, L, coef, co, ct, V, sv, C, sc, add);
+}
+
+// L = rp, 16 to kMaxLoraRank: one tile spans it.
+template <class Tiles>
+[[gnu::always_inline]] inline void rank_wide(int64_t O, int64_t T, int64_t rp, const float* coef, int64_t co, int64_t ct,
+                                             const float* V, float* C) {
+    using W = typename Tiles::W;
+    constexpr int kPer16 = int(16 / W::kLanes);   // vectors per 16 floats
+    switch (rp / 16) {
+        case 1: return column_block<W, Tiles::kRankO[1], kPer16>(O, T, coef, co, ct, V, rp, C, rp, false);
+        case 2: return column_block<W, Tiles::kRankO[2], 2 * kPer16>(O, T, coef, co, ct, V, rp, C, rp, false);
+        case 3: return column_block<W, Tiles::kRankO[3], 3 * kPer16>(O, T, coef, co, ct, V, rp, C, rp, false);
+        default: return column_block<W, Tiles::kRankO[4], 4 * kPer16>(O, T, coef, co, ct, V, rp, C, rp, false);
+    }
+}
+
+// One expert's adapter in the layouts the products read, the rank padded to whole vectors (rp):
+// A_eᵀ [K, rp], B_e [N, rp] and B_eᵀ [r, N], with zeros beyond r and off a block-diagonal B's
+// blocks. Scratch reused across calls on each pool thread: a fresh MB-sized buffer per expert and
+// call cost page faults.
+struct Layouts {
+    int64_t rp = 0;
+    std::vector<float> at, bn, bt, rows, dbt;
+
+    // fn(n, j, B_e[n][j]) for the entries of B_e's blocks (row n of block q holds rank slice q).
+    template <class Fn>
+    static void each_b(const LoraShape& s, const float* b_e, Fn&& fn) {
+        const int64_t rb = s.rank / s.blocks, nb = s.n / s.blocks;
+        for (int64_t n = 0; n < s.n; ++n) {
+            const int64_t j0 = n / nb * rb;
+            for (int64_t j = 0; j < rb; ++j) fn(n, j0 + j, b_e[n * rb + j]);
+        }
+    }
+    void forward(const LoraShape& s, const float* a_e, const float* b_e) {
+        rp = (s.rank + 15) / 16 * 16;
+        at.assign(size_t(s.k * rp), 0.0f);
+        for (int64_t k = 0; k < s.k; ++k)   // rows of at written in order; A's rank rows stay in L1
+            for (int64_t j = 0; j < s.rank; ++j) at[size_t(k * rp + j)] = a_e[j * s.k + k];
+        bt.assign(size_t(s.rank * s.n), 0.0f);
+        each_b(s, b_e, [&](int64_t n, int64_t j, float v) { bt[size_t(j * s.n + n)] = v; });
+    }
+    void backward(const LoraShape& s, const float* b_e) {
+        rp = (s.rank + 15) / 16 * 16;
+        bn.assign(size_t(s.n * rp), 0.0f);
+        each_b(s, b_e, [&](int64_t n, int64_t j, float v) { bn[size_t(n * rp + j)] = v; });
+    }
+};
+thread_local Layouts t_layouts;
+
+// One expert's forward: xa = x A_eᵀ (kept for backward), then out += scaling xa B_eᵀ, block by
+// block for a block-diagonal B (its zeros never multiplied).
+template <class Tiles>
 [[gnu::always_inline]] inline void forward_rows(const LoraShape& s, int64_t rows, const float* x, const float* a,
                                                 const float* b, float scaling, float* xa, float* out) {
-    const Padded p(s, a, b);
-    std::vector<float> buf[kMaxXRows][2];
-    int64_t i = 0;
-    for (; i + kDyRows <= rows; i += kDyRows) forward_block<kDyRows>(s, p, i, x, scaling, xa, out, buf);
-    for (; i < rows; ++i) forward_block<1>(s, p, i, x, scaling, xa, out, buf);
+    Layouts& p = t_layouts;
+    p.forward(s, a, b);
+    p.rows.resize(size_t(rows * p.rp));
+    float* sxa = p.rows.data();   // [rows, rp]: xa, then scaled in place
+    rank_wide<Tiles>(rows, s.k, p.rp, x, s.k, 1, p.at.data(), sxa);
+    for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < s.rank; ++j) {
+            xa[i * s.rank + j] = sxa[i * p.rp + j];
+            sxa[i * p.rp + j] *= scaling;
+        }
+    const int64_t rb = s.rank / s.blocks, nb = s.n / s.blocks;
+    for (int64_t q = 0; q < s.blocks; ++q)
+        wide<Tiles>(rows, rb, nb, sxa + q * rb, p.rp, 1, p.bt.data() + q * rb * s.n + q * nb, s.n, out + q * nb, s.n, true);
 }
 
-// The backward's dy side for kRows rows: g = scaling * dy B_e (kR dot products along N per block of the
-// rank, a block's own columns only when B is banded) while dBᵀ += dy ⊗ scaling * xa, one pass over dy.
-template <int kRows>
-[[gnu::always_inline]] inline void backward_dy(const LoraShape& s, const Padded& p, int64_t i, const float* dy,
-                                               const float* xa, float scaling, float* dbt, float (*g)[kMaxLoraRank],
-                                               std::vector<float> (&buf)[kMaxXRows][3]) {
-    const float* dyr[kRows];
-    float sxa[kRows][kMaxLoraRank];
-    for (int q = 0; q < kRows; ++q) {
-        dyr[q] = padded_row(dy + (i + q) * s.n, s.n, p.np, buf[q][0]);
-        for (int64_t j = 0; j < p.rp; ++j) sxa[q][j] = j < s.rank ? scaling * xa[(i + q) * s.rank + j] : 0.0f;
-    }
-    for (int64_t j0 = 0; j0 < p.rp; j0 += kR) {
-        V16 acc[kRows][kR] = {};
-        float* dbj = dbt + j0 * p.np;
-        const float* btj = p.bt.data() + j0 * p.np;
-        for (int64_t c = p.col_lo(j0); c < p.col_hi(j0); c += kV) {
-            V16 v[kRows];
-            for (int q = 0; q < kRows; ++q) v[q] = load(dyr[q] + c);
-            for (int64_t j = 0; j < kR; ++j) {
-                const V16 bj = load(btj + j * p.np + c);
-                V16 d = load(dbj + j * p.np + c);
-                for (int q = 0; q < kRows; ++q) {
-                    acc[q][j] += v[q] * bj;
-                    d += sxa[q][j0 + j] * v[q];
-                }
-                store(dbj + j * p.np + c, d);
-            }
-        }
-        for (int q = 0; q < kRows; ++q)
-            for (int64_t j = 0; j < kR; ++j) g[q][j0 + j] = scaling * sum(acc[q][j]);
-    }
-}
-
-// The backward's x side for kRows rows: dx = g A_e (written, or added to dx) while dA += g ⊗ x, one
-// pass over x and dx and one over A and dA for all kRows rows.
-template <int kRows>
-[[gnu::always_inline]] inline void backward_x(const LoraShape& s, const Padded& p, int64_t i, const float* x,
-                                              const float (*g)[kMaxLoraRank], float* dx, float* dap,
-                                              std::vector<float> (&buf)[kMaxXRows][3], bool accumulate_dx) {
-    const float* xr[kRows];
-    for (int q = 0; q < kRows; ++q) xr[q] = padded_row(x + (i + q) * s.k, s.k, p.kp, buf[q][1]);
-    for (int64_t c = 0; c < p.kp; c += kV) {
-        V16 v[kRows], out[kRows] = {};
-        for (int q = 0; q < kRows; ++q) v[q] = load(xr[q] + c);
-        for (int64_t j = 0; j < p.rp; ++j) {
-            const V16 aj = load(p.a.data() + j * p.kp + c);
-            V16 d = load(dap + j * p.kp + c);
-            for (int q = 0; q < kRows; ++q) {
-                out[q] += g[q][j] * aj;
-                d += g[q][j] * v[q];
-            }
-            store(dap + j * p.kp + c, d);
-        }
-        for (int q = 0; q < kRows; ++q) store(buf[q][2].data() + c, out[q]);
-    }
-    for (int q = 0; q < kRows; ++q) {
-        float* dxq = dx + (i + q) * s.k;
-        if (!accumulate_dx) {
-            std::memcpy(dxq, buf[q][2].data(), size_t(s.k) * 4);
-            continue;
-        }
-        const float* add = buf[q][2].data();
-        int64_t c = 0;
-        for (; c + kV <= s.k; c += kV) store(dxq + c, load(dxq + c) + load(add + c));
-        for (; c < s.k; ++c) dxq[c] += add[c];
-    }
-}
-
-// One expert's backward: the dy side for pairs of rows, the x side for groups of kXRows (8 where
-// AVX-512's 32 registers hold their 2 x 8 vectors, 4 with 16); dA and dBᵀ accumulate in the padded
-// layouts and are copied out at the end.
-template <int kXRows>
+// One expert's backward: g = scaling dy B_e, dBᵀ = scaling xaᵀ dy (block by block), dA = gᵀ x and
+// dx (+)= g A_e.
+template <class Tiles>
 [[gnu::always_inline]] inline void backward_rows(const LoraShape& s, int64_t rows, const float* dy, const float* x,
                                                  const float* xa, const float* a, const float* b, float scaling,
                                                  float* dx, float* da, float* db, bool accumulate_dx) {
-    const Padded p(s, a, b);
-    std::vector<float> dap(size_t(p.rp * p.kp), 0.0f), dbt(size_t(p.rp * p.np), 0.0f);
-    std::vector<float> buf[kMaxXRows][3];
-    for (auto& q : buf) q[2].resize(size_t(p.kp));
-    float g[kMaxXRows][kMaxLoraRank];
-    int64_t i = 0;
-    for (; i + kXRows <= rows; i += kXRows) {
-        for (int q = 0; q < kXRows; q += kDyRows) backward_dy<kDyRows>(s, p, i + q, dy, xa, scaling, dbt.data(), g + q, buf);
-        backward_x<kXRows>(s, p, i, x, g, dx, dap.data(), buf, accumulate_dx);
-    }
-    for (; i < rows; ++i) {
-        backward_dy<1>(s, p, i, dy, xa, scaling, dbt.data(), g, buf);
-        backward_x<1>(s, p, i, x, g, dx, dap.data(), buf, accumulate_dx);
-    }
+    Layouts& p = t_layouts;
+    p.backward(s, b);
+    p.rows.resize(size_t(rows * p.rp));
+    float* g = p.rows.data();   // [rows, rp]
+    rank_wide<Tiles>(rows, s.n, p.rp, dy, s.n, 1, p.bn.data(), g);
+    for (int64_t i = 0; i < rows * p.rp; ++i) g[i] *= scaling;
+    const int64_t rb = s.rank / s.blocks, nb = s.n / s.blocks;
+    p.dbt.resize(size_t(s.rank * s.n));
+    for (int64_t q = 0; q < s.blocks; ++q)
+        wide<Tiles>(rb, rows, nb, xa + q * rb, 1, s.rank, dy + q * nb, s.n, p.dbt.data() + q * rb * s.n + q * nb, s.n, false);
     for (int64_t j = 0; j < s.rank; ++j) {
-        std::memcpy(da + j * s.k, dap.data() + j * p.kp, size_t(s.k) * 4);
-        const int64_t q = j / p.rb;
-        for (int64_t n = q * p.nb; n < (q + 1) * p.nb; ++n) db[n * p.rb + j - q * p.rb] = dbt[size_t(j * p.np + n)];
+        const int64_t q = j / rb;
+        for (int64_t n = q * nb; n < (q + 1) * nb; ++n) db[n * rb + j - q * rb] = scaling * p.dbt[size_t(j * s.n + n)];
     }
+    wide<Tiles>(s.rank, rows, s.k, g, 1, p.rp, x, s.k, da, s.k, false);
+    wide<Tiles>(rows, s.rank, s.k, g, p.rp, 1, a, s.k, dx, s.k, accumulate_dx);
 }
 
 using ForwardFn = void (*)(const LoraShape&, int64_t, const float*, const float*, const float*, float, float*, float*);
@@ -232,34 +262,34 @@ using BackwardFn = void (*)(const LoraShape&, int64_t, const float*, const float
 
 void forward_baseline(const LoraShape& s, int64_t rows, const float* x, const float* a, const float* b, float scaling,
                       float* xa, float* out) {
-    forward_rows(s, rows, x, a, b, scaling, xa, out);
+    forward_rows<BaselineTiles>(s, rows, x, a, b, scaling, xa, out);
 }
 void backward_baseline(const LoraShape& s, int64_t rows, const float* dy, const float* x, const float* xa,
                        const float* a, const float* b, float scaling, float* dx, float* da, float* db, bool acc) {
-    backward_rows<4>(s, rows, dy, x, xa, a, b, scaling, dx, da, db, acc);
+    backward_rows<BaselineTiles>(s, rows, dy, x, xa, a, b, scaling, dx, da, db, acc);
 }
 
 #if defined(__x86_64__)
 __attribute__((target("avx2,fma"))) void forward_avx2(const LoraShape& s, int64_t rows, const float* x, const float* a,
                                                       const float* b, float scaling, float* xa, float* out) {
-    forward_rows(s, rows, x, a, b, scaling, xa, out);
+    forward_rows<Avx2Tiles>(s, rows, x, a, b, scaling, xa, out);
 }
 __attribute__((target("avx2,fma"))) void backward_avx2(const LoraShape& s, int64_t rows, const float* dy,
                                                        const float* x, const float* xa, const float* a, const float* b,
                                                        float scaling, float* dx, float* da, float* db, bool acc) {
-    backward_rows<4>(s, rows, dy, x, xa, a, b, scaling, dx, da, db, acc);
+    backward_rows<Avx2Tiles>(s, rows, dy, x, xa, a, b, scaling, dx, da, db, acc);
 }
 __attribute__((target("avx512f,avx512vl,avx2,fma"))) void forward_avx512(const LoraShape& s, int64_t rows,
                                                                         const float* x, const float* a, const float* b,
                                                                         float scaling, float* xa, float* out) {
-    forward_rows(s, rows, x, a, b, scaling, xa, out);
+    forward_rows<Avx512Tiles>(s, rows, x, a, b, scaling, xa, out);
 }
 __attribute__((target("avx512f,avx512vl,avx2,fma"))) void backward_avx512(const LoraShape& s, int64_t rows,
                                                                          const float* dy, const float* x,
                                                                          const float* xa, const float* a,
                                                                          const float* b, float scaling, float* dx,
                                                                          float* da, float* db, bool acc) {
-    backward_rows<8>(s, rows, dy, x, xa, a, b, scaling, dx, da, db, acc);
+    backward_rows<Avx512Tiles>(s, rows, dy, x, xa, a, b, scaling, dx, da, db, acc);
 }
 #endif
 
