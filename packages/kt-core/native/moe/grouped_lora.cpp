@@ -10,7 +10,7 @@
 // without it.
 #include "moe/grouped_lora.h"
 #include "moe/tiles.h"
-#include "moe/vec16.h"
+#include "moe/vectors.h"
 
 #include "abi/host_api.h"
 #include "pool/thread_pool.h"
@@ -22,7 +22,7 @@
 namespace kt {
 namespace {
 
-using vec16::widest;
+using namespace vectors;
 
 // Work below this many multiply-adds stays on the calling thread.
 constexpr int64_t kSerialMacs = int64_t(1) << 18;
@@ -42,28 +42,7 @@ constexpr int64_t kSerialMacs = int64_t(1) << 18;
 // Measured against the per-row loops this replaces (Qwen3-30B-A3B layer, 2048 tokens, rank 16,
 // 2 cores): docs/performance.md.
 //
-// The vector type is each ISA's own register (Vec below): a 64-byte vector in an AVX2 function
-// made GCC copy every temporary through the stack with `rep movs` (10x slower than AVX-512).
-
-// The vectors of one ISA: a register's worth of floats, unaligned loads and stores, a broadcast.
-typedef float F16 __attribute__((vector_size(64), aligned(4)));
-typedef float F8 __attribute__((vector_size(32), aligned(4)));
-typedef float F4 __attribute__((vector_size(16), aligned(4)));
-
-template <class Vector>
-struct Vec {
-    using V = Vector;
-    static constexpr int64_t kLanes = sizeof(V) / 4;
-    [[gnu::always_inline]] static V load(const float* p) {
-        V v;
-        std::memcpy(&v, p, sizeof v);
-        return v;
-    }
-    [[gnu::always_inline]] static void store(float* p, V v) { std::memcpy(p, &v, sizeof v); }
-    // An add and a broadcast. (Spellings that should be one broadcast — a shuffle of lane 0,
-    // V{f, f, ...} — made GCC emit a masked broadcast per lane in some instantiations: slower.)
-    [[gnu::always_inline]] static V splat(float f) { return V{} + f; }
-};
+// The vector type is each ISA's own register (vectors.h).
 
 // kStream: V is the big operand, read from memory kNV lines per row and the rows ~8 KiB apart (a
 // column block of x or dy): the hardware prefetchers do not follow that, so each step prefetches
@@ -147,15 +126,15 @@ template <class W, int kO, int kNV>
 // (L = the rank padded to 16, 32, 48 or 64: kRankO[q] outputs of q 16-float groups), each within
 // the ISA's registers (32 zmm, 16 ymm, 16 xmm).
 struct Avx512Tiles {
-    using W = Vec<F16>;
+    using W = Avx512Vec;
     static constexpr int kWideO = 4, kWideNV = 4, kRankO[5] = {0, 8, 6, 4, 3};
 };
 struct Avx2Tiles {
-    using W = Vec<F8>;
+    using W = Avx2Vec;
     static constexpr int kWideO = 6, kWideNV = 2, kRankO[5] = {0, 6, 2, 1, 1};
 };
 struct BaselineTiles {
-    using W = Vec<F4>;
+    using W = BaselineVec;
     static constexpr int kWideO = 6, kWideNV = 2, kRankO[5] = {0, 2, 1, 1, 1};
 };
 

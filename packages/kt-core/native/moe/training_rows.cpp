@@ -1,10 +1,10 @@
 // training_rows.h's passes. The gated activation is elementwise over [rows, I] with an exponential
-// per element; scalar expf was the cost, so SiLU's sigmoid runs on GCC vectors of 16 floats with
+// per element; scalar expf was the cost, so SiLU's sigmoid runs on GCC vectors (vectors.h) with
 // its own exp (range reduction + degree-6 polynomial, ~2 ulp, as kt-backend-avx's), compiled per ISA
 // level inside target attributes and picked after host detection, like grouped_lora.cpp.
 #include "moe/training_rows.h"
 #include "moe/tiles.h"
-#include "moe/vec16.h"
+#include "moe/vectors.h"
 
 #include "abi/host_api.h"
 #include "pool/thread_pool.h"
@@ -16,7 +16,7 @@
 namespace kt {
 namespace {
 
-using namespace vec16;
+using namespace vectors;
 
 constexpr int64_t kSerialElements = int64_t(1) << 16;   // below this the calling thread does it all
 
@@ -44,23 +44,26 @@ void chunks(int64_t n, int64_t cost_per_item, Body&& body) {
 }
 
 // 1 / (1 + e^-g), clamped so e^-g stays finite; NaN propagates.
-[[gnu::always_inline]] inline V16 sigmoid(V16 g) {
-    V16 x = -g;
-    x = x < splat(-87.3f) ? splat(-87.3f) : x;   // (vector ?: : elementwise; NaN compares false: kept)
-    x = x > splat(88.3f) ? splat(88.3f) : x;
-    const V16 t = x * 1.44269504088896341f;
-    const V16 n = __builtin_convertvector(__builtin_convertvector(t + (t < splat(0.0f) ? splat(-0.5f) : splat(0.5f)), I16), V16);
-    V16 r = x - n * 0.693359375f;
+template <class W>
+[[gnu::always_inline]] inline typename W::V sigmoid(typename W::V g) {
+    using V = typename W::V;
+    using VI = typename W::VI;
+    V x = -g;
+    x = x < W::splat(-87.3f) ? W::splat(-87.3f) : x;   // (vector ?: : elementwise; NaN compares false: kept)
+    x = x > W::splat(88.3f) ? W::splat(88.3f) : x;
+    const V t = x * 1.44269504088896341f;
+    const V n = __builtin_convertvector(__builtin_convertvector(t + (t < W::splat(0.0f) ? W::splat(-0.5f) : W::splat(0.5f)), VI), V);
+    V r = x - n * 0.693359375f;
     r = r + n * 2.12194440e-4f;
-    V16 p = splat(1.0f / 720);
+    V p = W::splat(1.0f / 720);
     p = p * r + 1.0f / 120;
     p = p * r + 1.0f / 24;
     p = p * r + 1.0f / 6;
     p = p * r + 0.5f;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
-    const I16 bits = (__builtin_convertvector(n, I16) + 127) << 23;
-    V16 scale;
+    const VI bits = (__builtin_convertvector(n, VI) + 127) << 23;
+    V scale;
     std::memcpy(&scale, &bits, sizeof scale);
     return 1.0f / (1.0f + p * scale);
 }
@@ -71,24 +74,25 @@ struct Gate {
     float limit = 0.0f, alpha = 0.0f;   // limit 0: SiLU
 };
 
-template <bool kClamped>
+template <class W, bool kClamped>
 [[gnu::always_inline]] inline void forward_range(const float* gu, const float* w, int64_t b, int64_t e, int64_t I,
                                                  Gate gate, float* h) {
-    const V16 lim = splat(gate.limit), neg = splat(-gate.limit);
+    using V = typename W::V;
+    const V lim = W::splat(gate.limit), neg = W::splat(-gate.limit);
     for (int64_t i = b; i < e; ++i) {
         const float* g = gu + i * 2 * I;
         const float* u = g + I;
         float* hi = h + i * I;
         const float wi = w[i];
         int64_t c = 0;
-        for (; c + kV <= I; c += kV) {
-            V16 gv = load(g + c), uv = load(u + c);
+        for (; c + W::kLanes <= I; c += W::kLanes) {
+            V gv = W::load(g + c), uv = W::load(u + c);
             if constexpr (kClamped) {
                 gv = gv > lim ? lim : gv;   // NaN compares false: kept, as torch's clamp keeps it
                 uv = uv > lim ? lim : (uv < neg ? neg : uv);
-                store(hi + c, (uv + 1.0f) * gv * sigmoid(gv * gate.alpha) * wi);
+                W::store(hi + c, (uv + 1.0f) * gv * sigmoid<W>(gv * gate.alpha) * wi);
             } else {
-                store(hi + c, gv * sigmoid(gv) * uv * wi);
+                W::store(hi + c, gv * sigmoid<W>(gv) * uv * wi);
             }
         }
         for (; c < I; ++c) {
@@ -105,10 +109,11 @@ template <bool kClamped>
 
 // d(g * sigmoid(a g)) / dg = s (1 + a g (1 - s)), s = sigmoid(a g); the clamps pass the gradient
 // where their input is inside the limits, ends included (torch's clamp backward).
-template <bool kClamped>
+template <class W, bool kClamped>
 [[gnu::always_inline]] inline void backward_range(const float* dh, const float* gu, const float* w, int64_t b,
                                                   int64_t e, int64_t I, Gate gate, float* dgu, float* dw) {
-    const V16 lim = splat(gate.limit), neg = splat(-gate.limit), zero = splat(0.0f);
+    using V = typename W::V;
+    const V lim = W::splat(gate.limit), neg = W::splat(-gate.limit), zero = W::splat(0.0f);
     const float a = kClamped ? gate.alpha : 1.0f;
     for (int64_t i = b; i < e; ++i) {
         const float* g = gu + i * 2 * I;
@@ -117,25 +122,25 @@ template <bool kClamped>
         float* dg = dgu + i * 2 * I;
         float* du = dg + I;
         const float wi = w[i];
-        V16 acc = {};
+        V acc = {};
         float tail = 0.0f;
         int64_t c = 0;
-        for (; c + kV <= I; c += kV) {
-            V16 gv = load(g + c), uv = load(u + c);
-            const V16 dv = load(d + c);
+        for (; c + W::kLanes <= I; c += W::kLanes) {
+            V gv = W::load(g + c), uv = W::load(u + c);
+            const V dv = W::load(d + c);
             if constexpr (kClamped) {
-                const V16 graw = gv, uraw = uv;
+                const V graw = gv, uraw = uv;
                 gv = gv > lim ? lim : gv;
                 uv = uv > lim ? lim : (uv < neg ? neg : uv);
-                const V16 s = sigmoid(gv * a), glu = gv * s, up1 = uv + 1.0f;
+                const V s = sigmoid<W>(gv * a), glu = gv * s, up1 = uv + 1.0f;
                 acc += dv * up1 * glu;
-                store(du + c, (uraw >= neg) & (uraw <= lim) ? dv * glu * wi : zero);
-                store(dg + c, graw <= lim ? dv * up1 * wi * s * (1.0f + a * gv * (1.0f - s)) : zero);
+                W::store(du + c, (uraw >= neg) & (uraw <= lim) ? dv * glu * wi : zero);
+                W::store(dg + c, graw <= lim ? dv * up1 * wi * s * (1.0f + a * gv * (1.0f - s)) : zero);
             } else {
-                const V16 s = sigmoid(gv), silu = gv * s;
+                const V s = sigmoid<W>(gv), silu = gv * s;
                 acc += dv * silu * uv;
-                store(du + c, dv * silu * wi);
-                store(dg + c, dv * uv * wi * s * (1.0f + gv * (1.0f - s)));
+                W::store(du + c, dv * silu * wi);
+                W::store(dg + c, dv * uv * wi * s * (1.0f + gv * (1.0f - s)));
             }
         }
         for (; c < I; ++c) {
@@ -152,9 +157,7 @@ template <bool kClamped>
             du[c] = u_in ? d[c] * glu * wi : 0.0f;
             dg[c] = g_in ? d[c] * up * wi * s * (1.0f + a * gc * (1.0f - s)) : 0.0f;
         }
-        float sum = tail;
-        for (int l = 0; l < kV; ++l) sum += acc[l];
-        dw[i] = sum;
+        dw[i] = tail + W::sum(acc);
     }
 }
 
@@ -162,26 +165,26 @@ using ForwardFn = void (*)(const float*, const float*, int64_t, int64_t, int64_t
 using BackwardFn = void (*)(const float*, const float*, const float*, int64_t, int64_t, int64_t, Gate, float*, float*);
 
 // One function per ISA level; the gate kind is chosen inside (once per chunk).
-#define KT_GATED_ROWS(SUFFIX, ATTR)                                                                                  \
+#define KT_GATED_ROWS(SUFFIX, ATTR, VEC)                                                                                  \
     ATTR void forward_##SUFFIX(const float* gu, const float* w, int64_t b, int64_t e, int64_t I, Gate gate,        \
                                float* h) {                                                                         \
         if (gate.limit != 0.0f)                                                                                    \
-            forward_range<true>(gu, w, b, e, I, gate, h);                                                          \
+            forward_range<VEC, true>(gu, w, b, e, I, gate, h);                                                     \
         else                                                                                                       \
-            forward_range<false>(gu, w, b, e, I, gate, h);                                                         \
+            forward_range<VEC, false>(gu, w, b, e, I, gate, h);                                                    \
     }                                                                                                              \
     ATTR void backward_##SUFFIX(const float* dh, const float* gu, const float* w, int64_t b, int64_t e, int64_t I, \
                                 Gate gate, float* dgu, float* dw) {                                                \
         if (gate.limit != 0.0f)                                                                                    \
-            backward_range<true>(dh, gu, w, b, e, I, gate, dgu, dw);                                               \
+            backward_range<VEC, true>(dh, gu, w, b, e, I, gate, dgu, dw);                                          \
         else                                                                                                       \
-            backward_range<false>(dh, gu, w, b, e, I, gate, dgu, dw);                                              \
+            backward_range<VEC, false>(dh, gu, w, b, e, I, gate, dgu, dw);                                         \
     }
 
-KT_GATED_ROWS(baseline, )
+KT_GATED_ROWS(baseline, , BaselineVec)
 #if defined(__x86_64__)
-KT_GATED_ROWS(avx2, __attribute__((target("avx2,fma"))))
-KT_GATED_ROWS(avx512, __attribute__((target("avx512f,avx512vl,avx2,fma"))))
+KT_GATED_ROWS(avx2, __attribute__((target("avx2,fma"))), Avx2Vec)
+KT_GATED_ROWS(avx512, __attribute__((target("avx512f,avx512vl,avx2,fma"))), Avx512Vec)
 #endif
 #undef KT_GATED_ROWS
 
