@@ -122,6 +122,9 @@ template <class W, int kO, int kNV>
         all_columns<W, kO, kNV, false>(std::min<int64_t>(kO, O - o), T, L, coef + o * co, co, ct, V, sv, C + o * sc, sc, add);
 }
 
+// The rank is padded to whole groups of 16 (one AVX-512 vector, two AVX2 ones, four SSE ones).
+constexpr int64_t kRankGroup = 16;
+
 // Register tiles per ISA: the vector, the wide products' tile (L = N or K) and the rank products'
 // (L = the rank padded to 16, 32, 48 or 64: kRankO[q] outputs of q 16-float groups), each within
 // the ISA's registers (32 zmm, 16 ymm, 16 xmm).
@@ -144,17 +147,17 @@ template <class Tiles>
     product<typename Tiles::W, Tiles::kWideO, Tiles::kWideNV>(O, T, L, coef, co, ct, V, sv, C, sc, add);
 }
 
-// L = rp, 16 to kMaxLoraRank: one tile spans it.
+// L = rp, the rank padded to a multiple of kRankGroup up to kMaxLoraRank: one tile spans it.
 template <class Tiles>
 [[gnu::always_inline]] inline void rank_wide(int64_t O, int64_t T, int64_t rp, const float* coef, int64_t co, int64_t ct,
                                              const float* V, float* C) {
     using W = typename Tiles::W;
-    constexpr int kPer16 = int(16 / W::kLanes);   // vectors per 16 floats
-    switch (rp / 16) {
-        case 1: return column_block<W, Tiles::kRankO[1], kPer16>(O, T, coef, co, ct, V, rp, C, rp, false);
-        case 2: return column_block<W, Tiles::kRankO[2], 2 * kPer16>(O, T, coef, co, ct, V, rp, C, rp, false);
-        case 3: return column_block<W, Tiles::kRankO[3], 3 * kPer16>(O, T, coef, co, ct, V, rp, C, rp, false);
-        default: return column_block<W, Tiles::kRankO[4], 4 * kPer16>(O, T, coef, co, ct, V, rp, C, rp, false);
+    constexpr int kPerGroup = int(kRankGroup / W::kLanes);   // vectors per rank group
+    switch (rp / kRankGroup) {
+        case 1: return column_block<W, Tiles::kRankO[1], kPerGroup>(O, T, coef, co, ct, V, rp, C, rp, false);
+        case 2: return column_block<W, Tiles::kRankO[2], 2 * kPerGroup>(O, T, coef, co, ct, V, rp, C, rp, false);
+        case 3: return column_block<W, Tiles::kRankO[3], 3 * kPerGroup>(O, T, coef, co, ct, V, rp, C, rp, false);
+        default: return column_block<W, Tiles::kRankO[4], 4 * kPerGroup>(O, T, coef, co, ct, V, rp, C, rp, false);
     }
 }
 
@@ -166,27 +169,29 @@ struct Layouts {
     int64_t rp = 0;
     std::vector<float> at, bn, bt, rows, dbt;
 
-    // fn(n, j, B_e[n][j]) for the entries of B_e's blocks (row n of block q holds rank slice q).
+    static int64_t padded_rank(const LoraShape& s) { return (s.rank + kRankGroup - 1) / kRankGroup * kRankGroup; }
+    // fn(n, j, i) for the entries of B_e's blocks: entry (n, j) of the dense B_e is b_e[i] (row n
+    // of block q holds rank slice q). The one place that knows B's block-diagonal layout.
     template <class Fn>
-    static void each_b(const LoraShape& s, const float* b_e, Fn&& fn) {
+    static void each_b(const LoraShape& s, Fn&& fn) {
         const int64_t rb = s.rank / s.blocks, nb = s.n / s.blocks;
         for (int64_t n = 0; n < s.n; ++n) {
             const int64_t j0 = n / nb * rb;
-            for (int64_t j = 0; j < rb; ++j) fn(n, j0 + j, b_e[n * rb + j]);
+            for (int64_t j = 0; j < rb; ++j) fn(n, j0 + j, n * rb + j);
         }
     }
     void forward(const LoraShape& s, const float* a_e, const float* b_e) {
-        rp = (s.rank + 15) / 16 * 16;
+        rp = padded_rank(s);
         at.assign(size_t(s.k * rp), 0.0f);
         for (int64_t k = 0; k < s.k; ++k)   // rows of at written in order; A's rank rows stay in L1
             for (int64_t j = 0; j < s.rank; ++j) at[size_t(k * rp + j)] = a_e[j * s.k + k];
         bt.assign(size_t(s.rank * s.n), 0.0f);
-        each_b(s, b_e, [&](int64_t n, int64_t j, float v) { bt[size_t(j * s.n + n)] = v; });
+        each_b(s, [&](int64_t n, int64_t j, int64_t i) { bt[size_t(j * s.n + n)] = b_e[i]; });
     }
     void backward(const LoraShape& s, const float* b_e) {
-        rp = (s.rank + 15) / 16 * 16;
+        rp = padded_rank(s);
         bn.assign(size_t(s.n * rp), 0.0f);
-        each_b(s, b_e, [&](int64_t n, int64_t j, float v) { bn[size_t(n * rp + j)] = v; });
+        each_b(s, [&](int64_t n, int64_t j, int64_t i) { bn[size_t(n * rp + j)] = b_e[i]; });
     }
 };
 thread_local Layouts t_layouts;
@@ -227,10 +232,7 @@ template <class Tiles>
     p.dbt.resize(size_t(s.rank * s.n));
     for (int64_t q = 0; q < s.blocks; ++q)
         wide<Tiles>(rb, rows, nb, xa + q * rb, 1, s.rank, dy + q * nb, s.n, p.dbt.data() + q * rb * s.n + q * nb, s.n, false);
-    for (int64_t j = 0; j < s.rank; ++j) {
-        const int64_t q = j / rb;
-        for (int64_t n = q * nb; n < (q + 1) * nb; ++n) db[n * rb + j - q * rb] = scaling * p.dbt[size_t(j * s.n + n)];
-    }
+    Layouts::each_b(s, [&](int64_t n, int64_t j, int64_t i) { db[i] = scaling * p.dbt[size_t(j * s.n + n)]; });
     wide<Tiles>(s.rank, rows, s.k, g, 1, p.rp, x, s.k, da, s.k, false);
     wide<Tiles>(rows, s.rank, s.k, g, p.rp, 1, a, s.k, dx, s.k, accumulate_dx);
 }
