@@ -12,6 +12,8 @@ namespace KT_TARGET_NAMESPACE {
 namespace {
 
 AmxMethod g_bf16;
+// The table this file wraps, for amx_gate_up / amx_gate_up_raw.
+const AmxMethod& wrapped() { return g_bf16; }
 
 ExpertPanels layout(const kt_moe_config* c) { return kt::layouts::bf16::expert(c->hidden, c->intermediate); }
 
@@ -64,16 +66,6 @@ kt_status gate_up_pairs(const kt_moe_config* c, const void* packed, const void* 
     return KT_OK;
 }
 
-kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
-                  float* out, int64_t ldo) {
-    return amx_gate_up(g_bf16, gate_up_pairs<PairWrite::kGated>, c, packed, act, rows, n0, n1, out, ldo);
-}
-
-kt_status gate_up_raw(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
-                      float* out_gate, float* out_up, int64_t ldo) {
-    return amx_gate_up_raw(g_bf16, gate_up_pairs<PairWrite::kRaw>, c, packed, act, rows, n0, n1, out_gate, out_up, ldo);
-}
-
 kt_status down(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                float* out, int64_t ldo) {
     if (!amx_takes(g_bf16, rows, c->intermediate)) return g_bf16.avx.down_tile(c, packed, act, rows, n0, n1, out, ldo);
@@ -94,7 +86,8 @@ int declines(const kt_moe_config* c, int64_t tokens) { return amx_declines(g_bf1
 
 kt_method_kernels amx_bf16_kernels(const kt_method_kernels& avx, const char* kernel_id) {
     g_bf16 = {avx, 32, 2};
-    return amx_table(avx, kernel_id, declines, gate_up, down, gate_up_raw);
+    return amx_table(avx, kernel_id, declines, amx_gate_up<wrapped, gate_up_pairs<PairWrite::kGated>>, down,
+                     amx_gate_up_raw<wrapped, gate_up_pairs<PairWrite::kRaw>>);
 }
 
 }  // namespace KT_TARGET_NAMESPACE

@@ -108,6 +108,11 @@ void for_down_pairs(const ExpertPanels& l, const uint8_t* base, int64_t n0, int6
     }
 }
 
+// The lo plane of split bf16 (v = hi + lo to 16 significant bits): lo = bf16(v - hi).
+inline __m256bh bf16_lo(__m512 v, __m256bh hi) {
+    return _mm512_cvtneps_pbh(_mm512_sub_ps(v, bf16_even(_mm512_cvtepu16_epi32((__m256i)hi))));
+}
+
 // Scratch the tiles load from (unpacked or widened panels, split activation rows): 64-byte
 // aligned, since a tile row that straddles two cache lines makes tileloadd ~6x slower (measured
 // on a Xeon with AMX: 15 ns against 2.3 ns per 1 KiB tile, benchmarks/amx_tile_probe.cpp), and
@@ -132,19 +137,22 @@ using DeclinesFn = int (*)(const kt_moe_config*, int64_t);
 using GateUpPairsFn = kt_status (*)(const kt_moe_config*, const void* packed, const void* act, int64_t rows, int64_t n0,
                                    int64_t n1, float* out, float* out_up, int64_t ldo);
 
-// The fused (gate_up_tile) and raw (gate_up_raw_tile) entries: experts below the crossover take
-// avx's kernels, the rest `tiles`.
-inline kt_status amx_gate_up(const AmxMethod& m, GateUpPairsFn tiles, const kt_moe_config* c, const void* packed,
-                             const void* act, int64_t rows, int64_t n0, int64_t n1, float* out, int64_t ldo) {
+// The fused (gate_up_tile) and raw (gate_up_raw_tile) entries of a method whose AmxMethod
+// kMethod() returns: experts below the crossover take avx's kernels, the rest kTiles.
+template <const AmxMethod& (*kMethod)(), GateUpPairsFn kTiles>
+kt_status amx_gate_up(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+                      float* out, int64_t ldo) {
     const GateScope activation(c);   // the layer's gated activation, for PairOut::row
+    const AmxMethod& m = kMethod();
     if (!amx_takes(m, rows, c->hidden)) return m.avx.gate_up_tile(c, packed, act, rows, n0, n1, out, ldo);
-    return tiles(c, packed, act, rows, n0, n1, out, nullptr, ldo);
+    return kTiles(c, packed, act, rows, n0, n1, out, nullptr, ldo);
 }
-inline kt_status amx_gate_up_raw(const AmxMethod& m, GateUpPairsFn tiles, const kt_moe_config* c, const void* packed,
-                                 const void* act, int64_t rows, int64_t n0, int64_t n1, float* out_gate, float* out_up,
-                                 int64_t ldo) {
+template <const AmxMethod& (*kMethod)(), GateUpPairsFn kTiles>
+kt_status amx_gate_up_raw(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+                          float* out_gate, float* out_up, int64_t ldo) {
+    const AmxMethod& m = kMethod();
     if (!amx_takes(m, rows, c->hidden)) return m.avx.gate_up_raw_tile(c, packed, act, rows, n0, n1, out_gate, out_up, ldo);
-    return tiles(c, packed, act, rows, n0, n1, out_gate, out_up, ldo);
+    return kTiles(c, packed, act, rows, n0, n1, out_gate, out_up, ldo);
 }
 
 // `avx`'s table with its tile kernels replaced: packer, quantizer and layout stay. Down tiles

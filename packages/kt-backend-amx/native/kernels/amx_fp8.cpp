@@ -16,6 +16,9 @@ namespace KT_TARGET_NAMESPACE {
 namespace {
 
 AmxMethod g_methods[2];   // FP8, FP8_PERCHANNEL
+// The table this file wraps, for amx_gate_up / amx_gate_up_raw.
+template <int kSlot>
+const AmxMethod& wrapped() { return g_methods[kSlot]; }
 
 // A panel's codes as B-tile rows [K / 2][16] of bf16 (k, k + 1) pairs.
 void decode_panel(const uint8_t* panel, int64_t k, uint32_t* dst) {
@@ -35,8 +38,7 @@ void split_rows(const uint8_t* act, int64_t rows, int64_t k, uint16_t* hi, uint1
             const __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + r * k + c), h);
             if (one_pass) continue;
-            const __m512 back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-            const __m256i l = (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(v, back));
+            const __m256i l = (__m256i)bf16_lo(v, (__m256bh)h);
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + r * k + c), l);
             any = _mm512_or_si512(any, _mm512_cvtepu16_epi32(_mm256_and_si256(l, _mm256_set1_epi16(0x7fff))));
         }
@@ -118,19 +120,6 @@ kt_status gate_up_pairs(const kt_moe_config* c, const void* packed, const void* 
 }
 
 template <int kSlot>
-kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
-                  float* out, int64_t ldo) {
-    return amx_gate_up(g_methods[kSlot], gate_up_pairs<PairWrite::kGated, kSlot>, c, packed, act, rows, n0, n1, out, ldo);
-}
-
-template <int kSlot>
-kt_status gate_up_raw(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
-                      float* out_gate, float* out_up, int64_t ldo) {
-    return amx_gate_up_raw(g_methods[kSlot], gate_up_pairs<PairWrite::kRaw, kSlot>, c, packed, act, rows, n0, n1, out_gate,
-                           out_up, ldo);
-}
-
-template <int kSlot>
 kt_status down(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                float* out, int64_t ldo) {
     const AmxMethod& method = g_methods[kSlot];
@@ -161,7 +150,8 @@ int declines(const kt_moe_config* c, int64_t tokens) { return amx_declines(g_met
 template <int kSlot>
 kt_method_kernels wrap(const kt_method_kernels& avx, const char* kernel_id) {
     g_methods[kSlot] = {avx, 32, 3};
-    return amx_table(avx, kernel_id, declines<kSlot>, gate_up<kSlot>, down<kSlot>, gate_up_raw<kSlot>);
+    return amx_table(avx, kernel_id, declines<kSlot>, amx_gate_up<wrapped<kSlot>, gate_up_pairs<PairWrite::kGated, kSlot>>,
+                     down<kSlot>, amx_gate_up_raw<wrapped<kSlot>, gate_up_pairs<PairWrite::kRaw, kSlot>>);
 }
 
 }  // namespace

@@ -27,6 +27,9 @@ namespace {
 constexpr size_t kChunkBytes = 64;
 enum Slot : int { kInt4, kRaw, kGptq, kMx, kSlots };
 AmxMethod g_methods[kSlots];
+// The table this file wraps, for amx_gate_up / amx_gate_up_raw.
+template <int kSlot>
+const AmxMethod& wrapped() { return g_methods[kSlot]; }
 
 // The group's integer dot: signed activations x signed (q - 8) or unsigned (q) codes.
 template <bool kSigned, int C, int A, int B>
@@ -179,19 +182,6 @@ kt_status gate_up_pairs(const kt_moe_config* c, const void* packed, const void* 
 }
 
 template <int kSlot>
-kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
-                  float* out, int64_t ldo) {
-    return amx_gate_up(g_methods[kSlot], gate_up_pairs<PairWrite::kGated, kSlot>, c, packed, act, rows, n0, n1, out, ldo);
-}
-
-template <int kSlot>
-kt_status gate_up_raw(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
-                      float* out_gate, float* out_up, int64_t ldo) {
-    return amx_gate_up_raw(g_methods[kSlot], gate_up_pairs<PairWrite::kRaw, kSlot>, c, packed, act, rows, n0, n1, out_gate,
-                           out_up, ldo);
-}
-
-template <int kSlot>
 kt_status down(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                float* out, int64_t ldo) {
     const AmxMethod& method = g_methods[kSlot];
@@ -213,7 +203,8 @@ kt_method_kernels wrap(const kt_method_kernels& avx, const char* kernel_id) {
     // min(G, 64) k at a time. Groups of 32 (RAWINT4, MXFP4) pay the group epilogue twice as often
     // and on half-depth tiles: their crossover is higher.
     g_methods[kSlot] = {avx, 32, kSlot == kRaw || kSlot == kMx ? 8 : 6};
-    return amx_table(avx, kernel_id, declines<kSlot>, gate_up<kSlot>, down<kSlot>, gate_up_raw<kSlot>);
+    return amx_table(avx, kernel_id, declines<kSlot>, amx_gate_up<wrapped<kSlot>, gate_up_pairs<PairWrite::kGated, kSlot>>,
+                     down<kSlot>, amx_gate_up_raw<wrapped<kSlot>, gate_up_pairs<PairWrite::kRaw, kSlot>>);
 }
 
 }  // namespace

@@ -17,6 +17,8 @@ namespace {
 
 constexpr size_t kHeaderBytes = kt::layouts::int8::kHeaderBytes;
 AmxMethod g_int8;
+// The table this file wraps, for amx_gate_up / amx_gate_up_raw.
+const AmxMethod& wrapped() { return g_int8; }
 
 ExpertPanels layout(const kt_moe_config* c) { return kt::layouts::int8::expert(c->hidden, c->intermediate); }
 
@@ -90,16 +92,6 @@ kt_status gate_up_pairs(const kt_moe_config* c, const void* packed, const void* 
     return KT_OK;
 }
 
-kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
-                  float* out, int64_t ldo) {
-    return amx_gate_up(g_int8, gate_up_pairs<PairWrite::kGated>, c, packed, act, rows, n0, n1, out, ldo);
-}
-
-kt_status gate_up_raw(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
-                      float* out_gate, float* out_up, int64_t ldo) {
-    return amx_gate_up_raw(g_int8, gate_up_pairs<PairWrite::kRaw>, c, packed, act, rows, n0, n1, out_gate, out_up, ldo);
-}
-
 kt_status down(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                float* out, int64_t ldo) {
     if (!amx_takes(g_int8, rows, c->intermediate)) return g_int8.avx.down_tile(c, packed, act, rows, n0, n1, out, ldo);
@@ -120,7 +112,8 @@ int declines(const kt_moe_config* c, int64_t tokens) { return amx_declines(g_int
 
 kt_method_kernels amx_int8_kernels(const kt_method_kernels& avx, const char* kernel_id) {
     g_int8 = {avx, 64, 3};
-    return amx_table(avx, kernel_id, declines, gate_up, down, gate_up_raw);
+    return amx_table(avx, kernel_id, declines, amx_gate_up<wrapped, gate_up_pairs<PairWrite::kGated>>, down,
+                     amx_gate_up_raw<wrapped, gate_up_pairs<PairWrite::kRaw>>);
 }
 
 }  // namespace KT_TARGET_NAMESPACE

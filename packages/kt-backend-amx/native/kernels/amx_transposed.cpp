@@ -6,7 +6,7 @@
 // weights the other way (pairs along k), so for each 64-column block, a run of channels is
 // re-packed into such B tiles (L1/L2-resident), then every 16-row block of gradients runs over
 // them four C tiles wide, the accumulators kept in a buffer between runs. The re-packing, per
-// format (TileWeights below):
+// format (the *Tiles structs below):
 //   BF16: the panels' bf16 words transposed and interleaved (bf16_pair_words): exact, one plane,
 //         the columns in pair-word order, put back as the block is stored;
 //   INT8: the codes (exact in bf16), one plane; the channel's scale, constant along k, goes
@@ -35,10 +35,7 @@ namespace {
 using namespace transposed;
 
 constexpr int64_t kChunk = 32;   // channels per tile step: a B tile's 16 pair rows
-#ifndef KT_AMX_TRANSPOSED_RUN
-#define KT_AMX_TRANSPOSED_RUN 128
-#endif
-constexpr int64_t kTileRun = KT_AMX_TRANSPOSED_RUN;   // channels whose B tiles are built at once
+constexpr int64_t kTileRun = 128;  // channels whose B tiles are built at once (256 and 768 measured no faster)
 static_assert(kKBlock == 64 && kTileRun % kChunk == 0, "a block is 4 C tiles of 16 columns; runs hold whole chunks");
 constexpr int64_t kMinRows = 16;  // rows per expert from which the tiles pay (docs/performance.md)
 
@@ -51,10 +48,6 @@ struct AvxTransposed {
 AvxTransposed g_avx[kSlots];
 
 inline int64_t min_rows() { return g_amx_min_rows >= 0 ? g_amx_min_rows : kMinRows; }
-
-inline __m512 bf16_to_f32(__m256bh h) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)h), 16));
-}
 
 struct Part {
     size_t first_panel, panel_stride;
@@ -79,8 +72,7 @@ void split_gradients(const uint8_t* base, const Part& p, int64_t gs, int64_t row
             const __m256bh h = _mm512_cvtneps_pbh(v);
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + r * ld + at + n), (__m256i)h);
             if (lo)
-                _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + r * ld + at + n),
-                                    (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(v, bf16_to_f32(h))));
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + r * ld + at + n), (__m256i)bf16_lo(v, h));
         }
     }
 }
@@ -104,8 +96,7 @@ void pack_pairs(const float* w, uint32_t* bhi, uint32_t* blo) {
             const size_t at = size_t(j * kTileRun / 2 + p) * 16;
             _mm512_store_si512(bhi + at, words(h0, h1));
             if (blo)
-                _mm512_store_si512(blo + at, words(_mm512_cvtneps_pbh(_mm512_sub_ps(r0, bf16_to_f32(h0))),
-                                                   _mm512_cvtneps_pbh(_mm512_sub_ps(r1, bf16_to_f32(h1)))));
+                _mm512_store_si512(blo + at, words(bf16_lo(r0, h0), bf16_lo(r1, h1)));
         }
 }
 
