@@ -85,13 +85,19 @@ def _routing(gen):
 
 
 def _layer(method: str, backend: str | None, gate, up, down, target=("gate_up", "down"), recompute=False,
-           biases=None, swiglu=(0.0, 0.0)):
+           biases=None, swiglu=(0.0, 0.0), rank=4, train_weights=False):
+    """train_weights: the expert weights train too, as parameters holding the method's values (so
+    torch's float64 reference differentiates the weights kt computes with)."""
     kwargs = METHODS[method][0]
     moe = kt_core.MoE(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, method=method.split("-")[0],
                       backend=backend, trainable=True, expert_bias=biases is not None, swiglu_limit=swiglu[0],
                       swiglu_alpha=swiglu[1], **kwargs)
     moe.load(gate, up, down, biases=biases)
-    layer = LoRAExperts(moe, rank=4, alpha=8.0, target=target, recompute=recompute)
+    weights = None
+    if train_weights:
+        held = [_held_weights(method, kwargs, w).float() for w in (gate, up, down)]
+        weights = (torch.nn.Parameter(torch.cat(held[:2], dim=1)), torch.nn.Parameter(held[2]))
+    layer = LoRAExperts(moe, rank=rank, alpha=8.0, target=target, recompute=recompute, expert_weights=weights)
     with torch.no_grad():   # B starts at zero (PEFT's init); nonzero here so every path carries a gradient
         for name, p in layer.named_parameters():
             if name.endswith("_B"):
@@ -111,6 +117,8 @@ def _check_against_torch(method: str, layer, weights, gen, biases=None, swiglu=N
 
     held = [_held_weights(method, METHODS[method][0], m) for m in weights]
     ref = {n: p.detach().double().requires_grad_() for n, p in layer.named_parameters()}
+    if "gate_up_proj" in ref:   # the expert weights train: differentiate torch's through them too
+        held = [ref["gate_up_proj"][:, :I], ref["gate_up_proj"][:, I:], ref["down_proj"]]
     x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
     want = _torch_experts(x64, ids, w64, *held, ref, layer.scaling,
                           None if biases is None else tuple(b.double() for b in biases), swiglu)
@@ -134,6 +142,71 @@ def test_gradients_match_torch_float64(method, backend, target):
     layer = _layer(method, backend, gate, up, down, target=target)
     x, *_ = _check_against_torch(method, layer, (gate, up, down), gen)
     assert torch.all(x.grad[5] == 0), "a token routed to no kt expert gets no gradient"
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+@pytest.mark.parametrize("rank", [0, 4])
+@pytest.mark.parametrize("backend", ["reference", None])
+@pytest.mark.parametrize("method", ["FP32", "BF16"])
+def test_expert_weight_gradients_match_torch_float64(method, backend, rank, recompute):
+    """Full fine-tuning: the expert weights' gradients (with and without adapters) against torch
+    float64 through the same weights, at the method's tolerance; an expert no token picks gets zero."""
+    gen = torch.Generator().manual_seed(2)
+    gate, up = torch.randn(E, I, H, generator=gen) * H**-0.5, torch.randn(E, I, H, generator=gen) * H**-0.5
+    down = torch.randn(E, H, I, generator=gen) * I**-0.5
+    layer = _layer(method, backend, gate, up, down, rank=rank, recompute=recompute, train_weights=True)
+    names = {n for n, _ in layer.named_parameters()}
+    assert {"gate_up_proj", "down_proj"} <= names and (rank > 0) == ("gate_up_A" in names), names
+    x, ids, *_ = _check_against_torch(method, layer, (gate, up, down), gen)
+    unpicked = sorted(set(range(E)) - set(ids[ids >= 0].tolist()))
+    for e in unpicked:
+        assert not layer.gate_up_proj.grad[e].any() and not layer.down_proj.grad[e].any()
+
+
+def test_trained_expert_weights_are_packed_again_after_each_change():
+    """kt re-packs the weights whenever their parameters change (optimizer steps of every kind, an
+    in-place edit, load_state_dict): its output follows torch's on the new values, step after step."""
+    gen = torch.Generator().manual_seed(3)
+    gate, up = torch.randn(E, I, H, generator=gen) * H**-0.5, torch.randn(E, I, H, generator=gen) * H**-0.5
+    down = torch.randn(E, H, I, generator=gen) * I**-0.5
+    layer = _layer("FP32", None, gate, up, down, rank=0, train_weights=True)
+    x, (ids, w) = torch.randn(T, H, generator=gen), _routing(gen)
+
+    def expected():
+        gu, d = layer.gate_up_proj.detach().double(), layer.down_proj.detach().double()
+        return _torch_experts(x.double(), ids, w.double(), gu[:, :I], gu[:, I:], d, {}, 1.0)
+
+    def check(what):
+        got = layer(x, ids, w).detach().double()
+        err = float((got - expected()).abs().max() / expected().abs().max())
+        assert err < 2e-6, f"after {what}: kt's output is {err:.1e} from torch's on the new weights"
+
+    for opt in (torch.optim.SGD(layer.parameters(), lr=1e-2), torch.optim.AdamW(layer.parameters(), lr=1e-2),
+                torch.optim.AdamW(layer.parameters(), lr=1e-2, foreach=False),
+                torch.optim.AdamW(layer.parameters(), lr=1e-2, fused=True)):
+        for _ in range(2):
+            layer(x, ids, w).square().sum().backward()
+            opt.step()
+            opt.zero_grad()
+            check(type(opt).__name__)
+    with torch.no_grad():
+        layer.down_proj.mul_(0.5)
+    check("an in-place edit")
+    state = {k: v.clone() * 1.5 for k, v in layer.state_dict().items()}
+    layer.load_state_dict(state)
+    check("load_state_dict")
+
+
+def test_expert_weights_train_only_on_float_methods():
+    gen = torch.Generator().manual_seed(4)
+    gate, up, down = torch.randn(E, I, H, generator=gen), torch.randn(E, I, H, generator=gen), torch.randn(E, H, I, generator=gen)
+    moe = kt_core.MoE(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, method="INT8", trainable=True)
+    moe.load(gate, up, down)
+    weights = (torch.nn.Parameter(torch.cat([gate, up], dim=1)), torch.nn.Parameter(down))
+    with pytest.raises(KTError, match=r"needs a float method \(BF16 or FP32\).*this layer is INT8"):
+        LoRAExperts(moe, rank=0, alpha=8.0, expert_weights=weights)
+    with pytest.raises(KTError, match=r"lora_rank must be an integer in \[1, 64\], got 0 \(0, no adapters"):
+        LoRAExperts(moe, rank=0, alpha=8.0)
 
 
 # GPT-OSS's clamp for the test below, chosen in a gap of its pre-activation values (2.5e-3 from the

@@ -36,7 +36,7 @@ import torch
 from .errors import KTError
 from .moe import MoE
 from .rows import Routing
-from .training_step import Adapters, ExpertStep, Saved
+from .training_step import Adapters, ExpertStep, Saved, expert_weight_grads
 
 log = logging.getLogger("kt_core")
 
@@ -424,22 +424,17 @@ class SFTMoEWrapper:
             buffer.copy_(grad * scale if scale != 1.0 else grad)
 
     def _expert_weight_grads(self, routing: Routing, rows, dgate_up, h, dy, scale: float, accumulate: bool) -> None:
-        """d gate|up [e] = dgate_upᵀ·rows and d down [e] = dyᵀ·h over each expert's rows (torch GEMMs)."""
+        """Each expert's gate, up and down gradients into the bf16 buffers (training_step's GEMMs)."""
         if self.gate_proj_buf is None:
             raise RuntimeError("full_weight_grad=True: call init_full_weight_grad_buffers() before backward")
         I = self.moe_intermediate_size
-        start = 0
-        for e, n in enumerate(routing.splits):
-            end = start + n
+        if not accumulate:   # experts without rows get zero
+            for buffer in (self.grad_gate_proj_buf, self.grad_up_proj_buf, self.grad_down_proj_buf):
+                buffer.zero_()
+        for e, dgu, ddown in expert_weight_grads(routing, rows, dgate_up, h, dy):
             buffers = (self.grad_gate_proj_buf[e], self.grad_up_proj_buf[e], self.grad_down_proj_buf[e])
-            if n:
-                dgu = dgate_up[start:end].T @ rows[start:end]
-                for buffer, grad in zip(buffers, (dgu[:I], dgu[I:], dy[start:end].T @ h[start:end])):
-                    self._write_grad(buffer, grad, scale, accumulate)
-            elif not accumulate:   # an expert without rows: its gradient is zero
-                for buffer in buffers:
-                    buffer.zero_()
-            start = end
+            for buffer, grad in zip(buffers, (dgu[:I], dgu[I:], ddown)):
+                self._write_grad(buffer, grad, scale, accumulate)
 
     # -- asynchronous forms (kt-kernel's submit / sync pairs) ------------------------------------------
     def _submit(self, kind: str, fn, *args) -> None:

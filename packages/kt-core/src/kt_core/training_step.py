@@ -116,6 +116,15 @@ class StepGrads:
 WeightGrads = Callable[[Routing, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
 
 
+def expert_weight_grads(routing: Routing, rows: torch.Tensor, dgate_up: torch.Tensor, h: torch.Tensor,
+                        dy: torch.Tensor):
+    """(expert, d [gate|up] [2I, H], d down [H, I]) of each expert with rows, from a WeightGrads
+    callback's pieces: dgate_upᵀ·rows and dyᵀ·h over the expert's rows (torch GEMMs). dy carries the
+    routing weight already (h is scaled by it), so these are the full expert weights' gradients."""
+    for e, r in _expert_rows(routing.splits):
+        yield e, dgate_up[r].T @ rows[r], dy[r].T @ h[r]
+
+
 def _expert_rows(splits: list[int]):
     """(expert, its rows as a slice) of each expert with rows, in the rows' order."""
     start = 0

@@ -12,16 +12,28 @@ Experts with biases and GPT-OSS's clamped SwiGLU (a MoE made with expert_bias=Tr
 train the same way, their biases frozen. The whole block runs on kt as one autograd node
 (kt.training.routed_experts over kt_core.training_step), in float32 on the CPU, whatever the device
 and dtype of the hidden states (the output goes back to both).
+
+Full fine-tuning (`expert_weights=(gate_up, down)`, the model's own parameters in kt's orientation,
+[E, 2I, H] with gate above up and [E, H, I]): the experts' weights train too — registered here under
+`weight_names` (the model's, so the model's state dict keeps its keys and save_pretrained writes an
+ordinary checkpoint), their gradients from kt's backward. kt computes with its packed copy (the
+method's precision: FP32, or BF16 from the parameters' values); each forward re-packs it when the
+parameters changed since the last: an optimizer stepped them (a global optimizer step hook marks
+the layer: fused optimizers update in place without bumping version counters) or anything else
+wrote them in place (load_state_dict, an edit under no_grad: their version counters say). rank=0
+then trains the weights alone.
 """
 
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from kt_core.errors import KTError
 from kt_core.moe import MoE
@@ -33,6 +45,21 @@ from .routed_experts import RoutedExperts
 TARGETS = ("gate_up", "gate", "up", "down")
 DEFAULT_TARGET = ("gate_up", "down")
 MAX_RANK = 64   # kt_core.lora's loops (kt-core's kMaxLoraRank)
+TRAINABLE_WEIGHT_METHODS = ("BF16", "FP32")
+
+
+# id(expert weight parameter) -> the LoRAExperts training it, for the optimizer step hook below.
+_TRAINED_WEIGHTS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_step_hook = None
+
+
+def _mark_stepped(optimizer, args, kwargs) -> None:
+    """After any optimizer's step: the layers whose expert weights it holds must re-pack them."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            layer = _TRAINED_WEIGHTS.get(id(p))
+            if layer is not None and any(w is p for w in layer.expert_weights()):
+                layer._stepped = True
 
 
 def lora_targets(target: Sequence[str]) -> tuple[str, ...]:
@@ -59,17 +86,21 @@ class LoRAExperts(nn.Module):
 
     def __init__(self, moe: MoE, *, rank: int, alpha: float, target: Sequence[str] = DEFAULT_TARGET,
                  recompute: bool = False, resident_gate_up: torch.Tensor | None = None,
-                 resident_down: torch.Tensor | None = None, interleaved_gate_up: bool = False):
+                 resident_down: torch.Tensor | None = None, interleaved_gate_up: bool = False,
+                 expert_weights: tuple[nn.Parameter, nn.Parameter] | None = None,
+                 weight_names: tuple[str, str] = ("gate_up_proj", "down_proj")):
         super().__init__()
         if not moe.trainable:
             raise KTError("LoRAExperts needs a kt_core.MoE made with trainable=True (kernels with transposed tiles)")
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 < rank <= MAX_RANK:
-            raise KTError(f"lora_rank must be an integer in [1, {MAX_RANK}], got {rank!r}")
+        lowest = 0 if expert_weights is not None else 1   # no adapters: the expert weights alone train
+        if isinstance(rank, bool) or not isinstance(rank, int) or not lowest <= rank <= MAX_RANK:
+            raise KTError(f"lora_rank must be an integer in [{lowest}, {MAX_RANK}], got {rank!r}"
+                          + (" (0, no adapters, only when the expert weights train)" if lowest else ""))
         if not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha > 0):
             raise KTError(f"lora_alpha must be a positive number, got {alpha!r}")
         self.moe = moe
-        self.rank, self.alpha, self.scaling = rank, float(alpha), float(alpha) / rank
-        self.targets = lora_targets(target)
+        self.rank, self.alpha, self.scaling = rank, float(alpha), float(alpha) / max(rank, 1)
+        self.targets = lora_targets(target) if rank else ()
         if "gate" in self.targets and "up" in self.targets and 2 * rank > MAX_RANK:
             raise KTError(f"lora_rank {rank} with separate gate and up adapters: they run as one adapter of rank "
                           f"{2 * rank} on the fused projection, and kt takes ranks up to {MAX_RANK}")
@@ -105,11 +136,54 @@ class LoRAExperts(nn.Module):
             bound = 1.0 / math.sqrt(a_shape[2])
             self.register_parameter(f"{t}_A", nn.Parameter(torch.empty(a_shape).uniform_(-bound, bound)))
             self.register_parameter(f"{t}_B", nn.Parameter(torch.zeros(b_shape)))
+        self.weight_names = None
+        if expert_weights is not None:
+            self._take_expert_weights(expert_weights, weight_names)
+
+    def _take_expert_weights(self, weights: tuple[nn.Parameter, nn.Parameter], names: tuple[str, str]) -> None:
+        moe = self.moe
+        E, H, I = moe.num_experts, moe.hidden_size, moe.intermediate_size
+        if moe.method not in TRAINABLE_WEIGHT_METHODS:
+            raise KTError(f"training the expert weights needs a float method ({' or '.join(TRAINABLE_WEIGHT_METHODS)}): "
+                          f"kt packs them again after every optimizer step; this layer is {moe.method}")
+        if any(moe.gpu_experts_mask) or moe.expert_bias or moe.swiglu_limit:
+            raise KTError("training the expert weights is offered for layers of experts without biases or the clamped "
+                          "SwiGLU, all on kt (num_gpu_experts=0)")
+        for w, shape, name in zip(weights, ((E, 2 * I, H), (E, H, I)), names):
+            if not isinstance(w, nn.Parameter) or tuple(w.shape) != shape:
+                raise KTError(f"expert weight {name}: expected an nn.Parameter of shape {list(shape)}, got "
+                              f"{type(w).__name__} {list(getattr(w, 'shape', []))}")
+        self.weight_names = tuple(names)
+        for name, w in zip(names, weights):
+            self.register_parameter(name, w)
+            _TRAINED_WEIGHTS[id(w)] = self
+        global _step_hook
+        if _step_hook is None:
+            _step_hook = register_optimizer_step_post_hook(_mark_stepped)
+        self._packed_from, self._stepped = self._weights_key(), False   # the caller loaded the layer from them
+
+    def expert_weights(self) -> tuple[nn.Parameter, nn.Parameter] | None:
+        """(gate_up [E, 2I, H], down [E, H, I]) when the expert weights train, else None."""
+        return None if self.weight_names is None else tuple(getattr(self, n) for n in self.weight_names)
+
+    def _weights_key(self) -> tuple:
+        return tuple((w.data_ptr(), w._version) for w in self.expert_weights())
+
+    def _repack_if_changed(self) -> None:
+        """Pack the trained weights again when they changed since kt last packed them."""
+        key = self._weights_key()
+        if key == self._packed_from and not self._stepped:
+            return
+        gate_up, down = (w.detach() for w in self.expert_weights())
+        I = self.moe.intermediate_size
+        with torch.no_grad():
+            self.moe.load(gate_up[:, :I].cpu(), gate_up[:, I:].cpu(), down.cpu())
+        self._packed_from, self._stepped = key, False
 
     def extra_repr(self) -> str:
         return (f"experts={self.moe.num_experts}, kt={self.moe.method} on {self.moe.backend}, rank={self.rank}, "
                 f"alpha={self.alpha:g}, target={self.targets}, recompute={self.recompute}, "
-                f"gpu_resident={self.resident_experts.numel()}")
+                f"gpu_resident={self.resident_experts.numel()}, trains_weights={self.weight_names is not None}")
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
         device, dtype = hidden_states.device, hidden_states.dtype
@@ -122,8 +196,12 @@ class LoRAExperts(nn.Module):
         gate_up = self._gate_up_lora()
         gu_a, gu_b, blocks = gate_up if gate_up is not None else (None, None, 1)
         down_a, down_b = (self.down_A, self.down_B) if "down" in self.targets else (None, None)
-        out = RoutedExperts.apply(x, weights, gu_a, gu_b, down_a, down_b, self.step, ids, self.scaling, blocks,
-                                  self.recompute and torch.is_grad_enabled()).to(device, dtype)
+        gate_up_w = down_w = None
+        if self.weight_names is not None:
+            self._repack_if_changed()
+            gate_up_w, down_w = self.expert_weights()
+        out = RoutedExperts.apply(x, weights, gu_a, gu_b, down_a, down_b, gate_up_w, down_w, self.step, ids,
+                                  self.scaling, blocks, self.recompute and torch.is_grad_enabled()).to(device, dtype)
         if slot is not None:
             out = out + self._resident(hidden_states, slot, top_k_weights)
         return out

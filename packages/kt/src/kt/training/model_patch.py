@@ -9,6 +9,13 @@ in PEFT's format. With `adapter=` (a PEFT adapter folder) the adapters are loade
 initialised: inference with expert LoRA (SGLang's --kt-expert-lora-path). `num_gpu_experts` per layer
 (placed as the inference patch places them) stay torch's on the model's device, with their rows of
 the same adapters; kt computes the rest.
+
+`train_experts=True` (full fine-tuning of the routed experts, method BF16 or FP32): the model's own
+expert parameters (gate_up_proj / down_proj) are kept instead of freed and train too, on kt's
+kernels (LoRAExperts re-packs them after each optimizer step); with `lora_rank=0` they train alone.
+They keep their names, so `model.save_pretrained()` writes the fine-tuned model as an ordinary
+checkpoint. They cost their own size, their gradients' and the optimizer's state on top of kt's
+packed copy — a small model's business, not a 30B one's on one host.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from torch import nn
 from kt_core.errors import KTError
 from kt_core.moe import MoE
 
-from .lora_experts import LoRAExperts
+from .lora_experts import TRAINABLE_WEIGHT_METHODS, LoRAExperts
 from .peft_format import load_adapter, save_adapter
 
 
@@ -41,7 +48,15 @@ class KTTrainPatch:
 
     def adapter_parameters(self) -> list[nn.Parameter]:
         """The expert LoRA factors (what an optimizer over the experts' adapters takes)."""
-        return [p for m in self.layers.values() for p in m.parameters()]
+        return [p for m in self.layers.values() for n, p in m.named_parameters() if n.endswith(("_A", "_B"))]
+
+    def expert_weight_parameters(self) -> list[nn.Parameter]:
+        """The routed experts' own weights when they train (train_experts=True), else []."""
+        return [w for m in self.layers.values() for w in (m.expert_weights() or ())]
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """The adapters and, with train_experts, the expert weights."""
+        return self.adapter_parameters() + self.expert_weight_parameters()
 
     def save_adapter(self, directory: str | os.PathLike, base_model_name_or_path: str | None = None):
         """Write the expert adapters as a PEFT adapter folder (adapter_config.json + adapter_model.safetensors)."""
@@ -56,7 +71,7 @@ def patch_for_training(model: nn.Module, *, method: str, backend: str | None, lo
                        target: Sequence[str], recompute: bool, group_size: int, zero_point: bool, max_tokens: int,
                        fast_activations: bool | None, freeze_base: bool, adapter: str | os.PathLike | None,
                        num_gpu_experts: int = 0, placement: str = "uniform", stats_file: str | os.PathLike | None = None,
-                       placement_seed: int = 42) -> KTTrainPatch:
+                       placement_seed: int = 42, train_experts: bool = False) -> KTTrainPatch:
     # The transformers integration's readers of a model's MoE blocks (families, checks, orientation)
     # and its placement of GPU-resident experts.
     from ..integrations.transformers import patch as inference_patch
@@ -73,6 +88,19 @@ def patch_for_training(model: nn.Module, *, method: str, backend: str | None, lo
     swiglu = inference_patch._swiglu(fam, cfg, model_type)
     blocks = inference_patch._moe_blocks(model, fam, model_type)
     top_k = inference_patch._config_int(cfg, fam.top_k_key, "experts per token", model_type)
+    te = fam.transformers_experts
+    if train_experts:   # refused before the model is touched (LoRAExperts checks the same per layer)
+        if te.input_first:
+            raise KTError(f"train_experts: {model_type}'s experts hold gate and up interleaved with biases "
+                          f"({te.gate_up} [E, H, 2I]); kt trains the weights of [E, 2I, H]-layout experts without "
+                          "biases")
+        if method.upper() not in TRAINABLE_WEIGHT_METHODS:
+            raise KTError(f"train_experts: training the expert weights needs a float method "
+                          f"({' or '.join(TRAINABLE_WEIGHT_METHODS)}); kt packs them again after every optimizer "
+                          f"step; got {method}")
+        if num_gpu_experts:
+            raise KTError("train_experts: the expert weights train with every expert on kt (num_gpu_experts=0), "
+                          f"got num_gpu_experts={num_gpu_experts}")
     if freeze_base:
         model.requires_grad_(False)
     paths = {id(m): name for name, m in model.named_modules()}
@@ -97,11 +125,16 @@ def patch_for_training(model: nn.Module, *, method: str, backend: str | None, lo
             resident_gate_up, resident_down = resident_weights(t.gate, t.up, t.down, mask)
         module = LoRAExperts(moe, rank=lora_rank, alpha=lora_alpha, target=target, recompute=recompute,
                              resident_gate_up=resident_gate_up, resident_down=resident_down,
-                             interleaved_gate_up=fam.fused is not None and fam.fused.interleaved)
-        for p in t.params:   # the torch copies of the frozen experts: kt holds them packed now
-            freed += p.numel() * p.element_size()
-            p.requires_grad_(False)
-            p.data = torch.empty((0,) + tuple(p.shape[1:]), dtype=p.dtype, device=p.device)
+                             interleaved_gate_up=fam.fused is not None and fam.fused.interleaved,
+                             expert_weights=t.params if train_experts else None, weight_names=(te.gate_up, te.down))
+        if train_experts:   # the model's parameters themselves train: kt re-packs them as they change
+            for p in t.params:
+                p.requires_grad_(True)
+        else:
+            for p in t.params:   # the torch copies of the frozen experts: kt holds them packed now
+                freed += p.numel() * p.element_size()
+                p.requires_grad_(False)
+                p.data = torch.empty((0,) + tuple(p.shape[1:]), dtype=p.dtype, device=p.device)
         setattr(block, fam.transformers_experts.attr, module)
         layers[layer] = module
         modules[paths[id(t.module)]] = module

@@ -56,6 +56,9 @@ def _wrapper_paths(targets: tuple[str, ...]) -> dict[str, str]:
 
 def _check_uniform(layers: dict[str, LoRAExperts]) -> LoRAExperts:
     first = next(iter(layers.values()))
+    if not first.rank:
+        raise KTError("these kt experts have no adapters (lora_rank=0: their weights train themselves); save the "
+                      "fine-tuned model with model.save_pretrained() instead of an adapter")
     for name, m in layers.items():
         if (m.rank, m.alpha, m.targets) != (first.rank, first.alpha, first.targets):
             raise KTError(f"{name}'s adapter (rank {m.rank}, alpha {m.alpha:g}, {m.targets}) differs from the first's "

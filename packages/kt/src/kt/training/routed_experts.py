@@ -10,6 +10,11 @@ so autograd routes each block's gradient back to its own parameter.
 
 recompute=True keeps only the node's inputs between forward and backward and runs the forward again
 inside backward (what torch.utils.checkpoint would do, without the activations ever being kept).
+
+Full fine-tuning: the expert weights themselves (gate_up [E, 2I, H], down [E, H, I], whatever their
+device and dtype) come in as inputs too. The forward does not read them — the step computes with the
+packed copy kt made of them (LoRAExperts re-packs after each change) — but backward gives their
+gradients (training_step.expert_weight_grads), so autograd accumulates them like any parameter's.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import weakref
 
 import torch
 
-from kt_core.training_step import Adapters, ExpertStep, Saved
+from kt_core.training_step import Adapters, ExpertStep, Saved, expert_weight_grads
 
 
 def _step(ctx) -> ExpertStep:
@@ -33,14 +38,15 @@ def _step(ctx) -> ExpertStep:
 
 
 class RoutedExperts(torch.autograd.Function):
-    """x [T, H], weights [T, k] (float32, CPU), the adapters' factors (float32, or None) -> out [T, H].
+    """x [T, H], weights [T, k] (float32, CPU), the adapters' factors (float32, or None), the expert
+    weights when they train (or None) -> out [T, H].
 
     What backward needs goes through ctx.save_for_backward (saved-tensor hooks see it: offloading,
     memory accounting); the routing's small index tensors ride on ctx."""
 
     @staticmethod
-    def forward(ctx, x, weights, gate_up_a, gate_up_b, down_a, down_b, step: ExpertStep, ids: torch.Tensor,
-                scaling: float, blocks: int, recompute: bool):
+    def forward(ctx, x, weights, gate_up_a, gate_up_b, down_a, down_b, gate_up_w, down_w, step: ExpertStep,
+                ids: torch.Tensor, scaling: float, blocks: int, recompute: bool):
         factors = (gate_up_a, gate_up_b, down_a, down_b)
         adapters = None
         if any(f is not None for f in factors):
@@ -49,6 +55,7 @@ class RoutedExperts(torch.autograd.Function):
         ctx.step, ctx.has, ctx.adapters, ctx.consumed = weakref.ref(step), tuple(f is not None for f in factors), \
             adapters, False
         ctx.recompute = recompute
+        ctx.expert_weights = gate_up_w, down_w   # only their shape, dtype and device are read
         keep = any(ctx.needs_input_grad) and not recompute
         out, saved = step.forward(x.detach(), ids, weights.detach(), adapters, save=keep)
         if recompute:
@@ -72,7 +79,19 @@ class RoutedExperts(torch.autograd.Function):
         else:
             x, gate_up, picked, xa_gate_up, xa_down = ctx.saved_tensors
             saved = Saved(x, ctx.routing, gate_up, picked, ctx.adapters, xa_gate_up, xa_down)
-        grads = step.backward(saved, dout)
+        gate_up_w, down_w = ctx.expert_weights
+        weight_grads = None
+        if ctx.needs_input_grad[6] or ctx.needs_input_grad[7]:
+            d_gate_up = torch.zeros(gate_up_w.shape, dtype=torch.float32)
+            d_down = torch.zeros(down_w.shape, dtype=torch.float32)
+
+            def weight_grads(routing, rows, dgate_up, h, dy):
+                for e, dgu, dd in expert_weight_grads(routing, rows, dgate_up, h, dy):
+                    d_gate_up[e], d_down[e] = dgu, dd
+
+        grads = step.backward(saved, dout, weight_grads=weight_grads)
         factor_grads = (grads.gate_up_a, grads.gate_up_b, grads.down_a, grads.down_b)
+        expert_grads = (None, None) if weight_grads is None else \
+            (d_gate_up.to(gate_up_w.device, gate_up_w.dtype), d_down.to(down_w.device, down_w.dtype))
         return (grads.x, grads.weights, *(g if has else None for g, has in zip(factor_grads, ctx.has)),
-                None, None, None, None, None)
+                *expert_grads, None, None, None, None, None)

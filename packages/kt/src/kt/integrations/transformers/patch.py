@@ -154,7 +154,7 @@ def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None =
                 fast_activations: bool | None = None, weight_path: str | os.PathLike | None = None, mode: str = "inference",
                 lora_rank: int | None = None, lora_alpha: float | None = None, target: tuple[str, ...] | None = None,
                 recompute: bool = False, freeze_base: bool = True,
-                expert_lora_path: str | os.PathLike | None = None):
+                expert_lora_path: str | os.PathLike | None = None, train_experts: bool = False):
     """Run every MoE block's routed experts of a loaded transformers model on kt, in place.
 
     The router, shared experts, attention and everything else stay torch modules; `generate()`
@@ -181,12 +181,17 @@ def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None =
     own parameters stop requiring gradients. Returns a KTTrainPatch (save_adapter / load_adapter in
     PEFT's format). `expert_lora_path=DIR` (either mode): start from that PEFT adapter, whose rank,
     alpha and targets are used — inference with expert LoRA.
+    `train_experts=True` (mode="train", method BF16 or FP32): the routed experts' own weights train
+    too — full fine-tuning on kt's kernels; `lora_rank` then defaults to 0 (the weights alone), and
+    `model.save_pretrained()` writes the result as an ordinary checkpoint.
     With expert LoRA, `num_gpu_experts` (and `placement`) keep experts on the model's device as torch
     computes them, with their rows of the same adapters; deferral, record_stats and weight_path are
     inference options.
     """
     if mode not in ("inference", "train"):
         raise KTError(f"mode must be 'inference' or 'train', got {mode!r}")
+    if train_experts and mode != "train":
+        raise KTError("train_experts=True trains the expert weights: it needs mode='train'")
     if mode == "train" or expert_lora_path is not None:
         extras = {"max_deferred_experts_per_token": max_deferred_experts_per_token, "record_stats": record_stats,
                   "weight_path": weight_path}
@@ -197,7 +202,7 @@ def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None =
         from ...training.model_patch import patch_for_training
         from ...training.peft_format import adapter_settings
 
-        defaults = (8, 16.0, ("gate_up", "down"))
+        defaults = (0 if train_experts else 8, 16.0, ("gate_up", "down"))
         if expert_lora_path is not None:
             defaults = adapter_settings(expert_lora_path)
         lora_rank = defaults[0] if lora_rank is None else lora_rank
@@ -209,7 +214,7 @@ def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None =
                                    max_tokens=max_tokens, fast_activations=fast_activations,
                                    freeze_base=freeze_base and mode == "train", adapter=expert_lora_path,
                                    num_gpu_experts=num_gpu_experts, placement=placement, stats_file=stats_file,
-                                   placement_seed=placement_seed)
+                                   placement_seed=placement_seed, train_experts=train_experts)
         if mode == "inference":
             for p in patch.adapter_parameters():
                 p.requires_grad_(False)
