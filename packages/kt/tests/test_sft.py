@@ -116,6 +116,62 @@ def test_export_merge_and_chat(tmp_path):
     assert float((got - want).abs().max() / want.abs().max()) < 1e-3
 
 
+def write_full_config(tmp: Path, **train) -> Path:
+    """A train_experts run: the expert weights alone train (lora.rank defaults to 0)."""
+    import yaml
+
+    path = write_config(tmp, **train)
+    cfg = yaml.safe_load(path.read_text())
+    cfg["train_experts"] = True
+    del cfg["lora"]
+    cfg["train"]["lr"] = 1e-3
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_train_experts_run_trains_resumes_exports_and_chats(tmp_path):
+    """train_experts: the loss falls, run/model is the fine-tuned model (no adapter), a resumed run takes
+    the uninterrupted run's steps, export writes a model folder (a checkpoint's weights with
+    --checkpoint) whose plain-torch logits match kt's, and chat serves it."""
+    whole = train(load_config(write_full_config(tmp_path / "a", steps=6)))
+    assert whole[-1] < whole[0] - 0.3, whole
+    cfg = load_config(write_full_config(tmp_path / "b", steps=6))
+    assert cfg.train_experts and cfg.lora.rank == 0
+    first = train(cfg, stop_after=4)
+    resumed = train(cfg, resume=True)
+    assert resumed[:4] == first and resumed[4:] == pytest.approx(whole[4:], rel=1e-5), (resumed, whole)
+    run = tmp_path / "b" / "run"
+    assert (run / "model" / "config.json").is_file() and not (run / "adapter").exists()
+    kt = [sys.executable, "-c", "import sys; from kt_core.cli import main; sys.exit(main())"]
+    from transformers import AutoModelForCausalLM
+
+    from kt.integrations.transformers import patch_model
+    from kt.training.sft.trainer import load_model
+
+    ids = torch.randint(4, 90, (2, 10), generator=torch.Generator().manual_seed(0))
+    exported = {}
+    for name, extra in (("final", []), ("step2", ["--checkpoint", "2"])):
+        r = subprocess.run(kt + ["sft", "export", str(run), "--to", str(tmp_path / name), *extra], capture_output=True,
+                           text=True)
+        assert r.returncode == 0, r.stderr
+        plain = AutoModelForCausalLM.from_pretrained(tmp_path / name).eval()
+        with torch.no_grad():
+            exported[name] = plain(ids).logits
+    base, _ = load_model("tiny", "float32")
+    with torch.no_grad():
+        untrained = base.eval()(ids).logits
+    assert not torch.allclose(exported["final"], exported["step2"]) and not torch.allclose(exported["final"], untrained)
+    on_kt, _ = load_model(str(run / "model"), "float32")
+    patch_model(on_kt, method="FP32")   # the trained float32 weights as they are (BF16 would round them)
+    with torch.no_grad():
+        got = on_kt.eval()(ids).logits
+    want = exported["final"]
+    assert float((got - want).abs().max() / want.abs().max()) < 1e-5
+    r = subprocess.run(kt + ["sft", "chat", str(run), "--prompt", "color of sky?", "--max-new-tokens", "4"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and "> color of sky?" in r.stdout, r.stderr
+
+
 def test_data_records(tmp_path):
     from kt.integrations.transformers.preset import load_preset
 
@@ -155,6 +211,8 @@ def test_bad_data_names_the_line(tmp_path, line, message):
     ({"lora": {"rank": "eight"}}, "lora.rank must be an integer >= 1, got 'eight'"),
     ({"train": {"fast_activations": "yes"}}, "train.fast_activations must be true or false, got 'yes'"),
     ({"dtype": "float16"}, "dtype must be one of float32, bfloat16"),
+    ({"train_experts": "yes"}, "train_experts must be true or false, got 'yes'"),
+    ({"lora": {"rank": 0}}, "lora.rank must be an integer >= 1, got 0"),
     ({"data": "missing.jsonl"}, "data: .*missing.jsonl does not exist"),
     ({"model": "nowhere"}, "model: .*nowhere is not a model folder"),
     ({"output_dir": None}, "output_dir is required"),

@@ -373,8 +373,9 @@ def sft_train(
     config: str = typer.Argument(..., help="the run's YAML config (kt.training.sft.config documents every field)"),
     resume: bool = typer.Option(False, help="continue from output_dir's last checkpoint"),
 ) -> None:
-    """Train expert LoRA adapters: progress with loss and tokens/s, checkpoints every save_every steps,
-    the final adapter in output_dir/adapter (PEFT format)."""
+    """Train expert LoRA adapters (and, train_experts, the expert weights): progress with loss and tokens/s,
+    checkpoints every save_every steps, the final adapter in output_dir/adapter (PEFT format), the
+    fine-tuned model in output_dir/model."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from ..training.sft import load_config, train
@@ -389,7 +390,9 @@ def sft_train(
             progress.update(task, completed=row["step"], loss=f"{row['loss']:.4f}", rate=f"{row['tokens_per_s']:.0f}")
 
         losses = train(cfg, resume=resume, on_step=on_step)
-    console.print(f"{len(losses)} steps, loss {losses[0]:.4f} -> {losses[-1]:.4f}; adapter: {cfg.output_dir / 'adapter'}")
+    saved = ([f"adapter: {cfg.output_dir / 'adapter'}"] if cfg.lora.rank else []) + \
+        ([f"model: {cfg.output_dir / 'model'}"] if cfg.train_experts else [])
+    console.print(f"{len(losses)} steps, loss {losses[0]:.4f} -> {losses[-1]:.4f}; {', '.join(saved)}")
 
 
 def _run_config(run_dir: str):
@@ -401,7 +404,10 @@ def _run_config(run_dir: str):
     return load_config(path, need_data=False)
 
 
-def _adapter_of(run_dir: str, checkpoint: int | None) -> str:
+def _adapter_of(run_dir: str, checkpoint: int | None, cfg) -> str | None:
+    """The run's adapter folder (None for a train_experts run without adapters)."""
+    if cfg.train_experts and not cfg.lora.rank:
+        return None
     path = os.path.join(run_dir, "adapter" if checkpoint is None else f"checkpoint-{checkpoint}")
     if not os.path.isfile(os.path.join(path, "adapter_config.json")):
         raise KTError(f"{path} holds no adapter" + ("" if checkpoint is not None else " (the run has not finished: "
@@ -413,20 +419,32 @@ def _adapter_of(run_dir: str, checkpoint: int | None) -> str:
 def sft_export(
     run_dir: str = typer.Argument(..., help="a kt sft output folder"),
     to: str = typer.Option(..., "--to", help="where to write"),
-    merge: bool = typer.Option(False, help="write the base model with the adapter merged into its expert weights "
+    merge: bool = typer.Option(False, help="write the model with the adapter merged into its expert weights "
                                            "(a full model folder) instead of the adapter"),
-    checkpoint: int = typer.Option(None, help="a checkpoint's adapter instead of the final one"),
+    checkpoint: int = typer.Option(None, help="a checkpoint's adapter (and weights) instead of the final ones"),
 ) -> None:
-    """Save the run's expert adapter (PEFT format), or the model with it merged in."""
+    """Save the run's expert adapter (PEFT format), or the model with it merged in. A train_experts run
+    writes its fine-tuned model folder (with the adapter in TO/adapter, or merged in with --merge)."""
     import shutil
     from pathlib import Path
 
     from ..training.sft import merge_adapter
+    from ..training.sft.trainer import trained_model
 
     cfg = _run_config(run_dir)
-    adapter = _adapter_of(run_dir, checkpoint)
+    adapter = _adapter_of(run_dir, checkpoint, cfg)
+    model = tokenizer = None
+    if cfg.train_experts:
+        model, tokenizer = trained_model(cfg, Path(run_dir), checkpoint)
+        if adapter is None or not merge:
+            model.save_pretrained(to)
+            tokenizer.save_pretrained(to)
+            console.print(f"fine-tuned model: {to}")
+            if adapter is None:
+                return
+            to = os.path.join(to, "adapter")
     if merge:
-        merge_adapter(cfg, Path(adapter), Path(to))
+        merge_adapter(cfg, Path(adapter), Path(to), model, tokenizer)
         console.print(f"merged model: {to}")
         return
     os.makedirs(to, exist_ok=True)
@@ -440,19 +458,20 @@ def sft_chat(
     run_dir: str = typer.Argument(..., help="a kt sft output folder"),
     prompt: list[str] = typer.Option([], "--prompt", help="ask this (repeatable) instead of reading stdin"),
     max_new_tokens: int = typer.Option(64, min=1, help="tokens per reply"),
-    checkpoint: int = typer.Option(None, help="a checkpoint's adapter instead of the final one"),
+    checkpoint: int = typer.Option(None, help="a checkpoint's adapter (and weights) instead of the final ones"),
 ) -> None:
-    """Try the trained adapter: greedy replies of the model with its experts (and their LoRA) on kt."""
+    """Try the trained adapter (or weights): greedy replies of the model with its experts (and their LoRA) on kt."""
     import sys
+    from pathlib import Path
 
     import torch
 
     from ..integrations.transformers import patch_model
-    from ..training.sft.trainer import load_model
+    from ..training.sft.trainer import trained_model
 
     cfg = _run_config(run_dir)
-    adapter = _adapter_of(run_dir, checkpoint)
-    model, tokenizer = load_model(cfg.model, cfg.dtype)
+    adapter = _adapter_of(run_dir, checkpoint, cfg)
+    model, tokenizer = trained_model(cfg, Path(run_dir), checkpoint)
     patch_model(model, method=cfg.method, group_size=cfg.group_size, zero_point=cfg.zero_point,
                 expert_lora_path=adapter)
     model.eval()

@@ -7,6 +7,8 @@
     group_size: 0               # INT4 only (0: kt's default); zero_point: false
     dtype: float32              # the torch parts of the model (float32 or bfloat16)
     lora: {rank: 8, alpha: 16, target: [gate_up, down]}   # or [gate, up, down]: separate gate and up adapters
+    train_experts: false        # true: the experts' own weights train too (BF16/FP32; lora.rank then defaults
+                                # to 0, the weights alone); the run's model/ folder holds the result
     train: {steps: 100, lr: 2.0e-4, batch_size: 4, max_length: 512, seed: 0, save_every: 50,
             warmup_steps: 0, weight_decay: 0.0, recompute: false, fast_activations: false}
                                 # fast_activations: bf16 activations and (BF16 experts) bf16 gradients
@@ -57,6 +59,7 @@ class SFTConfig:
     group_size: int = 0
     zero_point: bool = False
     dtype: str = "float32"
+    train_experts: bool = False
     lora: LoraSettings = field(default_factory=LoraSettings)
     train: TrainSettings = field(default_factory=TrainSettings)
     source: Path | None = None   # the YAML file it came from
@@ -64,6 +67,7 @@ class SFTConfig:
     def as_dict(self) -> dict:
         return {"model": self.model, "data": str(self.data), "output_dir": str(self.output_dir), "method": self.method,
                 "group_size": self.group_size, "zero_point": self.zero_point, "dtype": self.dtype,
+                "train_experts": self.train_experts,
                 "lora": {"rank": self.lora.rank, "alpha": self.lora.alpha, "target": list(self.lora.target)},
                 "train": dict(vars(self.train))}
 
@@ -120,7 +124,8 @@ def load_config(path: str | Path, need_data: bool = True) -> SFTConfig:
         raise KTError(f"{path}{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
     if not isinstance(raw, dict):
         raise KTError(f"{path}: expected a mapping of settings (model, data, output_dir, ...), got {type(raw).__name__}")
-    known = {"model", "data", "output_dir", "method", "group_size", "zero_point", "dtype", "lora", "train"}
+    known = {"model", "data", "output_dir", "method", "group_size", "zero_point", "dtype", "train_experts", "lora",
+             "train"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise KTError(f"{path}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
@@ -144,11 +149,12 @@ def load_config(path: str | Path, need_data: bool = True) -> SFTConfig:
     _check(path, "method", method, "a kt method name (BF16, INT8, INT4, ...)", isinstance(method, str) and method)
     dtype = raw.get("dtype", "float32")
     _check(path, "dtype", dtype, f"one of {', '.join(DTYPES)}", dtype in DTYPES)
+    train_experts = _bool(path, "train_experts", raw.get("train_experts", False))
     lora_raw = _section(path, "lora", raw.get("lora"), LoraSettings)
-    lora = LoraSettings()
+    lora = LoraSettings(rank=0 if train_experts else LoraSettings.rank)
     if isinstance(lora_raw, dict):
-        if "rank" in lora_raw:
-            lora.rank = _int(path, "lora.rank", lora_raw["rank"], 1)
+        if "rank" in lora_raw:   # 0 (no adapters) when the expert weights train
+            lora.rank = _int(path, "lora.rank", lora_raw["rank"], 0 if train_experts else 1)
         if "alpha" in lora_raw:
             lora.alpha = _number(path, "lora.alpha", lora_raw["alpha"], positive=True)
         if "target" in lora_raw:
@@ -170,5 +176,6 @@ def load_config(path: str | Path, need_data: bool = True) -> SFTConfig:
                 setattr(train, key, _bool(path, f"train.{key}", value))
     return SFTConfig(model=model, data=data, output_dir=resolve(raw["output_dir"]), method=method,
                      group_size=_int(path, "group_size", raw.get("group_size", 0), 0),
-                     zero_point=_bool(path, "zero_point", raw.get("zero_point", False)), dtype=dtype, lora=lora,
+                     zero_point=_bool(path, "zero_point", raw.get("zero_point", False)), dtype=dtype,
+                     train_experts=train_experts, lora=lora,
                      train=train, source=path)

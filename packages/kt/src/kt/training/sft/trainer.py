@@ -1,16 +1,20 @@
 """`kt sft train`: LoRA fine-tuning of an MoE model's routed experts on kt, resumable.
 
 The model's routed experts go to kt (frozen, `method`) with trainable LoRA (patch_model(mode=
-"train")); everything else is frozen. AdamW over the adapters, linear warm-up then constant
+"train")); with train_experts their own weights train too (or alone, lora.rank 0); everything else
+is frozen. AdamW over what trains, linear warm-up then constant
 learning rate, batches padded to their longest sequence. Step s trains on examples
 [s * batch_size, (s + 1) * batch_size) of the data shuffled anew each epoch by (seed, epoch), so
 what a step sees depends only on the config and s: a run resumed from a checkpoint takes exactly
 the steps the uninterrupted run would have taken.
 
 Output folder:
-  checkpoint-STEP/   adapter (PEFT format) + trainer_state.pt (optimizer, step, losses), written
-                     aside and renamed in (a kill never leaves a half checkpoint)
-  adapter/           the final adapter (PEFT format)
+  checkpoint-STEP/   adapter (PEFT format, with adapters) + trainer_state.pt (the trained parameters
+                     as kt holds them, optimizer, step, losses), written aside and renamed in (a kill
+                     never leaves a half checkpoint)
+  adapter/           the final adapter (PEFT format), with adapters
+  model/             train_experts: the fine-tuned model (save_pretrained: the base model's folder
+                     layout, its expert weights trained; the adapters are not merged in)
   log.jsonl          one line per step: step, loss, tokens, tokens/s, lr
   config.yaml        the run's settings as used
 """
@@ -74,20 +78,70 @@ def checkpoints(output_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def _save_checkpoint(output_dir: Path, step: int, patch, opt, sched, losses: list[float], config: SFTConfig) -> Path:
-    final = output_dir / f"checkpoint-{step}"
-    tmp = output_dir / f".checkpoint-{step}.tmp"
+def _write_aside(destination: Path, write: Callable[[Path], None]) -> Path:
+    """write(folder) into a temporary folder beside `destination`, then renamed in: a kill never
+    leaves a half-written one."""
+    tmp = destination.with_name(f".{destination.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    patch.save_adapter(tmp, base_model_name_or_path=config.model)
-    # The adapters also as kt holds them (the PEFT folder beside it may have changed their form: separate
-    # gate and up adapters are written as one fused adapter), so a resumed run continues from the same
-    # parameters the optimizer state belongs to.
-    adapters = {f"{path}.{name}": p.detach().clone() for path, m in patch.modules.items() for name, p in m.named_parameters()}
-    torch.save({"step": step, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "losses": losses,
-                "adapters": adapters, "config": config.as_dict()}, tmp / STATE)
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
-    return final
+    tmp.mkdir(parents=True)
+    write(tmp)
+    shutil.rmtree(destination, ignore_errors=True)
+    os.replace(tmp, destination)
+    return destination
+
+
+def _trained(patch) -> dict[str, torch.Tensor]:
+    """What trains, as kt holds it ({module path.parameter name: tensor}): the adapters (the PEFT
+    folder beside may have changed their form: separate gate and up adapters are written as one fused
+    adapter) and, with train_experts, the expert weights."""
+    return {f"{path}.{name}": p.detach().clone() for path, m in patch.modules.items() for name, p in m.named_parameters()}
+
+
+def _save_checkpoint(output_dir: Path, step: int, patch, opt, sched, losses: list[float], config: SFTConfig) -> Path:
+    def write(folder: Path) -> None:
+        if config.lora.rank:
+            patch.save_adapter(folder, base_model_name_or_path=config.model)
+        # The parameters as kt holds them, so a resumed run continues from the same ones the optimizer
+        # state belongs to.
+        torch.save({"step": step, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "losses": losses,
+                    "parameters": _trained(patch), "config": config.as_dict()}, folder / STATE)
+
+    return _write_aside(output_dir / f"checkpoint-{step}", write)
+
+
+def _save_model(model, tokenizer, patch, destination: Path) -> Path:
+    """The model as its own folder layout (save_pretrained), without kt's adapter parameters."""
+    adapters = {f"{path}.{name}" for path, m in patch.modules.items() for name, p in m.named_parameters()
+                if name.endswith(("_A", "_B"))}
+    state = {k: v for k, v in model.state_dict().items() if k not in adapters}
+
+    def write(folder: Path) -> None:
+        model.save_pretrained(folder, state_dict=state)
+        tokenizer.save_pretrained(folder)
+
+    return _write_aside(destination, write)
+
+
+def trained_model(config: SFTConfig, run_dir: Path, checkpoint: int | None = None):
+    """(model, tokenizer): the run's base model, with its trained expert weights when it trained them
+    (train_experts: the final model/ folder, or checkpoint STEP's parameters)."""
+    if not config.train_experts:
+        return load_model(config.model, config.dtype)
+    if checkpoint is None:
+        folder = run_dir / "model"
+        if not (folder / "config.json").is_file():
+            raise KTError(f"{folder} holds no model (the run has not finished: pass --checkpoint STEP)")
+        return load_model(str(folder), config.dtype)
+    state_file = run_dir / f"checkpoint-{checkpoint}" / STATE
+    if not state_file.is_file():
+        raise KTError(f"{state_file.parent} is not a checkpoint of this run (no {STATE})")
+    model, tokenizer = load_model(config.model, config.dtype)
+    trained = torch.load(state_file, weights_only=False)["parameters"]
+    weights = {k: v for k, v in trained.items() if not k.endswith(("_A", "_B"))}
+    missing = model.load_state_dict(weights, strict=False)
+    if missing.unexpected_keys:
+        raise KTError(f"{state_file}: {missing.unexpected_keys[0]} is not a parameter of {config.model}")
+    return model, tokenizer
 
 
 def train(config: SFTConfig, *, resume: bool = False, on_step: Callable[[dict], None] | None = None,
@@ -112,8 +166,8 @@ def train(config: SFTConfig, *, resume: bool = False, on_step: Callable[[dict], 
                         mode="train", lora_rank=config.lora.rank, lora_alpha=config.lora.alpha,
                         target=config.lora.target, recompute=config.train.recompute,
                         max_tokens=max(config.train.max_length * config.train.batch_size, 16),
-                        fast_activations=config.train.fast_activations)
-    params = patch.adapter_parameters()
+                        fast_activations=config.train.fast_activations, train_experts=config.train_experts)
+    params = patch.trainable_parameters()
     opt = torch.optim.AdamW(params, lr=config.train.lr, weight_decay=config.train.weight_decay)
     warm = config.train.warmup_steps
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
@@ -122,13 +176,15 @@ def train(config: SFTConfig, *, resume: bool = False, on_step: Callable[[dict], 
     if resume:
         step, path = existing[-1]
         state = torch.load(path / STATE, weights_only=False)
-        if state["config"]["train"] != config.as_dict()["train"] or state["config"]["lora"] != config.as_dict()["lora"]:
-            raise KTError(f"--resume: {path} was written with other lora/train settings ({state['config']['lora']}, "
-                          f"{state['config']['train']}) than the config's; a resumed run must use the same ones")
-        with torch.no_grad():
+        keys = ("train", "lora", "train_experts")
+        written = {k: state["config"].get(k) for k in keys}
+        if any(written[k] != config.as_dict()[k] for k in keys):
+            raise KTError(f"--resume: {path} was written with other lora/train/train_experts settings ({written}) than "
+                          "the config's; a resumed run must use the same ones")
+        with torch.no_grad():   # in place: kt re-packs trained expert weights as they change
             for path_, m in patch.modules.items():
                 for name, p in m.named_parameters():
-                    p.copy_(state["adapters"][f"{path_}.{name}"])
+                    p.copy_(state["parameters"][f"{path_}.{name}"])
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
         losses, start = list(state["losses"]), step
@@ -160,27 +216,27 @@ def train(config: SFTConfig, *, resume: bool = False, on_step: Callable[[dict], 
             if (step + 1) % config.train.save_every == 0 or step + 1 == config.train.steps:
                 _save_checkpoint(out, step + 1, patch, opt, sched, losses, config)
     if last == config.train.steps:
-        final, tmp = out / "adapter", out / ".adapter.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        patch.save_adapter(tmp, base_model_name_or_path=config.model)
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
+        if config.lora.rank:
+            _write_aside(out / "adapter", lambda folder: patch.save_adapter(folder, base_model_name_or_path=config.model))
+        if config.train_experts:
+            _save_model(model, tokenizer, patch, out / "model")
     return losses
 
 
-def merge_adapter(config: SFTConfig, adapter: Path, destination: Path) -> Path:
-    """The base model with the expert adapter merged into its expert weights, saved as a model folder
-    (W_e += alpha / rank * B_e A_e on gate_up_proj and down_proj, in the model's dtype)."""
+def merge_adapter(config: SFTConfig, adapter: Path, destination: Path, model=None, tokenizer=None) -> Path:
+    """The model (the base one unless given: a train_experts run's, trained_model) with the expert
+    adapter merged into its expert weights, saved as a model folder (W_e += alpha / rank * B_e A_e
+    on gate_up_proj and down_proj, in the model's dtype)."""
     from ..peft_format import merge_expert_adapter
 
-    model, tokenizer = load_model(config.model, config.dtype)
+    if model is None:
+        model, tokenizer = load_model(config.model, config.dtype)
     merged = merge_expert_adapter(model, adapter)
     if not merged:
         raise KTError(f"{adapter}: none of its tensors names an experts module of {config.model}")
-    tmp = destination.with_name(f".{destination.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    shutil.rmtree(destination, ignore_errors=True)
-    os.replace(tmp, destination)
-    return destination
+
+    def write(folder: Path) -> None:
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+
+    return _write_aside(destination, write)
