@@ -11,8 +11,9 @@
 //         the columns in pair-word order, put back as the block is stored;
 //   INT8: the codes (exact in bf16), one plane; the channel's scale, constant along k, goes
 //         into the gradient as it is split;
-//   INT4, RAWINT4, GPTQ_INT4: the values (their scales change along k), widened by kt-backend-avx's
-//         column readers (transposed_weights.h) and split into bf16 hi + lo planes.
+//   INT4, RAWINT4, GPTQ_INT4: the codes into pair rows as INT8's, then the values (their scales
+//         change along k, so they cannot go into the gradient) computed per pair and split into
+//         bf16 hi + lo planes.
 //
 // Precision: gradients arrive in f32 and are split into bf16 hi + lo planes (16 significant
 // bits); the tiles sum ghi·whi + glo·whi (+ ghi·wlo for split weights) in f32 — all but 2^-16-
@@ -79,26 +80,8 @@ void split_gradients(const uint8_t* base, const Part& p, int64_t gs, int64_t row
 
 // B tiles: tile (j, chunk c) of a run at b + (j * kTileRun / 2 + c * 16) * 16 words, row p = the
 // pair words (W[2p][k], W[2p + 1][k]) of its 16 columns. Each format fills them one panel (16
-// channels, 8 pair rows) at a time: pack_panel(col, base, part, n, K, kb, w, bhi, blo) writes the
+// channels, 8 pair rows) at a time: pack_panel(col, base, part, n, K, kb, bhi, blo) writes the
 // rows of channels [n, n + 16) at bhi (blo: the lo plane), already offset to the panel's first pair.
-
-// From W rows (w: [16][kKBlock] f32), columns k = 16 j .. 16 j + 15 in order; blo (if any) gets
-// the pairs of w - bf16(w).
-void pack_pairs(const float* w, uint32_t* bhi, uint32_t* blo) {
-    for (int64_t p = 0; p < kPanel / 2; ++p)
-        for (int j = 0; j < 4; ++j) {
-            const __m512 r0 = _mm512_load_ps(w + (2 * p) * kKBlock + 16 * j);
-            const __m512 r1 = _mm512_load_ps(w + (2 * p + 1) * kKBlock + 16 * j);
-            const __m256bh h0 = _mm512_cvtneps_pbh(r0), h1 = _mm512_cvtneps_pbh(r1);
-            const auto words = [](__m256bh a, __m256bh b) {
-                return _mm512_or_si512(_mm512_cvtepu16_epi32((__m256i)a), _mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)b), 16));
-            };
-            const size_t at = size_t(j * kTileRun / 2 + p) * 16;
-            _mm512_store_si512(bhi + at, words(h0, h1));
-            if (blo)
-                _mm512_store_si512(blo + at, words(bf16_lo(r0, h0), bf16_lo(r1, h1)));
-        }
-}
 
 // The pair rows of channels past the last panel: zero weights.
 void zero_panel(uint32_t* bhi, uint32_t* blo) {
@@ -110,24 +93,43 @@ void zero_panel(uint32_t* bhi, uint32_t* blo) {
         }
 }
 
-struct WidenedPanel {   // through f32 W rows: any column reader
-    template <class Columns>
-    static void pack_panel(const Columns& col, const uint8_t* base, const Part& p, int64_t n, int64_t K, int64_t kb, float* w,
-                           uint32_t* bhi, uint32_t* blo) {
-        widen_run(col, base, p.first_panel, p.panel_stride, n, kPanel, K, kb, w);
-        pack_pairs(w, bhi, blo);
-    }
-};
-
 struct Bf16Tiles {
     using Format = Bf16Format;
     static constexpr bool kSplitWeights = false, kScaledGradients = false, kPairWordColumns = true;
     static Bf16Columns columns(const kt_moe_config*) { return {}; }
-    static void pack_panel(const Bf16Columns&, const uint8_t* base, const Part& p, int64_t n, int64_t K, int64_t kb, float*,
+    static void pack_panel(const Bf16Columns&, const uint8_t* base, const Part& p, int64_t n, int64_t K, int64_t kb,
                            uint32_t* bhi, uint32_t*) {
         bf16_pair_words(base, p.first_panel, p.panel_stride, n, kPanel, K, kb, reinterpret_cast<__m512i*>(bhi), 1, kTileRun / 2);
     }
 };
+
+// Byte codes of 16 channels x 16 k (c[i]: chunk i, k = 4 i .. 4 i + 3, byte 4 lane + k % 4 — the
+// INT8 panels' chunk layout) -> pair rows: rows[r] holds pair first(r)'s 16 k in its low 256 bits
+// and pair first(r) + 2's in its high, each 128-bit quarter 8 k with the pair's two channels
+// interleaved byte by byte (channel 2p at even bytes). A byte shuffle pairs channels 2p, 2p + 1
+// within each 8-byte channel pair, then an 8 x 4 transpose of those 8-byte pieces gives each pair's 16 k.
+constexpr int kPairRowFirst[4] = {0, 1, 4, 5};
+inline void pair_rows(const __m512i c_in[4], __m512i rows[4]) {
+    const __m512i pair_bytes = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15));
+    const __m512i low_rows = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), high_rows = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+    __m512i c[4];
+    for (int i = 0; i < 4; ++i) c[i] = _mm512_shuffle_epi8(c_in[i], pair_bytes);
+    // Qword p of chunk i: pair p's 4 k.
+    const __m512i t0 = _mm512_unpacklo_epi64(c[0], c[1]), t1 = _mm512_unpackhi_epi64(c[0], c[1]);
+    const __m512i t2 = _mm512_unpacklo_epi64(c[2], c[3]), t3 = _mm512_unpackhi_epi64(c[2], c[3]);
+    rows[0] = _mm512_permutex2var_epi64(t0, low_rows, t2);
+    rows[1] = _mm512_permutex2var_epi64(t1, low_rows, t3);
+    rows[2] = _mm512_permutex2var_epi64(t0, high_rows, t2);
+    rows[3] = _mm512_permutex2var_epi64(t1, high_rows, t3);
+}
+
+// Two 8-k halves of a pair's bf16 words as one B tile row (the first 8 k in the low 256 bits).
+inline __m512i join(__m256bh first, __m256bh second) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512((__m256i)first), (__m256i)second, 1);
+}
+
+// Where pair q's B tile row of column group j goes (bhi / blo offset to the panel's first pair).
+inline size_t pair_row_at(int j, int q) { return (size_t(j) * kTileRun / 2 + size_t(q)) * 16; }
 
 struct Int8Tiles {
     using Format = Int8Format;
@@ -135,32 +137,24 @@ struct Int8Tiles {
     struct Codes {};
     static Codes columns(const kt_moe_config*) { return {}; }
     // The codes straight into pair words (no f32 rows: widening them was half the INT8 products'
-    // time at 32 rows per expert). Per 16 columns, 4 chunks (16 channels x 4 k each): a byte
-    // shuffle pairs channels 2p, 2p + 1 within each 8-byte channel pair, an 8 x 4 transpose of those
-    // 8-byte pieces gives each pair's 16 k, and int8 -> f32 -> bf16 (exact: 8 significant bits) keeps
-    // the pairs' order. The channel scales went into the gradients.
-    static void pack_panel(const Codes&, const uint8_t* base, const Part& p, int64_t n, int64_t K, int64_t kb, float*,
+    // time at 32 rows per expert): per 16 columns, 4 chunks (16 channels x 4 k each) into pair rows,
+    // int8 -> f32 -> bf16 (exact: 8 significant bits) keeping the pairs' order. The channel scales
+    // went into the gradients.
+    static void pack_panel(const Codes&, const uint8_t* base, const Part& p, int64_t n, int64_t K, int64_t kb,
                            uint32_t* bhi, uint32_t*) {
         const uint8_t* chunks = base + p.first_panel + size_t(n / kPanel) * p.panel_stride + kt::layouts::int8::kHeaderBytes;
-        const __m512i pair_bytes = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15));
-        const __m512i low_rows = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), high_rows = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
         for (int j = 0; j < 4; ++j) {
-            __m512i c[4];
+            __m512i c[4], rows[4];
             for (int i = 0; i < 4; ++i) {
                 const int64_t k = kb + 16 * j + 4 * i;
-                c[i] = k < K ? _mm512_shuffle_epi8(_mm512_loadu_si512(chunks + size_t(k / 4) * 64), pair_bytes) : _mm512_setzero_si512();
+                c[i] = k < K ? _mm512_loadu_si512(chunks + size_t(k / 4) * 64) : _mm512_setzero_si512();
             }
-            // Qword p of chunk i: pair p's 4 k. rows[r]: pair first[r]'s 16 k (low 256 bits), pair first[r] + 2's (high).
-            const __m512i t0 = _mm512_unpacklo_epi64(c[0], c[1]), t1 = _mm512_unpackhi_epi64(c[0], c[1]);
-            const __m512i t2 = _mm512_unpacklo_epi64(c[2], c[3]), t3 = _mm512_unpackhi_epi64(c[2], c[3]);
-            const __m512i rows[4] = {_mm512_permutex2var_epi64(t0, low_rows, t2), _mm512_permutex2var_epi64(t1, low_rows, t3),
-                                     _mm512_permutex2var_epi64(t0, high_rows, t2), _mm512_permutex2var_epi64(t1, high_rows, t3)};
-            constexpr int first[4] = {0, 1, 4, 5};
+            pair_rows(c, rows);
             for (int r = 0; r < 4; ++r)
                 for (int h = 0; h < 2; ++h) {
                     const __m512 x = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(rows[r], 2 * h)));
                     const __m512 y = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(rows[r], 2 * h + 1)));
-                    _mm512_store_si512(bhi + (size_t(j) * kTileRun / 2 + first[r] + 2 * h) * 16, (__m512i)_mm512_cvtne2ps_pbh(y, x));
+                    _mm512_store_si512(bhi + pair_row_at(j, kPairRowFirst[r] + 2 * h), (__m512i)_mm512_cvtne2ps_pbh(y, x));
                 }
         }
     }
@@ -171,7 +165,52 @@ struct Int4Tiles {
     using Format = Int4Format<kRaw>;
     static constexpr bool kSplitWeights = true, kScaledGradients = false, kPairWordColumns = false;
     static Int4Columns columns(const kt_moe_config* c) { return Format::columns(c); }
-    static constexpr auto pack_panel = WidenedPanel::pack_panel<Int4Columns>;
+    // The codes into pair rows as INT8's (an 8-k chunk's low nibbles are an INT8 chunk of its first
+    // 4 k, its high nibbles of the next 4), then each pair's values s * (u - 8) (or s * u - s*z)
+    // with its two channels' scales (constant over the 16 k: groups are multiples of 32), computed
+    // as Int4Columns does (the same f32 values), split into bf16 hi + lo — no f32 rows, no 16 x 16
+    // transposes (that widening was ~45 % of INT4's transposed products at 32 rows per expert: 62 -> 35 ms).
+    static void pack_panel(const Int4Columns& col, const uint8_t* base, const Part& p, int64_t n, int64_t K, int64_t kb,
+                           uint32_t* bhi, uint32_t* blo) {
+        const Int4Layout& lay = col.lay;
+        const uint8_t* panel = base + p.first_panel + size_t(n / kPanel) * p.panel_stride;
+        const __m512i nibble = _mm512_set1_epi8(15);
+        const __m512i alternate = _mm512_setr_epi32(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1);
+        for (int j = 0; j < 4; ++j) {
+            const int64_t k = kb + 16 * j;
+            if (k >= K) {   // columns past K (K is a multiple of the group size, so of 16): zero weights
+                for (int q = 0; q < kPanel / 2; ++q) {
+                    _mm512_store_si512(bhi + pair_row_at(j, q), _mm512_setzero_si512());
+                    _mm512_store_si512(blo + pair_row_at(j, q), _mm512_setzero_si512());
+                }
+                continue;
+            }
+            const uint8_t* header = panel + lay.group_at(k / lay.g);
+            const uint8_t* codes = header + lay.header_bytes() + size_t(k % lay.g / 8) * 64;
+            const __m512i a = _mm512_loadu_si512(codes), b = _mm512_loadu_si512(codes + 64);
+            const __m512i c[4] = {_mm512_and_si512(a, nibble), _mm512_and_si512(_mm512_srli_epi16(a, 4), nibble),
+                                  _mm512_and_si512(b, nibble), _mm512_and_si512(_mm512_srli_epi16(b, 4), nibble)};
+            __m512i rows[4];
+            pair_rows(c, rows);
+            const __m512 s = lay.scale(header, 0);
+            const __m512 sz = lay.zero_point ? lay.scale_times_zero(header, 0) : _mm512_setzero_ps();
+            for (int r = 0; r < 4; ++r)
+                for (int h = 0; h < 2; ++h) {
+                    const int q = kPairRowFirst[r] + 2 * h;
+                    const __m512i lanes = _mm512_add_epi32(alternate, _mm512_set1_epi32(2 * q));   // channels 2q, 2q + 1
+                    const __m512 sq = _mm512_permutexvar_ps(lanes, s);
+                    __m512 v[2];
+                    for (int half = 0; half < 2; ++half) {
+                        const __m512 u = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(rows[r], 2 * h + half)));
+                        v[half] = lay.zero_point ? _mm512_sub_ps(_mm512_mul_ps(sq, u), _mm512_permutexvar_ps(lanes, sz))
+                                                 : _mm512_mul_ps(sq, _mm512_sub_ps(u, _mm512_set1_ps(8.0f)));
+                    }
+                    const __m256bh h0 = _mm512_cvtneps_pbh(v[0]), h1 = _mm512_cvtneps_pbh(v[1]);
+                    _mm512_store_si512(bhi + pair_row_at(j, q), join(h0, h1));
+                    _mm512_store_si512(blo + pair_row_at(j, q), join(bf16_lo(v[0], h0), bf16_lo(v[1], h1)));
+                }
+        }
+    }
 };
 
 // Columns [16 q, 16 q + 16) of a block whose four 16-lane vectors a hold the pair-word order of
@@ -205,7 +244,6 @@ inline void load_or_zero(const float* acc, bool zero) {
 
 struct Scratch {
     TileScratch<uint16_t> grads;   // [2 planes][rows][ld] bf16
-    TileScratch<float> w;          // a run's W rows
     TileScratch<uint32_t> b;       // a run's B tiles, hi then lo
     TileScratch<float> acc;        // [rows][kKBlock]
 };
@@ -224,7 +262,6 @@ kt_status transposed_tiles(const kt_moe_config* c, const uint8_t* base, std::ini
         split_gradients<T::kScaledGradients>(base, p, gs, rows, ghi, glo, ld, at);
         at += round_up(p.N, kChunk);
     }
-    float* w = s.w.get(size_t(kTileRun * kKBlock));
     const size_t plane = size_t(kTileRun / 2 * 4 * 16);   // words of one plane of a run's B tiles
     uint32_t* bhi = s.b.get(2 * plane);
     uint32_t* blo = T::kSplitWeights ? bhi + plane : nullptr;
@@ -238,7 +275,7 @@ kt_status transposed_tiles(const kt_moe_config* c, const uint8_t* base, std::ini
                 for (int64_t u = 0; u < count / kPanel; ++u) {
                     const size_t pair0 = size_t(u) * kPanel / 2 * 16;
                     if (n0 + u * kPanel < p.N)
-                        T::pack_panel(col, base, p, n0 + u * kPanel, K, kb, w + u * kPanel * kKBlock, bhi + pair0, blo ? blo + pair0 : nullptr);
+                        T::pack_panel(col, base, p, n0 + u * kPanel, K, kb, bhi + pair0, blo ? blo + pair0 : nullptr);
                     else zero_panel(bhi + pair0, blo ? blo + pair0 : nullptr);   // channels past N: zero weights
                 }
                 for (int64_t m0 = 0; m0 < rows; m0 += 16) {

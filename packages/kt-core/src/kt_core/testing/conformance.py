@@ -151,14 +151,15 @@ def test_expert_biases_match_reference(kt_variant, kt_tolerance, tokens):
     _check(layer, oracle, x, ids, w, kt_tolerance, kt_variant[2])
 
 
-@pytest.mark.parametrize("hidden,intermediate", [(128, 64), (256, 192), (130, 70)])
+@pytest.mark.parametrize("hidden,intermediate", [(128, 64), (256, 192), (96, 160), (130, 70)])
 def test_grouped_products_match_reference(kt_variant, kt_tolerance, hidden, intermediate):
     """Training's products on rows grouped by expert (kt_core.MoE.grouped_*): the raw gate/up and
     down products (activations quantized as the forward quantizes them: the forward's tolerance)
     and the transposed ones of plugin ABI 1.5: f32 gradients used as given (FMA kernels: only the
     accumulation order differs from the reference's, ~1e-7) or split into bf16 hi + lo planes, and
     the weights too where they are not bf16 (tile kernels: 16 significant bits of each factor,
-    measured up to 2.2e-5 on AMX) — 4e-5. Experts with no rows included."""
+    measured up to 2.2e-5 on AMX) — 4e-5. Experts with no rows included; (96, 160): blocks of 64
+    columns that run past K (whole 16-column groups of it)."""
     layer, oracle, rng = _pair(kt_variant, experts=6, hidden=hidden, intermediate=intermediate, top_k=2, trainable=True)
     counts = np.array([5, 0, 1, 37, 0, 16], dtype=np.int64)
     rows = int(counts.sum())
