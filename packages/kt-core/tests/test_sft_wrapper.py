@@ -21,7 +21,14 @@ torch = pytest.importorskip("torch")
 
 from kt_core import KTError, KTMoEWrapper  # noqa: E402
 from kt_core.sft import SFTMoEWrapper, sft_methods  # noqa: E402
-from kt_core.testing.quantize import dequantize_int4, dequantize_int8, quantize_int4, quantize_int8  # noqa: E402
+from kt_core.testing.quantize import (  # noqa: E402
+    dequantize_fp8_block,
+    dequantize_int4,
+    dequantize_int8,
+    quantize_fp8_block,
+    quantize_int4,
+    quantize_int8,
+)
 
 E, K, H, I, T, R, ALPHA = 8, 2, 128, 64, 24, 8, 16.0
 LORA = ("gate_lora_a", "gate_lora_b", "up_lora_a", "up_lora_b", "down_lora_a", "down_lora_b")
@@ -111,6 +118,38 @@ def torch_reference(x, ids, w, dy, gate, up, down, lora):
 
 def err(a, b) -> float:
     return float((a.double() - b).abs().max() / b.abs().max())
+
+
+@pytest.mark.parametrize("backend", [None, "reference"])
+def test_block_fp8_experts_train_lora(backend):
+    """AMXFP8_SFT: LoRA on frozen block-FP8 experts given as kt-kernel gives them (load_block_fp8_weights:
+    per-expert float8_e4m3fn codes and f32 128 x 128 block scales), every output and gradient against
+    float64 over the dequantized weights (bounds as the other methods': the bf16 outputs' floor, the
+    routing weights' float32 gradient 1e-5)."""
+    from types import SimpleNamespace
+
+    quantized = {n: quantize_fp8_block(t.numpy()) for n, t in zip(("gate", "up", "down"), base_weights())}
+    tensors = {}
+    for n, (codes, scale) in quantized.items():
+        tensors[f"{n}_proj"] = [torch.from_numpy(c.copy()).view(torch.float8_e4m3fn) for c in codes]
+        tensors[f"{n}_scale"] = [torch.from_numpy(np.ascontiguousarray(s, dtype=np.float32)) for s in scale]
+    wrapper = make("AMXFP8_SFT", backend=backend)
+    assert wrapper._moe.method == "FP8"
+    with pytest.raises(KTError, match="use load_block_fp8_weights"):
+        wrapper.load_weights_from_tensors(*(t.bfloat16() for t in base_weights()))
+    with pytest.raises(KTError, match="128 x 128 scale blocks, got block_size=\\(64, 64\\)"):
+        wrapper.load_block_fp8_weights(SimpleNamespace(block_size=(64, 64), **tensors))
+    wrapper.load_block_fp8_weights(SimpleNamespace(block_size=(128, 128), **tensors), torch.arange(E))
+    lora, grads = lora_tensors()
+    wrapper.init_lora_weights(*lora.values(), *grads.values())
+    x, ids, w, dy = batch()
+    out = wrapper.forward(x, ids, w, save_for_backward=True)
+    grad_x, grad_w = wrapper.backward(dy)
+    weights = (torch.from_numpy(dequantize_fp8_block(*quantized[n])).double() for n in ("gate", "up", "down"))
+    ref, rgrads = torch_reference(x, ids, w, dy, *weights, lora)
+    errors = {"out": err(out, ref), "x": err(grad_x, rgrads["x"]), "w": err(grad_w, rgrads["w"])}
+    errors.update({n: err(grads[n], rgrads[n]) for n in LORA})
+    assert max(errors.values()) < 4e-3 and errors["w"] < 1e-5, errors
 
 
 @pytest.mark.parametrize("backend", [None, "reference"])
@@ -287,8 +326,12 @@ def test_submitted_forward_and_backward_equal_the_blocking_ones():
 def test_bad_input_is_refused_by_name():
     with pytest.raises(ValueError, match=r"Method 'AMXINT4' not supported for SFT mode. Supported methods: \["):
         make("AMXINT4")
-    with pytest.raises(KTError, match="method AMXFP8_SFT: kt has no transposed tiles for block FP8"):
-        make("AMXFP8_SFT")
+    with pytest.raises(KTError, match="method MXFP4_SFT: kt has no transposed tiles for MXFP4"):
+        make("MXFP4_SFT")
+    with pytest.raises(KTError, match="full_weight_grad=True trains the expert weights themselves.*AMXFP8_SFT holds"):
+        make("AMXFP8_SFT", full_weight_grad=True)
+    with pytest.raises(KTError, match="load_block_fp8_weights\\(\\) loads AMXFP8_SFT's experts; this wrapper is AMXBF16"):
+        make().load_block_fp8_weights(None)
     with pytest.raises(KTError, match="lora_dropout=0.1: kt's SFT wrapper trains without LoRA dropout"):
         make(lora_dropout=0.1)
     with pytest.raises(ValueError, match="lora_rank must be positive in LoRA mode, got 0"):

@@ -1,7 +1,8 @@
 """kt-kernel's SFT wrapper API (`KTMoEWrapper(mode="sft")`), driven as kt-kernel's own training loop
 drives it: one wrapper per MoE layer built with kt-kernel's SFT keyword arguments, experts loaded
 from weight_path (a model folder for AMXBF16_SFT, a kt converted folder for AMXINT8_SFT, a
-compressed-tensors int4 checkpoint for RAWINT4_SFT, read as stored), bf16 LoRA
+compressed-tensors int4 checkpoint for RAWINT4_SFT, a block-FP8 checkpoint for AMXFP8_SFT, read as
+stored), bf16 LoRA
 factors as nn.Parameters with caller-owned gradient buffers (init_lora_weights), then steps of
 forward(save_for_backward=True) / backward(grad_output) / optimizer.step() / zero_grad().
 
@@ -26,7 +27,8 @@ H, I, E, TOP_K, T, RANK = 128, 128, 8, 2, 16, 8
 
 def layers_and_truth(tmp_path, method):
     folder = tmp_path / "hf"
-    model_type, quant = ("kimi_k2", "rawint4") if method == "RAWINT4_SFT" else ("qwen3_moe", None)
+    model_type, quant = {"RAWINT4_SFT": ("kimi_k2", "rawint4"), "AMXFP8_SFT": ("qwen3_moe", "fp8")}.get(method,
+                                                                                                 ("qwen3_moe", None))
     truth = write_checkpoint(folder, model_type, hidden=H, intermediate=I, experts=E, top_k=TOP_K, layers=2,
                              quant=quant)
     layers = list(Checkpoint(folder).spec.moe_layers)
@@ -49,7 +51,7 @@ def reference(x, ids, w, gate, up, down):
     return out, X
 
 
-@pytest.mark.parametrize("method", ["AMXBF16_SFT", "AMXINT8_SFT", "RAWINT4_SFT"])
+@pytest.mark.parametrize("method", ["AMXBF16_SFT", "AMXINT8_SFT", "RAWINT4_SFT", "AMXFP8_SFT"])
 def test_kt_kernel_sft_training_loop(tmp_path, method):
     weight_path, truth, layers = layers_and_truth(tmp_path, method)
     g = torch.Generator().manual_seed(0)

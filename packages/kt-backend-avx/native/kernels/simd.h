@@ -40,12 +40,13 @@ inline VF vload_bf16(const uint16_t* p) {
 }
 // kLanes E4M3 bytes -> f32 equal to value / 256, exact: E4M3 (bias 7) placed in an IEEE half's
 // bit positions reads as value / 256 (bias 15, subnormals included), widened by F16C.
-inline VF vload_e4m3_over_256(const uint8_t* p) {
-    const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+inline VF vcvt_e4m3_over_256(__m128i bytes) {
+    const __m256i b = _mm256_cvtepu8_epi16(bytes);
     const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7f)), 7),
                                       _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8));
     return _mm512_cvtph_ps(h);
 }
+inline VF vload_e4m3_over_256(const uint8_t* p) { return vcvt_e4m3_over_256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 inline VF vroundint(VF x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 inline VF vpow2i(VF n) {   // 2^n for integral n in [-126, 127]
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));

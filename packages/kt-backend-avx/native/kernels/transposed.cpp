@@ -10,8 +10,9 @@
 // in their own layout once per column block, and the accumulators leave registers once per run.
 // Gradients are used as given (f32), so the products are as exact as the packed weights.
 //
-// Formats: BF16, INT8 and the INT4 layouts with integer codes (INT4 symmetric or with zero
-// points, RAWINT4, GPTQ_INT4), which is what frozen base weights of LoRA training come in.
+// Formats: BF16, INT8, the INT4 layouts with integer codes (INT4 symmetric or with zero points,
+// RAWINT4, GPTQ_INT4) and the FP8 family (FP8's 128 x 128 blocks, FP8_PERCHANNEL, MXFP8), which
+// is what frozen base weights of LoRA training come in.
 #include "methods.h"
 #include "transposed_weights.h"
 
@@ -227,6 +228,9 @@ void add_transposed_tiles(kt_method_kernels& m) {
     else if (method == "INT8") set<Int8Format>(m);
     else if (method == "INT4" || method == "GPTQ_INT4") set<Int4Format<false>>(m);   // GPTQ_INT4 packs INT4's layout
     else if (method == "RAWINT4") set<Int4Format<true>>(m);
+    else if (method == "FP8") set<Fp8Format<kt::inputs::Fp8Scales::kBlock128>>(m);
+    else if (method == "FP8_PERCHANNEL") set<Fp8Format<kt::inputs::Fp8Scales::kPerChannel>>(m);
+    else if (method == "MXFP8") set<Fp8Format<kt::inputs::Fp8Scales::kMx>>(m);
 }
 
 }  // namespace KT_TARGET_NAMESPACE

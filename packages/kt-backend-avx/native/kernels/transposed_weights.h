@@ -4,8 +4,10 @@
 // Shared by kt-backend-avx's FMA kernels (transposed.cpp) and kt-backend-amx's tile kernels,
 // which build their B tiles from the same rows.
 #pragma once
+#include <kt/formats/checkpoint_inputs.h>
 #include <kt/formats/packed_layouts.h>
 
+#include "fp8_layout.h"
 #include "int4_layout.h"
 #include "lanes.h"
 
@@ -62,11 +64,53 @@ struct Int4Columns {
     }
 };
 
+// FP8 (a scale vector per 128 k), FP8_PERCHANNEL (the same vector in every block) and MXFP8 (per
+// 32 k): the E4M3 codes decoded exactly to value / 256 (the 2^8 is in the packed scales) times
+// their block's scale vector. The codes follow the matrix's scale vectors, so where they start
+// depends on K: widen_run binds the reader to it (bound).
+template <kt::inputs::Fp8Scales kScales>
+struct Fp8Columns {
+    static constexpr fp8_layout::Geometry kGeo = kt::inputs::fp8_geometry(kScales, kFp8RowGroup);
+    size_t codes = 0;   // the codes' offset in a panel of the bound K
+    Fp8Columns bound(int64_t K) const { return {kGeo.codes_at(K)}; }
+    VF operator()(const uint8_t* panel, int64_t k, int v) const {
+        const VF s = vload(reinterpret_cast<const float*>(panel + size_t(k / kGeo.block) * kFp8ScaleBytes) + v * kLanes);
+        return vmul(decode(panel + codes, k, v), s);
+    }
+    static VF decode(const uint8_t* codes, int64_t k, int v) {
+        if constexpr (kFp8RowGroup == 1) {   // v1: row k's 16 codes in lane order
+            return vload_e4m3_over_256(codes + size_t(k) * kPanel + size_t(v) * kLanes);
+        } else {
+#if defined(__AVX512VBMI__)
+            // v2: rows k - k % 4 .. + 3 in one 64-byte group, lane l's code of row r at byte
+            // 16 (l / 4) + 8 (r / 2) + 2 (l % 4) + r % 2 (fp8::Geometry::code_offset): one byte permute.
+            const int r = int(k % 4);
+            const __m512i at = _mm512_add_epi8(
+                _mm512_castsi128_si512(_mm_setr_epi8(0, 2, 4, 6, 16, 18, 20, 22, 32, 34, 36, 38, 48, 50, 52, 54)),
+                _mm512_set1_epi8(char(8 * (r / 2) + r % 2)));
+            const __m512i group = _mm512_loadu_si512(codes + size_t(k - r) * kPanel);
+            return vcvt_e4m3_over_256(_mm512_castsi512_si128(_mm512_permutexvar_epi8(at, group)));
+#else
+            static_assert(kFp8RowGroup == 1, "v2 (four-row) FP8 panels are packed only on targets with AVX512-VBMI");
+            return vzero();
+#endif
+        }
+    }
+};
+
+// A column reader bound to the matrix's K where it needs it (Fp8Columns), as it is otherwise.
+template <class Columns>
+Columns bind(const Columns& col, int64_t K) {
+    if constexpr (requires { col.bound(K); }) return col.bound(K);
+    else return col;
+}
+
 // Rows W[n][0 .. kKBlock) for the channels [n0, n0 + count) (count <= kRun, panel-aligned n0) of
 // a matrix with K columns, columns [kb, kb + kKBlock) of it; columns >= K are zero.
 template <class Columns>
-void widen_run(const Columns& col, const uint8_t* base, size_t first_panel, size_t panel_stride, int64_t n0,
+void widen_run(const Columns& column_reader, const uint8_t* base, size_t first_panel, size_t panel_stride, int64_t n0,
                int64_t count, int64_t K, int64_t kb, float* w) {
+    const Columns col = bind(column_reader, K);
     alignas(64) float t[kPanel * kPanel];   // 16 columns x 16 lanes, column-major
     for (int64_t n = n0; n < n0 + count; n += kPanel) {
         const uint8_t* panel = base + first_panel + size_t(n / kPanel) * panel_stride;
@@ -145,6 +189,14 @@ struct Int4Format {
     static constexpr bool kBf16Values = false;
     static Int4Columns columns(const kt_moe_config* c) { return {int4_layout(c, kRaw)}; }
     static ExpertPanels panels(const kt_moe_config* c) { return int4_layout(c, kRaw).expert(c); }
+};
+
+template <kt::inputs::Fp8Scales kScales>
+struct Fp8Format {
+    static constexpr const char* kName = kt::inputs::fp8_method_name(kScales);
+    static constexpr bool kBf16Values = false;
+    static Fp8Columns<kScales> columns(const kt_moe_config*) { return {}; }
+    static ExpertPanels panels(const kt_moe_config* c) { return Fp8Columns<kScales>::kGeo.expert(c->hidden, c->intermediate); }
 };
 
 }  // namespace KT_TARGET_NAMESPACE::transposed

@@ -95,8 +95,9 @@ class MoE:
         if self.trainable and not any(m["method"] == self.kernel_method and m["raw_gate_up"] and m["transposed"]
                                       for m in native.methods):
             raise BackendError(f"backend {self.candidate.backend}/{self.candidate.variant} has no transposed tiles "
-                               f"(plugin ABI 1.5) for method {self.kernel_method}, which trainable=True needs; kt-backend-avx "
-                               "and the reference backend have them")
+                               f"(plugin ABI 1.5) for method {self.kernel_method}, which trainable=True needs; the reference "
+                               "backend has them for every method, kt-backend-avx for BF16, INT8, the INT4 family and the "
+                               "FP8 family")
         if self.kernel_method == "LLAMAFILE":
             self._check_ggml_support(sel)
         self.packer_candidate, packer = self._borrowed_packer(sel, native)

@@ -12,7 +12,9 @@ pool reused across steps), the gate and up adapters run as one call on the fused
 
 Differences from kt-kernel, all deliberate (docs/training.md):
  - every method runs on the best backend with transposed tiles (kt-backend-avx, amx, reference);
-   AMXFP8_SFT / MXFP4_SFT are refused by name (kt has no transposed FP8 / MXFP4 tiles yet);
+   AMXFP8_SFT (LoRA on frozen block-FP8 experts, kt-backend-avx's transposed FP8 products) takes
+   its experts as kt-kernel's does, from load_block_fp8_weights() or an FP8 weight_path; MXFP4_SFT is
+   refused by name (kt has no transposed MXFP4 products yet);
  - max_cache_depth forwards are kept, newest first; backward consumes the newest (a forward past
    the depth drops the oldest, whose backward then finds no cache — an error, not other gradients);
  - optimizer-owned gradients ("authoritative" in kt-kernel) whenever the six LoRA factors are
@@ -50,10 +52,10 @@ SFT_METHODS = {
     "AMXINT4_KGroup_SFT": ("INT4", False, True),
     "AMXINT4_1KGroup_SFT": ("INT4", True, True),
     "RAWINT4_SFT": ("RAWINT4", False, False),
+    "AMXFP8_SFT": ("FP8", False, False),
 }
 SKIP_LORA_SUFFIX = "_SkipLoRA"
 REFUSED_METHODS = {
-    "AMXFP8_SFT": "kt has no transposed tiles for block FP8 yet (train on BF16, INT8 or INT4)",
     "MXFP4_SFT": "kt has no transposed tiles for MXFP4 yet (train on BF16, INT8 or INT4)",
 }
 MAX_RANK = 32   # gate and up run as one adapter of rank 2r, and kt_core.lora takes ranks up to 64
@@ -182,7 +184,32 @@ class SFTMoEWrapper:
         if self._moe.method == "RAWINT4":
             raise KTError("RAWINT4_SFT reads its int4 experts as a compressed-tensors checkpoint stores them: use "
                           "load_weights() with weight_path (kt-kernel's load_rawint4_weights() is not provided)")
+        if self._moe.method == "FP8":
+            raise KTError("AMXFP8_SFT takes the experts' E4M3 codes and block scales as the checkpoint stores them: "
+                          "use load_block_fp8_weights() or load_weights() with weight_path")
         self._moe.load(gate_proj, up_proj, down_proj, physical_to_logical_map_cpu)
+        self._physical_to_logical = physical_to_logical_map_cpu
+        self._weights_loaded = True
+
+    def load_block_fp8_weights(self, weights, physical_to_logical_map_cpu=None) -> None:
+        """AMXFP8_SFT's experts from raw checkpoint tensors (kt-kernel's BlockFP8ExpertWeights: per-expert
+        lists gate_proj / up_proj [I, H], down_proj [H, I] of float8_e4m3fn and gate_scale / up_scale /
+        down_scale f32 [rows / 128, cols / 128], block_size (128, 128)), packed into kt's FP8 layout."""
+        if self._moe.method != "FP8":
+            raise KTError(f"load_block_fp8_weights() loads AMXFP8_SFT's experts; this wrapper is {self.method}")
+        block = tuple(getattr(weights, "block_size", (128, 128)))
+        if block != (128, 128):
+            raise KTError(f"AMXFP8_SFT takes FP8 weights with 128 x 128 scale blocks, got block_size={block}")
+        names = ("gate_proj", "up_proj", "down_proj", "gate_scale", "up_scale", "down_scale")
+        missing = [n for n in names if not hasattr(weights, n)]
+        if missing:
+            raise KTError(f"load_block_fp8_weights() takes an object with {', '.join(names)} (kt-kernel's "
+                          f"BlockFP8ExpertWeights); {type(weights).__name__} has no {', '.join(missing)}")
+        codes, scales = ([getattr(weights, n) for n in group] for group in (names[:3], names[3:]))
+        for name, experts in zip(names, codes + scales):
+            if len(experts) != self.num_experts:
+                raise KTError(f"{name} lists {len(experts)} experts, this layer has {self.num_experts}")
+        self._moe.load(*codes, physical_to_logical_map_cpu, scales=tuple(scales))
         self._physical_to_logical = physical_to_logical_map_cpu
         self._weights_loaded = True
 
