@@ -326,7 +326,7 @@ def test_submitted_forward_and_backward_equal_the_blocking_ones():
 def test_bad_input_is_refused_by_name():
     with pytest.raises(ValueError, match=r"Method 'AMXINT4' not supported for SFT mode. Supported methods: \["):
         make("AMXINT4")
-    with pytest.raises(KTError, match="method MXFP4_SFT: kt has no transposed tiles for MXFP4"):
+    with pytest.raises(KTError, match="method MXFP4_SFT: kt's wrapper does not take kt-kernel's native MXFP4"):
         make("MXFP4_SFT")
     with pytest.raises(KTError, match="full_weight_grad=True trains the expert weights themselves.*AMXFP8_SFT holds"):
         make("AMXFP8_SFT", full_weight_grad=True)

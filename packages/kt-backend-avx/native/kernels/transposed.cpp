@@ -11,8 +11,8 @@
 // Gradients are used as given (f32), so the products are as exact as the packed weights.
 //
 // Formats: BF16, INT8, the INT4 layouts with integer codes (INT4 symmetric or with zero points,
-// RAWINT4, GPTQ_INT4) and the FP8 family (FP8's 128 x 128 blocks, FP8_PERCHANNEL, MXFP8), which
-// is what frozen base weights of LoRA training come in.
+// RAWINT4, GPTQ_INT4), the FP4 formats on that layout (MXFP4, NVFP4) and the FP8 family (FP8's
+// 128 x 128 blocks, FP8_PERCHANNEL, MXFP8), which is what frozen base weights of LoRA training come in.
 #include "methods.h"
 #include "transposed_weights.h"
 
@@ -228,6 +228,8 @@ void add_transposed_tiles(kt_method_kernels& m) {
     else if (method == "INT8") set<Int8Format>(m);
     else if (method == "INT4" || method == "GPTQ_INT4") set<Int4Format<false>>(m);   // GPTQ_INT4 packs INT4's layout
     else if (method == "RAWINT4") set<Int4Format<true>>(m);
+    else if (method == "MXFP4") set<Fp4Format<false>>(m);
+    else if (method == "NVFP4") set<Fp4Format<true>>(m);
     else if (method == "FP8") set<Fp8Format<kt::inputs::Fp8Scales::kBlock128>>(m);
     else if (method == "FP8_PERCHANNEL") set<Fp8Format<kt::inputs::Fp8Scales::kPerChannel>>(m);
     else if (method == "MXFP8") set<Fp8Format<kt::inputs::Fp8Scales::kMx>>(m);

@@ -9,6 +9,7 @@
 
 #include "fp8_layout.h"
 #include "int4_layout.h"
+#include "int_dot.h"
 #include "lanes.h"
 
 namespace KT_TARGET_NAMESPACE::transposed {
@@ -45,8 +46,12 @@ struct Int8Columns {
     VF operator()(const uint8_t* panel, int64_t k, int v) const { return vmul(codes(panel, k, v), vload(scales(panel) + v * kLanes)); }
 };
 
+// The INT4 family's layout: INT4, RAWINT4, GPTQ_INT4 (u - 8, or u times s minus s*z), and with e2m1
+// MXFP4 and NVFP4, whose E2M1 codes are looked up as u = 2 value + 12 (packed_layouts.h) and whose
+// halved scales make w = s (u - 12) — times NVFP4's per-panel vector.
 struct Int4Columns {
     Int4Layout lay;
+    bool e2m1 = false;
     VF operator()(const uint8_t* panel, int64_t k, int v) const {
         const uint8_t* header = panel + lay.group_at(k / lay.g);
         const int64_t within = k % lay.g, b = within % 8;
@@ -60,7 +65,15 @@ struct Int4Columns {
 #endif
         const VF s = lay.scale(header, v);
         if (lay.zero_point) return vsub(vmul(s, vcvt(u)), lay.scale_times_zero(header, v));
-        return vmul(s, vsub(vcvt(u), vset1(8.0f)));
+        if (!e2m1) return vmul(s, vsub(vcvt(u), vset1(8.0f)));
+        // pshufb looks the low byte up; the lanes' zero high bytes would read entry 0: masked off.
+#if defined(__AVX512F__)
+        const VI doubled = _mm512_and_si512(vlookup16(kt::layouts::mxfp4::kDoubledPlusOffset, u), _mm512_set1_epi32(0xff));
+#else
+        const VI doubled = _mm256_and_si256(vlookup16(kt::layouts::mxfp4::kDoubledPlusOffset, u), _mm256_set1_epi32(0xff));
+#endif
+        const VF value = vmul(s, vsub(vcvt(doubled), vset1(float(kt::layouts::mxfp4::kOffset))));
+        return lay.prefix_bytes ? vmul(value, Int4Layout::panel_scale(panel, v)) : value;
     }
 };
 
@@ -189,6 +202,15 @@ struct Int4Format {
     static constexpr bool kBf16Values = false;
     static Int4Columns columns(const kt_moe_config* c) { return {int4_layout(c, kRaw)}; }
     static ExpertPanels panels(const kt_moe_config* c) { return int4_layout(c, kRaw).expert(c); }
+};
+
+template <bool kNv>
+struct Fp4Format {   // MXFP4, NVFP4
+    static constexpr const char* kName = kNv ? "NVFP4" : "MXFP4";
+    static constexpr bool kBf16Values = false;
+    static Int4Layout layout() { return kNv ? nvfp4_layout() : mxfp4_layout(); }
+    static Int4Columns columns(const kt_moe_config*) { return {layout(), true}; }
+    static ExpertPanels panels(const kt_moe_config* c) { return layout().expert(c); }
 };
 
 template <kt::inputs::Fp8Scales kScales>

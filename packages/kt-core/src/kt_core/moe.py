@@ -96,8 +96,8 @@ class MoE:
                                       for m in native.methods):
             raise BackendError(f"backend {self.candidate.backend}/{self.candidate.variant} has no transposed tiles "
                                f"(plugin ABI 1.5) for method {self.kernel_method}, which trainable=True needs; the reference "
-                               "backend has them for every method, kt-backend-avx for BF16, INT8, the INT4 family and the "
-                               "FP8 family")
+                               "backend has them for every method, kt-backend-avx for BF16, INT8, the INT4 family (MXFP4 and "
+                               "NVFP4 included) and the FP8 family; not LLAMAFILE's ggml types")
         if self.kernel_method == "LLAMAFILE":
             self._check_ggml_support(sel)
         self.packer_candidate, packer = self._borrowed_packer(sel, native)

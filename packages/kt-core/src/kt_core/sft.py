@@ -14,7 +14,7 @@ Differences from kt-kernel, all deliberate (docs/training.md):
  - every method runs on the best backend with transposed tiles (kt-backend-avx, amx, reference);
    AMXFP8_SFT (LoRA on frozen block-FP8 experts, kt-backend-avx's transposed FP8 products) takes
    its experts as kt-kernel's does, from load_block_fp8_weights() or an FP8 weight_path; MXFP4_SFT is
-   refused by name (kt has no transposed MXFP4 products yet);
+   refused by name (its native E2M1 loading and clamped-SwiGLU training are not wired here);
  - max_cache_depth forwards are kept, newest first; backward consumes the newest (a forward past
    the depth drops the oldest, whose backward then finds no cache — an error, not other gradients);
  - optimizer-owned gradients ("authoritative" in kt-kernel) whenever the six LoRA factors are
@@ -56,7 +56,10 @@ SFT_METHODS = {
 }
 SKIP_LORA_SUFFIX = "_SkipLoRA"
 REFUSED_METHODS = {
-    "MXFP4_SFT": "kt has no transposed tiles for MXFP4 yet (train on BF16, INT8 or INT4)",
+    "MXFP4_SFT": ("kt's wrapper does not take kt-kernel's native MXFP4 loading (load_mxfp4_weights) and "
+                  "clamped-SwiGLU training yet; train GPT-OSS's experts through kt.integrations.transformers."
+                  "patch_model(mode='train') (BF16, INT8 or INT4 frozen experts, biases and the clamped SwiGLU "
+                  "included)"),
 }
 MAX_RANK = 32   # gate and up run as one adapter of rank 2r, and kt_core.lora takes ranks up to 64
 LORA_NAMES = ("gate_lora_a", "gate_lora_b", "up_lora_a", "up_lora_b", "down_lora_a", "down_lora_b")
