@@ -25,9 +25,12 @@ from kt_core.testing.quantize import (  # noqa: E402
     dequantize_fp8_block,
     dequantize_int4,
     dequantize_int8,
+    dequantize_rawint4,
+    pack_rawint4,
     quantize_fp8_block,
     quantize_int4,
     quantize_int8,
+    scale_as_torch_bf16,
 )
 
 E, K, H, I, T, R, ALPHA = 8, 2, 128, 64, 24, 8, 16.0
@@ -118,6 +121,44 @@ def torch_reference(x, ids, w, dy, gate, up, down, lora):
 
 def err(a, b) -> float:
     return float((a.double() - b).abs().max() / b.abs().max())
+
+
+@pytest.mark.parametrize("backend", [None, "reference"])
+def test_rawint4_experts_from_kt_kernels_tensors(backend):
+    """RAWINT4_SFT's load_rawint4_weights (kt-kernel's RAWINT4ExpertWeights: compressed-tensors' int32
+    words as uint8 [E, rows, cols / 2], bf16 scales per 32): every output against float64 over the
+    dequantized weights; the same words as int32 load the same experts."""
+    from types import SimpleNamespace
+
+    packed = {n: pack_rawint4(t.numpy()) for n, t in zip(("gate", "up", "down"), base_weights())}
+    tensors = {}
+    for n, (words, scale) in packed.items():
+        tensors[f"{n}_proj"] = torch.from_numpy(words.copy()).view(torch.uint8)
+        tensors[f"{n}_scale"] = scale_as_torch_bf16(scale)
+    wrapper = make("RAWINT4_SFT", backend=backend)
+    with pytest.raises(KTError, match="use load_rawint4_weights\\(\\) or load_weights\\(\\)"):
+        wrapper.load_weights_from_tensors(*(t.bfloat16() for t in base_weights()))
+    with pytest.raises(KTError, match="groups of 32, got group_size=64"):
+        wrapper.load_rawint4_weights(SimpleNamespace(group_size=64, **tensors))
+    bad = dict(tensors, up_proj=tensors["up_proj"][:, :, :-4])
+    with pytest.raises(KTError, match=f"up_proj must be uint8 \\[{E}, {I}, {H // 2}\\]"):
+        wrapper.load_rawint4_weights(SimpleNamespace(group_size=32, **bad))
+    wrapper.load_rawint4_weights(SimpleNamespace(group_size=32, **tensors), torch.arange(E))
+    lora, grads = lora_tensors()
+    wrapper.init_lora_weights(*lora.values(), *grads.values())
+    x, ids, w, dy = batch()
+    out = wrapper.forward(x, ids, w, save_for_backward=True)
+    grad_x, grad_w = wrapper.backward(dy)
+    weights = (torch.from_numpy(dequantize_rawint4(*packed[n])).double() for n in ("gate", "up", "down"))
+    ref, rgrads = torch_reference(x, ids, w, dy, *weights, lora)
+    errors = {"out": err(out, ref), "x": err(grad_x, rgrads["x"]), "w": err(grad_w, rgrads["w"])}
+    errors.update({n: err(grads[n], rgrads[n]) for n in LORA})
+    assert max(errors.values()) < 5e-3 and errors["w"] < 5e-4, errors
+    as_words = make("RAWINT4_SFT", backend=backend)
+    as_words.load_rawint4_weights(SimpleNamespace(**{k: v.view(torch.int32) if k.endswith("_proj") else v
+                                                     for k, v in tensors.items()}))
+    as_words.init_lora_weights(*lora.values(), *lora_tensors()[1].values())
+    assert torch.equal(as_words.forward(x, ids, w), wrapper.forward(x, ids, w))
 
 
 @pytest.mark.parametrize("backend", [None, "reference"])

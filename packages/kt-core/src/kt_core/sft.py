@@ -186,11 +186,39 @@ class SFTMoEWrapper:
         layout. With full_weight_grad they are also the starting point of init_full_weight_grad_buffers."""
         if self._moe.method == "RAWINT4":
             raise KTError("RAWINT4_SFT reads its int4 experts as a compressed-tensors checkpoint stores them: use "
-                          "load_weights() with weight_path (kt-kernel's load_rawint4_weights() is not provided)")
+                          "load_rawint4_weights() or load_weights() with weight_path")
         if self._moe.method == "FP8":
             raise KTError("AMXFP8_SFT takes the experts' E4M3 codes and block scales as the checkpoint stores them: "
                           "use load_block_fp8_weights() or load_weights() with weight_path")
         self._moe.load(gate_proj, up_proj, down_proj, physical_to_logical_map_cpu)
+        self._physical_to_logical = physical_to_logical_map_cpu
+        self._weights_loaded = True
+
+    def load_rawint4_weights(self, weights, physical_to_logical_map_cpu=None) -> None:
+        """RAWINT4_SFT's experts from packed tensors (kt-kernel's RAWINT4ExpertWeights: gate_proj /
+        up_proj uint8 [E, I, H / 2], down_proj [E, H, I / 2] — compressed-tensors' int32 words as
+        bytes, or those int32 words [.., K / 8] — and gate_scale / up_scale / down_scale bf16
+        [E, rows, cols / 32], group_size 32), packed into kt's RAWINT4 layout as stored."""
+        if self._moe.method != "RAWINT4":
+            raise KTError(f"load_rawint4_weights() loads RAWINT4_SFT's experts; this wrapper is {self.method}")
+        group = int(getattr(weights, "group_size", 32))
+        if group != 32:
+            raise KTError(f"RAWINT4_SFT takes symmetric int4 groups of 32, got group_size={group}")
+        E, H, I = self.num_experts, self.hidden_size, self.moe_intermediate_size
+        codes = []
+        for name, rows, cols in (("gate_proj", I, H), ("up_proj", I, H), ("down_proj", H, I)):
+            t = getattr(weights, name, None)
+            if not isinstance(t, torch.Tensor):
+                raise KTError(f"load_rawint4_weights(): {name} must be a torch.Tensor (kt-kernel's RAWINT4ExpertWeights), "
+                              f"got {type(t).__name__}")
+            if t.dtype == torch.uint8 and tuple(t.shape) == (E, rows, cols // 2) and cols % 8 == 0:
+                t = t.contiguous().view(torch.int32)   # compressed-tensors' words, as kt-kernel reads them
+            elif not (t.dtype == torch.int32 and tuple(t.shape) == (E, rows, cols // 8)):
+                raise KTError(f"load_rawint4_weights(): {name} must be uint8 [{E}, {rows}, {cols // 2}] (or int32 "
+                              f"[{E}, {rows}, {cols // 8}]), got {t.dtype} {list(t.shape)}")
+            codes.append(t)
+        scales = tuple(getattr(weights, n, None) for n in ("gate_scale", "up_scale", "down_scale"))
+        self._moe.load(*codes, physical_to_logical_map_cpu, scales=scales)
         self._physical_to_logical = physical_to_logical_map_cpu
         self._weights_loaded = True
 
