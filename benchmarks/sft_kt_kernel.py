@@ -7,7 +7,9 @@
 Both sides run the same step on the same inputs — bf16 expert weights, bf16 hidden states, routing
 (top-k without replacement, softmax weights, fixed seed), the six bf16 LoRA factors (B nonzero, so
 every gradient path carries data) and the upstream gradient — forward(save_for_backward=True) then
-backward into caller-owned LoRA gradient buffers:
+backward into caller-owned LoRA gradient buffers. AMXFP8_SFT's sides both load the same block-FP8
+quantization of those weights (E4M3 codes, f32 128 x 128 block scales; kt through
+load_block_fp8_weights):
   - kt: `KTMoEWrapper(mode="sft", method=...)` (kt_core.sft) in this process, on the host's best
     backend with transposed tiles;
   - kt-kernel: its SFT class for the method driven through kt_kernel_ext in its own venv
@@ -64,6 +66,18 @@ def make_inputs(shape, tokens: int, rank: int, seed: int = 0) -> dict:
     return d
 
 
+def block_fp8(d: dict) -> dict:
+    """The bf16 weights as DeepSeek-V3-style block FP8: per projection (E4M3 codes uint8 [E, rows, cols],
+    f32 scales [E, rows / 128, cols / 128]) — what both sides of AMXFP8_SFT load."""
+    from kt_core.testing.quantize import quantize_fp8_block
+
+    out = {}
+    for n in ("gate", "up", "down"):
+        codes, scales = quantize_fp8_block(d[n].float().numpy())
+        out[n] = (torch.from_numpy(codes), torch.from_numpy(scales.astype("float32")))
+    return out
+
+
 class KtSide:
     def __init__(self, d: dict, method: str, threads: int):
         E, I, H = d["gate"].shape
@@ -73,7 +87,14 @@ class KtSide:
                               moe_intermediate_size=I, cpuinfer_threads=threads, threadpool_count=1,
                               weight_path=None, chunked_prefill_size=T, method=method, mode="sft",
                               lora_rank=d["rank"], lora_alpha=d["alpha"])
-        self.w.load_weights_from_tensors(d["gate"], d["up"], d["down"], torch.arange(E))
+        if method == "AMXFP8_SFT":
+            from types import SimpleNamespace
+
+            fp8 = {f"{n}_{part}": list(t) for n, pair in d["fp8"].items()
+                   for part, t in zip(("proj", "scale"), (pair[0].view(torch.float8_e4m3fn), pair[1]))}
+            self.w.load_block_fp8_weights(SimpleNamespace(block_size=(128, 128), **fp8), torch.arange(E))
+        else:
+            self.w.load_weights_from_tensors(d["gate"], d["up"], d["down"], torch.arange(E))
         self.grads = {n: torch.zeros_like(d[n]) for n in LORA}
         self.w.init_lora_weights(*(d[n] for n in LORA), *self.grads.values())
 
@@ -155,6 +176,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for tokens in a.tokens:
             d = make_inputs(SHAPES[a.shape], tokens, a.rank)
+            if "AMXFP8_SFT" in a.methods:
+                d["fp8"] = block_fp8(d)
             data = Path(tmp) / "in.pt"
             torch.save(d, data)
             log(f"{tokens} tokens: float64 reference ...")

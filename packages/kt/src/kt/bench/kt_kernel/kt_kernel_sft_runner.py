@@ -9,7 +9,9 @@ kt-kernel's CPUInfer pool is per process:
 
 IN.pt (written by the driver): bf16 gate [E, I, H], up, down [E, H, I]; the six bf16 LoRA factors
 (kt-kernel's layout: A [E, r, in], B [E, out, r]); rank, alpha; hidden bf16 [T, H], ids int64 [T, k],
-routing weights f32 [T, k], the upstream gradient bf16 [T, H]. This drives kt_kernel_ext as
+routing weights f32 [T, k], the upstream gradient bf16 [T, H]; for AMXFP8_SFT also "fp8": per
+projection the E4M3 codes uint8 [E, rows, cols] and f32 128 x 128 block scales, which it loads as
+kt-kernel's load_block_fp8_weights does (per-expert pointers). This drives kt_kernel_ext as
 kt-kernel's SFT wrapper does (sft/amx.py): MOESFTConfig with the weight and LoRA pointers, the
 method's SFT class, load_weights, then per step forward_sft(save_for_backward=True) and backward
 into caller-owned buffers — without the wrapper's staging copies (its constructor pins memory,
@@ -26,7 +28,8 @@ import time
 
 import torch
 
-CLASSES = {"AMXBF16_SFT": "AMXBF16_SFT_MOE", "AMXINT8_SFT": "AMXInt8_SFT_MOE", "AMXINT4_SFT": "AMXInt4_SFT_MOE"}
+CLASSES = {"AMXBF16_SFT": "AMXBF16_SFT_MOE", "AMXINT8_SFT": "AMXInt8_SFT_MOE", "AMXINT4_SFT": "AMXInt4_SFT_MOE",
+           "AMXFP8_SFT": "AMXFP8_SFT_MOE"}
 LORA = ("gate_lora_a", "gate_lora_b", "up_lora_a", "up_lora_b", "down_lora_a", "down_lora_b")
 M_STEP = 32   # kt-kernel's AMX kernels take max_len in multiples of their M step
 
@@ -63,7 +66,16 @@ def main() -> None:
     cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout = int(d["rank"]), float(d["alpha"]), 0.0
     cfg.full_weight_grad = False
     cfg.physical_to_logical_map = p2l.data_ptr()
-    cfg.gate_proj, cfg.up_proj, cfg.down_proj = gate.data_ptr(), up.data_ptr(), down.data_ptr()
+    if a.method == "AMXFP8_SFT":   # per-expert codes and block scales, one NUMA node's list each
+        fp8 = {n: (codes.contiguous(), scales.contiguous()) for n, (codes, scales) in d["fp8"].items()}
+        for n in ("gate", "up", "down"):
+            codes, scales = fp8[n]
+            setattr(cfg, f"{n}_projs", [[codes[e].data_ptr() for e in range(E)]])
+            setattr(cfg, f"{n}_scales", [[scales[e].data_ptr() for e in range(E)]])
+        cfg.quant_config.bits, cfg.quant_config.group_size, cfg.quant_config.zero_point = 8, 128, False
+        cfg.share_backward_bb = True   # its FP8 class requires the shared backward buffer pool
+    else:
+        cfg.gate_proj, cfg.up_proj, cfg.down_proj = gate.data_ptr(), up.data_ptr(), down.data_ptr()
     for n in LORA:
         setattr(cfg, n, lora[n].data_ptr())
     cfg.pool = cpu.backend_
