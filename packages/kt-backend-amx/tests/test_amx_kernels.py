@@ -163,7 +163,8 @@ def test_emulation_build_is_refused_without_the_runtime_switch(amx, monkeypatch)
 
 
 TRAINING_CASES = [("BF16", {}), ("BF16", {"fast_activations": True}), ("INT8", {}), ("INT4", {"group_size": 32}),
-                  ("INT4", {"group_size": 64, "zero_point": True}), ("RAWINT4", {})]
+                  ("INT4", {"group_size": 64, "zero_point": True}), ("RAWINT4", {}), ("FP8", {}),
+                  ("FP8_PERCHANNEL", {})]
 
 
 @pytest.mark.parametrize("method,kw", TRAINING_CASES,
@@ -171,13 +172,13 @@ TRAINING_CASES = [("BF16", {}), ("BF16", {"fast_activations": True}), ("INT8", {
 def test_training_products_run_on_the_tiles(amx, native, method, kw):
     """Training's grouped products (kt_core.MoE.grouped_*) on a trainable layer: the raw gate/up
     tile (ABI 1.4) is the forward's tiles without the activation, so it matches avx's as the forward
-    does (integer formats bit for bit); the transposed tiles (ABI 1.5) take split-bf16 gradients
+    does (integer formats bit for bit, BF16 and FP8 to float rounding); the transposed tiles (ABI 1.5) take split-bf16 gradients
     and weights, within 4e-5 of avx's f32 products (bf16 gradients alone with fast_activations,
     as avx's vdpbf16ps path: 1e-2). Experts of 1 to 37 rows: tile heights and the handover to avx
     below the tiles' crossover."""
     rng = np.random.default_rng(6)
     w = random_moe(rng, E, H, I)
-    if method == "RAWINT4":
+    if method in ("RAWINT4", "FP8", "FP8_PERCHANNEL"):   # checkpoint formats: codes and scales
         gate, up, down, scales = checkpoint_inputs(method, *w)
         load = {"scales": scales}
         w = (gate, up, down)
@@ -201,7 +202,7 @@ def test_training_products_run_on_the_tiles(amx, native, method, kw):
                          "down^T": m.grouped_down_transposed(dy, counts)}
         if before is not None and backend == "amx":
             assert native.emulated_dot_instructions() > before, "the tile path did not run"
-    if method == "BF16":
+    if method in ("BF16", "FP8", "FP8_PERCHANNEL"):   # float sums in another order
         assert relative_error(outs["amx"]["gate_up"], outs["avx"]["gate_up"]) < 1e-5
     else:
         np.testing.assert_array_equal(outs["amx"]["gate_up"], outs["avx"]["gate_up"])

@@ -14,6 +14,9 @@
 //   INT4, RAWINT4, GPTQ_INT4: the codes into pair rows as INT8's, then the values (their scales
 //         change along k, so they cannot go into the gradient) computed per pair and split into
 //         bf16 hi + lo planes.
+//   FP8, FP8_PERCHANNEL: the E4M3 codes of the v2 panels' four-row groups into pair rows by a
+//         byte swap and dword permutes, decoded exactly and times the 128-k block's scales (which
+//         change along k), split into bf16 hi + lo planes.
 //
 // Precision: gradients arrive in f32 and are split into bf16 hi + lo planes (16 significant
 // bits); the tiles sum ghi·whi + glo·whi (+ ghi·wlo for split weights) in f32 — all but 2^-16-
@@ -41,7 +44,7 @@ static_assert(kKBlock == 64 && kTileRun % kChunk == 0, "a block is 4 C tiles of 
 constexpr int64_t kMinRows = 16;  // rows per expert from which the tiles pay (docs/performance.md)
 
 // The avx kernels this file's functions hand small experts to, per method slot.
-enum Slot : int { kBf16, kInt8, kInt4, kRaw, kSlots };
+enum Slot : int { kBf16, kInt8, kInt4, kRaw, kFp8, kFp8PerChannel, kSlots };
 struct AvxTransposed {
     decltype(kt_method_kernels::gate_up_transposed_tile) gate_up;
     decltype(kt_method_kernels::down_transposed_tile) down;
@@ -213,6 +216,68 @@ struct Int4Tiles {
     }
 };
 
+template <kt::inputs::Fp8Scales kScales>
+struct Fp8Tiles {
+    using Format = Fp8Format<kScales>;
+    static constexpr bool kSplitWeights = true, kScaledGradients = false, kPairWordColumns = false;
+    static Fp8Columns<kScales> columns(const kt_moe_config*) { return {}; }
+    // The v2 panels' codes into pair rows without f32 rows: in a four-row group, dword
+    // 4 (q / 2) + 2 h + q % 2 holds pair q's channels at rows 2h, 2h + 1 (fp8::Geometry::
+    // code_offset), so a byte swap per dword interleaves them (c[2q][k], c[2q + 1][k], ...) and two
+    // rounds of dword permutes gather each pair's 16 k from the four groups. The E4M3 bytes then
+    // decode exactly (value / 256), times the pair's two channels' scales of the 128-k block (constant
+    // over the 16 k) — the f32 values Fp8Columns makes — split into bf16 hi + lo.
+    static void pack_panel(const Fp8Columns<kScales>&, const uint8_t* base, const Part& p, int64_t n, int64_t K, int64_t kb,
+                           uint32_t* bhi, uint32_t* blo) {
+        static_assert(kFp8RowGroup == 4, "AMX targets pack FP8's v2 (four-row) panels");
+        constexpr fp8_layout::Geometry kGeo = Fp8Columns<kScales>::kGeo;
+        const uint8_t* panel = base + p.first_panel + size_t(n / kPanel) * p.panel_stride;
+        const uint8_t* codes = panel + kGeo.codes_at(K);
+        const __m512i swap = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15));
+        const __m512i alternate = _mm512_setr_epi32(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1);
+        // Round 1, for pairs 4 s .. 4 s + 3: slot 4 i + t of (group a, group b) = pair 4 s + i's rows
+        // (a: t = 0, 1 the h; b: t = 2, 3). Round 2, pairs 2 u, 2 u + 1 of such a set: the first's 4
+        // dwords from (G0, G1) then from (G2, G3), the same for the second.
+        alignas(64) static constexpr int32_t kRound1[2][16] = {
+            {0, 2, 16, 18, 1, 3, 17, 19, 4, 6, 20, 22, 5, 7, 21, 23},
+            {8, 10, 24, 26, 9, 11, 25, 27, 12, 14, 28, 30, 13, 15, 29, 31}};
+        alignas(64) static constexpr int32_t kRound2[2][16] = {
+            {0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23},
+            {8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31}};
+        for (int j = 0; j < 4; ++j) {
+            const int64_t k = kb + 16 * j;
+            if (k >= K) {   // columns past K: zero weights
+                for (int q = 0; q < kPanel / 2; ++q) {
+                    _mm512_store_si512(bhi + pair_row_at(j, q), _mm512_setzero_si512());
+                    _mm512_store_si512(blo + pair_row_at(j, q), _mm512_setzero_si512());
+                }
+                continue;
+            }
+            __m512i g[4];
+            for (int i = 0; i < 4; ++i)   // groups past the panel's last code row hold no bytes: zero codes
+                g[i] = k + 4 * i < K ? _mm512_shuffle_epi8(_mm512_loadu_si512(codes + size_t(k + 4 * i) * kPanel), swap)
+                                     : _mm512_setzero_si512();
+            const __m512 s = _mm512_loadu_ps(reinterpret_cast<const float*>(panel + size_t(k / kGeo.block) * kFp8ScaleBytes));
+            for (int set = 0; set < 2; ++set) {
+                const __m512i r1 = _mm512_load_si512(kRound1[set]);
+                const __m512i a = _mm512_permutex2var_epi32(g[0], r1, g[1]), b = _mm512_permutex2var_epi32(g[2], r1, g[3]);
+                for (int u = 0; u < 2; ++u) {
+                    const __m512i rows = _mm512_permutex2var_epi32(a, _mm512_load_si512(kRound2[u]), b);
+                    for (int h = 0; h < 2; ++h) {   // pair 4 set + 2 u + h: 16 k in the 256-bit half h
+                        const int q = 4 * set + 2 * u + h;
+                        const __m512 sq = _mm512_permutexvar_ps(_mm512_add_epi32(alternate, _mm512_set1_epi32(2 * q)), s);
+                        const __m512 x = _mm512_mul_ps(vcvt_e4m3_over_256(_mm512_extracti32x4_epi32(rows, 2 * h)), sq);
+                        const __m512 y = _mm512_mul_ps(vcvt_e4m3_over_256(_mm512_extracti32x4_epi32(rows, 2 * h + 1)), sq);
+                        const __m256bh hx = _mm512_cvtneps_pbh(x), hy = _mm512_cvtneps_pbh(y);
+                        _mm512_store_si512(bhi + pair_row_at(j, q), join(hx, hy));
+                        _mm512_store_si512(blo + pair_row_at(j, q), join(bf16_lo(x, hx), bf16_lo(y, hy)));
+                    }
+                }
+            }
+        }
+    }
+};
+
 // Columns [16 q, 16 q + 16) of a block whose four 16-lane vectors a hold the pair-word order of
 // bf16_pair_words: both halves of q's 32-column half are in vectors 2 (q / 2) and 2 (q / 2) + 1,
 // column 16 (q % 2) + 8 u + 4 w + t at lane 4 (2 (q % 2) + u) + t of vector 2 (q / 2) + w.
@@ -361,6 +426,8 @@ void add_amx_transposed_tiles(kt_method_kernels& m) {
     else if (method == "INT8") set<Int8Tiles, kInt8>(m);
     else if (method == "INT4" || method == "GPTQ_INT4") set<Int4Tiles<false>, kInt4>(m);
     else if (method == "RAWINT4") set<Int4Tiles<true>, kRaw>(m);
+    else if (method == "FP8") set<Fp8Tiles<kt::inputs::Fp8Scales::kBlock128>, kFp8>(m);
+    else if (method == "FP8_PERCHANNEL") set<Fp8Tiles<kt::inputs::Fp8Scales::kPerChannel>, kFp8PerChannel>(m);
 }
 
 }  // namespace KT_TARGET_NAMESPACE
