@@ -422,6 +422,12 @@ AARCH64_CPUS = {
 }
 
 
+# Conformance tests a CPU model leaves out (pytest -k): test_many_tokens (2000 tokens, kml and the
+# reference oracle both emulated) took 14 of the 24.5 min of the 512-bit run on the AMX CI host —
+# its chunking does not depend on the vector width, so the 256-bit run leaves it to the 512-bit one.
+AARCH64_DESELECT = {"max,sve-max-vq=2": "not many_tokens"}
+
+
 @nox.session
 def aarch64(session):
     """kt on aarch64 without an ARM machine: aarch64 wheels of kt-core and kt-backend-kml cross-compiled
@@ -446,8 +452,9 @@ def aarch64(session):
         if variants == ():
             continue
         only = [arg for v in variants or () for arg in ("--kt-variant", v)]
+        deselect = ["-k", AARCH64_DESELECT[cpu]] if cpu in AARCH64_DESELECT else []
         qemu(cpu, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-p", "kt_core.testing.plugin", "--kt-backend",
-             "kml", *only, "--pyargs", "kt_core.testing.conformance", *session.posargs)
+             "kml", *only, *deselect, "--pyargs", "kt_core.testing.conformance", *session.posargs)
     qemu("neoverse-n1", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "kt_core.testing.plugin", "--kt-backend",
          "reference", "--pyargs", "kt_core.testing.conformance", *session.posargs)
     # kt-core's training loops (kt_core.lora: compiled for the baseline ISA on aarch64)
