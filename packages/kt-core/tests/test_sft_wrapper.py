@@ -123,6 +123,20 @@ def err(a, b) -> float:
     return float((a.double() - b).abs().max() / b.abs().max())
 
 
+def step_errors(wrapper, weights) -> dict:
+    """One step of a loaded wrapper (lora_tensors(), batch()) against torch_reference over `weights`
+    (float64 gate, up, down): the relative error of the output and of every gradient, by name."""
+    lora, grads = lora_tensors()
+    wrapper.init_lora_weights(*lora.values(), *grads.values())
+    x, ids, w, dy = batch()
+    out = wrapper.forward(x, ids, w, save_for_backward=True)
+    grad_x, grad_w = wrapper.backward(dy)
+    ref, rgrads = torch_reference(x, ids, w, dy, *weights, lora)
+    errors = {"out": err(out, ref), "x": err(grad_x, rgrads["x"]), "w": err(grad_w, rgrads["w"])}
+    errors.update({n: err(grads[n], rgrads[n]) for n in LORA})
+    return errors
+
+
 @pytest.mark.parametrize("backend", [None, "reference"])
 def test_rawint4_experts_from_kt_kernels_tensors(backend):
     """RAWINT4_SFT's load_rawint4_weights (kt-kernel's RAWINT4ExpertWeights: compressed-tensors' int32
@@ -144,20 +158,14 @@ def test_rawint4_experts_from_kt_kernels_tensors(backend):
     with pytest.raises(KTError, match=f"up_proj must be uint8 \\[{E}, {I}, {H // 2}\\]"):
         wrapper.load_rawint4_weights(SimpleNamespace(group_size=32, **bad))
     wrapper.load_rawint4_weights(SimpleNamespace(group_size=32, **tensors), torch.arange(E))
-    lora, grads = lora_tensors()
-    wrapper.init_lora_weights(*lora.values(), *grads.values())
-    x, ids, w, dy = batch()
-    out = wrapper.forward(x, ids, w, save_for_backward=True)
-    grad_x, grad_w = wrapper.backward(dy)
-    weights = (torch.from_numpy(dequantize_rawint4(*packed[n])).double() for n in ("gate", "up", "down"))
-    ref, rgrads = torch_reference(x, ids, w, dy, *weights, lora)
-    errors = {"out": err(out, ref), "x": err(grad_x, rgrads["x"]), "w": err(grad_w, rgrads["w"])}
-    errors.update({n: err(grads[n], rgrads[n]) for n in LORA})
+    weights = [torch.from_numpy(dequantize_rawint4(*packed[n])).double() for n in ("gate", "up", "down")]
+    errors = step_errors(wrapper, weights)
     assert max(errors.values()) < 5e-3 and errors["w"] < 5e-4, errors
     as_words = make("RAWINT4_SFT", backend=backend)
     as_words.load_rawint4_weights(SimpleNamespace(**{k: v.view(torch.int32) if k.endswith("_proj") else v
                                                      for k, v in tensors.items()}))
-    as_words.init_lora_weights(*lora.values(), *lora_tensors()[1].values())
+    as_words.init_lora_weights(*lora_tensors()[0].values(), *lora_tensors()[1].values())
+    x, ids, w, _ = batch()
     assert torch.equal(as_words.forward(x, ids, w), wrapper.forward(x, ids, w))
 
 
@@ -181,15 +189,8 @@ def test_block_fp8_experts_train_lora(backend):
     with pytest.raises(KTError, match="128 x 128 scale blocks, got block_size=\\(64, 64\\)"):
         wrapper.load_block_fp8_weights(SimpleNamespace(block_size=(64, 64), **tensors))
     wrapper.load_block_fp8_weights(SimpleNamespace(block_size=(128, 128), **tensors), torch.arange(E))
-    lora, grads = lora_tensors()
-    wrapper.init_lora_weights(*lora.values(), *grads.values())
-    x, ids, w, dy = batch()
-    out = wrapper.forward(x, ids, w, save_for_backward=True)
-    grad_x, grad_w = wrapper.backward(dy)
-    weights = (torch.from_numpy(dequantize_fp8_block(*quantized[n])).double() for n in ("gate", "up", "down"))
-    ref, rgrads = torch_reference(x, ids, w, dy, *weights, lora)
-    errors = {"out": err(out, ref), "x": err(grad_x, rgrads["x"]), "w": err(grad_w, rgrads["w"])}
-    errors.update({n: err(grads[n], rgrads[n]) for n in LORA})
+    weights = [torch.from_numpy(dequantize_fp8_block(*quantized[n])).double() for n in ("gate", "up", "down")]
+    errors = step_errors(wrapper, weights)
     assert max(errors.values()) < 4e-3 and errors["w"] < 1e-5, errors
 
 

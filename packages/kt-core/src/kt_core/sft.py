@@ -12,7 +12,7 @@ pool reused across steps), the gate and up adapters run as one call on the fused
 
 Differences from kt-kernel, all deliberate (docs/training.md):
  - every method runs on the best backend with transposed tiles (kt-backend-avx, amx, reference);
-   AMXFP8_SFT (LoRA on frozen block-FP8 experts, kt-backend-avx's transposed FP8 products) takes
+   AMXFP8_SFT (LoRA on frozen block-FP8 experts, avx's or amx's transposed FP8 products) takes
    its experts as kt-kernel's does, from load_block_fp8_weights() or an FP8 weight_path; MXFP4_SFT is
    refused by name (its native E2M1 loading and clamped-SwiGLU training are not wired here);
  - max_cache_depth forwards are kept, newest first; backward consumes the newest (a forward past

@@ -429,7 +429,7 @@ def sft_export(
     from pathlib import Path
 
     from ..training.sft import merge_adapter
-    from ..training.sft.trainer import trained_model
+    from ..training.sft.trainer import save_model_folder, trained_model
 
     cfg = _run_config(run_dir)
     adapter = _adapter_of(run_dir, checkpoint, cfg)
@@ -437,8 +437,7 @@ def sft_export(
     if cfg.train_experts:
         model, tokenizer = trained_model(cfg, Path(run_dir), checkpoint)
         if adapter is None or not merge:
-            model.save_pretrained(to)
-            tokenizer.save_pretrained(to)
+            save_model_folder(model, tokenizer, Path(to))
             console.print(f"fine-tuned model: {to}")
             if adapter is None:
                 return

@@ -48,6 +48,12 @@ MAX_RANK = 64   # kt_core.lora's loops (kt-core's kMaxLoraRank)
 TRAINABLE_WEIGHT_METHODS = ("BF16", "FP32")
 
 
+def is_adapter(name: str) -> bool:
+    """Whether a LoRAExperts parameter (or a state-dict key ending in one) is an adapter factor; the
+    others are the expert weights, when they train."""
+    return name.endswith(("_A", "_B"))
+
+
 # id(expert weight parameter) -> the LoRAExperts training it, for the optimizer step hook below.
 _TRAINED_WEIGHTS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 _step_hook = None

@@ -30,7 +30,7 @@ from torch import nn
 from kt_core.errors import KTError
 from kt_core.moe import MoE
 
-from .lora_experts import TRAINABLE_WEIGHT_METHODS, LoRAExperts
+from .lora_experts import TRAINABLE_WEIGHT_METHODS, LoRAExperts, is_adapter
 from .peft_format import load_adapter, save_adapter
 
 
@@ -48,7 +48,7 @@ class KTTrainPatch:
 
     def adapter_parameters(self) -> list[nn.Parameter]:
         """The expert LoRA factors (what an optimizer over the experts' adapters takes)."""
-        return [p for m in self.layers.values() for n, p in m.named_parameters() if n.endswith(("_A", "_B"))]
+        return [p for m in self.layers.values() for n, p in m.named_parameters() if is_adapter(n)]
 
     def expert_weight_parameters(self) -> list[nn.Parameter]:
         """The routed experts' own weights when they train (train_experts=True), else []."""

@@ -32,6 +32,7 @@ import torch
 
 from kt_core.errors import KTError
 
+from ..lora_experts import is_adapter
 from .config import PRESET, SFTConfig
 from .data import IGNORE, Example, load_examples
 
@@ -109,17 +110,22 @@ def _save_checkpoint(output_dir: Path, step: int, patch, opt, sched, losses: lis
     return _write_aside(output_dir / f"checkpoint-{step}", write)
 
 
-def _save_model(model, tokenizer, patch, destination: Path) -> Path:
-    """The model as its own folder layout (save_pretrained), without kt's adapter parameters."""
-    adapters = {f"{path}.{name}" for path, m in patch.modules.items() for name, p in m.named_parameters()
-                if name.endswith(("_A", "_B"))}
-    state = {k: v for k, v in model.state_dict().items() if k not in adapters}
-
+def save_model_folder(model, tokenizer, destination: Path, state_dict: dict | None = None) -> Path:
+    """The model and its tokenizer as a model folder (save_pretrained; `state_dict` in place of the
+    model's own), written aside and renamed in."""
     def write(folder: Path) -> None:
-        model.save_pretrained(folder, state_dict=state)
+        model.save_pretrained(folder, state_dict=state_dict)
         tokenizer.save_pretrained(folder)
 
-    return _write_aside(destination, write)
+    return _write_aside(Path(destination), write)
+
+
+def _save_model(model, tokenizer, patch, destination: Path) -> Path:
+    """A patched model in its own folder layout, without kt's adapter parameters."""
+    adapters = {f"{path}.{name}" for path, m in patch.modules.items() for name, _ in m.named_parameters()
+                if is_adapter(name)}
+    return save_model_folder(model, tokenizer, destination,
+                             {k: v for k, v in model.state_dict().items() if k not in adapters})
 
 
 def trained_model(config: SFTConfig, run_dir: Path, checkpoint: int | None = None):
@@ -137,7 +143,7 @@ def trained_model(config: SFTConfig, run_dir: Path, checkpoint: int | None = Non
         raise KTError(f"{state_file.parent} is not a checkpoint of this run (no {STATE})")
     model, tokenizer = load_model(config.model, config.dtype)
     trained = torch.load(state_file, weights_only=False)["parameters"]
-    weights = {k: v for k, v in trained.items() if not k.endswith(("_A", "_B"))}
+    weights = {k: v for k, v in trained.items() if not is_adapter(k)}
     missing = model.load_state_dict(weights, strict=False)
     if missing.unexpected_keys:
         raise KTError(f"{state_file}: {missing.unexpected_keys[0]} is not a parameter of {config.model}")
@@ -234,9 +240,4 @@ def merge_adapter(config: SFTConfig, adapter: Path, destination: Path, model=Non
     merged = merge_expert_adapter(model, adapter)
     if not merged:
         raise KTError(f"{adapter}: none of its tensors names an experts module of {config.model}")
-
-    def write(folder: Path) -> None:
-        model.save_pretrained(folder)
-        tokenizer.save_pretrained(folder)
-
-    return _write_aside(destination, write)
+    return save_model_folder(model, tokenizer, destination)
