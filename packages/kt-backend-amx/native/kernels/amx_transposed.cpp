@@ -134,6 +134,22 @@ inline __m512i join(__m256bh first, __m256bh second) {
 // Where pair q's B tile row of column group j goes (bhi / blo offset to the panel's first pair).
 inline size_t pair_row_at(int j, int q) { return (size_t(j) * kTileRun / 2 + size_t(q)) * 16; }
 
+// Pair q's B tile row of column group j from its values: the first 8 k (first) and the next 8
+// (second), each lane pair the two channels, split into the hi and lo planes.
+inline void store_split_row(uint32_t* bhi, uint32_t* blo, int j, int q, __m512 first, __m512 second) {
+    const __m256bh h0 = _mm512_cvtneps_pbh(first), h1 = _mm512_cvtneps_pbh(second);
+    _mm512_store_si512(bhi + pair_row_at(j, q), join(h0, h1));
+    _mm512_store_si512(blo + pair_row_at(j, q), join(bf16_lo(first, h0), bf16_lo(second, h1)));
+}
+
+// Column group j's rows of every pair as zero weights, both planes (columns past K).
+inline void zero_split_rows(uint32_t* bhi, uint32_t* blo, int j) {
+    for (int q = 0; q < kPanel / 2; ++q) {
+        _mm512_store_si512(bhi + pair_row_at(j, q), _mm512_setzero_si512());
+        _mm512_store_si512(blo + pair_row_at(j, q), _mm512_setzero_si512());
+    }
+}
+
 struct Int8Tiles {
     using Format = Int8Format;
     static constexpr bool kSplitWeights = false, kScaledGradients = true, kPairWordColumns = false;
@@ -182,10 +198,7 @@ struct Int4Tiles {
         for (int j = 0; j < 4; ++j) {
             const int64_t k = kb + 16 * j;
             if (k >= K) {   // columns past K (K is a multiple of the group size, so of 16): zero weights
-                for (int q = 0; q < kPanel / 2; ++q) {
-                    _mm512_store_si512(bhi + pair_row_at(j, q), _mm512_setzero_si512());
-                    _mm512_store_si512(blo + pair_row_at(j, q), _mm512_setzero_si512());
-                }
+                zero_split_rows(bhi, blo, j);
                 continue;
             }
             const uint8_t* header = panel + lay.group_at(k / lay.g);
@@ -208,9 +221,7 @@ struct Int4Tiles {
                         v[half] = lay.zero_point ? _mm512_sub_ps(_mm512_mul_ps(sq, u), _mm512_permutexvar_ps(lanes, sz))
                                                  : _mm512_mul_ps(sq, _mm512_sub_ps(u, _mm512_set1_ps(8.0f)));
                     }
-                    const __m256bh h0 = _mm512_cvtneps_pbh(v[0]), h1 = _mm512_cvtneps_pbh(v[1]);
-                    _mm512_store_si512(bhi + pair_row_at(j, q), join(h0, h1));
-                    _mm512_store_si512(blo + pair_row_at(j, q), join(bf16_lo(v[0], h0), bf16_lo(v[1], h1)));
+                    store_split_row(bhi, blo, j, q, v[0], v[1]);
                 }
         }
     }
@@ -247,10 +258,7 @@ struct Fp8Tiles {
         for (int j = 0; j < 4; ++j) {
             const int64_t k = kb + 16 * j;
             if (k >= K) {   // columns past K: zero weights
-                for (int q = 0; q < kPanel / 2; ++q) {
-                    _mm512_store_si512(bhi + pair_row_at(j, q), _mm512_setzero_si512());
-                    _mm512_store_si512(blo + pair_row_at(j, q), _mm512_setzero_si512());
-                }
+                zero_split_rows(bhi, blo, j);
                 continue;
             }
             __m512i g[4];
@@ -268,9 +276,7 @@ struct Fp8Tiles {
                         const __m512 sq = _mm512_permutexvar_ps(_mm512_add_epi32(alternate, _mm512_set1_epi32(2 * q)), s);
                         const __m512 x = _mm512_mul_ps(vcvt_e4m3_over_256(_mm512_extracti32x4_epi32(rows, 2 * h)), sq);
                         const __m512 y = _mm512_mul_ps(vcvt_e4m3_over_256(_mm512_extracti32x4_epi32(rows, 2 * h + 1)), sq);
-                        const __m256bh hx = _mm512_cvtneps_pbh(x), hy = _mm512_cvtneps_pbh(y);
-                        _mm512_store_si512(bhi + pair_row_at(j, q), join(hx, hy));
-                        _mm512_store_si512(blo + pair_row_at(j, q), join(bf16_lo(x, hx), bf16_lo(y, hy)));
+                        store_split_row(bhi, blo, j, q, x, y);
                     }
                 }
             }
