@@ -11,8 +11,9 @@
 // The graph is llama.cpp's build_moe_ffn for a SiLU-gated model without a shared expert (llm_graph.cpp):
 // gate = mul_mat_id(gate_exps, x, ids), up likewise, swiglu_split, down = mul_mat_id(down_exps, h,
 // ids), times the routing weights, summed over the k experts. The expert tensors live where
-// llama.cpp's loader puts them on a CPU: the repack buffer ("CPU_REPACK": interleaved Q4_0, Q4_K,
-// IQ4_NL, Q8_0 ... layouts) when it serves MUL_MAT_ID for that type, else plain CPU memory.
+// llama.cpp's loader puts them on a CPU: the first extra buffer type that serves MUL_MAT_ID for that
+// type (its AMX buffer where built, which serves only MUL_MAT; the repack buffer "CPU_REPACK":
+// interleaved Q4_0, Q4_K, IQ4_NL, Q8_0 ... layouts), else plain CPU memory.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -83,11 +84,12 @@ int main(int argc, char** argv) {
     auto set_threads = (ggml_backend_set_n_threads_t)ggml_backend_reg_get_proc_address(ggml_backend_dev_backend_reg(dev),
                                                                                          "ggml_backend_set_n_threads");
     if (set_threads) set_threads(backend, threads);
-    ggml_backend_buffer_type_t repack = nullptr;
+    // The loader's order: the first extra buffer type (AMX where the build has it, then CPU_REPACK) that
+    // serves MUL_MAT_ID for the tensor, else the plain CPU buffer.
+    std::vector<ggml_backend_buffer_type_t> extra;
     auto get_extra = (ggml_backend_dev_get_extra_bufts_t)ggml_backend_reg_get_proc_address(ggml_backend_dev_backend_reg(dev),
                                                                                            "ggml_backend_dev_get_extra_bufts");
-    for (ggml_backend_buffer_type_t* b = get_extra ? get_extra(dev) : nullptr; b && *b; ++b)
-        if (std::strstr(ggml_backend_buft_name(*b), "REPACK")) repack = *b;
+    for (ggml_backend_buffer_type_t* b = get_extra ? get_extra(dev) : nullptr; b && *b; ++b) extra.push_back(*b);
 
     // The expert tensors, one context (and buffer) each so each can sit in its own buffer type.
     const char* names[3] = {"gate", "up", "down"};
@@ -101,8 +103,9 @@ int main(int argc, char** argv) {
         ggml_context* ctx = ggml_init(params);
         weight_contexts.push_back(ctx);
         experts[p] = ggml_new_tensor_3d(ctx, types[p], ks[p], ns[p], E);
-        const bool repacked = repack && serves_mul_mat_id(dev, repack, types[p], ks[p], ns[p], E, K);
-        ggml_backend_buffer_type_t buft = repacked ? repack : ggml_backend_dev_buffer_type(dev);
+        ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(dev);
+        for (ggml_backend_buffer_type_t b : extra)
+            if (serves_mul_mat_id(dev, b, types[p], ks[p], ns[p], E, K)) { buft = b; break; }
         weight_buffers.push_back(ggml_backend_alloc_ctx_tensors_from_buft(ctx, buft));
         const std::vector<char> bytes = read_file(data + "/" + names[p] + ".bin");
         if (bytes.size() != ggml_nbytes(experts[p]))

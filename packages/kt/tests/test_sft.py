@@ -116,6 +116,30 @@ def test_export_merge_and_chat(tmp_path):
     assert float((got - want).abs().max() / want.abs().max()) < 1e-3
 
 
+def test_weight_path_run_trains_over_the_stored_codes(tmp_path):
+    """weight_path: the frozen experts come from a kt convert folder of the model — the same INT8 codes
+    kt makes at patch time, so the run is the one without weight_path, loss for loss; chat serves it."""
+    import yaml
+
+    from kt.integrations.transformers.preset import ensure_preset
+    from kt.weights import convert
+
+    converted = convert(ensure_preset(), tmp_path / "int8", method="INT8")
+    runs = []
+    for name, extra in (("own", {}), ("stored", {"weight_path": str(converted)})):
+        path = write_config(tmp_path / name, steps=3)
+        cfg = yaml.safe_load(path.read_text())
+        path.write_text(yaml.safe_dump({**cfg, "method": "INT8", **extra}))
+        config = load_config(path)
+        assert config.weight_path == (converted if extra else None)
+        runs.append(train(config))
+    assert runs[0] == runs[1], runs
+    kt = [sys.executable, "-c", "import sys; from kt_core.cli import main; sys.exit(main())"]
+    r = subprocess.run(kt + ["sft", "chat", str(tmp_path / "stored" / "run"), "--prompt", "color of sky?",
+                             "--max-new-tokens", "2"], capture_output=True, text=True)
+    assert r.returncode == 0 and "> color of sky?" in r.stdout, r.stderr
+
+
 def write_full_config(tmp: Path, **train) -> Path:
     """A train_experts run: the expert weights alone train (lora.rank defaults to 0)."""
     import yaml
@@ -216,6 +240,8 @@ def test_bad_data_names_the_line(tmp_path, line, message):
     ({"data": "missing.jsonl"}, "data: .*missing.jsonl does not exist"),
     ({"model": "nowhere"}, "model: .*nowhere is not a model folder"),
     ({"output_dir": None}, "output_dir is required"),
+    ({"weight_path": "nowhere"}, "weight_path: .*nowhere does not exist"),
+    ({"weight_path": "data.jsonl", "train_experts": True}, "weight_path: with train_experts the experts that train"),
 ])
 def test_bad_config_names_the_field(tmp_path, edit, message):
     import yaml

@@ -472,7 +472,7 @@ def sft_chat(
     adapter = _adapter_of(run_dir, checkpoint, cfg)
     model, tokenizer = trained_model(cfg, Path(run_dir), checkpoint)
     patch_model(model, method=cfg.method, group_size=cfg.group_size, zero_point=cfg.zero_point,
-                expert_lora_path=adapter)
+                weight_path=cfg.weight_path, expert_lora_path=adapter)
     model.eval()
     questions = prompt or (line.rstrip("\n") for line in sys.stdin)
     for q in questions:

@@ -8,7 +8,9 @@ transformers Trainer or a plain torch loop; `KTTrainPatch.save_adapter` writes t
 in PEFT's format. With `adapter=` (a PEFT adapter folder) the adapters are loaded instead of
 initialised: inference with expert LoRA (SGLang's --kt-expert-lora-path). `num_gpu_experts` per layer
 (placed as the inference patch places them) stay torch's on the model's device, with their rows of
-the same adapters; kt computes the rest.
+the same adapters; kt computes the rest. `weight_path` (as the inference patch reads it) gives kt's
+frozen experts as stored — LoRA over a checkpoint's own FP8 / INT4 / NVFP4 codes (QLoRA without
+quantizing again), a `kt convert` folder, a kt-kernel folder or a GGUF file (LLAMAFILE).
 
 `train_experts=True` (full fine-tuning of the routed experts, method BF16 or FP32): the model's own
 expert parameters (gate_up_proj / down_proj) are kept instead of freed and train too, on kt's
@@ -71,13 +73,15 @@ def patch_for_training(model: nn.Module, *, method: str, backend: str | None, lo
                        target: Sequence[str], recompute: bool, group_size: int, zero_point: bool, max_tokens: int,
                        fast_activations: bool | None, freeze_base: bool, adapter: str | os.PathLike | None,
                        num_gpu_experts: int = 0, placement: str = "uniform", stats_file: str | os.PathLike | None = None,
-                       placement_seed: int = 42, train_experts: bool = False) -> KTTrainPatch:
+                       placement_seed: int = 42, train_experts: bool = False,
+                       weight_path: str | os.PathLike | None = None) -> KTTrainPatch:
     # The transformers integration's readers of a model's MoE blocks (families, checks, orientation)
     # and its placement of GPU-resident experts.
     from ..integrations.transformers import patch as inference_patch
     from ..integrations.transformers.experts import resident_weights
     from ..integrations.transformers.placement import gpu_expert_masks
     from ..integrations.transformers.stats import load_counts
+    from ..weights import load_layer
 
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
@@ -101,6 +105,11 @@ def patch_for_training(model: nn.Module, *, method: str, backend: str | None, lo
         if num_gpu_experts:
             raise KTError("train_experts: the expert weights train with every expert on kt (num_gpu_experts=0), "
                           f"got num_gpu_experts={num_gpu_experts}")
+        if weight_path is not None:
+            raise KTError(f"train_experts: the expert weights that train are the model's own parameters; "
+                          f"weight_path ({weight_path}) gives frozen experts as stored, for LoRA over them")
+    source, group_size, zero_point = inference_patch.open_expert_source(weight_path, group_size, zero_point,
+                                                                        blocks[0][0])
     if freeze_base:
         model.requires_grad_(False)
     paths = {id(m): name for name, m in model.named_modules()}
@@ -119,9 +128,13 @@ def patch_for_training(model: nn.Module, *, method: str, backend: str | None, lo
         moe = MoE(num_experts=num_experts, top_k=top_k, hidden_size=hidden, intermediate_size=intermediate,
                   method=method, gpu_experts_mask=mask, max_tokens=max_tokens, backend=backend, group_size=group_size,
                   zero_point=zero_point, fast_activations=fast_activations, trainable=True,
-                  swiglu_limit=swiglu[0], swiglu_alpha=swiglu[1], expert_bias=t.biases is not None)
+                  swiglu_limit=swiglu[0], swiglu_alpha=swiglu[1], expert_bias=t.biases is not None,
+                  weight_types=inference_patch.source_weight_types(source, layer, method))
         with torch.no_grad():
-            moe.load(t.gate, t.up, t.down, biases=t.biases)
+            if source is not None:
+                load_layer(moe, source, layer)
+            else:
+                moe.load(t.gate, t.up, t.down, biases=t.biases)
             resident_gate_up, resident_down = resident_weights(t.gate, t.up, t.down, mask)
         module = LoRAExperts(moe, rank=lora_rank, alpha=lora_alpha, target=target, recompute=recompute,
                              resident_gate_up=resident_gate_up, resident_down=resident_down,

@@ -59,6 +59,29 @@ def _family(model_type: str) -> Family:
                   f"supported: {', '.join(supported_model_types())}")
 
 
+def open_expert_source(weight_path, group_size: int, zero_point: bool, first_layer: int):
+    """(source, group_size, zero_point): `weight_path` opened once (a converted folder's manifest and
+    source hash, a checkpoint's shard index, a GGUF file, a kt-kernel folder; None without one) and
+    the INT4 group settings it implies where the caller left them unset."""
+    if weight_path is None:
+        return None, group_size, zero_point
+    source = open_weights(weight_path)
+    if isinstance(source, ConvertedFolder):
+        group_size, zero_point = group_size or source.group_size, zero_point or source.zero_point
+    elif isinstance(source, Checkpoint) and source.spec.quantization.method == "GPTQ_INT4":
+        group_size = group_size or source.spec.quantization.group_size   # GPTQ's groups are the checkpoint's
+    elif isinstance(source, KtKernelFolder):   # AMXINT4's groups follow the folder's NUMA slices
+        group_size = group_size or source.geometry(first_layer)[3]
+    return source, group_size, zero_point
+
+
+def source_weight_types(source, layer: int, method: str) -> tuple[str, str, str] | None:
+    """A GGUF source fixes each layer's ggml types (LLAMAFILE's packed size depends on them)."""
+    if isinstance(source, GGUFModel) and canonical_method(method) == "LLAMAFILE":
+        return source.layer_experts(layer).types
+    return None
+
+
 def _config_int(cfg, keys: tuple[str, ...], what: str, model_type: str) -> int:
     for key in keys:
         value = getattr(cfg, key, None)
@@ -185,20 +208,20 @@ def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None =
     too — full fine-tuning on kt's kernels; `lora_rank` then defaults to 0 (the weights alone), and
     `model.save_pretrained()` writes the result as an ordinary checkpoint.
     With expert LoRA, `num_gpu_experts` (and `placement`) keep experts on the model's device as torch
-    computes them, with their rows of the same adapters; deferral, record_stats and weight_path are
-    inference options.
+    computes them, with their rows of the same adapters; `weight_path` gives the frozen experts as
+    stored (LoRA over a checkpoint's own FP8 / INT4 / NVFP4 codes, a converted folder, a GGUF file;
+    not with train_experts); deferral and record_stats are inference options.
     """
     if mode not in ("inference", "train"):
         raise KTError(f"mode must be 'inference' or 'train', got {mode!r}")
     if train_experts and mode != "train":
         raise KTError("train_experts=True trains the expert weights: it needs mode='train'")
     if mode == "train" or expert_lora_path is not None:
-        extras = {"max_deferred_experts_per_token": max_deferred_experts_per_token, "record_stats": record_stats,
-                  "weight_path": weight_path}
+        extras = {"max_deferred_experts_per_token": max_deferred_experts_per_token, "record_stats": record_stats}
         used = [k for k, v in extras.items() if v]
         if used:
             raise KTError(f"{', '.join(used)}: not available with expert LoRA (mode='train' or expert_lora_path); "
-                          "kt's experts come from the model's own weights and run in their own layer")
+                          "kt's experts run in their own layer")
         from ...training.model_patch import patch_for_training
         from ...training.peft_format import adapter_settings
 
@@ -214,7 +237,7 @@ def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None =
                                    max_tokens=max_tokens, fast_activations=fast_activations,
                                    freeze_base=freeze_base and mode == "train", adapter=expert_lora_path,
                                    num_gpu_experts=num_gpu_experts, placement=placement, stats_file=stats_file,
-                                   placement_seed=placement_seed, train_experts=train_experts)
+                                   placement_seed=placement_seed, train_experts=train_experts, weight_path=weight_path)
         if mode == "inference":
             for p in patch.adapter_parameters():
                 p.requires_grad_(False)
@@ -255,16 +278,7 @@ def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None =
                             path=record_stats)
         atexit.register(stats.save_if_unsaved)
     handoff = Handoff() if defer else None
-    source = None
-    if weight_path is not None:
-        # Opened once: a converted folder's manifest and source hash, or a checkpoint's shard index.
-        source = open_weights(weight_path)
-        if isinstance(source, ConvertedFolder):
-            group_size, zero_point = group_size or source.group_size, zero_point or source.zero_point
-        elif isinstance(source, Checkpoint) and source.spec.quantization.method == "GPTQ_INT4":
-            group_size = group_size or source.spec.quantization.group_size   # GPTQ's groups are the checkpoint's
-        elif isinstance(source, KtKernelFolder):   # AMXINT4's groups follow the folder's NUMA slices
-            group_size = group_size or source.geometry(layer_ids[0])[3]
+    source, group_size, zero_point = open_expert_source(weight_path, group_size, zero_point, layer_ids[0])
 
     patched: dict[int, KTExperts] = {}
     freed = 0
@@ -273,12 +287,10 @@ def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None =
             mask = masks[layer]
             moe = None
             if not all(mask):
-                # A GGUF source fixes each layer's ggml types (LLAMAFILE's packed size depends on them).
-                types = source.layer_experts(layer).types if isinstance(source, GGUFModel) else None
                 moe = MoE(num_experts=num_experts, top_k=top_k, hidden_size=hidden, intermediate_size=intermediate,
                           method=method, gpu_experts_mask=mask, max_tokens=max_tokens, backend=backend,
                           group_size=group_size, zero_point=zero_point, fast_activations=fast_activations,
-                          weight_types=types if canonical_method(method) == "LLAMAFILE" else None,
+                          weight_types=source_weight_types(source, layer, method),
                           swiglu_limit=swiglu[0], swiglu_alpha=swiglu[1], expert_bias=biased)
                 if source is not None:
                     load_layer(moe, source, layer)

@@ -4,6 +4,8 @@
     data: train.jsonl           # chat ("messages"), instruction ("instruction"/"input"/"output") or "text" records
     output_dir: runs/tiny-lora  # checkpoints, the final adapter (PEFT format), log.jsonl
     method: BF16                # kt's format for the frozen experts (BF16, INT8, INT4, ...)
+    weight_path: null           # the frozen experts as stored instead of from the model: a checkpoint's own
+                                # FP8 / INT4 / NVFP4 codes (method FP8, RAWINT4, ...), a kt convert folder, a GGUF
     group_size: 0               # INT4 only (0: kt's default); zero_point: false
     dtype: float32              # the torch parts of the model (float32 or bfloat16)
     lora: {rank: 8, alpha: 16, target: [gate_up, down]}   # or [gate, up, down]: separate gate and up adapters
@@ -56,6 +58,7 @@ class SFTConfig:
     data: Path
     output_dir: Path
     method: str = "BF16"
+    weight_path: Path | None = None
     group_size: int = 0
     zero_point: bool = False
     dtype: str = "float32"
@@ -66,6 +69,7 @@ class SFTConfig:
 
     def as_dict(self) -> dict:
         return {"model": self.model, "data": str(self.data), "output_dir": str(self.output_dir), "method": self.method,
+                "weight_path": None if self.weight_path is None else str(self.weight_path),
                 "group_size": self.group_size, "zero_point": self.zero_point, "dtype": self.dtype,
                 "train_experts": self.train_experts,
                 "lora": {"rank": self.lora.rank, "alpha": self.lora.alpha, "target": list(self.lora.target)},
@@ -124,8 +128,8 @@ def load_config(path: str | Path, need_data: bool = True) -> SFTConfig:
         raise KTError(f"{path}{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
     if not isinstance(raw, dict):
         raise KTError(f"{path}: expected a mapping of settings (model, data, output_dir, ...), got {type(raw).__name__}")
-    known = {"model", "data", "output_dir", "method", "group_size", "zero_point", "dtype", "train_experts", "lora",
-             "train"}
+    known = {"model", "data", "output_dir", "method", "weight_path", "group_size", "zero_point", "dtype",
+             "train_experts", "lora", "train"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise KTError(f"{path}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
@@ -147,9 +151,19 @@ def load_config(path: str | Path, need_data: bool = True) -> SFTConfig:
         raise KTError(f"{_where(path, 'data')}: {data} does not exist")
     method = raw.get("method", "BF16")
     _check(path, "method", method, "a kt method name (BF16, INT8, INT4, ...)", isinstance(method, str) and method)
+    weight_path = raw.get("weight_path")
+    if weight_path is not None:
+        _check(path, "weight_path", weight_path, "a path (a checkpoint, kt convert folder or GGUF file)",
+               isinstance(weight_path, str) and weight_path)
+        weight_path = resolve(weight_path)
+        if not weight_path.exists():
+            raise KTError(f"{_where(path, 'weight_path')}: {weight_path} does not exist")
     dtype = raw.get("dtype", "float32")
     _check(path, "dtype", dtype, f"one of {', '.join(DTYPES)}", dtype in DTYPES)
     train_experts = _bool(path, "train_experts", raw.get("train_experts", False))
+    if train_experts and weight_path is not None:
+        raise KTError(f"{_where(path, 'weight_path')}: with train_experts the experts that train are the model's own "
+                      "weights; weight_path gives frozen experts for LoRA over them (drop one of the two)")
     lora_raw = _section(path, "lora", raw.get("lora"), LoraSettings)
     lora = LoraSettings(rank=0 if train_experts else LoraSettings.rank)
     if isinstance(lora_raw, dict):
@@ -175,6 +189,7 @@ def load_config(path: str | Path, need_data: bool = True) -> SFTConfig:
             elif key in ("recompute", "fast_activations"):
                 setattr(train, key, _bool(path, f"train.{key}", value))
     return SFTConfig(model=model, data=data, output_dir=resolve(raw["output_dir"]), method=method,
+                     weight_path=weight_path,
                      group_size=_int(path, "group_size", raw.get("group_size", 0), 0),
                      zero_point=_bool(path, "zero_point", raw.get("zero_point", False)), dtype=dtype,
                      train_experts=train_experts, lora=lora,

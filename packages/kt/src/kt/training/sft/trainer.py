@@ -169,7 +169,7 @@ def train(config: SFTConfig, *, resume: bool = False, on_step: Callable[[dict], 
     model, tokenizer = load_model(config.model, config.dtype)
     examples = load_examples(config.data, tokenizer, config.train.max_length)
     patch = patch_model(model, method=config.method, group_size=config.group_size, zero_point=config.zero_point,
-                        mode="train", lora_rank=config.lora.rank, lora_alpha=config.lora.alpha,
+                        weight_path=config.weight_path, mode="train", lora_rank=config.lora.rank, lora_alpha=config.lora.alpha,
                         target=config.lora.target, recompute=config.train.recompute,
                         max_tokens=max(config.train.max_length * config.train.batch_size, 16),
                         fast_activations=config.train.fast_activations, train_experts=config.train_experts)
