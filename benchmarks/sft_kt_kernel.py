@@ -9,7 +9,8 @@ Both sides run the same step on the same inputs — bf16 expert weights, bf16 hi
 every gradient path carries data) and the upstream gradient — forward(save_for_backward=True) then
 backward into caller-owned LoRA gradient buffers. AMXFP8_SFT's sides both load the same block-FP8
 quantization of those weights (E4M3 codes, f32 128 x 128 block scales; kt through
-load_block_fp8_weights):
+load_block_fp8_weights), MXFP4_SFT's the same MXFP4 quantization (E2M1 codes, UE8M0 scales per 32;
+kt through load_mxfp4_weights) and compute DeepSeek-V4's clamped SiLU at `--swiglu-limit`:
   - kt: `KTMoEWrapper(mode="sft", method=...)` (kt_core.sft) in this process, on the host's best
     backend with transposed tiles;
   - kt-kernel: its SFT class for the method driven through kt_kernel_ext in its own venv
@@ -78,16 +79,36 @@ def block_fp8(d: dict) -> dict:
     return out
 
 
+def mxfp4(d: dict) -> dict:
+    """The bf16 weights as MXFP4 (E2M1 codes uint8 [E, rows, cols / 2], the UE8M0 scales as bf16 powers
+    of two [E, rows, cols / 32]) — what both sides of MXFP4_SFT load."""
+    from kt_core.testing.quantize import quantize_mxfp4
+
+    out = {}
+    for n in ("gate", "up", "down"):
+        codes, scales = quantize_mxfp4(d[n].float().numpy())
+        bf16 = (torch.from_numpy(scales.astype("int32")) << 7).to(torch.int16).view(torch.bfloat16)
+        out[n] = (torch.from_numpy(codes), bf16)
+    return out
+
+
 class KtSide:
     def __init__(self, d: dict, method: str, threads: int):
         E, I, H = d["gate"].shape
         T, K = d["ids"].shape
         self.d = d
+        extra = ({"swiglu_limit": d["swiglu_limit"], "group_size": 32, "zero_point": False}
+                 if method == "MXFP4_SFT" else {})
         self.w = KTMoEWrapper(layer_idx=0, num_experts=E, num_experts_per_tok=K, hidden_size=H,
                               moe_intermediate_size=I, cpuinfer_threads=threads, threadpool_count=1,
                               weight_path=None, chunked_prefill_size=T, method=method, mode="sft",
-                              lora_rank=d["rank"], lora_alpha=d["alpha"])
-        if method == "AMXFP8_SFT":
+                              lora_rank=d["rank"], lora_alpha=d["alpha"], **extra)
+        if method == "MXFP4_SFT":
+            data = {}
+            for n, (codes, scales) in d["mxfp4"].items():
+                data[n], data[n + "_scale"] = list(codes), list(scales)
+            self.w.load_mxfp4_weights(data, torch.arange(E))
+        elif method == "AMXFP8_SFT":
             from types import SimpleNamespace
 
             fp8 = {f"{n}_{part}": list(t) for n, pair in d["fp8"].items()
@@ -109,9 +130,10 @@ class KtSide:
                                     **{"grad_" + n: g.clone() for n, g in self.grads.items()}}
 
 
-def float64_reference(d: dict) -> dict:
+def float64_reference(d: dict, limit: float = 0.0) -> dict:
     """Output and gradients of the step in float64 autograd on the bf16 weights (unquantized: for the
-    integer methods the error includes the format's), rows grouped by expert."""
+    integer methods the error includes the format's), rows grouped by expert; `limit`: the clamped
+    SiLU, SiLU(min(g, limit)) * clamp(u, -limit, limit)."""
     X = d["hidden"].double().requires_grad_()
     W = d["weights"].double().requires_grad_()
     P = {n: d[n].double().requires_grad_() for n in LORA}
@@ -126,6 +148,8 @@ def float64_reference(d: dict) -> dict:
         x = X[t]
         g = x @ gate[e].T + s * (x @ P["gate_lora_a"][e].T) @ P["gate_lora_b"][e].T
         u = x @ up[e].T + s * (x @ P["up_lora_a"][e].T) @ P["up_lora_b"][e].T
+        if limit:
+            g, u = g.clamp(max=limit), u.clamp(-limit, limit)
         h = torch.nn.functional.silu(g) * u
         y = h @ down[e].T + s * (h @ P["down_lora_a"][e].T) @ P["down_lora_b"][e].T
         out = out.index_add(0, t, W[t, j][:, None] * y)
@@ -159,6 +183,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, nargs="+", default=[512, 2048])
     p.add_argument("--rank", type=int, default=16)
     p.add_argument("--methods", nargs="+", default=["AMXBF16_SFT", "AMXINT8_SFT"])
+    p.add_argument("--swiglu-limit", type=float, default=10.0, help="MXFP4_SFT's clamped SiLU limit")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--repeats", type=int, default=3)
@@ -178,11 +203,17 @@ def main() -> None:
             d = make_inputs(SHAPES[a.shape], tokens, a.rank)
             if "AMXFP8_SFT" in a.methods:
                 d["fp8"] = block_fp8(d)
+            if "MXFP4_SFT" in a.methods:
+                d["mxfp4"], d["swiglu_limit"] = mxfp4(d), a.swiglu_limit
             data = Path(tmp) / "in.pt"
             torch.save(d, data)
-            log(f"{tokens} tokens: float64 reference ...")
-            ref = float64_reference(d)
+            refs = {}
             for method in a.methods:
+                limit = a.swiglu_limit if method == "MXFP4_SFT" else 0.0
+                if limit not in refs:
+                    log(f"{tokens} tokens: float64 reference" + (f" (clamped SiLU at {limit})" if limit else "") + " ...")
+                    refs[limit] = float64_reference(d, limit)
+                ref = refs[limit]
                 kt = KtSide(d, method, a.threads)
                 kt_times, ref_times, variant, diffs = [], [], None, None
                 for pass_ in range(a.passes):

@@ -25,11 +25,13 @@ from kt_core.testing.quantize import (  # noqa: E402
     dequantize_fp8_block,
     dequantize_int4,
     dequantize_int8,
+    dequantize_mxfp4,
     dequantize_rawint4,
     pack_rawint4,
     quantize_fp8_block,
     quantize_int4,
     quantize_int8,
+    quantize_mxfp4,
     scale_as_torch_bf16,
 )
 
@@ -90,8 +92,9 @@ def batch(seed=1, tokens=T):
     return x, ids, w, dy
 
 
-def torch_reference(x, ids, w, dy, gate, up, down, lora):
-    """Output and gradients (x, w, each LoRA factor, each expert weight) in float64 autograd."""
+def torch_reference(x, ids, w, dy, gate, up, down, lora, limit=0.0):
+    """Output and gradients (x, w, each LoRA factor, each expert weight) in float64 autograd; `limit`:
+    DeepSeek-V4's clamped SiLU, SiLU(min(gate, limit)) * clamp(up, -limit, limit)."""
     X, W = x.double().requires_grad_(), w.double().requires_grad_()
     P = {n: v.double().requires_grad_() for n, v in lora.items()}
     G, U, D = (t.detach().clone().requires_grad_() for t in (gate, up, down))
@@ -108,6 +111,8 @@ def torch_reference(x, ids, w, dy, gate, up, down, lora):
             if P:
                 gt = gt + s * (P["gate_lora_b"][e] @ (P["gate_lora_a"][e] @ xt))
                 ut = ut + s * (P["up_lora_b"][e] @ (P["up_lora_a"][e] @ xt))
+            if limit:
+                gt, ut = gt.clamp(max=limit), ut.clamp(-limit, limit)
             h = torch.nn.functional.silu(gt) * ut
             y = D[e] @ h
             if P:
@@ -123,7 +128,7 @@ def err(a, b) -> float:
     return float((a.double() - b).abs().max() / b.abs().max())
 
 
-def step_errors(wrapper, weights) -> dict:
+def step_errors(wrapper, weights, limit=0.0) -> dict:
     """One step of a loaded wrapper (lora_tensors(), batch()) against torch_reference over `weights`
     (float64 gate, up, down): the relative error of the output and of every gradient, by name."""
     lora, grads = lora_tensors()
@@ -131,7 +136,7 @@ def step_errors(wrapper, weights) -> dict:
     x, ids, w, dy = batch()
     out = wrapper.forward(x, ids, w, save_for_backward=True)
     grad_x, grad_w = wrapper.backward(dy)
-    ref, rgrads = torch_reference(x, ids, w, dy, *weights, lora)
+    ref, rgrads = torch_reference(x, ids, w, dy, *weights, lora, limit)
     errors = {"out": err(out, ref), "x": err(grad_x, rgrads["x"]), "w": err(grad_w, rgrads["w"])}
     errors.update({n: err(grads[n], rgrads[n]) for n in LORA})
     return errors
@@ -192,6 +197,90 @@ def test_block_fp8_experts_train_lora(backend):
     weights = [torch.from_numpy(dequantize_fp8_block(*quantized[n])).double() for n in ("gate", "up", "down")]
     errors = step_errors(wrapper, weights)
     assert max(errors.values()) < 4e-3 and errors["w"] < 1e-5, errors
+
+
+def mxfp4_experts_data(weights):
+    """weights as kt-kernel's MXFP4SafeTensorLoader.load_experts() gives a DeepSeek-V4-Flash layer: per
+    expert uint8 E2M1 codes and bf16 scales (the UE8M0 exponents as bf16 powers of two)."""
+    data = {}
+    for name, t in zip(("gate", "up", "down"), weights):
+        codes, scales = quantize_mxfp4(t.numpy())
+        data[name] = [torch.from_numpy(c.copy()) for c in codes]
+        data[name + "_scale"] = [(torch.from_numpy(s.astype(np.int32)) << 7).to(torch.int16).view(torch.bfloat16)
+                                 for s in scales]
+    return data
+
+
+def clamp_limit_away_from_the_values(weights, lora, start=1.5, margin=2e-4):
+    """A swiglu_limit near `start` that every gate / up value of batch()'s picks (float64, with the
+    LoRA) misses by `margin`: a clamp's gradient jumps at the limit, so a value within rounding of it
+    would compare two different sides."""
+    x, ids, _, _ = batch()
+    s = ALPHA / R
+    values = []
+    for t in range(x.shape[0]):
+        for e in (int(i) for i in ids[t] if i >= 0):
+            xt = x[t].double()
+            for name, wt in (("gate", weights[0]), ("up", weights[1])):
+                a, b = lora[f"{name}_lora_a"][e].double(), lora[f"{name}_lora_b"][e].double()
+                values.append(wt[e] @ xt + s * (b @ (a @ xt)))
+    v = torch.cat(values).abs()
+    for limit in np.arange(start, start + 0.5, 0.01):
+        if float((v - limit).abs().min()) > margin:
+            return float(limit), float((v > limit).double().mean())
+    raise AssertionError("no limit clear of the values")
+
+
+@pytest.mark.parametrize("backend", [None, "reference"])
+def test_mxfp4_experts_train_lora_with_the_clamped_silu(backend):
+    """MXFP4_SFT: LoRA on frozen E2M1 / UE8M0 experts given as kt-kernel gives them
+    (load_mxfp4_weights), with DeepSeek-V4's clamped SiLU (swiglu_limit) at a limit a part of the
+    gate and up values cross (15 %): every output and gradient against float64 over the dequantized
+    weights (bounds as the other methods': bf16 outputs 5e-3, measured 1.4e-3 – 3.2e-3 on avx and the
+    reference; the routing weights' f32 gradient 5e-4, measured 8.7e-5 avx (int8 activations), 1.8e-7
+    reference)."""
+    data = mxfp4_experts_data(base_weights())
+    weights = [torch.from_numpy(dequantize_mxfp4(torch.stack(data[n]).numpy(),
+                                                 (torch.stack(data[n + "_scale"]).view(torch.int16).int() >> 7).numpy()))
+               for n in ("gate", "up", "down")]
+    limit, crossing = clamp_limit_away_from_the_values(weights, lora_tensors()[0])
+    assert crossing > 0.05, crossing
+    wrapper = make("MXFP4_SFT", backend=backend, swiglu_limit=limit, zero_point=False)
+    assert wrapper._moe.method == "MXFP4" and wrapper._moe.swiglu_limit == pytest.approx(limit)
+    with pytest.raises(KTError, match="MXFP4_SFT accepts native packed E2M1 weights and UE8M0 scales only"):
+        wrapper.load_weights_from_tensors(*(t.bfloat16() for t in base_weights()))
+    wrapper.load_mxfp4_weights(data, torch.arange(E))
+    with pytest.raises(RuntimeError, match="MXFP4_SFT weights are immutable and already loaded"):
+        wrapper.load_mxfp4_weights(data, torch.arange(E))
+    errors = step_errors(wrapper, [w.double() for w in weights], limit)
+    assert max(errors.values()) < 5e-3 and errors["w"] < 5e-4, errors
+
+
+def test_mxfp4_sft_contract():
+    """kt-kernel's MXFP4_SFT constraints, and its experts' format checked by name."""
+    with pytest.raises(ValueError, match="swiglu_limit / swiglu_alpha .* are only supported by MXFP4_SFT"):
+        make("AMXBF16_SFT", swiglu_limit=7.0)
+    with pytest.raises(ValueError, match="MXFP4_SFT requires swiglu_alpha=0"):
+        make("MXFP4_SFT", swiglu_limit=7.0, swiglu_alpha=1.702, zero_point=False)
+    with pytest.raises(ValueError, match="MXFP4_SFT requires a finite positive swiglu_limit"):
+        make("MXFP4_SFT", zero_point=False)
+    with pytest.raises(ValueError, match="MXFP4_SFT requires group_size=32 and zero_point=False"):
+        make("MXFP4_SFT", swiglu_limit=7.0)   # zero_point defaults to True, as kt-kernel's
+    with pytest.raises(ValueError, match="MXFP4_SFT supports frozen-base LoRA only"):
+        make("MXFP4_SFT", swiglu_limit=7.0, zero_point=False, full_weight_grad=True)
+    data = mxfp4_experts_data(base_weights())
+    wrapper = make("MXFP4_SFT", swiglu_limit=7.0, zero_point=False)
+    with pytest.raises(ValueError, match=r"MXFP4 up\[3\] must be a CPU torch.uint8 tensor of shape \(64, 64\), got "
+                                         r"torch.int8"):
+        wrapper.load_mxfp4_weights({**data, "up": [t.view(torch.int8) if e == 3 else t
+                                                   for e, t in enumerate(data["up"])]})
+    with pytest.raises(ValueError, match="MXFP4 down_scale must contain 8 expert tensors, got 7"):
+        wrapper.load_mxfp4_weights({**data, "down_scale": data["down_scale"][:7]})
+    third = [data["gate_scale"][0] * 1.5] + data["gate_scale"][1:]
+    with pytest.raises(ValueError, match=r"MXFP4 gate_scale\[0\] must hold UE8M0 scales .*found 0.0[0-9]*"):
+        wrapper.load_mxfp4_weights({**data, "gate_scale": third})
+    with pytest.raises(KTError, match=r"load_mxfp4_weights\(\) loads MXFP4_SFT's experts; this wrapper is AMXBF16_SFT"):
+        make().load_mxfp4_weights(data)
 
 
 @pytest.mark.parametrize("backend", [None, "reference"])
@@ -368,8 +457,6 @@ def test_submitted_forward_and_backward_equal_the_blocking_ones():
 def test_bad_input_is_refused_by_name():
     with pytest.raises(ValueError, match=r"Method 'AMXINT4' not supported for SFT mode. Supported methods: \["):
         make("AMXINT4")
-    with pytest.raises(KTError, match="method MXFP4_SFT: kt's wrapper does not take kt-kernel's native MXFP4"):
-        make("MXFP4_SFT")
     with pytest.raises(KTError, match="full_weight_grad=True trains the expert weights themselves.*AMXFP8_SFT holds"):
         make("AMXFP8_SFT", full_weight_grad=True)
     with pytest.raises(KTError, match="load_block_fp8_weights\\(\\) loads AMXFP8_SFT's experts; this wrapper is AMXBF16"):

@@ -32,23 +32,28 @@ for S, I in [(37, 50), (5, 16), (64, 768)]:
     for name, got in (("dgate", dgu[:, :I]), ("dup", dgu[:, I:]), ("dw", dw)):
         assert np.abs(got - wants[name]).max() <= 1e-5 * np.abs(wants[name]).max(), (name, S, I)
 
-    # GPT-OSS's clamped SwiGLU: inputs across both limits, and exactly on them (the clamps pass the
-    # gradient there, as torch's clamp does).
-    L, A = 7.0, 1.702
+    # The shaped activations: GPT-OSS's clamped SwiGLU (limit, alpha), DeepSeek-V4's clamped SiLU
+    # (limit, 0), a sigmoid slope without clamps (0, alpha). Inputs across both limits, and exactly on
+    # them (the clamps pass the gradient there, as torch's clamp does).
+    L = 7.0
     gu[1, :4] = [L, 2 * L, -L, -2 * L]
     gu[1, I:I + 4] = [L, 2 * L, -L, -2 * L]
-    gated_rows_forward(gu, w, h, (L, A))
     g, u = gu[:, :I].astype(np.float64), gu[:, I:].astype(np.float64)
-    gc, uc = np.minimum(g, L), np.clip(u, -L, L)
-    sc = 1 / (1 + np.exp(-A * gc))
-    want = (uc + 1) * gc * sc * w64[:, None]
-    assert np.abs(h - want).max() <= 1e-5 * np.abs(want).max(), ("swiglu h", S, I)
-    gated_rows_backward(dh, gu, w, dgu, dw, (L, A))
-    wants = {"dgate": np.where(g <= L, d64 * (uc + 1) * w64[:, None] * sc * (1 + A * gc * (1 - sc)), 0.0),
-             "dup": np.where(np.abs(u) <= L, d64 * gc * sc * w64[:, None], 0.0),
-             "dw": (d64 * (uc + 1) * gc * sc).sum(axis=1)}
-    for name, got in (("dgate", dgu[:, :I]), ("dup", dgu[:, I:]), ("dw", dw)):
-        assert np.abs(got - wants[name]).max() <= 1e-5 * np.abs(wants[name]).max(), ("swiglu " + name, S, I)
+    for limit, A in ((L, 1.702), (L, 0.0), (0.0, 1.702)):
+        bound = limit or np.inf
+        slope, shift = (A, 1.0) if A else (1.0, 0.0)
+        gated_rows_forward(gu, w, h, (limit, A))
+        gc, uc = np.minimum(g, bound), np.clip(u, -bound, bound)
+        sc = 1 / (1 + np.exp(-slope * gc))
+        want = (uc + shift) * gc * sc * w64[:, None]
+        assert np.abs(h - want).max() <= 1e-5 * np.abs(want).max(), ("shaped h", limit, A, S, I)
+        gated_rows_backward(dh, gu, w, dgu, dw, (limit, A))
+        wants = {"dgate": np.where(g <= bound, d64 * (uc + shift) * w64[:, None] * sc * (1 + slope * gc * (1 - sc)), 0),
+                 "dup": np.where(np.abs(u) <= bound, d64 * gc * sc * w64[:, None], 0.0),
+                 "dw": (d64 * (uc + shift) * gc * sc).sum(axis=1)}
+        for name, got in (("dgate", dgu[:, :I]), ("dup", dgu[:, I:]), ("dw", dw)):
+            assert np.abs(got - wants[name]).max() <= 1e-5 * np.abs(wants[name]).max(), (name, limit, A, S, I)
+    A = 1.702
     for bad in ((-1.0, A), (float("nan"), A), (L, float("inf"))):
         try:
             gated_rows_forward(gu, w, h, bad)

@@ -908,7 +908,7 @@ NB_MODULE(_native, m) {
     m.def("sum_rows", &sum_rows, "rows"_a, "row_of_slot"_a, "out"_a,
           "out[t] = sum of rows[row_of_slot[t, j]] over j (-1 skipped)");
     m.def("gated_rows_forward", &gated_rows_forward, "gate_up"_a, "w"_a, "h"_a, "limit"_a = 0.0f, "alpha"_a = 0.0f,
-          "h = SiLU(gate) * up * w per row (limit > 0: GPT-OSS's clamped SwiGLU)");
+          "h = SiLU(gate) * up * w per row (limit > 0: clamped first; alpha > 0: GPT-OSS's clamped SwiGLU)");
     m.def("gated_rows_backward", &gated_rows_backward, "dh"_a, "gate_up"_a, "w"_a, "dgate_up"_a, "dw"_a,
           "limit"_a = 0.0f, "alpha"_a = 0.0f,
           "the gradients of gated_rows_forward's gate_up and w from that of h");

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 namespace kt {
 namespace {
@@ -68,17 +69,25 @@ template <class W>
     return 1.0f / (1.0f + p * scale);
 }
 
-// The gated activation of a row's gate g and up u: SiLU(g) * u, or with a limit (GPT-OSS's clamped
-// SwiGLU) (clamp(u, -limit, limit) + 1) * g' * sigmoid(alpha * g'), g' = min(g, limit).
+// The gated activation of a row's gate g and up u, as kt/formats/gated_activation.h computes it:
+// SiLU(g) * u; a limit > 0 first clamps g' = min(g, limit), u' = clamp(u, -limit, limit)
+// (DeepSeek-V4's clamped SiLU: SiLU(g') * u'); alpha > 0 then gives GPT-OSS's clamped SwiGLU,
+// (u' + 1) * g' * sigmoid(alpha g'). Both are the "shaped" kernels below: sigmoid slope a (alpha,
+// or 1 for SiLU) and up shift (1, or 0 for SiLU), the limit +inf when unset.
 struct Gate {
-    float limit = 0.0f, alpha = 0.0f;   // limit 0: SiLU
+    float limit = 0.0f, alpha = 0.0f;   // both 0: SiLU
+    bool shaped() const { return limit != 0.0f || alpha != 0.0f; }
+    float bound() const { return limit > 0.0f ? limit : std::numeric_limits<float>::infinity(); }
+    float slope() const { return alpha > 0.0f ? alpha : 1.0f; }
+    float shift() const { return alpha > 0.0f ? 1.0f : 0.0f; }
 };
 
-template <class W, bool kClamped>
+template <class W, bool kShaped>
 [[gnu::always_inline]] inline void forward_range(const float* gu, const float* w, int64_t b, int64_t e, int64_t I,
                                                  Gate gate, float* h) {
     using V = typename W::V;
-    const V lim = W::splat(gate.limit), neg = W::splat(-gate.limit);
+    const float limit = gate.bound(), a = gate.slope(), shift = gate.shift();
+    const V lim = W::splat(limit), neg = W::splat(-limit);
     for (int64_t i = b; i < e; ++i) {
         const float* g = gu + i * 2 * I;
         const float* u = g + I;
@@ -87,19 +96,19 @@ template <class W, bool kClamped>
         int64_t c = 0;
         for (; c + W::kLanes <= I; c += W::kLanes) {
             V gv = W::load(g + c), uv = W::load(u + c);
-            if constexpr (kClamped) {
+            if constexpr (kShaped) {
                 gv = gv > lim ? lim : gv;   // NaN compares false: kept, as torch's clamp keeps it
                 uv = uv > lim ? lim : (uv < neg ? neg : uv);
-                W::store(hi + c, (uv + 1.0f) * gv * sigmoid<W>(gv * gate.alpha) * wi);
+                W::store(hi + c, (uv + shift) * gv * sigmoid<W>(gv * a) * wi);
             } else {
                 W::store(hi + c, gv * sigmoid<W>(gv) * uv * wi);
             }
         }
         for (; c < I; ++c) {
-            if constexpr (kClamped) {
-                const float gc = g[c] > gate.limit ? gate.limit : g[c];
-                const float uc = u[c] > gate.limit ? gate.limit : (u[c] < -gate.limit ? -gate.limit : u[c]);
-                hi[c] = (uc + 1.0f) * gc / (1.0f + std::exp(-gate.alpha * gc)) * wi;
+            if constexpr (kShaped) {
+                const float gc = g[c] > limit ? limit : g[c];
+                const float uc = u[c] > limit ? limit : (u[c] < -limit ? -limit : u[c]);
+                hi[c] = (uc + shift) * gc / (1.0f + std::exp(-a * gc)) * wi;
             } else {
                 hi[c] = g[c] / (1.0f + std::exp(-g[c])) * u[c] * wi;
             }
@@ -109,12 +118,12 @@ template <class W, bool kClamped>
 
 // d(g * sigmoid(a g)) / dg = s (1 + a g (1 - s)), s = sigmoid(a g); the clamps pass the gradient
 // where their input is inside the limits, ends included (torch's clamp backward).
-template <class W, bool kClamped>
+template <class W, bool kShaped>
 [[gnu::always_inline]] inline void backward_range(const float* dh, const float* gu, const float* w, int64_t b,
                                                   int64_t e, int64_t I, Gate gate, float* dgu, float* dw) {
     using V = typename W::V;
-    const V lim = W::splat(gate.limit), neg = W::splat(-gate.limit), zero = W::splat(0.0f);
-    const float a = kClamped ? gate.alpha : 1.0f;
+    const float limit = gate.bound(), a = kShaped ? gate.slope() : 1.0f, shift = gate.shift();
+    const V lim = W::splat(limit), neg = W::splat(-limit), zero = W::splat(0.0f);
     for (int64_t i = b; i < e; ++i) {
         const float* g = gu + i * 2 * I;
         const float* u = g + I;
@@ -128,11 +137,11 @@ template <class W, bool kClamped>
         for (; c + W::kLanes <= I; c += W::kLanes) {
             V gv = W::load(g + c), uv = W::load(u + c);
             const V dv = W::load(d + c);
-            if constexpr (kClamped) {
+            if constexpr (kShaped) {
                 const V graw = gv, uraw = uv;
                 gv = gv > lim ? lim : gv;
                 uv = uv > lim ? lim : (uv < neg ? neg : uv);
-                const V s = sigmoid<W>(gv * a), glu = gv * s, up1 = uv + 1.0f;
+                const V s = sigmoid<W>(gv * a), glu = gv * s, up1 = uv + shift;
                 acc += dv * up1 * glu;
                 W::store(du + c, (uraw >= neg) & (uraw <= lim) ? dv * glu * wi : zero);
                 W::store(dg + c, graw <= lim ? dv * up1 * wi * s * (1.0f + a * gv * (1.0f - s)) : zero);
@@ -146,13 +155,13 @@ template <class W, bool kClamped>
         for (; c < I; ++c) {
             float gc = g[c], uc = u[c];
             bool g_in = true, u_in = true;
-            if constexpr (kClamped) {
-                g_in = !(gc > gate.limit);
-                u_in = !(uc > gate.limit) && !(uc < -gate.limit);
-                gc = g_in ? gc : gate.limit;
-                uc = u_in ? uc : (uc > gate.limit ? gate.limit : -gate.limit);
+            if constexpr (kShaped) {
+                g_in = !(gc > limit);
+                u_in = !(uc > limit) && !(uc < -limit);
+                gc = g_in ? gc : limit;
+                uc = u_in ? uc : (uc > limit ? limit : -limit);
             }
-            const float s = 1.0f / (1.0f + std::exp(-a * gc)), glu = gc * s, up = kClamped ? uc + 1.0f : uc;
+            const float s = 1.0f / (1.0f + std::exp(-a * gc)), glu = gc * s, up = kShaped ? uc + shift : uc;
             tail += d[c] * glu * up;
             du[c] = u_in ? d[c] * glu * wi : 0.0f;
             dg[c] = g_in ? d[c] * up * wi * s * (1.0f + a * gc * (1.0f - s)) : 0.0f;
@@ -168,14 +177,14 @@ using BackwardFn = void (*)(const float*, const float*, const float*, int64_t, i
 #define KT_GATED_ROWS(SUFFIX, ATTR, VEC)                                                                                  \
     ATTR void forward_##SUFFIX(const float* gu, const float* w, int64_t b, int64_t e, int64_t I, Gate gate,        \
                                float* h) {                                                                         \
-        if (gate.limit != 0.0f)                                                                                    \
+        if (gate.shaped())                                                                                         \
             forward_range<VEC, true>(gu, w, b, e, I, gate, h);                                                     \
         else                                                                                                       \
             forward_range<VEC, false>(gu, w, b, e, I, gate, h);                                                    \
     }                                                                                                              \
     ATTR void backward_##SUFFIX(const float* dh, const float* gu, const float* w, int64_t b, int64_t e, int64_t I, \
                                 Gate gate, float* dgu, float* dw) {                                                \
-        if (gate.limit != 0.0f)                                                                                    \
+        if (gate.shaped())                                                                                         \
             backward_range<VEC, true>(dh, gu, w, b, e, I, gate, dgu, dw);                                          \
         else                                                                                                       \
             backward_range<VEC, false>(dh, gu, w, b, e, I, gate, dgu, dw);                                         \

@@ -9,8 +9,10 @@ outputs written in place:
     gated_rows_forward(gate_up [S, 2I], w [S], h [S, I])              h = SiLU(gate) * up * w
     gated_rows_backward(dh, gate_up, w, dgate_up [S, 2I], dw [S])     its gradients
 
-The gated passes take swiglu=(limit, alpha) for GPT-OSS's clamped SwiGLU instead of SiLU:
-h = (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g) * w with g = min(gate, limit); (0, 0) is SiLU.
+The gated passes take swiglu=(limit, alpha), the activation kt's kernels apply (kt_core.testing.
+reference.gated): (0, 0) is SiLU; limit > 0 clamps g = min(gate, limit), u = clamp(up, -limit, limit)
+first (DeepSeek-V4's clamped SiLU with alpha 0: h = SiLU(g) * u * w); alpha > 0 gives GPT-OSS's
+clamped SwiGLU h = (u + 1) * g * sigmoid(alpha * g) * w.
 
 gather_rows and sum_rows are each other's backward; sum_rows adds a token's rows in slot order, so
 the result does not depend on the thread count. `Routing.of(top_k_index, num_experts)` (torch)

@@ -13,8 +13,9 @@ pool reused across steps), the gate and up adapters run as one call on the fused
 Differences from kt-kernel, all deliberate (docs/training.md):
  - every method runs on the best backend with transposed tiles (kt-backend-avx, amx, reference);
    AMXFP8_SFT (LoRA on frozen block-FP8 experts, avx's or amx's transposed FP8 products) takes
-   its experts as kt-kernel's does, from load_block_fp8_weights() or an FP8 weight_path; MXFP4_SFT is
-   refused by name (its native E2M1 loading and clamped-SwiGLU training are not wired here);
+   its experts as kt-kernel's does, from load_block_fp8_weights() or an FP8 weight_path; MXFP4_SFT
+   (LoRA on frozen E2M1 experts with UE8M0 scales, DeepSeek-V4-Flash's format, and its clamped SiLU:
+   swiglu_limit) from load_mxfp4_weights() or a weight_path whose experts are stored that way;
  - max_cache_depth forwards are kept, newest first; backward consumes the newest (a forward past
    the depth drops the oldest, whose backward then finds no cache — an error, not other gradients);
  - optimizer-owned gradients ("authoritative" in kt-kernel) whenever the six LoRA factors are
@@ -53,20 +54,27 @@ SFT_METHODS = {
     "AMXINT4_1KGroup_SFT": ("INT4", True, True),
     "RAWINT4_SFT": ("RAWINT4", False, False),
     "AMXFP8_SFT": ("FP8", False, False),
+    "MXFP4_SFT": ("MXFP4", False, False),
 }
 SKIP_LORA_SUFFIX = "_SkipLoRA"
-REFUSED_METHODS = {
-    "MXFP4_SFT": ("kt's wrapper does not take kt-kernel's native MXFP4 loading (load_mxfp4_weights) and "
-                  "clamped-SwiGLU training yet; train GPT-OSS's experts through kt.integrations.transformers."
-                  "patch_model(mode='train') (BF16, INT8 or INT4 frozen experts, biases and the clamped SwiGLU "
-                  "included)"),
-}
 MAX_RANK = 32   # gate and up run as one adapter of rank 2r, and kt_core.lora takes ranks up to 64
 LORA_NAMES = ("gate_lora_a", "gate_lora_b", "up_lora_a", "up_lora_b", "down_lora_a", "down_lora_b")
 
 
 def sft_methods() -> list[str]:
     return sorted([*SFT_METHODS, *(m + SKIP_LORA_SUFFIX for m in SFT_METHODS if m.startswith("AMX"))])
+
+
+def _ue8m0_of_bf16(scale: torch.Tensor, what: str) -> torch.Tensor:
+    """UE8M0 exponent bytes of bf16 powers of two (bf16 holds 2^(e - 127) as e << 7; e = 0, 2^-127,
+    as the subnormal 0x0040): the scales as kt's MXFP4 layout takes them. Anything else is refused."""
+    bits = scale.contiguous().view(torch.int16).to(torch.int32) & 0xFFFF
+    subnormal = bits == 0x0040
+    bad = (((bits & 0x807F) != 0) & ~subnormal) | (bits == 0x7F80)   # sign, mantissa bits, or infinity
+    if bool(bad.any()):
+        found = float(scale.reshape(-1)[int(bad.reshape(-1).nonzero()[0])])
+        raise ValueError(f"{what} must hold UE8M0 scales (finite positive powers of two as bf16), found {found}")
+    return torch.where(subnormal, 0, bits >> 7).to(torch.uint8)
 
 
 @dataclass(frozen=True)
@@ -99,8 +107,6 @@ class SFTMoEWrapper:
         self.method = str(method)
         self._is_skip_lora = self.method.endswith(SKIP_LORA_SUFFIX)
         base_method = self.method.removesuffix(SKIP_LORA_SUFFIX)
-        if base_method in REFUSED_METHODS:
-            raise KTError(f"method {self.method}: {REFUSED_METHODS[base_method]}")
         if base_method not in SFT_METHODS or (self._is_skip_lora and not base_method.startswith("AMX")):
             raise ValueError(f"Method '{self.method}' not supported for SFT mode. Supported methods: {sft_methods()}")
         kt_method, zp, grouped = SFT_METHODS[base_method]
@@ -112,10 +118,17 @@ class SFTMoEWrapper:
                           "(kt-kernel's optimizer-owned gradients need the same)")
         if max_deferred_experts_per_token:
             raise KTError("max_deferred_experts_per_token is an inference setting; mode='sft' defers nothing")
-        if swiglu_limit or swiglu_alpha:
-            raise KTError("mode='sft' trains SiLU-gated experts; swiglu_limit / swiglu_alpha (the clamped SwiGLU) "
-                          "are not supported in training")
         self._validate_sft_config(lora_rank, lora_alpha, lora_dropout, max_cache_depth, full_weight_grad)
+        swiglu_limit = self._validate_swiglu(kt_method, swiglu_limit, swiglu_alpha)
+        if kt_method == "MXFP4":   # kt-kernel's MXFP4_SFT contract, so code written for it means the same here
+            if full_weight_grad:
+                raise ValueError("MXFP4_SFT supports frozen-base LoRA only")
+            if int(group_size) != 32 or zero_point:
+                raise ValueError(f"MXFP4_SFT requires group_size=32 and zero_point=False (its E2M1 groups of 32 "
+                                 f"share one UE8M0 scale), got group_size={group_size}, zero_point={zero_point}")
+            if int(hidden_size) % 32 or int(moe_intermediate_size) % 32:
+                raise ValueError(f"MXFP4_SFT requires hidden_size and moe_intermediate_size divisible by 32, got "
+                                 f"{hidden_size} and {moe_intermediate_size}")
         if full_weight_grad and kt_method != "BF16":
             raise KTError(f"full_weight_grad=True trains the expert weights themselves, which kt does on BF16 only "
                           f"(AMXBF16_SFT); {self.method} holds quantized weights (frozen: train LoRA on them)")
@@ -142,7 +155,8 @@ class SFTMoEWrapper:
         self._moe = MoE(num_experts=self.num_experts, top_k=self.num_experts_per_tok, hidden_size=self.hidden_size,
                         intermediate_size=self.moe_intermediate_size, method=kt_method,
                         max_tokens=self.chunked_prefill_size, backend=backend, group_size=self.group_size,
-                        zero_point=zp, fast_activations=fast_activations, trainable=True)
+                        zero_point=zp, fast_activations=fast_activations, trainable=True,
+                        swiglu_limit=swiglu_limit)
         self._step = ExpertStep(self._moe)
         self._physical_to_logical = None
         self._weights_loaded = False
@@ -172,6 +186,23 @@ class SFTMoEWrapper:
         if isinstance(max_cache_depth, bool) or int(max_cache_depth) <= 0:
             raise ValueError(f"max_cache_depth must be positive, got {max_cache_depth}")
 
+    @staticmethod
+    def _validate_swiglu(kt_method: str, swiglu_limit, swiglu_alpha) -> float:
+        """The experts' activation: SiLU, or for MXFP4_SFT (only, as in kt-kernel) DeepSeek-V4's clamped
+        SiLU — SiLU(min(gate, limit)) * clamp(up, -limit, limit), kt's swiglu_limit with alpha 0."""
+        limit, alpha = float(swiglu_limit or 0.0), float(swiglu_alpha or 0.0)
+        if kt_method != "MXFP4":
+            if limit or alpha:
+                raise ValueError(f"swiglu_limit / swiglu_alpha (a clamped SwiGLU) are only supported by MXFP4_SFT in "
+                                 f"mode='sft', got {limit} / {alpha} (GPT-OSS's experts train through "
+                                 "kt.integrations.transformers.patch_model(mode='train'))")
+            return 0.0
+        if alpha:
+            raise ValueError(f"MXFP4_SFT requires swiglu_alpha=0 (its clamped SiLU has no sigmoid scale), got {alpha}")
+        if not (math.isfinite(limit) and limit > 0):
+            raise ValueError(f"MXFP4_SFT requires a finite positive swiglu_limit, got {swiglu_limit!r}")
+        return limit
+
     @property
     def backend(self) -> str:
         return self._moe.backend
@@ -190,6 +221,9 @@ class SFTMoEWrapper:
         if self._moe.method == "FP8":
             raise KTError("AMXFP8_SFT takes the experts' E4M3 codes and block scales as the checkpoint stores them: "
                           "use load_block_fp8_weights() or load_weights() with weight_path")
+        if self._moe.method == "MXFP4":
+            raise KTError("MXFP4_SFT accepts native packed E2M1 weights and UE8M0 scales only: use "
+                          "load_mxfp4_weights() or load_weights() with weight_path")
         self._moe.load(gate_proj, up_proj, down_proj, physical_to_logical_map_cpu)
         self._physical_to_logical = physical_to_logical_map_cpu
         self._weights_loaded = True
@@ -244,6 +278,40 @@ class SFTMoEWrapper:
         self._physical_to_logical = physical_to_logical_map_cpu
         self._weights_loaded = True
 
+    def load_mxfp4_weights(self, experts_data, physical_to_logical_map_cpu=None) -> None:
+        """MXFP4_SFT's experts as kt-kernel's MXFP4SafeTensorLoader.load_experts() gives them: a dict of
+        per-expert lists gate / up uint8 [I, H / 2], down [H, I / 2] (E2M1 codes, two per byte, the even
+        element in the low nibble) and gate_scale / up_scale / down_scale bf16 [rows, cols / 32] (powers
+        of two: the UE8M0 exponents as bf16), packed into kt's MXFP4 layout as stored."""
+        if self._moe.method != "MXFP4":
+            raise KTError(f"load_mxfp4_weights() loads MXFP4_SFT's experts; this wrapper is {self.method}")
+        if self._weights_loaded:
+            raise RuntimeError("MXFP4_SFT weights are immutable and already loaded")
+        if not isinstance(experts_data, dict):
+            raise TypeError(f"MXFP4 expert weights must be the dict MXFP4SafeTensorLoader.load_experts() returns "
+                            f"(gate, up, down, gate_scale, up_scale, down_scale), got {type(experts_data).__name__}")
+        E, H, I = self.num_experts, self.hidden_size, self.moe_intermediate_size
+        shapes = {"gate": (I, H), "up": (I, H), "down": (H, I)}
+        codes, scales = [], []
+        for name, (rows, cols) in shapes.items():
+            for key, dtype, shape, into in ((name, torch.uint8, (rows, cols // 2), codes),
+                                            (name + "_scale", torch.bfloat16, (rows, cols // 32), scales)):
+                tensors = experts_data.get(key)
+                if not isinstance(tensors, (list, tuple)) or len(tensors) != E:
+                    got = len(tensors) if isinstance(tensors, (list, tuple)) else type(tensors).__name__
+                    raise ValueError(f"MXFP4 {key} must contain {E} expert tensors, got {got}")
+                for e, t in enumerate(tensors):
+                    if not isinstance(t, torch.Tensor) or t.device.type != "cpu" or t.dtype != dtype \
+                            or tuple(t.shape) != shape:
+                        got = (f"{t.dtype} {tuple(t.shape)} on {t.device}" if isinstance(t, torch.Tensor)
+                               else type(t).__name__)
+                        raise ValueError(f"MXFP4 {key}[{e}] must be a CPU {dtype} tensor of shape {shape}, got {got}")
+                into.append(torch.stack([t if key == name else _ue8m0_of_bf16(t, f"MXFP4 {key}[{e}]")
+                                         for e, t in enumerate(tensors)]))
+        self._moe.load(*codes, physical_to_logical_map_cpu, scales=tuple(scales))
+        self._physical_to_logical = physical_to_logical_map_cpu
+        self._weights_loaded = True
+
     def load_weights(self, physical_to_logical_map_cpu=None) -> None:
         """Layer `layer_idx`'s experts from weight_path (read by the kt application's weight source)."""
         from .weight_source import weight_source
@@ -251,6 +319,14 @@ class SFTMoEWrapper:
         if not self.weight_path:
             raise KTError("load_weights() reads experts from weight_path, and this wrapper has none; pass "
                           "weight_path= or use load_weights_from_tensors()")
+        if self._moe.method == "MXFP4":   # DeepSeek-V4-Flash's expert tensors, read as kt-kernel reads them
+            source = weight_source()
+            if not hasattr(source, "native_mxfp4_experts"):
+                raise KTError(f"MXFP4_SFT's load_weights() reads DeepSeek-V4-Flash's expert tensors; the installed "
+                              f"weight source ({getattr(source, '__name__', source)}) cannot: use load_mxfp4_weights()")
+            self.load_mxfp4_weights(source.native_mxfp4_experts(self.weight_path, self.layer_idx),
+                                    physical_to_logical_map_cpu)
+            return
         weight_source().load_layer(self._moe, self.weight_path, self.layer_idx, physical_to_logical_map_cpu,
                                    quantize_at_load=True)
         self._physical_to_logical = physical_to_logical_map_cpu

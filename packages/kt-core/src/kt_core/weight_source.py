@@ -12,6 +12,8 @@ A weight source is an object with two methods:
 and, for layerwise prefill (KTMoEWrapper.submit_write_weight_scale_to_buffer), optionally
   write_expert_for_gpu(path, layer_idx, expert, method, intermediate, tp, w13_weight_ptrs,
       w13_scale_ptrs, w2_weight_ptrs, w2_scale_ptrs) -> None
+and, for MXFP4_SFT's load_weights (DeepSeek-V4-Flash's expert tensors), optionally
+  native_mxfp4_experts(path, layer_idx) -> dict   as kt-kernel's MXFP4SafeTensorLoader.load_experts()
 """
 
 from __future__ import annotations

@@ -27,40 +27,19 @@ def _torch():
     return torch
 
 
-class Checkpoint:
-    """Read-only access to one model folder's tensors."""
+class SafetensorsFolder:
+    """Read-only access to a folder's safetensors tensors by name (its shard index, or every
+    *.safetensors file in it), whatever model they belong to."""
 
-    def __init__(self, model_dir: str | Path):
-        self.path = Path(model_dir)
+    def __init__(self, folder: str | Path):
+        self.path = Path(folder)
         if not self.path.is_dir():
             raise KTError(f"model folder {self.path} does not exist")
-        self.config = read_config(self.path)
-        self.spec: ModelSpec = spec_from_config(self.config)
         self._handles: dict[str, object] = {}    # before _weight_map: without an index it opens shards
         self.weight_map = self._weight_map()
 
-    # -- identity -------------------------------------------------------------------------
-    def source_hash(self) -> str:
-        """sha256 of config.json and the shard index (or the shard names and sizes): what a
-        converted folder records to notice that its source changed."""
-        h = hashlib.sha256((self.path / "config.json").read_bytes())
-        index = self.path / INDEX
-        if index.is_file():
-            h.update(index.read_bytes())
-        else:
-            for shard in sorted(set(self.weight_map.values())):
-                h.update(f"{shard}:{(self.path / shard).stat().st_size}".encode())
-        return h.hexdigest()
-
-    @staticmethod
-    def source_hash_of(model_dir: Path) -> str:
-        """Checkpoint(model_dir).source_hash() without parsing the folder when it has an index:
-        a converted folder checks its source at every open (once per layer through the
-        wrapper), and parsing a large model's index and checking its shards took longer than
-        mapping the layer."""
-        if (model_dir / INDEX).is_file():
-            return hashlib.sha256((model_dir / "config.json").read_bytes() + (model_dir / INDEX).read_bytes()).hexdigest()
-        return Checkpoint(model_dir).source_hash()
+    def _missing(self, name: str) -> str:
+        return f"tensor {name} is not in the safetensors files at {self.path}"
 
     # -- tensors ----------------------------------------------------------------------------
     def _weight_map(self) -> dict[str, str]:
@@ -110,8 +89,7 @@ class Checkpoint:
     def tensor(self, name: str):
         shard = self.weight_map.get(name)
         if shard is None:
-            raise WeightsError(f"tensor {name} is not in the checkpoint at {self.path} "
-                               f"(a {self.spec.model_type} checkpoint should have it)")
+            raise WeightsError(self._missing(name))
         try:
             return self._open(shard).get_tensor(name)
         except KTError:
@@ -121,6 +99,44 @@ class Checkpoint:
 
     def close(self) -> None:
         self._handles.clear()
+
+
+class Checkpoint(SafetensorsFolder):
+    """Read-only access to one model folder's tensors, of the model its config.json describes."""
+
+    def __init__(self, model_dir: str | Path):
+        path = Path(model_dir)
+        if not path.is_dir():
+            raise KTError(f"model folder {path} does not exist")
+        self.config = read_config(path)
+        self.spec: ModelSpec = spec_from_config(self.config)
+        super().__init__(path)
+
+    def _missing(self, name: str) -> str:
+        return f"tensor {name} is not in the checkpoint at {self.path} (a {self.spec.model_type} checkpoint should have it)"
+
+    # -- identity -------------------------------------------------------------------------
+    def source_hash(self) -> str:
+        """sha256 of config.json and the shard index (or the shard names and sizes): what a
+        converted folder records to notice that its source changed."""
+        h = hashlib.sha256((self.path / "config.json").read_bytes())
+        index = self.path / INDEX
+        if index.is_file():
+            h.update(index.read_bytes())
+        else:
+            for shard in sorted(set(self.weight_map.values())):
+                h.update(f"{shard}:{(self.path / shard).stat().st_size}".encode())
+        return h.hexdigest()
+
+    @staticmethod
+    def source_hash_of(model_dir: Path) -> str:
+        """Checkpoint(model_dir).source_hash() without parsing the folder when it has an index:
+        a converted folder checks its source at every open (once per layer through the
+        wrapper), and parsing a large model's index and checking its shards took longer than
+        mapping the layer."""
+        if (model_dir / INDEX).is_file():
+            return hashlib.sha256((model_dir / "config.json").read_bytes() + (model_dir / INDEX).read_bytes()).hexdigest()
+        return Checkpoint(model_dir).source_hash()
 
 
 def expect_tensor(t, name: str, shape: tuple[int, ...], dtypes: tuple, what: str):

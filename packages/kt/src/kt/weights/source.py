@@ -11,6 +11,7 @@ from .converted import MANIFEST, read_manifest
 from .kt_kernel_folder import KtKernelFolder
 from .loader import load_layer as _load_layer
 from .loader import open_weights
+from .native_mxfp4 import native_mxfp4_experts  # noqa: F401  (the weight source's MXFP4_SFT reader)
 
 
 def layer_settings(path, layer_idx: int, method: str) -> dict:

@@ -11,7 +11,9 @@ IN.pt (written by the driver): bf16 gate [E, I, H], up, down [E, H, I]; the six 
 (kt-kernel's layout: A [E, r, in], B [E, out, r]); rank, alpha; hidden bf16 [T, H], ids int64 [T, k],
 routing weights f32 [T, k], the upstream gradient bf16 [T, H]; for AMXFP8_SFT also "fp8": per
 projection the E4M3 codes uint8 [E, rows, cols] and f32 128 x 128 block scales, which it loads as
-kt-kernel's load_block_fp8_weights does (per-expert pointers). This drives kt_kernel_ext as
+kt-kernel's load_block_fp8_weights does (per-expert pointers); for MXFP4_SFT "mxfp4": per projection
+E2M1 codes uint8 [E, rows, cols / 2] and bf16 UE8M0 scales [E, rows, cols / 32], as
+load_mxfp4_weights stages them, and "swiglu_limit". This drives kt_kernel_ext as
 kt-kernel's SFT wrapper does (sft/amx.py): MOESFTConfig with the weight and LoRA pointers, the
 method's SFT class, load_weights, then per step forward_sft(save_for_backward=True) and backward
 into caller-owned buffers — without the wrapper's staging copies (its constructor pins memory,
@@ -29,7 +31,7 @@ import time
 import torch
 
 CLASSES = {"AMXBF16_SFT": "AMXBF16_SFT_MOE", "AMXINT8_SFT": "AMXInt8_SFT_MOE", "AMXINT4_SFT": "AMXInt4_SFT_MOE",
-           "AMXFP8_SFT": "AMXFP8_SFT_MOE"}
+           "AMXFP8_SFT": "AMXFP8_SFT_MOE", "MXFP4_SFT": "MXFP4_SFT_MOE"}
 LORA = ("gate_lora_a", "gate_lora_b", "up_lora_a", "up_lora_b", "down_lora_a", "down_lora_b")
 M_STEP = 32   # kt-kernel's AMX kernels take max_len in multiples of their M step
 
@@ -74,6 +76,14 @@ def main() -> None:
             setattr(cfg, f"{n}_scales", [[scales[e].data_ptr() for e in range(E)]])
         cfg.quant_config.bits, cfg.quant_config.group_size, cfg.quant_config.zero_point = 8, 128, False
         cfg.share_backward_bb = True   # its FP8 class requires the shared backward buffer pool
+    elif a.method == "MXFP4_SFT":   # per-expert E2M1 codes and bf16 UE8M0 scales, as load_mxfp4_weights stages them
+        mx = {n: (codes.contiguous(), scales.contiguous()) for n, (codes, scales) in d["mxfp4"].items()}
+        for n in ("gate", "up", "down"):
+            codes, scales = mx[n]
+            setattr(cfg, f"{n}_projs", [[codes[e].data_ptr() for e in range(E)]])
+            setattr(cfg, f"{n}_scales", [[scales[e].data_ptr() for e in range(E)]])
+        cfg.quant_config.bits, cfg.quant_config.group_size, cfg.quant_config.zero_point = 4, 32, False
+        cfg.swiglu_limit = float(d["swiglu_limit"])
     else:
         cfg.gate_proj, cfg.up_proj, cfg.down_proj = gate.data_ptr(), up.data_ptr(), down.data_ptr()
     for n in LORA:
