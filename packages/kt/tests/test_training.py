@@ -203,7 +203,7 @@ def test_expert_weights_train_only_on_float_methods():
     moe = kt_core.MoE(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, method="INT8", trainable=True)
     moe.load(gate, up, down)
     weights = (torch.nn.Parameter(torch.cat([gate, up], dim=1)), torch.nn.Parameter(down))
-    with pytest.raises(KTError, match=r"needs a float method \(BF16 or FP32\).*this layer is INT8"):
+    with pytest.raises(KTError, match=r"needs a float method \(BF16 or FP32\).*got INT8"):
         LoRAExperts(moe, rank=0, alpha=8.0, expert_weights=weights)
     with pytest.raises(KTError, match=r"lora_rank must be an integer in \[1, 64\], got 0 \(0, no adapters"):
         LoRAExperts(moe, rank=0, alpha=8.0)

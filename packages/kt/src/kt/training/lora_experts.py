@@ -48,6 +48,21 @@ MAX_RANK = 64   # kt_core.lora's loops (kt-core's kMaxLoraRank)
 TRAINABLE_WEIGHT_METHODS = ("BF16", "FP32")
 
 
+def check_trainable_weights(method: str, *, biased: bool, gpu_resident: int) -> None:
+    """Whether kt trains the routed experts' own weights here (patch_model(train_experts=True) asks
+    before touching the model, LoRAExperts per layer): a float method (kt packs them again after each
+    optimizer step), experts without biases in the [E, 2I, H] layout, every expert on kt."""
+    if method.upper() not in TRAINABLE_WEIGHT_METHODS:
+        raise KTError(f"training the expert weights needs a float method ({' or '.join(TRAINABLE_WEIGHT_METHODS)}): "
+                      f"kt packs them again after every optimizer step; got {method}")
+    if biased:
+        raise KTError("training the expert weights is offered for experts without biases ([E, 2I, H]-layout "
+                      "gate_up); these have biases (GPT-OSS)")
+    if gpu_resident:
+        raise KTError(f"training the expert weights needs every expert on kt (num_gpu_experts=0), got "
+                      f"num_gpu_experts={gpu_resident}")
+
+
 def is_adapter(name: str) -> bool:
     """Whether a LoRAExperts parameter (or a state-dict key ending in one) is an adapter factor; the
     others are the expert weights, when they train."""
@@ -149,12 +164,8 @@ class LoRAExperts(nn.Module):
     def _take_expert_weights(self, weights: tuple[nn.Parameter, nn.Parameter], names: tuple[str, str]) -> None:
         moe = self.moe
         E, H, I = moe.num_experts, moe.hidden_size, moe.intermediate_size
-        if moe.method not in TRAINABLE_WEIGHT_METHODS:
-            raise KTError(f"training the expert weights needs a float method ({' or '.join(TRAINABLE_WEIGHT_METHODS)}): "
-                          f"kt packs them again after every optimizer step; this layer is {moe.method}")
-        if any(moe.gpu_experts_mask) or moe.expert_bias or moe.swiglu_limit:
-            raise KTError("training the expert weights is offered for layers of experts without biases or the clamped "
-                          "SwiGLU, all on kt (num_gpu_experts=0)")
+        check_trainable_weights(moe.method, biased=moe.expert_bias or bool(moe.swiglu_limit),
+                                gpu_resident=sum(moe.gpu_experts_mask))
         for w, shape, name in zip(weights, ((E, 2 * I, H), (E, H, I)), names):
             if not isinstance(w, nn.Parameter) or tuple(w.shape) != shape:
                 raise KTError(f"expert weight {name}: expected an nn.Parameter of shape {list(shape)}, got "

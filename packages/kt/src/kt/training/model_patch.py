@@ -32,7 +32,7 @@ from torch import nn
 from kt_core.errors import KTError
 from kt_core.moe import MoE
 
-from .lora_experts import TRAINABLE_WEIGHT_METHODS, LoRAExperts, is_adapter
+from .lora_experts import LoRAExperts, check_trainable_weights, is_adapter
 from .peft_format import load_adapter, save_adapter
 
 
@@ -94,17 +94,11 @@ def patch_for_training(model: nn.Module, *, method: str, backend: str | None, lo
     top_k = inference_patch._config_int(cfg, fam.top_k_key, "experts per token", model_type)
     te = fam.transformers_experts
     if train_experts:   # refused before the model is touched (LoRAExperts checks the same per layer)
-        if te.input_first:
-            raise KTError(f"train_experts: {model_type}'s experts hold gate and up interleaved with biases "
-                          f"({te.gate_up} [E, H, 2I]); kt trains the weights of [E, 2I, H]-layout experts without "
-                          "biases")
-        if method.upper() not in TRAINABLE_WEIGHT_METHODS:
-            raise KTError(f"train_experts: training the expert weights needs a float method "
-                          f"({' or '.join(TRAINABLE_WEIGHT_METHODS)}); kt packs them again after every optimizer "
-                          f"step; got {method}")
-        if num_gpu_experts:
-            raise KTError("train_experts: the expert weights train with every expert on kt (num_gpu_experts=0), "
-                          f"got num_gpu_experts={num_gpu_experts}")
+        try:
+            check_trainable_weights(method, biased=te.input_first, gpu_resident=num_gpu_experts)
+        except KTError as exc:
+            raise KTError(f"train_experts: {exc}" + (f" ({model_type}'s {te.gate_up} is [E, H, 2I], gate and up "
+                                                      "interleaved)" if te.input_first else "")) from None
         if weight_path is not None:
             raise KTError(f"train_experts: the expert weights that train are the model's own parameters; "
                           f"weight_path ({weight_path}) gives frozen experts as stored, for LoRA over them")
