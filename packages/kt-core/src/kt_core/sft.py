@@ -533,7 +533,7 @@ class SFTMoEWrapper:
         saved = self._saved.pop()
         g = grad_output.detach().to("cpu", torch.bfloat16).float()
 
-        def weight_grads(routing, rows, dgate_up, h, dy):
+        def weight_grads(routing, rows, dgate_up, h, dy, picked):   # SFT experts have no biases
             self._expert_weight_grads(routing, rows, dgate_up, h, dy, scale, accumulate)
 
         grads = self._step.backward(saved, g, weight_grads=weight_grads if self._full_weight_grad else None,

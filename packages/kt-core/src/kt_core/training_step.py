@@ -111,9 +111,10 @@ class StepGrads:
     down_b: torch.Tensor | None = None
 
 
-# weight_grads(routing, rows [S, H], dgate_up [S, 2I], h [S, I], dy [S, H]): the expert weights'
-# gradients from the step's pieces (full fine-tuning), called before they go back to the pool.
-WeightGrads = Callable[[Routing, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
+# weight_grads(routing, rows [S, H], dgate_up [S, 2I], h [S, I], dy [S, H], picked [S]): the expert
+# weights' (and biases') gradients from the step's pieces (full fine-tuning), called before they go
+# back to the pool; picked is each row's routing weight.
+WeightGrads = Callable[[Routing, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
 
 
 def expert_weight_grads(routing: Routing, rows: torch.Tensor, dgate_up: torch.Tensor, h: torch.Tensor,
@@ -123,6 +124,14 @@ def expert_weight_grads(routing: Routing, rows: torch.Tensor, dgate_up: torch.Te
     routing weight already (h is scaled by it), so these are the full expert weights' gradients."""
     for e, r in _expert_rows(routing.splits):
         yield e, dgate_up[r].T @ rows[r], dy[r].T @ h[r]
+
+
+def expert_bias_grads(routing: Routing, dgate_up: torch.Tensor, dy: torch.Tensor, picked: torch.Tensor):
+    """(expert, d [gate|up] bias [2I], d down bias [H]) of each expert with rows, from a WeightGrads
+    callback's pieces: the gate/up gradient summed over the expert's rows, and dy weighted by each
+    row's routing weight (the down bias enters each row's output times it)."""
+    for e, r in _expert_rows(routing.splits):
+        yield e, dgate_up[r].sum(dim=0), picked[r] @ dy[r]
 
 
 def _expert_rows(splits: list[int]):
@@ -242,6 +251,6 @@ class ExpertStep:
         dw[routing.slot] = dpicked
         grads.weights = dw.view(routing.row_of_slot.shape)
         if weight_grads is not None:
-            weight_grads(routing, rows, dgate_up, h, dy)
+            weight_grads(routing, rows, dgate_up, h, dy, saved.picked)
         buf.give(dy, h, dgate_up, drows, rows)
         return grads

@@ -13,8 +13,10 @@ train the same way, their biases frozen. The whole block runs on kt as one autog
 (kt.training.routed_experts over kt_core.training_step), in float32 on the CPU, whatever the device
 and dtype of the hidden states (the output goes back to both).
 
-Full fine-tuning (`expert_weights=(gate_up, down)`, the model's own parameters in kt's orientation,
-[E, 2I, H] with gate above up and [E, H, I]): the experts' weights train too — registered here under
+Full fine-tuning (`expert_weights=(gate_up, down)`, the model's own parameters — kt's orientation,
+[E, 2I, H] with gate above up and [E, H, I], or GPT-OSS's input-first interleaved one with
+`input_first=True`, `interleaved_gate_up=True` and its two biases after them: kt.training.
+expert_layout): the experts' weights (and biases) train too — registered here under
 `weight_names` (the model's, so the model's state dict keeps its keys and save_pretrained writes an
 ordinary checkpoint), their gradients from kt's backward. kt computes with its packed copy (the
 method's precision: FP32, or BF16 from the parameters' values); each forward re-packs it when the
@@ -40,6 +42,7 @@ from kt_core.moe import MoE
 from kt_core.training_step import ExpertStep
 
 from ..integrations.transformers.experts import resident_picks, resident_slots
+from .expert_layout import ExpertLayout
 from .routed_experts import RoutedExperts
 
 TARGETS = ("gate_up", "gate", "up", "down")
@@ -48,16 +51,13 @@ MAX_RANK = 64   # kt_core.lora's loops (kt-core's kMaxLoraRank)
 TRAINABLE_WEIGHT_METHODS = ("BF16", "FP32")
 
 
-def check_trainable_weights(method: str, *, biased: bool, gpu_resident: int) -> None:
+def check_trainable_weights(method: str, *, gpu_resident: int) -> None:
     """Whether kt trains the routed experts' own weights here (patch_model(train_experts=True) asks
     before touching the model, LoRAExperts per layer): a float method (kt packs them again after each
-    optimizer step), experts without biases in the [E, 2I, H] layout, every expert on kt."""
+    optimizer step), every expert on kt."""
     if method.upper() not in TRAINABLE_WEIGHT_METHODS:
         raise KTError(f"training the expert weights needs a float method ({' or '.join(TRAINABLE_WEIGHT_METHODS)}): "
                       f"kt packs them again after every optimizer step; got {method}")
-    if biased:
-        raise KTError("training the expert weights is offered for experts without biases ([E, 2I, H]-layout "
-                      "gate_up); these have biases (GPT-OSS)")
     if gpu_resident:
         raise KTError(f"training the expert weights needs every expert on kt (num_gpu_experts=0), got "
                       f"num_gpu_experts={gpu_resident}")
@@ -108,8 +108,8 @@ class LoRAExperts(nn.Module):
     def __init__(self, moe: MoE, *, rank: int, alpha: float, target: Sequence[str] = DEFAULT_TARGET,
                  recompute: bool = False, resident_gate_up: torch.Tensor | None = None,
                  resident_down: torch.Tensor | None = None, interleaved_gate_up: bool = False,
-                 expert_weights: tuple[nn.Parameter, nn.Parameter] | None = None,
-                 weight_names: tuple[str, str] = ("gate_up_proj", "down_proj")):
+                 expert_weights: tuple[nn.Parameter, ...] | None = None,
+                 weight_names: tuple[str, ...] = ("gate_up_proj", "down_proj"), input_first: bool = False):
         super().__init__()
         if not moe.trainable:
             raise KTError("LoRAExperts needs a kt_core.MoE made with trainable=True (kernels with transposed tiles)")
@@ -131,6 +131,7 @@ class LoRAExperts(nn.Module):
         # The model's fused gate_up parameter holds gate and up as even / odd outputs (GPT-OSS): PEFT's
         # gate_up B follows it, kt's is [gate | up] (peft_format reorders B's rows).
         self.interleaved_gate_up = bool(interleaved_gate_up)
+        self.layout = ExpertLayout(input_first=bool(input_first), interleaved=self.interleaved_gate_up)
         self.step = ExpertStep(moe)
         resident = [e for e, g in enumerate(moe.gpu_experts_mask) if g]
         if resident and (moe.expert_bias or moe.swiglu_limit):
@@ -161,12 +162,16 @@ class LoRAExperts(nn.Module):
         if expert_weights is not None:
             self._take_expert_weights(expert_weights, weight_names)
 
-    def _take_expert_weights(self, weights: tuple[nn.Parameter, nn.Parameter], names: tuple[str, str]) -> None:
+    def _take_expert_weights(self, weights: tuple[nn.Parameter, ...], names: tuple[str, ...]) -> None:
         moe = self.moe
         E, H, I = moe.num_experts, moe.hidden_size, moe.intermediate_size
-        check_trainable_weights(moe.method, biased=moe.expert_bias or bool(moe.swiglu_limit),
-                                gpu_resident=sum(moe.gpu_experts_mask))
-        for w, shape, name in zip(weights, ((E, 2 * I, H), (E, H, I)), names):
+        check_trainable_weights(moe.method, gpu_resident=sum(moe.gpu_experts_mask))
+        shapes = self.layout.shapes(E, H, I) + (((E, 2 * I), (E, H)) if moe.expert_bias else ())
+        if len(weights) != len(shapes) or len(names) != len(shapes):
+            raise KTError(f"expert weights: this layer's experts {'have' if moe.expert_bias else 'have no'} biases, so "
+                          f"{len(shapes)} parameters train (gate_up, down{', their biases' if moe.expert_bias else ''}); "
+                          f"got {len(weights)} parameters and {len(names)} names")
+        for w, shape, name in zip(weights, shapes, names):
             if not isinstance(w, nn.Parameter) or tuple(w.shape) != shape:
                 raise KTError(f"expert weight {name}: expected an nn.Parameter of shape {list(shape)}, got "
                               f"{type(w).__name__} {list(getattr(w, 'shape', []))}")
@@ -179,8 +184,8 @@ class LoRAExperts(nn.Module):
             _step_hook = register_optimizer_step_post_hook(_mark_stepped)
         self._packed_from, self._stepped = self._weights_key(), False   # the caller loaded the layer from them
 
-    def expert_weights(self) -> tuple[nn.Parameter, nn.Parameter] | None:
-        """(gate_up [E, 2I, H], down [E, H, I]) when the expert weights train, else None."""
+    def expert_weights(self) -> tuple[nn.Parameter, ...] | None:
+        """(gate_up, down[, gate_up bias, down bias]) in the model's layout when they train, else None."""
         return None if self.weight_names is None else tuple(getattr(self, n) for n in self.weight_names)
 
     def _weights_key(self) -> tuple:
@@ -191,10 +196,10 @@ class LoRAExperts(nn.Module):
         key = self._weights_key()
         if key == self._packed_from and not self._stepped:
             return
-        gate_up, down = (w.detach() for w in self.expert_weights())
-        I = self.moe.intermediate_size
+        weights = [w.detach().cpu() for w in self.expert_weights()]
+        biases = self.layout.kt_biases(*weights[2:]) if len(weights) == 4 else None
         with torch.no_grad():
-            self.moe.load(gate_up[:, :I].cpu(), gate_up[:, I:].cpu(), down.cpu())
+            self.moe.load(*self.layout.kt_weights(*weights[:2]), biases=biases)
         self._packed_from, self._stepped = key, False
 
     def extra_repr(self) -> str:
@@ -213,12 +218,12 @@ class LoRAExperts(nn.Module):
         gate_up = self._gate_up_lora()
         gu_a, gu_b, blocks = gate_up if gate_up is not None else (None, None, 1)
         down_a, down_b = (self.down_A, self.down_B) if "down" in self.targets else (None, None)
-        gate_up_w = down_w = None
+        trained = (None,) * 4
         if self.weight_names is not None:
             self._repack_if_changed()
-            gate_up_w, down_w = self.expert_weights()
-        out = RoutedExperts.apply(x, weights, gu_a, gu_b, down_a, down_b, gate_up_w, down_w, self.step, ids,
-                                  self.scaling, blocks, self.recompute and torch.is_grad_enabled()).to(device, dtype)
+            trained = (*self.expert_weights(), None, None)[:4]
+        out = RoutedExperts.apply(x, weights, gu_a, gu_b, down_a, down_b, *trained, self.step, ids, self.scaling,
+                                  blocks, self.recompute and torch.is_grad_enabled(), self.layout).to(device, dtype)
         if slot is not None:
             out = out + self._resident(hidden_states, slot, top_k_weights)
         return out

@@ -13,8 +13,9 @@ frozen experts as stored — LoRA over a checkpoint's own FP8 / INT4 / NVFP4 cod
 quantizing again), a `kt convert` folder, a kt-kernel folder or a GGUF file (LLAMAFILE).
 
 `train_experts=True` (full fine-tuning of the routed experts, method BF16 or FP32): the model's own
-expert parameters (gate_up_proj / down_proj) are kept instead of freed and train too, on kt's
-kernels (LoRAExperts re-packs them after each optimizer step); with `lora_rank=0` they train alone.
+expert parameters (gate_up_proj / down_proj, and GPT-OSS's biases, in whatever layout the model
+holds them) are kept instead of freed and train too, on kt's kernels (LoRAExperts re-packs them after
+each optimizer step); with `lora_rank=0` they train alone.
 They keep their names, so `model.save_pretrained()` writes the fine-tuned model as an ordinary
 checkpoint. They cost their own size, their gradients' and the optimizer's state on top of kt's
 packed copy — a small model's business, not a 30B one's on one host.
@@ -95,10 +96,9 @@ def patch_for_training(model: nn.Module, *, method: str, backend: str | None, lo
     te = fam.transformers_experts
     if train_experts:   # refused before the model is touched (LoRAExperts checks the same per layer)
         try:
-            check_trainable_weights(method, biased=te.input_first, gpu_resident=num_gpu_experts)
+            check_trainable_weights(method, gpu_resident=num_gpu_experts)
         except KTError as exc:
-            raise KTError(f"train_experts: {exc}" + (f" ({model_type}'s {te.gate_up} is [E, H, 2I], gate and up "
-                                                      "interleaved)" if te.input_first else "")) from None
+            raise KTError(f"train_experts: {exc}") from None
         if weight_path is not None:
             raise KTError(f"train_experts: the expert weights that train are the model's own parameters; "
                           f"weight_path ({weight_path}) gives frozen experts as stored, for LoRA over them")
@@ -133,7 +133,9 @@ def patch_for_training(model: nn.Module, *, method: str, backend: str | None, lo
         module = LoRAExperts(moe, rank=lora_rank, alpha=lora_alpha, target=target, recompute=recompute,
                              resident_gate_up=resident_gate_up, resident_down=resident_down,
                              interleaved_gate_up=fam.fused is not None and fam.fused.interleaved,
-                             expert_weights=t.params if train_experts else None, weight_names=(te.gate_up, te.down))
+                             expert_weights=t.params if train_experts else None, input_first=te.input_first,
+                             weight_names=(te.gate_up, te.down) + ((f"{te.gate_up}_bias", f"{te.down}_bias")
+                                                                   if t.biases is not None else ()))
         if train_experts:   # the model's parameters themselves train: kt re-packs them as they change
             for p in t.params:
                 p.requires_grad_(True)

@@ -28,6 +28,7 @@ from torch import nn
 
 from kt_core.errors import KTError
 
+from .expert_layout import deinterleave, interleave
 from .lora_experts import LoRAExperts
 
 CONFIG_NAME = "adapter_config.json"
@@ -66,16 +67,6 @@ def _check_uniform(layers: dict[str, LoRAExperts]) -> LoRAExperts:
     return first
 
 
-def _interleave(b: torch.Tensor) -> torch.Tensor:
-    """B [E, 2I, r] from kt's [gate | up] rows to even / odd ones."""
-    half = b.shape[1] // 2
-    return torch.stack([b[:, :half], b[:, half:]], dim=2).reshape(b.shape)
-
-
-def _deinterleave(b: torch.Tensor) -> torch.Tensor:
-    return torch.cat([b[:, 0::2], b[:, 1::2]], dim=1)
-
-
 def _peft_adapters(m: LoRAExperts) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """{PEFT target ("gate_up", "down"): (A [E, r', in], B [E, out, r'])} of one layer, all at one rank r'.
     Separate gate and up adapters become one fused gate_up adapter of rank 2r (A's stacked, B
@@ -86,7 +77,7 @@ def _peft_adapters(m: LoRAExperts) -> dict[str, tuple[torch.Tensor, torch.Tensor
     fused = m.gate_up_adapter()
     if fused is not None:
         a, b = (t.detach() for t in fused)
-        out["gate_up"] = (a, _interleave(b) if m.interleaved_gate_up else b)
+        out["gate_up"] = (a, interleave(b) if m.interleaved_gate_up else b)
     if "down" in m.targets:
         out["down"] = (m.down_A.detach(), m.down_B.detach())
     rank = max(a.shape[1] for a, _ in out.values())
@@ -242,7 +233,7 @@ def load_adapter(model: nn.Module | Mapping[str, LoRAExperts], directory: str | 
                         raise KTError(f"{weights_path}: {key} is {list(tensors[key].shape)}, expected {list(shape)}")
                 a.copy_(tensors[ka].reshape(E, r, fan_in))
                 peft_b = tensors[kb].reshape(b.shape[1], r, E).permute(2, 0, 1)
-                b.copy_(_deinterleave(peft_b) if t == "gate_up" and m.interleaved_gate_up else peft_b)
+                b.copy_(deinterleave(peft_b) if t == "gate_up" and m.interleaved_gate_up else peft_b)
                 used.update((ka, kb))
     extra = sorted(set(tensors) - used)
     if extra:
