@@ -163,7 +163,7 @@ def test_emulation_build_is_refused_without_the_runtime_switch(amx, monkeypatch)
 
 
 TRAINING_CASES = [("BF16", {}), ("BF16", {"fast_activations": True}), ("INT8", {}), ("INT4", {"group_size": 32}),
-                  ("INT4", {"group_size": 64, "zero_point": True}), ("RAWINT4", {}), ("FP8", {}),
+                  ("INT4", {"group_size": 64, "zero_point": True}), ("RAWINT4", {}), ("MXFP4", {}), ("FP8", {}),
                   ("FP8_PERCHANNEL", {})]
 
 
@@ -178,7 +178,7 @@ def test_training_products_run_on_the_tiles(amx, native, method, kw):
     below the tiles' crossover."""
     rng = np.random.default_rng(6)
     w = random_moe(rng, E, H, I)
-    if method in ("RAWINT4", "FP8", "FP8_PERCHANNEL"):   # checkpoint formats: codes and scales
+    if method in ("RAWINT4", "MXFP4", "FP8", "FP8_PERCHANNEL"):   # checkpoint formats: codes and scales
         gate, up, down, scales = checkpoint_inputs(method, *w)
         load = {"scales": scales}
         w = (gate, up, down)

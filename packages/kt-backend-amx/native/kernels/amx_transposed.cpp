@@ -11,9 +11,9 @@
 //         the columns in pair-word order, put back as the block is stored;
 //   INT8: the codes (exact in bf16), one plane; the channel's scale, constant along k, goes
 //         into the gradient as it is split;
-//   INT4, RAWINT4, GPTQ_INT4: the codes into pair rows as INT8's, then the values (their scales
-//         change along k, so they cannot go into the gradient) computed per pair and split into
-//         bf16 hi + lo planes.
+//   INT4, RAWINT4, GPTQ_INT4, MXFP4: the codes into pair rows as INT8's (the E2M1 ones
+//         looked up as u = 2 value + 12 first), then the values (their scales change along k, so
+//         they cannot go into the gradient) computed per pair and split into bf16 hi + lo planes.
 //   FP8, FP8_PERCHANNEL: the E4M3 codes of the v2 panels' four-row groups into pair rows by a
 //         byte swap and dword permutes, decoded exactly and times the 128-k block's scales (which
 //         change along k), split into bf16 hi + lo planes.
@@ -44,7 +44,7 @@ static_assert(kKBlock == 64 && kTileRun % kChunk == 0, "a block is 4 C tiles of 
 constexpr int64_t kMinRows = 16;  // rows per expert from which the tiles pay (docs/performance.md)
 
 // The avx kernels this file's functions hand small experts to, per method slot.
-enum Slot : int { kBf16, kInt8, kInt4, kRaw, kFp8, kFp8PerChannel, kSlots };
+enum Slot : int { kBf16, kInt8, kInt4, kRaw, kMxfp4, kFp8, kFp8PerChannel, kSlots };
 struct AvxTransposed {
     decltype(kt_method_kernels::gate_up_transposed_tile) gate_up;
     decltype(kt_method_kernels::down_transposed_tile) down;
@@ -179,22 +179,29 @@ struct Int8Tiles {
     }
 };
 
-template <bool kRaw>
+// F: Int4Format<kRaw> (INT4, GPTQ_INT4, RAWINT4) or Fp4Format<false> (MXFP4: E2M1 codes; this
+// backend does not serve NVFP4, whose per-panel vector it would multiply in).
+template <class F>
 struct Int4Tiles {
-    using Format = Int4Format<kRaw>;
+    using Format = F;
     static constexpr bool kSplitWeights = true, kScaledGradients = false, kPairWordColumns = false;
     static Int4Columns columns(const kt_moe_config* c) { return Format::columns(c); }
     // The codes into pair rows as INT8's (an 8-k chunk's low nibbles are an INT8 chunk of its first
     // 4 k, its high nibbles of the next 4), then each pair's values s * (u - 8) (or s * u - s*z)
-    // with its two channels' scales (constant over the 16 k: groups are multiples of 32), computed
+    // with its two channels' scales (constant over the 16 k: groups are multiples of 16), computed
     // as Int4Columns does (the same f32 values), split into bf16 hi + lo — no f32 rows, no 16 x 16
     // transposes (that widening was ~45 % of INT4's transposed products at 32 rows per expert: 62 -> 35 ms).
+    // E2M1 codes go through one byte shuffle to u = 2 value + 12 first and take s * (u - 12) (s the
+    // halved scale).
     static void pack_panel(const Int4Columns& col, const uint8_t* base, const Part& p, int64_t n, int64_t K, int64_t kb,
                            uint32_t* bhi, uint32_t* blo) {
         const Int4Layout& lay = col.lay;
         const uint8_t* panel = base + p.first_panel + size_t(n / kPanel) * p.panel_stride;
         const __m512i nibble = _mm512_set1_epi8(15);
         const __m512i alternate = _mm512_setr_epi32(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1);
+        const __m512i e2m1 = _mm512_broadcast_i32x4(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(kt::layouts::mxfp4::kDoubledPlusOffset)));
+        const __m512 offset = _mm512_set1_ps(col.e2m1 ? float(kt::layouts::mxfp4::kOffset) : 8.0f);
         for (int j = 0; j < 4; ++j) {
             const int64_t k = kb + 16 * j;
             if (k >= K) {   // columns past K (K is a multiple of the group size, so of 16): zero weights
@@ -204,8 +211,10 @@ struct Int4Tiles {
             const uint8_t* header = panel + lay.group_at(k / lay.g);
             const uint8_t* codes = header + lay.header_bytes() + size_t(k % lay.g / 8) * 64;
             const __m512i a = _mm512_loadu_si512(codes), b = _mm512_loadu_si512(codes + 64);
-            const __m512i c[4] = {_mm512_and_si512(a, nibble), _mm512_and_si512(_mm512_srli_epi16(a, 4), nibble),
-                                  _mm512_and_si512(b, nibble), _mm512_and_si512(_mm512_srli_epi16(b, 4), nibble)};
+            __m512i c[4] = {_mm512_and_si512(a, nibble), _mm512_and_si512(_mm512_srli_epi16(a, 4), nibble),
+                            _mm512_and_si512(b, nibble), _mm512_and_si512(_mm512_srli_epi16(b, 4), nibble)};
+            if (col.e2m1)
+                for (__m512i& ci : c) ci = _mm512_shuffle_epi8(e2m1, ci);
             __m512i rows[4];
             pair_rows(c, rows);
             const __m512 s = lay.scale(header, 0);
@@ -219,7 +228,7 @@ struct Int4Tiles {
                     for (int half = 0; half < 2; ++half) {
                         const __m512 u = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(rows[r], 2 * h + half)));
                         v[half] = lay.zero_point ? _mm512_sub_ps(_mm512_mul_ps(sq, u), _mm512_permutexvar_ps(lanes, sz))
-                                                 : _mm512_mul_ps(sq, _mm512_sub_ps(u, _mm512_set1_ps(8.0f)));
+                                                 : _mm512_mul_ps(sq, _mm512_sub_ps(u, offset));
                     }
                     store_split_row(bhi, blo, j, q, v[0], v[1]);
                 }
@@ -430,8 +439,9 @@ void add_amx_transposed_tiles(kt_method_kernels& m) {
     const std::string method = m.method;
     if (method == "BF16") set<Bf16Tiles, kBf16>(m);
     else if (method == "INT8") set<Int8Tiles, kInt8>(m);
-    else if (method == "INT4" || method == "GPTQ_INT4") set<Int4Tiles<false>, kInt4>(m);
-    else if (method == "RAWINT4") set<Int4Tiles<true>, kRaw>(m);
+    else if (method == "INT4" || method == "GPTQ_INT4") set<Int4Tiles<Int4Format<false>>, kInt4>(m);
+    else if (method == "RAWINT4") set<Int4Tiles<Int4Format<true>>, kRaw>(m);
+    else if (method == "MXFP4") set<Int4Tiles<Fp4Format<false>>, kMxfp4>(m);
     else if (method == "FP8") set<Fp8Tiles<kt::inputs::Fp8Scales::kBlock128>, kFp8>(m);
     else if (method == "FP8_PERCHANNEL") set<Fp8Tiles<kt::inputs::Fp8Scales::kPerChannel>, kFp8PerChannel>(m);
 }
