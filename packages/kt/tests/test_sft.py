@@ -140,6 +140,24 @@ def test_weight_path_run_trains_over_the_stored_codes(tmp_path):
     assert r.returncode == 0 and "> color of sky?" in r.stdout, r.stderr
 
 
+def test_device_and_gpu_resident_experts(tmp_path):
+    """num_gpu_experts: those experts train as torch's on `device` (here the CPU), the loss falls; a
+    CUDA device on a host whose torch sees none is refused by name before the model loads."""
+    import yaml
+
+    path = write_config(tmp_path / "resident", steps=6)
+    cfg = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**cfg, "num_gpu_experts": 2, "device": "cpu"}))
+    config = load_config(path)
+    assert (config.device, config.num_gpu_experts) == ("cpu", 2)
+    losses = train(config)
+    assert losses[-1] < losses[0] - 0.3, losses
+    if not torch.cuda.is_available():
+        path.write_text(yaml.safe_dump({**cfg, "device": "cuda:1"}))
+        with pytest.raises(KTError, match="device: cuda:1, but torch sees no CUDA device here"):
+            train(load_config(path))
+
+
 def write_full_config(tmp: Path, **train) -> Path:
     """A train_experts run: the expert weights alone train (lora.rank defaults to 0)."""
     import yaml
@@ -241,6 +259,8 @@ def test_bad_data_names_the_line(tmp_path, line, message):
     ({"model": "nowhere"}, "model: .*nowhere is not a model folder"),
     ({"output_dir": None}, "output_dir is required"),
     ({"weight_path": "nowhere"}, "weight_path: .*nowhere does not exist"),
+    ({"device": "tpu"}, "device must be cpu, cuda or cuda:N, got 'tpu'"),
+    ({"num_gpu_experts": -1}, "num_gpu_experts must be an integer >= 0, got -1"),
     ({"weight_path": "data.jsonl", "train_experts": True}, "weight_path: with train_experts the experts that train"),
 ])
 def test_bad_config_names_the_field(tmp_path, edit, message):

@@ -143,6 +143,23 @@ def test_gpu_resident_experts_train_with_their_adapters(target):
     assert kt_losses[-1] < kt_losses[0], kt_losses
 
 
+def test_moving_the_model_leaves_the_adapters_on_the_cpu_for_kt():
+    """model.to(device / dtype) after patching: the torch parts and the GPU-resident experts move (here
+    to bfloat16, the one move a CPU host can show), the adapters stay float32 on the CPU where kt
+    computes with them, and the moved model trains (the same step as kt_sft's device setting takes)."""
+    model = tiny_model("qwen3_moe")
+    patch = patch_model(model, method="BF16", mode="train", lora_rank=RANK, lora_alpha=ALPHA, num_gpu_experts=2)
+    model.to(torch.bfloat16)
+    assert all(p.dtype == torch.float32 and p.device.type == "cpu" for p in patch.adapter_parameters())
+    layer = next(iter(patch.layers.values()))
+    assert layer.resident_gate_up.dtype == torch.bfloat16 and layer.resident_slot.dtype == torch.int64
+    assert model.model.embed_tokens.weight.dtype == torch.bfloat16
+    before = [p.detach().clone() for p in patch.adapter_parameters()]
+    losses = train(model.train(), patch.adapter_parameters(), batches(2) * 3)
+    assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0], losses
+    assert any(not torch.equal(a, b.detach()) for a, b in zip(before, patch.adapter_parameters()))
+
+
 @pytest.mark.parametrize("model_type", ["qwen3_moe", "mixtral", "deepseek_v3", "gpt_oss"])
 def test_saved_adapter_loads_into_peft_with_the_same_logits(tmp_path, model_type):
     model = tiny(model_type)

@@ -202,6 +202,16 @@ class LoRAExperts(nn.Module):
             self.moe.load(*self.layout.kt_weights(*weights[:2]), biases=biases)
         self._packed_from, self._stepped = key, False
 
+    def _apply(self, fn, recurse=True):
+        """model.to(device / dtype) reaches this module's buffers — the GPU-resident experts and their
+        slot map, which belong on the model's device in its dtype — but not its parameters: kt
+        computes with the adapters (and trained expert weights) on the CPU in float32, so a model moved
+        to a GPU trains its attention there and its routed experts here."""
+        for name, buf in self._buffers.items():
+            if buf is not None:
+                self._buffers[name] = fn(buf)
+        return self
+
     def extra_repr(self) -> str:
         return (f"experts={self.moe.num_experts}, kt={self.moe.method} on {self.moe.backend}, rank={self.rank}, "
                 f"alpha={self.alpha:g}, target={self.targets}, recompute={self.recompute}, "

@@ -8,6 +8,8 @@
                                 # FP8 / INT4 / NVFP4 codes (method FP8, RAWINT4, ...), a kt convert folder, a GGUF
     group_size: 0               # INT4 only (0: kt's default); zero_point: false
     dtype: float32              # the torch parts of the model (float32 or bfloat16)
+    device: cpu                 # where they run (cpu, cuda, cuda:N); the routed experts and their LoRA stay on kt
+    num_gpu_experts: 0          # experts per layer kept on `device`, computed by torch with their LoRA rows
     lora: {rank: 8, alpha: 16, target: [gate_up, down]}   # or [gate, up, down]: separate gate and up adapters
     train_experts: false        # true: the experts' own weights train too (BF16/FP32; lora.rank then defaults
                                 # to 0, the weights alone); the run's model/ folder holds the result
@@ -22,6 +24,7 @@ expected and what it found; an unknown field is an error (a misspelt one would s
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,6 +65,8 @@ class SFTConfig:
     group_size: int = 0
     zero_point: bool = False
     dtype: str = "float32"
+    device: str = "cpu"
+    num_gpu_experts: int = 0
     train_experts: bool = False
     lora: LoraSettings = field(default_factory=LoraSettings)
     train: TrainSettings = field(default_factory=TrainSettings)
@@ -71,7 +76,7 @@ class SFTConfig:
         return {"model": self.model, "data": str(self.data), "output_dir": str(self.output_dir), "method": self.method,
                 "weight_path": None if self.weight_path is None else str(self.weight_path),
                 "group_size": self.group_size, "zero_point": self.zero_point, "dtype": self.dtype,
-                "train_experts": self.train_experts,
+                "device": self.device, "num_gpu_experts": self.num_gpu_experts, "train_experts": self.train_experts,
                 "lora": {"rank": self.lora.rank, "alpha": self.lora.alpha, "target": list(self.lora.target)},
                 "train": dict(vars(self.train))}
 
@@ -128,8 +133,8 @@ def load_config(path: str | Path, need_data: bool = True) -> SFTConfig:
         raise KTError(f"{path}{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
     if not isinstance(raw, dict):
         raise KTError(f"{path}: expected a mapping of settings (model, data, output_dir, ...), got {type(raw).__name__}")
-    known = {"model", "data", "output_dir", "method", "weight_path", "group_size", "zero_point", "dtype",
-             "train_experts", "lora", "train"}
+    known = {"model", "data", "output_dir", "method", "weight_path", "group_size", "zero_point", "dtype", "device",
+             "num_gpu_experts", "train_experts", "lora", "train"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise KTError(f"{path}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
@@ -160,6 +165,9 @@ def load_config(path: str | Path, need_data: bool = True) -> SFTConfig:
             raise KTError(f"{_where(path, 'weight_path')}: {weight_path} does not exist")
     dtype = raw.get("dtype", "float32")
     _check(path, "dtype", dtype, f"one of {', '.join(DTYPES)}", dtype in DTYPES)
+    device = raw.get("device", "cpu")
+    _check(path, "device", device, "cpu, cuda or cuda:N", isinstance(device, str) and re.fullmatch(r"cpu|cuda(:\d+)?", device))
+    num_gpu_experts = _int(path, "num_gpu_experts", raw.get("num_gpu_experts", 0), 0)
     train_experts = _bool(path, "train_experts", raw.get("train_experts", False))
     if train_experts and weight_path is not None:
         raise KTError(f"{_where(path, 'weight_path')}: with train_experts the experts that train are the model's own "
@@ -189,7 +197,7 @@ def load_config(path: str | Path, need_data: bool = True) -> SFTConfig:
             elif key in ("recompute", "fast_activations"):
                 setattr(train, key, _bool(path, f"train.{key}", value))
     return SFTConfig(model=model, data=data, output_dir=resolve(raw["output_dir"]), method=method,
-                     weight_path=weight_path,
+                     weight_path=weight_path, device=device, num_gpu_experts=num_gpu_experts,
                      group_size=_int(path, "group_size", raw.get("group_size", 0), 0),
                      zero_point=_bool(path, "zero_point", raw.get("zero_point", False)), dtype=dtype,
                      train_experts=train_experts, lora=lora,

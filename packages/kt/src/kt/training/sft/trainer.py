@@ -158,6 +158,10 @@ def train(config: SFTConfig, *, resume: bool = False, on_step: Callable[[dict], 
 
     from ...integrations.transformers import patch_model
 
+    device = torch.device(config.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise KTError(f"{config.source}: device: {config.device}, but torch sees no CUDA device here "
+                      f"(torch {torch.__version__}, torch.cuda.is_available() is False)")
     out = config.output_dir
     existing = checkpoints(out) if out.is_dir() else []
     if existing and not resume:
@@ -168,11 +172,15 @@ def train(config: SFTConfig, *, resume: bool = False, on_step: Callable[[dict], 
     torch.manual_seed(config.train.seed)
     model, tokenizer = load_model(config.model, config.dtype)
     examples = load_examples(config.data, tokenizer, config.train.max_length)
+    # Patched on the CPU (the experts' weights go to kt, GPU-resident ones are taken from there), then
+    # the model moves: LoRAExperts keeps its adapters (and trained weights) on the CPU for kt.
     patch = patch_model(model, method=config.method, group_size=config.group_size, zero_point=config.zero_point,
-                        weight_path=config.weight_path, mode="train", lora_rank=config.lora.rank, lora_alpha=config.lora.alpha,
+                        weight_path=config.weight_path, num_gpu_experts=config.num_gpu_experts, mode="train",
+                        lora_rank=config.lora.rank, lora_alpha=config.lora.alpha,
                         target=config.lora.target, recompute=config.train.recompute,
                         max_tokens=max(config.train.max_length * config.train.batch_size, 16),
                         fast_activations=config.train.fast_activations, train_experts=config.train_experts)
+    model.to(device)
     params = patch.trainable_parameters()
     opt = torch.optim.AdamW(params, lr=config.train.lr, weight_decay=config.train.weight_decay)
     warm = config.train.warmup_steps
@@ -201,7 +209,8 @@ def train(config: SFTConfig, *, resume: bool = False, on_step: Callable[[dict], 
     last = config.train.steps if stop_after is None else min(stop_after, config.train.steps)
     with open(out / "log.jsonl", "a") as log:
         for step in range(start, last):
-            ids, mask, labels = batch_for(examples, step, config.train.batch_size, config.train.seed, pad)
+            ids, mask, labels = (t.to(device) for t in batch_for(examples, step, config.train.batch_size,
+                                                                 config.train.seed, pad))
             t0 = time.perf_counter()
             loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
             if not torch.isfinite(loss):
