@@ -249,9 +249,19 @@ def test_gpt_oss_experts_with_biases(method, backend, bound):
     assert err < bound, err
 
 
-def test_gpt_oss_limits_are_named():
-    with pytest.raises(KTError, match="GPU-resident experts are not offered for experts with biases yet"):
-        patch_model(tiny_gpt_oss(1), num_gpu_experts=2)
+def test_gpt_oss_gpu_resident_experts():
+    """num_gpu_experts on GPT-OSS: the resident experts (here on the CPU device) compute with their
+    biases and the clamped SwiGLU as transformers' own experts do, kt the others: torch's logits."""
+    model = tiny_gpt_oss()
+    ids = torch.arange(12).reshape(1, 12) % 128
+    with torch.no_grad():
+        ref = model(ids).logits
+        p = patch_model(model, method="FP32", backend="reference", num_gpu_experts=3, placement="random")
+        got = model(ids).logits
+    assert all(sum(m) == 3 for m in p.gpu_masks.values())
+    assert all(m.resident_gate_up_bias.shape == (3, 64) and m.swiglu == (7.0, 1.702) for m in p.layers.values())
+    err = ((got - ref).abs().max() / ref.abs().max()).item()
+    assert err < 1e-5, err
 
 
 def test_option_errors():

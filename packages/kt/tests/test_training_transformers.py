@@ -107,17 +107,17 @@ def test_gpt_oss_adapters_from_peft_serve_and_merge(tmp_path):
         merged = tiny_gpt_oss()
         assert merge_expert_adapter(merged, tmp_path / "peft") == 2 * len(experts_modules(merged))
         assert rel_max(merged.eval()(ids).logits, want) < 1e-4
-    with pytest.raises(KTError, match="GPU-resident experts are not offered for experts with biases"):
-        patch_model(tiny_gpt_oss(1), mode="train", num_gpu_experts=2)
 
 
-@pytest.mark.parametrize("target", [("gate_up", "down"), ("gate", "up", "down")])
-def test_gpu_resident_experts_train_with_their_adapters(target):
+@pytest.mark.parametrize("model_type, target", [("qwen3_moe", ("gate_up", "down")), ("qwen3_moe", ("gate", "up", "down")),
+                                                ("gpt_oss", ("gate_up", "down"))])
+def test_gpu_resident_experts_train_with_their_adapters(model_type, target):
     """num_gpu_experts with mode="train": those experts are torch's (here on the CPU device, in the
-    model's float32), with their rows of the same adapters; kt computes the others. Against PEFT step
-    for step, as the all-kt run (gate/up apart: against kt with every expert on kt, PEFT having no
-    form for separate adapters on the fused projection)."""
-    model = tiny_model("qwen3_moe")
+    model's float32), with their rows of the same adapters (GPT-OSS's: with their biases and the
+    clamped SwiGLU); kt computes the others. Against PEFT step for step, as the all-kt run (gate/up
+    apart: against kt with every expert on kt, PEFT having no form for separate adapters on the
+    fused projection)."""
+    model = tiny(model_type)
     reference = copy_of(model)
     patch = patch_model(model, method="BF16", mode="train", lora_rank=RANK, lora_alpha=ALPHA, target=target,
                         num_gpu_experts=3, placement="random")

@@ -109,7 +109,8 @@ class LoRAExperts(nn.Module):
                  recompute: bool = False, resident_gate_up: torch.Tensor | None = None,
                  resident_down: torch.Tensor | None = None, interleaved_gate_up: bool = False,
                  expert_weights: tuple[nn.Parameter, ...] | None = None,
-                 weight_names: tuple[str, ...] = ("gate_up_proj", "down_proj"), input_first: bool = False):
+                 weight_names: tuple[str, ...] = ("gate_up_proj", "down_proj"), input_first: bool = False,
+                 resident_bias: tuple[torch.Tensor, torch.Tensor] | None = None):
         super().__init__()
         if not moe.trainable:
             raise KTError("LoRAExperts needs a kt_core.MoE made with trainable=True (kernels with transposed tiles)")
@@ -134,9 +135,9 @@ class LoRAExperts(nn.Module):
         self.layout = ExpertLayout(input_first=bool(input_first), interleaved=self.interleaved_gate_up)
         self.step = ExpertStep(moe)
         resident = [e for e, g in enumerate(moe.gpu_experts_mask) if g]
-        if resident and (moe.expert_bias or moe.swiglu_limit):
-            raise KTError("GPU-resident experts are not offered for experts with biases or the clamped SwiGLU "
-                          "(GPT-OSS) yet: every expert of such a layer trains on kt (num_gpu_experts=0)")
+        if resident and moe.expert_bias and resident_bias is None:
+            raise KTError("the layer's experts have biases: give the GPU-resident ones' as resident_bias "
+                          "(gate|up [G, 2I], down [G, H])")
         if len(resident) == moe.num_experts:
             raise KTError("every expert of this layer is GPU-resident: nothing is left for kt (lower num_gpu_experts)")
         if resident and (resident_gate_up is None or resident_down is None
@@ -149,6 +150,10 @@ class LoRAExperts(nn.Module):
         self.register_buffer("resident_experts", torch.tensor(resident, dtype=torch.int64), persistent=False)
         self.register_buffer("resident_gate_up", resident_gate_up if resident else None, persistent=False)
         self.register_buffer("resident_down", resident_down if resident else None, persistent=False)
+        self.register_buffer("resident_gate_up_bias", resident_bias[0] if resident and resident_bias else None,
+                             persistent=False)
+        self.register_buffer("resident_down_bias", resident_bias[1] if resident and resident_bias else None,
+                             persistent=False)
         E, H, I = moe.num_experts, moe.hidden_size, moe.intermediate_size
         shapes = {"gate_up": ((E, rank, H), (E, 2 * I, rank)), "gate": ((E, rank, H), (E, I, rank)),
                   "up": ((E, rank, H), (E, I, rank)), "down": ((E, rank, I), (E, H, rank))}
@@ -254,7 +259,9 @@ class LoRAExperts(nn.Module):
                 return None
             return self.scaling * F.linear(F.linear(x, a[e].to(dev, dt)), b[e].to(dev, dt))
 
-        return resident_picks(hidden, slot, weights, self.resident_gate_up, self.resident_down, delta)
+        biases = None if self.resident_gate_up_bias is None else (self.resident_gate_up_bias, self.resident_down_bias)
+        return resident_picks(hidden, slot, weights, self.resident_gate_up, self.resident_down, delta, biases=biases,
+                              swiglu=(self.moe.swiglu_limit, self.moe.swiglu_alpha))
 
     def _gate_up_lora(self) -> tuple[torch.Tensor, torch.Tensor, int] | None:
         """What the forward runs on the fused gate/up product: (A, B, blocks). Separate gate and up

@@ -79,7 +79,7 @@ def patch_for_training(model: nn.Module, *, method: str, backend: str | None, lo
     # The transformers integration's readers of a model's MoE blocks (families, checks, orientation)
     # and its placement of GPU-resident experts.
     from ..integrations.transformers import patch as inference_patch
-    from ..integrations.transformers.experts import resident_weights
+    from ..integrations.transformers.experts import resident_biases, resident_weights
     from ..integrations.transformers.placement import gpu_expert_masks
     from ..integrations.transformers.stats import load_counts
     from ..weights import load_layer
@@ -130,8 +130,9 @@ def patch_for_training(model: nn.Module, *, method: str, backend: str | None, lo
             else:
                 moe.load(t.gate, t.up, t.down, biases=t.biases)
             resident_gate_up, resident_down = resident_weights(t.gate, t.up, t.down, mask)
+            resident_bias = resident_biases(t.biases, mask)
         module = LoRAExperts(moe, rank=lora_rank, alpha=lora_alpha, target=target, recompute=recompute,
-                             resident_gate_up=resident_gate_up, resident_down=resident_down,
+                             resident_gate_up=resident_gate_up, resident_down=resident_down, resident_bias=resident_bias,
                              interleaved_gate_up=fam.fused is not None and fam.fused.interleaved,
                              expert_weights=t.params if train_experts else None, input_first=te.input_first,
                              weight_names=(te.gate_up, te.down) + ((f"{te.gate_up}_bias", f"{te.down}_bias")

@@ -36,24 +36,49 @@ def resident_weights(gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, g
             down.index_select(0, resident))
 
 
+def resident_biases(biases, gpu_mask) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The GPU-resident experts' biases in slot order, gate|up [G, 2I] and down [G, H], from (gate
+    [E, I], up [E, I], down [E, H]); None for experts without biases."""
+    if biases is None:
+        return None
+    gate, up, down = biases
+    resident = torch.tensor([e for e, g in enumerate(gpu_mask) if g], dtype=torch.int64, device=gate.device)
+    return torch.cat([gate.index_select(0, resident), up.index_select(0, resident)], dim=1), down.index_select(0, resident)
+
+
+def gated(gate: torch.Tensor, up: torch.Tensor, swiglu: tuple[float, float] = (0.0, 0.0)) -> torch.Tensor:
+    """The experts' activation as kt's kernels compute it (kt/formats/gated_activation.h): SiLU(gate) *
+    up; a limit > 0 clamps gate from above and up both ways first; alpha > 0 gives GPT-OSS's
+    gate * sigmoid(alpha gate) * (up + 1)."""
+    limit, alpha = swiglu
+    if limit > 0:
+        gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+    if alpha > 0:
+        return gate * torch.sigmoid(alpha * gate) * (up + 1)
+    return F.silu(gate) * up
+
+
 # delta(slot, product, input): what an adapter adds to a resident expert's "gate_up" or "down"
 # product of `input`, or None.
 Delta = Callable[[int, str, torch.Tensor], "torch.Tensor | None"]
 
 
 def resident_picks(hidden: torch.Tensor, slot: torch.Tensor, weights: torch.Tensor, gate_up: torch.Tensor,
-                   down: torch.Tensor, delta: Delta | None = None) -> torch.Tensor:
+                   down: torch.Tensor, delta: Delta | None = None, *,
+                   biases: tuple[torch.Tensor, torch.Tensor] | None = None,
+                   swiglu: tuple[float, float] = (0.0, 0.0)) -> torch.Tensor:
     """The picks of GPU-resident experts (slot >= 0), computed as transformers' eager experts do, on
-    hidden's device in its dtype, summed per token; `delta` adds an adapter's share (training)."""
+    hidden's device in its dtype, summed per token; `delta` adds an adapter's share (training);
+    `biases` (gate|up [G, 2I], down [G, H]) and `swiglu` for GPT-OSS's experts."""
     out = torch.zeros_like(hidden)
     for s in torch.unique(slot[slot >= 0]).tolist():
         token, pick = torch.where(slot == s)
         x = hidden[token]
-        gu = F.linear(x, gate_up[s])
+        gu = F.linear(x, gate_up[s], None if biases is None else biases[0][s])
         d = delta(s, "gate_up", x) if delta is not None else None
         gate, up = (gu if d is None else gu + d).chunk(2, dim=-1)
-        h = F.silu(gate) * up
-        y = F.linear(h, down[s])
+        h = gated(gate, up, swiglu)
+        y = F.linear(h, down[s], None if biases is None else biases[1][s])
         d = delta(s, "down", h) if delta is not None else None
         y = (y if d is None else y + d) * weights[token, pick, None]
         out.index_add_(0, token, y.to(out.dtype))
@@ -63,7 +88,8 @@ def resident_picks(hidden: torch.Tensor, slot: torch.Tensor, weights: torch.Tens
 class KTExperts(nn.Module):
     def __init__(self, *, layer: int, order: int, num_experts: int, moe: MoE | None, gpu_mask: tuple[bool, ...],
                  resident_gate_up: torch.Tensor, resident_down: torch.Tensor, defer: int, handoff: Handoff | None,
-                 stats: ExpertStats | None, original: nn.Module | None):
+                 stats: ExpertStats | None, original: nn.Module | None,
+                 resident_bias: tuple[torch.Tensor, torch.Tensor] | None = None, swiglu: tuple[float, float] = (0.0, 0.0)):
         super().__init__()
         self.layer, self.order, self.num_experts = layer, order, num_experts
         self.moe = moe                      # None when every expert of the layer is GPU-resident
@@ -77,6 +103,11 @@ class KTExperts(nn.Module):
         self.register_buffer("resident_slot", resident_slots(gpu_mask).to(resident_gate_up.device), persistent=False)
         self.register_buffer("resident_gate_up", resident_gate_up, persistent=False)   # [G, 2I, H]
         self.register_buffer("resident_down", resident_down, persistent=False)         # [G, H, I]
+        self.register_buffer("resident_gate_up_bias", None if resident_bias is None else resident_bias[0],
+                             persistent=False)   # [G, 2I]
+        self.register_buffer("resident_down_bias", None if resident_bias is None else resident_bias[1],
+                             persistent=False)   # [G, H]
+        self.swiglu = swiglu
 
     def extra_repr(self) -> str:
         kt = f"{self.moe.method} on {self.moe.backend}" if self.moe is not None else "none"
@@ -124,4 +155,6 @@ class KTExperts(nn.Module):
         """The GPU-resident picks, computed as transformers' eager experts do, or None if there are none."""
         if self.resident_gate_up.shape[0] == 0:
             return None
-        return resident_picks(hidden, slot, weights, self.resident_gate_up, self.resident_down)
+        biases = None if self.resident_gate_up_bias is None else (self.resident_gate_up_bias, self.resident_down_bias)
+        return resident_picks(hidden, slot, weights, self.resident_gate_up, self.resident_down, biases=biases,
+                              swiglu=self.swiglu)

@@ -19,7 +19,7 @@ from ...gguf.reader import GGUFModel
 from ...models import ACTIVATIONS, FAMILIES, Family
 from ...weights import Checkpoint, ConvertedFolder, KtKernelFolder, load_layer, open_weights
 from .deferral import Handoff
-from .experts import KTExperts, resident_weights
+from .experts import KTExperts, resident_biases, resident_weights
 from .placement import gpu_expert_masks
 from .stats import ExpertStats, load_counts
 
@@ -257,9 +257,6 @@ def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None =
             raise KTError(f"layer {layer}'s experts are {list(t.gate.shape)} (gate), layer {blocks[0][0]}'s "
                           f"{[num_experts, intermediate, hidden]}; kt expects one geometry per model")
     biased = tensors[0].biases is not None
-    if biased and num_gpu_experts:
-        raise KTError(f"{model_type}: GPU-resident experts are not offered for experts with biases yet "
-                      "(num_gpu_experts must be 0); kt runs all of them")
     top_k = _config_int(cfg, fam.top_k_key, "experts per token", model_type)
     if top_k > num_experts:
         raise KTError(f"this {model_type} config routes {top_k} experts per token of {num_experts}")
@@ -301,7 +298,8 @@ def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None =
             module = KTExperts(layer=layer, order=order, num_experts=num_experts, moe=moe, gpu_mask=mask,
                                resident_gate_up=resident_gate_up, resident_down=resident_down,
                                defer=0 if last else defer, handoff=handoff, stats=stats,
-                               original=None if free_originals else t.module)
+                               original=None if free_originals else t.module,
+                               resident_bias=resident_biases(t.biases, mask), swiglu=swiglu)
             if free_originals:
                 for p in t.params:
                     freed += p.numel() * p.element_size()
