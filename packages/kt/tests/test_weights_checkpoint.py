@@ -103,7 +103,8 @@ def test_physical_to_logical_map_and_gpu_slots(tmp_path):
 
 def test_fused_layouts_are_split_correctly(tmp_path):
     # qwen3_vl_moe stores [E, H, 2I] halves; GPT-OSS interleaves gate/up columns, and its experts
-    # (biases, clamped SwiGLU) need a layer made for them.
+    # (biases, clamped SwiGLU) need a layer made for them: KTMoEWrapper makes it so from the folder
+    # (kt-kernel's callers say nothing of biases), a caller's other clamp is refused naming the folder's.
     truth = write_checkpoint(tmp_path / "vl", "qwen3_vl_moe", hidden=H, intermediate=I, experts=E)
     kt = wrapper(tmp_path / "vl", 1)
     kt.load_weights()
@@ -115,9 +116,16 @@ def test_fused_layouts_are_split_correctly(tmp_path):
     gate, up, down, _, _ = checkpoint_experts(Checkpoint(tmp_path / "oss"), 0, 5)
     for got, want in zip((gate, up, down), oss[0]):
         assert np.array_equal(got.double().numpy(), want[5])
+    kt = wrapper(tmp_path / "oss", 0)
+    assert kt._moe.expert_bias and (kt.swiglu_limit, kt.swiglu_alpha) == (7.0, 1.702)
+    kt.load_weights()
+    *weights, biases = oss[0]
+    want = moe_reference(x.double().numpy(), *weights, ids.numpy(), w.double().numpy(), swiglu_limit=7.0,
+                         swiglu_alpha=1.702, biases=biases)
+    assert relative_error(kt.forward(x, ids, w).double().numpy(), want) < 1e-5
     with pytest.raises(WeightsError, match=r"gpt_oss experts compute a clamped SwiGLU.*create the layer with "
                                             r"expert_bias=True, swiglu_limit=7.0, swiglu_alpha=1.702"):
-        wrapper(tmp_path / "oss", 0).load_weights()
+        wrapper(tmp_path / "oss", 0, swiglu_limit=5.0, swiglu_alpha=1.702).load_weights()
 
 
 @pytest.mark.parametrize("quant,method,bound", [(None, "BF16", 1e-4), ("mxfp4", "MXFP4", 5e-3)])

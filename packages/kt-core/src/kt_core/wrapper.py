@@ -119,6 +119,10 @@ class KTMoEWrapper:
         stored = self._stored_settings()
         group_size = group_size or stored.get("group_size", 0)
         zero_point = zero_point or stored.get("zero_point", False)
+        # A checkpoint whose experts have biases (GPT-OSS) fixes the layer's activation too; a caller's
+        # other swiglu values are kept, and the load refuses them naming the checkpoint's.
+        if stored.get("expert_bias") and not (self.swiglu_limit or self.swiglu_alpha):
+            self.swiglu_limit, self.swiglu_alpha = stored["swiglu_limit"], stored["swiglu_alpha"]
         self._configure_pool(cpuinfer_threads, threadpool_count)
         # kt-kernel holds every expert on the CPU, so a mask update can move any expert here;
         # cpu_copy_of_gpu_experts=False saves that memory and fixes the CPU's set at construction.
@@ -128,7 +132,8 @@ class KTMoEWrapper:
                         max_tokens=self.chunked_prefill_size, backend=backend, group_size=group_size,
                         zero_point=zero_point, fast_activations=fast_activations,
                         weight_types=stored.get("weight_types"), pool_groups=self._pool_groups(),
-                        swiglu_limit=self.swiglu_limit, swiglu_alpha=self.swiglu_alpha)
+                        swiglu_limit=self.swiglu_limit, swiglu_alpha=self.swiglu_alpha,
+                        expert_bias=bool(stored.get("expert_bias")))
         self._applied_mask = b""
         self._apply_mask()
         requested = canonical_method(self.method)
@@ -169,7 +174,8 @@ class KTMoEWrapper:
 
     def _stored_settings(self) -> dict:
         """Settings the files at weight_path fix: a kt converted folder's INT4 group and zero point
-        (a conflicting choice is refused at load, naming both), a GGUF layer's ggml types."""
+        (a conflicting choice is refused at load, naming both), a GGUF layer's ggml types, a model
+        folder's expert biases and clamped SwiGLU (GPT-OSS)."""
         if canonical_method(self.method) == "LLAMAFILE" and not self.weight_path:
             raise KTError("method LLAMAFILE reads its experts from a GGUF file: pass weight_path= (a .gguf file, one "
                           "file of a split set, or their folder)")

@@ -68,14 +68,22 @@ def _converted_reader(folder: ConvertedFolder, layer: int):
     return folder.geometry["num_experts"], lambda e: folder.expert(tensors, e)
 
 
+def checkpoint_swiglu(spec, config: dict) -> tuple[float, float] | None:
+    """(swiglu_limit, swiglu_alpha) of a family whose experts compute the clamped SwiGLU (GPT-OSS: the
+    config's, or its defaults 7 and 1.702), None for SiLU experts."""
+    if spec.family.activation == "silu":
+        return None
+    return float(config.get("swiglu_limit", 7.0)), float(config.get("swiglu_alpha", 1.702))
+
+
 def _checkpoint_reader(moe, ckpt: Checkpoint, layer: int, quantize_at_load: bool):
     spec = ckpt.spec
     _check_geometry(moe, spec.hidden, spec.intermediate, f"{spec.model_type} checkpoint {ckpt.path}")
     if layer not in spec.moe_layers:
         raise WeightsError(f"layer {layer} of this {spec.model_type} model is not an MoE layer; its MoE layers are "
                            f"{spec.moe_layers[0]}..{spec.moe_layers[-1]} ({len(spec.moe_layers)} layers)")
-    if spec.family.activation != "silu":
-        swiglu = (float(ckpt.config.get("swiglu_limit", 7.0)), float(ckpt.config.get("swiglu_alpha", 1.702)))
+    swiglu = checkpoint_swiglu(spec, ckpt.config)
+    if swiglu is not None:
         if not (moe.expert_bias and (moe.swiglu_limit, moe.swiglu_alpha) == swiglu):
             raise WeightsError(f"{spec.model_type} experts compute {ACTIVATIONS[spec.family.activation]}: create the "
                                f"layer with expert_bias=True, swiglu_limit={swiglu[0]}, swiglu_alpha={swiglu[1]}")

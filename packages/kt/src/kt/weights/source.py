@@ -5,12 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kt_core.errors import KTError
+
 from ..gguf import open_gguf
+from ..models import read_config, spec_from_config
 from .checkpoint import Checkpoint
 from .converted import MANIFEST, read_manifest
 from .kt_kernel_folder import KtKernelFolder
+from .loader import checkpoint_swiglu, open_weights
 from .loader import load_layer as _load_layer
-from .loader import open_weights
 from .native_mxfp4 import native_mxfp4_experts  # noqa: F401  (the weight source's MXFP4_SFT reader)
 
 
@@ -26,7 +29,23 @@ def layer_settings(path, layer_idx: int, method: str) -> dict:
             return {"group_size": source.geometry(layer_idx)[3]}
     if method == "GPTQ_INT4":   # the layer's groups are the checkpoint's
         return {"group_size": Checkpoint(path).spec.quantization.group_size}
-    return {}
+    return _expert_activation(Path(path))
+
+
+def _expert_activation(folder: Path) -> dict:
+    """A model folder of a family whose experts have biases (GPT-OSS): the layer must be made for them
+    (expert_bias, and the config's clamped SwiGLU), which kt-kernel's callers do not say. Only
+    config.json is read; a folder kt cannot read as a model says nothing here (kt-kernel passes
+    weight_path even to layers it loads from tensors)."""
+    try:
+        config = read_config(folder)
+        spec = spec_from_config(config)
+    except KTError:
+        return {}
+    if not spec.family.expert_biases:
+        return {}
+    limit, alpha = checkpoint_swiglu(spec, config) or (0.0, 0.0)
+    return {"expert_bias": True, "swiglu_limit": limit, "swiglu_alpha": alpha}
 
 
 def load_layer(moe, path, layer_idx: int, physical_to_logical_map=None, quantize_at_load: bool = False) -> None:
