@@ -15,8 +15,8 @@ and dtype of the hidden states (the output goes back to both).
 
 Full fine-tuning (`expert_weights=(gate_up, down)`, the model's own parameters — kt's orientation,
 [E, 2I, H] with gate above up and [E, H, I], or GPT-OSS's input-first interleaved one with
-`input_first=True`, `interleaved_gate_up=True` and its two biases after them: kt.training.
-expert_layout): the experts' weights (and biases) train too — registered here under
+`input_first=True`, `interleaved_gate_up=True` and its two biases after them: kt.integrations.
+transformers.expert_layout): the experts' weights (and biases) train too — registered here under
 `weight_names` (the model's, so the model's state dict keeps its keys and save_pretrained writes an
 ordinary checkpoint), their gradients from kt's backward. kt computes with its packed copy (the
 method's precision: FP32, or BF16 from the parameters' values); each forward re-packs it when the
@@ -41,8 +41,8 @@ from kt_core.errors import KTError
 from kt_core.moe import MoE
 from kt_core.training_step import ExpertStep
 
+from ..integrations.transformers.expert_layout import ExpertLayout
 from ..integrations.transformers.experts import resident_picks, resident_slots
-from .expert_layout import ExpertLayout
 from .routed_experts import RoutedExperts
 
 TARGETS = ("gate_up", "gate", "up", "down")

@@ -133,8 +133,8 @@ def patch_for_training(model: nn.Module, *, method: str, backend: str | None, lo
             resident_bias = resident_biases(t.biases, mask)
         module = LoRAExperts(moe, rank=lora_rank, alpha=lora_alpha, target=target, recompute=recompute,
                              resident_gate_up=resident_gate_up, resident_down=resident_down, resident_bias=resident_bias,
-                             interleaved_gate_up=fam.fused is not None and fam.fused.interleaved,
-                             expert_weights=t.params if train_experts else None, input_first=te.input_first,
+                             interleaved_gate_up=t.layout.interleaved, input_first=t.layout.input_first,
+                             expert_weights=t.params if train_experts else None,
                              weight_names=(te.gate_up, te.down) + ((f"{te.gate_up}_bias", f"{te.down}_bias")
                                                                    if t.biases is not None else ()))
         if train_experts:   # the model's parameters themselves train: kt re-packs them as they change

@@ -28,7 +28,7 @@ from torch import nn
 
 from kt_core.errors import KTError
 
-from .expert_layout import deinterleave, interleave
+from ..integrations.transformers.expert_layout import deinterleave, interleave
 from .lora_experts import LoRAExperts
 
 CONFIG_NAME = "adapter_config.json"

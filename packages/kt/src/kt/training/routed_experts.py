@@ -12,8 +12,8 @@ recompute=True keeps only the node's inputs between forward and backward and run
 inside backward (what torch.utils.checkpoint would do, without the activations ever being kept).
 
 Full fine-tuning: the expert weights themselves (gate_up, down and, for experts with biases, their
-biases; in the model's layout, device and dtype: `layout`, kt.training.expert_layout) come in as
-inputs too. The forward does not read them — the step computes with the packed copy kt made of them
+biases; in the model's layout, device and dtype: `layout`, kt.integrations.transformers.expert_layout)
+come in as inputs too. The forward does not read them — the step computes with the packed copy kt made of them
 (LoRAExperts re-packs after each change) — but backward gives their gradients
 (training_step.expert_weight_grads / expert_bias_grads, in kt's orientation, then put in the model's
 shapes), so autograd accumulates them like any parameter's.
@@ -27,7 +27,7 @@ import torch
 
 from kt_core.training_step import Adapters, ExpertStep, Saved, expert_bias_grads, expert_weight_grads
 
-from .expert_layout import ExpertLayout
+from ..integrations.transformers.expert_layout import ExpertLayout
 
 
 def _step(ctx) -> ExpertStep:

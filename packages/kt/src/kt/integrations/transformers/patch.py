@@ -19,6 +19,7 @@ from ...gguf.reader import GGUFModel
 from ...models import ACTIVATIONS, FAMILIES, Family
 from ...weights import Checkpoint, ConvertedFolder, KtKernelFolder, load_layer, open_weights
 from .deferral import Handoff
+from .expert_layout import ExpertLayout
 from .experts import KTExperts, resident_biases, resident_weights
 from .placement import gpu_expert_masks
 from .stats import ExpertStats, load_counts
@@ -126,6 +127,7 @@ class _Experts:
     down: torch.Tensor
     biases: tuple | None
     params: tuple
+    layout: ExpertLayout   # how the module holds them (kt's views above come from it)
 
 
 def _expert_tensors(block: nn.Module, fam: Family, layer: int, model_type: str) -> _Experts:
@@ -155,10 +157,9 @@ def _expert_tensors(block: nn.Module, fam: Family, layer: int, model_type: str) 
             raise KTError(f"layer {layer}: {te.gate_up} {list(gate_up.shape)} and {te.down} {list(down.shape)} "
                           f"disagree; expected {te.down} [{e}, {two_i // 2}, {h}]")
         gu_bias, d_bias = (getattr(experts, n) for n in bias_names)
-        gate, up = gate_up.detach()[:, :, 0::2].transpose(1, 2), gate_up.detach()[:, :, 1::2].transpose(1, 2)
-        b = gu_bias.detach()
-        return _Experts(experts, gate, up, down.detach().transpose(1, 2), (b[:, 0::2], b[:, 1::2], d_bias.detach()),
-                        (gate_up, down, gu_bias, d_bias))
+        layout = ExpertLayout(input_first=True, interleaved=True)
+        return _Experts(experts, *layout.kt_weights(gate_up.detach(), down.detach()),
+                        layout.kt_biases(gu_bias.detach(), d_bias.detach()), (gate_up, down, gu_bias, d_bias), layout)
     if gate_up.dim() != 3 or down.dim() != 3 or gate_up.shape[1] % 2:
         raise KTError(f"layer {layer}: expected {te.gate_up} [E, 2I, H] and {te.down} [E, H, I], got "
                       f"{list(gate_up.shape)} and {list(down.shape)}")
@@ -166,8 +167,8 @@ def _expert_tensors(block: nn.Module, fam: Family, layer: int, model_type: str) 
     if tuple(down.shape) != (e, h, two_i // 2):
         raise KTError(f"layer {layer}: {te.gate_up} {list(gate_up.shape)} and {te.down} {list(down.shape)} disagree; "
                       f"expected {te.down} [{e}, {h}, {two_i // 2}]")
-    w = gate_up.detach()
-    return _Experts(experts, w[:, :two_i // 2], w[:, two_i // 2:], down.detach(), None, (gate_up, down))
+    layout = ExpertLayout()
+    return _Experts(experts, *layout.kt_weights(gate_up.detach(), down.detach()), None, (gate_up, down), layout)
 
 
 def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None = None, num_gpu_experts: int = 0,
