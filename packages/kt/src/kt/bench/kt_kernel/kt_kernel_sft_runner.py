@@ -68,22 +68,18 @@ def main() -> None:
     cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout = int(d["rank"]), float(d["alpha"]), 0.0
     cfg.full_weight_grad = False
     cfg.physical_to_logical_map = p2l.data_ptr()
-    if a.method == "AMXFP8_SFT":   # per-expert codes and block scales, one NUMA node's list each
-        fp8 = {n: (codes.contiguous(), scales.contiguous()) for n, (codes, scales) in d["fp8"].items()}
-        for n in ("gate", "up", "down"):
-            codes, scales = fp8[n]
+    if a.method in ("AMXFP8_SFT", "MXFP4_SFT"):   # per-expert codes and scales, one NUMA node's list each
+        fp8 = a.method == "AMXFP8_SFT"
+        quantized = {n: (codes.contiguous(), scales.contiguous()) for n, (codes, scales) in d["fp8" if fp8 else "mxfp4"].items()}
+        for n, (codes, scales) in quantized.items():
             setattr(cfg, f"{n}_projs", [[codes[e].data_ptr() for e in range(E)]])
             setattr(cfg, f"{n}_scales", [[scales[e].data_ptr() for e in range(E)]])
-        cfg.quant_config.bits, cfg.quant_config.group_size, cfg.quant_config.zero_point = 8, 128, False
-        cfg.share_backward_bb = True   # its FP8 class requires the shared backward buffer pool
-    elif a.method == "MXFP4_SFT":   # per-expert E2M1 codes and bf16 UE8M0 scales, as load_mxfp4_weights stages them
-        mx = {n: (codes.contiguous(), scales.contiguous()) for n, (codes, scales) in d["mxfp4"].items()}
-        for n in ("gate", "up", "down"):
-            codes, scales = mx[n]
-            setattr(cfg, f"{n}_projs", [[codes[e].data_ptr() for e in range(E)]])
-            setattr(cfg, f"{n}_scales", [[scales[e].data_ptr() for e in range(E)]])
-        cfg.quant_config.bits, cfg.quant_config.group_size, cfg.quant_config.zero_point = 4, 32, False
-        cfg.swiglu_limit = float(d["swiglu_limit"])
+        if fp8:
+            cfg.quant_config.bits, cfg.quant_config.group_size, cfg.quant_config.zero_point = 8, 128, False
+            cfg.share_backward_bb = True   # its FP8 class requires the shared backward buffer pool
+        else:   # E2M1 codes and bf16 UE8M0 scales, as its load_mxfp4_weights stages them
+            cfg.quant_config.bits, cfg.quant_config.group_size, cfg.quant_config.zero_point = 4, 32, False
+            cfg.swiglu_limit = float(d["swiglu_limit"])
     else:
         cfg.gate_proj, cfg.up_proj, cfg.down_proj = gate.data_ptr(), up.data_ptr(), down.data_ptr()
     for n in LORA:
