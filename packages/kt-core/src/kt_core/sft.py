@@ -65,16 +65,16 @@ def sft_methods() -> list[str]:
     return sorted([*SFT_METHODS, *(m + SKIP_LORA_SUFFIX for m in SFT_METHODS if m.startswith("AMX"))])
 
 
-def _ue8m0_of_bf16(scale: torch.Tensor, what: str) -> torch.Tensor:
-    """UE8M0 exponent bytes of bf16 powers of two (bf16 holds 2^(e - 127) as e << 7; e = 0, 2^-127,
-    as the subnormal 0x0040): the scales as kt's MXFP4 layout takes them. Anything else is refused."""
+def _check_ue8m0_scales(scale: torch.Tensor, what: str) -> torch.Tensor:
+    """`scale` itself if every value is a UE8M0 scale as bf16 — a finite positive power of two (bf16
+    holds 2^(e - 127) as e << 7; e = 0, 2^-127, as the subnormal 0x0040) — else a ValueError naming
+    one. MXFP4's packing takes such bf16 values as they are."""
     bits = scale.contiguous().view(torch.int16).to(torch.int32) & 0xFFFF
-    subnormal = bits == 0x0040
-    bad = (((bits & 0x807F) != 0) & ~subnormal) | (bits == 0x7F80)   # sign, mantissa bits, or infinity
+    bad = (((bits & 0x807F) != 0) & (bits != 0x0040)) | (bits == 0x7F80)   # sign, mantissa bits, or infinity
     if bool(bad.any()):
         found = float(scale.reshape(-1)[int(bad.reshape(-1).nonzero()[0])])
         raise ValueError(f"{what} must hold UE8M0 scales (finite positive powers of two as bf16), found {found}")
-    return torch.where(subnormal, 0, bits >> 7).to(torch.uint8)
+    return scale
 
 
 @dataclass(frozen=True)
@@ -282,7 +282,8 @@ class SFTMoEWrapper:
         """MXFP4_SFT's experts as kt-kernel's MXFP4SafeTensorLoader.load_experts() gives them: a dict of
         per-expert lists gate / up uint8 [I, H / 2], down [H, I / 2] (E2M1 codes, two per byte, the even
         element in the low nibble) and gate_scale / up_scale / down_scale bf16 [rows, cols / 32] (powers
-        of two: the UE8M0 exponents as bf16), packed into kt's MXFP4 layout as stored."""
+        of two: the UE8M0 exponents as bf16), packed into kt's MXFP4 layout as stored (its packing takes
+        the bf16 scale values)."""
         if self._moe.method != "MXFP4":
             raise KTError(f"load_mxfp4_weights() loads MXFP4_SFT's experts; this wrapper is {self.method}")
         if self._weights_loaded:
@@ -306,7 +307,7 @@ class SFTMoEWrapper:
                         got = (f"{t.dtype} {tuple(t.shape)} on {t.device}" if isinstance(t, torch.Tensor)
                                else type(t).__name__)
                         raise ValueError(f"MXFP4 {key}[{e}] must be a CPU {dtype} tensor of shape {shape}, got {got}")
-                into.append(torch.stack([t if key == name else _ue8m0_of_bf16(t, f"MXFP4 {key}[{e}]")
+                into.append(torch.stack([t if key == name else _check_ue8m0_scales(t, f"MXFP4 {key}[{e}]")
                                          for e, t in enumerate(tensors)]))
         self._moe.load(*codes, physical_to_logical_map_cpu, scales=tuple(scales))
         self._physical_to_logical = physical_to_logical_map_cpu
