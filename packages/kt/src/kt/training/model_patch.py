@@ -79,7 +79,6 @@ def patch_for_training(model: nn.Module, *, method: str, backend: str | None, lo
     # The transformers integration's readers of a model's MoE blocks (families, checks, orientation)
     # and its placement of GPU-resident experts.
     from ..integrations.transformers import patch as inference_patch
-    from ..integrations.transformers.experts import resident_biases, resident_weights
     from ..integrations.transformers.placement import gpu_expert_masks
     from ..integrations.transformers.stats import load_counts
     from ..weights import load_layer
@@ -110,7 +109,8 @@ def patch_for_training(model: nn.Module, *, method: str, backend: str | None, lo
     layers: dict[int, LoRAExperts] = {}
     modules: dict[str, LoRAExperts] = {}
     freed = 0
-    tensors = {layer: inference_patch._expert_tensors(block, fam, layer, model_type) for layer, block in blocks}
+    tensors = {layer: inference_patch._expert_tensors(block, fam, layer, model_type, weight_path is not None)
+               for layer, block in blocks}
     num_experts = next(iter(tensors.values())).gate.shape[0]
     counts = load_counts(stats_file, num_experts=num_experts, model_type=model_type) if stats_file is not None else None
     masks = gpu_expert_masks(placement, layers=list(tensors), num_experts=num_experts, num_gpu_experts=num_gpu_experts,
@@ -125,12 +125,12 @@ def patch_for_training(model: nn.Module, *, method: str, backend: str | None, lo
                   swiglu_limit=swiglu[0], swiglu_alpha=swiglu[1], expert_bias=t.biases is not None,
                   weight_types=inference_patch.source_weight_types(source, layer, method))
         with torch.no_grad():
-            if source is not None:
-                load_layer(moe, source, layer)
+            if source is not None:   # experts not loaded into torch are quantized as they are read
+                load_layer(moe, source, layer, quantize_at_load=t.gate.is_meta)
             else:
                 moe.load(t.gate, t.up, t.down, biases=t.biases)
-            resident_gate_up, resident_down = resident_weights(t.gate, t.up, t.down, mask)
-            resident_bias = resident_biases(t.biases, mask)
+            resident_gate_up, resident_down, resident_bias = inference_patch.resident_experts(t, mask, source, layer,
+                                                                                              block)
         module = LoRAExperts(moe, rank=lora_rank, alpha=lora_alpha, target=target, recompute=recompute,
                              resident_gate_up=resident_gate_up, resident_down=resident_down, resident_bias=resident_bias,
                              interleaved_gate_up=t.layout.interleaved, input_first=t.layout.input_first,
@@ -142,7 +142,7 @@ def patch_for_training(model: nn.Module, *, method: str, backend: str | None, lo
                 p.requires_grad_(True)
         else:
             for p in t.params:   # the torch copies of the frozen experts: kt holds them packed now
-                freed += p.numel() * p.element_size()
+                freed += 0 if p.is_meta else p.numel() * p.element_size()
                 p.requires_grad_(False)
                 p.data = torch.empty((0,) + tuple(p.shape[1:]), dtype=p.dtype, device=p.device)
         setattr(block, fam.transformers_experts.attr, module)

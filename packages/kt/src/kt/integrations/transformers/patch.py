@@ -18,9 +18,11 @@ from kt_core.moe import MoE
 from ...gguf.reader import GGUFModel
 from ...models import ACTIVATIONS, FAMILIES, Family
 from ...weights import Checkpoint, ConvertedFolder, KtKernelFolder, load_layer, open_weights
+from ...weights.experts import checkpoint_biases, float_experts
 from .deferral import Handoff
 from .expert_layout import ExpertLayout
 from .experts import KTExperts, resident_biases, resident_weights
+from .loading import experts_unloaded
 from .placement import gpu_expert_masks
 from .stats import ExpertStats, load_counts
 
@@ -130,8 +132,9 @@ class _Experts:
     layout: ExpertLayout   # how the module holds them (kt's views above come from it)
 
 
-def _expert_tensors(block: nn.Module, fam: Family, layer: int, model_type: str) -> _Experts:
-    """The routed experts of one block, checked, in kt's orientation."""
+def _expert_tensors(block: nn.Module, fam: Family, layer: int, model_type: str, has_source: bool = False) -> _Experts:
+    """The routed experts of one block, checked, in kt's orientation (meta views for a model loaded
+    without its experts, when they will be read from a weight_path: `has_source`)."""
     te = fam.transformers_experts
     experts = getattr(block, te.attr, None)
     if isinstance(experts, KTExperts):
@@ -145,7 +148,11 @@ def _expert_tensors(block: nn.Module, fam: Family, layer: int, model_type: str) 
     if biases and (not te.input_first or sorted(biases) != sorted(bias_names)):
         raise KTError(f"layer {layer}: the experts have biases ({', '.join(biases)}); kt reads expert biases in "
                       f"GPT-OSS's layout ({', '.join(bias_names)}) only")
-    if gate_up.is_meta or down.is_meta:
+    if (gate_up.is_meta or down.is_meta) and not (experts_unloaded(experts) and has_source):
+        if experts_unloaded(experts):
+            raise KTError(f"layer {layer}: this model was loaded without its experts (kt's load_model); give "
+                          "patch_model the weight_path to read them from (the model's folder, a kt convert folder, "
+                          "a GGUF file)")
         raise KTError(f"layer {layer}: the expert weights are on the meta device (not loaded); load the model's "
                       "weights before patching it")
     if te.input_first:   # GPT-OSS: [E, H, 2I] (gate, up interleaved) and [E, I, H], x @ W
@@ -169,6 +176,31 @@ def _expert_tensors(block: nn.Module, fam: Family, layer: int, model_type: str) 
                       f"expected {te.down} [{e}, {h}, {two_i // 2}]")
     layout = ExpertLayout()
     return _Experts(experts, *layout.kt_weights(gate_up.detach(), down.detach()), None, (gate_up, down), layout)
+
+
+def resident_experts(t: _Experts, mask, source, layer: int, block: nn.Module):
+    """(gate|up [G, 2I, H], down [G, H, I], biases or None) of a layer's GPU-resident experts: the
+    model's own tensors, or for a model loaded without its experts the checkpoint's (BF16 or FP8,
+    dequantized), in the dtype and on the device of the block's other parameters."""
+    if not any(mask) or not t.gate.is_meta:
+        return (*resident_weights(t.gate, t.up, t.down, mask), resident_biases(t.biases, mask))
+    method = source.spec.quantization.method if isinstance(source, Checkpoint) else None
+    if method not in ("BF16", "FP8"):
+        raise KTError(f"layer {layer}: GPU-resident experts (num_gpu_experts) of a model loaded without its experts "
+                      f"are read from a Hugging Face BF16 or FP8 checkpoint; weight_path is "
+                      f"{f'a {method} checkpoint' if method else type(source).__name__}: load the model with its "
+                      "experts (from_pretrained) to keep some on the GPU")
+    like = next((p for p in block.parameters() if not p.is_meta), None)
+    dtype, device = (like.dtype, like.device) if like is not None else (torch.bfloat16, torch.device("cpu"))
+    experts = [e for e, g in enumerate(mask) if g]
+    gate, up, down = (torch.stack(ws).to(device=device, dtype=dtype)
+                      for ws in zip(*(float_experts(source, layer, e) for e in experts)))
+    biases = None
+    if t.biases is not None:
+        gb, ub, db = (torch.stack(bs).to(device=device, dtype=dtype)
+                      for bs in zip(*(checkpoint_biases(source, layer, e) for e in experts)))
+        biases = (torch.cat([gb, ub], dim=1), db)
+    return torch.cat([gate, up], dim=1), down, biases
 
 
 def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None = None, num_gpu_experts: int = 0,
@@ -251,7 +283,7 @@ def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None =
     cfg = getattr(config, fam.text_config_key) if fam.text_config_key else config
     swiglu = _swiglu(fam, cfg, model_type)
     blocks = _moe_blocks(model, fam, model_type)
-    tensors = [_expert_tensors(block, fam, layer, model_type) for layer, block in blocks]
+    tensors = [_expert_tensors(block, fam, layer, model_type, weight_path is not None) for layer, block in blocks]
     num_experts, intermediate, hidden = tensors[0].gate.shape
     for (layer, _), t in zip(blocks, tensors):
         if tuple(t.gate.shape) != (num_experts, intermediate, hidden):
@@ -290,20 +322,20 @@ def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None =
                           group_size=group_size, zero_point=zero_point, fast_activations=fast_activations,
                           weight_types=source_weight_types(source, layer, method),
                           swiglu_limit=swiglu[0], swiglu_alpha=swiglu[1], expert_bias=biased)
-                if source is not None:
-                    load_layer(moe, source, layer)
+                if source is not None:   # experts not loaded into torch are quantized as they are read
+                    load_layer(moe, source, layer, quantize_at_load=t.gate.is_meta)
                 else:
                     moe.load(t.gate, t.up, t.down, biases=t.biases)
-            resident_gate_up, resident_down = resident_weights(t.gate, t.up, t.down, mask)
+            resident_gate_up, resident_down, resident_bias = resident_experts(t, mask, source, layer, block)
             last = order == len(blocks) - 1
             module = KTExperts(layer=layer, order=order, num_experts=num_experts, moe=moe, gpu_mask=mask,
                                resident_gate_up=resident_gate_up, resident_down=resident_down,
                                defer=0 if last else defer, handoff=handoff, stats=stats,
                                original=None if free_originals else t.module,
-                               resident_bias=resident_biases(t.biases, mask), swiglu=swiglu)
+                               resident_bias=resident_bias, swiglu=swiglu)
             if free_originals:
                 for p in t.params:
-                    freed += p.numel() * p.element_size()
+                    freed += 0 if p.is_meta else p.numel() * p.element_size()
                     # Empty in place, so the memory goes even if something else holds the old module.
                     p.data = torch.empty((0,) + tuple(p.shape[1:]), dtype=p.dtype, device=p.device)
             setattr(block, fam.transformers_experts.attr, module)

@@ -1,0 +1,97 @@
+"""load_model: a transformers MoE model with everything loaded but its routed experts.
+
+The routed experts are nearly all of a big MoE's bytes (DeepSeek-V3: 654 of 671 B parameters), and
+kt reads them from the checkpoint itself (patch_model's weight_path). Loading them into torch
+first would need the whole model in memory (transformers 5 dequantizes an FP8 checkpoint to bf16 on
+a CPU: twice its size) only to free it again. Here transformers loads the rest — its key renames,
+dtypes, tied weights and quantization handling unchanged — while the family's experts modules are
+built without parameters: each keeps meta tensors of its parameters' shapes as plain attributes,
+so transformers finds no place for the checkpoint's expert tensors and never reads them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+
+import torch
+from torch import nn
+
+from kt_core.errors import KTError
+
+from ...models import Family
+
+# Marks an experts module built by load_model: patch_model then reads its weights from weight_path.
+UNLOADED = "_kt_experts_unloaded"
+_CLASS_PATCH = threading.Lock()   # the experts classes are patched process-wide while a model loads
+_ABSENT = object()
+
+
+def experts_unloaded(module: nn.Module) -> bool:
+    return bool(getattr(module, UNLOADED, False))
+
+
+def _classes(config, fam: Family) -> tuple[type, set[type]]:
+    """The model's class and its experts modules' classes, found on a skeleton built on the meta
+    device (no memory)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)
+    classes = {type(getattr(m, fam.transformers_experts.attr)) for _, m in skeleton.named_modules()
+               if type(m).__name__ in fam.transformers_blocks and hasattr(m, fam.transformers_experts.attr)}
+    if not classes:
+        raise KTError(f"this {config.model_type} model has no MoE layers: none of its modules is a "
+                      f"{' or '.join(fam.transformers_blocks)}, so kt has no experts to run")
+    return type(skeleton), classes
+
+
+@contextlib.contextmanager
+def _built_without_parameters(model_class: type, classes: set[type]):
+    """While active, instances of `classes` hold meta tensors of their parameters' shapes (plain
+    attributes: neither parameters nor buffers), and `model_class` does not report the checkpoint's
+    expert keys, which now have nowhere to go, as unexpected."""
+    originals = {cls: cls.__init__ for cls in classes}
+    ignored = model_class.__dict__.get("_keys_to_ignore_on_load_unexpected", _ABSENT)
+
+    def unloaded_init(original):
+        def __init__(self, *args, **kwargs):
+            with torch.device("meta"):
+                original(self, *args, **kwargs)
+            for name, p in list(self._parameters.items()):
+                del self._parameters[name]
+                object.__setattr__(self, name, torch.empty(p.shape, dtype=p.dtype, device="meta"))
+            setattr(self, UNLOADED, True)
+        return __init__
+
+    with _CLASS_PATCH:
+        for cls, original in originals.items():
+            cls.__init__ = unloaded_init(original)
+        model_class._keys_to_ignore_on_load_unexpected = {
+            *(getattr(model_class, "_keys_to_ignore_on_load_unexpected", None) or ()), r"(^|\.)experts\."}
+        try:
+            yield
+        finally:
+            for cls, original in originals.items():
+                cls.__init__ = original
+            if ignored is _ABSENT:
+                del model_class._keys_to_ignore_on_load_unexpected
+            else:
+                model_class._keys_to_ignore_on_load_unexpected = ignored
+
+
+def load_model(folder: str | os.PathLike, *, dtype="auto", **from_pretrained_kwargs) -> nn.Module:
+    """`AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, ...)` of an MoE family kt
+    supports, without its routed experts: their modules hold meta tensors of the experts' shapes
+    and none of their bytes is read. Patch the model with `patch_model(model, weight_path=folder,
+    method=...)` (or another weight_path: a `kt convert` folder, a GGUF file) before running it;
+    GPU-resident experts (num_gpu_experts) are then read from a BF16 or FP8 checkpoint."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from .patch import _family
+
+    config = AutoConfig.from_pretrained(folder, trust_remote_code=from_pretrained_kwargs.get("trust_remote_code", False))
+    fam = _family(getattr(config, "model_type", None) or "")
+    with _built_without_parameters(*_classes(config, fam)):
+        return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **from_pretrained_kwargs)
