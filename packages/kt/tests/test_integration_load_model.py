@@ -14,6 +14,9 @@ import pytest
 torch = pytest.importorskip("torch", reason="the transformers integration needs torch")
 transformers = pytest.importorskip("transformers", reason="the transformers integration needs transformers")
 
+from test_integration_transformers import CONFIGS as FAMILY_CONFIGS  # noqa: E402
+from test_integration_transformers import tiny_gpt_oss  # noqa: E402
+
 from kt.integrations.transformers import load_model, patch_model  # noqa: E402
 from kt.integrations.transformers.loading import experts_unloaded  # noqa: E402
 from kt_core.errors import KTError  # noqa: E402
@@ -23,14 +26,6 @@ CONFIGS = {
     "qwen3_moe": lambda: transformers.Qwen3MoeConfig(
         hidden_size=128, moe_intermediate_size=64, num_experts=8, num_experts_per_tok=2, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=32, intermediate_size=256, vocab_size=64),
-    "mixtral": lambda: transformers.MixtralConfig(
-        hidden_size=128, intermediate_size=64, num_local_experts=8, num_experts_per_tok=2, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, vocab_size=64),
-    "deepseek_v3": lambda: transformers.DeepseekV3Config(
-        hidden_size=128, intermediate_size=256, moe_intermediate_size=64, n_routed_experts=8, num_experts_per_tok=2,
-        n_group=1, topk_group=1, num_hidden_layers=3, first_k_dense_replace=1, num_attention_heads=4,
-        num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16,
-        v_head_dim=16, vocab_size=64),
 }
 
 
@@ -51,15 +46,26 @@ def full_model(folder, method, **kw):
     return model
 
 
-@pytest.mark.parametrize("family", list(CONFIGS))
-@pytest.mark.parametrize("method", ["BF16", "INT8"])
+def family_folder(tmp_path, family):
+    if family == "gpt_oss":   # expert biases, interleaved gate/up, the clamped SwiGLU
+        tiny_gpt_oss().to(torch.bfloat16).save_pretrained(tmp_path)
+        return tmp_path
+    return save(tmp_path, FAMILY_CONFIGS[family]())
+
+
+@pytest.mark.parametrize("family, method", [(f, "BF16") for f in [*FAMILY_CONFIGS, "gpt_oss"]]
+                         + [(f, "INT8") for f in ("qwen3_moe", "mixtral", "deepseek_v3")])
 def test_logits_equal_loading_the_whole_model(tmp_path, family, method):
-    """The experts kt reads from the folder are the ones transformers would have loaded: BF16 packs
-    the same bf16 values, INT8 quantizes the same floats (quantize at load = at patch time)."""
-    folder = save(tmp_path, CONFIGS[family]())
+    """Every family: the experts kt reads from the folder are the ones transformers would have
+    loaded (save_pretrained writes Qwen3-MoE's fused, Mixtral's and DeepSeek's one tensor per expert,
+    as their hub checkpoints are): BF16 packs the same bf16 values, INT8 quantizes the same floats
+    (at load instead of at patch time) — equal logits."""
+    folder = family_folder(tmp_path, family)
     model = load_model(folder, dtype=torch.float32)
-    blocks = [m for m in model.modules() if experts_unloaded(m)]
-    assert len(blocks) == 2 and all(t.is_meta for b in blocks for t in vars(b).values() if isinstance(t, torch.Tensor))
+    unloaded = [m for m in model.modules() if experts_unloaded(m)]
+    assert len(unloaded) == len(full_model(folder, method).model.layers) - (family in ("deepseek_v2", "deepseek_v3",
+                                                                                            "glm4_moe"))
+    assert all(t.is_meta for m in unloaded for t in vars(m).values() if isinstance(t, torch.Tensor))
     assert not any(p.is_meta for p in model.parameters())   # everything else is loaded
     patch = patch_model(model, method=method, weight_path=folder)
     assert patch.freed_bytes == 0   # nothing of the experts was ever in torch
@@ -157,3 +163,27 @@ def test_refusals_and_the_class_is_restored(tmp_path, fp8_folder):
     model = transformers.AutoModelForCausalLM.from_pretrained(folder)
     assert not any(experts_unloaded(m) for m in model.modules())
     assert model.model.layers[0].mlp.experts.gate_up_proj.shape == (8, 128, 128)
+
+
+def test_kt_run_serves_a_folder_loaded_without_its_experts(tmp_path, monkeypatch):
+    """kt run on a model folder: transformers loads the non-expert weights only, kt reads the experts
+    from the folder; the served model generates what the whole model, patched, generates."""
+    from kt.integrations.transformers.preset import ensure_preset
+    from kt.serve import Engine, ServeSettings
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    folder = ensure_preset()   # a bf16 Qwen3-MoE folder with a tokenizer
+    logs = []
+    engine = Engine.load(ServeSettings(model=str(folder), port=0).resolved(), log=logs.append)
+    try:
+        assert f"read its experts from {folder} into kt" in logs[-1], logs
+        assert sum(experts_unloaded(m) for m in engine.model.modules()) == 0   # replaced by kt's modules
+        ids = torch.tensor([engine.text_prompt("The capital of France is")])
+        greedy = dict(max_new_tokens=12, min_new_tokens=12, do_sample=False)
+        with torch.no_grad():
+            got = engine.model.generate(ids, **greedy)
+            whole = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype="auto").eval()
+            patch_model(whole)
+            assert torch.equal(got, whole.generate(ids, **greedy))
+    finally:
+        engine.close()

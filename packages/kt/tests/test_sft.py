@@ -45,9 +45,15 @@ def write_config(tmp: Path, **train) -> Path:
     return tmp / "sft.yaml"
 
 
-def test_training_reduces_the_loss_and_writes_a_peft_adapter(tmp_path):
+def test_training_reduces_the_loss_and_writes_a_peft_adapter(tmp_path, monkeypatch):
+    from kt.training.sft import trainer
+
+    loads, load = [], trainer.load_model
+    # The frozen experts are read by kt from the model's folder, never loaded into torch.
+    monkeypatch.setattr(trainer, "load_model", lambda *a, **kw: loads.append(kw) or load(*a, **kw))
     cfg = load_config(write_config(tmp_path, steps=10))
     losses = train(cfg)
+    assert loads == [{"without_experts": True}]
     assert len(losses) == 10 and losses[-1] < losses[0] - 0.3, losses
     run = tmp_path / "run"
     assert (run / "adapter" / "adapter_config.json").is_file() and (run / "adapter" / "adapter_model.safetensors").is_file()

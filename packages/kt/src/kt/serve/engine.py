@@ -89,13 +89,15 @@ class Engine:
 
         from kt_core.wrapper import KTMoEWrapper
 
-        from ..integrations.transformers import patch_model
+        from ..integrations.transformers import load_model, patch_model
+        from ..integrations.transformers.loading import expert_source
         from ..integrations.transformers.patch import _family
         from ..integrations.transformers.preset import load_preset
 
         # The same mapping KTMoEWrapper(cpuinfer_threads=, threadpool_count=) uses, before any kt layer exists.
         KTMoEWrapper._configure_pool(settings.cpuinfer, settings.threadpool_count)
         start = time.perf_counter()
+        lean = None   # where kt reads the experts from when the model was loaded without them
         if settings.is_preset:
             model, tokenizer = load_preset()
         else:
@@ -108,14 +110,22 @@ class Engine:
                 tokenizer = AutoTokenizer.from_pretrained(settings.model)
             except (OSError, ValueError) as exc:
                 raise KTError(f"{settings.model}'s tokenizer does not load: {exc}") from None
-            model = AutoModelForCausalLM.from_pretrained(settings.model, dtype="auto").eval()
-        patch = patch_model(model, method=settings.method, weight_path=settings.weight_path,
+            # The experts go to kt: where it reads them from the checkpoint (or weight_path), transformers
+            # loads the rest only — the memory of the non-expert weights, not the whole model's.
+            lean = expert_source(settings.model, settings.method, settings.weight_path, settings.num_gpu_experts)
+            if lean is not None:
+                model = load_model(settings.model, dtype="auto").eval()
+            else:
+                model = AutoModelForCausalLM.from_pretrained(settings.model, dtype="auto").eval()
+        weight_path = settings.weight_path if lean is None else lean
+        patch = patch_model(model, method=settings.method, weight_path=weight_path,
                             num_gpu_experts=settings.num_gpu_experts,
                             max_deferred_experts_per_token=settings.max_deferred_experts_per_token,
                             fast_activations=settings.fast_activations)
-        log(f"loaded {settings.model} and moved its experts onto kt ({patch.method} on {', '.join(patch.backends)}, "
-            f"{len(patch.layers)} MoE layers, {patch.freed_bytes / 2**20:.1f} MiB of torch expert weights freed) in "
-            f"{time.perf_counter() - start:.1f} s")
+        how = (f"read its experts from {weight_path} into kt" if lean is not None else
+               f"moved its experts onto kt ({patch.freed_bytes / 2**20:.1f} MiB of torch expert weights freed)")
+        log(f"loaded {settings.model} and {how} ({patch.method} on {', '.join(patch.backends)}, "
+            f"{len(patch.layers)} MoE layers) in {time.perf_counter() - start:.1f} s")
         return cls(model, tokenizer, settings, patch, log)
 
     # -- prompts --------------------------------------------------------------------------

@@ -39,17 +39,26 @@ from .data import IGNORE, Example, load_examples
 STATE = "trainer_state.pt"
 
 
-def load_model(model: str, dtype: str):
-    """(model, tokenizer) of a model folder or the built-in preset, in train-ready form."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    torch_dtype = getattr(torch, dtype)
+def model_folder(model: str) -> str:
+    """The folder of a config's model: itself, or the built-in preset's (written on first use)."""
     if model == PRESET:
         from ...integrations.transformers.preset import ensure_preset
 
-        model = str(ensure_preset())
-    net = AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype)
-    return net, AutoTokenizer.from_pretrained(model)
+        return str(ensure_preset())
+    return model
+
+
+def load_model(model: str, dtype: str, without_experts: bool = False):
+    """(model, tokenizer) of a model folder or the built-in preset, in train-ready form;
+    `without_experts`: the routed experts left unloaded, for kt to read from a weight_path
+    (kt.integrations.transformers.load_model)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ...integrations.transformers import load_model as load_without_experts
+
+    folder = model_folder(model)
+    load = load_without_experts if without_experts else AutoModelForCausalLM.from_pretrained
+    return load(folder, dtype=getattr(torch, dtype)), AutoTokenizer.from_pretrained(folder)
 
 
 def batch_for(examples: list[Example], step: int, batch_size: int, seed: int, pad_id: int):
@@ -157,6 +166,7 @@ def train(config: SFTConfig, *, resume: bool = False, on_step: Callable[[dict], 
     import yaml
 
     from ...integrations.transformers import patch_model
+    from ...integrations.transformers.loading import expert_source
 
     device = torch.device(config.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -170,12 +180,17 @@ def train(config: SFTConfig, *, resume: bool = False, on_step: Callable[[dict], 
     if resume and not existing:
         raise KTError(f"--resume: {out} holds no checkpoint to resume from")
     torch.manual_seed(config.train.seed)
-    model, tokenizer = load_model(config.model, config.dtype)
+    # Frozen experts go to kt: where it reads them from the checkpoint (or weight_path), transformers
+    # loads the rest only. Experts that train (train_experts) are the model's own parameters.
+    weight_path = None if config.train_experts else expert_source(model_folder(config.model), config.method,
+                                                                   config.weight_path, config.num_gpu_experts)
+    model, tokenizer = load_model(config.model, config.dtype, without_experts=weight_path is not None)
+    weight_path = weight_path or config.weight_path
     examples = load_examples(config.data, tokenizer, config.train.max_length)
     # Patched on the CPU (the experts' weights go to kt, GPU-resident ones are taken from there), then
     # the model moves: LoRAExperts keeps its adapters (and trained weights) on the CPU for kt.
     patch = patch_model(model, method=config.method, group_size=config.group_size, zero_point=config.zero_point,
-                        weight_path=config.weight_path, num_gpu_experts=config.num_gpu_experts, mode="train",
+                        weight_path=weight_path, num_gpu_experts=config.num_gpu_experts, mode="train",
                         lora_rank=config.lora.rank, lora_alpha=config.lora.alpha,
                         target=config.lora.target, recompute=config.train.recompute,
                         max_tokens=max(config.train.max_length * config.train.batch_size, 16),
