@@ -92,3 +92,41 @@ def test_kt_kernel_sft_training_loop(tmp_path, method):
             optimizer.step()
             optimizer.zero_grad()
         assert losses[-1] < losses[0] * 0.95, losses
+
+
+def test_kt_kernel_module_paths_and_the_direct_sft_class(tmp_path):
+    """kt-kernel's other import paths (`kt_kernel.experts`, `kt_kernel.experts_base`, as LLaMA-Factory's
+    integration imports them) are kt-core's objects, and `AMXSFTMoEWrapper` built with kt-kernel's
+    positional arguments is the wrapper KTMoEWrapper(mode="sft") builds: the same outputs and
+    gradients, bit for bit."""
+    import kt_core
+    from kt_kernel import AMXSFTMoEWrapper
+    from kt_kernel.experts import KTMoEWrapper as FromExperts
+    from kt_kernel.experts_base import generate_gpu_experts_masks
+
+    assert FromExperts is KTMoEWrapper and generate_gpu_experts_masks is kt_core.generate_gpu_experts_masks
+    weight_path, _, layers = layers_and_truth(tmp_path, "AMXBF16_SFT")
+    layer = layers[0]
+    direct = AMXSFTMoEWrapper(layer, E, TOP_K, H, I, 0, 2, 1, str(weight_path), 64, RANK, 16.0)
+    built = KTMoEWrapper(layer_idx=layer, num_experts=E, num_experts_per_tok=TOP_K, hidden_size=H,
+                         moe_intermediate_size=I, num_gpu_experts=0, cpuinfer_threads=2, threadpool_count=1,
+                         weight_path=str(weight_path), chunked_prefill_size=64, method="AMXBF16_SFT", mode="sft",
+                         lora_rank=RANK, lora_alpha=16.0)
+    assert type(built) in type(direct).__mro__
+    g = torch.Generator().manual_seed(1)
+    shapes = ((E, RANK, H), (E, I, RANK), (E, RANK, H), (E, I, RANK), (E, RANK, I), (E, H, RANK))
+    factors = [(torch.randn(s, generator=g) * 0.05).bfloat16() for s in shapes]
+    x = torch.randn(T, H, generator=g).bfloat16()
+    ids = torch.stack([torch.randperm(E, generator=g)[:TOP_K] for _ in range(T)])
+    w = torch.softmax(torch.randn(T, TOP_K, generator=g), dim=-1)
+    dy = torch.randn(T, H, generator=g) * 0.1
+    results = []
+    for wrapper in (direct, built):
+        wrapper.load_weights(torch.arange(E, dtype=torch.int64))
+        params = [torch.nn.Parameter(f.clone()) for f in factors]
+        wrapper.init_lora_weights(*params, *(torch.zeros_like(f) for f in factors))
+        wrapper.update_lora_weights()
+        out = wrapper.forward(x, ids, w, save_for_backward=True)
+        results.append((out, *wrapper.backward(dy), *(p.grad.clone() for p in params)))
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
