@@ -466,13 +466,16 @@ def sft_chat(
     import torch
 
     from ..integrations.transformers import patch_model
-    from ..training.sft.trainer import trained_model
+    from ..training.sft.trainer import model_for_kt, trained_model
 
     cfg = _run_config(run_dir)
     adapter = _adapter_of(run_dir, checkpoint, cfg)
-    model, tokenizer = trained_model(cfg, Path(run_dir), checkpoint)
+    if cfg.train_experts:
+        (model, tokenizer), weight_path = trained_model(cfg, Path(run_dir), checkpoint), cfg.weight_path
+    else:   # the frozen experts as the run had them, read by kt (the model loaded without them where it can)
+        model, tokenizer, weight_path = model_for_kt(cfg)
     patch_model(model, method=cfg.method, group_size=cfg.group_size, zero_point=cfg.zero_point,
-                weight_path=cfg.weight_path, expert_lora_path=adapter)
+                weight_path=weight_path, expert_lora_path=adapter)
     model.eval()
     questions = prompt or (line.rstrip("\n") for line in sys.stdin)
     for q in questions:

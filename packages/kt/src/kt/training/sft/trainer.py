@@ -61,6 +61,18 @@ def load_model(model: str, dtype: str, without_experts: bool = False):
     return load(folder, dtype=getattr(torch, dtype)), AutoTokenizer.from_pretrained(folder)
 
 
+def model_for_kt(config: SFTConfig):
+    """(model, tokenizer, weight_path) for a run whose frozen experts go to kt: the model without its
+    routed experts where kt reads them from its folder or the config's weight_path (then returned),
+    otherwise loaded whole. With train_experts the experts are the model's own parameters: whole."""
+    from ...integrations.transformers.loading import expert_source
+
+    weight_path = None if config.train_experts else expert_source(model_folder(config.model), config.method,
+                                                                   config.weight_path, config.num_gpu_experts)
+    model, tokenizer = load_model(config.model, config.dtype, without_experts=weight_path is not None)
+    return model, tokenizer, weight_path or config.weight_path
+
+
 def batch_for(examples: list[Example], step: int, batch_size: int, seed: int, pad_id: int):
     """(input_ids, attention_mask, labels) of step `step` (see the module doc for the order)."""
     n = len(examples)
@@ -166,7 +178,6 @@ def train(config: SFTConfig, *, resume: bool = False, on_step: Callable[[dict], 
     import yaml
 
     from ...integrations.transformers import patch_model
-    from ...integrations.transformers.loading import expert_source
 
     device = torch.device(config.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -180,12 +191,7 @@ def train(config: SFTConfig, *, resume: bool = False, on_step: Callable[[dict], 
     if resume and not existing:
         raise KTError(f"--resume: {out} holds no checkpoint to resume from")
     torch.manual_seed(config.train.seed)
-    # Frozen experts go to kt: where it reads them from the checkpoint (or weight_path), transformers
-    # loads the rest only. Experts that train (train_experts) are the model's own parameters.
-    weight_path = None if config.train_experts else expert_source(model_folder(config.model), config.method,
-                                                                   config.weight_path, config.num_gpu_experts)
-    model, tokenizer = load_model(config.model, config.dtype, without_experts=weight_path is not None)
-    weight_path = weight_path or config.weight_path
+    model, tokenizer, weight_path = model_for_kt(config)
     examples = load_examples(config.data, tokenizer, config.train.max_length)
     # Patched on the CPU (the experts' weights go to kt, GPU-resident ones are taken from there), then
     # the model moves: LoRAExperts keeps its adapters (and trained weights) on the CPU for kt.
