@@ -5,7 +5,6 @@ Each family's tiny model is saved by transformers itself (save_pretrained writes
 fused, Mixtral's and DeepSeek-V3's one tensor per expert, as their hub checkpoints are), so the
 loader meets the key renames and merges transformers applies to real checkpoints."""
 
-import json
 import subprocess
 import sys
 
@@ -101,24 +100,10 @@ def test_the_experts_bytes_are_never_read(tmp_path):
 @pytest.fixture(scope="module")
 def fp8_folder(tmp_path_factory):
     """A DeepSeek-V3-style FP8 checkpoint (128x128 block scales) of a tiny Qwen3-MoE."""
-    from safetensors.torch import load_file, save_file
-
-    from kt_core.testing.quantize import quantize_fp8_block
+    from kt.testing.checkpoints import experts_to_fp8
 
     folder = save(tmp_path_factory.mktemp("fp8"), CONFIGS["qwen3_moe"]())
-    tensors = {}
-    for name, t in load_file(folder / "model.safetensors").items():   # per-expert weights, as saved
-        if ".experts." in name and name.endswith(".weight"):
-            codes, scale = quantize_fp8_block(t.float().numpy())
-            tensors[name] = torch.from_numpy(codes).view(torch.float8_e4m3fn)
-            tensors[name[:-len("weight")] + "weight_scale_inv"] = torch.from_numpy(scale.astype("float32"))
-        else:
-            tensors[name] = t
-    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    config = json.loads((folder / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128],
-                                     "activation_scheme": "dynamic"}
-    (folder / "config.json").write_text(json.dumps(config))
+    experts_to_fp8(folder)
     return folder
 
 

@@ -154,30 +154,14 @@ def test_an_fp8_model_folder_as_transformers_loads_it(tmp_path):
     dequantizes the E4M3 blocks), patch_model(mode="train", method="FP8", weight_path=the folder)
     gives kt the stored codes instead and frees the dequantized experts; the patched model's logits
     match the loaded model's (bf16 activations: measured 4.7e-7) and LoRA over them trains."""
-    import json
-
-    from safetensors.torch import load_file, save_file
-
-    from kt_core.testing.quantize import quantize_fp8_block
+    from kt.testing.checkpoints import experts_to_fp8
 
     cfg = transformers.Qwen3MoeConfig(hidden_size=128, moe_intermediate_size=128, num_experts=8, num_experts_per_tok=2,
                                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                                       intermediate_size=256, vocab_size=64)
     torch.manual_seed(0)
     transformers.AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16).save_pretrained(tmp_path)
-    tensors = {}
-    for name, t in load_file(tmp_path / "model.safetensors").items():   # per-expert weights, as saved
-        if ".experts." in name and name.endswith(".weight"):
-            codes, scale = quantize_fp8_block(t.float().numpy())
-            tensors[name] = torch.from_numpy(codes).view(torch.float8_e4m3fn)
-            tensors[name[:-len("weight")] + "weight_scale_inv"] = torch.from_numpy(scale.astype("float32"))
-        else:
-            tensors[name] = t
-    save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
-    config = json.loads((tmp_path / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128],
-                                     "activation_scheme": "dynamic"}
-    (tmp_path / "config.json").write_text(json.dumps(config))
+    experts_to_fp8(tmp_path)   # the per-expert weights as saved, now E4M3 blocks
 
     model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
     ids = batches()[0]
