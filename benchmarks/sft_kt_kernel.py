@@ -82,13 +82,13 @@ def block_fp8(d: dict) -> dict:
 def mxfp4(d: dict) -> dict:
     """The bf16 weights as MXFP4 (E2M1 codes uint8 [E, rows, cols / 2], the UE8M0 scales as bf16 powers
     of two [E, rows, cols / 32]) — what both sides of MXFP4_SFT load."""
+    from kt_core.sft import ue8m0_to_bf16
     from kt_core.testing.quantize import quantize_mxfp4
 
     out = {}
     for n in ("gate", "up", "down"):
         codes, scales = quantize_mxfp4(d[n].float().numpy())
-        bf16 = (torch.from_numpy(scales.astype("int32")) << 7).to(torch.int16).view(torch.bfloat16)
-        out[n] = (torch.from_numpy(codes), bf16)
+        out[n] = (torch.from_numpy(codes), ue8m0_to_bf16(torch.from_numpy(scales)))
     return out
 
 

@@ -20,7 +20,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from kt_core import KTError, KTMoEWrapper  # noqa: E402
-from kt_core.sft import SFTMoEWrapper, sft_methods  # noqa: E402
+from kt_core.sft import SFTMoEWrapper, sft_methods, ue8m0_to_bf16  # noqa: E402
 from kt_core.testing.quantize import (  # noqa: E402
     dequantize_fp8_block,
     dequantize_int4,
@@ -206,8 +206,7 @@ def mxfp4_experts_data(weights):
     for name, t in zip(("gate", "up", "down"), weights):
         codes, scales = quantize_mxfp4(t.numpy())
         data[name] = [torch.from_numpy(c.copy()) for c in codes]
-        data[name + "_scale"] = [(torch.from_numpy(s.astype(np.int32)) << 7).to(torch.int16).view(torch.bfloat16)
-                                 for s in scales]
+        data[name + "_scale"] = [ue8m0_to_bf16(torch.from_numpy(s)) for s in scales]
     return data
 
 

@@ -65,6 +65,14 @@ def sft_methods() -> list[str]:
     return sorted([*SFT_METHODS, *(m + SKIP_LORA_SUFFIX for m in SFT_METHODS if m.startswith("AMX"))])
 
 
+def ue8m0_to_bf16(exponents: torch.Tensor) -> torch.Tensor:
+    """UE8M0 scale bytes e (uint8, 0xff excluded: callers refuse it) as the bf16 powers of two
+    2^(e - 127) kt-kernel's MXFP4 loader hands over: bits e << 7, and e = 0 as bf16's subnormal 0x0040."""
+    bits = exponents.to(torch.int32) << 7
+    bits = torch.where(exponents == 0, 0x0040, bits)
+    return bits.to(torch.int16).view(torch.bfloat16).contiguous()
+
+
 def _check_ue8m0_scales(scale: torch.Tensor, what: str) -> torch.Tensor:
     """`scale` itself if every value is a UE8M0 scale as bf16 — a finite positive power of two (bf16
     holds 2^(e - 127) as e << 7; e = 0, 2^-127, as the subnormal 0x0040) — else a ValueError naming

@@ -23,6 +23,8 @@ PROJECTIONS = (("gate", "w1"), ("up", "w3"), ("down", "w2"))
 def _bf16_of_ue8m0(scale, name: str):
     import torch
 
+    from kt_core.sft import ue8m0_to_bf16
+
     if scale.dtype != torch.uint8:
         e8m0 = getattr(torch, "float8_e8m0fnu", None)
         if scale.dtype != e8m0:
@@ -31,9 +33,7 @@ def _bf16_of_ue8m0(scale, name: str):
         scale = scale.view(torch.uint8)
     if bool((scale == 0xFF).any()):
         raise WeightsError(f"{name} holds the reserved UE8M0 code 0xff (NaN), which no finite scale stands for")
-    bits = scale.to(torch.int32) << 7
-    bits = torch.where(scale == 0, 0x0040, bits)   # 2^-127: bf16's subnormal
-    return bits.to(torch.int16).view(torch.bfloat16).contiguous()
+    return ue8m0_to_bf16(scale)
 
 
 def native_mxfp4_experts(path: str | Path, layer: int) -> dict[str, list]:
