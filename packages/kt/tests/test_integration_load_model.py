@@ -71,6 +71,28 @@ def test_logits_equal_loading_the_whole_model(tmp_path, family, method):
     assert torch.equal(logits(model), logits(full_model(folder, method)))
 
 
+def test_qwen3_moe_hub_layout_one_tensor_per_expert(tmp_path):
+    """Qwen3-MoE's hub checkpoints keep one gate/up/down tensor per expert (transformers 5 merges them
+    while loading; its save_pretrained writes them fused): the same folder rewritten that way."""
+    from safetensors.torch import load_file, save_file
+
+    folder = save(tmp_path, CONFIGS["qwen3_moe"]())
+    split = {}
+    for name, t in load_file(folder / "model.safetensors").items():
+        prefix = name.rsplit(".", 1)[0]
+        if name.endswith("experts.gate_up_proj"):
+            for e, w in enumerate(t):
+                split[f"{prefix}.{e}.gate_proj.weight"], split[f"{prefix}.{e}.up_proj.weight"] = w.chunk(2)
+        elif name.endswith("experts.down_proj"):
+            split.update({f"{prefix}.{e}.down_proj.weight": w for e, w in enumerate(t)})
+        else:
+            split[name] = t
+    save_file({n: t.contiguous() for n, t in split.items()}, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    model = load_model(folder, dtype=torch.float32)
+    patch_model(model, method="BF16", weight_path=folder)
+    assert torch.equal(logits(model), logits(full_model(folder, "BF16")))
+
+
 def test_the_experts_bytes_are_never_read(tmp_path):
     """A model whose experts are 384 MiB of its ~391: loading it without them raises the process's
     peak memory over its resident set before by about what loading it whole does less the experts
