@@ -33,6 +33,16 @@ AS_STORED = {"BF16": ("BF16", "FP32"), "FP8": ("FP8",), "RAWINT4": ("RAWINT4",),
              "NVFP4": ("NVFP4",), "MXFP8": ("MXFP8",), "MXFP4": ("MXFP4",)}
 
 
+def checkpoint_serves(stored: str, method: str) -> str | None:
+    """How a checkpoint whose experts are stored as `stored` gives method `method`'s experts: "as
+    stored", "quantized at load" (BF16 or FP8 floats packed as INT8, INT4 or BF16), or None."""
+    if method in AS_STORED.get(stored, ()):
+        return "as stored"
+    if stored in ("BF16", "FP8") and method in ("INT8", "INT4", "BF16"):
+        return "quantized at load"
+    return None
+
+
 def open_weights(path: str | Path) -> Checkpoint | ConvertedFolder | GGUFModel | KtKernelFolder:
     path = Path(path)
     if (path / MANIFEST).is_file():
@@ -88,11 +98,12 @@ def _checkpoint_reader(moe, ckpt: Checkpoint, layer: int, quantize_at_load: bool
             raise WeightsError(f"{spec.model_type} experts compute {ACTIVATIONS[spec.family.activation]}: create the "
                                f"layer with expert_bias=True, swiglu_limit={swiglu[0]}, swiglu_alpha={swiglu[1]}")
     stored = spec.quantization.method
-    if moe.method in AS_STORED[stored]:
+    serves = checkpoint_serves(stored, moe.method)
+    if serves == "as stored":
         if spec.family.expert_biases:   # (..., biases): MoE.load_experts sets them with the weights
             return spec.num_experts, lambda e: (*checkpoint_experts(ckpt, layer, e), checkpoint_biases(ckpt, layer, e))
         return spec.num_experts, lambda e: checkpoint_experts(ckpt, layer, e)
-    if stored in ("BF16", "FP8") and moe.method in ("INT8", "INT4", "BF16"):
+    if serves == "quantized at load":
         if not quantize_at_load:
             raise KTError(f"{ckpt.path} stores {stored} experts; {moe.method} needs a converted folder (`kt convert "
                           f"{ckpt.path} OUT --method {moe.method}`) or quantization at load (cpu_save=True / "

@@ -113,16 +113,14 @@ def expert_source(folder: str | os.PathLike, method: str, weight_path: str | os.
     from kt_core.backends.selection import canonical_method
 
     from ...weights import Checkpoint, open_weights
-    from ...weights.loader import AS_STORED
+    from ...weights.loader import checkpoint_serves
 
     try:
         if weight_path is not None:
             return weight_path if num_gpu_experts == 0 or _resident_capable(open_weights(weight_path)) else None
         ckpt = open_weights(folder)
-    except Exception:   # not a folder kt reads (unknown family, quantization, layout): transformers decides
+    except (KTError, OSError, ValueError):   # not a folder kt reads (family, quantization, layout): load it whole
         return None
     if not isinstance(ckpt, Checkpoint) or (num_gpu_experts and not _resident_capable(ckpt)):
         return None
-    stored, method = ckpt.spec.quantization.method, canonical_method(method)
-    readable = method in AS_STORED.get(stored, ()) or (stored in ("BF16", "FP8") and method in ("INT8", "INT4", "BF16"))
-    return folder if readable else None
+    return folder if checkpoint_serves(ckpt.spec.quantization.method, canonical_method(method)) else None
