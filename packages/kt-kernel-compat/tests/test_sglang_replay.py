@@ -118,3 +118,14 @@ def test_sglang_call_sequence(tmp_path, method):
 def test_the_import_name_is_kts():
     assert kt_kernel.__kt_kernel_api__ == "0.7.2" and "+kt" in kt_kernel.__version__
     assert kt_kernel.KTMoEWrapper.get_capture_batch_sizes is not None
+
+
+def test_importing_kt_kernel_leaves_the_sft_wrapper_unloaded():
+    """`import kt_kernel` stays torch-free (the packaging session installs it without torch): the SFT
+    class is resolved on first use, as kt-kernel resolves it."""
+    import subprocess
+    import sys
+
+    code = "import sys, kt_kernel; print('kt_core.sft' in sys.modules, kt_kernel.AMXSFTMoEWrapper.__name__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "AMXSFTMoEWrapper"]

@@ -27,27 +27,19 @@ _refuse_beside_kt_kernel()
 
 import kt_core as _kt_core  # noqa: E402
 from kt_core import KTMoEWrapper, generate_gpu_experts_masks, select_deferred_experts  # noqa: E402
-from kt_core.sft import SFTMoEWrapper as _SFTMoEWrapper  # noqa: E402
-
-
-class AMXSFTMoEWrapper(_SFTMoEWrapper):
-    """kt-kernel's SFT class built directly (`kt_kernel.AMXSFTMoEWrapper(...)`), with its argument
-    order: kt-core's SFT wrapper — what `KTMoEWrapper(mode="sft")` returns — on whichever kt
-    backend runs the method here, not only on AMX."""
-
-    def __init__(self, layer_idx, num_experts, num_experts_per_tok, hidden_size, moe_intermediate_size, num_gpu_experts,
-                 cpuinfer_threads, threadpool_count, weight_path, chunked_prefill_size, lora_rank=16, lora_alpha=32.0,
-                 lora_dropout=0.0, max_cache_depth=1, method="AMXBF16_SFT", group_size=128, zero_point=True,
-                 full_weight_grad=False, swiglu_limit=0.0):
-        super().__init__(layer_idx, num_experts, num_experts_per_tok, hidden_size, moe_intermediate_size,
-                         cpuinfer_threads=cpuinfer_threads, threadpool_count=threadpool_count, weight_path=weight_path,
-                         chunked_prefill_size=chunked_prefill_size, method=method, num_gpu_experts=num_gpu_experts,
-                         lora_rank=lora_rank, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
-                         max_cache_depth=max_cache_depth, group_size=group_size, zero_point=zero_point,
-                         full_weight_grad=full_weight_grad, swiglu_limit=swiglu_limit)
 
 # kt-kernel's version this module stands in for, and kt's.
 __version__ = f"0.7.2+kt{_kt_core.__version__}"
 __kt_kernel_api__ = "0.7.2"
 
-__all__ = ["AMXSFTMoEWrapper", "KTMoEWrapper", "generate_gpu_experts_masks", "select_deferred_experts"]
+__all__ = ["KTMoEWrapper", "generate_gpu_experts_masks", "select_deferred_experts"]   # (AMXSFTMoEWrapper: below)
+
+
+def __getattr__(name: str):
+    # kt-kernel resolves AMXSFTMoEWrapper lazily too: the SFT wrapper needs torch, `import kt_kernel`
+    # does not (SGLang's CPU-side imports, the packaging session's install without torch).
+    if name == "AMXSFTMoEWrapper":
+        from ._sft import AMXSFTMoEWrapper
+
+        return AMXSFTMoEWrapper
+    raise AttributeError(f"module 'kt_kernel' has no attribute {name!r}")
