@@ -181,7 +181,10 @@ def test_kt_run_serves_a_folder_loaded_without_its_experts(tmp_path, monkeypatch
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     folder = ensure_preset()   # a bf16 Qwen3-MoE folder with a tokenizer
     logs = []
-    engine = Engine.load(ServeSettings(model=str(folder), port=0).resolved(), log=logs.append)
+    settings = ServeSettings(model=str(folder), port=0).resolved()
+    assert dict(settings.describe())["experts"] == "BF16 read from the model's files (transformers loads the rest of " \
+                                                   "the model only)"   # the banner and --dry-run
+    engine = Engine.load(settings, log=logs.append)
     try:
         assert f"read its experts from {folder} into kt" in logs[-1], logs
         assert sum(experts_unloaded(m) for m in engine.model.modules()) == 0   # replaced by kt's modules

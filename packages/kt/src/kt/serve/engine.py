@@ -90,9 +90,9 @@ class Engine:
         from kt_core.wrapper import KTMoEWrapper
 
         from ..integrations.transformers import load_model, patch_model
-        from ..integrations.transformers.loading import expert_source
         from ..integrations.transformers.patch import _family
         from ..integrations.transformers.preset import load_preset
+        from ..weights.loader import expert_source
 
         # The same mapping KTMoEWrapper(cpuinfer_threads=, threadpool_count=) uses, before any kt layer exists.
         KTMoEWrapper._configure_pool(settings.cpuinfer, settings.threadpool_count)

@@ -113,13 +113,22 @@ class ServeSettings:
                 raise KTError(f"--kt-weight-path {self.weight_path} holds {stored} experts (a kt convert folder); "
                               f"run with --kt-method {stored}, or convert the model again with --method {method}")
 
+    def _experts_line(self) -> str:
+        from ..weights.loader import expert_source
+
+        lean = None if self.is_preset else expert_source(self.model, self.method, self.weight_path,
+                                                          self.num_gpu_experts)
+        if lean is not None:   # the engine then loads the model without its experts (load_model)
+            source = "the model's files" if self.weight_path is None else str(self.weight_path)
+            return f"{self.method} read from {source} (transformers loads the rest of the model only)"
+        return f"{self.method}" + (f" from {self.weight_path}" if self.weight_path else " packed from the model's own weights")
+
     def describe(self) -> list[tuple[str, str]]:
         """(setting, value) rows for --dry-run and the start-up banner."""
         return [
             ("model", self.model + (" (the built-in tiny Qwen3-MoE preset)" if self.is_preset else "")),
             ("served as", str(self.served_model_name)),
-            ("experts", f"{self.method}" + (f" from {self.weight_path}" if self.weight_path else
-                                            " packed from the model's own weights")),
+            ("experts", self._experts_line()),
             ("cpuinfer threads", f"{self.cpuinfer} ({self.threads_reason})"),
             ("threadpool count", f"{self.threadpool_count} ({self.pools_reason})"),
             ("GPU-resident experts", f"{self.num_gpu_experts} per layer (torch on the model's device)"),

@@ -55,6 +55,29 @@ def open_weights(path: str | Path) -> Checkpoint | ConvertedFolder | GGUFModel |
     return KtKernelFolder(path, *KtKernelFolder.merged(ckpt)) if is_merged(ckpt) else ckpt
 
 
+def expert_source(folder: str | Path, method: str, weight_path: str | Path | None = None,
+                  num_gpu_experts: int = 0) -> str | Path | None:
+    """Where kt reads the experts of the model in `folder` from if the model is loaded without them
+    (kt.integrations.transformers.load_model): `weight_path`, or the folder itself where kt reads its
+    checkpoint for `method` (checkpoint_serves) — or None when the model must load whole: its own
+    checkpoint is not one kt reads for `method`, or GPU-resident experts (read from a BF16 or FP8
+    checkpoint when the model has none) need weights the source does not give."""
+    from kt_core.backends.selection import canonical_method
+
+    def resident_capable(source) -> bool:
+        return isinstance(source, Checkpoint) and source.spec.quantization.method in ("BF16", "FP8")
+
+    try:
+        if weight_path is not None:
+            return weight_path if num_gpu_experts == 0 or resident_capable(open_weights(weight_path)) else None
+        ckpt = open_weights(folder)
+    except (KTError, OSError, ValueError):   # not a folder kt reads (family, quantization, layout): load it whole
+        return None
+    if not isinstance(ckpt, Checkpoint) or (num_gpu_experts and not resident_capable(ckpt)):
+        return None
+    return folder if checkpoint_serves(ckpt.spec.quantization.method, canonical_method(method)) else None
+
+
 def _check_geometry(moe, hidden: int, intermediate: int, what: str) -> None:
     if (hidden, intermediate) != (moe.hidden_size, moe.intermediate_size):
         raise WeightsError(f"{what} has hidden={hidden}, intermediate={intermediate}; the layer was created with "

@@ -96,31 +96,3 @@ def load_model(folder: str | os.PathLike, *, dtype="auto", **from_pretrained_kwa
     with _built_without_parameters(*_classes(config, fam)):
         return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **from_pretrained_kwargs)
 
-
-def _resident_capable(source) -> bool:
-    from ...weights import Checkpoint
-
-    return isinstance(source, Checkpoint) and source.spec.quantization.method in ("BF16", "FP8")
-
-
-def expert_source(folder: str | os.PathLike, method: str, weight_path: str | os.PathLike | None = None,
-                  num_gpu_experts: int = 0) -> str | os.PathLike | None:
-    """Where kt reads the experts of the model in `folder` from if it is loaded without them
-    (load_model): `weight_path`, or the folder itself where kt reads its checkpoint for `method`
-    (as stored, or BF16/FP8 quantized at load) — or None when the model must load whole: its own
-    checkpoint is not one kt reads for `method`, or GPU-resident experts need weights that neither
-    a BF16/FP8 checkpoint nor the model would give."""
-    from kt_core.backends.selection import canonical_method
-
-    from ...weights import Checkpoint, open_weights
-    from ...weights.loader import checkpoint_serves
-
-    try:
-        if weight_path is not None:
-            return weight_path if num_gpu_experts == 0 or _resident_capable(open_weights(weight_path)) else None
-        ckpt = open_weights(folder)
-    except (KTError, OSError, ValueError):   # not a folder kt reads (family, quantization, layout): load it whole
-        return None
-    if not isinstance(ckpt, Checkpoint) or (num_gpu_experts and not _resident_capable(ckpt)):
-        return None
-    return folder if checkpoint_serves(ckpt.spec.quantization.method, canonical_method(method)) else None

@@ -65,7 +65,7 @@ def model_for_kt(config: SFTConfig):
     """(model, tokenizer, weight_path) for a run whose frozen experts go to kt: the model without its
     routed experts where kt reads them from its folder or the config's weight_path (then returned),
     otherwise loaded whole. With train_experts the experts are the model's own parameters: whole."""
-    from ...integrations.transformers.loading import expert_source
+    from ...weights.loader import expert_source
 
     weight_path = None if config.train_experts else expert_source(model_folder(config.model), config.method,
                                                                    config.weight_path, config.num_gpu_experts)
