@@ -142,9 +142,8 @@ def patch_for_training(model: nn.Module, *, method: str, backend: str | None, lo
                 p.requires_grad_(True)
         else:
             for p in t.params:   # the torch copies of the frozen experts: kt holds them packed now
-                freed += 0 if p.is_meta else p.numel() * p.element_size()
                 p.requires_grad_(False)
-                p.data = torch.empty((0,) + tuple(p.shape[1:]), dtype=p.dtype, device=p.device)
+                freed += inference_patch.release_expert_tensor(p)
         setattr(block, fam.transformers_experts.attr, module)
         layers[layer] = module
         modules[paths[id(t.module)]] = module

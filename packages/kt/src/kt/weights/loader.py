@@ -55,6 +55,12 @@ def open_weights(path: str | Path) -> Checkpoint | ConvertedFolder | GGUFModel |
     return KtKernelFolder(path, *KtKernelFolder.merged(ckpt)) if is_merged(ckpt) else ckpt
 
 
+def serves_resident_experts(source) -> bool:
+    """Whether dense weights of single experts can be read from `source` (float_experts: a BF16 or FP8
+    checkpoint) — what GPU-resident experts of a model loaded without its experts are made from."""
+    return isinstance(source, Checkpoint) and source.spec.quantization.method in ("BF16", "FP8")
+
+
 def expert_source(folder: str | Path, method: str, weight_path: str | Path | None = None,
                   num_gpu_experts: int = 0) -> str | Path | None:
     """Where kt reads the experts of the model in `folder` from if the model is loaded without them
@@ -64,16 +70,13 @@ def expert_source(folder: str | Path, method: str, weight_path: str | Path | Non
     checkpoint when the model has none) need weights the source does not give."""
     from kt_core.backends.selection import canonical_method
 
-    def resident_capable(source) -> bool:
-        return isinstance(source, Checkpoint) and source.spec.quantization.method in ("BF16", "FP8")
-
     try:
         if weight_path is not None:
-            return weight_path if num_gpu_experts == 0 or resident_capable(open_weights(weight_path)) else None
+            return weight_path if num_gpu_experts == 0 or serves_resident_experts(open_weights(weight_path)) else None
         ckpt = open_weights(folder)
     except (KTError, OSError, ValueError):   # not a folder kt reads (family, quantization, layout): load it whole
         return None
-    if not isinstance(ckpt, Checkpoint) or (num_gpu_experts and not resident_capable(ckpt)):
+    if not isinstance(ckpt, Checkpoint) or (num_gpu_experts and not serves_resident_experts(ckpt)):
         return None
     return folder if checkpoint_serves(ckpt.spec.quantization.method, canonical_method(method)) else None
 

@@ -19,6 +19,7 @@ from ...gguf.reader import GGUFModel
 from ...models import ACTIVATIONS, FAMILIES, Family
 from ...weights import Checkpoint, ConvertedFolder, KtKernelFolder, load_layer, open_weights
 from ...weights.experts import checkpoint_biases, float_experts
+from ...weights.loader import serves_resident_experts
 from .deferral import Handoff
 from .expert_layout import ExpertLayout
 from .experts import KTExperts, resident_biases, resident_weights
@@ -184,8 +185,8 @@ def resident_experts(t: _Experts, mask, source, layer: int, block: nn.Module):
     dequantized), in the dtype and on the device of the block's other parameters."""
     if not any(mask) or not t.gate.is_meta:
         return (*resident_weights(t.gate, t.up, t.down, mask), resident_biases(t.biases, mask))
-    method = source.spec.quantization.method if isinstance(source, Checkpoint) else None
-    if method not in ("BF16", "FP8"):
+    if not serves_resident_experts(source):
+        method = source.spec.quantization.method if isinstance(source, Checkpoint) else None
         raise KTError(f"layer {layer}: GPU-resident experts (num_gpu_experts) of a model loaded without its experts "
                       f"are read from a Hugging Face BF16 or FP8 checkpoint; weight_path is "
                       f"{f'a {method} checkpoint' if method else type(source).__name__}: load the model with its "
@@ -193,14 +194,21 @@ def resident_experts(t: _Experts, mask, source, layer: int, block: nn.Module):
     like = next((p for p in block.parameters() if not p.is_meta), None)
     dtype, device = (like.dtype, like.device) if like is not None else (torch.bfloat16, torch.device("cpu"))
     experts = [e for e, g in enumerate(mask) if g]
+    # Only the resident experts are read; every one of them is then a resident slot.
     gate, up, down = (torch.stack(ws).to(device=device, dtype=dtype)
                       for ws in zip(*(float_experts(source, layer, e) for e in experts)))
-    biases = None
-    if t.biases is not None:
-        gb, ub, db = (torch.stack(bs).to(device=device, dtype=dtype)
-                      for bs in zip(*(checkpoint_biases(source, layer, e) for e in experts)))
-        biases = (torch.cat([gb, ub], dim=1), db)
-    return torch.cat([gate, up], dim=1), down, biases
+    biases = None if t.biases is None else tuple(torch.stack(bs).to(device=device, dtype=dtype)
+                                                 for bs in zip(*(checkpoint_biases(source, layer, e) for e in experts)))
+    every = (True,) * len(experts)
+    return (*resident_weights(gate, up, down, every), resident_biases(biases, every))
+
+
+def release_expert_tensor(p: torch.Tensor) -> int:
+    """Empty a torch expert tensor in place (its memory goes even if something else holds the old
+    module); the bytes it held — none for a meta placeholder of a model loaded without its experts."""
+    held = 0 if p.is_meta else p.numel() * p.element_size()
+    p.data = torch.empty((0,) + tuple(p.shape[1:]), dtype=p.dtype, device=p.device)
+    return held
 
 
 def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None = None, num_gpu_experts: int = 0,
@@ -334,10 +342,7 @@ def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None =
                                original=None if free_originals else t.module,
                                resident_bias=resident_bias, swiglu=swiglu)
             if free_originals:
-                for p in t.params:
-                    freed += 0 if p.is_meta else p.numel() * p.element_size()
-                    # Empty in place, so the memory goes even if something else holds the old module.
-                    p.data = torch.empty((0,) + tuple(p.shape[1:]), dtype=p.dtype, device=p.device)
+                freed += sum(release_expert_tensor(p) for p in t.params)
             setattr(block, fam.transformers_experts.attr, module)
             patched[layer] = module
     backends = tuple(sorted({m.moe.backend for m in patched.values() if m.moe is not None}))
