@@ -23,7 +23,7 @@ import numpy as np
 from kt_core import MoE, pool
 from kt_core.testing.quantize import checkpoint_inputs
 
-CHECKPOINT_METHODS = ("RAWINT4", "FP8", "FP8_PERCHANNEL", "MXFP4", "GPTQ_INT4")
+CHECKPOINT_METHODS = ("RAWINT4", "FP8", "FP8_PERCHANNEL", "MXFP8", "MXFP4", "GPTQ_INT4")
 
 
 def main() -> None:

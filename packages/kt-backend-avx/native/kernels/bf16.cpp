@@ -9,9 +9,12 @@
 // f32 intermediate to bf16 as kt-kernel and torch do) and vdpbf16ps (32 MACs per instruction); the others take
 // f32 activations and widen the weights exactly (a shift and a mask).
 // Every weight byte is read once per row block of MR tokens: decode (MR >= tokens) streams
-// the expert once; prefill reuses each panel from L2 across row blocks.
+// the expert once; prefill reuses each panel from L2 across row blocks. AVX2 prefill (4 rows and
+// more) widens each 128-k block of its panels once and runs a register-blocked f32 kernel over it
+// (wide_panels.h): the in-register widening left its FMAs at ~40 % of the peak.
 #include "lanes.h"
 #include "methods.h"
+#include "wide_panels.h"
 
 #include <algorithm>
 #include <cstring>
@@ -269,6 +272,25 @@ void run_rows(const kt_moe_config* c, const void* x, int64_t k, int64_t rows, co
               float* out, int64_t ldo, int cols) {
     const auto* xb = static_cast<const uint8_t*>(x);
     const bool one_pass = one_activation_pass(c);
+#if !defined(__AVX512F__)
+    if (rows >= wide::kMinRows) {   // AVX2 prefill: each block of panels widened once (wide_panels.h)
+        constexpr int P = wide::panels_of(kMode);
+        constexpr int64_t kBlock = 128;   // k per widened block: 2 panels x 128 k x 64 B = 16 KiB, in L1
+        const uint8_t* panel[2] = {pa, pb};
+        const auto widen = [&](int64_t k0, int64_t kn, float* w) {
+            for (int64_t j = 0; j < chunks(kn); ++j)
+                for (int p = 0; p < P; ++p)
+                    for (int v = 0; v < kVecsPerPanel; ++v) {
+                        const VI c = vloadi(panel[p] + size_t(k0 / 2 + j) * kChunkBytes + size_t(v) * kLanes * 4);
+                        vstore(w + (2 * j) * P * kPanel + p * kPanel + v * kLanes, bf16_even(c));
+                        vstore(w + (2 * j + 1) * P * kPanel + p * kPanel + v * kLanes, bf16_odd(c));
+                    }
+        };
+        wide::tile<kMode, false>(static_cast<const float*>(x), int64_t(act_row_bytes(k) / sizeof(float)), rows, k, kBlock,
+                                 widen, nullptr, out, ldo, cols);
+        return;
+    }
+#endif
     if constexpr (kMode == kSingle) {
         rows_kernel<kMrPlain, kSingle>(xb, act_row_bytes(k), rows, chunks(k), pa, pb, out, ldo, cols, one_pass);
     } else {

@@ -7,7 +7,9 @@
 //
 // Decoding is exact and branch-free, to value / 256 (the 2^8 is folded into the block scales at
 // pack time). AVX512_BF16 targets look each code's bf16 bytes up in two 128-entry byte tables
-// (vpermi2b) and run vdpbf16ps; the others widen codes through F16C (vload_e4m3_over_256).
+// (vpermi2b) and run vdpbf16ps; the others widen codes through F16C (vload_e4m3_over_256) —
+// AVX2 prefill one scale block at a time into an L1 copy under a register-blocked kernel
+// (wide_panels.h), AVX-512 per panel into an L2 copy.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -16,6 +18,7 @@
 
 #include "fp8_layout.h"
 #include "methods.h"
+#include "wide_panels.h"
 
 namespace KT_TARGET_NAMESPACE {
 namespace {
@@ -113,10 +116,31 @@ void decode_panel(const uint8_t* panel, int64_t k, float* dst) {
 
 // One row block decodes the codes in registers as it streams them (decode: weights are read
 // once); more row blocks widen each panel once into an L2-resident f32 copy and reuse it, so
-// prefill pays the E4M3 decode once per panel, not once per MR rows.
+// prefill pays the E4M3 decode once per panel, not once per MR rows. AVX2 tiles of wide::kMinRows
+// rows and more go to wide_panels.h instead (its sums and scale steps in the same order: same bits).
 template <int64_t kBlk, int MR, bool kFused>
 void rows_kernel(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, const uint8_t* pa, const uint8_t* pb,
                  float* out, int64_t ldo, int cols) {
+#if !defined(__AVX512F__)
+    if (rows >= wide::kMinRows) {   // AVX2 prefill: each 128-k (MXFP8: 32-k) block of codes widened once (wide_panels.h)
+        constexpr int P = kFused ? 2 : 1;
+        const uint8_t* panel[2] = {pa, pb};
+        const size_t codes_at = kGeo<kBlk>.codes_at(k);
+        const auto widen = [&](int64_t k0, int64_t kn, float* w) {
+            for (int64_t kk = 0; kk < kn; ++kk)
+                for (int p = 0; p < P; ++p)
+                    for (int v = 0; v < kVecsPerPanel; ++v)
+                        vstore(w + (kk * P + p) * kPanel + v * kLanes, decode(panel[p] + codes_at + size_t(k0 + kk) * kPanel, v));
+        };
+        const auto scales = [&](int64_t block, float* s) {
+            for (int p = 0; p < P; ++p)
+                std::copy_n(reinterpret_cast<const float*>(panel[p] + size_t(block) * kFp8ScaleBytes), kPanel, s + p * kPanel);
+        };
+        wide::tile<kFused ? wide::kFused : wide::kSingle, true>(reinterpret_cast<const float*>(x), int64_t(row_bytes / sizeof(float)),
+                                                                rows, k, kBlk, widen, scales, out, ldo, cols);
+        return;
+    }
+#endif
     if (rows <= MR) {
         for_row_blocks<MR>(rows, [=]<int M>(int64_t r) {
             panel_kernel<kBlk, M, kFused, false>(x + r * row_bytes, row_bytes, k, pa, pb, nullptr, out + r * ldo, ldo, cols);

@@ -1,0 +1,97 @@
+// Prefill on widened panels, for AVX2 (x86-64-v3): the f32 GEMM of many activation rows by one
+// or two 16-channel panels whose weights are first widened to f32, a block of k at a time.
+//
+// A kernel that widens each weight next to its FMAs (a shift, a mask, an F16C conversion) pays
+// that once per row block, and on AVX2's 16 registers it must keep the row block small to leave
+// room for the widened values: BF16 ran at ~40 % of the FMA peak that way, FP8 (F16C) at ~25 %.
+// Here a block of kn k's is widened once into an L1-resident f32 copy [k][P x 16] (the gate and up
+// panels side by side, or a down panel pair), and a register-blocked kernel of MR rows runs over it:
+// per k, 2P vector loads, MR broadcasts and 2P x MR FMAs into 12 accumulators. Its sums run in k
+// order, one accumulator per output, as the in-register kernels' do; a method whose scales change
+// along k (FP8's 128-k blocks) gets a partial sum per block, multiplied in as the block ends.
+//
+// The methods supply `widen(k0, kn, w)`: the P panels' weights of k in [k0, k0 + kn) as w[k - k0]
+// [P * kPanel] f32, and for scaled blocks `scales(block, s)`: s[P * kPanel], the block's scales.
+#pragma once
+#include "common.h"
+
+#include <algorithm>
+#include <vector>
+
+namespace KT_TARGET_NAMESPACE {
+
+#if !defined(__AVX512F__)
+namespace wide {
+
+// What the tile writes per row: one panel's 16 outputs (kSingle), SiLU(gate) * up of a gate/up
+// pair (kFused) or a pair's 32 outputs (kPair).
+enum Mode { kSingle = 0, kFused = 1, kPair = 2 };
+constexpr int panels_of(int mode) { return mode == kSingle ? 1 : 2; }
+constexpr int kMr[3] = {6, 3, 3};   // rows per register block, per mode: 12 ymm accumulators of 16
+constexpr int64_t kMinRows = 4;     // from here widening once beats widening per row block (docs/performance.md)
+
+// acc[m][P * kPanel] for MR rows (stride P * kPanel) over a widened block w[kn][P * kPanel]:
+// kScaled: acc (+)= (x . w) * s, the block's partial sum scaled as it ends; otherwise acc (+)= x . w.
+// `first`: acc holds nothing yet.
+template <int MR, int P, bool kScaled>
+void rows(const float* x, int64_t ldx, int64_t kn, const float* w, const float* s, float* acc, bool first) {
+    constexpr int V = P * kVecsPerPanel;
+    VF a[MR][V];
+    for (int m = 0; m < MR; ++m)
+        for (int i = 0; i < V; ++i) a[m][i] = first || kScaled ? vzero() : vload(acc + m * P * kPanel + i * kLanes);
+    for (int64_t k = 0; k < kn; ++k) {
+        VF wv[V];
+        for (int i = 0; i < V; ++i) wv[i] = vload(w + k * P * kPanel + i * kLanes);
+        for (int m = 0; m < MR; ++m) {
+            const VF xb = vset1(x[m * ldx + k]);
+            for (int i = 0; i < V; ++i) a[m][i] = vfma(wv[i], xb, a[m][i]);
+        }
+    }
+    for (int m = 0; m < MR; ++m)
+        for (int i = 0; i < V; ++i) {
+            float* o = acc + m * P * kPanel + i * kLanes;
+            if constexpr (kScaled) a[m][i] = first ? vmul(a[m][i], vload(s + i * kLanes)) : vfma(a[m][i], vload(s + i * kLanes), vload(o));
+            vstore(o, a[m][i]);
+        }
+}
+
+// rows x (the mode's panels) over all of k, kn k's per widened block (the scale block when
+// kScaled), written to out (row stride ldo, `cols` valid outputs of 16 or, kPair, 32).
+template <int kMode, bool kScaled, class Widen, class Scales>
+void tile(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t block, const Widen& widen, const Scales& scales,
+          float* out, int64_t ldo, int cols) {
+    constexpr int P = panels_of(kMode);
+    // Grow-only per thread: a pool thread reuses them task after task.
+    thread_local std::vector<float> w_buf, acc_buf;
+    w_buf.resize(size_t(block * P * kPanel));
+    acc_buf.resize(size_t(rows * P * kPanel));
+    float* w = w_buf.data();
+    float* acc = acc_buf.data();
+    alignas(32) float s[P * kPanel];
+    for (int64_t k0 = 0; k0 < k; k0 += block) {
+        const int64_t kn = std::min(block, k - k0);
+        widen(k0, kn, w);
+        if constexpr (kScaled) scales(k0 / block, s);
+        for_row_blocks<kMr[kMode]>(rows, [&]<int M>(int64_t r) {
+            wide::rows<M, P, kScaled>(x + r * ldx + k0, ldx, kn, w, s, acc + r * P * kPanel, k0 == 0);
+        });
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+        const float* a = acc + r * P * kPanel;
+        for (int v = 0; v < kVecsPerPanel; ++v) {
+            const int n = std::min(kLanes, cols - v * kLanes);
+            if (n <= 0) continue;
+            const VF first = vload(a + v * kLanes);
+            vstore_partial(out + r * ldo + v * kLanes, kMode == kFused ? gate_mul(first, vload(a + kPanel + v * kLanes)) : first, n);
+            if constexpr (kMode == kPair) {
+                const int n2 = std::min(kLanes, cols - kPanel - v * kLanes);
+                if (n2 > 0) vstore_partial(out + r * ldo + kPanel + v * kLanes, vload(a + kPanel + v * kLanes), n2);
+            }
+        }
+    }
+}
+
+}  // namespace wide
+#endif
+
+}  // namespace KT_TARGET_NAMESPACE
