@@ -100,27 +100,31 @@ def test_quantized_accuracy(variant, method, tokens):
     assert format_err <= FORMAT_TOL[method], f"{method}: format error {format_err:.2e}"
 
 
-@pytest.mark.parametrize("method", ["BF16", "FP8", "MXFP8"])
-def test_avx2_prefill_rows_do_not_depend_on_the_batch(variant, method):
+@pytest.mark.parametrize("method,hidden,intermediate,tokens",
+                         [("BF16", 288, 160, 45), ("FP8", 288, 160, 45), ("MXFP8", 288, 160, 45), ("BF16", 2048, 64, 141),
+                          ("FP8", 2048, 128, 141)])
+def test_avx2_prefill_rows_do_not_depend_on_the_batch(variant, method, hidden, intermediate, tokens):
     """x86-64-v3's prefill on widened panels (wide_panels.h, from 4 rows per expert) sums every row
     in k order on its own accumulators, whatever the row block it falls in: a row's output is the
-    same bits in a batch of 4 rows and of 45, on gate/up and down, across K's 128-k blocks and a
-    partial last one."""
+    same bits in a batch of 4 rows and of all of them, on gate/up and down, across K's 128-k blocks
+    and a partial last one (hidden 288: multiples of MXFP8's 32-k blocks, not of 128). 141 rows of
+    2048 k (1.1 MiB of activations) take the loop that prefetches the next row block's."""
     if variant != "x86-64-v3":
         pytest.skip("the widened-panel prefill is x86-64-v3's (AVX-512 targets keep in-register kernels)")
     rng = np.random.default_rng(11)
-    E, H, I = 2, 288, 160   # multiples of MXFP8's 32-k blocks, not of 128
+    E, H, I = 2, hidden, intermediate
     w = random_moe(rng, E, H, I)
     arrays = (*w, None) if method == "BF16" else quantize.checkpoint_inputs(method, *w)
     layer = kt_core.MoE(num_experts=E, top_k=1, hidden_size=H, intermediate_size=I, method=method)
     layer.load(*arrays[:3], scales=arrays[3])
-    x = rng.standard_normal((45, H)).astype(np.float32)
-    ids = np.zeros((45, 1), dtype=np.int64)   # every token to expert 0: 45 rows, then 4
-    wt = np.ones((45, 1), dtype=np.float32)
+    x = rng.standard_normal((tokens, H)).astype(np.float32)
+    ids = np.zeros((tokens, 1), dtype=np.int64)   # every token to expert 0: all rows, then 4
+    wt = np.ones((tokens, 1), dtype=np.float32)
     whole = layer(x, ids, wt)
     assert np.array_equal(layer(x[:4], ids[:4], wt[:4]), whole[:4])
     assert np.array_equal(layer(x[17:21], ids[17:21], wt[17:21]), whole[17:21])
-    assert np.array_equal(layer(x[41:], ids[41:], wt[41:]), whole[41:])   # 45 = 3 x 15; old kernels left row 44 alone
+    last = slice(tokens - 4, tokens)   # 45 and 141 rows: 3-row blocks; the old kernels left the last row alone
+    assert np.array_equal(layer(x[last], ids[last], wt[last]), whole[last])
     stored = (bf16_round(a) for a in w) if method == "BF16" else quantize.dequantized_weights(method, *w)
     assert relative_error(whole, moe_reference(x, *stored, ids, wt)) <= KERNEL_TOL[method]
 
