@@ -274,6 +274,8 @@ void run_rows(const kt_moe_config* c, const void* x, int64_t k, int64_t rows, co
     const bool one_pass = one_activation_pass(c);
 #if !defined(__AVX512F__)
     if (rows >= wide::kMinRows) {   // AVX2 prefill: each block of panels widened once (wide_panels.h)
+        static_assert(int(kSingle) == wide::kSingle && int(kFused) == wide::kFused && int(kPair) == wide::kPair,
+                      "this file's modes are wide_panels.h's");
         constexpr int P = wide::panels_of(kMode);
         constexpr int64_t kBlock = 128;   // k per widened block: 2 panels x 128 k x 64 B = 16 KiB, in L1
         const uint8_t* panel[2] = {pa, pb};

@@ -29,7 +29,7 @@ enum Mode { kSingle = 0, kFused = 1, kPair = 2 };
 constexpr int panels_of(int mode) { return mode == kSingle ? 1 : 2; }
 constexpr int kMr[3] = {6, 3, 3};   // rows per register block, per mode: 12 ymm accumulators of 16
 constexpr int64_t kMinRows = 4;     // from here widening once beats widening per row block (docs/performance.md)
-constexpr int64_t kL2Activations = int64_t(1) << 20;   // activation bytes of a tile that L2 keeps (prefetch above)
+constexpr int64_t kL2Activations = int64_t(1) << 20;   // activation bytes of a tile L2 keeps (tile()'s prefetch)
 
 // acc[m][P * kPanel] for MR rows (stride P * kPanel) over a widened block w[kn][P * kPanel]:
 // kScaled: acc (+)= (x . w) * s, the block's partial sum scaled as it ends; otherwise acc (+)= x . w.
