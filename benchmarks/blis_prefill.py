@@ -55,8 +55,10 @@ def main() -> int:
 
         torch.set_num_threads(threads)
         tw = [torch.from_numpy(a).bfloat16() for a in (g, u, d)]
-        torch_side = lambda x, ids, w: torch_moe(torch.from_numpy(x).bfloat16(), *tw, torch.from_numpy(ids),  # noqa: E731
-                                                 torch.from_numpy(w))
+
+        def torch_side(x, ids, w):
+            return torch_moe(torch.from_numpy(x).bfloat16(), *tw, torch.from_numpy(ids), torch.from_numpy(w))
+
         print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
               f"ONEDNN_MAX_CPU_ISA={os.environ.get('ONEDNN_MAX_CPU_ISA', '-')}")
     print(f"{'method':7s} {'tokens':>6s} {'rows/e':>6s} {'avx ms':>9s} {'blis ms':>9s} {'blis/avx':>8s} "

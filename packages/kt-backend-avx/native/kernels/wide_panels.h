@@ -76,8 +76,8 @@ void tile(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t block, c
     alignas(32) float s[P * kPanel];
     // Every k block walks all rows' activations: once they overflow L2 each row block's first loads
     // wait on L3 (short 512-byte runs 8 KiB apart, which the prefetchers do not follow), so the row
-    // block before fetches them. Measured (BF16, 2 threads, x86-64-v3): 512 rows of 2048 k 4-8 %
-    // faster; 64 rows, within L2, 6-10 % slower with it — hence the threshold.
+    // block before fetches them. Measured (BF16, 2 threads, x86-64-v3, two A/B runs): 512 rows of
+    // 2048 k 4-13 % faster; 64 rows, within L2, 6-10 % slower when it prefetched too — hence the threshold.
     const bool prefetch = rows * ldx * int64_t(sizeof(float)) > kL2Activations;
     for (int64_t k0 = 0; k0 < k; k0 += block) {
         const int64_t kn = std::min(block, k - k0);
