@@ -8,7 +8,7 @@ after the set-up.
 
 Default shape: Qwen3-30B-A3B's expert size (hidden 2048, intermediate 768) with 32 experts top-2,
 so 1024 tokens give 64 rows per expert, as 128 experts top-8 do, at a quarter of the weights.
-Checkpoint formats (RAWINT4, FP8, ...) are packed from codes made by kt_core.testing.quantize.
+Checkpoint formats (RAWINT4, FP8, NVFP4, ...) are packed from codes made by kt_core.testing.quantize.
 Prints the backend's kernel id, ms per forward (mean over the repeats) and GMAC/s of the
 layer's products.
 """
@@ -21,9 +21,7 @@ import time
 import numpy as np
 
 from kt_core import MoE, pool
-from kt_core.testing.quantize import checkpoint_inputs
-
-CHECKPOINT_METHODS = ("RAWINT4", "FP8", "FP8_PERCHANNEL", "MXFP8", "MXFP4", "GPTQ_INT4")
+from kt_core.testing.quantize import checkpoint_arrays
 
 
 def main() -> None:
@@ -48,11 +46,8 @@ def main() -> None:
          rng.standard_normal((E, H, I), dtype=np.float32) * 0.02]
     m = MoE(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, method=a.method, max_tokens=a.tokens,
             fast_activations=a.fast_activations)
-    if a.method in CHECKPOINT_METHODS:
-        gate, up, down, scales = checkpoint_inputs(a.method, *w)
-        m.load(gate, up, down, scales=scales)
-    else:
-        m.load(*w)
+    gate, up, down, scales, zeros = checkpoint_arrays(a.method, *w)   # the floats back for methods that quantize at load
+    m.load(gate, up, down, scales=scales, zeros=zeros)
     x = rng.standard_normal((a.tokens, H)).astype(np.float32)
     ids = np.stack([rng.permutation(E)[:K] for _ in range(a.tokens)]).astype(np.int64)
     weights = np.full((a.tokens, K), 1.0 / K, np.float32)

@@ -25,6 +25,7 @@
 #include "int_dot.h"
 #include "lanes.h"
 #include "methods.h"
+#include "wide_panels.h"
 
 namespace KT_TARGET_NAMESPACE {
 namespace {
@@ -636,6 +637,79 @@ void run_rows(const kt_moe_config* c, const void* act, int64_t k, Int4Layout lay
     }
 }
 
+#if !defined(__AVX512F__)
+// AVX2 prefill (tiles of many rows, two activation passes: wide_prefill below): the activation rows
+// widened to f32 once per tile, each 128-k block of a panel's codes widened to its weights
+// (u - offset) s, or s u - s z with zero points (NVFP4: times the panel's global scale), then f32
+// FMAs (wide_panels.h). AVX2 holds one row block of one row here (kMrPlain above): a panel's codes
+// are unpacked once per row, and each pass of the integer dot costs vpmaddubsw + vpmaddwd +
+// vpaddd per 32 products where an FMA does 8. Same codes, same activation values, summed in f32.
+// Where the widened panels start to win depends on what the integer kernel does per group: MXFP4's
+// and NVFP4's code lookup, 32-k groups' epilogues every 4 chunks (12 rows), 128-k groups least (24
+// rows; figures in docs/performance.md). One pass (KT_QUANT_FAST_ACTIVATIONS) halves the integer
+// kernels' work: they stayed faster (NVFP4 aside, within 17 %), so fast activations keep them.
+template <Kind kKind>
+bool wide_prefill(const kt_moe_config* c, const Int4Layout& lay, int64_t rows) {
+    const int64_t min_rows = is_e2m1(kKind) ? 8 : lay.g >= 64 ? 24 : 12;
+    return rows >= min_rows && !one_activation_pass(c);
+}
+
+template <Kind kKind>
+struct WideRows {
+    const float* x;
+    int64_t ldx;
+    WideRows(const void* act, int64_t rows, int64_t k)
+        : x(wide::int8_activations(static_cast<const uint8_t*>(act), int8_row_bytes<sum_block(kKind)>(k), rows, k, ldx)) {}
+};
+
+// Byte b of each 32-bit lane as f32 (the codes here are unsigned).
+template <int b>
+inline VF lane_byte(VI q) {
+    return vcvt(_mm256_srli_epi32(_mm256_slli_epi32(q, 24 - 8 * b), 24));
+}
+
+template <int kMode, Kind kKind>
+void wide_tile(const WideRows<kKind>& a, const Int4Layout& lay, int64_t rows, int64_t k, const uint8_t* pa, const uint8_t* pb,
+               float* out, int64_t ldo, int cols) {
+    constexpr int P = wide::panels_of(kMode);
+    constexpr int64_t kBlock = 128;   // k per widened block (every group size divides it): 16 KiB of f32, in L1
+    constexpr bool kMx = is_e2m1(kKind);
+    const VF offset = vset1(kMx ? float(kt::layouts::mxfp4::kOffset) : 8.0f);
+    const VI low4 = vset1i(0x0f0f0f0f);
+    const uint8_t* panel[2] = {pa, pb};
+    const int64_t g = lay.g;
+    const auto widen = [&](int64_t k0, int64_t kn, float* w) {
+        for (int p = 0; p < P; ++p)
+            for (int64_t grp = k0 / g; grp < (k0 + kn) / g; ++grp) {
+                const uint8_t* block = panel[p] + lay.group_at(grp);
+                for (int v = 0; v < kVecsPerPanel; ++v) {
+                    VF s = lay.scale(block, v);
+                    if (lay.prefix_bytes) s = vmul(s, Int4Layout::panel_scale(panel[p], v));
+                    const VF sz = lay.zero_point ? lay.scale_times_zero(block, v) : vzero();
+                    // The weight of code u: s (u - offset) exactly as the integer kernels' group
+                    // epilogue forms it, or, with zero points, s u - s z rounded once.
+                    const auto weight = [&](VF u) { return lay.zero_point ? vfma(s, u, vsub(vzero(), sz)) : vmul(vsub(u, offset), s); };
+                    for (int64_t c = 0; c < g / 8; ++c) {
+                        const VI q = vloadi(block + lay.header_bytes() + size_t(c) * kChunkBytes + size_t(v) * kLanes * 4);
+                        VI nib[2] = {vand(q, low4), vand(vsrl16<4>(q), low4)};   // k = 8c + b, then 8c + 4 + b
+                        if constexpr (kMx)
+                            for (VI& n : nib) n = vlookup16(kt::layouts::mxfp4::kDoubledPlusOffset, n);
+                        float* dst = w + (grp * g - k0 + 8 * c) * P * kPanel + p * kPanel + v * kLanes;
+                        for (int h = 0; h < 2; ++h) {
+                            float* d = dst + 4 * h * P * kPanel;
+                            vstore(d, weight(lane_byte<0>(nib[h])));
+                            vstore(d + P * kPanel, weight(lane_byte<1>(nib[h])));
+                            vstore(d + 2 * P * kPanel, weight(lane_byte<2>(nib[h])));
+                            vstore(d + 3 * P * kPanel, weight(lane_byte<3>(nib[h])));
+                        }
+                    }
+                }
+            }
+    };
+    wide::tile<kMode, false>(a.x, a.ldx, rows, k, kBlock, widen, nullptr, out, ldo, cols);
+}
+#endif
+
 template <Kind kKind>
 kt_status quantize(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int64_t stride, void* out) {
     return quantize_int8_rows(in, dtype, rows, k, stride, out, false, sum_block(kKind));
@@ -652,6 +726,15 @@ kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* a
     if (const kt_status st = check_tile(kind_name(kKind), "gate/up", n0, n1, c->intermediate)) return st;
     const ExpertPanels l = lay.expert(c);
     const auto* base = static_cast<const uint8_t*>(packed);
+#if !defined(__AVX512F__)
+    if (wide_prefill<kKind>(c, lay, rows)) {
+        const WideRows<kKind> a(act, rows, c->hidden);
+        for (int64_t n = n0; n < n1; n += kPanel)
+            wide_tile<wide::kFused>(a, lay, rows, c->hidden, base + l.gate(n / kPanel), base + l.up(n / kPanel), out + n, ldo,
+                                    int(std::min<int64_t>(kPanel, n1 - n)));
+        return KT_OK;
+    }
+#endif
     if (rows <= kInOrderRows) {
         gate_up_in_order<kInOrderRows>(rows, base + l.gate(n0 / kPanel), base + l.up(n0 / kPanel), l.gate(1), n0, n1, out, ldo,
                          [&](const uint8_t* panel, float* o) {
@@ -671,6 +754,16 @@ kt_status gate_up_raw_tile(const kt_moe_config* c, const void* packed, const voi
                            int64_t n1, float* out_gate, float* out_up, int64_t ldo) {
     const Int4Layout lay = layout_of(c, kKind);
     if (const kt_status st = check_tile(kind_name(kKind), "gate/up", n0, n1, c->intermediate)) return st;
+#if !defined(__AVX512F__)
+    if (wide_prefill<kKind>(c, lay, rows)) {
+        const WideRows<kKind> a(act, rows, c->hidden);
+        gate_up_raw(lay.expert(c), static_cast<const uint8_t*>(packed), n0, n1, out_gate, out_up, ldo,
+                    [&](const uint8_t* panel, float* o, int64_t ld, int cols) {
+                        wide_tile<wide::kSingle>(a, lay, rows, c->hidden, panel, nullptr, o, ld, cols);
+                    });
+        return KT_OK;
+    }
+#endif
     gate_up_raw(lay.expert(c), static_cast<const uint8_t*>(packed), n0, n1, out_gate, out_up, ldo,
                 [&](const uint8_t* panel, float* o, int64_t ld, int cols) {
                     run_rows<false, kMrPlain, kKind>(c, act, c->hidden, lay, rows, panel, nullptr, o, ld, cols);
@@ -685,6 +778,18 @@ kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act,
     if (const kt_status st = check_tile(kind_name(kKind), "down", n0, n1, c->hidden)) return st;
     const ExpertPanels l = lay.expert(c);
     const auto* base = static_cast<const uint8_t*>(packed);
+#if !defined(__AVX512F__)
+    if (wide_prefill<kKind>(c, lay, rows)) {   // panel pairs, as BF16's down tiles
+        const int64_t I = c->intermediate;
+        const WideRows<kKind> a(act, rows, I);
+        int64_t n = n0;
+        for (; n + kPanel < n1; n += 2 * kPanel)
+            wide_tile<wide::kPair>(a, lay, rows, I, base + l.down(n / kPanel), base + l.down(n / kPanel + 1), out + n, ldo,
+                                   int(std::min<int64_t>(2 * kPanel, n1 - n)));
+        if (n < n1) wide_tile<wide::kSingle>(a, lay, rows, I, base + l.down(n / kPanel), nullptr, out + n, ldo, int(n1 - n));
+        return KT_OK;
+    }
+#endif
     for (int64_t n = n0; n < n1; n += kPanel)
         run_rows<false, kMrPlain, kKind>(c, act, c->intermediate, lay, rows, base + l.down(n / kPanel), nullptr, out + n, ldo,
                                   int(std::min<int64_t>(kPanel, n1 - n)), base + l.down(n / kPanel + 1),

@@ -17,6 +17,7 @@
 #include "int_dot.h"
 #include "lanes.h"
 #include "methods.h"
+#include "wide_panels.h"
 
 namespace KT_TARGET_NAMESPACE {
 namespace {
@@ -213,6 +214,51 @@ void run_rows(const kt_moe_config* c, const void* act, int64_t k, int64_t rows, 
     }
 }
 
+#if !defined(__AVX512F__)
+// AVX2 prefill (tiles of kWideMinRows rows and more, two activation passes): the activation rows widened to f32 once per
+// tile and each 128-k block of a panel's codes widened times its channel scales, then f32 FMAs
+// (wide_panels.h). Without VNNI an int8 pass costs vpsignb + vpmaddubsw + vpmaddwd + vpaddd per
+// 32 products, two passes twice that, where an FMA does 8 (docs/performance.md). The products are
+// the integer kernel's (the same codes, the same activation values), summed in f32 instead of int32.
+// From 8 rows: at 4 rows per expert the integer kernels were faster (widening the panels and the
+// rows costs what 4 rows' FMAs save), at 8 the widened ones by 4-6 % (docs/performance.md).
+// One pass (KT_QUANT_FAST_ACTIVATIONS) halves the integer kernels' work: they stay 1.3-1.4x faster
+// than the widened panels at every batch measured, so fast activations keep them.
+constexpr int64_t kWideMinRows = 8;
+inline bool wide_prefill(const kt_moe_config* c, int64_t rows) { return rows >= kWideMinRows && !one_activation_pass(c); }
+
+struct WideRows {
+    const float* x;
+    int64_t ldx;
+    WideRows(const void* act, int64_t rows, int64_t k)
+        : x(wide::int8_activations(static_cast<const uint8_t*>(act), int8_row_bytes(k), rows, k, ldx)) {}
+};
+
+template <int kMode>
+void wide_tile(const WideRows& a, int64_t rows, int64_t k, const uint8_t* pa, const uint8_t* pb, float* out, int64_t ldo,
+               int cols) {
+    constexpr int P = wide::panels_of(kMode);
+    constexpr int64_t kBlock = 128;   // k per widened block: 2 panels x 128 k x 64 B f32 = 16 KiB, in L1
+    const uint8_t* panel[2] = {pa, pb};
+    const auto widen = [&](int64_t k0, int64_t kn, float* w) {
+        for (int p = 0; p < P; ++p)
+            for (int v = 0; v < kVecsPerPanel; ++v) {
+                const VF scale = vload(reinterpret_cast<const float*>(panel[p]) + v * kLanes);
+                for (int64_t j = 0; j < chunks(kn); ++j) {
+                    // Lane i: the codes of k = 4j..4j+3 of channel v * 8 + i; byte b sign-extended.
+                    const VI q = vloadi(panel[p] + kHeaderBytes + size_t(k0 / 4 + j) * kChunkBytes + size_t(v) * kLanes * 4);
+                    float* dst = w + 4 * j * P * kPanel + p * kPanel + v * kLanes;
+                    vstore(dst, vmul(vcvt(_mm256_srai_epi32(_mm256_slli_epi32(q, 24), 24)), scale));
+                    vstore(dst + P * kPanel, vmul(vcvt(_mm256_srai_epi32(_mm256_slli_epi32(q, 16), 24)), scale));
+                    vstore(dst + 2 * P * kPanel, vmul(vcvt(_mm256_srai_epi32(_mm256_slli_epi32(q, 8), 24)), scale));
+                    vstore(dst + 3 * P * kPanel, vmul(vcvt(_mm256_srai_epi32(q, 24)), scale));
+                }
+            }
+    };
+    wide::tile<kMode, false>(a.x, a.ldx, rows, k, kBlock, widen, nullptr, out, ldo, cols);
+}
+#endif
+
 kt_status quantize(const void* in, kt_dtype dtype, int64_t rows, int64_t k, int64_t stride, void* out) {
     return quantize_int8_rows(in, dtype, rows, k, stride, out, kOffsetActivations);
 }
@@ -223,6 +269,15 @@ kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* a
     if (const kt_status st = check_tile("INT8", "gate/up", n0, n1, c->intermediate)) return st;
     const ExpertPanels l = layout(c);
     const auto* base = static_cast<const uint8_t*>(packed);
+#if !defined(__AVX512F__)
+    if (wide_prefill(c, rows)) {
+        const WideRows a(act, rows, c->hidden);
+        for (int64_t n = n0; n < n1; n += kPanel)
+            wide_tile<wide::kFused>(a, rows, c->hidden, base + l.gate(n / kPanel), base + l.up(n / kPanel), out + n, ldo,
+                                    int(std::min<int64_t>(kPanel, n1 - n)));
+        return KT_OK;
+    }
+#endif
     if (rows <= kInOrderRows) {
         gate_up_in_order<kInOrderRows>(rows, base + l.gate(n0 / kPanel), base + l.up(n0 / kPanel), l.gate(1), n0, n1, out, ldo,
                          [&](const uint8_t* panel, float* o) {
@@ -240,6 +295,16 @@ kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* a
 kt_status gate_up_raw_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0,
                            int64_t n1, float* out_gate, float* out_up, int64_t ldo) {
     if (const kt_status st = check_tile("INT8", "gate/up", n0, n1, c->intermediate)) return st;
+#if !defined(__AVX512F__)
+    if (wide_prefill(c, rows)) {
+        const WideRows a(act, rows, c->hidden);
+        gate_up_raw(layout(c), static_cast<const uint8_t*>(packed), n0, n1, out_gate, out_up, ldo,
+                    [&](const uint8_t* panel, float* o, int64_t ld, int cols) {
+                        wide_tile<wide::kSingle>(a, rows, c->hidden, panel, nullptr, o, ld, cols);
+                    });
+        return KT_OK;
+    }
+#endif
     gate_up_raw(layout(c), static_cast<const uint8_t*>(packed), n0, n1, out_gate, out_up, ldo,
                 [&](const uint8_t* panel, float* o, int64_t ld, int cols) {
                     run_rows<false, kMrPlain>(c, act, c->hidden, rows, panel, nullptr, o, ld, cols);
@@ -252,6 +317,18 @@ kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act,
     if (const kt_status st = check_tile("INT8", "down", n0, n1, c->hidden)) return st;
     const ExpertPanels l = layout(c);
     const auto* base = static_cast<const uint8_t*>(packed);
+#if !defined(__AVX512F__)
+    if (wide_prefill(c, rows)) {   // panel pairs, as BF16's down tiles
+        const int64_t I = c->intermediate;
+        const WideRows a(act, rows, I);
+        int64_t n = n0;
+        for (; n + kPanel < n1; n += 2 * kPanel)
+            wide_tile<wide::kPair>(a, rows, I, base + l.down(n / kPanel), base + l.down(n / kPanel + 1), out + n, ldo,
+                                   int(std::min<int64_t>(2 * kPanel, n1 - n)));
+        if (n < n1) wide_tile<wide::kSingle>(a, rows, I, base + l.down(n / kPanel), nullptr, out + n, ldo, int(n1 - n));
+        return KT_OK;
+    }
+#endif
     for (int64_t n = n0; n < n1; n += kPanel)
         run_rows<false, kMrPlain>(c, act, c->intermediate, rows, base + l.down(n / kPanel), nullptr, out + n, ldo,
                                   int(std::min<int64_t>(kPanel, n1 - n)), base + l.down(n / kPanel + 1),

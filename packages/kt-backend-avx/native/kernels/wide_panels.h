@@ -107,6 +107,31 @@ void tile(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t block, c
     }
 }
 
+// The integer methods' activation rows (common.h: a scale s_a, hi and lo int8 planes) as f32
+// rows of the values their two-pass integer kernels multiply, s_a * (hi + lo / 128): 128 hi + lo is
+// an exact integer in f32 and s_a / 128 an exact power-of-two step of s_a, so each value is rounded
+// once. Widened once per tile into a per-thread buffer of rows x ldx (returned through ldx: k
+// rounded up to 16, rows on 64-byte lines).
+inline const float* int8_activations(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, int64_t& ldx) {
+    thread_local std::vector<float> buf;   // grow-only, reused task after task
+    ldx = round_up(k, 16);
+    buf.resize(size_t(rows * ldx));
+    for (int64_t r = 0; r < rows; ++r) {
+        const uint8_t* row = x + size_t(r) * row_bytes;
+        const auto* hi = reinterpret_cast<const int8_t*>(int8_hi(row));
+        const auto* lo = reinterpret_cast<const int8_t*>(int8_lo(row, k));
+        const float sa = reinterpret_cast<const Int8Header*>(row)->scale;
+        const VF step = vset1(sa * (1.0f / 128.0f)), c128 = vset1(128.0f);
+        float* o = buf.data() + r * ldx;
+        for (int64_t c = 0; c < ldx; c += kLanes) {   // codes are zero-padded to 64: reading to ldx is safe
+            const VF h = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(hi + c))));
+            const VF l = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(lo + c))));
+            vstore(o + c, vmul(vfma(h, c128, l), step));
+        }
+    }
+    return buf.data();
+}
+
 }  // namespace wide
 #endif
 
