@@ -647,7 +647,8 @@ void run_rows(const kt_moe_config* c, const void* act, int64_t k, Int4Layout lay
 // Where the widened panels start to win depends on what the integer kernel does per group: MXFP4's
 // and NVFP4's code lookup, 32-k groups' epilogues every 4 chunks (12 rows), 128-k groups least (24
 // rows; figures in docs/performance.md). One pass (KT_QUANT_FAST_ACTIVATIONS) halves the integer
-// kernels' work: they stayed faster (NVFP4 aside, within 17 %), so fast activations keep them.
+// kernels' work: they stayed 1.2-1.7x faster at 16 and 64 rows (NVFP4: even, then 0.86x), so fast
+// activations keep them.
 template <Kind kKind>
 bool wide_prefill(const kt_moe_config* c, const Int4Layout& lay, int64_t rows) {
     const int64_t min_rows = is_e2m1(kKind) ? 8 : lay.g >= 64 ? 24 : 12;
