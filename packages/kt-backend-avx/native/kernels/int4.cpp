@@ -655,14 +655,6 @@ bool wide_prefill(const kt_moe_config* c, const Int4Layout& lay, int64_t rows) {
     return rows >= min_rows && !one_activation_pass(c);
 }
 
-template <Kind kKind>
-struct WideRows {
-    const float* x;
-    int64_t ldx;
-    WideRows(const void* act, int64_t rows, int64_t k)
-        : x(wide::int8_activations(static_cast<const uint8_t*>(act), int8_row_bytes<sum_block(kKind)>(k), rows, k, ldx)) {}
-};
-
 // Byte b of each 32-bit lane as f32 (the codes here are unsigned).
 template <int b>
 inline VF lane_byte(VI q) {
@@ -670,7 +662,7 @@ inline VF lane_byte(VI q) {
 }
 
 template <int kMode, Kind kKind>
-void wide_tile(const WideRows<kKind>& a, const Int4Layout& lay, int64_t rows, int64_t k, const uint8_t* pa, const uint8_t* pb,
+void wide_tile(const wide::Int8Rows& a, const Int4Layout& lay, int64_t rows, int64_t k, const uint8_t* pa, const uint8_t* pb,
                float* out, int64_t ldo, int cols) {
     constexpr int P = wide::panels_of(kMode);
     constexpr int64_t kBlock = 128;   // k per widened block (every group size divides it): 16 KiB of f32, in L1
@@ -729,9 +721,9 @@ kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* a
     const auto* base = static_cast<const uint8_t*>(packed);
 #if !defined(__AVX512F__)
     if (wide_prefill<kKind>(c, lay, rows)) {
-        const WideRows<kKind> a(act, rows, c->hidden);
+        const wide::Int8Rows a(act, int8_row_bytes<sum_block(kKind)>(c->hidden), rows, c->hidden);
         for (int64_t n = n0; n < n1; n += kPanel)
-            wide_tile<wide::kFused>(a, lay, rows, c->hidden, base + l.gate(n / kPanel), base + l.up(n / kPanel), out + n, ldo,
+            wide_tile<wide::kFused, kKind>(a, lay, rows, c->hidden, base + l.gate(n / kPanel), base + l.up(n / kPanel), out + n, ldo,
                                     int(std::min<int64_t>(kPanel, n1 - n)));
         return KT_OK;
     }
@@ -757,10 +749,10 @@ kt_status gate_up_raw_tile(const kt_moe_config* c, const void* packed, const voi
     if (const kt_status st = check_tile(kind_name(kKind), "gate/up", n0, n1, c->intermediate)) return st;
 #if !defined(__AVX512F__)
     if (wide_prefill<kKind>(c, lay, rows)) {
-        const WideRows<kKind> a(act, rows, c->hidden);
+        const wide::Int8Rows a(act, int8_row_bytes<sum_block(kKind)>(c->hidden), rows, c->hidden);
         gate_up_raw(lay.expert(c), static_cast<const uint8_t*>(packed), n0, n1, out_gate, out_up, ldo,
                     [&](const uint8_t* panel, float* o, int64_t ld, int cols) {
-                        wide_tile<wide::kSingle>(a, lay, rows, c->hidden, panel, nullptr, o, ld, cols);
+                        wide_tile<wide::kSingle, kKind>(a, lay, rows, c->hidden, panel, nullptr, o, ld, cols);
                     });
         return KT_OK;
     }
@@ -782,12 +774,12 @@ kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act,
 #if !defined(__AVX512F__)
     if (wide_prefill<kKind>(c, lay, rows)) {   // panel pairs, as BF16's down tiles
         const int64_t I = c->intermediate;
-        const WideRows<kKind> a(act, rows, I);
+        const wide::Int8Rows a(act, int8_row_bytes<sum_block(kKind)>(I), rows, I);
         int64_t n = n0;
         for (; n + kPanel < n1; n += 2 * kPanel)
-            wide_tile<wide::kPair>(a, lay, rows, I, base + l.down(n / kPanel), base + l.down(n / kPanel + 1), out + n, ldo,
+            wide_tile<wide::kPair, kKind>(a, lay, rows, I, base + l.down(n / kPanel), base + l.down(n / kPanel + 1), out + n, ldo,
                                    int(std::min<int64_t>(2 * kPanel, n1 - n)));
-        if (n < n1) wide_tile<wide::kSingle>(a, lay, rows, I, base + l.down(n / kPanel), nullptr, out + n, ldo, int(n1 - n));
+        if (n < n1) wide_tile<wide::kSingle, kKind>(a, lay, rows, I, base + l.down(n / kPanel), nullptr, out + n, ldo, int(n1 - n));
         return KT_OK;
     }
 #endif

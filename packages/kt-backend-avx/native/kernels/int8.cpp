@@ -215,9 +215,9 @@ void run_rows(const kt_moe_config* c, const void* act, int64_t k, int64_t rows, 
 }
 
 #if !defined(__AVX512F__)
-// AVX2 prefill (tiles of kWideMinRows rows and more, two activation passes): the activation rows widened to f32 once per
-// tile and each 128-k block of a panel's codes widened times its channel scales, then f32 FMAs
-// (wide_panels.h). Without VNNI an int8 pass costs vpsignb + vpmaddubsw + vpmaddwd + vpaddd per
+// AVX2 prefill (tiles of kWideMinRows rows and more, two activation passes): the activation rows
+// widened to f32 once per tile and each 128-k block of a panel's codes widened times its channel
+// scales, then f32 FMAs (wide_panels.h). Without VNNI an int8 pass costs vpsignb + vpmaddubsw + vpmaddwd + vpaddd per
 // 32 products, two passes twice that, where an FMA does 8 (docs/performance.md). The products are
 // the integer kernel's (the same codes, the same activation values), summed in f32 instead of int32.
 // From 8 rows: at 4 rows per expert the integer kernels were faster (widening the panels and the
@@ -227,15 +227,8 @@ void run_rows(const kt_moe_config* c, const void* act, int64_t k, int64_t rows, 
 constexpr int64_t kWideMinRows = 8;
 inline bool wide_prefill(const kt_moe_config* c, int64_t rows) { return rows >= kWideMinRows && !one_activation_pass(c); }
 
-struct WideRows {
-    const float* x;
-    int64_t ldx;
-    WideRows(const void* act, int64_t rows, int64_t k)
-        : x(wide::int8_activations(static_cast<const uint8_t*>(act), int8_row_bytes(k), rows, k, ldx)) {}
-};
-
 template <int kMode>
-void wide_tile(const WideRows& a, int64_t rows, int64_t k, const uint8_t* pa, const uint8_t* pb, float* out, int64_t ldo,
+void wide_tile(const wide::Int8Rows& a, int64_t rows, int64_t k, const uint8_t* pa, const uint8_t* pb, float* out, int64_t ldo,
                int cols) {
     constexpr int P = wide::panels_of(kMode);
     constexpr int64_t kBlock = 128;   // k per widened block: 2 panels x 128 k x 64 B f32 = 16 KiB, in L1
@@ -271,7 +264,7 @@ kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* a
     const auto* base = static_cast<const uint8_t*>(packed);
 #if !defined(__AVX512F__)
     if (wide_prefill(c, rows)) {
-        const WideRows a(act, rows, c->hidden);
+        const wide::Int8Rows a(act, int8_row_bytes(c->hidden), rows, c->hidden);
         for (int64_t n = n0; n < n1; n += kPanel)
             wide_tile<wide::kFused>(a, rows, c->hidden, base + l.gate(n / kPanel), base + l.up(n / kPanel), out + n, ldo,
                                     int(std::min<int64_t>(kPanel, n1 - n)));
@@ -297,7 +290,7 @@ kt_status gate_up_raw_tile(const kt_moe_config* c, const void* packed, const voi
     if (const kt_status st = check_tile("INT8", "gate/up", n0, n1, c->intermediate)) return st;
 #if !defined(__AVX512F__)
     if (wide_prefill(c, rows)) {
-        const WideRows a(act, rows, c->hidden);
+        const wide::Int8Rows a(act, int8_row_bytes(c->hidden), rows, c->hidden);
         gate_up_raw(layout(c), static_cast<const uint8_t*>(packed), n0, n1, out_gate, out_up, ldo,
                     [&](const uint8_t* panel, float* o, int64_t ld, int cols) {
                         wide_tile<wide::kSingle>(a, rows, c->hidden, panel, nullptr, o, ld, cols);
@@ -320,7 +313,7 @@ kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act,
 #if !defined(__AVX512F__)
     if (wide_prefill(c, rows)) {   // panel pairs, as BF16's down tiles
         const int64_t I = c->intermediate;
-        const WideRows a(act, rows, I);
+        const wide::Int8Rows a(act, int8_row_bytes(I), rows, I);
         int64_t n = n0;
         for (; n + kPanel < n1; n += 2 * kPanel)
             wide_tile<wide::kPair>(a, rows, I, base + l.down(n / kPanel), base + l.down(n / kPanel + 1), out + n, ldo,

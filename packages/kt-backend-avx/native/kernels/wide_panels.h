@@ -132,6 +132,15 @@ inline const float* int8_activations(const uint8_t* x, size_t row_bytes, int64_t
     return buf.data();
 }
 
+// A tile's activation rows, widened once (int8_activations) for all of its panels.
+struct Int8Rows {
+    const float* x;
+    int64_t ldx;
+    Int8Rows(const void* act, size_t row_bytes, int64_t rows, int64_t k) {
+        x = int8_activations(static_cast<const uint8_t*>(act), row_bytes, rows, k, ldx);
+    }
+};
+
 }  // namespace wide
 #endif
 
