@@ -119,13 +119,17 @@ def test_without_a_calibration_blis_is_unused_and_says_how_to_calibrate():
     assert "python -m kt_backend_blis.calibrate" in r["reason"]
 
 
-def test_a_calibration_from_another_host_is_ignored(monkeypatch):
+@pytest.mark.parametrize("field,value", [("cpu", "some other CPU"), ("avx_build", "0123456789abcdef")])
+def test_a_calibration_from_another_host_or_avx_build_is_ignored(monkeypatch, field, value):
+    """Another CPU, or the same host after kt-backend-avx changed (its prefill may have become faster
+    than BLIS where it was slower): the crossover must be measured again."""
     p = crossover.save(dict.fromkeys(crossover.METHODS, 8), [], {})
     data = json.loads(p.read_text())
-    data["host"]["cpu"] = "some other CPU"
+    assert data["host"]["avx_build"] != "not installed"
+    data["host"][field] = value
     p.write_text(json.dumps(data))
     selection.reset()
-    assert "was measured on another host or BLIS" in row()["reason"]
+    assert "was measured on another host, BLIS or kt-backend-avx build" in row()["reason"]
 
 
 def test_a_calibration_where_blis_never_won_keeps_avx(monkeypatch):

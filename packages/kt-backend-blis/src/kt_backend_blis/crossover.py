@@ -1,12 +1,16 @@
 """Where kt-backend-blis takes over from kt-backend-avx: per method, the rows per expert
 (tokens x top_k / num_experts) from which BLIS's forward is faster on this host. Measured by
 `python -m kt_backend_blis.calibrate` and kept in a JSON file tied to the host (CPU, ISA level,
-BLIS library): a file from another machine or another BLIS is ignored. KT_BLIS_MIN_ROWS
+BLIS library) and to the kt-backend-avx build it was measured against: a file from another machine,
+another BLIS or another avx build (whose prefill may have changed speed) is ignored. KT_BLIS_MIN_ROWS
 overrides it: a number for every method (0: BLIS takes every batch, as the tests run it), `never`,
 or per method, `BF16=256,INT8=never`."""
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import importlib.util
 import json
 import os
 from pathlib import Path
@@ -24,10 +28,20 @@ def path() -> Path:
     return cache / "kt" / "blis_crossover.json"
 
 
+@functools.cache
+def avx_build() -> str:
+    """A fingerprint of the installed kt-backend-avx native module (the side BLIS was measured
+    against): an upgrade that makes its prefill faster must not keep a crossover measured before it."""
+    spec = importlib.util.find_spec("kt_backend_avx._native")
+    if spec is None or not spec.origin:
+        return "not installed"
+    return hashlib.sha256(Path(spec.origin).read_bytes()).hexdigest()[:16]
+
+
 def host_key() -> dict:
     import kt_core
     h = kt_core.host()
-    return {"cpu": h.brand, "isa_level": h.isa_level, "blis": _build.BLIS_SONAME}
+    return {"cpu": h.brand, "isa_level": h.isa_level, "blis": _build.BLIS_SONAME, "avx_build": avx_build()}
 
 
 def _override() -> dict[str, int | None] | None:
@@ -69,7 +83,7 @@ def _calibrated() -> tuple[dict[str, int | None] | None, str]:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return None, f"{p} is not a kt-backend-blis calibration ({exc})"
     if key != host_key():
-        return None, f"{p} was measured on another host or BLIS ({key}, this one {host_key()})"
+        return None, f"{p} was measured on another host, BLIS or kt-backend-avx build ({key}, this one {host_key()})"
     return {m: table.get(m) for m in METHODS}, f"calibrated {data.get('date', '')} ({p})"
 
 
