@@ -721,10 +721,11 @@ kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* a
     const auto* base = static_cast<const uint8_t*>(packed);
 #if !defined(__AVX512F__)
     if (wide_prefill<kKind>(c, lay, rows)) {
-        const wide::Int8Rows a(act, int8_row_bytes<sum_block(kKind)>(c->hidden), rows, c->hidden);
-        for (int64_t n = n0; n < n1; n += kPanel)
-            wide_tile<wide::kFused, kKind>(a, lay, rows, c->hidden, base + l.gate(n / kPanel), base + l.up(n / kPanel), out + n, ldo,
-                                    int(std::min<int64_t>(kPanel, n1 - n)));
+        wide::for_int8_row_chunks(act, int8_row_bytes<sum_block(kKind)>(c->hidden), rows, c->hidden, [&](const wide::Int8Rows& a) {
+            for (int64_t n = n0; n < n1; n += kPanel)
+                wide_tile<wide::kFused, kKind>(a, lay, a.rows, c->hidden, base + l.gate(n / kPanel), base + l.up(n / kPanel),
+                                        out + a.r0 * ldo + n, ldo, int(std::min<int64_t>(kPanel, n1 - n)));
+        });
         return KT_OK;
     }
 #endif
@@ -749,11 +750,12 @@ kt_status gate_up_raw_tile(const kt_moe_config* c, const void* packed, const voi
     if (const kt_status st = check_tile(kind_name(kKind), "gate/up", n0, n1, c->intermediate)) return st;
 #if !defined(__AVX512F__)
     if (wide_prefill<kKind>(c, lay, rows)) {
-        const wide::Int8Rows a(act, int8_row_bytes<sum_block(kKind)>(c->hidden), rows, c->hidden);
-        gate_up_raw(lay.expert(c), static_cast<const uint8_t*>(packed), n0, n1, out_gate, out_up, ldo,
-                    [&](const uint8_t* panel, float* o, int64_t ld, int cols) {
-                        wide_tile<wide::kSingle, kKind>(a, lay, rows, c->hidden, panel, nullptr, o, ld, cols);
-                    });
+        wide::for_int8_row_chunks(act, int8_row_bytes<sum_block(kKind)>(c->hidden), rows, c->hidden, [&](const wide::Int8Rows& a) {
+            gate_up_raw(lay.expert(c), static_cast<const uint8_t*>(packed), n0, n1, out_gate + a.r0 * ldo, out_up + a.r0 * ldo, ldo,
+                        [&](const uint8_t* panel, float* o, int64_t ld, int cols) {
+                            wide_tile<wide::kSingle, kKind>(a, lay, a.rows, c->hidden, panel, nullptr, o, ld, cols);
+                        });
+        });
         return KT_OK;
     }
 #endif
@@ -774,12 +776,14 @@ kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act,
 #if !defined(__AVX512F__)
     if (wide_prefill<kKind>(c, lay, rows)) {   // panel pairs, as BF16's down tiles
         const int64_t I = c->intermediate;
-        const wide::Int8Rows a(act, int8_row_bytes<sum_block(kKind)>(I), rows, I);
-        int64_t n = n0;
-        for (; n + kPanel < n1; n += 2 * kPanel)
-            wide_tile<wide::kPair, kKind>(a, lay, rows, I, base + l.down(n / kPanel), base + l.down(n / kPanel + 1), out + n, ldo,
-                                   int(std::min<int64_t>(2 * kPanel, n1 - n)));
-        if (n < n1) wide_tile<wide::kSingle, kKind>(a, lay, rows, I, base + l.down(n / kPanel), nullptr, out + n, ldo, int(n1 - n));
+        wide::for_int8_row_chunks(act, int8_row_bytes<sum_block(kKind)>(I), rows, I, [&](const wide::Int8Rows& a) {
+            float* o = out + a.r0 * ldo;
+            int64_t n = n0;
+            for (; n + kPanel < n1; n += 2 * kPanel)
+                wide_tile<wide::kPair, kKind>(a, lay, a.rows, I, base + l.down(n / kPanel), base + l.down(n / kPanel + 1), o + n, ldo,
+                                       int(std::min<int64_t>(2 * kPanel, n1 - n)));
+            if (n < n1) wide_tile<wide::kSingle, kKind>(a, lay, a.rows, I, base + l.down(n / kPanel), nullptr, o + n, ldo, int(n1 - n));
+        });
         return KT_OK;
     }
 #endif
