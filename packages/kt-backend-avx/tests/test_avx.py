@@ -137,11 +137,11 @@ def test_avx2_integer_prefill_on_widened_panels(variant, method, group, zero_poi
     """x86-64-v3's INT8 and INT4-family prefill (two activation passes, from 8 to 24 rows per expert)
     widens the codes to weights and the int8 activation planes to their values and sums in f32: the
     same products as the integer kernels, which serve a token alone. Each row of a 300-row batch (two
-    chunks of rows widened at a time) matches that row run alone but for f32 summation, which can move the intermediate across one rounding step
-    of the down projection's activation planes (1/16256 of its row's max): 3e-4 of the RMS (measured
-    0.8-1.5e-4; the integer kernels' own error is ~1e-3). A row is the same bits in a batch of 30, from
-    either chunk. K
-    spans 128-k widened blocks and a partial one (288 = 2 x 128 + 32)."""
+    chunks of rows widened at a time) matches that row run alone but for f32 summation, which can move
+    the intermediate across one rounding step of the down projection's activation planes (1/16256 of
+    its row's max): 3e-4 of the RMS (measured 0.8-1.5e-4; the integer kernels' own error is ~1e-3). A
+    row is the same bits in a batch of 30, from either chunk. K spans 128-k widened blocks and a
+    partial one (288 = 2 x 128 + 32)."""
     if variant != "x86-64-v3":
         pytest.skip("the widened-panel prefill is x86-64-v3's (AVX-512 targets keep in-register kernels)")
     rng = np.random.default_rng(hidden + group + zero_point)
