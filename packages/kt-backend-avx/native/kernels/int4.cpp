@@ -639,11 +639,12 @@ void run_rows(const kt_moe_config* c, const void* act, int64_t k, Int4Layout lay
 
 #if !defined(__AVX512F__)
 // AVX2 prefill (tiles of many rows, two activation passes: wide_prefill below): the activation rows
-// widened to f32 once per tile, each 128-k block of a panel's codes widened to its weights
-// (u - offset) s, or s u - s z with zero points (NVFP4: times the panel's global scale), then f32
-// FMAs (wide_panels.h). AVX2 holds one row block of one row here (kMrPlain above): a panel's codes
-// are unpacked once per row, and each pass of the integer dot costs vpmaddubsw + vpmaddwd +
-// vpaddd per 32 products where an FMA does 8. Same codes, same activation values, summed in f32.
+// widened to f32 once per tile (chunks of <= 256 rows), each 128-k block of a panel's codes widened
+// to its weights (u - offset) s, or s u - s z with zero points (NVFP4: times the panel's global
+// scale), then f32 FMAs (wide_panels.h). AVX2 holds one row block of one row here (kMrPlain above):
+// a panel's codes are unpacked once per row, and each pass of the integer dot costs vpmaddubsw +
+// vpmaddwd + vpaddd per 32 products where an FMA does 8. Same codes, same activation values, summed
+// in f32.
 // Where the widened panels start to win depends on what the integer kernel does per group: MXFP4's
 // and NVFP4's code lookup, 32-k groups' epilogues every 4 chunks (12 rows), 128-k groups least (24
 // rows; figures in docs/performance.md). One pass (KT_QUANT_FAST_ACTIVATIONS) halves the integer
@@ -679,8 +680,8 @@ void wide_tile(const wide::Int8Rows& a, const Int4Layout& lay, int64_t rows, int
                     VF s = lay.scale(block, v);
                     if (lay.prefix_bytes) s = vmul(s, Int4Layout::panel_scale(panel[p], v));
                     const VF sz = lay.zero_point ? lay.scale_times_zero(block, v) : vzero();
-                    // The weight of code u: s (u - offset) exactly as the integer kernels' group
-                    // epilogue forms it, or, with zero points, s u - s z rounded once.
+                    // The weight of code u: (u - offset) s, the value the format defines, or, with
+                    // zero points, s u - s z; each rounded once.
                     const auto weight = [&](VF u) { return lay.zero_point ? vfma(s, u, vsub(vzero(), sz)) : vmul(vsub(u, offset), s); };
                     for (int64_t c = 0; c < g / 8; ++c) {
                         const VI q = vloadi(block + lay.header_bytes() + size_t(c) * kChunkBytes + size_t(v) * kLanes * 4);

@@ -216,10 +216,11 @@ void run_rows(const kt_moe_config* c, const void* act, int64_t k, int64_t rows, 
 
 #if !defined(__AVX512F__)
 // AVX2 prefill (tiles of kWideMinRows rows and more, two activation passes): the activation rows
-// widened to f32 once per tile and each 128-k block of a panel's codes widened times its channel
-// scales, then f32 FMAs (wide_panels.h). Without VNNI an int8 pass costs vpsignb + vpmaddubsw + vpmaddwd + vpaddd per
-// 32 products, two passes twice that, where an FMA does 8 (docs/performance.md). The products are
-// the integer kernel's (the same codes, the same activation values), summed in f32 instead of int32.
+// widened to f32 once per tile (chunks of <= 256 rows) and each 128-k block of a panel's codes
+// widened times its channel scales, then f32 FMAs (wide_panels.h). Without VNNI an int8 pass costs
+// vpsignb + vpmaddubsw + vpmaddwd + vpaddd per 32 products, two passes twice that, where an FMA
+// does 8 (docs/performance.md). The products are the integer kernel's (the same codes, the same
+// activation values), summed in f32 instead of int32.
 // From 8 rows: at 4 rows per expert the integer kernels were faster (widening the panels and the
 // rows costs what 4 rows' FMAs save), at 8 the widened ones by 4-6 % (docs/performance.md).
 // One pass (KT_QUANT_FAST_ACTIVATIONS) halves the integer kernels' work: they stayed 1.3-1.5x faster
