@@ -328,11 +328,12 @@ kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act,
     if (const kt_status st = check_tile("BF16", "down", n0, n1, c->hidden)) return st;
     const ExpertPanels l = layout(c);
     const auto* base = static_cast<const uint8_t*>(packed);
-    int64_t n = n0;
-    for (; n + kPanel < n1; n += 2 * kPanel)
-        run_rows<kPair>(c, act, I, rows, base + l.down(n / kPanel), base + l.down(n / kPanel + 1), out + n, ldo,
-                        int(std::min<int64_t>(2 * kPanel, n1 - n)));
-    if (n < n1) run_rows<kSingle>(c, act, I, rows, base + l.down(n / kPanel), nullptr, out + n, ldo, int(n1 - n));
+    down_panel_pairs(
+        n0, n1,
+        [&](int64_t n, int cols) {
+            run_rows<kPair>(c, act, I, rows, base + l.down(n / kPanel), base + l.down(n / kPanel + 1), out + n, ldo, cols);
+        },
+        [&](int64_t n, int cols) { run_rows<kSingle>(c, act, I, rows, base + l.down(n / kPanel), nullptr, out + n, ldo, cols); });
     return KT_OK;
 }
 

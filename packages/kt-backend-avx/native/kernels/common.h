@@ -183,6 +183,16 @@ void gate_up_raw(const ExpertPanels& l, const uint8_t* base, int64_t n0, int64_t
     }
 }
 
+// Down tiles two panels at a time where the kernel has a pair mode (one pass over the rows gives 32
+// outputs): pair(n, cols) for columns [n, n + cols), cols <= 2 * kPanel, then single(n, cols) for
+// a last lone panel.
+template <class Pair, class Single>
+void down_panel_pairs(int64_t n0, int64_t n1, const Pair& pair, const Single& single) {
+    int64_t n = n0;
+    for (; n + kPanel < n1; n += 2 * kPanel) pair(n, int(std::min<int64_t>(2 * kPanel, n1 - n)));
+    if (n < n1) single(n, int(n1 - n));
+}
+
 // How a decode-sized tile prefetches the weight stream it reads, once per 64-byte line: into L2
 // 16 KiB ahead, and from there into L1 kL1Ahead bytes ahead (FP8 8 KiB, INT4 / RAWINT4 and
 // LLAMAFILE's 4-bit types 4 KiB). FP8's and INT4's decode loops do enough per line that the

@@ -229,7 +229,7 @@ constexpr int64_t kWideMinRows = 8;
 inline bool wide_prefill(const kt_moe_config* c, int64_t rows) { return rows >= kWideMinRows && !one_activation_pass(c); }
 
 template <int kMode>
-void wide_tile(const wide::Int8Rows& a, int64_t rows, int64_t k, const uint8_t* pa, const uint8_t* pb, float* out, int64_t ldo,
+void wide_tile(const wide::Int8Rows& a, int64_t k, const uint8_t* pa, const uint8_t* pb, float* out, int64_t ldo,
                int cols) {
     constexpr int P = wide::panels_of(kMode);
     constexpr int64_t kBlock = 128;   // k per widened block: 2 panels x 128 k x 64 B f32 = 16 KiB, in L1
@@ -249,7 +249,7 @@ void wide_tile(const wide::Int8Rows& a, int64_t rows, int64_t k, const uint8_t* 
                 }
             }
     };
-    wide::tile<kMode, false>(a.x, a.ldx, rows, k, kBlock, widen, nullptr, out, ldo, cols);
+    wide::tile<kMode, false>(a.x, a.ldx, a.rows, k, kBlock, widen, nullptr, out, ldo, cols);
 }
 #endif
 
@@ -267,7 +267,7 @@ kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* a
     if (wide_prefill(c, rows)) {
         wide::for_int8_row_chunks(act, int8_row_bytes(c->hidden), rows, c->hidden, [&](const wide::Int8Rows& a) {
             for (int64_t n = n0; n < n1; n += kPanel)
-                wide_tile<wide::kFused>(a, a.rows, c->hidden, base + l.gate(n / kPanel), base + l.up(n / kPanel),
+                wide_tile<wide::kFused>(a, c->hidden, base + l.gate(n / kPanel), base + l.up(n / kPanel),
                                         out + a.r0 * ldo + n, ldo, int(std::min<int64_t>(kPanel, n1 - n)));
         });
         return KT_OK;
@@ -295,7 +295,7 @@ kt_status gate_up_raw_tile(const kt_moe_config* c, const void* packed, const voi
         wide::for_int8_row_chunks(act, int8_row_bytes(c->hidden), rows, c->hidden, [&](const wide::Int8Rows& a) {
             gate_up_raw(layout(c), static_cast<const uint8_t*>(packed), n0, n1, out_gate + a.r0 * ldo, out_up + a.r0 * ldo, ldo,
                         [&](const uint8_t* panel, float* o, int64_t ld, int cols) {
-                            wide_tile<wide::kSingle>(a, a.rows, c->hidden, panel, nullptr, o, ld, cols);
+                            wide_tile<wide::kSingle>(a, c->hidden, panel, nullptr, o, ld, cols);
                         });
         });
         return KT_OK;
@@ -318,11 +318,12 @@ kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act,
         const int64_t I = c->intermediate;
         wide::for_int8_row_chunks(act, int8_row_bytes(I), rows, I, [&](const wide::Int8Rows& a) {
             float* o = out + a.r0 * ldo;
-            int64_t n = n0;
-            for (; n + kPanel < n1; n += 2 * kPanel)
-                wide_tile<wide::kPair>(a, a.rows, I, base + l.down(n / kPanel), base + l.down(n / kPanel + 1), o + n, ldo,
-                                       int(std::min<int64_t>(2 * kPanel, n1 - n)));
-            if (n < n1) wide_tile<wide::kSingle>(a, a.rows, I, base + l.down(n / kPanel), nullptr, o + n, ldo, int(n1 - n));
+            down_panel_pairs(
+                n0, n1,
+                [&](int64_t n, int cols) {
+                    wide_tile<wide::kPair>(a, I, base + l.down(n / kPanel), base + l.down(n / kPanel + 1), o + n, ldo, cols);
+                },
+                [&](int64_t n, int cols) { wide_tile<wide::kSingle>(a, I, base + l.down(n / kPanel), nullptr, o + n, ldo, cols); });
         });
         return KT_OK;
     }
