@@ -1,7 +1,7 @@
 """One MoE layer's LoRA training step (forward + backward): kt vs plain torch, in the same run.
 
     python benchmarks/sft_layer.py [--shape qwen3-30b-a3b] [--tokens 512 2048] [--ranks 8 16]
-        [--methods BF16 INT8 INT4] [--threads 2] [--repeats 5] [--json OUT]
+        [--methods BF16 INT8 INT4] [--threads 2] [--repeats 5] [--torch-dtypes bfloat16 float32] [--json OUT]
 
 The step: routed experts with frozen base weights and per-expert LoRA on gate_up and down
 (kt.training.LoRAExperts: rank r, alpha 2r), out.backward(g) for a fixed upstream gradient g, so
@@ -128,6 +128,8 @@ def main() -> None:
                     help="kt methods; +fast: fast_activations=True (bf16 activations forward, bf16 gradients in backward)")
     ap.add_argument("--threads", type=int, default=None, help="kt pool and torch threads (default: kt's choice)")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--torch-dtypes", nargs="+", default=["bfloat16", "float32"], choices=["bfloat16", "float32"],
+                    help="torch sides (under ONEDNN_MAX_CPU_ISA=AVX2 torch's bf16 products take ~40x its f32 ones)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
@@ -160,8 +162,8 @@ def main() -> None:
                 for k, v in lora.items():
                     getattr(m, k).copy_(v)
             sides[f"kt {name}"] = (m, moe.kernel_id)
-        for dtype in (torch.bfloat16, torch.float32):
-            sides[f"torch {str(dtype).split('.')[1]}"] = (TorchLoRAExperts(gate_up, down, lora, 2.0, dtype), "torch")
+        for dtype in args.torch_dtypes:
+            sides[f"torch {dtype}"] = (TorchLoRAExperts(gate_up, down, lora, 2.0, getattr(torch, dtype)), "torch")
         for tokens in args.tokens:
             x = torch.randn(tokens, H, generator=gen).bfloat16().float()   # a bf16 model's hidden states
             ids, w = routing(tokens, E, K, gen)

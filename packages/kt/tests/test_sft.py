@@ -164,26 +164,29 @@ def test_device_and_gpu_resident_experts(tmp_path):
             train(load_config(path))
 
 
-def write_full_config(tmp: Path, **train) -> Path:
+def write_full_config(tmp: Path, num_gpu_experts: int = 0, **train) -> Path:
     """A train_experts run: the expert weights alone train (lora.rank defaults to 0)."""
     import yaml
 
     path = write_config(tmp, **train)
     cfg = yaml.safe_load(path.read_text())
     cfg["train_experts"] = True
+    cfg["num_gpu_experts"] = num_gpu_experts
     del cfg["lora"]
     cfg["train"]["lr"] = 1e-3
     path.write_text(yaml.safe_dump(cfg))
     return path
 
 
-def test_train_experts_run_trains_resumes_exports_and_chats(tmp_path):
+@pytest.mark.parametrize("num_gpu_experts", [0, 2])
+def test_train_experts_run_trains_resumes_exports_and_chats(tmp_path, num_gpu_experts):
     """train_experts: the loss falls, run/model is the fine-tuned model (no adapter), a resumed run takes
     the uninterrupted run's steps, export writes a model folder (a checkpoint's weights with
-    --checkpoint) whose plain-torch logits match kt's, and chat serves it."""
-    whole = train(load_config(write_full_config(tmp_path / "a", steps=6)))
+    --checkpoint) whose plain-torch logits match kt's, and chat serves it. With GPU-resident experts
+    (on the CPU device here) their weights train apart and reach the checkpoints and the model folder."""
+    whole = train(load_config(write_full_config(tmp_path / "a", num_gpu_experts, steps=6)))
     assert whole[-1] < whole[0] - 0.3, whole
-    cfg = load_config(write_full_config(tmp_path / "b", steps=6))
+    cfg = load_config(write_full_config(tmp_path / "b", num_gpu_experts, steps=6))
     assert cfg.train_experts and cfg.lora.rank == 0
     first = train(cfg, stop_after=4)
     resumed = train(cfg, resume=True)

@@ -302,6 +302,43 @@ def test_full_fine_tuning_matches_torch_step_for_step(method, model_type, tol):
     assert kt_losses[-1] < kt_losses[0] - 0.5, kt_losses
 
 
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "gpt_oss"])
+def test_full_fine_tuning_with_gpu_resident_experts(tmp_path, model_type):
+    """train_experts with num_gpu_experts: the resident experts' weights (GPT-OSS: and biases) train as
+    parameters of their own on the model's device (the CPU device here), the others on kt — step for
+    step with torch training every expert's weights (FP32). The model's state dict holds every expert
+    as trained, under the model's names only: save_pretrained loads into an unpatched model with the
+    logits of kt's and of torch's trained model; a state dict loaded into the patched model reaches
+    the resident parameters."""
+    model = tiny(model_type)
+    original = copy_of(model)
+    twin = torch_expert_twin(model)
+    patch = patch_model(model, method="FP32", mode="train", train_experts=True, num_gpu_experts=2, placement="random")
+    per_layer = 4 if model_type == "gpt_oss" else 2
+    layers = patch.layers.values()
+    assert all(len(m.resident_weights()) == per_layer and m.resident_experts.numel() == 2 for m in layers)
+    assert len(patch.expert_weight_parameters()) == 2 * per_layer * len(patch.layers)
+    assert not any("resident" in k for k in model.state_dict())
+    data = batches(4) * 2
+    kt_losses = train(model.train(), patch.trainable_parameters(), data)
+    torch_losses = train(twin.train(), [p for p in twin.parameters() if p.requires_grad], data)
+    for step, (a, b) in enumerate(zip(kt_losses, torch_losses)):
+        assert abs(a - b) <= 1e-4 * abs(b), f"step {step}: kt loss {a:.6f}, torch {b:.6f}"
+    assert kt_losses[-1] < kt_losses[0] - 0.5, kt_losses
+
+    model.save_pretrained(tmp_path / "model")
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "model").eval()
+    ids = prompt()
+    with torch.no_grad():
+        got, want, torch_trained = model.eval()(ids).logits, loaded(ids).logits, twin.eval()(ids).logits
+    assert rel_max(got, want) < 1e-5 and rel_max(want, torch_trained) < 1e-4
+
+    missing = model.load_state_dict(original.state_dict(), strict=True)
+    assert not missing.missing_keys and not missing.unexpected_keys
+    with torch.no_grad():
+        assert rel_max(model(ids).logits, original.eval()(ids).logits) < 1e-5
+
+
 @pytest.mark.parametrize("model_type, rank", [("qwen3_moe", 0), ("qwen3_moe", RANK), ("gpt_oss", RANK)])
 def test_fully_fine_tuned_experts_save_as_an_ordinary_checkpoint(tmp_path, model_type, rank):
     """save_pretrained writes the trained experts under the model's own names (GPT-OSS: in its own
@@ -334,6 +371,4 @@ def test_full_fine_tuning_refusals():
     model = tiny_model()
     with pytest.raises(KTError, match=r"needs a float method \(BF16 or FP32\).*got INT8"):
         patch_model(model, method="INT8", mode="train", train_experts=True)
-    with pytest.raises(KTError, match=r"train_experts: .*every expert on kt \(num_gpu_experts=0\), got num_gpu_experts=2"):
-        patch_model(model, mode="train", train_experts=True, num_gpu_experts=2)
     assert all(p.requires_grad for p in model.parameters()), "a refused patch leaves the model as it was"

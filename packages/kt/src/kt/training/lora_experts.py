@@ -24,6 +24,12 @@ parameters changed since the last: an optimizer stepped them (a global optimizer
 the layer: fused optimizers update in place without bumping version counters) or anything else
 wrote them in place (load_state_dict, an edit under no_grad: their version counters say). rank=0
 then trains the weights alone.
+With GPU-resident experts (`moe.gpu_experts_mask`), their weights train where they live: the
+resident_* tensors become parameters on the model's device (their gradients, and an optimizer's
+state for them, stay there), while kt trains the model's parameters for the others. The model's
+parameters hold every expert, so the resident experts' rows there are a copy, brought up to date
+whenever the state dict is taken (save_pretrained, a Trainer checkpoint) and read back into the
+resident parameters when one is loaded.
 """
 
 from __future__ import annotations
@@ -42,25 +48,25 @@ from kt_core.moe import MoE
 from kt_core.training_step import ExpertStep
 
 from ..integrations.transformers.expert_layout import ExpertLayout
+from ..integrations.transformers.experts import resident_biases as resident_biases_of
 from ..integrations.transformers.experts import resident_picks, resident_slots
+from ..integrations.transformers.experts import resident_weights as resident_weights_of
 from .routed_experts import RoutedExperts
 
 TARGETS = ("gate_up", "gate", "up", "down")
 DEFAULT_TARGET = ("gate_up", "down")
 MAX_RANK = 64   # kt_core.lora's loops (kt-core's kMaxLoraRank)
 TRAINABLE_WEIGHT_METHODS = ("BF16", "FP32")
+RESIDENT_WEIGHTS = ("resident_gate_up", "resident_down", "resident_gate_up_bias", "resident_down_bias")
 
 
-def check_trainable_weights(method: str, *, gpu_resident: int) -> None:
-    """Whether kt trains the routed experts' own weights here (patch_model(train_experts=True) asks
-    before touching the model, LoRAExperts per layer): a float method (kt packs them again after each
-    optimizer step), every expert on kt."""
+def check_trainable_weights(method: str) -> None:
+    """Whether kt trains the routed experts' own weights with this method (patch_model(train_experts=True)
+    asks before touching the model, LoRAExperts per layer): a float one, as kt packs them again after
+    each optimizer step."""
     if method.upper() not in TRAINABLE_WEIGHT_METHODS:
         raise KTError(f"training the expert weights needs a float method ({' or '.join(TRAINABLE_WEIGHT_METHODS)}): "
                       f"kt packs them again after every optimizer step; got {method}")
-    if gpu_resident:
-        raise KTError(f"training the expert weights needs every expert on kt (num_gpu_experts=0), got "
-                      f"num_gpu_experts={gpu_resident}")
 
 
 def is_adapter(name: str) -> bool:
@@ -148,12 +154,15 @@ class LoRAExperts(nn.Module):
         # Buffers, so model.to(device) takes the resident experts and their slot map along.
         self.register_buffer("resident_slot", resident_slots(moe.gpu_experts_mask).to(device), persistent=False)
         self.register_buffer("resident_experts", torch.tensor(resident, dtype=torch.int64), persistent=False)
-        self.register_buffer("resident_gate_up", resident_gate_up if resident else None, persistent=False)
-        self.register_buffer("resident_down", resident_down if resident else None, persistent=False)
-        self.register_buffer("resident_gate_up_bias", resident_bias[0] if resident and resident_bias else None,
-                             persistent=False)
-        self.register_buffer("resident_down_bias", resident_bias[1] if resident and resident_bias else None,
-                             persistent=False)
+        # The resident experts' weights: frozen buffers, or parameters when the expert weights train
+        # (never in the state dict: the model's own expert parameters hold them under their names).
+        weights = dict(zip(RESIDENT_WEIGHTS, (resident_gate_up, resident_down) + (resident_bias or (None, None))))
+        for name, w in weights.items():
+            w = w if resident else None
+            if expert_weights is not None and w is not None:
+                self.register_parameter(name, nn.Parameter(w.detach()))
+            else:
+                self.register_buffer(name, w, persistent=False)
         E, H, I = moe.num_experts, moe.hidden_size, moe.intermediate_size
         shapes = {"gate_up": ((E, rank, H), (E, 2 * I, rank)), "gate": ((E, rank, H), (E, I, rank)),
                   "up": ((E, rank, H), (E, I, rank)), "down": ((E, rank, I), (E, H, rank))}
@@ -170,7 +179,7 @@ class LoRAExperts(nn.Module):
     def _take_expert_weights(self, weights: tuple[nn.Parameter, ...], names: tuple[str, ...]) -> None:
         moe = self.moe
         E, H, I = moe.num_experts, moe.hidden_size, moe.intermediate_size
-        check_trainable_weights(moe.method, gpu_resident=sum(moe.gpu_experts_mask))
+        check_trainable_weights(moe.method)
         shapes = self.layout.shapes(E, H, I) + (((E, 2 * I), (E, H)) if moe.expert_bias else ())
         if len(weights) != len(shapes) or len(names) != len(shapes):
             raise KTError(f"expert weights: this layer's experts {'have' if moe.expert_bias else 'have no'} biases, so "
@@ -193,6 +202,56 @@ class LoRAExperts(nn.Module):
         """(gate_up, down[, gate_up bias, down bias]) in the model's layout when they train, else None."""
         return None if self.weight_names is None else tuple(getattr(self, n) for n in self.weight_names)
 
+    def resident_weights(self) -> tuple[nn.Parameter, ...]:
+        """The GPU-resident experts' weights when they train (gate|up [G, 2I, H], down [G, H, I][, their
+        biases]), else ()."""
+        return tuple(p for n, p in self._parameters.items() if n in RESIDENT_WEIGHTS and p is not None)
+
+    def sync_resident_weights(self) -> None:
+        """Write the trained GPU-resident experts' weights into their rows of the model's expert
+        parameters (which then hold every expert as trained: what the state dict gives)."""
+        resident = self.resident_weights()
+        if not resident:
+            return
+        rows = self.resident_experts
+        model_form = (self.layout.model_gate_up, self.layout.model_down, self.layout.model_gate_up_bias, lambda b: b)
+        with torch.no_grad():
+            for w, r, to_model in zip(self.expert_weights(), resident, model_form):
+                w.index_copy_(0, rows.to(w.device), to_model(r.detach()).to(w.device, w.dtype))
+
+    def _read_resident_weights(self) -> None:
+        """The trained GPU-resident parameters from their rows of the model's expert parameters (after
+        a state dict was loaded into those), in place: an optimizer holding them keeps them."""
+        resident = self.resident_weights()
+        if not resident:
+            return
+        weights = self.expert_weights()
+        mask = self.moe.gpu_experts_mask
+        gate_up, down = resident_weights_of(*self.layout.kt_weights(*weights[:2]), mask)
+        biases = resident_biases_of(self.layout.kt_biases(*weights[2:]), mask) if len(weights) == 4 else ()
+        with torch.no_grad():
+            for r, w in zip(resident, (gate_up, down, *biases)):
+                r.copy_(w)
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        """The model's expert parameters, brought up to date with the resident experts' training, under
+        their own names; the resident parameters themselves are not keys of the model's checkpoint."""
+        self.sync_resident_weights()
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        for name in RESIDENT_WEIGHTS:
+            destination.pop(prefix + name, None)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        trained_resident = [n for n in RESIDENT_WEIGHTS if self._parameters.get(n) is not None]
+        for name in trained_resident:   # not expected: the model's expert parameters hold them
+            if prefix + name in missing_keys:
+                missing_keys.remove(prefix + name)
+        if trained_resident and all(prefix + n in state_dict for n in self.weight_names):
+            self._read_resident_weights()
+
     def _weights_key(self) -> tuple:
         return tuple((w.data_ptr(), w._version) for w in self.expert_weights())
 
@@ -208,13 +267,19 @@ class LoRAExperts(nn.Module):
         self._packed_from, self._stepped = key, False
 
     def _apply(self, fn, recurse=True):
-        """model.to(device / dtype) reaches this module's buffers — the GPU-resident experts and their
-        slot map, which belong on the model's device in its dtype — but not its parameters: kt
-        computes with the adapters (and trained expert weights) on the CPU in float32, so a model moved
-        to a GPU trains its attention there and its routed experts here."""
+        """model.to(device / dtype) reaches this module's buffers and the trained GPU-resident
+        parameters — the GPU-resident experts and their slot map, which belong on the model's device
+        in its dtype — but not the other parameters: kt computes with the adapters (and trained expert
+        weights) on the CPU in float32, so a model moved to a GPU trains its attention there and its
+        routed experts here."""
         for name, buf in self._buffers.items():
             if buf is not None:
                 self._buffers[name] = fn(buf)
+        for p in self.resident_weights():   # moved in place, as nn.Module moves parameters
+            with torch.no_grad():
+                p.data = fn(p.data)
+            if p.grad is not None:
+                p.grad = fn(p.grad)
         return self
 
     def extra_repr(self) -> str:

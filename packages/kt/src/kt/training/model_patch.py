@@ -15,10 +15,12 @@ quantizing again), a `kt convert` folder, a kt-kernel folder or a GGUF file (LLA
 `train_experts=True` (full fine-tuning of the routed experts, method BF16 or FP32): the model's own
 expert parameters (gate_up_proj / down_proj, and GPT-OSS's biases, in whatever layout the model
 holds them) are kept instead of freed and train too, on kt's kernels (LoRAExperts re-packs them after
-each optimizer step); with `lora_rank=0` they train alone.
+each optimizer step); with `lora_rank=0` they train alone. With `num_gpu_experts` the GPU-resident
+experts' weights train on the model's device as parameters of their own (LoRAExperts.resident_weights).
 They keep their names, so `model.save_pretrained()` writes the fine-tuned model as an ordinary
-checkpoint. They cost their own size, their gradients' and the optimizer's state on top of kt's
-packed copy — a small model's business, not a 30B one's on one host.
+checkpoint (the resident experts' rows brought up to date as the state dict is taken). They cost their
+own size, their gradients' and the optimizer's state on top of kt's packed copy — a small model's
+business, not a 30B one's on one host.
 """
 
 from __future__ import annotations
@@ -54,8 +56,9 @@ class KTTrainPatch:
         return [p for m in self.layers.values() for n, p in m.named_parameters() if is_adapter(n)]
 
     def expert_weight_parameters(self) -> list[nn.Parameter]:
-        """The routed experts' own weights when they train (train_experts=True), else []."""
-        return [w for m in self.layers.values() for w in (m.expert_weights() or ())]
+        """The routed experts' own weights when they train (train_experts=True; with num_gpu_experts,
+        the GPU-resident experts' as their own parameters on the model's device), else []."""
+        return [w for m in self.layers.values() for w in (*(m.expert_weights() or ()), *m.resident_weights())]
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         """The adapters and, with train_experts, the expert weights."""
@@ -95,7 +98,7 @@ def patch_for_training(model: nn.Module, *, method: str, backend: str | None, lo
     te = fam.transformers_experts
     if train_experts:   # refused before the model is touched (LoRAExperts checks the same per layer)
         try:
-            check_trainable_weights(method, gpu_resident=num_gpu_experts)
+            check_trainable_weights(method)
         except KTError as exc:
             raise KTError(f"train_experts: {exc}") from None
         if weight_path is not None:

@@ -32,7 +32,7 @@ import torch
 
 from kt_core.errors import KTError
 
-from ..lora_experts import is_adapter
+from ..lora_experts import RESIDENT_WEIGHTS, is_adapter
 from .config import PRESET, SFTConfig
 from .data import IGNORE, Example, load_examples
 
@@ -115,7 +115,10 @@ def _write_aside(destination: Path, write: Callable[[Path], None]) -> Path:
 def _trained(patch) -> dict[str, torch.Tensor]:
     """What trains, as kt holds it ({module path.parameter name: tensor}): the adapters (the PEFT
     folder beside may have changed their form: separate gate and up adapters are written as one fused
-    adapter) and, with train_experts, the expert weights."""
+    adapter) and, with train_experts, the expert weights (the GPU-resident experts' both as their own
+    parameters and, brought up to date, in their rows of the model's)."""
+    for m in patch.modules.values():
+        m.sync_resident_weights()
     return {f"{path}.{name}": p.detach().clone() for path, m in patch.modules.items() for name, p in m.named_parameters()}
 
 
@@ -164,7 +167,7 @@ def trained_model(config: SFTConfig, run_dir: Path, checkpoint: int | None = Non
         raise KTError(f"{state_file.parent} is not a checkpoint of this run (no {STATE})")
     model, tokenizer = load_model(config.model, config.dtype)
     trained = torch.load(state_file, weights_only=False)["parameters"]
-    weights = {k: v for k, v in trained.items() if not is_adapter(k)}
+    weights = {k: v for k, v in trained.items() if not is_adapter(k) and k.rsplit(".", 1)[-1] not in RESIDENT_WEIGHTS}
     missing = model.load_state_dict(weights, strict=False)
     if missing.unexpected_keys:
         raise KTError(f"{state_file}: {missing.unexpected_keys[0]} is not a parameter of {config.model}")
