@@ -43,8 +43,8 @@ def build_layer(method: str, experts: int, hidden: int, inter: int, rng) -> kt_c
                         max_tokens=8)
     sources = [_expert_weights(rng, method, hidden, inter) for _ in range(min(experts, 16))]
     for e in range(experts):
-        g, u, d, scales = sources[e % len(sources)]
-        layer.load_expert(e, g, u, d, scales)
+        g, u, d, scales, zeros = sources[e % len(sources)]
+        layer.load_expert(e, g, u, d, scales, zeros)
     return layer
 
 
