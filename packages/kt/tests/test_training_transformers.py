@@ -62,6 +62,12 @@ def train(model, params, data, lr=1e-2):
     return losses
 
 
+def assert_losses_match(kt_losses, reference_losses, tol, reference):
+    """kt's loss within tol (relative) of the reference run's at every step."""
+    for step, (a, b) in enumerate(zip(kt_losses, reference_losses)):
+        assert abs(a - b) <= tol * abs(b), f"step {step}: kt loss {a:.6f}, {reference} {b:.6f}"
+
+
 def tiny(model_type):
     return tiny_gpt_oss() if model_type == "gpt_oss" else tiny_model(model_type)
 
@@ -82,8 +88,7 @@ def test_training_matches_peft_step_for_step_and_reduces_the_loss(model_type):
     data = batches(6) * 2
     kt_losses = train(model.train(), patch.adapter_parameters(), data)
     peft_losses = train(twin.train(), [p for p in twin.parameters() if p.requires_grad], data)
-    for step, (a, b) in enumerate(zip(kt_losses, peft_losses)):
-        assert abs(a - b) <= 1e-4 * abs(b), f"step {step}: kt loss {a:.6f}, PEFT {b:.6f}"
+    assert_losses_match(kt_losses, peft_losses, 1e-4, "PEFT")
     assert kt_losses[-1] < kt_losses[0] - 0.05, kt_losses
 
 
@@ -138,8 +143,7 @@ def test_gpu_resident_experts_train_with_their_adapters(model_type, target):
     data = batches(6)
     kt_losses = train(model.train(), patch.adapter_parameters(), data)
     twin_losses = train(twin.train(), twin_params, data)
-    for step, (a, b) in enumerate(zip(kt_losses, twin_losses)):
-        assert abs(a - b) <= 1e-4 * abs(b), f"step {step}: kt loss {a:.6f}, reference {b:.6f}"
+    assert_losses_match(kt_losses, twin_losses, 1e-4, "reference")
     assert kt_losses[-1] < kt_losses[0], kt_losses
 
 
@@ -297,8 +301,7 @@ def test_full_fine_tuning_matches_torch_step_for_step(method, model_type, tol):
     data = batches(4) * 2
     kt_losses = train(model.train(), patch.trainable_parameters(), data)
     torch_losses = train(twin.train(), [p for p in twin.parameters() if p.requires_grad], data)
-    for step, (a, b) in enumerate(zip(kt_losses, torch_losses)):
-        assert abs(a - b) <= tol * abs(b), f"step {step}: kt loss {a:.6f}, torch {b:.6f}"
+    assert_losses_match(kt_losses, torch_losses, tol, "torch")
     assert kt_losses[-1] < kt_losses[0] - 0.5, kt_losses
 
 
@@ -322,8 +325,7 @@ def test_full_fine_tuning_with_gpu_resident_experts(tmp_path, model_type):
     data = batches(4) * 2
     kt_losses = train(model.train(), patch.trainable_parameters(), data)
     torch_losses = train(twin.train(), [p for p in twin.parameters() if p.requires_grad], data)
-    for step, (a, b) in enumerate(zip(kt_losses, torch_losses)):
-        assert abs(a - b) <= 1e-4 * abs(b), f"step {step}: kt loss {a:.6f}, torch {b:.6f}"
+    assert_losses_match(kt_losses, torch_losses, 1e-4, "torch")
     assert kt_losses[-1] < kt_losses[0] - 0.5, kt_losses
 
     model.save_pretrained(tmp_path / "model")
