@@ -361,10 +361,11 @@ kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act,
     if (const kt_status st = check_tile("BF16", "down", n0, n1, c->hidden)) return st;
     const ExpertPanels l = layout(c);
     const auto* base = static_cast<const uint8_t*>(packed);
+    const auto single = [&](int64_t n, int cols) {
+        run_rows<kSingle>(c, act, I, rows, base + l.down(n / kPanel), nullptr, out + n, ldo, cols);
+    };
     if (rows <= kDownInOrderRows) {   // decode: one forward stream, panel by panel
-        for (int64_t n = n0; n < n1; n += kPanel)
-            run_rows<kSingle>(c, act, I, rows, base + l.down(n / kPanel), nullptr, out + n, ldo,
-                              int(std::min<int64_t>(kPanel, n1 - n)));
+        for (int64_t n = n0; n < n1; n += kPanel) single(n, int(std::min<int64_t>(kPanel, n1 - n)));
         return KT_OK;
     }
     down_panel_pairs(
@@ -372,7 +373,7 @@ kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act,
         [&](int64_t n, int cols) {
             run_rows<kPair>(c, act, I, rows, base + l.down(n / kPanel), base + l.down(n / kPanel + 1), out + n, ldo, cols);
         },
-        [&](int64_t n, int cols) { run_rows<kSingle>(c, act, I, rows, base + l.down(n / kPanel), nullptr, out + n, ldo, cols); });
+        single);
     return KT_OK;
 }
 
