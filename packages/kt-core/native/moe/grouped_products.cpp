@@ -78,18 +78,17 @@ public:
     }
     const void* packed(int32_t e) const { return layer_.packed_[size_t(e)].get(); }
 
-    // `rows` rows of `width` floats quantized as the kernels' activations, one expert at a time
-    // (64-byte aligned, as forward's scratch is).
-    NumaBuffer quantize(const kt_method_kernels& k, const float* x, int64_t rows, int64_t width) {
+    // `rows` rows of `width` floats quantized as the kernels' activations, one expert at a time,
+    // into the passes' scratch (pass_scratch: valid while this pass holds the lock).
+    const char* quantize(const kt_method_kernels& k, const float* x, int64_t rows, int64_t width) {
         const size_t row_bytes = k.activation_row_bytes(width);
-        NumaBuffer act = make_numa_buffer(size_t(rows) * row_bytes + 64, 64, kNodeLocal, false);
-        char* base = static_cast<char*>(act.get());
+        char* base = pass_scratch(size_t(rows) * row_bytes + 64);
         experts([&](int32_t e) {
             failure(k.quantize_activations(x + first_row(e) * width, KT_DTYPE_F32, rows_of(e), width, width,
                                            base + size_t(first_row(e)) * row_bytes),
                     "quantizing activations");
         });
-        return act;
+        return base;
     }
 
 private:
@@ -134,13 +133,13 @@ void MoeLayer::grouped_gate_up(const float* x, int64_t rows, const int64_t* coun
     const int64_t H = shape_.hidden, I = shape_.intermediate;
     GroupedPass pass(*this, rows, counts, 2 * H * I);
     if (pass.empty()) return;
-    const NumaBuffer act = pass.quantize(k, x, rows, H);
+    const char* act = pass.quantize(k, x, rows, H);
     const size_t row_bytes = k.activation_row_bytes(H);
     pass.tiles(I, k.gate_up_block, [&](int32_t e, int64_t n0, int64_t n1) {
         const int64_t r0 = pass.first_row(e);
         // The raw tile writes tile-local columns: hand it the tile's first column of each half.
         float* row = gate_up + r0 * 2 * I;
-        pass.failure(k.gate_up_raw_tile(&shape_, pass.packed(e), static_cast<const char*>(act.get()) + size_t(r0) * row_bytes,
+        pass.failure(k.gate_up_raw_tile(&shape_, pass.packed(e), act + size_t(r0) * row_bytes,
                                         pass.rows_of(e), n0, n1, row + n0, row + I + n0, 2 * I),
                      "the gate/up kernel");
     });
@@ -151,11 +150,11 @@ void MoeLayer::grouped_down(const float* h, int64_t rows, const int64_t* counts,
     const int64_t H = shape_.hidden, I = shape_.intermediate;
     GroupedPass pass(*this, rows, counts, H * I);
     if (pass.empty()) return;
-    const NumaBuffer act = pass.quantize(k, h, rows, I);
+    const char* act = pass.quantize(k, h, rows, I);
     const size_t row_bytes = k.activation_row_bytes(I);
     pass.tiles(H, k.down_block, [&](int32_t e, int64_t n0, int64_t n1) {
         const int64_t r0 = pass.first_row(e);
-        pass.failure(k.down_tile(&shape_, pass.packed(e), static_cast<const char*>(act.get()) + size_t(r0) * row_bytes, pass.rows_of(e), n0, n1,
+        pass.failure(k.down_tile(&shape_, pass.packed(e), act + size_t(r0) * row_bytes, pass.rows_of(e), n0, n1,
                                  y + r0 * H, H),
                      "the down kernel");
     });

@@ -44,15 +44,7 @@ public:
         total_ += round_up(bytes, kAlign);
         return at;
     }
-    char* materialise() {
-        if (total_ > g_scratch_bytes) {
-            g_scratch.reset();
-            g_scratch_bytes = 0;
-            g_scratch = make_numa_buffer(total_, kAlign, kNodeLocal, false);
-            g_scratch_bytes = total_;
-        }
-        return static_cast<char*>(g_scratch.get());
-    }
+    char* materialise() { return pass_scratch(total_); }
 
 private:
     size_t total_ = 0;
@@ -127,6 +119,16 @@ constexpr int64_t kSmallPhaseElements = int64_t(1) << 15;
 }  // namespace
 
 std::mutex g_forward_mutex;
+
+char* pass_scratch(size_t bytes) {
+    if (bytes > g_scratch_bytes) {
+        g_scratch.reset();
+        g_scratch_bytes = 0;
+        g_scratch = make_numa_buffer(bytes, kAlign, kNodeLocal, false);
+        g_scratch_bytes = bytes;
+    }
+    return static_cast<char*>(g_scratch.get());
+}
 
 void clear_forward_scratch() {
     std::lock_guard<std::mutex> lock(g_forward_mutex);

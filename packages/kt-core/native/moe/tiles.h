@@ -19,6 +19,12 @@ namespace kt {
 // time; a second layer's pass simply waits (layers of one model are sequential anyway).
 extern std::mutex g_forward_mutex;
 
+// The passes' one scratch buffer, at least `bytes` (64-byte aligned), kept between passes and
+// grown when a pass needs more: a fresh allocation per pass cost page faults and zero-filling
+// (at 2048 tokens a training step's grouped products asked for ~370 MB of activation rows).
+// Only under g_forward_mutex; the buffer is the caller's until it releases the lock.
+char* pass_scratch(size_t bytes);
+
 // Kernel calls happen on pool threads; the first failure is kept and rethrown on the
 // calling thread once the loop has finished.
 class FailureSlot {
