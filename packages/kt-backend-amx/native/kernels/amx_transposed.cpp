@@ -294,13 +294,10 @@ struct Fp8Tiles {
 };
 
 // Columns [16 q, 16 q + 16) of a block whose four 16-lane vectors a hold the pair-word order of
-// bf16_pair_words: both halves of q's 32-column half are in vectors 2 (q / 2) and 2 (q / 2) + 1,
-// column 16 (q % 2) + 8 u + 4 w + t at lane 4 (2 (q % 2) + u) + t of vector 2 (q / 2) + w.
+// bf16_pair_words: q's 32-column half is in vectors 2 (q / 2) and 2 (q / 2) + 1.
 inline __m512 pair_word_columns(const float* a, int q) {
-    alignas(64) static constexpr int32_t kIndex[2][16] = {{0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23},
-                                                           {8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31}};
     const float* v = a + 32 * (q / 2);
-    return _mm512_permutex2var_ps(_mm512_load_ps(v), _mm512_load_si512(kIndex[q % 2]), _mm512_load_ps(v + 16));
+    return transposed::pair_word_columns(_mm512_load_ps(v), _mm512_load_ps(v + 16), q % 2);
 }
 
 // C tile J += the chunk's products: A4 = gradient hi, A5 = lo (two_grad), B6 = weights hi,

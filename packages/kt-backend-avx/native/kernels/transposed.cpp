@@ -89,43 +89,59 @@ kt_status transposed(const Columns& col, const uint8_t* base, std::initializer_l
 // Twice the multiply-adds per instruction of the f32 path, at bf16's rounding of the gradients
 // (what a bf16 training run's backward does anyway). The panels' bf16 pairs run along k, the
 // product needs pairs along n: bf16_pair_words (transposed_weights.h) makes them, in an order of k
-// that each accumulator keeps, put back when the block is stored.
+// that each accumulator keeps, put back when a row is stored.
+//
+// Per 64-column block, every channel's pair words are made once into an L2-resident buffer (all
+// parts' channels one after another: 196 KiB for Qwen3-30B-A3B's gate/up, 256 KiB for its down);
+// then, per 32-column half, kMr gradient rows keep their sums in registers over every channel
+// pair, streaming the half's two pair-word vectors per pair, as the forward kernels stream a
+// gate/up panel pair, and each row's 32 columns are stored once. (It was 4 rows x 64 columns per
+// 128-channel run in L1, with the sums carried in a row buffer between runs: 71-74 % of the
+// vdpbf16ps peak on Zen 4 against the forward's ~90 %; docs/performance.md.)
 namespace bf16dot {
 
-constexpr int64_t kKBlock = 64;   // two 32-k halves, four accumulators per row
-constexpr int kMr = 4;
-constexpr int64_t kRun = 128;     // channels per run: 64 pairs x 256 bytes of pair words in L1
+constexpr int kMr = 12;            // 24 accumulators, 2 pair-word vectors, the broadcast
+constexpr int64_t kPairBlock = 64;  // bf16_pair_words' columns per block
 
-// acc rows [r, r + MR) (four vectors each, in pair-word k order) += the run's pairs' products.
+// Rows [0, MR) of g (pairs g[i * gs + p]) times the half's pair words (lo[p], hi[p]) over every
+// pair p: out[i][0 .. width) (width <= 32).
 template <int MR>
-inline void run_rows(const uint32_t* g, int64_t gs, int64_t r, int64_t pair0, int64_t pairs, const __m512i* P,
-                     float* acc) {
-    __m512 a[MR][4];
-    for (int i = 0; i < MR; ++i)
-        for (int v = 0; v < 4; ++v) a[i][v] = _mm512_loadu_ps(acc + (r + i) * kKBlock + v * 16);
+inline void rows_half(const uint32_t* g, int64_t gs, int64_t pairs, const __m512i* lo, const __m512i* hi, float* out,
+                      int64_t ldo, int width) {
+    __m512 a[MR][2];
+    for (int i = 0; i < MR; ++i) a[i][0] = a[i][1] = _mm512_setzero_ps();
     for (int64_t p = 0; p < pairs; ++p) {
-        const __m512bh w0 = (__m512bh)P[4 * p], w1 = (__m512bh)P[4 * p + 1], w2 = (__m512bh)P[4 * p + 2],
-                       w3 = (__m512bh)P[4 * p + 3];
+        const __m512bh w0 = (__m512bh)_mm512_load_si512(lo + p), w1 = (__m512bh)_mm512_load_si512(hi + p);
         for (int i = 0; i < MR; ++i) {
-            const __m512bh b = (__m512bh)_mm512_set1_epi32(int(g[(r + i) * gs + pair0 + p]));
+            const __m512bh b = (__m512bh)_mm512_set1_epi32(int(g[i * gs + p]));
             a[i][0] = _mm512_dpbf16_ps(a[i][0], b, w0);
             a[i][1] = _mm512_dpbf16_ps(a[i][1], b, w1);
-            a[i][2] = _mm512_dpbf16_ps(a[i][2], b, w2);
-            a[i][3] = _mm512_dpbf16_ps(a[i][3], b, w3);
         }
     }
     for (int i = 0; i < MR; ++i)
-        for (int v = 0; v < 4; ++v) _mm512_storeu_ps(acc + (r + i) * kKBlock + v * 16, a[i][v]);
+        for (int q = 0; q < 2; ++q) {
+            const int n = std::min(16, width - 16 * q);
+            if (n > 0) vstore_partial(out + i * ldo + 16 * q, pair_word_columns(a[i][0], a[i][1], q), n);
+        }
 }
 
-// Gradient rows [rows, N] f32 -> bf16 pairs [rows, ceil(N / 2)] (nearest even; an odd N's last pair
-// padded with 0).
-void to_pairs(const float* grad, int64_t gs, int64_t rows, int64_t N, std::vector<uint32_t>& out) {
-    const int64_t pairs = (N + 1) / 2;
-    out.assign(size_t(rows * pairs), 0u);
+// Gradient rows [rows, N] f32 -> bf16 pairs at dst[r * ld .. + pairs) (nearest even, as
+// f32_to_bf16; channels N .. 2 pairs padded with 0).
+void to_pairs(const float* grad, int64_t gs, int64_t rows, int64_t N, int64_t pairs, uint32_t* dst, int64_t ld) {
+    const __m512i one = _mm512_set1_epi32(1), round = _mm512_set1_epi32(0x7fff), abs = _mm512_set1_epi32(0x7fffffff),
+                  inf = _mm512_set1_epi32(0x7f800000), quiet = _mm512_set1_epi32(0x40);
     for (int64_t r = 0; r < rows; ++r) {
-        auto* dst = reinterpret_cast<uint16_t*>(out.data() + r * pairs);
-        for (int64_t n = 0; n < N; ++n) dst[n] = f32_to_bf16(grad[r * gs + n]);
+        auto* d = reinterpret_cast<uint16_t*>(dst + r * ld);
+        const float* src = grad + r * gs;
+        for (int64_t n = 0; n < 2 * pairs; n += 16) {
+            const __mmask16 m = n + 16 <= N ? __mmask16(0xffff) : n < N ? __mmask16((1u << (N - n)) - 1) : __mmask16(0);
+            const __m512i bits = _mm512_castps_si512(_mm512_maskz_loadu_ps(m, src + n));
+            const __m512i rounded = _mm512_srli_epi32(
+                _mm512_add_epi32(bits, _mm512_add_epi32(round, _mm512_and_si512(_mm512_srli_epi32(bits, 16), one))), 16);
+            const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(bits, abs), inf);
+            const __m512i h = _mm512_mask_or_epi32(rounded, nan, _mm512_srli_epi32(bits, 16), quiet);
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + n), _mm512_cvtepi32_epi16(h));
+        }
     }
 }
 
@@ -135,40 +151,70 @@ struct Part {
     const float* grad;
 };
 
+// The weights of the next 64-column block (each panel's 2 KiB at that block, from DRAM) prefetched
+// into L2 a share at a time while this block computes, so making its pair words does not wait on
+// DRAM: every panel's lines once, spread over `steps` calls of step().
+class NextBlockPrefetch {
+public:
+    NextBlockPrefetch(const std::vector<const uint8_t*>& panels, int64_t kb, int64_t K, int64_t steps)
+        : panels_(panels), lines_(kb < K ? (std::min(kb + kPairBlock, round_up(K, 2)) - kb) * kPanel * 2 / 64 : 0),
+          offset_(size_t(kb / 2) * 64),
+          per_step_((int64_t(panels.size()) * lines_ + steps - 1) / std::max<int64_t>(1, steps)) {}
+    void step() {
+        for (int64_t i = 0; i < per_step_ && panel_ < panels_.size(); ++i) {
+            _mm_prefetch(reinterpret_cast<const char*>(panels_[panel_] + offset_ + size_t(line_) * 64), _MM_HINT_T1);
+            if (++line_ == lines_) line_ = 0, ++panel_;
+        }
+    }
+
+private:
+    const std::vector<const uint8_t*>& panels_;
+    int64_t lines_;
+    size_t offset_;
+    int64_t per_step_;
+    size_t panel_ = 0;
+    int64_t line_ = 0;
+};
+
 kt_status transposed(const uint8_t* base, std::initializer_list<Part> parts, int64_t K, int64_t gs, int64_t rows,
                      int64_t k0, int64_t k1, float* out, int64_t ldo) {
-    thread_local std::vector<float> acc;
-    thread_local std::vector<uint32_t> gpairs[2];
-    alignas(64) __m512i P[4 * kRun / 2];
-    acc.resize(size_t(rows * kKBlock));
-    int which = 0;
-    for (const Part& p : parts) to_pairs(p.grad, gs, rows, p.N, gpairs[which++]);
-    for (int64_t kb = k0; kb < k1; kb += kKBlock) {
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        which = 0;
+    // Each part's channels padded to whole panels (the packed panels' zero channels), so the
+    // parts' pairs follow one another in both buffers.
+    int64_t T = 0;
+    for (const Part& p : parts) T += round_up(p.N, kPanel) / 2;
+    thread_local std::vector<uint32_t> g;
+    thread_local std::vector<__m512i> P;   // lo / hi of half 0, lo / hi of half 1: T vectors each
+    g.resize(size_t(rows * T));
+    P.resize(size_t(4 * T));
+    int64_t at = 0;
+    for (const Part& p : parts) {
+        to_pairs(p.grad, gs, rows, p.N, round_up(p.N, kPanel) / 2, g.data() + at, T);
+        at += round_up(p.N, kPanel) / 2;
+    }
+    thread_local std::vector<const uint8_t*> panels;
+    panels.clear();
+    for (const Part& p : parts)
+        for (int64_t n = 0; n < p.N; n += kPanel) panels.push_back(base + p.first_panel + size_t(n / kPanel) * p.panel_stride);
+    const uint32_t* gp = g.data();
+    const int64_t blocks_per_half = (rows + kMr - 1) / kMr;
+    for (int64_t kb = k0; kb < k1; kb += kPairBlock) {
+        at = 0;
         for (const Part& p : parts) {
-            const uint32_t* g = gpairs[which++].data();
-            const int64_t gpairs_stride = (p.N + 1) / 2;
-            for (int64_t n0 = 0; n0 < p.N; n0 += kRun) {
-                const int64_t count = std::min(kRun, p.N - n0);
-                bf16_pair_words(base, p.first_panel, p.panel_stride, n0, (count + kPanel - 1) / kPanel * kPanel, K, kb, P, 4, 1);
-                const __m512i* pp = P;
-                const int64_t pair0 = n0 / 2, pairs = (count + 1) / 2;
-                float* accp = acc.data();
-                const auto block = [=]<int MR>(int64_t r) { run_rows<MR>(g, gpairs_stride, r, pair0, pairs, pp, accp); };
-                for_row_blocks<kMr>(rows, block);
-            }
+            bf16_pair_words(base, p.first_panel, p.panel_stride, 0, round_up(p.N, kPanel), K, kb, P.data() + at, 1, size_t(T));
+            at += round_up(p.N, kPanel) / 2;
         }
-        // Accumulator v holds the k of pair-word vector v.
-        const int64_t width = std::min(kKBlock, k1 - kb);
-        for (int64_t r = 0; r < rows; ++r) {
-            const float* a = acc.data() + r * kKBlock;
-            float* o = out + r * ldo + kb;
-            for (int v = 0; v < 4; ++v)
-                for (int i = 0; i < 16; ++i) {
-                    const int64_t k = pair_word_column(v, i);
-                    if (k < width) o[k] = a[v * 16 + i];
-                }
+        NextBlockPrefetch next(panels, kb + kPairBlock < k1 ? kb + kPairBlock : K, K, 2 * blocks_per_half);
+        for (int half = 0; half < 2; ++half) {
+            const int width = int(std::min<int64_t>(32, k1 - kb - 32 * half));
+            if (width <= 0) break;
+            const __m512i* lo = P.data() + 2 * half * T;
+            const __m512i* hi = lo + T;
+            float* o = out + kb + 32 * half;
+            for (int64_t r = 0; r < rows; r += kMr) {
+                next.step();
+                const auto block = [=]<int MR>(int64_t r0) { rows_half<MR>(gp + r0 * T, T, T, lo, hi, o + r0 * ldo, ldo, width); };
+                for_row_blocks<kMr>(std::min<int64_t>(kMr, rows - r), block, r);
+            }
         }
     }
     return KT_OK;

@@ -181,6 +181,15 @@ inline void bf16_pair_words(const uint8_t* base, size_t first_panel, size_t stri
 
 // The column (within its 64-column block) of lane i of pair-word vector v.
 constexpr int64_t pair_word_column(int v, int i) { return 32 * (v / 2) + 8 * (i / 4) + 4 * (v % 2) + i % 4; }
+
+// Columns [16 q, 16 q + 16) of a 32-column half in order, from sums in its two pair-word vectors
+// (lo = vector 2 h, hi = 2 h + 1): column 16 q + 8 u + 4 w + t is lane 4 (2 q + u) + t of lo (w = 0)
+// or hi (w = 1).
+inline __m512 pair_word_columns(__m512 lo, __m512 hi, int q) {
+    alignas(64) static constexpr int32_t kIndex[2][16] = {{0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23},
+                                                           {8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31}};
+    return _mm512_permutex2var_ps(lo, _mm512_load_si512(kIndex[q]), hi);
+}
 #endif
 
 // The columns reader and expert geometry of each format.
