@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 namespace kt {
 namespace {
@@ -208,15 +209,33 @@ void gather_rows(const float* x, int64_t width, const int64_t* token, int64_t n_
 
 void sum_rows(const float* rows, int64_t width, const int64_t* row_of_slot, int64_t tokens, int64_t picks, float* out) {
     std::lock_guard<std::mutex> lock(g_forward_mutex);   // the pool is the forwards' (tiles.h)
+    // A token's rows are read together, a column block of each in turn, so the hardware keeps
+    // every row's stream in flight (one row after another left the pass at a third of the read
+    // bandwidth: 14 ms for 16384 rows of 2048, against 5 for a plain sum of those bytes); the next
+    // token's rows are prefetched. Each sum still adds the rows in slot order.
+    constexpr int64_t kBlock = 256;
     chunks(tokens, width * picks, [&](int64_t b, int64_t e) {
+        std::vector<const float*> src(static_cast<size_t>(picks));
         for (int64_t t = b; t < e; ++t) {
+            int64_t n = 0;
+            for (int64_t j = 0; j < picks; ++j)
+                if (const int64_t r = row_of_slot[t * picks + j]; r >= 0) src[size_t(n++)] = rows + r * width;
+            const int64_t next = t + 1 < e ? t + 1 : -1;
             float* o = out + t * width;
-            std::fill(o, o + width, 0.0f);
-            for (int64_t j = 0; j < picks; ++j) {
-                const int64_t r = row_of_slot[t * picks + j];
-                if (r < 0) continue;
-                const float* src = rows + r * width;
-                for (int64_t c = 0; c < width; ++c) o[c] += src[c];
+            for (int64_t c0 = 0; c0 < width; c0 += kBlock) {
+                const int64_t cw = std::min(kBlock, width - c0);
+                float acc[kBlock] = {};
+                for (int64_t j = 0; j < n; ++j) {
+                    const float* s = src[size_t(j)] + c0;
+                    if (c0 + kBlock < width)   // the same row's next block
+                        for (int64_t c = 0; c < kBlock; c += 16) __builtin_prefetch(s + kBlock + c);
+                    for (int64_t c = 0; c < cw; ++c) acc[c] += s[c];
+                }
+                if (c0 + kBlock >= width && next >= 0)   // the next token's first blocks
+                    for (int64_t j = 0; j < picks; ++j)
+                        if (const int64_t r = row_of_slot[next * picks + j]; r >= 0)
+                            for (int64_t c = 0; c < std::min(kBlock, width); c += 16) __builtin_prefetch(rows + r * width + c);
+                std::memcpy(o + c0, acc, size_t(cw) * sizeof(float));
             }
         }
     });
