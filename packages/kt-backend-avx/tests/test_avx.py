@@ -264,13 +264,15 @@ def test_fast_activations_trade_accuracy_for_speed(variant, method):
         assert errors[True] == errors[False], errors
 
 
+@pytest.mark.parametrize("method", ["BF16", "INT8"])
 @pytest.mark.parametrize("fast", [False, True])
 @pytest.mark.parametrize("hidden,intermediate", [(256, 192), (130, 70)])
-def test_transposed_bf16_products(variant, fast, hidden, intermediate):
-    """Training's transposed products (plugin ABI 1.5) on BF16 weights against the reference backend on
-    the same packed values: f32 gradients as given (accumulation order only), or with fast_activations on
-    the AVX512_BF16 target the gradients in bf16 through vdpbf16ps (bf16's rounding of each gradient,
-    2^-9: measured 1.5e-3 .. 1.8e-3 of the largest output); elsewhere the flag changes nothing."""
+def test_transposed_pair_word_products(variant, method, fast, hidden, intermediate):
+    """Training's transposed products (plugin ABI 1.5) on BF16 and INT8 weights against the reference
+    backend on the same packed values: f32 gradients as given (accumulation order only), or with
+    fast_activations on the AVX512_BF16 target the gradients (INT8: times each channel's scale) in bf16
+    through vdpbf16ps on the bf16 weights or the INT8 codes (bf16's rounding of each gradient, 2^-9:
+    measured 1.6e-3 .. 2.0e-3 of the largest output, both methods); elsewhere the flag changes nothing."""
     rng = np.random.default_rng(3)
     w = random_moe(rng, 4, hidden, intermediate)
     counts = np.array([37, 0, 5, 70], np.int64)
@@ -278,13 +280,13 @@ def test_transposed_bf16_products(variant, fast, hidden, intermediate):
     dy = rng.standard_normal((112, hidden)).astype(np.float32)
     got, want = [], []
     for layers, backend, f in ((got, "avx", fast), (want, "reference", False)):
-        layer = kt_core.MoE(num_experts=4, top_k=2, hidden_size=hidden, intermediate_size=intermediate, method="BF16",
+        layer = kt_core.MoE(num_experts=4, top_k=2, hidden_size=hidden, intermediate_size=intermediate, method=method,
                             backend=backend, trainable=True, fast_activations=f)
         layer.load(*w)
         layers += [layer.grouped_gate_up_transposed(np.concatenate([dgate, dup], axis=1), counts),
                    layer.grouped_down_transposed(dy, counts)]
     for a, b in zip(got, want):
         err = float(np.abs(a - b).max() / np.abs(b).max())
-        assert err <= (4e-3 if fast and "bf16" in variant else 1e-5), (variant, fast, err)
+        assert err <= (4e-3 if fast and "bf16" in variant else 1e-5), (variant, method, fast, err)
         if fast and "bf16" in variant:
             assert err > 1e-5   # the bf16 path did run

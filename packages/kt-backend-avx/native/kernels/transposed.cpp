@@ -85,11 +85,13 @@ kt_status transposed(const Columns& col, const uint8_t* base, std::initializer_l
 }
 
 #if defined(__AVX512BF16__)
-// --- BF16 weights, gradients in bf16 (the layer's fast_activations): vdpbf16ps -------------
+// --- BF16 and INT8 weights, gradients in bf16 (the layer's fast_activations): vdpbf16ps -----
 // Twice the multiply-adds per instruction of the f32 path, at bf16's rounding of the gradients
-// (what a bf16 training run's backward does anyway). The panels' bf16 pairs run along k, the
-// product needs pairs along n: bf16_pair_words (transposed_weights.h) makes them, in an order of k
-// that each accumulator keeps, put back when a row is stored.
+// (what a bf16 training run's backward does anyway). The panels' pairs run along k, the product
+// needs pairs along n: the format's pair-word maker (transposed_weights.h) makes them, in an order
+// of k that each accumulator keeps, put back when a row is stored. INT8's words are its codes
+// (exact in bf16) and its per-channel scales multiply the gradients before they are rounded:
+// sum_n g[r, n] s[n] q[n, k] = sum_n (g[r, n] s[n]) q[n, k].
 //
 // Per 64-column block, every channel's pair words are made once into an L2-resident buffer (all
 // parts' channels one after another: 196 KiB for Qwen3-30B-A3B's gate/up, 256 KiB for its down);
@@ -125,9 +127,10 @@ inline void rows_half(const uint32_t* g, int64_t gs, int64_t pairs, const __m512
         }
 }
 
-// Gradient rows [rows, N] f32 -> bf16 pairs at dst[r * ld .. + pairs) (nearest even, as
-// f32_to_bf16; channels N .. 2 pairs padded with 0).
-void to_pairs(const float* grad, int64_t gs, int64_t rows, int64_t N, int64_t pairs, uint32_t* dst, int64_t ld) {
+// Gradient rows [rows, N] f32 (times scale[n] per channel where scale is given) -> bf16 pairs at
+// dst[r * ld .. + pairs) (nearest even, as f32_to_bf16; channels N .. 2 pairs padded with 0).
+void to_pairs(const float* grad, int64_t gs, int64_t rows, int64_t N, const float* scale, int64_t pairs, uint32_t* dst,
+              int64_t ld) {
     const __m512i one = _mm512_set1_epi32(1), round = _mm512_set1_epi32(0x7fff), abs = _mm512_set1_epi32(0x7fffffff),
                   inf = _mm512_set1_epi32(0x7f800000), quiet = _mm512_set1_epi32(0x40);
     for (int64_t r = 0; r < rows; ++r) {
@@ -135,7 +138,9 @@ void to_pairs(const float* grad, int64_t gs, int64_t rows, int64_t N, int64_t pa
         const float* src = grad + r * gs;
         for (int64_t n = 0; n < 2 * pairs; n += 16) {
             const __mmask16 m = n + 16 <= N ? __mmask16(0xffff) : n < N ? __mmask16((1u << (N - n)) - 1) : __mmask16(0);
-            const __m512i bits = _mm512_castps_si512(_mm512_maskz_loadu_ps(m, src + n));
+            __m512 v = _mm512_maskz_loadu_ps(m, src + n);
+            if (scale) v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, scale + n));
+            const __m512i bits = _mm512_castps_si512(v);
             const __m512i rounded = _mm512_srli_epi32(
                 _mm512_add_epi32(bits, _mm512_add_epi32(round, _mm512_and_si512(_mm512_srli_epi32(bits, 16), one))), 16);
             const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(bits, abs), inf);
@@ -176,6 +181,8 @@ private:
     int64_t line_ = 0;
 };
 
+// kWords and kScale: the format's (transposed_weights.h).
+template <PairWords kWords, ChannelScale kScale>
 kt_status transposed(const uint8_t* base, std::initializer_list<Part> parts, int64_t K, int64_t gs, int64_t rows,
                      int64_t k0, int64_t k1, float* out, int64_t ldo) {
     // Each part's channels padded to whole panels (the packed panels' zero channels), so the
@@ -186,9 +193,15 @@ kt_status transposed(const uint8_t* base, std::initializer_list<Part> parts, int
     thread_local std::vector<__m512i> P;   // lo / hi of half 0, lo / hi of half 1: T vectors each
     g.resize(size_t(rows * T));
     P.resize(size_t(4 * T));
+    thread_local std::vector<float> scale;
     int64_t at = 0;
     for (const Part& p : parts) {
-        to_pairs(p.grad, gs, rows, p.N, round_up(p.N, kPanel) / 2, g.data() + at, T);
+        if constexpr (kScale != nullptr) {
+            scale.resize(size_t(p.N));
+            for (int64_t n = 0; n < p.N; ++n)
+                scale[size_t(n)] = kScale(base + p.first_panel + size_t(n / kPanel) * p.panel_stride, int(n % kPanel));
+        }
+        to_pairs(p.grad, gs, rows, p.N, kScale != nullptr ? scale.data() : nullptr, round_up(p.N, kPanel) / 2, g.data() + at, T);
         at += round_up(p.N, kPanel) / 2;
     }
     thread_local std::vector<const uint8_t*> panels;
@@ -200,7 +213,7 @@ kt_status transposed(const uint8_t* base, std::initializer_list<Part> parts, int
     for (int64_t kb = k0; kb < k1; kb += kPairBlock) {
         at = 0;
         for (const Part& p : parts) {
-            bf16_pair_words(base, p.first_panel, p.panel_stride, 0, round_up(p.N, kPanel), K, kb, P.data() + at, 1, size_t(T));
+            kWords(base, p.first_panel, p.panel_stride, 0, round_up(p.N, kPanel), K, kb, P.data() + at, 1, size_t(T));
             at += round_up(p.N, kPanel) / 2;
         }
         NextBlockPrefetch next(panels, kb + kPairBlock < k1 ? kb + kPairBlock : K, K, 2 * blocks_per_half);
@@ -232,12 +245,12 @@ kt_status gate_up_transposed_tile(const kt_moe_config* c, const void* packed, co
     // Gate and up panels alternate: each matrix's panels are two panel sizes apart.
     const size_t stride = 2 * l.gate_up_panel;
 #if defined(__AVX512BF16__)
-    if constexpr (F::kBf16Values)
+    if constexpr (F::kPairWords != nullptr)
         if (one_activation_pass(c))
-            return bf16dot::transposed(static_cast<const uint8_t*>(packed),
-                                       {bf16dot::Part{l.gate(0), stride, c->intermediate, grad_gate},
-                                        bf16dot::Part{l.up(0), stride, c->intermediate, grad_up}},
-                                       c->hidden, gs, rows, k0, k1, out, ldo);
+            return bf16dot::transposed<F::kPairWords, F::kChannelScale>(
+                static_cast<const uint8_t*>(packed),
+                {bf16dot::Part{l.gate(0), stride, c->intermediate, grad_gate}, bf16dot::Part{l.up(0), stride, c->intermediate, grad_up}},
+                c->hidden, gs, rows, k0, k1, out, ldo);
 #endif
     return transposed(F::columns(c), static_cast<const uint8_t*>(packed),
                       {Part{l.gate(0), stride, c->intermediate, grad_gate}, Part{l.up(0), stride, c->intermediate, grad_up}},
@@ -250,10 +263,11 @@ kt_status down_transposed_tile(const kt_moe_config* c, const void* packed, const
     if (const kt_status st = check(F::kName, k0, k1, c->intermediate)) return st;
     const ExpertPanels l = F::panels(c);
 #if defined(__AVX512BF16__)
-    if constexpr (F::kBf16Values)
+    if constexpr (F::kPairWords != nullptr)
         if (one_activation_pass(c))
-            return bf16dot::transposed(static_cast<const uint8_t*>(packed), {bf16dot::Part{l.down(0), l.down_panel, c->hidden, grad}},
-                                       c->intermediate, gs, rows, k0, k1, out, ldo);
+            return bf16dot::transposed<F::kPairWords, F::kChannelScale>(
+                static_cast<const uint8_t*>(packed), {bf16dot::Part{l.down(0), l.down_panel, c->hidden, grad}}, c->intermediate, gs,
+                rows, k0, k1, out, ldo);
 #endif
     return transposed(F::columns(c), static_cast<const uint8_t*>(packed), {Part{l.down(0), l.down_panel, c->hidden, grad}},
                       c->intermediate, gs, rows, k0, k1, out, ldo);

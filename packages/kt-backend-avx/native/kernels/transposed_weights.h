@@ -153,13 +153,23 @@ inline kt_status check(const char* method, int64_t k0, int64_t k1, int64_t K) {
 }
 
 #if defined(__AVX512F__)
-// BF16's panels as pair words along n, for products that sum over channel pairs (vdpbf16ps,
-// AMX-BF16): channels [n0, n0 + count) (panel-aligned, count a multiple of 16), columns
-// [kb, kb + 64). 16 chunks of a panel transposed give each channel's row of 32 bf16 (k in order),
-// and two channels' rows interleaved 16 bits at a time give the words (W[n][k], W[n + 1][k]) for
-// k = 0-3, 8-11, 16-19, 24-27 of the 32 (unpacklo) and 4-7, 12-15, ... (unpackhi). Vector
-// v = 2 * half + (0: unpacklo, 1: unpackhi) of pair p goes to P[p * pair_stride + v * v_stride];
-// its lane i holds k = kb + 32 half + 8 (i / 4) + 4 (v % 2) + i % 4 (pair_word_column).
+// Pair words for products that sum over channel pairs (vdpbf16ps, AMX-BF16): 16 channels' rows of
+// 32 bf16 values each (k in order: row[lane] = W[n + lane][k .. k + 31], one 32-k half of a 64-column
+// block) interleaved 16 bits at a time give the words (W[n][k], W[n + 1][k]) for k = 0-3, 8-11,
+// 16-19, 24-27 of the 32 (unpacklo) and 4-7, 12-15, ... (unpackhi). Vector v = 2 * half + (0:
+// unpacklo, 1: unpackhi) of pair p goes to P[p * pair_stride + v * v_stride]; its lane i holds
+// k = kb + 32 half + 8 (i / 4) + 4 (v % 2) + i % 4 (pair_word_column). `pair0` is the pair of row 0.
+inline void pair_words_from_rows(const __m512i row[16], int half, __m512i* P, size_t pair0, size_t pair_stride,
+                                 size_t v_stride) {
+    for (int lane = 0; lane < 16; lane += 2) {
+        __m512i* pair = P + (pair0 + size_t(lane / 2)) * pair_stride + size_t(2 * half) * v_stride;
+        pair[0] = _mm512_unpacklo_epi16(row[lane], row[lane + 1]);
+        pair[v_stride] = _mm512_unpackhi_epi16(row[lane], row[lane + 1]);
+    }
+}
+
+// BF16's panels as pair words: channels [n0, n0 + count) (panel-aligned, count a multiple of 16),
+// columns [kb, kb + 64). 16 chunks of a panel transposed give each channel's row of 32 bf16.
 inline void bf16_pair_words(const uint8_t* base, size_t first_panel, size_t stride, int64_t n0, int64_t count, int64_t K,
                             int64_t kb, __m512i* P, size_t pair_stride, size_t v_stride) {
     for (int64_t n = n0; n < n0 + count; n += kPanel) {
@@ -170,14 +180,44 @@ inline void bf16_pair_words(const uint8_t* base, size_t first_panel, size_t stri
             for (int c = 0; c < 16; ++c)
                 r[c] = 2 * (k / 2 + c) < K ? _mm512_loadu_si512(panel + size_t(k / 2 + c) * 64) : _mm512_setzero_si512();
             transpose16x16(r);   // r[lane] = bf16 W[n + lane][k .. k + 31]
-            for (int lane = 0; lane < 16; lane += 2) {
-                __m512i* pair = P + size_t((n - n0 + lane) / 2) * pair_stride + size_t(2 * half) * v_stride;
-                pair[0] = _mm512_unpacklo_epi16(r[lane], r[lane + 1]);
-                pair[v_stride] = _mm512_unpackhi_epi16(r[lane], r[lane + 1]);
-            }
+            pair_words_from_rows(r, half, P, size_t(n - n0) / 2, pair_stride, v_stride);
         }
     }
 }
+
+#if defined(__AVX512BF16__)
+// A format's weights as pair words, for channels [n0, n0 + count) and 64 columns (bf16_pair_words'
+// contract), and the per-channel scale the gradients are multiplied by first where the words are
+// codes (INT8); null where the words are the weights (BF16). A format without pair words (null)
+// keeps the f32 kernels in every mode.
+using PairWords = void (*)(const uint8_t*, size_t, size_t, int64_t, int64_t, int64_t, int64_t, __m512i*, size_t, size_t);
+using ChannelScale = float (*)(const uint8_t* panel, int lane);
+
+// INT8's codes as pair words of bf16 (exact: |q| <= 127 has 7 significant bits), the same order as
+// bf16_pair_words; the channels' scales are left to the caller (the transposed products fold them
+// into the gradients). 16 chunks of 4 codes per lane transposed give each channel's 64 codes.
+inline void int8_pair_words(const uint8_t* base, size_t first_panel, size_t stride, int64_t n0, int64_t count, int64_t K,
+                            int64_t kb, __m512i* P, size_t pair_stride, size_t v_stride) {
+    namespace l8 = kt::layouts::int8;
+    for (int64_t n = n0; n < n0 + count; n += kPanel) {
+        const uint8_t* codes = base + first_panel + size_t(n / kPanel) * stride + l8::kHeaderBytes;
+        __m512i r[16];
+        for (int c = 0; c < 16; ++c)
+            r[c] = 4 * (kb / 4 + c) < K ? _mm512_loadu_si512(codes + size_t(kb / 4 + c) * 64) : _mm512_setzero_si512();
+        transpose16x16(r);   // r[lane] = codes of W[n + lane][kb .. kb + 63]
+        for (int half = 0; half < 2; ++half) {
+            __m512i row[16];
+            for (int lane = 0; lane < 16; ++lane) {
+                const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(r[lane], 0)));
+                const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(r[lane], 1)));
+                row[lane] = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);   // k in order: lo's 16, then hi's
+                r[lane] = _mm512_shuffle_i32x4(r[lane], r[lane], 0x4e);   // the other 32 codes down, for half 1
+            }
+            pair_words_from_rows(row, half, P, size_t(n - n0) / 2, pair_stride, v_stride);
+        }
+    }
+}
+#endif
 
 // The column (within its 64-column block) of lane i of pair-word vector v.
 constexpr int64_t pair_word_column(int v, int i) { return 32 * (v / 2) + 8 * (i / 4) + 4 * (v % 2) + i % 4; }
@@ -195,20 +235,29 @@ inline __m512 pair_word_columns(__m512 lo, __m512 hi, int q) {
 // The columns reader and expert geometry of each format.
 struct Bf16Format {
     static constexpr const char* kName = "BF16";
-    static constexpr bool kBf16Values = true;   // the packed values are bf16: bf16 products lose nothing on the weight side
+#if defined(__AVX512BF16__)
+    static constexpr PairWords kPairWords = bf16_pair_words;   // the packed values are bf16: exact
+    static constexpr ChannelScale kChannelScale = nullptr;
+#endif
     static Bf16Columns columns(const kt_moe_config*) { return {}; }
     static ExpertPanels panels(const kt_moe_config* c) { return kt::layouts::bf16::expert(c->hidden, c->intermediate); }
 };
 struct Int8Format {
     static constexpr const char* kName = "INT8";
-    static constexpr bool kBf16Values = false;
+#if defined(__AVX512BF16__)
+    static constexpr PairWords kPairWords = int8_pair_words;   // codes exact in bf16, the scale on the gradients
+    static constexpr ChannelScale kChannelScale = kt::layouts::int8::scale;
+#endif
     static Int8Columns columns(const kt_moe_config*) { return {}; }
     static ExpertPanels panels(const kt_moe_config* c) { return kt::layouts::int8::expert(c->hidden, c->intermediate); }
 };
 template <bool kRaw>
 struct Int4Format {
     static constexpr const char* kName = kRaw ? "RAWINT4" : "INT4";
-    static constexpr bool kBf16Values = false;
+#if defined(__AVX512BF16__)
+    static constexpr PairWords kPairWords = nullptr;
+    static constexpr ChannelScale kChannelScale = nullptr;
+#endif
     static Int4Columns columns(const kt_moe_config* c) { return {int4_layout(c, kRaw)}; }
     static ExpertPanels panels(const kt_moe_config* c) { return int4_layout(c, kRaw).expert(c); }
 };
@@ -216,7 +265,10 @@ struct Int4Format {
 template <bool kNv>
 struct Fp4Format {   // MXFP4, NVFP4
     static constexpr const char* kName = kNv ? "NVFP4" : "MXFP4";
-    static constexpr bool kBf16Values = false;
+#if defined(__AVX512BF16__)
+    static constexpr PairWords kPairWords = nullptr;
+    static constexpr ChannelScale kChannelScale = nullptr;
+#endif
     static Int4Layout layout() { return kNv ? nvfp4_layout() : mxfp4_layout(); }
     static Int4Columns columns(const kt_moe_config*) { return {layout(), true}; }
     static ExpertPanels panels(const kt_moe_config* c) { return layout().expert(c); }
@@ -225,7 +277,10 @@ struct Fp4Format {   // MXFP4, NVFP4
 template <kt::inputs::Fp8Scales kScales>
 struct Fp8Format {
     static constexpr const char* kName = kt::inputs::fp8_method_name(kScales);
-    static constexpr bool kBf16Values = false;
+#if defined(__AVX512BF16__)
+    static constexpr PairWords kPairWords = nullptr;
+    static constexpr ChannelScale kChannelScale = nullptr;
+#endif
     static Fp8Columns<kScales> columns(const kt_moe_config*) { return {}; }
     static ExpertPanels panels(const kt_moe_config* c) { return Fp8Columns<kScales>::kGeo.expert(c->hidden, c->intermediate); }
 };
