@@ -181,10 +181,10 @@ private:
     int64_t line_ = 0;
 };
 
-// kWords and kScale: the format's (transposed_weights.h).
-template <PairWords kWords, ChannelScale kScale>
-kt_status transposed(const uint8_t* base, std::initializer_list<Part> parts, int64_t K, int64_t gs, int64_t rows,
-                     int64_t k0, int64_t k1, float* out, int64_t ldo) {
+// words: the format's pair-word maker (transposed_weights.h).
+template <class Words>
+kt_status transposed(const Words& words, const uint8_t* base, std::initializer_list<Part> parts, int64_t K, int64_t gs,
+                     int64_t rows, int64_t k0, int64_t k1, float* out, int64_t ldo) {
     // Each part's channels padded to whole panels (the packed panels' zero channels), so the
     // parts' pairs follow one another in both buffers.
     int64_t T = 0;
@@ -196,12 +196,12 @@ kt_status transposed(const uint8_t* base, std::initializer_list<Part> parts, int
     thread_local std::vector<float> scale;
     int64_t at = 0;
     for (const Part& p : parts) {
-        if constexpr (kScale != nullptr) {
+        if constexpr (Words::kScaled) {
             scale.resize(size_t(p.N));
             for (int64_t n = 0; n < p.N; ++n)
-                scale[size_t(n)] = kScale(base + p.first_panel + size_t(n / kPanel) * p.panel_stride, int(n % kPanel));
+                scale[size_t(n)] = Words::scale(base + p.first_panel + size_t(n / kPanel) * p.panel_stride, int(n % kPanel));
         }
-        to_pairs(p.grad, gs, rows, p.N, kScale != nullptr ? scale.data() : nullptr, round_up(p.N, kPanel) / 2, g.data() + at, T);
+        to_pairs(p.grad, gs, rows, p.N, Words::kScaled ? scale.data() : nullptr, round_up(p.N, kPanel) / 2, g.data() + at, T);
         at += round_up(p.N, kPanel) / 2;
     }
     thread_local std::vector<const uint8_t*> panels;
@@ -213,7 +213,7 @@ kt_status transposed(const uint8_t* base, std::initializer_list<Part> parts, int
     for (int64_t kb = k0; kb < k1; kb += kPairBlock) {
         at = 0;
         for (const Part& p : parts) {
-            kWords(base, p.first_panel, p.panel_stride, 0, round_up(p.N, kPanel), K, kb, P.data() + at, 1, size_t(T));
+            words(base, p.first_panel, p.panel_stride, round_up(p.N, kPanel), K, kb, P.data() + at, size_t(T));
             at += round_up(p.N, kPanel) / 2;
         }
         NextBlockPrefetch next(panels, kb + kPairBlock < k1 ? kb + kPairBlock : K, K, 2 * blocks_per_half);
@@ -245,12 +245,11 @@ kt_status gate_up_transposed_tile(const kt_moe_config* c, const void* packed, co
     // Gate and up panels alternate: each matrix's panels are two panel sizes apart.
     const size_t stride = 2 * l.gate_up_panel;
 #if defined(__AVX512BF16__)
-    if constexpr (F::kPairWords != nullptr)
-        if (one_activation_pass(c))
-            return bf16dot::transposed<F::kPairWords, F::kChannelScale>(
-                static_cast<const uint8_t*>(packed),
-                {bf16dot::Part{l.gate(0), stride, c->intermediate, grad_gate}, bf16dot::Part{l.up(0), stride, c->intermediate, grad_up}},
-                c->hidden, gs, rows, k0, k1, out, ldo);
+    if (one_activation_pass(c))
+        return bf16dot::transposed(F::pair_words(c), static_cast<const uint8_t*>(packed),
+                                   {bf16dot::Part{l.gate(0), stride, c->intermediate, grad_gate},
+                                    bf16dot::Part{l.up(0), stride, c->intermediate, grad_up}},
+                                   c->hidden, gs, rows, k0, k1, out, ldo);
 #endif
     return transposed(F::columns(c), static_cast<const uint8_t*>(packed),
                       {Part{l.gate(0), stride, c->intermediate, grad_gate}, Part{l.up(0), stride, c->intermediate, grad_up}},
@@ -263,11 +262,10 @@ kt_status down_transposed_tile(const kt_moe_config* c, const void* packed, const
     if (const kt_status st = check(F::kName, k0, k1, c->intermediate)) return st;
     const ExpertPanels l = F::panels(c);
 #if defined(__AVX512BF16__)
-    if constexpr (F::kPairWords != nullptr)
-        if (one_activation_pass(c))
-            return bf16dot::transposed<F::kPairWords, F::kChannelScale>(
-                static_cast<const uint8_t*>(packed), {bf16dot::Part{l.down(0), l.down_panel, c->hidden, grad}}, c->intermediate, gs,
-                rows, k0, k1, out, ldo);
+    if (one_activation_pass(c))
+        return bf16dot::transposed(F::pair_words(c), static_cast<const uint8_t*>(packed),
+                                   {bf16dot::Part{l.down(0), l.down_panel, c->hidden, grad}}, c->intermediate, gs, rows, k0, k1,
+                                   out, ldo);
 #endif
     return transposed(F::columns(c), static_cast<const uint8_t*>(packed), {Part{l.down(0), l.down_panel, c->hidden, grad}},
                       c->intermediate, gs, rows, k0, k1, out, ldo);

@@ -186,13 +186,6 @@ inline void bf16_pair_words(const uint8_t* base, size_t first_panel, size_t stri
 }
 
 #if defined(__AVX512BF16__)
-// A format's weights as pair words, for channels [n0, n0 + count) and 64 columns (bf16_pair_words'
-// contract), and the per-channel scale the gradients are multiplied by first where the words are
-// codes (INT8); null where the words are the weights (BF16). A format without pair words (null)
-// keeps the f32 kernels in every mode.
-using PairWords = void (*)(const uint8_t*, size_t, size_t, int64_t, int64_t, int64_t, int64_t, __m512i*, size_t, size_t);
-using ChannelScale = float (*)(const uint8_t* panel, int lane);
-
 // INT8's codes as pair words of bf16 (exact: |q| <= 127 has 7 significant bits), the same order as
 // bf16_pair_words; the channels' scales are left to the caller (the transposed products fold them
 // into the gradients). 16 chunks of 4 codes per lane transposed give each channel's 64 codes.
@@ -217,6 +210,52 @@ inline void int8_pair_words(const uint8_t* base, size_t first_panel, size_t stri
         }
     }
 }
+
+// Pair-word makers, one per format: words(base, first_panel, panel_stride, count, K, kb, P, T)
+// writes channels [0, count)'s pair words for columns [kb, kb + 64) with pair_stride 1 and
+// v_stride T; kScaled: the words are codes, and scale(panel, lane) is the factor of each channel
+// that the products move onto the gradients.
+struct Bf16Words {   // the packed values: exact
+    static constexpr bool kScaled = false;
+    static float scale(const uint8_t*, int) { return 1.0f; }
+    void operator()(const uint8_t* base, size_t first, size_t stride, int64_t count, int64_t K, int64_t kb, __m512i* P,
+                    size_t T) const {
+        bf16_pair_words(base, first, stride, 0, count, K, kb, P, 1, T);
+    }
+};
+struct Int8Words {   // the codes (exact), the per-channel scale onto the gradients
+    static constexpr bool kScaled = true;
+    static float scale(const uint8_t* panel, int lane) { return kt::layouts::int8::scale(panel, lane); }
+    void operator()(const uint8_t* base, size_t first, size_t stride, int64_t count, int64_t K, int64_t kb, __m512i* P,
+                    size_t T) const {
+        int8_pair_words(base, first, stride, 0, count, K, kb, P, 1, T);
+    }
+};
+// Every other format: its weights dequantized by its column reader (widen_run, as the f32 kernels
+// read them) and rounded to bf16 — the rounding QLoRA's bf16 compute applies to its NF4 weights,
+// 2^-9 of each weight, next to the gradients' own.
+template <class Columns>
+struct DequantizedWords {
+    Columns col;
+    static constexpr bool kScaled = false;
+    static float scale(const uint8_t*, int) { return 1.0f; }
+    void operator()(const uint8_t* base, size_t first, size_t stride, int64_t count, int64_t K, int64_t kb, __m512i* P,
+                    size_t T) const {
+        static_assert(kKBlock == 64, "one widened block is one pair-word block");
+        alignas(64) float w[kPanel * kKBlock];
+        for (int64_t n = 0; n < count; n += kPanel) {
+            widen_run(col, base, first, stride, n, kPanel, K, kb, w);   // w[lane * 64 + j] = W[n + lane][kb + j]
+            for (int half = 0; half < 2; ++half) {
+                __m512i row[16];
+                for (int lane = 0; lane < 16; ++lane) {
+                    const float* r = w + lane * kKBlock + 32 * half;
+                    row[lane] = (__m512i)_mm512_cvtne2ps_pbh(_mm512_load_ps(r + 16), _mm512_load_ps(r));
+                }
+                pair_words_from_rows(row, half, P, size_t(n) / 2, 1, T);
+            }
+        }
+    }
+};
 #endif
 
 // The column (within its 64-column block) of lane i of pair-word vector v.
@@ -236,8 +275,7 @@ inline __m512 pair_word_columns(__m512 lo, __m512 hi, int q) {
 struct Bf16Format {
     static constexpr const char* kName = "BF16";
 #if defined(__AVX512BF16__)
-    static constexpr PairWords kPairWords = bf16_pair_words;   // the packed values are bf16: exact
-    static constexpr ChannelScale kChannelScale = nullptr;
+    static Bf16Words pair_words(const kt_moe_config*) { return {}; }
 #endif
     static Bf16Columns columns(const kt_moe_config*) { return {}; }
     static ExpertPanels panels(const kt_moe_config* c) { return kt::layouts::bf16::expert(c->hidden, c->intermediate); }
@@ -245,8 +283,7 @@ struct Bf16Format {
 struct Int8Format {
     static constexpr const char* kName = "INT8";
 #if defined(__AVX512BF16__)
-    static constexpr PairWords kPairWords = int8_pair_words;   // codes exact in bf16, the scale on the gradients
-    static constexpr ChannelScale kChannelScale = kt::layouts::int8::scale;
+    static Int8Words pair_words(const kt_moe_config*) { return {}; }
 #endif
     static Int8Columns columns(const kt_moe_config*) { return {}; }
     static ExpertPanels panels(const kt_moe_config* c) { return kt::layouts::int8::expert(c->hidden, c->intermediate); }
@@ -255,8 +292,7 @@ template <bool kRaw>
 struct Int4Format {
     static constexpr const char* kName = kRaw ? "RAWINT4" : "INT4";
 #if defined(__AVX512BF16__)
-    static constexpr PairWords kPairWords = nullptr;
-    static constexpr ChannelScale kChannelScale = nullptr;
+    static auto pair_words(const kt_moe_config* c) { return DequantizedWords<decltype(columns(c))>{columns(c)}; }
 #endif
     static Int4Columns columns(const kt_moe_config* c) { return {int4_layout(c, kRaw)}; }
     static ExpertPanels panels(const kt_moe_config* c) { return int4_layout(c, kRaw).expert(c); }
@@ -266,8 +302,7 @@ template <bool kNv>
 struct Fp4Format {   // MXFP4, NVFP4
     static constexpr const char* kName = kNv ? "NVFP4" : "MXFP4";
 #if defined(__AVX512BF16__)
-    static constexpr PairWords kPairWords = nullptr;
-    static constexpr ChannelScale kChannelScale = nullptr;
+    static auto pair_words(const kt_moe_config* c) { return DequantizedWords<decltype(columns(c))>{columns(c)}; }
 #endif
     static Int4Layout layout() { return kNv ? nvfp4_layout() : mxfp4_layout(); }
     static Int4Columns columns(const kt_moe_config*) { return {layout(), true}; }
@@ -278,8 +313,7 @@ template <kt::inputs::Fp8Scales kScales>
 struct Fp8Format {
     static constexpr const char* kName = kt::inputs::fp8_method_name(kScales);
 #if defined(__AVX512BF16__)
-    static constexpr PairWords kPairWords = nullptr;
-    static constexpr ChannelScale kChannelScale = nullptr;
+    static auto pair_words(const kt_moe_config* c) { return DequantizedWords<decltype(columns(c))>{columns(c)}; }
 #endif
     static Fp8Columns<kScales> columns(const kt_moe_config*) { return {}; }
     static ExpertPanels panels(const kt_moe_config* c) { return Fp8Columns<kScales>::kGeo.expert(c->hidden, c->intermediate); }

@@ -178,6 +178,26 @@ def test_grouped_products_match_reference(kt_variant, kt_tolerance, hidden, inte
         assert err <= tol, f"{layer.backend} {method} grouped {name}: error {err:.3e} vs reference exceeds {tol:.1e}"
 
 
+@pytest.mark.parametrize("hidden,intermediate", [(256, 192), (96, 160)])
+def test_grouped_transposed_products_with_fast_activations(kt_variant, hidden, intermediate):
+    """With fast_activations a backend may take the transposed products in bf16: the gradients
+    rounded to it (2^-9 each), and dequantized weights that bf16 does not hold exactly rounded as well
+    — within 1.5e-2 (max error / RMS) of the reference's f32 products on the same packed weights.
+    Measured on kt-backend-avx's AVX512_BF16 target: weights exact in bf16 (BF16, INT8's codes with
+    the scale moved onto the gradients, MXFP4, MXFP8) 5.9e-3 .. 7.5e-3; rounded too (INT4's family,
+    NVFP4, FP8, FP8_PERCHANNEL) 8.8e-3 .. 1.1e-2; AMX's tiles up to 7.5e-3."""
+    layer, oracle, rng = _pair(kt_variant, experts=6, hidden=hidden, intermediate=intermediate, top_k=2, trainable=True,
+                               fast_activations=True)
+    counts = np.array([5, 0, 1, 37, 0, 16], dtype=np.int64)
+    rows = int(counts.sum())
+    dgate_up = rng.standard_normal((rows, 2 * intermediate)).astype(np.float32)
+    dy = rng.standard_normal((rows, hidden)).astype(np.float32)
+    for name, got, want in (("gate_up^T", *(m.grouped_gate_up_transposed(dgate_up, counts) for m in (layer, oracle))),
+                            ("down^T", *(m.grouped_down_transposed(dy, counts) for m in (layer, oracle)))):
+        err = relative_error(got, want)
+        assert err <= 1.5e-2, f"{layer.backend} {kt_variant[2]} grouped {name} (fast): error {err:.3e} vs reference exceeds 1.5e-2"
+
+
 def test_many_tokens(kt_variant, kt_tolerance):
     layer, oracle, rng = _pair(kt_variant, experts=16, hidden=64, intermediate=64, top_k=4)
     x = rng.standard_normal((2000, 64)).astype(np.float32)
