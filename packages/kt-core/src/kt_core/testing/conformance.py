@@ -195,7 +195,8 @@ def test_grouped_transposed_products_with_fast_activations(kt_variant, hidden, i
     for name, got, want in (("gate_up^T", *(m.grouped_gate_up_transposed(dgate_up, counts) for m in (layer, oracle))),
                             ("down^T", *(m.grouped_down_transposed(dy, counts) for m in (layer, oracle)))):
         err = relative_error(got, want)
-        assert err <= 1.5e-2, f"{layer.backend} {kt_variant[2]} grouped {name} (fast): error {err:.3e} vs reference exceeds 1.5e-2"
+        assert err <= 1.5e-2, (f"{layer.backend} {kt_variant[2]} grouped {name} (fast): error {err:.3e} vs reference "
+                               "exceeds 1.5e-2")
 
 
 def test_many_tokens(kt_variant, kt_tolerance):
