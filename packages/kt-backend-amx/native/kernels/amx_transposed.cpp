@@ -387,7 +387,7 @@ kt_status transposed_tiles(const kt_moe_config* c, const uint8_t* base, std::ini
         for (int64_t r = 0; r < rows; ++r) {
             const float* a = acc + r * kKBlock;
             float* o = out + r * ldo + kb;
-            if constexpr (T::kPairWordColumns) {   // C tile v's lane i holds column pair_word_column(v, i)
+            if constexpr (T::kPairWordColumns) {   // C tile v's lane i: column 32 (v / 2) + 8 (i / 4) + 4 (v % 2) + i % 4
                 for (int q = 0; q < 4 && 16 * q < width; ++q)
                     vstore_partial(o + 16 * q, pair_word_columns(a, q), int(std::min<int64_t>(16, width - 16 * q)));
             } else {

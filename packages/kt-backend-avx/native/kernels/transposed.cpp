@@ -85,13 +85,14 @@ kt_status transposed(const Columns& col, const uint8_t* base, std::initializer_l
 }
 
 #if defined(__AVX512BF16__)
-// --- BF16 and INT8 weights, gradients in bf16 (the layer's fast_activations): vdpbf16ps -----
+// --- every format, gradients in bf16 (the layer's fast_activations): vdpbf16ps ----------------
 // Twice the multiply-adds per instruction of the f32 path, at bf16's rounding of the gradients
 // (what a bf16 training run's backward does anyway). The panels' pairs run along k, the product
 // needs pairs along n: the format's pair-word maker (transposed_weights.h) makes them, in an order
-// of k that each accumulator keeps, put back when a row is stored. INT8's words are its codes
-// (exact in bf16) and its per-channel scales multiply the gradients before they are rounded:
-// sum_n g[r, n] s[n] q[n, k] = sum_n (g[r, n] s[n]) q[n, k].
+// of k that each accumulator keeps, put back when a row is stored. BF16's words are its weights;
+// INT8's are its codes (exact in bf16), its per-channel scales multiplying the gradients before
+// they are rounded: sum_n g[r, n] s[n] q[n, k] = sum_n (g[r, n] s[n]) q[n, k]; the other formats'
+// are their dequantized weights rounded to bf16.
 //
 // Per 64-column block, every channel's pair words are made once into an L2-resident buffer (all
 // parts' channels one after another: 196 KiB for Qwen3-30B-A3B's gate/up, 256 KiB for its down);

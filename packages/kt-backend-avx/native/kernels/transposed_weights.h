@@ -158,7 +158,8 @@ inline kt_status check(const char* method, int64_t k0, int64_t k1, int64_t K) {
 // block) interleaved 16 bits at a time give the words (W[n][k], W[n + 1][k]) for k = 0-3, 8-11,
 // 16-19, 24-27 of the 32 (unpacklo) and 4-7, 12-15, ... (unpackhi). Vector v = 2 * half + (0:
 // unpacklo, 1: unpackhi) of pair p goes to P[p * pair_stride + v * v_stride]; its lane i holds
-// k = kb + 32 half + 8 (i / 4) + 4 (v % 2) + i % 4 (pair_word_column). `pair0` is the pair of row 0.
+// k = kb + 32 half + 8 (i / 4) + 4 (v % 2) + i % 4 (pair_word_columns puts sums back in order). `pair0` is
+// the pair of row 0.
 inline void pair_words_from_rows(const __m512i row[16], int half, __m512i* P, size_t pair0, size_t pair_stride,
                                  size_t v_stride) {
     for (int lane = 0; lane < 16; lane += 2) {
@@ -257,9 +258,6 @@ struct DequantizedWords {
     }
 };
 #endif
-
-// The column (within its 64-column block) of lane i of pair-word vector v.
-constexpr int64_t pair_word_column(int v, int i) { return 32 * (v / 2) + 8 * (i / 4) + 4 * (v % 2) + i % 4; }
 
 // Columns [16 q, 16 q + 16) of a 32-column half in order, from sums in its two pair-word vectors
 // (lo = vector 2 h, hi = 2 h + 1): column 16 q + 8 u + 4 w + t is lane 4 (2 q + u) + t of lo (w = 0)
