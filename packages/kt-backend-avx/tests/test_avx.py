@@ -264,17 +264,18 @@ def test_fast_activations_trade_accuracy_for_speed(variant, method):
         assert errors[True] == errors[False], errors
 
 
-@pytest.mark.parametrize("method", ["BF16", "INT8", "INT4"])
+@pytest.mark.parametrize("method", ["BF16", "INT8", "INT4", "INT4+zp"])
 @pytest.mark.parametrize("fast", [False, True])
 @pytest.mark.parametrize("hidden,intermediate", [(256, 192), (130, 70)])
 def test_transposed_pair_word_products(variant, method, fast, hidden, intermediate):
-    """Training's transposed products (plugin ABI 1.5) on BF16, INT8 and INT4 weights against the reference
-    backend on the same packed values: f32 gradients as given (accumulation order only), or with
+    """Training's transposed products (plugin ABI 1.5) on BF16, INT8 and INT4 (symmetric, zero points) weights
+    against the reference backend on the same packed values: f32 gradients as given (accumulation order only), or with
     fast_activations on the AVX512_BF16 target the gradients (INT8: times each channel's scale) in bf16
     through vdpbf16ps on the bf16 weights, the INT8 codes or INT4's dequantized weights rounded to bf16
     (bf16's rounding of each gradient, 2^-9: measured 1.6e-3 .. 2.0e-3 of the largest output; INT4, whose
-    weights round too, 2.4e-3 .. 2.7e-3); elsewhere the flag changes nothing. The other formats:
+    weights round too, 2.4e-3 .. 3.1e-3); elsewhere the flag changes nothing. The other formats:
     kt_core.testing.conformance's test_grouped_transposed_products_with_fast_activations."""
+    method, zero_point = method.removesuffix("+zp"), method.endswith("+zp")
     if method == "INT4" and hidden % 32:
         pytest.skip("INT4's groups (32, 64, 128) divide neither 130 nor 70")
     rng = np.random.default_rng(3)
@@ -285,7 +286,7 @@ def test_transposed_pair_word_products(variant, method, fast, hidden, intermedia
     got, want = [], []
     for layers, backend, f in ((got, "avx", fast), (want, "reference", False)):
         layer = kt_core.MoE(num_experts=4, top_k=2, hidden_size=hidden, intermediate_size=intermediate, method=method,
-                            backend=backend, trainable=True, fast_activations=f)
+                            backend=backend, trainable=True, fast_activations=f, zero_point=zero_point)
         layer.load(*w)
         layers += [layer.grouped_gate_up_transposed(np.concatenate([dgate, dup], axis=1), counts),
                    layer.grouped_down_transposed(dy, counts)]
