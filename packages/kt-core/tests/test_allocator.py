@@ -42,3 +42,25 @@ def test_scratch_is_reused_and_cleared():
     kt_core.clear_buffer_cache()
     assert _native.forward_scratch_bytes() == 0
     m(x, ids, w)                              # and it comes back on demand
+
+
+def test_grouped_products_keep_their_activation_rows_in_the_scratch():
+    """Training's grouped products quantize their rows into the forwards' kept scratch (a fresh
+    buffer per call cost page faults and zero-filling), and clear_sft_buffer_cache frees it."""
+    from kt_core.sft import SFTMoEWrapper
+
+    rng = np.random.default_rng(2)
+    m = kt_core.MoE(num_experts=4, top_k=2, hidden_size=64, intermediate_size=32, method="BF16", backend="reference",
+                    trainable=True)
+    m.load(*random_moe(rng, 4, 64, 32))
+    kt_core.clear_buffer_cache()
+    counts = np.array([3, 0, 5, 2], np.int64)
+    x = rng.standard_normal((10, 64)).astype(np.float32)
+    m.grouped_gate_up(x, counts)
+    size = _native.forward_scratch_bytes()
+    assert size > 0
+    m.grouped_gate_up(x[:4], np.array([1, 0, 2, 1], np.int64))
+    m.grouped_down(rng.standard_normal((10, 32)).astype(np.float32), counts)
+    assert _native.forward_scratch_bytes() == size, "smaller passes reuse the scratch"
+    SFTMoEWrapper.clear_sft_buffer_cache()
+    assert _native.forward_scratch_bytes() == 0

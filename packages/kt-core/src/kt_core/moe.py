@@ -517,5 +517,6 @@ class MoE:
 
 
 def clear_buffer_cache() -> None:
-    """Free the scratch buffers forwards reuse (they are re-allocated on the next forward)."""
+    """Free the scratch buffers forwards and training's grouped products reuse (they are re-allocated
+    on the next call)."""
     _native.clear_forward_scratch()

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from .errors import KTError
-from .moe import MoE
+from .moe import MoE, clear_buffer_cache
 from .rows import Routing
 from .training_step import Adapters, ExpertStep, Saved, expert_weight_grads
 
@@ -634,5 +634,7 @@ class SFTMoEWrapper:
     # -- kt-kernel's buffer-cache class methods ---------------------------------------------------------
     @staticmethod
     def clear_sft_buffer_cache() -> None:
-        """Free the reusable buffers the layers' steps share (they are re-made by the next step)."""
+        """Free the reusable buffers the layers' steps share, the step's pool and the grouped products'
+        activation scratch (they are re-made by the next step)."""
         ExpertStep.buffers.clear()
+        clear_buffer_cache()
