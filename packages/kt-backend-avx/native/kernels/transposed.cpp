@@ -99,8 +99,9 @@ kt_status transposed(const Columns& col, const uint8_t* base, std::initializer_l
 // then, per 32-column half, kMr gradient rows keep their sums in registers over every channel
 // pair, streaming the half's two pair-word vectors per pair, as the forward kernels stream a
 // gate/up panel pair, and each row's 32 columns are stored once. (It was 4 rows x 64 columns per
-// 128-channel run in L1, with the sums carried in a row buffer between runs: 71-74 % of the
-// vdpbf16ps peak on Zen 4 against the forward's ~90 %; docs/performance.md.)
+// 128-channel run in L1, with the sums carried in a row buffer between runs; alternated builds on
+// Zen 4, Qwen3-30B-A3B layer: gate/up^T 300-305 -> 279-280 ms, down^T the same; DeepSeek-V3-shaped
+// experts the same; docs/performance.md.)
 namespace bf16dot {
 
 constexpr int kMr = 12;            // 24 accumulators, 2 pair-word vectors, the broadcast
