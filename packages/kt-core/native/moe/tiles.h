@@ -15,7 +15,7 @@
 
 namespace kt {
 
-// Passes share the whole pool and (forwards) one set of scratch buffers, so they run one at a
+// Passes share the whole pool and one scratch buffer (pass_scratch), so they run one at a
 // time; a second layer's pass simply waits (layers of one model are sequential anyway).
 extern std::mutex g_forward_mutex;
 
