@@ -195,15 +195,17 @@ kt_status transposed(const Words& words, const uint8_t* base, std::initializer_l
     thread_local std::vector<__m512i> P;   // lo / hi of half 0, lo / hi of half 1: T vectors each
     g.resize(size_t(rows * T));
     P.resize(size_t(4 * T));
+    // Words that are codes carry each channel's factor (scale), which moves onto the gradients.
+    constexpr bool kScaled = requires(const uint8_t* panel) { Words::scale(panel, 0); };
     thread_local std::vector<float> scale;
     int64_t at = 0;
     for (const Part& p : parts) {
-        if constexpr (Words::kScaled) {
+        if constexpr (kScaled) {
             scale.resize(size_t(p.N));
             for (int64_t n = 0; n < p.N; ++n)
                 scale[size_t(n)] = Words::scale(base + p.first_panel + size_t(n / kPanel) * p.panel_stride, int(n % kPanel));
         }
-        to_pairs(p.grad, gs, rows, p.N, Words::kScaled ? scale.data() : nullptr, round_up(p.N, kPanel) / 2, g.data() + at, T);
+        to_pairs(p.grad, gs, rows, p.N, kScaled ? scale.data() : nullptr, round_up(p.N, kPanel) / 2, g.data() + at, T);
         at += round_up(p.N, kPanel) / 2;
     }
     thread_local std::vector<const uint8_t*> panels;

@@ -214,18 +214,15 @@ inline void int8_pair_words(const uint8_t* base, size_t first_panel, size_t stri
 
 // Pair-word makers, one per format: words(base, first_panel, panel_stride, count, K, kb, P, T)
 // writes channels [0, count)'s pair words for columns [kb, kb + 64) with pair_stride 1 and
-// v_stride T; kScaled: the words are codes, and scale(panel, lane) is the factor of each channel
+// v_stride T. A maker whose words are codes also has scale(panel, lane): the factor of each channel
 // that the products move onto the gradients.
 struct Bf16Words {   // the packed values: exact
-    static constexpr bool kScaled = false;
-    static float scale(const uint8_t*, int) { return 1.0f; }
     void operator()(const uint8_t* base, size_t first, size_t stride, int64_t count, int64_t K, int64_t kb, __m512i* P,
                     size_t T) const {
         bf16_pair_words(base, first, stride, 0, count, K, kb, P, 1, T);
     }
 };
 struct Int8Words {   // the codes (exact), the per-channel scale onto the gradients
-    static constexpr bool kScaled = true;
     static float scale(const uint8_t* panel, int lane) { return kt::layouts::int8::scale(panel, lane); }
     void operator()(const uint8_t* base, size_t first, size_t stride, int64_t count, int64_t K, int64_t kb, __m512i* P,
                     size_t T) const {
@@ -240,8 +237,6 @@ struct Int8Words {   // the codes (exact), the per-channel scale onto the gradie
 // down^T 174 (128 experts x 128 rows, 2 Zen 4 cores); this way 309 and 158-166.
 struct Int4Words {
     Int4Layout lay;
-    static constexpr bool kScaled = false;
-    static float scale(const uint8_t*, int) { return 1.0f; }
     void operator()(const uint8_t* base, size_t first, size_t stride, int64_t count, int64_t K, int64_t kb, __m512i* P,
                     size_t T) const {
         // Nibbles of word c at lanes 4c..4c+3 (low: k 8c + j, high: k 8c + 4 + j) -> k order.
@@ -288,8 +283,6 @@ struct Int4Words {
 template <class Columns>
 struct DequantizedWords {
     Columns col;
-    static constexpr bool kScaled = false;
-    static float scale(const uint8_t*, int) { return 1.0f; }
     void operator()(const uint8_t* base, size_t first, size_t stride, int64_t count, int64_t K, int64_t kb, __m512i* P,
                     size_t T) const {
         static_assert(kKBlock == 64, "one widened block is one pair-word block");
