@@ -187,31 +187,6 @@ inline void bf16_pair_words(const uint8_t* base, size_t first_panel, size_t stri
 }
 
 #if defined(__AVX512BF16__)
-// INT8's codes as pair words of bf16 (exact: |q| <= 127 has 7 significant bits), the same order as
-// bf16_pair_words; the channels' scales are left to the caller (the transposed products fold them
-// into the gradients). 16 chunks of 4 codes per lane transposed give each channel's 64 codes.
-inline void int8_pair_words(const uint8_t* base, size_t first_panel, size_t stride, int64_t n0, int64_t count, int64_t K,
-                            int64_t kb, __m512i* P, size_t pair_stride, size_t v_stride) {
-    namespace l8 = kt::layouts::int8;
-    for (int64_t n = n0; n < n0 + count; n += kPanel) {
-        const uint8_t* codes = base + first_panel + size_t(n / kPanel) * stride + l8::kHeaderBytes;
-        __m512i r[16];
-        for (int c = 0; c < 16; ++c)
-            r[c] = 4 * (kb / 4 + c) < K ? _mm512_loadu_si512(codes + size_t(kb / 4 + c) * 64) : _mm512_setzero_si512();
-        transpose16x16(r);   // r[lane] = codes of W[n + lane][kb .. kb + 63]
-        for (int half = 0; half < 2; ++half) {
-            __m512i row[16];
-            for (int lane = 0; lane < 16; ++lane) {
-                const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(r[lane], 0)));
-                const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(r[lane], 1)));
-                row[lane] = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);   // k in order: lo's 16, then hi's
-                r[lane] = _mm512_shuffle_i32x4(r[lane], r[lane], 0x4e);   // the other 32 codes down, for half 1
-            }
-            pair_words_from_rows(row, half, P, size_t(n - n0) / 2, pair_stride, v_stride);
-        }
-    }
-}
-
 // Pair-word makers, one per format: words(base, first_panel, panel_stride, count, K, kb, P, T)
 // writes channels [0, count)'s pair words for columns [kb, kb + 64) with pair_stride 1 and
 // v_stride T. A maker whose words are codes also has scale(panel, lane): the factor of each channel
@@ -222,11 +197,30 @@ struct Bf16Words {   // the packed values: exact
         bf16_pair_words(base, first, stride, 0, count, K, kb, P, 1, T);
     }
 };
-struct Int8Words {   // the codes (exact), the per-channel scale onto the gradients
+// INT8's codes as bf16 (exact: |q| <= 127 has 7 significant bits), its per-channel scales moved
+// onto the gradients. 16 chunks of 4 codes per lane transposed give each channel's 64 codes.
+struct Int8Words {
     static float scale(const uint8_t* panel, int lane) { return kt::layouts::int8::scale(panel, lane); }
     void operator()(const uint8_t* base, size_t first, size_t stride, int64_t count, int64_t K, int64_t kb, __m512i* P,
                     size_t T) const {
-        int8_pair_words(base, first, stride, 0, count, K, kb, P, 1, T);
+        namespace l8 = kt::layouts::int8;
+        for (int64_t n = 0; n < count; n += kPanel) {
+            const uint8_t* codes = base + first + size_t(n / kPanel) * stride + l8::kHeaderBytes;
+            __m512i r[16];
+            for (int c = 0; c < 16; ++c)
+                r[c] = 4 * (kb / 4 + c) < K ? _mm512_loadu_si512(codes + size_t(kb / 4 + c) * 64) : _mm512_setzero_si512();
+            transpose16x16(r);   // r[lane] = codes of W[n + lane][kb .. kb + 63]
+            for (int half = 0; half < 2; ++half) {
+                __m512i row[16];
+                for (int lane = 0; lane < 16; ++lane) {
+                    const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(r[lane], 0)));
+                    const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(r[lane], 1)));
+                    row[lane] = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);   // k in order: lo's 16, then hi's
+                    r[lane] = _mm512_shuffle_i32x4(r[lane], r[lane], 0x4e);   // the other 32 codes down, for half 1
+                }
+                pair_words_from_rows(row, half, P, size_t(n) / 2, 1, T);
+            }
+        }
     }
 };
 // The INT4 layout with integer codes (INT4, RAWINT4, GPTQ_INT4): each 32-column half lies in one
