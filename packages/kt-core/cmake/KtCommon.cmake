@@ -11,7 +11,10 @@ endfunction()
 # (no nanobind object crosses a wheel boundary, so each wheel carries its own), the stable
 # ABI where the interpreter supports it (CPython >= 3.12), warnings on. Link-time optimization
 # where the toolchain can do it: some compilers ship without a working lto-wrapper, and a
-# missing optimization must not fail the build.
+# missing optimization must not fail the build. NOMINSIZE: nanobind compiles a module's sources
+# with -Os by default, which reached kt-core's own loops (training's row passes, the LoRA products):
+# summing 16384 x 2048 rows after a large write took 16-17.6 ms at -Os, 13.1-14.8 at -O3 (Zen 4,
+# alternated builds).
 function(kt_add_python_module name)
   include(CheckIPOSupported)
   check_ipo_supported(RESULT kt_lto_works OUTPUT kt_lto_why LANGUAGES CXX)
@@ -21,7 +24,7 @@ function(kt_add_python_module name)
     message(STATUS "kt: building ${name} without link-time optimization (${kt_lto_why})")
     set(kt_lto "")
   endif()
-  nanobind_add_module(${name} STABLE_ABI NB_STATIC ${kt_lto} ${ARGN})
+  nanobind_add_module(${name} STABLE_ABI NB_STATIC NOMINSIZE ${kt_lto} ${ARGN})
   target_compile_features(${name} PRIVATE cxx_std_20)
   kt_target_warnings(${name})
 endfunction()

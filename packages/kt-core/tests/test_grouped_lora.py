@@ -65,6 +65,16 @@ for E, K, N, r, blocks, acc in [(3, 40, 20, 1, 1, False), (4, 64, 128, 8, 1, Tru
         assert err < 1e-5, (E, K, N, r, blocks, k, err)
         worst = max(worst, err)
     assert not da[1].any() and not db[1].any(), "an expert without rows gets zero gradients"
+    # dx left to the base product (g written instead), the rows read from x[token] where they lie.
+    token = rng.permutation(S + 3)[:S].astype(np.int64)
+    xt = rng.standard_normal((S + 3, K)).astype(np.float32)
+    xt[token] = x
+    g_out, da2, db2 = np.empty((S, r), np.float32), np.empty_like(a), np.empty_like(b)
+    grouped_lora_backward(dy, xt, xa, counts, a, b, 0.5, None, da2, db2, blocks=blocks, g=g_out, token=token)
+    for k, got_k, want_k in (("g", g_out, g), ("da", da2, want["da"]), ("db", db2, want["db"])):
+        err = np.abs(got_k - want_k).max() / max(np.abs(want_k).max(), 1e-30)
+        assert err < 1e-5, (E, K, N, r, blocks, "token/g", k, err)
+        worst = max(worst, err)
 print("worst", worst)
 """
 
@@ -113,3 +123,11 @@ def test_refuses_bad_arguments():
     with pytest.raises(TypeError, match="float32"):
         grouped_lora_backward(np.zeros((4, 6)), x, xa, counts, a, b, 1.0, np.zeros_like(x), np.zeros_like(a),
                               np.zeros_like(b))
+    grads = (np.zeros_like(a), np.zeros_like(b))
+    with pytest.raises(ValueError, match="takes dx or g"):
+        grouped_lora_backward(out, x, xa, counts, a, b, 1.0, None, *grads)
+    with pytest.raises(ValueError, match=r"token\[2\] = 9 is out of range for x's 4 rows"):
+        grouped_lora_backward(out, x, xa, counts, a, b, 1.0, None, *grads, g=np.zeros((4, 2), np.float32),
+                              token=np.array([0, 1, 9, 2], np.int64))
+    with pytest.raises(ValueError, match=r"g must have shape \[4, 2\]"):
+        grouped_lora_backward(out, x, xa, counts, a, b, 1.0, None, *grads, g=np.zeros((4, 3), np.float32))

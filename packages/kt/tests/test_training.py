@@ -352,6 +352,23 @@ def test_grouped_products_refuse_bad_groupings():
                         trainable=True)
     with pytest.raises(ValueError, match="expert 0 has 6 rows but no weights"):
         empty.grouped_down_transposed(x, np.array([6, 0, 0, 0], np.int64))
+    # Rows gathered by token and adapters riding on the products (kt_core.lora.ProductLora*).
+    from kt_core.lora import ProductLora, ProductLoraGrad
+
+    six = np.array([6, 0, 0, 0], np.int64)
+    with pytest.raises(ValueError, match=r"token\[1\] = 3 is out of range for x's 3 rows"):
+        moe.grouped_gate_up(np.zeros((3, 64), np.float32), six, token=np.array([0, 3, 1, 1, 2, 0], np.int64))
+    with pytest.raises(ValueError, match="counts sum to 6 rows; the arrays hold 5"):
+        moe.grouped_gate_up(x, six, token=np.zeros(5, np.int64))
+    a, bt, xa = np.zeros((4, 2, 64), np.float32), np.zeros((4, 1, 64), np.float32), np.zeros((6, 2), np.float32)
+    with pytest.raises(ValueError, match="blocks must be 1 or 2, got 3"):
+        moe.grouped_gate_up(x, six, lora=ProductLora(np.zeros((4, 3, 64), np.float32), bt, 1.0, np.zeros((6, 3), np.float32), 3))
+    with pytest.raises(ValueError, match=r"lora_bt must have shape \[4, 2, 64\]"):
+        moe.grouped_gate_up(x, six, lora=ProductLora(a, bt, 1.0, xa))
+    with pytest.raises(ValueError, match="blocks must be 1, got 2"):
+        moe.grouped_down(np.zeros((6, 32), np.float32), six, lora=ProductLora(a, bt, 1.0, xa, 2))
+    with pytest.raises(ValueError, match=r"lora_a must have shape \[4, 2, 32\]"):
+        moe.grouped_down_transposed(x, six, lora=ProductLoraGrad(xa, a))
 
 
 def test_a_backend_without_transposed_tiles_is_refused_for_training():

@@ -215,6 +215,25 @@ struct PendingForward {
 };
 std::unique_ptr<PendingForward> g_pending;
 
+// float32 / int64 C-contiguous CPU arrays of a given shape (training's products, LoRA and row passes).
+float* f32_array(const nb::ndarray<>& a, const char* name, std::initializer_list<int64_t> shape) {
+    const Array v(a);
+    check_cpu(v, name);
+    check_exact(v, name, nb::dlpack::dtype_code::Float, 32);
+    check_shape(v, name, shape);
+    check_contiguous(v, name);
+    return static_cast<float*>(const_cast<void*>(v.data()));
+}
+
+const int64_t* i64_array(const nb::ndarray<>& a, const char* name, std::initializer_list<int64_t> shape) {
+    const Array v(a);
+    check_cpu(v, name);
+    check_exact(v, name, nb::dlpack::dtype_code::Int, 64);
+    check_shape(v, name, shape);
+    check_contiguous(v, name);
+    return static_cast<const int64_t*>(v.data());
+}
+
 struct Layer {
     Backend backend;
     std::optional<Backend> small_batch_backend;   // keeps the small-batch kernels' table alive
@@ -286,37 +305,95 @@ struct Layer {
                                    "-D").c_str());
         return {static_cast<const int64_t*>(counts.data()), int64_t(first.shape(0))};
     }
-    void grouped_gate_up(const Array& x, const Array& counts, nb::ndarray<> gate_up) {
-        const auto [c, rows] = counts_of(counts, x, "x");
-        const int64_t H = layer->shape().hidden, I = layer->shape().intermediate;
-        const float* xp = rows_of(x, "x", rows, H);
-        float* gu = out_rows(gate_up, "gate_up", rows, 2 * I);
-        ReleaseGil release;
-        layer->grouped_gate_up(xp, rows, c, gu);
+    // An adapter riding on a product (kt::ProductLora): a [E, r, K], bt [E, r / blocks, N] (B_eᵀ),
+    // xa [rows, r] written; all three or none.
+    std::optional<kt::ProductLora> product_lora(const std::optional<nb::ndarray<>>& a, const std::optional<nb::ndarray<>>& bt,
+                                                float scaling, int64_t blocks, const std::optional<nb::ndarray<>>& xa,
+                                                int64_t rows, int64_t K, int64_t N) const {
+        if (!a && !bt && !xa) return std::nullopt;
+        if (!a || !bt || !xa) throw nb::value_error("an adapter on a grouped product needs lora_a, lora_bt and lora_xa together");
+        if (a->ndim() != 3) throw nb::value_error("lora_a must be 3-D [experts, rank, K]");
+        const int64_t E = layer->shape().num_experts, r = int64_t(a->shape(1));
+        if (r < 1 || r > kt::kMaxLoraRank || blocks < 1 || r % blocks)
+            throw nb::value_error(("LoRA rank " + std::to_string(r) + " with blocks=" + std::to_string(blocks) +
+                                   ": the rank must be 1 .. " + std::to_string(kt::kMaxLoraRank) + " and divisible by blocks")
+                                      .c_str());
+        return kt::ProductLora{f32_array(*a, "lora_a", {E, r, K}), f32_array(*bt, "lora_bt", {E, r / blocks, N}), r, blocks,
+                               scaling, f32_array(*xa, "lora_xa", {rows, r})};
     }
-    void grouped_down(const Array& h, const Array& counts, nb::ndarray<> y) {
+    // The gradient's share (kt::ProductLoraGrad): g [rows, r], a [E, r, K]; both or neither.
+    std::optional<kt::ProductLoraGrad> product_lora_grad(const std::optional<nb::ndarray<>>& g,
+                                                         const std::optional<nb::ndarray<>>& a, int64_t rows, int64_t K) const {
+        if (!g && !a) return std::nullopt;
+        if (!g || !a) throw nb::value_error("an adapter's gradient on a grouped product needs lora_g and lora_a together");
+        if (a->ndim() != 3) throw nb::value_error("lora_a must be 3-D [experts, rank, K]");
+        const int64_t r = int64_t(a->shape(1));
+        if (r < 1 || r > kt::kMaxLoraRank)
+            throw nb::value_error(("LoRA rank " + std::to_string(r) + ": kt's grouped LoRA takes ranks 1 .. " +
+                                   std::to_string(kt::kMaxLoraRank)).c_str());
+        return kt::ProductLoraGrad{f32_array(*g, "lora_g", {rows, r}), f32_array(*a, "lora_a", {layer->shape().num_experts, r, K}),
+                                   r};
+    }
+    static const kt::ProductLora* ptr(const std::optional<kt::ProductLora>& l) { return l ? &*l : nullptr; }
+    static const kt::ProductLoraGrad* ptr(const std::optional<kt::ProductLoraGrad>& l) { return l ? &*l : nullptr; }
+
+    // x [rows, H], or x [tokens, H] with token int64 [rows] (row i = x[token[i]]).
+    void grouped_gate_up(const Array& x, const Array& counts, nb::ndarray<> gate_up, std::optional<nb::ndarray<>> token,
+                         std::optional<nb::ndarray<>> lora_a, std::optional<nb::ndarray<>> lora_bt, float lora_scaling,
+                         int64_t lora_blocks, std::optional<nb::ndarray<>> lora_xa) {
+        const int64_t H = layer->shape().hidden, I = layer->shape().intermediate;
+        int64_t rows = 0;
+        const int64_t* c = nullptr;
+        const int64_t* tp = nullptr;
+        if (token) {
+            if (token->ndim() != 1) throw nb::value_error("token must be 1-D [rows]");
+            rows = int64_t(token->shape(0));
+            c = counts_of(counts, x, "x").first;
+            tp = i64_array(*token, "token", {rows});
+        } else {
+            std::tie(c, rows) = counts_of(counts, x, "x");
+        }
+        const int64_t T = token ? int64_t(x.shape(0)) : rows;
+        const float* xp = rows_of(x, "x", T, H);
+        if (tp)
+            for (int64_t i = 0; i < rows; ++i)
+                if (tp[i] < 0 || tp[i] >= T)
+                    throw nb::value_error(("token[" + std::to_string(i) + "] = " + std::to_string(tp[i]) +
+                                           " is out of range for x's " + std::to_string(T) + " rows").c_str());
+        float* gu = out_rows(gate_up, "gate_up", rows, 2 * I);
+        const auto lora = product_lora(lora_a, lora_bt, lora_scaling, lora_blocks, lora_xa, rows, H, 2 * I);
+        ReleaseGil release;
+        layer->grouped_gate_up(xp, tp, rows, c, gu, ptr(lora));
+    }
+    void grouped_down(const Array& h, const Array& counts, nb::ndarray<> y, std::optional<nb::ndarray<>> lora_a,
+                      std::optional<nb::ndarray<>> lora_bt, float lora_scaling, std::optional<nb::ndarray<>> lora_xa) {
         const auto [c, rows] = counts_of(counts, h, "h");
         const int64_t H = layer->shape().hidden, I = layer->shape().intermediate;
         const float* hp = rows_of(h, "h", rows, I);
         float* yp = out_rows(y, "y", rows, H);
+        const auto lora = product_lora(lora_a, lora_bt, lora_scaling, 1, lora_xa, rows, I, H);
         ReleaseGil release;
-        layer->grouped_down(hp, rows, c, yp);
+        layer->grouped_down(hp, rows, c, yp, ptr(lora));
     }
-    void grouped_gate_up_transposed(const Array& dgate_up, const Array& counts, nb::ndarray<> dx) {
+    void grouped_gate_up_transposed(const Array& dgate_up, const Array& counts, nb::ndarray<> dx,
+                                    std::optional<nb::ndarray<>> lora_g, std::optional<nb::ndarray<>> lora_a) {
         const auto [c, rows] = counts_of(counts, dgate_up, "dgate_up");
         const int64_t H = layer->shape().hidden, I = layer->shape().intermediate;
         const float* g = rows_of(dgate_up, "dgate_up", rows, 2 * I);
         float* out = out_rows(dx, "dx", rows, H);
+        const auto lora = product_lora_grad(lora_g, lora_a, rows, H);
         ReleaseGil release;
-        layer->grouped_gate_up_transposed(g, rows, c, out);
+        layer->grouped_gate_up_transposed(g, rows, c, out, ptr(lora));
     }
-    void grouped_down_transposed(const Array& dy, const Array& counts, nb::ndarray<> dh) {
+    void grouped_down_transposed(const Array& dy, const Array& counts, nb::ndarray<> dh, std::optional<nb::ndarray<>> lora_g,
+                                 std::optional<nb::ndarray<>> lora_a) {
         const auto [c, rows] = counts_of(counts, dy, "dy");
         const int64_t H = layer->shape().hidden, I = layer->shape().intermediate;
         const float* d = rows_of(dy, "dy", rows, H);
         float* out = out_rows(dh, "dh", rows, I);
+        const auto lora = product_lora_grad(lora_g, lora_a, rows, I);
         ReleaseGil release;
-        layer->grouped_down_transposed(d, rows, c, out);
+        layer->grouped_down_transposed(d, rows, c, out, ptr(lora));
     }
 
     // A layer with the clamped SwiGLU runs only on kernels that claim it (kt/plugin.h, ABI 1.2).
@@ -494,29 +571,23 @@ struct Layer {
 
 // --- per-expert LoRA over grouped rows (kt.training): float32 C-contiguous CPU arrays ---------
 
-float* f32_array(const nb::ndarray<>& a, const char* name, std::initializer_list<int64_t> shape) {
-    const Array v(a);
-    check_cpu(v, name);
-    check_exact(v, name, nb::dlpack::dtype_code::Float, 32);
-    check_shape(v, name, shape);
-    check_contiguous(v, name);
-    return static_cast<float*>(const_cast<void*>(v.data()));
-}
-
 // (shape, counts) of a LoRA call: x [rows, K], a [E, r, K], b [E, N, r / blocks], counts int64 [E] summing to rows.
+// The rows are x's, or token's when given (x then [tokens, K], rows x[token]); x itself is checked here.
 std::pair<kt::LoraShape, const int64_t*> lora_shape(const nb::ndarray<>& x, const nb::ndarray<>& counts,
-                                                    const nb::ndarray<>& a, const nb::ndarray<>& b, int64_t blocks) {
+                                                    const nb::ndarray<>& a, const nb::ndarray<>& b, int64_t blocks,
+                                                    const std::optional<nb::ndarray<>>& token = std::nullopt) {
     if (x.ndim() != 2 || a.ndim() != 3 || b.ndim() != 3)
         throw nb::value_error("LoRA: x must be 2-D [rows, K], a 3-D [E, r, K] and b 3-D [E, N, r / blocks]");
-    kt::LoraShape s{int64_t(a.shape(0)), int64_t(a.shape(1)), int64_t(a.shape(2)), int64_t(b.shape(1)), int64_t(x.shape(0)),
-                    blocks};
+    if (token && token->ndim() != 1) throw nb::value_error("token must be 1-D [rows]");
+    const int64_t rows = token ? int64_t(token->shape(0)) : int64_t(x.shape(0));
+    kt::LoraShape s{int64_t(a.shape(0)), int64_t(a.shape(1)), int64_t(a.shape(2)), int64_t(b.shape(1)), rows, blocks};
     if (s.rank < 1 || s.rank > kt::kMaxLoraRank)
         throw nb::value_error(("LoRA rank " + std::to_string(s.rank) + ": kt's grouped LoRA takes ranks 1 .. " +
                                std::to_string(kt::kMaxLoraRank)).c_str());
     if (blocks < 1 || s.rank % blocks || s.n % blocks)
         throw nb::value_error(("LoRA blocks=" + std::to_string(blocks) + " must divide the rank (" +
                                std::to_string(s.rank) + ") and N (" + std::to_string(s.n) + ")").c_str());
-    f32_array(x, "x", {s.rows, s.k});
+    f32_array(x, "x", {token ? int64_t(x.shape(0)) : s.rows, s.k});
     f32_array(a, "a", {s.experts, s.rank, s.k});
     f32_array(b, "b", {s.experts, s.n, s.rank / blocks});
     const Array c(counts);
@@ -548,31 +619,30 @@ void lora_forward(nb::ndarray<> x, nb::ndarray<> counts, nb::ndarray<> a, nb::nd
 }
 
 void lora_backward(nb::ndarray<> dy, nb::ndarray<> x, nb::ndarray<> xa, nb::ndarray<> counts, nb::ndarray<> a,
-                   nb::ndarray<> b, float scaling, nb::ndarray<> dx, nb::ndarray<> da, nb::ndarray<> db, int64_t blocks,
-                   bool accumulate_dx) {
-    const auto [s, c] = lora_shape(x, counts, a, b, blocks);
+                   nb::ndarray<> b, float scaling, std::optional<nb::ndarray<>> dx, nb::ndarray<> da, nb::ndarray<> db,
+                   int64_t blocks, bool accumulate_dx, std::optional<nb::ndarray<>> g, std::optional<nb::ndarray<>> token) {
+    if (!dx == !g) throw nb::value_error("grouped_lora_backward takes dx or g (the base product adds g A_e), one of them");
+    const auto [s, c] = lora_shape(x, counts, a, b, blocks, token);
+    const int64_t tokens = int64_t(x.shape(0));
     const float* dyp = f32_array(dy, "dy", {s.rows, s.n});
     const float* xap = f32_array(xa, "xa", {s.rows, s.rank});
-    float* dxp = f32_array(dx, "dx", {s.rows, s.k});
+    float* dxp = dx ? f32_array(*dx, "dx", {s.rows, s.k}) : nullptr;
+    float* gp = g ? f32_array(*g, "g", {s.rows, s.rank}) : nullptr;
     float* dap = f32_array(da, "da", {s.experts, s.rank, s.k});
     float* dbp = f32_array(db, "db", {s.experts, s.n, s.rank / blocks});
     const float* xp = static_cast<const float*>(x.data());
+    const int64_t* tp = token ? i64_array(*token, "token", {s.rows}) : nullptr;
+    for (int64_t i = 0; tp && i < s.rows; ++i)
+        if (tp[i] < 0 || tp[i] >= tokens)
+            throw nb::value_error(("token[" + std::to_string(i) + "] = " + std::to_string(tp[i]) + " is out of range for x's " +
+                                   std::to_string(tokens) + " rows").c_str());
     const float* ap = static_cast<const float*>(a.data());
     const float* bp = static_cast<const float*>(b.data());
     ReleaseGil release;
-    kt::grouped_lora_backward(s, c, dyp, xp, xap, ap, bp, scaling, dxp, dap, dbp, accumulate_dx);
+    kt::grouped_lora_backward(s, c, dyp, xp, xap, ap, bp, scaling, dxp, dap, dbp, accumulate_dx, gp, tp);
 }
 
 // --- training's row passes (kt.training): float32 / int64 C-contiguous CPU arrays ------------
-
-const int64_t* i64_array(const nb::ndarray<>& a, const char* name, std::initializer_list<int64_t> shape) {
-    const Array v(a);
-    check_cpu(v, name);
-    check_exact(v, name, nb::dlpack::dtype_code::Int, 64);
-    check_shape(v, name, shape);
-    check_contiguous(v, name);
-    return static_cast<const int64_t*>(v.data());
-}
 
 void gather_rows(nb::ndarray<> x, nb::ndarray<> token, nb::ndarray<> rows) {
     if (x.ndim() != 2 || token.ndim() != 1) throw nb::value_error("gather_rows: x must be [tokens, width], token [rows]");
@@ -917,9 +987,10 @@ NB_MODULE(_native, m) {
           "out += scaling * (x A_eᵀ) B_eᵀ per expert's rows (grouped by counts; B block-diagonal in `blocks` parts); "
           "xa = x A_eᵀ");
     m.def("grouped_lora_backward", &lora_backward, "dy"_a, "x"_a, "xa"_a, "counts"_a, "a"_a, "b"_a, "scaling"_a, "dx"_a,
-          "da"_a, "db"_a, "blocks"_a = 1, "accumulate_dx"_a = false,
+          "da"_a, "db"_a, "blocks"_a = 1, "accumulate_dx"_a = false, "g"_a = nb::none(), "token"_a = nb::none(),
           "the gradients of grouped_lora_forward's x, a and b from that of out (overwritten; dx added to with "
-          "accumulate_dx)");
+          "accumulate_dx; with dx None, g = scaling dy B_e written for a product's lora_g; with token, x is "
+          "[tokens, K] and the rows x[token])");
     m.def("pool_job_pending", [] { return kt::global_pool().job_pending(); });
     m.def("_at_exit", &at_exit);
     nb::module_::import_("atexit").attr("register")(m.attr("_at_exit"));
@@ -981,10 +1052,15 @@ NB_MODULE(_native, m) {
              "weight_dtype"_a = std::vector<int>{}, "swiglu_limit"_a = 0.0f, "swiglu_alpha"_a = 0.0f,
              "packer"_a = nb::none(), "expert_bias"_a = false)
         .def("set_expert_bias", &Layer::set_expert_bias, "expert"_a, "gate"_a, "up"_a, "down"_a)
-        .def("grouped_gate_up", &Layer::grouped_gate_up, "x"_a, "counts"_a, "gate_up"_a)
-        .def("grouped_down", &Layer::grouped_down, "h"_a, "counts"_a, "y"_a)
-        .def("grouped_gate_up_transposed", &Layer::grouped_gate_up_transposed, "dgate_up"_a, "counts"_a, "dx"_a)
-        .def("grouped_down_transposed", &Layer::grouped_down_transposed, "dy"_a, "counts"_a, "dh"_a)
+        .def("grouped_gate_up", &Layer::grouped_gate_up, "x"_a, "counts"_a, "gate_up"_a, "token"_a = nb::none(),
+             "lora_a"_a = nb::none(), "lora_bt"_a = nb::none(), "lora_scaling"_a = 1.0f, "lora_blocks"_a = 1,
+             "lora_xa"_a = nb::none())
+        .def("grouped_down", &Layer::grouped_down, "h"_a, "counts"_a, "y"_a, "lora_a"_a = nb::none(), "lora_bt"_a = nb::none(),
+             "lora_scaling"_a = 1.0f, "lora_xa"_a = nb::none())
+        .def("grouped_gate_up_transposed", &Layer::grouped_gate_up_transposed, "dgate_up"_a, "counts"_a, "dx"_a,
+             "lora_g"_a = nb::none(), "lora_a"_a = nb::none())
+        .def("grouped_down_transposed", &Layer::grouped_down_transposed, "dy"_a, "counts"_a, "dh"_a, "lora_g"_a = nb::none(),
+             "lora_a"_a = nb::none())
         .def_prop_ro("training_support", [](const Layer& l) { return l.layer->training_support(); })
         .def_prop_ro("expert_bias", [](const Layer& l) { return l.layer->expert_bias(); })
         .def("load_expert", &Layer::load_expert, "expert"_a, "gate"_a, "up"_a, "down"_a, "gate_scale"_a = nb::none(),

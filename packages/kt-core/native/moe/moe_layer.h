@@ -4,6 +4,7 @@
 #include <kt/plugin.h>
 
 #include "memory/numa_allocator.h"
+#include "moe/grouped_lora.h"
 
 #include <cstdint>
 #include <memory>
@@ -96,14 +97,21 @@ public:
     // expert with rows must be loaded (std::invalid_argument naming the first that is not).
     // x [rows, H] -> gate_up [rows, 2I]: the raw products x·gateᵀ in columns [0, I) and x·upᵀ in
     // [I, 2I) (transformers' fused gate_up order; ABI 1.4's raw tile; x is quantized as the method's
-    // forward quantizes activations).
-    void grouped_gate_up(const float* x, int64_t rows, const int64_t* counts, float* gate_up) const;
+    // forward quantizes activations). With `token`, x is [tokens, H] and row i is x[token[i]]: the
+    // rows are quantized straight from x, never gathered into a [rows, H] copy.
+    // Each product takes an optional adapter riding on it (grouped_lora.h): its term is added to
+    // the output tile by tile (the gate/up adapter's blocks are 1 or 2: gate and up their own rank
+    // slices; down's 1).
+    void grouped_gate_up(const float* x, const int64_t* token, int64_t rows, const int64_t* counts, float* gate_up,
+                         const ProductLora* lora = nullptr) const;
     // h [rows, I] -> y [rows, H] = h·downᵀ.
-    void grouped_down(const float* h, int64_t rows, const int64_t* counts, float* y) const;
+    void grouped_down(const float* h, int64_t rows, const int64_t* counts, float* y, const ProductLora* lora = nullptr) const;
     // ABI 1.5's transposed tiles, gradients used as given: dgate_up [rows, 2I] (dgate | dup) ->
     // dx [rows, H] = dgate·gate + dup·up, and dy [rows, H] -> dh [rows, I] = dy·down.
-    void grouped_gate_up_transposed(const float* dgate_up, int64_t rows, const int64_t* counts, float* dx) const;
-    void grouped_down_transposed(const float* dy, int64_t rows, const int64_t* counts, float* dh) const;
+    void grouped_gate_up_transposed(const float* dgate_up, int64_t rows, const int64_t* counts, float* dx,
+                                    const ProductLoraGrad* lora = nullptr) const;
+    void grouped_down_transposed(const float* dy, int64_t rows, const int64_t* counts, float* dh,
+                                 const ProductLoraGrad* lora = nullptr) const;
     // Whether this layer's kernels (or its small-batch ones) can run the four above, and if not why.
     std::string training_support() const;
     // The kernels a forward of `tokens` tokens runs.

@@ -485,34 +485,48 @@ class MoE:
             return torch.empty((rows, width), dtype=torch.float32)
         return np.empty((rows, width), dtype=np.float32)
 
-    def grouped_gate_up(self, x, counts, out=None):
+    def grouped_gate_up(self, x, counts, out=None, *, token=None, lora=None):
         """x float32 [rows, hidden] -> float32 [rows, 2 * intermediate]: x·gateᵀ in the first half of each
         row, x·upᵀ in the second (transformers' fused gate_up order), no activation. Each grouped_*
-        product writes into `out` when given (a float32 C-contiguous array of the result's shape)."""
-        x, c = self._grouped_args(x, counts, "x")
-        gate_up = self._result(out, x, 2 * self.intermediate_size)
-        self._layer.grouped_gate_up(x, c, gate_up)
+        product writes into `out` when given (a float32 C-contiguous array of the result's shape).
+        token int64 [rows]: x is [tokens, hidden] and the rows are x[token] (quantized straight from x,
+        no gathered copy). lora: a kt_core.lora.ProductLora (blocks 1 or 2) whose term the product adds."""
+        x = _arrays.to_cpu_contiguous(x, "x")
+        c = _arrays.as_int64(counts, "counts")
+        if token is not None:
+            token = _arrays.as_int64(token, "token")
+        gate_up = self._result(out, token if token is not None else x, 2 * self.intermediate_size)
+        if lora is None:
+            self._layer.grouped_gate_up(x, c, gate_up, token)
+        else:
+            self._layer.grouped_gate_up(x, c, gate_up, token, lora.a, lora.bt, float(lora.scaling), int(lora.blocks), lora.xa)
         return gate_up
 
-    def grouped_down(self, h, counts, out=None):
-        """h float32 [rows, intermediate] -> h·downᵀ float32 [rows, hidden]."""
+    def grouped_down(self, h, counts, out=None, *, lora=None):
+        """h float32 [rows, intermediate] -> h·downᵀ float32 [rows, hidden] (lora: a ProductLora, blocks 1)."""
         h, c = self._grouped_args(h, counts, "h")
         y = self._result(out, h, self.hidden_size)
-        self._layer.grouped_down(h, c, y)
+        if lora is None:
+            self._layer.grouped_down(h, c, y)
+        else:
+            if lora.blocks != 1:
+                raise ValueError(f"the down adapter's blocks must be 1, got {lora.blocks}")
+            self._layer.grouped_down(h, c, y, lora.a, lora.bt, float(lora.scaling), lora.xa)
         return y
 
-    def grouped_gate_up_transposed(self, dgate_up, counts, out=None):
-        """dgate_up float32 [rows, 2 * intermediate] (dgate | dup) -> dgate·gate + dup·up float32 [rows, hidden]."""
+    def grouped_gate_up_transposed(self, dgate_up, counts, out=None, *, lora=None):
+        """dgate_up float32 [rows, 2 * intermediate] (dgate | dup) -> dgate·gate + dup·up float32 [rows, hidden]
+        (+ g·A_e with lora, a kt_core.lora.ProductLoraGrad)."""
         g, c = self._grouped_args(dgate_up, counts, "dgate_up")
         dx = self._result(out, g, self.hidden_size)
-        self._layer.grouped_gate_up_transposed(g, c, dx)
+        self._layer.grouped_gate_up_transposed(g, c, dx, *((lora.g, lora.a) if lora is not None else ()))
         return dx
 
-    def grouped_down_transposed(self, dy, counts, out=None):
-        """dy float32 [rows, hidden] -> dy·down float32 [rows, intermediate]."""
+    def grouped_down_transposed(self, dy, counts, out=None, *, lora=None):
+        """dy float32 [rows, hidden] -> dy·down float32 [rows, intermediate] (+ g·A_e with lora)."""
         dy, c = self._grouped_args(dy, counts, "dy")
         dh = self._result(out, dy, self.intermediate_size)
-        self._layer.grouped_down_transposed(dy, c, dh)
+        self._layer.grouped_down_transposed(dy, c, dh, *((lora.g, lora.a) if lora is not None else ()))
         return dh
 
 

@@ -5,7 +5,8 @@
     grads = step.backward(saved, grad_out)                  # StepGrads: x, weights, the adapters' factors
 
 kt's grouped products with the frozen packed weights (`MoE.grouped_*`, forward and transposed),
-kt_core.lora's per-expert adapters and kt_core.rows' row passes:
+kt_core.lora's per-expert adapters riding on them (each adapter's term added to its product's
+output tiles) and kt_core.rows' row passes:
 
     rows = x[token]                                         (grouped by expert: Routing)
     gu   = rows·[gate|up]ᵀ + s·(rows·A_guᵀ)·B_guᵀ (+ b_gu)  (B_gu block-diagonal for separate gate/up adapters)
@@ -16,10 +17,11 @@ Experts with biases and the clamped SwiGLU (GPT-OSS: MoE(expert_bias=True, swigl
 their frozen biases per expert around the products and gate with that activation instead of SiLU;
 the routing weights' gradient then carries down's bias too (dw = <dy, h_u·downᵀ + b_d>).
 
-Backward runs the same chain in reverse, the adapters' input gradients added in place into the base
-products' (kt_core.lora's accumulate_dx). A saved forward holds x, the routing, gu ([rows, 2I]), the
-routing weights per row and the adapters' x·Aᵀ; backward re-gathers rows and recomputes h (one
-pass each) instead of keeping them.
+Backward runs the same chain in reverse: each adapter's factor gradients first (reading x[token]
+where x lies, never a gathered copy), then its share g·A_e of the input gradient added by the base
+transposed product. A saved forward holds x, the routing, gu ([rows, 2I]), the routing weights per
+row and the adapters' x·Aᵀ; backward recomputes h (one pass) instead of keeping it. The rows
+x[token] are never gathered into a [rows, H] copy, except for full fine-tuning's weight gradients.
 
 The step's large temporaries ([rows, H], [rows, 2I], [rows, I]) come from `ExpertStep.buffers`, a
 pool shared by every layer and reused across steps: a fresh 100 MB tensor costs ~35 ms of page
@@ -38,7 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .lora import grouped_lora_backward, grouped_lora_forward
+from .lora import ProductLora, ProductLoraGrad, grouped_lora_backward
 from .moe import MoE
 from .rows import Routing, gated_rows_backward, gated_rows_forward, gather_rows, sum_rows
 
@@ -134,6 +136,11 @@ def expert_bias_grads(routing: Routing, dgate_up: torch.Tensor, dy: torch.Tensor
         yield e, dgate_up[r].sum(dim=0), picked[r] @ dy[r]
 
 
+def _transposed(b: torch.Tensor) -> torch.Tensor:
+    """An adapter's B [E, N, r'] as the products take it, B_eᵀ [E, r', N]."""
+    return b.transpose(1, 2).contiguous()
+
+
 def _expert_rows(splits: list[int]):
     """(expert, its rows as a slice) of each expert with rows, in the rows' order."""
     start = 0
@@ -172,25 +179,24 @@ class ExpertStep:
         x = x.float().contiguous()
         routing = Routing.of(ids.to(torch.int64), moe.num_experts)
         S, counts = routing.token.numel(), routing.counts
-        rows = buf.take(S, H)
-        gather_rows(x, routing.token, rows)
-        gate_up = moe.grouped_gate_up(rows, counts, out=buf.take(S, 2 * I))
-        xa_gate_up = xa_down = None
+        # The rows x[token] are quantized straight from x, and each adapter rides on its base product.
+        xa_gate_up = xa_down = lora = None
         if adapters is not None and adapters.gate_up_a is not None:
             xa_gate_up = torch.empty((S, adapters.gate_up_a.shape[1]), dtype=torch.float32)
-            grouped_lora_forward(rows, counts, adapters.gate_up_a, adapters.gate_up_b, adapters.scaling, xa_gate_up,
-                                 gate_up, blocks=adapters.blocks)
-        buf.give(rows)
+            lora = ProductLora(adapters.gate_up_a, _transposed(adapters.gate_up_b), adapters.scaling, xa_gate_up,
+                               adapters.blocks)
+        gate_up = moe.grouped_gate_up(x, counts, out=buf.take(S, 2 * I), token=routing.token, lora=lora)
         biases = self._biases()
         if biases is not None:
             _expert_rows_add(gate_up, routing.splits, biases[0])
         picked = weights.float().reshape(-1).index_select(0, routing.slot).contiguous()
         h = buf.take(S, I)
         gated_rows_forward(gate_up, picked, h, self.swiglu)
-        y = moe.grouped_down(h, counts, out=buf.take(S, H))
+        lora = None
         if adapters is not None and adapters.down_a is not None:
             xa_down = torch.empty((S, adapters.down_a.shape[1]), dtype=torch.float32)
-            grouped_lora_forward(h, counts, adapters.down_a, adapters.down_b, adapters.scaling, xa_down, y)
+            lora = ProductLora(adapters.down_a, _transposed(adapters.down_b), adapters.scaling, xa_down)
+        y = moe.grouped_down(h, counts, out=buf.take(S, H), lora=lora)
         if biases is not None:
             _expert_rows_add(y, routing.splits, biases[1], picked)
         buf.give(h)
@@ -218,16 +224,21 @@ class ExpertStep:
         g = grad_out.float().contiguous()
         dy = buf.take(S, H)
         gather_rows(g, routing.token, dy)
-        dh = moe.grouped_down_transposed(dy, counts, out=buf.take(S, I))
         h = None
         if lora_d or weight_grads is not None:
             h = buf.take(S, I)
             gated_rows_forward(saved.gate_up, saved.picked, h, self.swiglu)
         grads = StepGrads(x=None, weights=None)
+        # Each adapter's factors' gradients first; its share of the input gradient, g·A_e, rides on
+        # the base transposed product.
+        lora = None
         if lora_d:
             grads.down_a, grads.down_b = torch.empty_like(ad.down_a), torch.empty_like(ad.down_b)
-            grouped_lora_backward(dy, h, saved.xa_down, counts, ad.down_a, ad.down_b, ad.scaling, dh, grads.down_a,
-                                  grads.down_b, accumulate_dx=True)
+            g_down = torch.empty_like(saved.xa_down)
+            grouped_lora_backward(dy, h, saved.xa_down, counts, ad.down_a, ad.down_b, ad.scaling, None, grads.down_a,
+                                  grads.down_b, g=g_down)
+            lora = ProductLoraGrad(g_down, ad.down_a)
+        dh = moe.grouped_down_transposed(dy, counts, out=buf.take(S, I), lora=lora)
         dgate_up, dpicked = buf.take(S, 2 * I), torch.empty_like(saved.picked)
         gated_rows_backward(dh, saved.gate_up, saved.picked, dgate_up, dpicked, self.swiglu)
         biases = self._biases()
@@ -235,15 +246,19 @@ class ExpertStep:
             for e, rows in _expert_rows(routing.splits):
                 dpicked[rows].addmv_(dy[rows], biases[1][e])
         buf.give(dh, saved.gate_up)
-        drows = moe.grouped_gate_up_transposed(dgate_up, counts, out=buf.take(S, H))
-        rows = None
-        if lora_gu or weight_grads is not None:
-            rows = buf.take(S, H)
-            gather_rows(saved.x, routing.token, rows)
+        lora = None
         if lora_gu:
             grads.gate_up_a, grads.gate_up_b = torch.empty_like(ad.gate_up_a), torch.empty_like(ad.gate_up_b)
-            grouped_lora_backward(dgate_up, rows, saved.xa_gate_up, counts, ad.gate_up_a, ad.gate_up_b, ad.scaling,
-                                  drows, grads.gate_up_a, grads.gate_up_b, blocks=ad.blocks, accumulate_dx=True)
+            g_gate_up = torch.empty_like(saved.xa_gate_up)
+            grouped_lora_backward(dgate_up, saved.x, saved.xa_gate_up, counts, ad.gate_up_a, ad.gate_up_b, ad.scaling,
+                                  None, grads.gate_up_a, grads.gate_up_b, blocks=ad.blocks, g=g_gate_up,
+                                  token=routing.token)
+            lora = ProductLoraGrad(g_gate_up, ad.gate_up_a)
+        drows = moe.grouped_gate_up_transposed(dgate_up, counts, out=buf.take(S, H), lora=lora)
+        rows = None
+        if weight_grads is not None:
+            rows = buf.take(S, H)
+            gather_rows(saved.x, routing.token, rows)
         T = saved.x.shape[0]
         grads.x = buf.take(T, H) if pooled_output else torch.empty((T, H), dtype=torch.float32)
         sum_rows(drows, routing.row_of_slot, grads.x)

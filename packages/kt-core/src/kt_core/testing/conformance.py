@@ -178,6 +178,66 @@ def test_grouped_products_match_reference(kt_variant, kt_tolerance, hidden, inte
         assert err <= tol, f"{layer.backend} {method} grouped {name}: error {err:.3e} vs reference exceeds {tol:.1e}"
 
 
+# ~90 rows for each of 9 experts (one tile per expert on up to 2 threads): the forward products'
+# kernel calls take a slice of the tile's columns each (176 + 16 of gate/up's, 368 + 16 of down's),
+# the adapter's epilogue following each call (grouped_products.cpp's epilogue_columns).
+@pytest.mark.parametrize("hidden,intermediate,counts", [(128, 96, (5, 0, 1, 37, 0, 16)),
+                                                        (384, 192, (100, 0, 110, 95, 100, 3, 90, 105, 100, 97))])
+@pytest.mark.parametrize("blocks", [1, 2])
+def test_grouped_products_with_gathered_rows_and_riding_adapters(kt_variant, blocks, hidden, intermediate, counts):
+    """What a training step runs (kt_core.training_step): gate/up on rows x[token] quantized straight
+    from x, each product with a LoRA adapter riding on it (its term added to the output tile by tile;
+    kt_core.lora.ProductLora / ProductLoraGrad), against the same products on gathered rows followed
+    by grouped_lora_forward / grouped_lora_backward's own passes: the same arithmetic in kt-core, and
+    the backend's activation rows quantized one at a time instead of an expert's together (kt/plugin.h:
+    rows are independent) — within 1e-6 of the largest value (measured: equal)."""
+    from kt_core.lora import ProductLora, ProductLoraGrad, grouped_lora_backward, grouped_lora_forward
+
+    rank, E = 4, len(counts)
+    layer, _, rng = _pair(kt_variant, experts=E, hidden=hidden, intermediate=intermediate, top_k=2, trainable=True)
+    counts = np.array(counts, dtype=np.int64)
+    rows = int(counts.sum())
+    x = rng.standard_normal((23, hidden)).astype(np.float32)
+    token = rng.integers(0, 23, rows).astype(np.int64)
+    h = rng.standard_normal((rows, intermediate)).astype(np.float32)
+    dgate_up = rng.standard_normal((rows, 2 * intermediate)).astype(np.float32)
+    dy = rng.standard_normal((rows, hidden)).astype(np.float32)
+    f32 = lambda *shape: (rng.standard_normal(shape) * 0.1).astype(np.float32)  # noqa: E731
+    a_gu, b_gu = f32(E, 2 * rank, hidden), f32(E, 2 * intermediate, 2 * rank // blocks)
+    a_d, b_d = f32(E, rank, intermediate), f32(E, hidden, rank)
+    bt = lambda b: np.ascontiguousarray(b.transpose(0, 2, 1))  # noqa: E731
+    empty = lambda *shape: np.empty(shape, np.float32)  # noqa: E731
+
+    xa_gu, xa_d = empty(rows, 2 * rank), empty(rows, rank)
+    fused = {"gate_up": layer.grouped_gate_up(x, counts, token=token, lora=ProductLora(a_gu, bt(b_gu), 0.5, xa_gu, blocks)),
+             "down": layer.grouped_down(h, counts, lora=ProductLora(a_d, bt(b_d), 0.5, xa_d))}
+    g_gu, g_d = empty(rows, 2 * rank), empty(rows, rank)
+    fused_grads = [empty(*a.shape) for a in (a_gu, b_gu, a_d, b_d)]
+    grouped_lora_backward(dgate_up, x, xa_gu, counts, a_gu, b_gu, 0.5, None, *fused_grads[:2], blocks=blocks, g=g_gu,
+                          token=token)
+    grouped_lora_backward(dy, h, xa_d, counts, a_d, b_d, 0.5, None, *fused_grads[2:], g=g_d)
+    fused["gate_up^T"] = layer.grouped_gate_up_transposed(dgate_up, counts, lora=ProductLoraGrad(g_gu, a_gu))
+    fused["down^T"] = layer.grouped_down_transposed(dy, counts, lora=ProductLoraGrad(g_d, a_d))
+
+    gathered = np.ascontiguousarray(x[token])
+    want = {"gate_up": layer.grouped_gate_up(gathered, counts), "down": layer.grouped_down(h, counts),
+            "gate_up^T": layer.grouped_gate_up_transposed(dgate_up, counts), "down^T": layer.grouped_down_transposed(dy, counts)}
+    want_xa = {"gate_up": empty(rows, 2 * rank), "down": empty(rows, rank)}
+    grouped_lora_forward(gathered, counts, a_gu, b_gu, 0.5, want_xa["gate_up"], want["gate_up"], blocks=blocks)
+    grouped_lora_forward(h, counts, a_d, b_d, 0.5, want_xa["down"], want["down"])
+    want_grads = [empty(*a.shape) for a in (a_gu, b_gu, a_d, b_d)]
+    grouped_lora_backward(dgate_up, gathered, xa_gu, counts, a_gu, b_gu, 0.5, want["gate_up^T"], *want_grads[:2],
+                          blocks=blocks, accumulate_dx=True)
+    grouped_lora_backward(dy, h, xa_d, counts, a_d, b_d, 0.5, want["down^T"], *want_grads[2:], accumulate_dx=True)
+
+    checks = [*((n, fused[n], want[n]) for n in want), ("xa gate_up", xa_gu, want_xa["gate_up"]),
+              ("xa down", xa_d, want_xa["down"]),
+              *((n, g, w) for n, g, w in zip(("dA gate_up", "dB gate_up", "dA down", "dB down"), fused_grads, want_grads))]
+    for name, got, ref in checks:
+        err = float(np.abs(got - ref).max() / np.abs(ref).max())
+        assert err <= 1e-6, f"{layer.backend} {kt_variant[2]} {name} with the adapter riding: {err:.3e} off the separate passes"
+
+
 @pytest.mark.parametrize("hidden,intermediate", [(256, 192), (96, 160)])
 def test_grouped_transposed_products_with_fast_activations(kt_variant, hidden, intermediate):
     """With fast_activations a backend may take the transposed products in bf16: the gradients
