@@ -266,9 +266,16 @@ template <class Tiles>
     float* g = g_out ? g_out : p.sxa.data();   // [rows, r]
     const int64_t rb = s.rank / s.blocks, nb = s.n / s.blocks;
     p.dbt.resize(size_t(rb * s.n));
-    for (int64_t q = 0; q < s.blocks; ++q) {
-        project<Tiles>(rows, rb, nb, dy + q * nb, nullptr, s.n, p.bt.data() + q * nb, s.n, g + q * rb, s.rank, scaling);
-        wide<Tiles>(rb, rows, nb, xa + q * rb, 1, s.rank, dy + q * nb, s.n, p.dbt.data() + q * nb, s.n, false);
+    // g and dBᵀ from the same rows of dy while they are in L1/L2, a chunk at a time (dBᵀ's sums
+    // carried in memory between chunks, in the same order: the same result as whole).
+    for (int64_t r0 = 0; r0 < rows; r0 += kGatherRows) {
+        const int64_t n = std::min(kGatherRows, rows - r0);
+        const float* d = dy + r0 * s.n;
+        for (int64_t q = 0; q < s.blocks; ++q) {
+            project<Tiles>(n, rb, nb, d + q * nb, nullptr, s.n, p.bt.data() + q * nb, s.n, g + r0 * s.rank + q * rb, s.rank,
+                           scaling);
+            wide<Tiles>(rb, n, nb, xa + r0 * s.rank + q * rb, 1, s.rank, d + q * nb, s.n, p.dbt.data() + q * nb, s.n, r0 > 0);
+        }
     }
     for (int64_t n = 0; n < s.n; ++n)
         for (int64_t j = 0; j < rb; ++j) db[n * rb + j] = scaling * p.dbt[size_t(j * s.n + n)];
