@@ -71,6 +71,9 @@ for E, K, N, r, blocks, acc in [(3, 40, 20, 1, 1, False), (4, 64, 128, 8, 1, Tru
     xt[token] = x
     g_out, da2, db2 = np.empty((S, r), np.float32), np.empty_like(a), np.empty_like(b)
     grouped_lora_backward(dy, xt, xa, counts, a, b, 0.5, None, da2, db2, blocks=blocks, g=g_out, token=token)
+    g_out2, db3 = np.empty((S, r), np.float32), np.empty_like(b)
+    grouped_lora_backward(dy, None, xa, counts, a, b, 0.5, None, None, db3, blocks=blocks, g=g_out2)   # dA left out
+    assert np.array_equal(g_out2, g_out) and np.array_equal(db3, db2), (E, K, N, r, blocks, "without x")
     for k, got_k, want_k in (("g", g_out, g), ("da", da2, want["da"]), ("db", db2, want["db"])):
         err = np.abs(got_k - want_k).max() / max(np.abs(want_k).max(), 1e-30)
         assert err < 1e-5, (E, K, N, r, blocks, "token/g", k, err)
@@ -129,5 +132,9 @@ def test_refuses_bad_arguments():
     with pytest.raises(ValueError, match=r"token\[2\] = 9 is out of range for x's 4 rows"):
         grouped_lora_backward(out, x, xa, counts, a, b, 1.0, None, *grads, g=np.zeros((4, 2), np.float32),
                               token=np.array([0, 1, 9, 2], np.int64))
+    with pytest.raises(ValueError, match="x and da go together"):
+        grouped_lora_backward(out, None, xa, counts, a, b, 1.0, None, grads[0], grads[1], g=np.zeros((4, 2), np.float32))
+    with pytest.raises(ValueError, match="dx and token need x"):
+        grouped_lora_backward(out, None, xa, counts, a, b, 1.0, np.zeros_like(x), None, grads[1])
     with pytest.raises(ValueError, match=r"g must have shape \[4, 2\]"):
         grouped_lora_backward(out, x, xa, counts, a, b, 1.0, None, *grads, g=np.zeros((4, 3), np.float32))

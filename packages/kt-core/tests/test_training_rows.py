@@ -31,6 +31,19 @@ for S, I in [(37, 50), (5, 16), (64, 768)]:
              "dw": (d64 * g * s * u).sum(axis=1)}
     for name, got in (("dgate", dgu[:, :I]), ("dup", dgu[:, I:]), ("dw", dw)):
         assert np.abs(got - wants[name]).max() <= 1e-5 * np.abs(wants[name]).max(), (name, S, I)
+    # With rows grouped by expert, the down adapter's dA_e = sum of g[i]ᵀ h[i] over e's rows from the
+    # same pass (h recomputed in chunks of rows): the same gradients, and dA (zero for an empty expert).
+    counts = np.array([S - S // 3, 0, S // 3], np.int64)
+    rank = 3
+    gl = rng.standard_normal((S, rank)).astype(np.float32)
+    da = np.full((3, rank, I), np.nan, np.float32)
+    dgu2, dw2 = np.empty_like(gu), np.empty_like(w)
+    gated_rows_backward(dh, gu, w, dgu2, dw2, counts=counts, g=gl, da=da)
+    assert np.array_equal(dgu2, dgu) and np.array_equal(dw2, dw), ("gradients with dA", S, I)
+    e_of = np.repeat(np.arange(3), counts)
+    want_da = np.stack([gl[e_of == e].astype(np.float64).T @ want[e_of == e] for e in range(3)])
+    assert np.abs(da - want_da).max() <= 1e-5 * np.abs(want_da).max(), ("dA", S, I)
+    assert not da[1].any()
 
     # The shaped activations: GPT-OSS's clamped SwiGLU (limit, alpha), DeepSeek-V4's clamped SiLU
     # (limit, 0), a sigmoid slope without clamps (0, alpha). Inputs across both limits, and exactly on
@@ -79,6 +92,21 @@ def test_gated_rows_match_numpy_float64(level):
     r = run_python(CHECK, KT_MAX_ISA=level)
     assert r.returncode == 0, r.stderr
     assert "ok" in r.stdout
+
+
+def test_gated_backward_with_an_adapter_refuses_bad_arguments():
+    from kt_core.rows import gated_rows_backward
+
+    S, I = 6, 16
+    gu, dh, w = np.zeros((S, 2 * I), np.float32), np.zeros((S, I), np.float32), np.zeros(S, np.float32)
+    out = (np.zeros_like(gu), np.zeros_like(w))
+    g, da = np.zeros((S, 2), np.float32), np.zeros((2, 2, I), np.float32)
+    with pytest.raises(ValueError, match="needs counts, g and da together"):
+        gated_rows_backward(dh, gu, w, *out, g=g, da=da)
+    with pytest.raises(ValueError, match="counts sum to 5 rows; gate_up holds 6"):
+        gated_rows_backward(dh, gu, w, *out, counts=np.array([5, 0], np.int64), g=g, da=da)
+    with pytest.raises(ValueError, match=r"g must have shape \[6, 2\]"):
+        gated_rows_backward(dh, gu, w, *out, counts=np.array([6, 0], np.int64), g=np.zeros((S, 3), np.float32), da=da)
 
 
 def test_gather_and_sum_are_each_others_adjoint():

@@ -575,7 +575,8 @@ struct Layer {
 // The rows are x's, or token's when given (x then [tokens, K], rows x[token]); x itself is checked here.
 std::pair<kt::LoraShape, const int64_t*> lora_shape(const nb::ndarray<>& x, const nb::ndarray<>& counts,
                                                     const nb::ndarray<>& a, const nb::ndarray<>& b, int64_t blocks,
-                                                    const std::optional<nb::ndarray<>>& token = std::nullopt) {
+                                                    const std::optional<nb::ndarray<>>& token = std::nullopt,
+                                                    bool check_x = true) {
     if (x.ndim() != 2 || a.ndim() != 3 || b.ndim() != 3)
         throw nb::value_error("LoRA: x must be 2-D [rows, K], a 3-D [E, r, K] and b 3-D [E, N, r / blocks]");
     if (token && token->ndim() != 1) throw nb::value_error("token must be 1-D [rows]");
@@ -587,7 +588,7 @@ std::pair<kt::LoraShape, const int64_t*> lora_shape(const nb::ndarray<>& x, cons
     if (blocks < 1 || s.rank % blocks || s.n % blocks)
         throw nb::value_error(("LoRA blocks=" + std::to_string(blocks) + " must divide the rank (" +
                                std::to_string(s.rank) + ") and N (" + std::to_string(s.n) + ")").c_str());
-    f32_array(x, "x", {token ? int64_t(x.shape(0)) : s.rows, s.k});
+    if (check_x) f32_array(x, "x", {token ? int64_t(x.shape(0)) : s.rows, s.k});
     f32_array(a, "a", {s.experts, s.rank, s.k});
     f32_array(b, "b", {s.experts, s.n, s.rank / blocks});
     const Array c(counts);
@@ -618,19 +619,24 @@ void lora_forward(nb::ndarray<> x, nb::ndarray<> counts, nb::ndarray<> a, nb::nd
     kt::grouped_lora_forward(s, c, xp, ap, bp, scaling, xap, op);
 }
 
-void lora_backward(nb::ndarray<> dy, nb::ndarray<> x, nb::ndarray<> xa, nb::ndarray<> counts, nb::ndarray<> a,
-                   nb::ndarray<> b, float scaling, std::optional<nb::ndarray<>> dx, nb::ndarray<> da, nb::ndarray<> db,
-                   int64_t blocks, bool accumulate_dx, std::optional<nb::ndarray<>> g, std::optional<nb::ndarray<>> token) {
+void lora_backward(nb::ndarray<> dy, std::optional<nb::ndarray<>> x_or_none, nb::ndarray<> xa, nb::ndarray<> counts,
+                   nb::ndarray<> a, nb::ndarray<> b, float scaling, std::optional<nb::ndarray<>> dx,
+                   std::optional<nb::ndarray<>> da, nb::ndarray<> db, int64_t blocks, bool accumulate_dx,
+                   std::optional<nb::ndarray<>> g, std::optional<nb::ndarray<>> token) {
     if (!dx == !g) throw nb::value_error("grouped_lora_backward takes dx or g (the base product adds g A_e), one of them");
-    const auto [s, c] = lora_shape(x, counts, a, b, blocks, token);
+    if (!x_or_none != !da) throw nb::value_error("grouped_lora_backward: x and da go together (both None: dA left to the caller)");
+    if (!x_or_none && (dx || token)) throw nb::value_error("grouped_lora_backward: dx and token need x");
+    // Without x the rows are counted on dy.
+    const nb::ndarray<> x = x_or_none ? *x_or_none : dy;
+    const auto [s, c] = lora_shape(x, counts, a, b, blocks, token, bool(x_or_none));
     const int64_t tokens = int64_t(x.shape(0));
     const float* dyp = f32_array(dy, "dy", {s.rows, s.n});
     const float* xap = f32_array(xa, "xa", {s.rows, s.rank});
     float* dxp = dx ? f32_array(*dx, "dx", {s.rows, s.k}) : nullptr;
     float* gp = g ? f32_array(*g, "g", {s.rows, s.rank}) : nullptr;
-    float* dap = f32_array(da, "da", {s.experts, s.rank, s.k});
+    float* dap = da ? f32_array(*da, "da", {s.experts, s.rank, s.k}) : nullptr;
     float* dbp = f32_array(db, "db", {s.experts, s.n, s.rank / blocks});
-    const float* xp = static_cast<const float*>(x.data());
+    const float* xp = x_or_none ? static_cast<const float*>(x.data()) : nullptr;
     const int64_t* tp = token ? i64_array(*token, "token", {s.rows}) : nullptr;
     for (int64_t i = 0; tp && i < s.rows; ++i)
         if (tp[i] < 0 || tp[i] >= tokens)
@@ -690,8 +696,10 @@ void gated_rows_forward(nb::ndarray<> gate_up, nb::ndarray<> w, nb::ndarray<> h,
     kt::gated_rows_forward(gp, wp, S, I, limit, alpha, hp);
 }
 
+// With counts, g and da (all three): the down adapter's dA too (kt::gated_rows_backward_lora).
 void gated_rows_backward(nb::ndarray<> dh, nb::ndarray<> gate_up, nb::ndarray<> w, nb::ndarray<> dgate_up,
-                         nb::ndarray<> dw, float limit, float alpha) {
+                         nb::ndarray<> dw, float limit, float alpha, std::optional<nb::ndarray<>> counts,
+                         std::optional<nb::ndarray<>> g, std::optional<nb::ndarray<>> da) {
     check_gate(limit, alpha);
     if (gate_up.ndim() != 2 || gate_up.shape(1) % 2) throw nb::value_error("gate_up must be [rows, 2 * intermediate]");
     const int64_t S = int64_t(gate_up.shape(0)), I = int64_t(gate_up.shape(1)) / 2;
@@ -700,8 +708,26 @@ void gated_rows_backward(nb::ndarray<> dh, nb::ndarray<> gate_up, nb::ndarray<> 
     const float* wp = f32_array(w, "w", {S});
     float* dgp = f32_array(dgate_up, "dgate_up", {S, 2 * I});
     float* dwp = f32_array(dw, "dw", {S});
+    if (!counts && !g && !da) {
+        ReleaseGil release;
+        kt::gated_rows_backward(dp, gp, wp, S, I, limit, alpha, dgp, dwp);
+        return;
+    }
+    if (!counts || !g || !da) throw nb::value_error("gated_rows_backward: the adapter's dA needs counts, g and da together");
+    if (da->ndim() != 3 || counts->ndim() != 1) throw nb::value_error("da must be [experts, rank, intermediate], counts [experts]");
+    const int64_t E = int64_t(da->shape(0)), r = int64_t(da->shape(1));
+    const int64_t* cp = i64_array(*counts, "counts", {E});
+    int64_t total = 0;
+    for (int64_t e = 0; e < E; ++e) {
+        if (cp[e] < 0) throw nb::value_error(("counts[" + std::to_string(e) + "] is negative").c_str());
+        total += cp[e];
+    }
+    if (total != S)
+        throw nb::value_error(("counts sum to " + std::to_string(total) + " rows; gate_up holds " + std::to_string(S)).c_str());
+    const float* gp2 = f32_array(*g, "g", {S, r});
+    float* dap = f32_array(*da, "da", {E, r, I});
     ReleaseGil release;
-    kt::gated_rows_backward(dp, gp, wp, S, I, limit, alpha, dgp, dwp);
+    kt::gated_rows_backward_lora(dp, gp, wp, S, I, limit, alpha, dgp, dwp, cp, E, gp2, r, dap);
 }
 
 void pool_sync() {
@@ -980,8 +1006,9 @@ NB_MODULE(_native, m) {
     m.def("gated_rows_forward", &gated_rows_forward, "gate_up"_a, "w"_a, "h"_a, "limit"_a = 0.0f, "alpha"_a = 0.0f,
           "h = SiLU(gate) * up * w per row (limit > 0: clamped first; alpha > 0: GPT-OSS's clamped SwiGLU)");
     m.def("gated_rows_backward", &gated_rows_backward, "dh"_a, "gate_up"_a, "w"_a, "dgate_up"_a, "dw"_a,
-          "limit"_a = 0.0f, "alpha"_a = 0.0f,
-          "the gradients of gated_rows_forward's gate_up and w from that of h");
+          "limit"_a = 0.0f, "alpha"_a = 0.0f, "counts"_a = nb::none(), "g"_a = nb::none(), "da"_a = nb::none(),
+          "the gradients of gated_rows_forward's gate_up and w from that of h (with counts, g, da: also "
+          "da_e = sum over expert e's rows of g[i]^T h[i], rows grouped by expert)");
     m.def("grouped_lora_forward", &lora_forward, "x"_a, "counts"_a, "a"_a, "b"_a, "scaling"_a, "xa"_a, "out"_a,
           "blocks"_a = 1,
           "out += scaling * (x A_eᵀ) B_eᵀ per expert's rows (grouped by counts; B block-diagonal in `blocks` parts); "

@@ -279,7 +279,8 @@ template <class Tiles>
     }
     for (int64_t n = 0; n < s.n; ++n)
         for (int64_t j = 0; j < rb; ++j) db[n * rb + j] = scaling * p.dbt[size_t(j * s.n + n)];
-    if (!token) {
+    if (!da) {   // dA left to the caller (gated_rows_backward's pass, from h it recomputes in cache)
+    } else if (!token) {
         wide<Tiles>(s.rank, rows, s.k, g, 1, s.rank, x, s.k, da, s.k, false);
     } else {   // the same sums in the same order, a chunk of rows at a time
         for (int64_t r0 = 0; r0 < rows; r0 += kGatherRows) {
@@ -313,7 +314,16 @@ template <class Tiles>
     }
 }
 
+// C (+)= coef V in `product`'s form, for a caller outside this file.
+template <class Tiles>
+[[gnu::always_inline]] inline void product_rows(int64_t O, int64_t T, int64_t L, const float* coef, int64_t co, int64_t ct,
+                                                const float* V, int64_t sv, float* C, int64_t sc, bool add) {
+    wide<Tiles>(O, T, L, coef, co, ct, V, sv, C, sc, add);
+}
+
 using ForwardFn = void (*)(const LoraShape&, int64_t, const float*, const float*, const float*, float, float*, float*);
+using ProductFn = void (*)(int64_t, int64_t, int64_t, const float*, int64_t, int64_t, const float*, int64_t, float*, int64_t,
+                           bool);
 using BackwardFn = void (*)(const LoraShape&, int64_t, const float*, const float*, const int64_t*, const float*,
                             const float*, const float*, float, float*, float*, float*, bool, float*);
 using ProjectFn = void (*)(const LoraShape&, int64_t, const float*, const int64_t*, const float*, float*);
@@ -337,6 +347,10 @@ using ExpandFn = void (*)(int64_t, int64_t, int64_t, float, const float*, int64_
     TARGET void expand_##SUFFIX(int64_t O, int64_t T, int64_t L, float scale, const float* coef, int64_t co,             \
                                 const float* V, int64_t sv, float* C, int64_t sc) {                                       \
         expand_rows<TILES>(O, T, L, scale, coef, co, V, sv, C, sc);                                                       \
+    }                                                                                                                     \
+    TARGET void product_##SUFFIX(int64_t O, int64_t T, int64_t L, const float* coef, int64_t co, int64_t ct,             \
+                                 const float* V, int64_t sv, float* C, int64_t sc, bool add) {                            \
+        product_rows<TILES>(O, T, L, coef, co, ct, V, sv, C, sc, add);                                                    \
     }
 
 KT_LORA_LOOPS(baseline, BaselineTiles, )
@@ -392,15 +406,15 @@ void grouped_lora_backward(const LoraShape& s, const int64_t* counts, const floa
     const std::vector<int64_t> first = first_rows(s, counts);
     each_expert(s, counts, [&](int64_t e) {
         const int64_t r0 = first[size_t(e)], n = counts[e];
-        float* dae = da + e * s.rank * s.k;
+        float* dae = da ? da + e * s.rank * s.k : nullptr;
         const int64_t b_size = s.n * (s.rank / s.blocks);
         float* dbe = db + e * b_size;
         if (!n) {
-            std::fill(dae, dae + s.rank * s.k, 0.0f);
+            if (dae) std::fill(dae, dae + s.rank * s.k, 0.0f);
             std::fill(dbe, dbe + b_size, 0.0f);
             return;
         }
-        fn(s, n, dy + r0 * s.n, token ? x : x + r0 * s.k, token ? token + r0 : nullptr, xa + r0 * s.rank,
+        fn(s, n, dy + r0 * s.n, token || !x ? x : x + r0 * s.k, token ? token + r0 : nullptr, xa + r0 * s.rank,
            a + e * s.rank * s.k, b + e * b_size, scaling, dx ? dx + r0 * s.k : nullptr, dae, dbe, accumulate_dx,
            g ? g + r0 * s.rank : nullptr);
     });
@@ -410,6 +424,12 @@ void grouped_lora_backward(const LoraShape& s, const int64_t* counts, const floa
 void lora_project(const LoraShape& s, int64_t rows, const float* x, const int64_t* token, const float* a_e, float* xa) {
     const ProjectFn fn = KT_LORA_WIDEST(project);
     fn(s, rows, x, token, a_e, xa);
+}
+
+void lora_product(int64_t O, int64_t T, int64_t L, const float* coef, int64_t co, int64_t ct, const float* V, int64_t sv,
+                  float* C, int64_t sc, bool add) {
+    const ProductFn fn = KT_LORA_WIDEST(product);
+    fn(O, T, L, coef, co, ct, V, sv, C, sc, add);
 }
 
 void lora_expand(int64_t O, int64_t T, int64_t L, float scale, const float* coef, int64_t co, const float* V, int64_t sv,

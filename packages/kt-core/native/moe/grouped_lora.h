@@ -29,7 +29,8 @@ void grouped_lora_forward(const LoraShape& s, const int64_t* counts, const float
 // da_e = scaling * (dy B_e)ᵀ x, db_e = scaling * dyᵀ xa (both overwritten, zero for experts without rows).
 // With dx null, g = scaling * dy B_e [rows, r] is written to `g` instead, for the base product to add
 // g A_e to its own output tile by tile (ProductLoraGrad). With `token`, row i of x is x[token[i]] (x
-// [tokens, K]: the rows are never gathered into a [rows, K] copy).
+// [tokens, K]: the rows are never gathered into a [rows, K] copy). With da null (x then unused), dA
+// is the caller's (down's adapter: gated_rows_backward_lora).
 void grouped_lora_backward(const LoraShape& s, const int64_t* counts, const float* dy, const float* x, const float* xa,
                            const float* a, const float* b, float scaling, float* dx, float* da, float* db,
                            bool accumulate_dx = false, float* g = nullptr, const int64_t* token = nullptr);
@@ -58,6 +59,11 @@ struct ProductLoraGrad {
 
 // xa[i] = x_i A_eᵀ for one expert's `rows` rows of K = s.k, row i at x + (token ? token[i] : i) * s.k.
 void lora_project(const LoraShape& s, int64_t rows, const float* x, const int64_t* token, const float* a_e, float* xa);
+
+// C[o][l] (+)= sum over t < T of coef[o * co + t * ct] * V[t * sv + l], for o < O, l < L (added to
+// C's values with add): the LoRA products' common form, for dA = gᵀ h outside this file.
+void lora_product(int64_t O, int64_t T, int64_t L, const float* coef, int64_t co, int64_t ct, const float* V, int64_t sv,
+                  float* C, int64_t sc, bool add);
 
 // C[o][l] += scale * sum over t < T of coef[o * co + t] * V[t * sv + l], for o < O, l < L: a rank
 // term added to one output tile (T = the rank or a slice of it).

@@ -3,6 +3,7 @@
 // its own exp (range reduction + degree-6 polynomial, ~2 ulp, as kt-backend-avx's), compiled per ISA
 // level inside target attributes and picked after host detection, like grouped_lora.cpp.
 #include "moe/training_rows.h"
+#include "moe/grouped_lora.h"
 #include "moe/tiles.h"
 #include "moe/vectors.h"
 
@@ -264,6 +265,45 @@ void gated_rows_backward(const float* dh, const float* gate_up, const float* w, 
 #endif
     const Gate gate{limit, alpha};
     chunks(n_rows, 2 * inter, [&](int64_t b, int64_t e) { fn(dh, gate_up, w, b, e, inter, gate, dgate_up, dw); });
+}
+
+void gated_rows_backward_lora(const float* dh, const float* gate_up, const float* w, int64_t n_rows, int64_t inter,
+                              float limit, float alpha, float* dgate_up, float* dw, const int64_t* counts, int64_t experts,
+                              const float* g, int64_t rank, float* da) {
+    std::lock_guard<std::mutex> lock(g_forward_mutex);   // the pool is the forwards' (tiles.h)
+#if defined(__x86_64__)
+    const BackwardFn backward = widest<BackwardFn>(backward_avx512, backward_avx2, backward_baseline);
+    const ForwardFn forward = widest<ForwardFn>(forward_avx512, forward_avx2, forward_baseline);
+#else
+    const BackwardFn backward = backward_baseline;
+    const ForwardFn forward = forward_baseline;
+#endif
+    const Gate gate{limit, alpha};
+    std::vector<int64_t> first(size_t(experts) + 1, 0);
+    for (int64_t e = 0; e < experts; ++e) first[size_t(e) + 1] = first[size_t(e)] + counts[e];
+    // dA's sums carried in memory from chunk to chunk, in row order: as the whole rows' product.
+    constexpr int64_t kRows = 32;
+    auto expert = [&](int64_t e) {
+        thread_local std::vector<float> h;
+        h.resize(size_t(kRows * inter));
+        float* dae = da + e * rank * inter;
+        if (!counts[e]) {
+            std::fill(dae, dae + rank * inter, 0.0f);
+            return;
+        }
+        for (int64_t b = first[size_t(e)]; b < first[size_t(e) + 1]; b += kRows) {
+            const int64_t n = std::min(kRows, first[size_t(e) + 1] - b);
+            backward(dh, gate_up, w, b, b + n, inter, gate, dgate_up, dw);
+            forward(gate_up + b * 2 * inter, w + b, 0, n, inter, gate, h.data());
+            lora_product(rank, n, inter, g + b * rank, 1, rank, h.data(), inter, dae, inter, b > first[size_t(e)]);
+        }
+    };
+    if (n_rows * 2 * inter < kSerialElements) {
+        for (int64_t e = 0; e < experts; ++e) expert(e);
+        return;
+    }
+    global_pool().parallel_for(
+        size_t(experts), [](void* ctx, size_t e) { (*static_cast<decltype(expert)*>(ctx))(int64_t(e)); }, &expert);
 }
 
 }  // namespace kt

@@ -22,4 +22,12 @@ void gated_rows_forward(const float* gate_up, const float* w, int64_t n_rows, in
 void gated_rows_backward(const float* dh, const float* gate_up, const float* w, int64_t n_rows, int64_t inter,
                          float limit, float alpha, float* dgate_up, float* dw);
 
+// The same pass over rows grouped by expert (counts[e] rows of expert e), one expert's rows per task,
+// that also gives the down adapter's dA_e = sum over e's rows of g[i]ᵀ h[i] (g [n_rows, rank] from
+// grouped_lora_backward, da [experts, rank, I] overwritten, zero for experts without rows): h is
+// recomputed a few rows at a time in cache, not by a gated_rows_forward pass of its own and read back.
+void gated_rows_backward_lora(const float* dh, const float* gate_up, const float* w, int64_t n_rows, int64_t inter,
+                              float limit, float alpha, float* dgate_up, float* dw, const int64_t* counts, int64_t experts,
+                              const float* g, int64_t rank, float* da);
+
 }  // namespace kt

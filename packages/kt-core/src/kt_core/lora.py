@@ -62,7 +62,8 @@ def grouped_lora_forward(x, counts, a, b, scaling: float, xa, out, *, blocks: in
 def grouped_lora_backward(dy, x, xa, counts, a, b, scaling: float, dx, da, db, *, blocks: int = 1,
                           accumulate_dx: bool = False, g=None, token=None) -> None:
     """dx None: g [rows, r] receives scaling·dy·B_e instead (for ProductLoraGrad). token int64 [rows]:
-    x is [tokens, K] and the rows are x[token] (no gathered copy)."""
+    x is [tokens, K] and the rows are x[token] (no gathered copy). x and da None: dA left to the
+    caller (down's adapter: kt_core.rows.gated_rows_backward(..., g=, da=))."""
     pool.ensure()
     _native.grouped_lora_backward(dy, x, xa, counts, a, b, float(scaling), dx, da, db, int(blocks), bool(accumulate_dx),
                                   g, token)

@@ -45,9 +45,12 @@ def gated_rows_forward(gate_up, w, h, swiglu: tuple[float, float] = (0.0, 0.0)) 
     _native.gated_rows_forward(gate_up, w, h, *swiglu)
 
 
-def gated_rows_backward(dh, gate_up, w, dgate_up, dw, swiglu: tuple[float, float] = (0.0, 0.0)) -> None:
+def gated_rows_backward(dh, gate_up, w, dgate_up, dw, swiglu: tuple[float, float] = (0.0, 0.0), *, counts=None, g=None,
+                        da=None) -> None:
+    """With counts (rows grouped by expert), g [rows, r] and da [E, r, I]: also the down adapter's
+    da_e = Σ over e's rows of g[i]ᵀ·h[i], h recomputed in cache (kt_core.lora's dA left to it)."""
     pool.ensure()
-    _native.gated_rows_backward(dh, gate_up, w, dgate_up, dw, *swiglu)
+    _native.gated_rows_backward(dh, gate_up, w, dgate_up, dw, *swiglu, counts, g, da)
 
 
 @dataclass

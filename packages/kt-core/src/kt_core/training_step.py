@@ -20,7 +20,8 @@ the routing weights' gradient then carries down's bias too (dw = <dy, h_u·down�
 Backward runs the same chain in reverse: each adapter's factor gradients first (reading x[token]
 where x lies, never a gathered copy), then its share g·A_e of the input gradient added by the base
 transposed product. A saved forward holds x, the routing, gu ([rows, 2I]), the routing weights per
-row and the adapters' x·Aᵀ; backward recomputes h (one pass) instead of keeping it. The rows
+row and the adapters' x·Aᵀ; backward recomputes h inside the gated backward pass (down's adapter
+needs it for dA) instead of keeping it. The rows
 x[token] are never gathered into a [rows, H] copy, except for full fine-tuning's weight gradients.
 
 The step's large temporaries ([rows, H], [rows, 2I], [rows, I]) come from `ExpertStep.buffers`, a
@@ -225,22 +226,27 @@ class ExpertStep:
         dy = buf.take(S, H)
         gather_rows(g, routing.token, dy)
         h = None
-        if lora_d or weight_grads is not None:
+        if weight_grads is not None:
             h = buf.take(S, I)
             gated_rows_forward(saved.gate_up, saved.picked, h, self.swiglu)
         grads = StepGrads(x=None, weights=None)
         # Each adapter's factors' gradients first; its share of the input gradient, g·A_e, rides on
-        # the base transposed product.
-        lora = None
+        # the base transposed product. Down's dA = gᵀ·h comes with the gated backward pass, which
+        # recomputes h in cache (unless h is at hand for the weights' gradients).
+        lora = g_down = None
         if lora_d:
             grads.down_a, grads.down_b = torch.empty_like(ad.down_a), torch.empty_like(ad.down_b)
             g_down = torch.empty_like(saved.xa_down)
-            grouped_lora_backward(dy, h, saved.xa_down, counts, ad.down_a, ad.down_b, ad.scaling, None, grads.down_a,
-                                  grads.down_b, g=g_down)
+            grouped_lora_backward(dy, h, saved.xa_down, counts, ad.down_a, ad.down_b, ad.scaling, None,
+                                  grads.down_a if h is not None else None, grads.down_b, g=g_down)
             lora = ProductLoraGrad(g_down, ad.down_a)
         dh = moe.grouped_down_transposed(dy, counts, out=buf.take(S, I), lora=lora)
         dgate_up, dpicked = buf.take(S, 2 * I), torch.empty_like(saved.picked)
-        gated_rows_backward(dh, saved.gate_up, saved.picked, dgate_up, dpicked, self.swiglu)
+        if lora_d and h is None:
+            gated_rows_backward(dh, saved.gate_up, saved.picked, dgate_up, dpicked, self.swiglu, counts=counts, g=g_down,
+                                da=grads.down_a)
+        else:
+            gated_rows_backward(dh, saved.gate_up, saved.picked, dgate_up, dpicked, self.swiglu)
         biases = self._biases()
         if biases is not None:   # y's w·b_d term
             for e, rows in _expert_rows(routing.splits):
