@@ -234,6 +234,36 @@ const int64_t* i64_array(const nb::ndarray<>& a, const char* name, std::initiali
     return static_cast<const int64_t*>(v.data());
 }
 
+// counts int64 [experts], none negative, summing to the `rows` that `holder` has.
+const int64_t* grouped_counts(const nb::ndarray<>& counts, int64_t experts, int64_t rows, const char* holder) {
+    const int64_t* cp = i64_array(counts, "counts", {experts});
+    int64_t total = 0;
+    for (int64_t e = 0; e < experts; ++e) {
+        if (cp[e] < 0) throw nb::value_error(("counts[" + std::to_string(e) + "] is negative").c_str());
+        total += cp[e];
+    }
+    if (total != rows)
+        throw nb::value_error(("counts sum to " + std::to_string(total) + " rows; " + holder + " holds " + std::to_string(rows))
+                                  .c_str());
+    return cp;
+}
+
+// token int64 [rows], each a row of x's `tokens`.
+const int64_t* token_rows(const nb::ndarray<>& token, int64_t rows, int64_t tokens) {
+    const int64_t* tp = i64_array(token, "token", {rows});
+    for (int64_t i = 0; i < rows; ++i)
+        if (tp[i] < 0 || tp[i] >= tokens)
+            throw nb::value_error(("token[" + std::to_string(i) + "] = " + std::to_string(tp[i]) + " is out of range for x's " +
+                                   std::to_string(tokens) + " rows").c_str());
+    return tp;
+}
+
+void check_lora_rank(int64_t rank) {
+    if (rank < 1 || rank > kt::kMaxLoraRank)
+        throw nb::value_error(("LoRA rank " + std::to_string(rank) + ": kt's grouped LoRA takes ranks 1 .. " +
+                               std::to_string(kt::kMaxLoraRank)).c_str());
+}
+
 struct Layer {
     Backend backend;
     std::optional<Backend> small_batch_backend;   // keeps the small-batch kernels' table alive
@@ -328,9 +358,7 @@ struct Layer {
         if (!g || !a) throw nb::value_error("an adapter's gradient on a grouped product needs lora_g and lora_a together");
         if (a->ndim() != 3) throw nb::value_error("lora_a must be 3-D [experts, rank, K]");
         const int64_t r = int64_t(a->shape(1));
-        if (r < 1 || r > kt::kMaxLoraRank)
-            throw nb::value_error(("LoRA rank " + std::to_string(r) + ": kt's grouped LoRA takes ranks 1 .. " +
-                                   std::to_string(kt::kMaxLoraRank)).c_str());
+        check_lora_rank(r);
         return kt::ProductLoraGrad{f32_array(*g, "lora_g", {rows, r}), f32_array(*a, "lora_a", {layer->shape().num_experts, r, K}),
                                    r};
     }
@@ -349,17 +377,12 @@ struct Layer {
             if (token->ndim() != 1) throw nb::value_error("token must be 1-D [rows]");
             rows = int64_t(token->shape(0));
             c = counts_of(counts, x, "x").first;
-            tp = i64_array(*token, "token", {rows});
         } else {
             std::tie(c, rows) = counts_of(counts, x, "x");
         }
         const int64_t T = token ? int64_t(x.shape(0)) : rows;
         const float* xp = rows_of(x, "x", T, H);
-        if (tp)
-            for (int64_t i = 0; i < rows; ++i)
-                if (tp[i] < 0 || tp[i] >= T)
-                    throw nb::value_error(("token[" + std::to_string(i) + "] = " + std::to_string(tp[i]) +
-                                           " is out of range for x's " + std::to_string(T) + " rows").c_str());
+        if (token) tp = token_rows(*token, rows, T);
         float* gu = out_rows(gate_up, "gate_up", rows, 2 * I);
         const auto lora = product_lora(lora_a, lora_bt, lora_scaling, lora_blocks, lora_xa, rows, H, 2 * I);
         ReleaseGil release;
@@ -582,29 +605,14 @@ std::pair<kt::LoraShape, const int64_t*> lora_shape(const nb::ndarray<>& x, cons
     if (token && token->ndim() != 1) throw nb::value_error("token must be 1-D [rows]");
     const int64_t rows = token ? int64_t(token->shape(0)) : int64_t(x.shape(0));
     kt::LoraShape s{int64_t(a.shape(0)), int64_t(a.shape(1)), int64_t(a.shape(2)), int64_t(b.shape(1)), rows, blocks};
-    if (s.rank < 1 || s.rank > kt::kMaxLoraRank)
-        throw nb::value_error(("LoRA rank " + std::to_string(s.rank) + ": kt's grouped LoRA takes ranks 1 .. " +
-                               std::to_string(kt::kMaxLoraRank)).c_str());
+    check_lora_rank(s.rank);
     if (blocks < 1 || s.rank % blocks || s.n % blocks)
         throw nb::value_error(("LoRA blocks=" + std::to_string(blocks) + " must divide the rank (" +
                                std::to_string(s.rank) + ") and N (" + std::to_string(s.n) + ")").c_str());
     if (check_x) f32_array(x, "x", {token ? int64_t(x.shape(0)) : s.rows, s.k});
     f32_array(a, "a", {s.experts, s.rank, s.k});
     f32_array(b, "b", {s.experts, s.n, s.rank / blocks});
-    const Array c(counts);
-    check_cpu(c, "counts");
-    check_exact(c, "counts", nb::dlpack::dtype_code::Int, 64);
-    check_shape(c, "counts", {s.experts});
-    check_contiguous(c, "counts");
-    const auto* cp = static_cast<const int64_t*>(c.data());
-    int64_t total = 0;
-    for (int64_t e = 0; e < s.experts; ++e) {
-        if (cp[e] < 0) throw nb::value_error(("counts[" + std::to_string(e) + "] is negative").c_str());
-        total += cp[e];
-    }
-    if (total != s.rows)
-        throw nb::value_error(("counts sum to " + std::to_string(total) + " rows; x holds " + std::to_string(s.rows)).c_str());
-    return {s, cp};
+    return {s, grouped_counts(counts, s.experts, s.rows, token || check_x ? "x" : "dy")};
 }
 
 void lora_forward(nb::ndarray<> x, nb::ndarray<> counts, nb::ndarray<> a, nb::ndarray<> b, float scaling,
@@ -637,11 +645,7 @@ void lora_backward(nb::ndarray<> dy, std::optional<nb::ndarray<>> x_or_none, nb:
     float* dap = da ? f32_array(*da, "da", {s.experts, s.rank, s.k}) : nullptr;
     float* dbp = f32_array(db, "db", {s.experts, s.n, s.rank / blocks});
     const float* xp = x_or_none ? static_cast<const float*>(x.data()) : nullptr;
-    const int64_t* tp = token ? i64_array(*token, "token", {s.rows}) : nullptr;
-    for (int64_t i = 0; tp && i < s.rows; ++i)
-        if (tp[i] < 0 || tp[i] >= tokens)
-            throw nb::value_error(("token[" + std::to_string(i) + "] = " + std::to_string(tp[i]) + " is out of range for x's " +
-                                   std::to_string(tokens) + " rows").c_str());
+    const int64_t* tp = token ? token_rows(*token, s.rows, tokens) : nullptr;
     const float* ap = static_cast<const float*>(a.data());
     const float* bp = static_cast<const float*>(b.data());
     ReleaseGil release;
@@ -716,14 +720,7 @@ void gated_rows_backward(nb::ndarray<> dh, nb::ndarray<> gate_up, nb::ndarray<> 
     if (!counts || !g || !da) throw nb::value_error("gated_rows_backward: the adapter's dA needs counts, g and da together");
     if (da->ndim() != 3 || counts->ndim() != 1) throw nb::value_error("da must be [experts, rank, intermediate], counts [experts]");
     const int64_t E = int64_t(da->shape(0)), r = int64_t(da->shape(1));
-    const int64_t* cp = i64_array(*counts, "counts", {E});
-    int64_t total = 0;
-    for (int64_t e = 0; e < E; ++e) {
-        if (cp[e] < 0) throw nb::value_error(("counts[" + std::to_string(e) + "] is negative").c_str());
-        total += cp[e];
-    }
-    if (total != S)
-        throw nb::value_error(("counts sum to " + std::to_string(total) + " rows; gate_up holds " + std::to_string(S)).c_str());
+    const int64_t* cp = grouped_counts(*counts, E, S, "gate_up");
     const float* gp2 = f32_array(*g, "g", {S, r});
     float* dap = f32_array(*da, "da", {E, r, I});
     ReleaseGil release;

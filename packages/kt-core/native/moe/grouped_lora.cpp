@@ -262,7 +262,7 @@ template <class Tiles>
                                                  float* g_out) {
     Layouts& p = t_layouts;
     p.transpose_b(s, b);
-    p.sxa.resize(size_t(rows * s.rank));
+    if (!g_out) p.sxa.resize(size_t(rows * s.rank));
     float* g = g_out ? g_out : p.sxa.data();   // [rows, r]
     const int64_t rb = s.rank / s.blocks, nb = s.n / s.blocks;
     p.dbt.resize(size_t(rb * s.n));
@@ -279,10 +279,10 @@ template <class Tiles>
     }
     for (int64_t n = 0; n < s.n; ++n)
         for (int64_t j = 0; j < rb; ++j) db[n * rb + j] = scaling * p.dbt[size_t(j * s.n + n)];
-    if (!da) {   // dA left to the caller (gated_rows_backward's pass, from h it recomputes in cache)
-    } else if (!token) {
+    // dA: with da null it is the caller's (gated_rows_backward_lora, from h it recomputes in cache).
+    if (da && !token) {
         wide<Tiles>(s.rank, rows, s.k, g, 1, s.rank, x, s.k, da, s.k, false);
-    } else {   // the same sums in the same order, a chunk of rows at a time
+    } else if (da) {   // the same sums in the same order, a chunk of rows at a time
         for (int64_t r0 = 0; r0 < rows; r0 += kGatherRows) {
             const int64_t n = std::min(kGatherRows, rows - r0);
             const float* xr = gathered(x, token + r0, s.k, n, p.chunk);
@@ -290,13 +290,6 @@ template <class Tiles>
         }
     }
     if (dx) wide<Tiles>(rows, s.rank, s.k, g, s.rank, 1, a, s.k, dx, s.k, accumulate_dx);
-}
-
-// xa = x A_eᵀ for one expert's rows (row i at x + (token ? token[i] : i) * K).
-template <class Tiles>
-[[gnu::always_inline]] inline void project_rows(const LoraShape& s, int64_t rows, const float* x, const int64_t* token,
-                                                const float* a_e, float* xa) {
-    project<Tiles>(rows, s.rank, s.k, x, token, s.k, a_e, s.k, xa, s.rank, 1.0f);
 }
 
 // C += scale * coef V over one output tile, up to kGatherRows rows at a time with their coefficients
@@ -312,13 +305,6 @@ template <class Tiles>
             for (int64_t t = 0; t < T; ++t) p.sxa[size_t(i * T + t)] = scale * coef[(o0 + i) * co + t];
         wide<Tiles>(n, T, L, p.sxa.data(), T, 1, V, sv, C + o0 * sc, sc, true);
     }
-}
-
-// C (+)= coef V in `product`'s form, for a caller outside this file.
-template <class Tiles>
-[[gnu::always_inline]] inline void product_rows(int64_t O, int64_t T, int64_t L, const float* coef, int64_t co, int64_t ct,
-                                                const float* V, int64_t sv, float* C, int64_t sc, bool add) {
-    wide<Tiles>(O, T, L, coef, co, ct, V, sv, C, sc, add);
 }
 
 using ForwardFn = void (*)(const LoraShape&, int64_t, const float*, const float*, const float*, float, float*, float*);
@@ -342,7 +328,7 @@ using ExpandFn = void (*)(int64_t, int64_t, int64_t, float, const float*, int64_
     }                                                                                                                     \
     TARGET void project_##SUFFIX(const LoraShape& s, int64_t rows, const float* x, const int64_t* tok, const float* a_e, \
                                  float* xa) {                                                                             \
-        project_rows<TILES>(s, rows, x, tok, a_e, xa);                                                                    \
+        project<TILES>(rows, s.rank, s.k, x, tok, s.k, a_e, s.k, xa, s.rank, 1.0f);                                     \
     }                                                                                                                     \
     TARGET void expand_##SUFFIX(int64_t O, int64_t T, int64_t L, float scale, const float* coef, int64_t co,             \
                                 const float* V, int64_t sv, float* C, int64_t sc) {                                       \
@@ -350,7 +336,7 @@ using ExpandFn = void (*)(int64_t, int64_t, int64_t, float, const float*, int64_
     }                                                                                                                     \
     TARGET void product_##SUFFIX(int64_t O, int64_t T, int64_t L, const float* coef, int64_t co, int64_t ct,             \
                                  const float* V, int64_t sv, float* C, int64_t sc, bool add) {                            \
-        product_rows<TILES>(O, T, L, coef, co, ct, V, sv, C, sc, add);                                                    \
+        wide<TILES>(O, T, L, coef, co, ct, V, sv, C, sc, add);                                                            \
     }
 
 KT_LORA_LOOPS(baseline, BaselineTiles, )
@@ -377,19 +363,13 @@ void each_expert(const LoraShape& s, const int64_t* counts, Body&& body) {
     (void)counts;
 }
 
-std::vector<int64_t> first_rows(const LoraShape& s, const int64_t* counts) {
-    std::vector<int64_t> first(size_t(s.experts) + 1, 0);
-    for (int64_t e = 0; e < s.experts; ++e) first[size_t(e) + 1] = first[size_t(e)] + counts[e];
-    return first;
-}
-
 }  // namespace
 
 void grouped_lora_forward(const LoraShape& s, const int64_t* counts, const float* x, const float* a, const float* b,
                           float scaling, float* xa, float* out) {
     std::lock_guard<std::mutex> lock(g_forward_mutex);   // the pool is the forwards' (tiles.h)
     const ForwardFn fn = KT_LORA_WIDEST(forward);
-    const std::vector<int64_t> first = first_rows(s, counts);
+    const std::vector<int64_t> first = row_offsets(counts, s.experts);
     each_expert(s, counts, [&](int64_t e) {
         const int64_t r0 = first[size_t(e)], n = counts[e];
         if (n)
@@ -403,7 +383,7 @@ void grouped_lora_backward(const LoraShape& s, const int64_t* counts, const floa
                            bool accumulate_dx, float* g, const int64_t* token) {
     std::lock_guard<std::mutex> lock(g_forward_mutex);   // the pool is the forwards' (tiles.h)
     const BackwardFn fn = KT_LORA_WIDEST(backward);
-    const std::vector<int64_t> first = first_rows(s, counts);
+    const std::vector<int64_t> first = row_offsets(counts, s.experts);
     each_expert(s, counts, [&](int64_t e) {
         const int64_t r0 = first[size_t(e)], n = counts[e];
         float* dae = da ? da + e * s.rank * s.k : nullptr;

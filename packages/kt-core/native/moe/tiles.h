@@ -60,6 +60,14 @@ void parallel(ThreadPool* pool, size_t range, F& body) {
     pool->parallel_for(range, [](void* ctx, size_t i) { (*static_cast<F*>(ctx))(i); }, &body);
 }
 
+// Where each expert's rows start in rows grouped by expert (counts[e] of expert e, in index order),
+// and where the last ends: experts + 1 offsets.
+inline std::vector<int64_t> row_offsets(const int64_t* counts, int64_t experts) {
+    std::vector<int64_t> first(size_t(experts) + 1, 0);
+    for (int64_t e = 0; e < experts; ++e) first[size_t(e) + 1] = first[size_t(e)] + counts[e];
+    return first;
+}
+
 struct Tile {
     int32_t active;   // index into the active-expert list
     int64_t n0, n1;

@@ -279,11 +279,11 @@ void gated_rows_backward_lora(const float* dh, const float* gate_up, const float
     const ForwardFn forward = forward_baseline;
 #endif
     const Gate gate{limit, alpha};
-    std::vector<int64_t> first(size_t(experts) + 1, 0);
-    for (int64_t e = 0; e < experts; ++e) first[size_t(e) + 1] = first[size_t(e)] + counts[e];
+    const std::vector<int64_t> first = row_offsets(counts, experts);
     // dA's sums carried in memory from chunk to chunk, in row order: as the whole rows' product.
     constexpr int64_t kRows = 32;
-    auto expert = [&](int64_t e) {
+    auto expert = [&](size_t i) {
+        const int64_t e = int64_t(i);
         thread_local std::vector<float> h;
         h.resize(size_t(kRows * inter));
         float* dae = da + e * rank * inter;
@@ -298,12 +298,7 @@ void gated_rows_backward_lora(const float* dh, const float* gate_up, const float
             lora_product(rank, n, inter, g + b * rank, 1, rank, h.data(), inter, dae, inter, b > first[size_t(e)]);
         }
     };
-    if (n_rows * 2 * inter < kSerialElements) {
-        for (int64_t e = 0; e < experts; ++e) expert(e);
-        return;
-    }
-    global_pool().parallel_for(
-        size_t(experts), [](void* ctx, size_t e) { (*static_cast<decltype(expert)*>(ctx))(int64_t(e)); }, &expert);
+    parallel(n_rows * 2 * inter < kSerialElements ? nullptr : &global_pool(), size_t(experts), expert);
 }
 
 }  // namespace kt
