@@ -99,8 +99,10 @@ _MIXTRAL_STYLE = dict(experts_key=("num_local_experts",), intermediate_key=("int
                       per_expert=ExpertNames(gate="w1", up="w3", down="w2"))
 
 FAMILIES: tuple[Family, ...] = (
+    # DeepseekV2MoE / DeepseekV3MoE are also the block names of the modeling code DeepSeek's and
+    # Kimi-K2's checkpoints ship (trust_remote_code: one module per expert, expert_modules.py).
     Family("deepseek", ("deepseek_v2", "deepseek_v3", "kimi_k2"), **_DEEPSEEK,
-           transformers_blocks=("DeepseekV2Moe", "DeepseekV3MoE")),
+           transformers_blocks=("DeepseekV2Moe", "DeepseekV2MoE", "DeepseekV3MoE")),
     # transformers 5 saves Qwen3-MoE's expert count as num_local_experts.
     Family("qwen-moe", ("qwen2_moe", "qwen3_moe"), experts_key=("num_experts", "num_local_experts"),
            sparse_step_key="decoder_sparse_step",

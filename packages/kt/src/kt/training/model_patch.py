@@ -114,13 +114,13 @@ def patch_for_training(model: nn.Module, *, method: str, backend: str | None, lo
     freed = 0
     tensors = {layer: inference_patch._expert_tensors(block, fam, layer, model_type, weight_path is not None)
                for layer, block in blocks}
-    num_experts = next(iter(tensors.values())).gate.shape[0]
+    num_experts = next(iter(tensors.values())).shape[0]
     counts = load_counts(stats_file, num_experts=num_experts, model_type=model_type) if stats_file is not None else None
     masks = gpu_expert_masks(placement, layers=list(tensors), num_experts=num_experts, num_gpu_experts=num_gpu_experts,
                              counts=counts, seed=placement_seed)
     for layer, block in blocks:
         t = tensors[layer]
-        num_experts, intermediate, hidden = t.gate.shape
+        num_experts, intermediate, hidden = t.shape
         mask = masks[layer]
         moe = MoE(num_experts=num_experts, top_k=top_k, hidden_size=hidden, intermediate_size=intermediate,
                   method=method, gpu_experts_mask=mask, max_tokens=max_tokens, backend=backend, group_size=group_size,
@@ -128,12 +128,14 @@ def patch_for_training(model: nn.Module, *, method: str, backend: str | None, lo
                   swiglu_limit=swiglu[0], swiglu_alpha=swiglu[1], expert_bias=t.biases is not None,
                   weight_types=inference_patch.source_weight_types(source, layer, method))
         with torch.no_grad():
+            weights = t.weights() if source is None else None
             if source is not None:   # experts not loaded into torch are quantized as they are read
-                load_layer(moe, source, layer, quantize_at_load=t.gate.is_meta)
+                load_layer(moe, source, layer, quantize_at_load=t.meta)
             else:
-                moe.load(t.gate, t.up, t.down, biases=t.biases)
+                moe.load(*weights, biases=t.biases)
             resident_gate_up, resident_down, resident_bias = inference_patch.resident_experts(t, mask, source, layer,
-                                                                                              block)
+                                                                                              block, weights)
+            del weights
         module = LoRAExperts(moe, rank=lora_rank, alpha=lora_alpha, target=target, recompute=recompute,
                              resident_gate_up=resident_gate_up, resident_down=resident_down, resident_bias=resident_bias,
                              interleaved_gate_up=t.layout.interleaved, input_first=t.layout.input_first,

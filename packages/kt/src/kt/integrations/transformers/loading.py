@@ -21,6 +21,7 @@ from torch import nn
 from kt_core.errors import KTError
 
 from ...models import Family
+from .expert_modules import holds_expert_modules, unload_expert_modules
 
 # Marks an experts module built by load_model: patch_model then reads its weights from weight_path.
 UNLOADED = "_kt_experts_unloaded"
@@ -32,42 +33,55 @@ def experts_unloaded(module: nn.Module) -> bool:
     return bool(getattr(module, UNLOADED, False))
 
 
-def _classes(config, fam: Family) -> tuple[type, set[type]]:
-    """The model's class and its experts modules' classes, found on a skeleton built on the meta
-    device (no memory)."""
+def _classes(config, fam: Family, trust_remote_code: bool) -> tuple[type, set[type], set[type]]:
+    """The model's class, its experts modules' classes and — for blocks holding one module per expert
+    (remote-code DeepSeek / Kimi-K2, expert_modules.py) — those blocks' classes, found on a skeleton
+    built on the meta device (no memory)."""
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(config)
-    classes = {type(getattr(m, fam.transformers_experts.attr)) for _, m in skeleton.named_modules()
-               if type(m).__name__ in fam.transformers_blocks and hasattr(m, fam.transformers_experts.attr)}
-    if not classes:
+        skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    attr = fam.transformers_experts.attr
+    blocks = [m for _, m in skeleton.named_modules()
+              if type(m).__name__ in fam.transformers_blocks and hasattr(m, attr)]
+    if not blocks:
         raise KTError(f"this {config.model_type} model has no MoE layers: none of its modules is a "
                       f"{' or '.join(fam.transformers_blocks)}, so kt has no experts to run")
-    return type(skeleton), classes
+    per_expert = {type(m) for m in blocks if holds_expert_modules(m, attr)}
+    fused = {type(getattr(m, attr)) for m in blocks if not holds_expert_modules(m, attr)}
+    return type(skeleton), fused, per_expert
+
+
+def _to_meta(module: nn.Module) -> None:
+    """The module's own parameters become meta tensors of their shapes, as plain attributes."""
+    for name, p in list(module._parameters.items()):
+        del module._parameters[name]
+        object.__setattr__(module, name, None if p is None else torch.empty(p.shape, dtype=p.dtype, device="meta"))
 
 
 @contextlib.contextmanager
-def _built_without_parameters(model_class: type, classes: set[type]):
-    """While active, instances of `classes` hold meta tensors of their parameters' shapes (plain
-    attributes: neither parameters nor buffers), and `model_class` does not report the checkpoint's
+def _built_without_parameters(model_class: type, classes: set[type], blocks: set[type], attr: str):
+    """While active, instances of `classes` (experts modules) hold meta tensors of their parameters'
+    shapes (plain attributes: neither parameters nor buffers), so do the expert modules of `blocks`
+    (MoE blocks holding one module per expert), and `model_class` does not report the checkpoint's
     expert keys, which now have nowhere to go, as unexpected."""
-    originals = {cls: cls.__init__ for cls in classes}
+    originals = {cls: cls.__init__ for cls in classes | blocks}
     ignored = model_class.__dict__.get("_keys_to_ignore_on_load_unexpected", _ABSENT)
 
-    def unloaded_init(original):
+    def unloaded_init(original, cls):
         def __init__(self, *args, **kwargs):
             with torch.device("meta"):
                 original(self, *args, **kwargs)
-            for name, p in list(self._parameters.items()):
-                del self._parameters[name]
-                object.__setattr__(self, name, torch.empty(p.shape, dtype=p.dtype, device="meta"))
-            setattr(self, UNLOADED, True)
+            if cls in blocks:
+                setattr(unload_expert_modules(self, attr, _to_meta), UNLOADED, True)
+            else:
+                _to_meta(self)
+                setattr(self, UNLOADED, True)
         return __init__
 
     with _CLASS_PATCH:
         for cls, original in originals.items():
-            cls.__init__ = unloaded_init(original)
+            cls.__init__ = unloaded_init(original, cls)
         model_class._keys_to_ignore_on_load_unexpected = {
             *(getattr(model_class, "_keys_to_ignore_on_load_unexpected", None) or ()), r"(^|\.)experts\."}
         try:
@@ -91,8 +105,9 @@ def load_model(folder: str | os.PathLike, *, dtype="auto", **from_pretrained_kwa
 
     from .patch import _family
 
-    config = AutoConfig.from_pretrained(folder, trust_remote_code=from_pretrained_kwargs.get("trust_remote_code", False))
+    remote = bool(from_pretrained_kwargs.get("trust_remote_code", False))
+    config = AutoConfig.from_pretrained(folder, trust_remote_code=remote)
     fam = _family(getattr(config, "model_type", None) or "")
-    with _built_without_parameters(*_classes(config, fam)):
+    with _built_without_parameters(*_classes(config, fam, remote), fam.transformers_experts.attr):
         return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **from_pretrained_kwargs)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,12 +17,13 @@ from kt_core.errors import KTError
 from kt_core.moe import MoE
 
 from ...gguf.reader import GGUFModel
-from ...models import ACTIVATIONS, FAMILIES, Family
+from ...models import ACTIVATIONS, FAMILIES, ExpertNames, Family
 from ...weights import Checkpoint, ConvertedFolder, KtKernelFolder, load_layer, open_weights
 from ...weights.experts import checkpoint_biases, float_experts
 from ...weights.loader import serves_resident_experts
 from .deferral import Handoff
 from .expert_layout import ExpertLayout
+from .expert_modules import expert_module_weights, holds_expert_modules, run_moe_infer_on
 from .experts import KTExperts, resident_biases, resident_weights
 from .loading import experts_unloaded
 from .placement import gpu_expert_masks
@@ -122,40 +124,59 @@ def _swiglu(fam: Family, cfg, model_type: str) -> tuple[float, float]:
 
 @dataclass
 class _Experts:
-    """One block's routed experts as kt loads them: gate, up [E, I, H] and down [E, H, I] (views),
-    biases (gate [E, I], up [E, I], down [E, H]) or None, and the parameters patch_model frees."""
+    """One block's routed experts as kt loads them: their geometry (E, I, H), whether they are meta
+    (a model loaded without its experts), biases (gate [E, I], up [E, I], down [E, H]) or None, the
+    parameters patch_model frees, how the module holds them, and `weights()`: gate, up [E, I, H] and
+    down [E, H, I] in kt's orientation — views of a fused module's tensors, or a stack of per-expert
+    modules' made when called (one layer's copy at a time)."""
     module: nn.Module
-    gate: torch.Tensor
-    up: torch.Tensor
-    down: torch.Tensor
+    shape: tuple[int, int, int]
+    meta: bool
     biases: tuple | None
     params: tuple
-    layout: ExpertLayout   # how the module holds them (kt's views above come from it)
+    layout: ExpertLayout   # how a fused module holds them (kt's views above come from it)
+    weights: Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    per_expert_modules: bool = False   # an nn.ModuleList of MLPs (expert_modules.py)
 
 
-def _expert_tensors(block: nn.Module, fam: Family, layer: int, model_type: str, has_source: bool = False) -> _Experts:
-    """The routed experts of one block, checked, in kt's orientation (meta views for a model loaded
-    without its experts, when they will be read from a weight_path: `has_source`)."""
-    te = fam.transformers_experts
-    experts = getattr(block, te.attr, None)
-    if isinstance(experts, KTExperts):
-        raise KTError("this model is already patched: its experts run on kt")
-    gate_up, down = getattr(experts, te.gate_up, None), getattr(experts, te.down, None)
-    if not isinstance(gate_up, torch.Tensor) or not isinstance(down, torch.Tensor):
-        raise KTError(f"layer {layer}: the {model_type} block's {te.attr!r} module holds no fused {te.gate_up}/{te.down} "
-                      "tensors; kt reads the transformers 5 expert layout")
-    bias_names = (f"{te.gate_up}_bias", f"{te.down}_bias")
-    biases = [n for n, _ in experts.named_parameters() if "bias" in n]
-    if biases and (not te.input_first or sorted(biases) != sorted(bias_names)):
-        raise KTError(f"layer {layer}: the experts have biases ({', '.join(biases)}); kt reads expert biases in "
-                      f"GPT-OSS's layout ({', '.join(bias_names)}) only")
-    if (gate_up.is_meta or down.is_meta) and not (experts_unloaded(experts) and has_source):
+def _fused(experts: nn.Module, layout: ExpertLayout, gate_up: torch.Tensor, down: torch.Tensor, biases, params):
+    views = layout.kt_weights(gate_up.detach(), down.detach())
+    return _Experts(experts, tuple(views[0].shape), gate_up.is_meta or down.is_meta, biases, params, layout,
+                    lambda: views)
+
+
+def _check_loaded(experts: nn.Module, meta: bool, layer: int, has_source: bool) -> None:
+    if meta and not (experts_unloaded(experts) and has_source):
         if experts_unloaded(experts):
             raise KTError(f"layer {layer}: this model was loaded without its experts (kt's load_model); give "
                           "patch_model the weight_path to read them from (the model's folder, a kt convert folder, "
                           "a GGUF file)")
         raise KTError(f"layer {layer}: the expert weights are on the meta device (not loaded); load the model's "
                       "weights before patching it")
+
+
+def _expert_tensors(block: nn.Module, fam: Family, layer: int, model_type: str, has_source: bool = False) -> _Experts:
+    """The routed experts of one block, checked, in kt's orientation (meta for a model loaded
+    without its experts, when they will be read from a weight_path: `has_source`)."""
+    te = fam.transformers_experts
+    experts = getattr(block, te.attr, None)
+    if isinstance(experts, KTExperts):
+        raise KTError("this model is already patched: its experts run on kt")
+    if holds_expert_modules(block, te.attr):   # remote-code DeepSeek / Kimi-K2: one MLP module per expert
+        shape, params, meta, stacked = expert_module_weights(experts, fam.per_expert or ExpertNames(), layer)
+        _check_loaded(experts, meta, layer, has_source)
+        return _Experts(experts, shape, meta, None, params, ExpertLayout(), stacked, per_expert_modules=True)
+    gate_up, down = getattr(experts, te.gate_up, None), getattr(experts, te.down, None)
+    if not isinstance(gate_up, torch.Tensor) or not isinstance(down, torch.Tensor):
+        raise KTError(f"layer {layer}: the {model_type} block's {te.attr!r} module holds no fused {te.gate_up}/{te.down} "
+                      "tensors nor a list of per-expert modules; kt reads the transformers 5 expert layout and "
+                      "DeepSeek's / Kimi-K2's remote code")
+    bias_names = (f"{te.gate_up}_bias", f"{te.down}_bias")
+    biases = [n for n, _ in experts.named_parameters() if "bias" in n]
+    if biases and (not te.input_first or sorted(biases) != sorted(bias_names)):
+        raise KTError(f"layer {layer}: the experts have biases ({', '.join(biases)}); kt reads expert biases in "
+                      f"GPT-OSS's layout ({', '.join(bias_names)}) only")
+    _check_loaded(experts, gate_up.is_meta or down.is_meta, layer, has_source)
     if te.input_first:   # GPT-OSS: [E, H, 2I] (gate, up interleaved) and [E, I, H], x @ W
         if gate_up.dim() != 3 or down.dim() != 3 or gate_up.shape[2] % 2:
             raise KTError(f"layer {layer}: expected {te.gate_up} [E, H, 2I] and {te.down} [E, I, H], got "
@@ -166,8 +187,8 @@ def _expert_tensors(block: nn.Module, fam: Family, layer: int, model_type: str, 
                           f"disagree; expected {te.down} [{e}, {two_i // 2}, {h}]")
         gu_bias, d_bias = (getattr(experts, n) for n in bias_names)
         layout = ExpertLayout(input_first=True, interleaved=True)
-        return _Experts(experts, *layout.kt_weights(gate_up.detach(), down.detach()),
-                        layout.kt_biases(gu_bias.detach(), d_bias.detach()), (gate_up, down, gu_bias, d_bias), layout)
+        return _fused(experts, layout, gate_up, down, layout.kt_biases(gu_bias.detach(), d_bias.detach()),
+                      (gate_up, down, gu_bias, d_bias))
     if gate_up.dim() != 3 or down.dim() != 3 or gate_up.shape[1] % 2:
         raise KTError(f"layer {layer}: expected {te.gate_up} [E, 2I, H] and {te.down} [E, H, I], got "
                       f"{list(gate_up.shape)} and {list(down.shape)}")
@@ -175,16 +196,24 @@ def _expert_tensors(block: nn.Module, fam: Family, layer: int, model_type: str, 
     if tuple(down.shape) != (e, h, two_i // 2):
         raise KTError(f"layer {layer}: {te.gate_up} {list(gate_up.shape)} and {te.down} {list(down.shape)} disagree; "
                       f"expected {te.down} [{e}, {h}, {two_i // 2}]")
-    layout = ExpertLayout()
-    return _Experts(experts, *layout.kt_weights(gate_up.detach(), down.detach()), None, (gate_up, down), layout)
+    return _fused(experts, ExpertLayout(), gate_up, down, None, (gate_up, down))
 
 
-def resident_experts(t: _Experts, mask, source, layer: int, block: nn.Module):
+def install_experts(block: nn.Module, fam: Family, t: _Experts, module: nn.Module) -> None:
+    """kt's experts module in the block's place of `t`'s."""
+    if t.per_expert_modules:
+        run_moe_infer_on(block, module)
+    else:
+        setattr(block, fam.transformers_experts.attr, module)
+
+
+def resident_experts(t: _Experts, mask, source, layer: int, block: nn.Module, weights=None):
     """(gate|up [G, 2I, H], down [G, H, I], biases or None) of a layer's GPU-resident experts: the
-    model's own tensors, or for a model loaded without its experts the checkpoint's (BF16 or FP8,
-    dequantized), in the dtype and on the device of the block's other parameters."""
-    if not any(mask) or not t.gate.is_meta:
-        return (*resident_weights(t.gate, t.up, t.down, mask), resident_biases(t.biases, mask))
+    model's own tensors (`weights`: t.weights() when already taken), or for a model loaded without
+    its experts the checkpoint's (BF16 or FP8, dequantized), in the dtype and on the device of the
+    block's other parameters."""
+    if not any(mask) or not t.meta:
+        return (*resident_weights(*(weights or t.weights()), mask), resident_biases(t.biases, mask))
     if not serves_resident_experts(source):
         method = source.spec.quantization.method if isinstance(source, Checkpoint) else None
         raise KTError(f"layer {layer}: GPU-resident experts (num_gpu_experts) of a model loaded without its experts "
@@ -292,10 +321,10 @@ def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None =
     swiglu = _swiglu(fam, cfg, model_type)
     blocks = _moe_blocks(model, fam, model_type)
     tensors = [_expert_tensors(block, fam, layer, model_type, weight_path is not None) for layer, block in blocks]
-    num_experts, intermediate, hidden = tensors[0].gate.shape
+    num_experts, intermediate, hidden = tensors[0].shape
     for (layer, _), t in zip(blocks, tensors):
-        if tuple(t.gate.shape) != (num_experts, intermediate, hidden):
-            raise KTError(f"layer {layer}'s experts are {list(t.gate.shape)} (gate), layer {blocks[0][0]}'s "
+        if t.shape != (num_experts, intermediate, hidden):
+            raise KTError(f"layer {layer}'s experts are {list(t.shape)} (E, I, H), layer {blocks[0][0]}'s "
                           f"{[num_experts, intermediate, hidden]}; kt expects one geometry per model")
     biased = tensors[0].biases is not None
     top_k = _config_int(cfg, fam.top_k_key, "experts per token", model_type)
@@ -323,7 +352,8 @@ def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None =
     with torch.no_grad():
         for order, ((layer, block), t) in enumerate(zip(blocks, tensors)):
             mask = masks[layer]
-            moe = None
+            # A per-expert block's stack is made here, one layer at a time (weight_path: not needed).
+            moe, weights = None, t.weights() if source is None else None
             if not all(mask):
                 moe = MoE(num_experts=num_experts, top_k=top_k, hidden_size=hidden, intermediate_size=intermediate,
                           method=method, gpu_experts_mask=mask, max_tokens=max_tokens, backend=backend,
@@ -331,10 +361,11 @@ def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None =
                           weight_types=source_weight_types(source, layer, method),
                           swiglu_limit=swiglu[0], swiglu_alpha=swiglu[1], expert_bias=biased)
                 if source is not None:   # experts not loaded into torch are quantized as they are read
-                    load_layer(moe, source, layer, quantize_at_load=t.gate.is_meta)
+                    load_layer(moe, source, layer, quantize_at_load=t.meta)
                 else:
-                    moe.load(t.gate, t.up, t.down, biases=t.biases)
-            resident_gate_up, resident_down, resident_bias = resident_experts(t, mask, source, layer, block)
+                    moe.load(*weights, biases=t.biases)
+            resident_gate_up, resident_down, resident_bias = resident_experts(t, mask, source, layer, block, weights)
+            del weights
             last = order == len(blocks) - 1
             module = KTExperts(layer=layer, order=order, num_experts=num_experts, moe=moe, gpu_mask=mask,
                                resident_gate_up=resident_gate_up, resident_down=resident_down,
@@ -343,7 +374,7 @@ def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None =
                                resident_bias=resident_bias, swiglu=swiglu)
             if free_originals:
                 freed += sum(release_expert_tensor(p) for p in t.params)
-            setattr(block, fam.transformers_experts.attr, module)
+            install_experts(block, fam, t, module)
             patched[layer] = module
     backends = tuple(sorted({m.moe.backend for m in patched.values() if m.moe is not None}))
     return KTPatch(family=fam, model_type=model_type, method=canonical_method(method),
