@@ -116,7 +116,7 @@ class LoRAExperts(nn.Module):
                  resident_down: torch.Tensor | None = None, interleaved_gate_up: bool = False,
                  expert_weights: tuple[nn.Parameter, ...] | None = None,
                  weight_names: tuple[str, ...] = ("gate_up_proj", "down_proj"), input_first: bool = False,
-                 resident_bias: tuple[torch.Tensor, torch.Tensor] | None = None):
+                 resident_bias: tuple[torch.Tensor, torch.Tensor] | None = None, expert_modules: bool = False):
         super().__init__()
         if not moe.trainable:
             raise KTError("LoRAExperts needs a kt_core.MoE made with trainable=True (kernels with transposed tiles)")
@@ -139,6 +139,9 @@ class LoRAExperts(nn.Module):
         # gate_up B follows it, kt's is [gate | up] (peft_format reorders B's rows).
         self.interleaved_gate_up = bool(interleaved_gate_up)
         self.layout = ExpertLayout(input_first=bool(input_first), interleaved=self.interleaved_gate_up)
+        # The model held these experts as one Linear module each (DeepSeek's / Kimi-K2's remote code):
+        # PEFT's adapters for them are per module (peft_expert_modules.py).
+        self.expert_modules = bool(expert_modules)
         self.step = ExpertStep(moe)
         resident = [e for e, g in enumerate(moe.gpu_experts_mask) if g]
         if resident and moe.expert_bias and resident_bias is None:

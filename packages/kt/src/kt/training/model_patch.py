@@ -74,7 +74,7 @@ class KTTrainPatch:
 
 
 def patch_for_training(model: nn.Module, *, method: str, backend: str | None, lora_rank: int, lora_alpha: float,
-                       target: Sequence[str], recompute: bool, group_size: int, zero_point: bool, max_tokens: int,
+                       target: Sequence[str] | None, recompute: bool, group_size: int, zero_point: bool, max_tokens: int,
                        fast_activations: bool | None, freeze_base: bool, adapter: str | os.PathLike | None,
                        num_gpu_experts: int = 0, placement: str = "uniform", stats_file: str | os.PathLike | None = None,
                        placement_seed: int = 42, train_experts: bool = False,
@@ -82,6 +82,7 @@ def patch_for_training(model: nn.Module, *, method: str, backend: str | None, lo
     # The transformers integration's readers of a model's MoE blocks (families, checks, orientation)
     # and its placement of GPU-resident experts.
     from ..integrations.transformers import patch as inference_patch
+    from ..integrations.transformers.expert_modules import holds_expert_modules, train_through_moe_infer
     from ..integrations.transformers.placement import gpu_expert_masks
     from ..integrations.transformers.stats import load_counts
     from ..weights import load_layer
@@ -96,6 +97,12 @@ def patch_for_training(model: nn.Module, *, method: str, backend: str | None, lo
     blocks = inference_patch._moe_blocks(model, fam, model_type)
     top_k = inference_patch._config_int(cfg, fam.top_k_key, "experts per token", model_type)
     te = fam.transformers_experts
+    per_expert = [holds_expert_modules(block, te.attr) for _, block in blocks]
+    if target is None:   # PEFT's natural adapters: on the fused projection, or on each expert's Linear layers
+        target = ("gate", "up", "down") if any(per_expert) else ("gate_up", "down")
+    if train_experts and any(per_expert):
+        raise KTError("train_experts: this model holds its experts as one module per expert (remote code); kt "
+                      "trains such experts' LoRA adapters, not their weights")
     if train_experts:   # refused before the model is touched (LoRAExperts checks the same per layer)
         try:
             check_trainable_weights(method)
@@ -141,7 +148,8 @@ def patch_for_training(model: nn.Module, *, method: str, backend: str | None, lo
                              interleaved_gate_up=t.layout.interleaved, input_first=t.layout.input_first,
                              expert_weights=t.params if train_experts else None,
                              weight_names=(te.gate_up, te.down) + ((f"{te.gate_up}_bias", f"{te.down}_bias")
-                                                                   if t.biases is not None else ()))
+                                                                   if t.biases is not None else ()),
+                             expert_modules=t.per_expert_modules)
         if train_experts:   # the model's parameters themselves train: kt re-packs them as they change
             for p in t.params:
                 p.requires_grad_(True)
@@ -149,7 +157,9 @@ def patch_for_training(model: nn.Module, *, method: str, backend: str | None, lo
             for p in t.params:   # the torch copies of the frozen experts: kt holds them packed now
                 p.requires_grad_(False)
                 freed += inference_patch.release_expert_tensor(p)
-        setattr(block, fam.transformers_experts.attr, module)
+        inference_patch.install_experts(block, fam, t, module)
+        if t.per_expert_modules:
+            train_through_moe_infer(block)
         layers[layer] = module
         modules[paths[id(t.module)]] = module
     patch = KTTrainPatch(model_type=model_type, method=layers[blocks[0][0]].moe.method, layers=layers, modules=modules,

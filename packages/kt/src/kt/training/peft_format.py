@@ -13,6 +13,8 @@ in that order; kt's B is [gate | up] and is reordered on the way out and in.
     load_adapter(model, "out/")          # into the LoRAExperts of a kt-patched model
 
 `peft.PeftModel.from_pretrained(the same model unpatched, "out/")` loads what save_adapter wrote.
+Experts held as one Linear module per expert (DeepSeek's / Kimi-K2's remote code) get PEFT's ordinary
+per-module LoRA instead: peft_expert_modules.py.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from torch import nn
 from kt_core.errors import KTError
 
 from ..integrations.transformers.expert_layout import deinterleave, interleave
+from . import peft_expert_modules
 from .lora_experts import LoRAExperts
 
 CONFIG_NAME = "adapter_config.json"
@@ -93,6 +96,8 @@ def adapter_state_dict(model: nn.Module | Mapping[str, LoRAExperts]) -> tuple[di
     """(PEFT's tensors, PEFT's config) of the model's kt expert adapters."""
     layers = _experts(model)
     first = _check_uniform(layers)
+    if first.expert_modules:
+        return peft_expert_modules.state_dict(layers, first)
     tensors = {}
     rank = first.rank
     for name, m in layers.items():
@@ -133,17 +138,39 @@ def save_adapter(model: nn.Module | Mapping[str, LoRAExperts], directory: str | 
     return out
 
 
-def adapter_settings(directory: str | os.PathLike) -> tuple[int, float, tuple[str, ...]]:
-    """(rank, alpha, kt targets) of a PEFT adapter folder's expert LoRA."""
+def _config(directory: str | os.PathLike) -> tuple[Path, dict]:
     cfg_path = Path(directory) / CONFIG_NAME
     if not cfg_path.is_file():
         raise KTError(f"{directory} is not a PEFT adapter folder: {CONFIG_NAME} is missing")
-    config = json.loads(cfg_path.read_text())
-    names = {p.rsplit(".", 1)[-1] for p in config.get("target_parameters") or ()}
-    targets = tuple(t for t, p in PARAMETER.items() if p in names)
-    if not targets:
-        raise KTError(f"{cfg_path}: no LoRA on the experts' {' or '.join(PARAMETER.values())} (target_parameters: "
-                      f"{config.get('target_parameters')})")
+    return cfg_path, json.loads(cfg_path.read_text())
+
+
+def _per_module(config: dict) -> bool:
+    """Whether an adapter is PEFT's per-module LoRA (target_modules), not on fused expert parameters."""
+    return not config.get("target_parameters")
+
+
+def adapter_settings(directory: str | os.PathLike) -> tuple[int, float, tuple[str, ...]]:
+    """(rank, alpha, kt targets) of a PEFT adapter folder's expert LoRA."""
+    cfg_path, config = _config(directory)
+    if _per_module(config):
+        from safetensors import safe_open
+
+        weights = Path(directory) / WEIGHTS_NAME
+        if not weights.is_file():
+            raise KTError(f"{directory} is not a PEFT adapter folder: {WEIGHTS_NAME} is missing")
+        with safe_open(str(weights), "pt") as f:
+            targets = peft_expert_modules.targets_of(f.keys())
+        if not targets:
+            raise KTError(f"{cfg_path}: no LoRA on the experts — neither target_parameters on their fused "
+                          f"{' or '.join(PARAMETER.values())} nor per-expert gate_proj / up_proj / down_proj modules "
+                          f"(target_modules: {config.get('target_modules')})")
+    else:
+        names = {p.rsplit(".", 1)[-1] for p in config.get("target_parameters") or ()}
+        targets = tuple(t for t, p in PARAMETER.items() if p in names)
+        if not targets:
+            raise KTError(f"{cfg_path}: no LoRA on the experts' {' or '.join(PARAMETER.values())} (target_parameters: "
+                          f"{config.get('target_parameters')})")
     return int(config.get("r", 0)), float(config.get("lora_alpha", 0)), targets
 
 
@@ -175,6 +202,8 @@ def merge_expert_adapter(model: nn.Module, directory: str | os.PathLike) -> int:
 
     rank, alpha, _ = adapter_settings(directory)
     tensors = load_file(str(Path(directory) / WEIGHTS_NAME))
+    if _per_module(_config(directory)[1]):
+        return peft_expert_modules.merge(model, tensors, alpha / rank)
     merged = 0
     with torch.no_grad():
         for name, module in model.named_modules():
@@ -200,22 +229,32 @@ def load_adapter(model: nn.Module | Mapping[str, LoRAExperts], directory: str | 
     config = json.loads(cfg_path.read_text())
     layers = _experts(model)
     first = _check_uniform(layers)
-    if first.targets != tuple(t for t in ("gate_up", "down") if t in first.targets):
+    if not first.expert_modules and first.targets != tuple(t for t in ("gate_up", "down") if t in first.targets):
         raise KTError(f"{folder}: a PEFT adapter holds one fused gate_up adapter; these experts were patched with "
                       f"separate ones (target={first.targets}): patch with target=('gate_up', 'down') to load it")
-    # PEFT saves target_parameters as a set (any order); its wrappers nest in the experts module's
-    # parameter order, gate_up_proj (defined first in transformers 5) innermost.
-    params = sorted(p.rsplit(".", 1)[-1] for p in config.get("target_parameters") or ())
-    want = sorted(PARAMETER[t] for t in first.targets)
-    if config.get("peft_type") != "LORA" or params != want:
-        raise KTError(f"{cfg_path}: expected a LoRA adapter with target_parameters on {', '.join(want)} (as kt's "
-                      f"experts were patched: target={first.targets}); found peft_type "
-                      f"{config.get('peft_type')!r}, target_parameters {config.get('target_parameters')}")
+    if config.get("peft_type") != "LORA":
+        raise KTError(f"{cfg_path}: expected a LoRA adapter, found peft_type {config.get('peft_type')!r}")
     if config.get("r") != first.rank or float(config.get("lora_alpha", 0)) != first.alpha:
         raise KTError(f"{cfg_path}: rank {config.get('r')} / alpha {config.get('lora_alpha')}; the patched experts "
                       f"have rank {first.rank} / alpha {first.alpha:g} (patch with the adapter's)")
     if config.get("use_rslora") or config.get("use_dora") or config.get("lora_bias"):
         raise KTError(f"{cfg_path}: rsLoRA, DoRA and LoRA biases are not supported on kt's experts")
+    if first.expert_modules != _per_module(config):
+        raise KTError(f"{cfg_path}: an adapter on {'per-expert modules' if _per_module(config) else 'fused expert parameters'}"
+                      f"; this model holds its experts {'as one module each' if first.expert_modules else 'fused'} — "
+                      "it was written for another implementation of the model")
+    if first.expert_modules:
+        tensors = load_file(str(weights_path))
+        _refuse_extra(tensors, peft_expert_modules.load(layers, tensors, folder), weights_path)
+        return
+    # PEFT saves target_parameters as a set (any order); its wrappers nest in the experts module's
+    # parameter order, gate_up_proj (defined first in transformers 5) innermost.
+    params = sorted(p.rsplit(".", 1)[-1] for p in config.get("target_parameters") or ())
+    want = sorted(PARAMETER[t] for t in first.targets)
+    if params != want:
+        raise KTError(f"{cfg_path}: expected a LoRA adapter with target_parameters on {', '.join(want)} (as kt's "
+                      f"experts were patched: target={first.targets}); found target_parameters "
+                      f"{config.get('target_parameters')}")
     tensors = load_file(str(weights_path))
     used = set()
     with torch.no_grad():
@@ -235,6 +274,10 @@ def load_adapter(model: nn.Module | Mapping[str, LoRAExperts], directory: str | 
                 peft_b = tensors[kb].reshape(b.shape[1], r, E).permute(2, 0, 1)
                 b.copy_(deinterleave(peft_b) if t == "gate_up" and m.interleaved_gate_up else peft_b)
                 used.update((ka, kb))
+    _refuse_extra(tensors, used, weights_path)
+
+
+def _refuse_extra(tensors: dict, used: set, weights_path: Path) -> None:
     extra = sorted(set(tensors) - used)
     if extra:
         raise KTError(f"{weights_path} holds tensors kt's experts do not take (LoRA on other modules is PEFT's to "

@@ -41,6 +41,28 @@ def run_moe_infer_on(block: nn.Module, experts: nn.Module) -> None:
     block.moe_infer = types.MethodType(_moe_infer_on_kt, block)   # MethodType: deepcopy rebinds it
 
 
+def _forward_routing_as_in_eval(self, *args, **kwargs):
+    # Such a block and its router run their eval branch in training too: DeepSeek-V3's and Kimi-K2's
+    # router has no training branch (it asserts not training), the block's own training branch loops
+    # over the expert modules kt replaced. The eval branch is differentiable — the routing weights are
+    # gathered scores and moe_infer is kt's autograd node — but DeepSeek-V2's auxiliary balance loss
+    # (aux_loss_alpha), computed only in training, is not added.
+    modules = [m for m in (self, getattr(self, "gate", None)) if isinstance(m, nn.Module)]
+    modes = [m.training for m in modules]
+    for m in modules:
+        m.training = False
+    try:
+        return type(self).forward(self, *args, **kwargs)
+    finally:
+        for m, mode in zip(modules, modes):
+            m.training = mode
+
+
+def train_through_moe_infer(block: nn.Module) -> None:
+    """Let a block whose experts kt runs (run_moe_infer_on) train: its forward takes the eval branch."""
+    block.forward = types.MethodType(_forward_routing_as_in_eval, block)
+
+
 def expert_module_weights(experts: nn.ModuleList, names: ExpertNames, layer: int):
     """(shape (E, I, H), the per-expert weight tensors, whether they are meta, and a function giving
     gate [E, I, H], up [E, I, H], down [E, H, I] stacked — made when asked: one layer's copy at a time)."""

@@ -295,7 +295,7 @@ def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None =
         from ...training.model_patch import patch_for_training
         from ...training.peft_format import adapter_settings
 
-        defaults = (0 if train_experts else 8, 16.0, ("gate_up", "down"))
+        defaults = (0 if train_experts else 8, 16.0, None)   # target: by how the model holds its experts
         if expert_lora_path is not None:
             defaults = adapter_settings(expert_lora_path)
         lora_rank = defaults[0] if lora_rank is None else lora_rank
