@@ -228,3 +228,34 @@ def test_lora_over_experts_left_unloaded_and_refusals(folder):
     assert losses[-1] < losses[0] - 0.05, losses
     with pytest.raises(KTError, match="train_experts.*one module per expert"):
         patch_model(whole(folder), mode="train", method="BF16", train_experts=True)
+
+
+def test_kt_run_serves_it_with_trust_remote_code(folder, tmp_path, monkeypatch):
+    """kt run MODEL --trust-remote-code: transformers runs the folder's modeling code, loads all but the
+    experts (load_model), kt reads them from the folder; greedy tokens equal the whole model's, patched.
+    Without the flag transformers refuses the folder by naming it."""
+    import shutil
+
+    from kt.integrations.transformers.preset import _tokenizer
+    from kt.serve import Engine, ServeSettings
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    served = shutil.copytree(folder, tmp_path / "kimi")
+    _tokenizer().save_pretrained(served)
+    with pytest.raises(ValueError, match="trust_remote_code"):
+        Engine.load(ServeSettings(model=str(served), port=0).resolved(), log=lambda _: None)
+    settings = ServeSettings(model=str(served), port=0, trust_remote_code=True).resolved()
+    assert ("modeling code", "the model folder's own (--trust-remote-code)") in settings.describe()
+    logs = []
+    engine = Engine.load(settings, log=logs.append)
+    try:
+        assert f"read its experts from {served} into kt" in logs[-1], logs
+        ids = torch.tensor([engine.text_prompt("MoE on a CPU")])
+        greedy = dict(max_new_tokens=8, min_new_tokens=8, do_sample=False)
+        with torch.no_grad():
+            got = engine.model.generate(ids, **greedy)
+            full = transformers.AutoModelForCausalLM.from_pretrained(served, dtype="auto", trust_remote_code=True).eval()
+            patch_model(full)
+            assert torch.equal(got, full.generate(ids, **greedy))
+    finally:
+        engine.close()

@@ -409,14 +409,15 @@ def test_dry_run_with_sglang_and_a_gpu_prints_the_sglang_command(tmp_path, monke
                                  "--kt-numa-nodes", "0,1", "--kt-gpu-experts-ratio", "0.25",
                                  "--kt-gpu-prefill-token-threshold", "2048", "--kt-expert-placement-strategy",
                                  "frequency", "--kt-enable-dynamic-expert-update", "--record-kt-gpu-expert-distribution",
-                                 "--kt-expert-lora-path", "/lora", "--", "--tp", "2", "--disable-cuda-graph"])
+                                 "--kt-expert-lora-path", "/lora", "--trust-remote-code", "--", "--tp", "2",
+                                 "--disable-cuda-graph"])
     assert r.exit_code == 0, r.output
     line = r.output.replace("\n", "")
     assert "--kt-method AMXINT4 " in line
     assert line.rstrip().endswith("--kt-numa-nodes 0 1 --kt-gpu-experts-ratio 0.25 --kt-gpu-prefill-token-threshold 2048 "
                                   "--kt-expert-placement-strategy frequency --kt-expert-lora-path /lora "
-                                  "--kt-enable-dynamic-expert-update --record-kt-gpu-expert-distribution --tp 2 "
-                                  "--disable-cuda-graph"), line
+                                  "--kt-enable-dynamic-expert-update --record-kt-gpu-expert-distribution "
+                                  "--trust-remote-code --tp 2 --disable-cuda-graph"), line
     for args, message in ((["--kt-method", "FP32"], "FP32 has no kt-kernel method"),
                           (["--kt-numa-nodes", "0,1", "--kt-threadpool-count", "1"], "lists 2 node.s., one per thread"),
                           (["--kt-gpu-experts-ratio", "1.5"], r"a fraction of all experts, in \[0, 1\]"),

@@ -53,7 +53,7 @@ def test_training_reduces_the_loss_and_writes_a_peft_adapter(tmp_path, monkeypat
     monkeypatch.setattr(trainer, "load_model", lambda *a, **kw: loads.append(kw) or load(*a, **kw))
     cfg = load_config(write_config(tmp_path, steps=10))
     losses = train(cfg)
-    assert loads == [{"without_experts": True}]
+    assert loads == [{"without_experts": True, "trust_remote_code": False}]
     assert len(losses) == 10 and losses[-1] < losses[0] - 0.3, losses
     run = tmp_path / "run"
     assert (run / "adapter" / "adapter_config.json").is_file() and (run / "adapter" / "adapter_model.safetensors").is_file()
@@ -120,6 +120,40 @@ def test_export_merge_and_chat(tmp_path):
     with torch.no_grad():
         want, got = merged(ids).logits, model.eval()(ids).logits
     assert float((got - want).abs().max() / want.abs().max()) < 1e-3
+
+
+def test_a_remote_code_model_trains_and_merges(tmp_path):
+    """trust_remote_code: true on a Kimi-K2-style folder (kt.testing.remote_code: one module per expert):
+    the run loads it without its experts, its adapters default to separate gate / up / down ones on
+    each expert's Linear layers (PEFT's per-module LoRA), the loss falls, and the adapter merged into
+    the model (saved with its modeling code) computes what kt computes with it."""
+    import yaml
+    from transformers import AutoModelForCausalLM
+
+    from kt.integrations.transformers import patch_model
+    from kt.integrations.transformers.preset import _tokenizer
+    from kt.testing.remote_code import write_remote_model
+
+    model_dir = write_remote_model(tmp_path / "kimi")
+    _tokenizer().save_pretrained(model_dir)
+    write_data(tmp_path / "data.jsonl")
+    cfg = {"model": str(model_dir), "data": "data.jsonl", "output_dir": "run", "method": "BF16",
+           "trust_remote_code": True, "lora": {"rank": 4, "alpha": 8},
+           "train": {"steps": 8, "lr": 1e-2, "batch_size": 4, "max_length": 64, "seed": 1, "save_every": 4}}
+    (tmp_path / "sft.yaml").write_text(yaml.safe_dump(cfg))
+    config = load_config(tmp_path / "sft.yaml")
+    losses = train(config)
+    assert losses[-1] < losses[0] - 0.1, losses
+    adapter = json.loads((tmp_path / "run" / "adapter" / "adapter_config.json").read_text())
+    assert adapter["target_modules"] == r".*\.mlp\.experts\.\d+\.(gate_proj|up_proj|down_proj)"
+    merged = AutoModelForCausalLM.from_pretrained(merge_adapter(config, tmp_path / "run" / "adapter", tmp_path / "merged"),
+                                                  trust_remote_code=True, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, trust_remote_code=True, dtype=torch.float32)
+    patch_model(model, method="BF16", expert_lora_path=tmp_path / "run" / "adapter")
+    ids = torch.randint(4, 90, (2, 10), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want, got = merged(ids).logits, model.eval()(ids).logits
+    assert float((got - want).abs().max() / want.abs().max()) < 1e-5
 
 
 def test_weight_path_run_trains_over_the_stored_codes(tmp_path):

@@ -178,6 +178,8 @@ def run_cmd(
     port: int = typer.Option(8000, help="port to listen on (0: any free port)"),
     served_model_name: str = typer.Option(None, "--served-model-name", help="model id clients ask for"),
     max_queue: int = typer.Option(64, help="requests that may wait behind the running one (503 beyond)"),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code",
+                                           help="run the modeling code the model folder ships (Kimi-K2, DeepSeek's own)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print what would run, start nothing"),
 ) -> None:
     """Serve MODEL over an OpenAI-compatible HTTP API with its routed experts on kt (SGLang with
@@ -195,6 +197,7 @@ def run_cmd(
                              max_deferred_experts_per_token=kt_max_deferred, fast_activations=fast_activations,
                              host=host, port=port,
                              served_model_name=served_model_name, max_queue=max_queue,
+                             trust_remote_code=trust_remote_code,
                              numa_nodes=numa_node_list(kt_numa_nodes),
                              gpu_experts_ratio=kt_gpu_experts_ratio,
                              gpu_prefill_token_threshold=kt_gpu_prefill_token_threshold,

@@ -101,22 +101,24 @@ class Engine:
         if settings.is_preset:
             model, tokenizer = load_preset()
         else:
-            config = AutoConfig.from_pretrained(settings.model)
+            remote = settings.trust_remote_code
+            config = AutoConfig.from_pretrained(settings.model, trust_remote_code=remote)
             _family(getattr(config, "model_type", None) or "")   # unknown or unsupported family: refused now
             # Checked first: without these files transformers 5 quietly builds an empty tokenizer.
             if not any((Path(settings.model) / f).is_file() for f in TOKENIZER_FILES):
                 raise KTError(f"{settings.model} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); kt run needs one")
             try:
-                tokenizer = AutoTokenizer.from_pretrained(settings.model)
+                tokenizer = AutoTokenizer.from_pretrained(settings.model, trust_remote_code=remote)
             except (OSError, ValueError) as exc:
                 raise KTError(f"{settings.model}'s tokenizer does not load: {exc}") from None
             # The experts go to kt: where it reads them from the checkpoint (or weight_path), transformers
             # loads the rest only — the memory of the non-expert weights, not the whole model's.
             lean = expert_source(settings.model, settings.method, settings.weight_path, settings.num_gpu_experts)
             if lean is not None:
-                model = load_model(settings.model, dtype="auto").eval()
+                model = load_model(settings.model, dtype="auto", trust_remote_code=remote).eval()
             else:
-                model = AutoModelForCausalLM.from_pretrained(settings.model, dtype="auto").eval()
+                model = AutoModelForCausalLM.from_pretrained(settings.model, dtype="auto",
+                                                             trust_remote_code=remote).eval()
         weight_path = settings.weight_path if lean is None else lean
         patch = patch_model(model, method=settings.method, weight_path=weight_path,
                             num_gpu_experts=settings.num_gpu_experts,

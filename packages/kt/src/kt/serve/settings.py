@@ -28,6 +28,7 @@ class ServeSettings:
     port: int = 8000
     served_model_name: str | None = None   # None: "tiny", or the folder's name
     max_queue: int = 64                    # requests waiting behind the running one
+    trust_remote_code: bool = False        # run the modeling code a model folder ships (Kimi-K2, DeepSeek's own)
     threads_reason: str = ""
     pools_reason: str = ""
     # SGLang's other --kt-* flags (kvcache-ai's server_args.py), passed on when SGLang serves.
@@ -128,6 +129,7 @@ class ServeSettings:
         return [
             ("model", self.model + (" (the built-in tiny Qwen3-MoE preset)" if self.is_preset else "")),
             ("served as", str(self.served_model_name)),
+            *([("modeling code", "the model folder's own (--trust-remote-code)")] if self.trust_remote_code else []),
             ("experts", self._experts_line()),
             ("cpuinfer threads", f"{self.cpuinfer} ({self.threads_reason})"),
             ("threadpool count", f"{self.threadpool_count} ({self.pools_reason})"),

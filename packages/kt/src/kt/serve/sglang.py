@@ -59,5 +59,6 @@ def command(s: ServeSettings, model_path: str) -> list[str]:
         if value is not None:
             cmd += [flag, str(value)]
     cmd += [flag for flag, on in (("--kt-enable-dynamic-expert-update", s.dynamic_expert_update),
-                                  ("--record-kt-gpu-expert-distribution", s.record_gpu_expert_distribution)) if on]
+                                  ("--record-kt-gpu-expert-distribution", s.record_gpu_expert_distribution),
+                                  ("--trust-remote-code", s.trust_remote_code)) if on]
     return cmd + list(s.sglang_args)

@@ -3,7 +3,7 @@ the MoE block: `experts` is an nn.ModuleList of per-expert MLPs (gate_proj, up_p
 same class as the shared experts and the dense layers' MLPs), `gate` returns (top-k indices, top-k
 weights), and the block's forward runs its own `moe_infer` loop — in eval mode only: like
 DeepSeek-V3's router (noaux_tc), this one has no training branch. Attention is plain causal
-multi-head attention without a cache."""
+multi-head attention without a cache (generate() runs the whole sequence at every step)."""
 
 import torch
 import torch.nn.functional as F
@@ -160,6 +160,9 @@ class DeepseekV3ForCausalLM(DeepseekV3PreTrainedModel, GenerationMixin):
         self.model = DeepseekV3Model(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
+
+    def prepare_inputs_for_generation(self, input_ids, **kwargs):
+        return {"input_ids": input_ids}   # no cache: every step runs the whole sequence
 
     def forward(self, input_ids, labels=None, **kwargs):
         logits = self.lm_head(self.model(input_ids)).float()

@@ -10,7 +10,10 @@
     dtype: float32              # the torch parts of the model (float32 or bfloat16)
     device: cpu                 # where they run (cpu, cuda, cuda:N); the routed experts and their LoRA stay on kt
     num_gpu_experts: 0          # experts per layer kept on `device`, computed by torch with their LoRA rows
+    trust_remote_code: false    # true: run the modeling code the model folder ships (Kimi-K2, DeepSeek's own)
     lora: {rank: 8, alpha: 16, target: [gate_up, down]}   # or [gate, up, down]: separate gate and up adapters
+                                # (the default for models holding one module per expert: remote-code DeepSeek /
+                                # Kimi-K2, whose PEFT adapters are per expert Linear layer)
     train_experts: false        # true: the experts' own weights train too (BF16/FP32; lora.rank then defaults
                                 # to 0, the weights alone); the run's model/ folder holds the result
     train: {steps: 100, lr: 2.0e-4, batch_size: 4, max_length: 512, seed: 0, save_every: 50,
@@ -38,7 +41,7 @@ DTYPES = ("float32", "bfloat16")
 class LoraSettings:
     rank: int = 8
     alpha: float = 16.0
-    target: tuple[str, ...] = ("gate_up", "down")
+    target: tuple[str, ...] | None = None   # None: by how the model holds its experts (patch_model's default)
 
 
 @dataclass
@@ -68,6 +71,7 @@ class SFTConfig:
     device: str = "cpu"
     num_gpu_experts: int = 0
     train_experts: bool = False
+    trust_remote_code: bool = False
     lora: LoraSettings = field(default_factory=LoraSettings)
     train: TrainSettings = field(default_factory=TrainSettings)
     source: Path | None = None   # the YAML file it came from
@@ -77,7 +81,9 @@ class SFTConfig:
                 "weight_path": None if self.weight_path is None else str(self.weight_path),
                 "group_size": self.group_size, "zero_point": self.zero_point, "dtype": self.dtype,
                 "device": self.device, "num_gpu_experts": self.num_gpu_experts, "train_experts": self.train_experts,
-                "lora": {"rank": self.lora.rank, "alpha": self.lora.alpha, "target": list(self.lora.target)},
+                "trust_remote_code": self.trust_remote_code,
+                "lora": {"rank": self.lora.rank, "alpha": self.lora.alpha,
+                         "target": None if self.lora.target is None else list(self.lora.target)},
                 "train": dict(vars(self.train))}
 
 
@@ -134,7 +140,7 @@ def load_config(path: str | Path, need_data: bool = True) -> SFTConfig:
     if not isinstance(raw, dict):
         raise KTError(f"{path}: expected a mapping of settings (model, data, output_dir, ...), got {type(raw).__name__}")
     known = {"model", "data", "output_dir", "method", "weight_path", "group_size", "zero_point", "dtype", "device",
-             "num_gpu_experts", "train_experts", "lora", "train"}
+             "num_gpu_experts", "train_experts", "trust_remote_code", "lora", "train"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise KTError(f"{path}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
@@ -169,6 +175,7 @@ def load_config(path: str | Path, need_data: bool = True) -> SFTConfig:
     _check(path, "device", device, "cpu, cuda or cuda:N", isinstance(device, str) and re.fullmatch(r"cpu|cuda(:\d+)?", device))
     num_gpu_experts = _int(path, "num_gpu_experts", raw.get("num_gpu_experts", 0), 0)
     train_experts = _bool(path, "train_experts", raw.get("train_experts", False))
+    trust_remote_code = _bool(path, "trust_remote_code", raw.get("trust_remote_code", False))
     if train_experts and weight_path is not None:
         raise KTError(f"{_where(path, 'weight_path')}: with train_experts the experts that train are the model's own "
                       "weights; weight_path gives frozen experts for LoRA over them (drop one of the two)")
@@ -179,7 +186,7 @@ def load_config(path: str | Path, need_data: bool = True) -> SFTConfig:
             lora.rank = _int(path, "lora.rank", lora_raw["rank"], 0 if train_experts else 1)
         if "alpha" in lora_raw:
             lora.alpha = _number(path, "lora.alpha", lora_raw["alpha"], positive=True)
-        if "target" in lora_raw:
+        if lora_raw.get("target") is not None:   # null: by how the model holds its experts
             t = lora_raw["target"]
             ok = isinstance(t, list) and t and all(isinstance(x, str) for x in t)
             lora.target = tuple(_check(path, "lora.target", t, "a list of gate_up, gate, up, down", ok))
@@ -200,5 +207,5 @@ def load_config(path: str | Path, need_data: bool = True) -> SFTConfig:
                      weight_path=weight_path, device=device, num_gpu_experts=num_gpu_experts,
                      group_size=_int(path, "group_size", raw.get("group_size", 0), 0),
                      zero_point=_bool(path, "zero_point", raw.get("zero_point", False)), dtype=dtype,
-                     train_experts=train_experts, lora=lora,
+                     train_experts=train_experts, trust_remote_code=trust_remote_code, lora=lora,
                      train=train, source=path)

@@ -48,17 +48,18 @@ def model_folder(model: str) -> str:
     return model
 
 
-def load_model(model: str, dtype: str, without_experts: bool = False):
+def load_model(model: str, dtype: str, without_experts: bool = False, trust_remote_code: bool = False):
     """(model, tokenizer) of a model folder or the built-in preset, in train-ready form;
     `without_experts`: the routed experts left unloaded, for kt to read from a weight_path
-    (kt.integrations.transformers.load_model)."""
+    (kt.integrations.transformers.load_model); `trust_remote_code`: the folder's modeling code runs."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ...integrations.transformers import load_model as load_without_experts
 
     folder = model_folder(model)
     load = load_without_experts if without_experts else AutoModelForCausalLM.from_pretrained
-    return load(folder, dtype=getattr(torch, dtype)), AutoTokenizer.from_pretrained(folder)
+    return (load(folder, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code),
+            AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code))
 
 
 def model_for_kt(config: SFTConfig):
@@ -69,7 +70,8 @@ def model_for_kt(config: SFTConfig):
 
     weight_path = None if config.train_experts else expert_source(model_folder(config.model), config.method,
                                                                    config.weight_path, config.num_gpu_experts)
-    model, tokenizer = load_model(config.model, config.dtype, without_experts=weight_path is not None)
+    model, tokenizer = load_model(config.model, config.dtype, without_experts=weight_path is not None,
+                                  trust_remote_code=config.trust_remote_code)
     return model, tokenizer, weight_path or config.weight_path
 
 
@@ -156,16 +158,16 @@ def trained_model(config: SFTConfig, run_dir: Path, checkpoint: int | None = Non
     """(model, tokenizer): the run's base model, with its trained expert weights when it trained them
     (train_experts: the final model/ folder, or checkpoint STEP's parameters)."""
     if not config.train_experts:
-        return load_model(config.model, config.dtype)
+        return load_model(config.model, config.dtype, trust_remote_code=config.trust_remote_code)
     if checkpoint is None:
         folder = run_dir / "model"
         if not (folder / "config.json").is_file():
             raise KTError(f"{folder} holds no model (the run has not finished: pass --checkpoint STEP)")
-        return load_model(str(folder), config.dtype)
+        return load_model(str(folder), config.dtype, trust_remote_code=config.trust_remote_code)
     state_file = run_dir / f"checkpoint-{checkpoint}" / STATE
     if not state_file.is_file():
         raise KTError(f"{state_file.parent} is not a checkpoint of this run (no {STATE})")
-    model, tokenizer = load_model(config.model, config.dtype)
+    model, tokenizer = load_model(config.model, config.dtype, trust_remote_code=config.trust_remote_code)
     trained = torch.load(state_file, weights_only=False)["parameters"]
     weights = {k: v for k, v in trained.items() if not is_adapter(k) and k.rsplit(".", 1)[-1] not in RESIDENT_WEIGHTS}
     missing = model.load_state_dict(weights, strict=False)
@@ -269,7 +271,7 @@ def merge_adapter(config: SFTConfig, adapter: Path, destination: Path, model=Non
     from ..peft_format import merge_expert_adapter
 
     if model is None:
-        model, tokenizer = load_model(config.model, config.dtype)
+        model, tokenizer = load_model(config.model, config.dtype, trust_remote_code=config.trust_remote_code)
     merged = merge_expert_adapter(model, adapter)
     if not merged:
         raise KTError(f"{adapter}: none of its tensors names an experts module of {config.model}")
