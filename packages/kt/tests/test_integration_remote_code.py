@@ -78,6 +78,22 @@ def test_load_model_leaves_the_experts_to_kt(folder):
     assert whole(folder).model.layers[1].mlp.experts[0].gate_proj.weight.shape == (32, 64)
 
 
+def test_fp8_checkpoint_as_deepseek_and_kimi_store_it(tmp_path):
+    """Every projection in FP8 blocks (attention, shared experts, dense MLP, experts), as DeepSeek-V3's
+    and Kimi-K2's checkpoints are: transformers dequantizes the non-expert ones on a CPU, kt serves the
+    experts' FP8 codes as stored — against the whole model transformers loads (dequantized): measured
+    1.5e-6 of the largest logit."""
+    from kt.testing.checkpoints import experts_to_fp8
+
+    fp8 = write_remote_model(tmp_path)
+    experts_to_fp8(fp8, every_projection=True)
+    want = logits(whole(fp8))
+    model = load_model(fp8, dtype=torch.float32, trust_remote_code=True)
+    assert not any(p.is_meta for p in model.parameters())
+    patch_model(model, method="FP8", weight_path=fp8)
+    assert rel_max(logits(model.eval()), want) < 1e-5
+
+
 def test_refusals(folder):
     model = whole(folder)
     block = model.model.layers[1].mlp

@@ -193,17 +193,19 @@ def write_checkpoint(folder, model_type: str, *, hidden: int = 128, intermediate
 FAMILY_MODEL_TYPES = tuple(f.model_types[0] for f in FAMILIES)
 
 
-def experts_to_fp8(folder) -> None:
+def experts_to_fp8(folder, every_projection: bool = False) -> None:
     """Turn a bf16 model folder that transformers saved with one tensor per expert (one
     model.safetensors) into a DeepSeek-V3-style FP8 checkpoint: each expert weight as E4M3 codes
-    with 128 x 128 block scales (`weight_scale_inv`), the config's fp8 quantization_config."""
+    with 128 x 128 block scales (`weight_scale_inv`), the config's fp8 quantization_config;
+    `every_projection`: every `*_proj.weight` too (attention, shared experts, dense MLPs), as
+    DeepSeek-V3's and Kimi-K2's own checkpoints store them."""
     import torch
     from safetensors.torch import load_file, save_file
 
     folder = Path(folder)
     tensors = {}
     for name, t in load_file(folder / "model.safetensors").items():
-        if ".experts." in name and name.endswith(".weight"):
+        if (".experts." in name and name.endswith(".weight")) or (every_projection and name.endswith("_proj.weight")):
             codes, scale = Q.quantize_fp8_block(t.float().numpy())
             tensors[name] = torch.from_numpy(codes).view(torch.float8_e4m3fn)
             tensors[name[:-len("weight")] + "weight_scale_inv"] = torch.from_numpy(scale.astype("float32"))
