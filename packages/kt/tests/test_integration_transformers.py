@@ -50,11 +50,34 @@ CONFIGS = {
     "deepseek_v3": lambda **kw: transformers.DeepseekV3Config(
         **COMMON, **MLA, num_hidden_layers=3, intermediate_size=128, moe_intermediate_size=32, n_routed_experts=8,
         num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
-        routed_scaling_factor=2.5, norm_topk_prob=True, **kw),
+        norm_topk_prob=True, **kw),
+    "deepseek_v32": lambda **kw: transformers.DeepseekV32Config(   # DeepSeek-V3.2: the sparse-attention indexer
+        **{**COMMON, "num_key_value_heads": 4}, **{**MLA, "q_lora_rank": 32}, num_hidden_layers=3, intermediate_size=128,
+        moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
+        n_group=2, topk_group=1, routed_scaling_factor=2.5, index_topk=64, **kw),
+    "glm4_moe_lite": lambda **kw: transformers.Glm4MoeLiteConfig(   # GLM-4.7-Flash: MLA, mlp_layer_types
+        **COMMON, **MLA, num_hidden_layers=3, intermediate_size=128, moe_intermediate_size=32, n_routed_experts=8,
+        num_experts_per_tok=2, n_shared_experts=1, n_group=2, topk_group=1, routed_scaling_factor=2.5, **kw),
+    "glm_moe_dsa": lambda **kw: transformers.GlmMoeDsaConfig(   # GLM-5
+        **{**COMMON, "num_key_value_heads": 4}, **{**MLA, "q_lora_rank": 32}, num_hidden_layers=3, intermediate_size=128,
+        moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
+        n_group=2, topk_group=1, routed_scaling_factor=2.5, index_topk=64, **kw),
+    "minimax_m2": lambda **kw: transformers.MiniMaxM2Config(
+        **COMMON, head_dim=16, num_hidden_layers=2, intermediate_size=32, num_local_experts=8, num_experts_per_tok=2, **kw),
+    "qwen3_next": lambda **kw: transformers.Qwen3NextConfig(   # Qwen3-Next: gated DeltaNet layers, a gated shared expert
+        **COMMON, head_dim=16, num_hidden_layers=4, intermediate_size=128, moe_intermediate_size=32,
+        shared_expert_intermediate_size=48, num_experts=8, num_experts_per_tok=2, **kw),
+    "dots1": lambda **kw: transformers.Dots1Config(
+        **COMMON, head_dim=16, num_hidden_layers=3, intermediate_size=128, moe_intermediate_size=32, n_routed_experts=8,
+        num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
+        norm_topk_prob=True, **kw),
+    "ernie4_5_moe": lambda **kw: transformers.Ernie4_5_MoeConfig(
+        **COMMON, head_dim=16, num_hidden_layers=3, intermediate_size=128, moe_intermediate_size=32, moe_num_experts=8,
+        moe_k=2, moe_num_shared_experts=1, **kw),
     "glm4_moe": lambda **kw: transformers.Glm4MoeConfig(
         **COMMON, num_hidden_layers=3, head_dim=16, intermediate_size=128, moe_intermediate_size=32, n_routed_experts=8,
         num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
-        routed_scaling_factor=2.5, norm_topk_prob=True, **kw),
+        norm_topk_prob=True, **kw),
 }
 NEW_TOKENS = 32
 GREEDY = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)

@@ -152,6 +152,19 @@ def test_config_key_variants_and_moe_layer_rules():
     assert spec_from_config(cfg).moe_layers == (1, 5)                      # (L + 1) % 2 == 0, minus layer 3
     cfg = make_config("deepseek_v3", hidden=64, intermediate=32, experts=8, top_k=2, layers=5, dense_prefix=3)
     assert spec_from_config(cfg).moe_layers == (3, 4)
+    # transformers 5's mlp_layer_types, where a config lists them, decides (GLM-4.7-Flash has no
+    # first_k_dense_replace); ERNIE-4.5's start / end / interval.
+    cfg = make_config("glm4_moe_lite", hidden=64, intermediate=32, experts=8, top_k=2, layers=4, dense_prefix=0)
+    cfg["mlp_layer_types"] = ["dense", "sparse", "dense", "sparse"]
+    assert spec_from_config(cfg).moe_layers == (1, 3)
+    cfg["mlp_layer_types"] = ["dense", "sparse"]
+    with pytest.raises(KTError, match="mlp_layer_types should list \"sparse\" or \"dense\" for each of the 4 layers"):
+        spec_from_config(cfg)
+    cfg = make_config("ernie4_5_moe", hidden=64, intermediate=32, experts=8, top_k=2, layers=8, dense_prefix=1)
+    cfg.update(moe_layer_end_index=5, moe_layer_interval=2)
+    assert spec_from_config(cfg).moe_layers == (1, 3, 5)                   # 1 <= L <= 5, (L + 1) % 2 == 0
+    cfg["moe_layer_end_index"] = -1                                        # -1: to the last layer
+    assert spec_from_config(cfg).moe_layers == (1, 3, 5, 7)
     with pytest.raises(KTError, match="model_type 'llama' is not an MoE family kt knows; supported: .*qwen3_moe"):
         spec_from_config({"model_type": "llama"})
     with pytest.raises(KTError, match="none of num_local_experts"):

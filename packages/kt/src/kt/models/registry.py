@@ -64,13 +64,17 @@ class Family:
     top_k_key: tuple[str, ...] = ("num_experts_per_tok",)
     hidden_key: tuple[str, ...] = ("hidden_size",)
     layers_key: tuple[str, ...] = ("num_hidden_layers",)
-    # Which layers are MoE: not among the first `dense_prefix_key` layers, not listed in
-    # `dense_layers_key`, and on the family's stride: (L + 1) % step == 0 (Qwen's
-    # decoder_sparse_step) or L % freq == 0 (DeepSeek's moe_layer_freq).
+    # Which layers are MoE: not among the first `dense_prefix_key` layers, not after
+    # `last_sparse_key` (when >= 0), not listed in `dense_layers_key`, and on the family's stride:
+    # (L + 1) % step == 0 (Qwen's decoder_sparse_step) or L % freq == 0 (DeepSeek's moe_layer_freq).
+    # Where the config lists every layer's kind (`layer_types_key`, transformers 5's
+    # mlp_layer_types: "sparse" / "dense"), that list decides.
     dense_prefix_key: str | None = None
     sparse_step_key: str | None = None
     layer_freq_key: str | None = None
     dense_layers_key: str | None = None
+    last_sparse_key: str | None = None
+    layer_types_key: str | None = None
     experts_prefix: str = "model.layers.{layer}.mlp.experts"
     per_expert: ExpertNames | None = field(default_factory=ExpertNames)
     fused: FusedExperts | None = None
@@ -93,7 +97,7 @@ class Family:
 
 
 _DEEPSEEK = dict(experts_key=("n_routed_experts",), dense_prefix_key="first_k_dense_replace",
-                 layer_freq_key="moe_layer_freq")
+                 layer_freq_key="moe_layer_freq", layer_types_key="mlp_layer_types")
 _MIXTRAL_STYLE = dict(experts_key=("num_local_experts",), intermediate_key=("intermediate_size",),
                       experts_prefix="model.layers.{layer}.block_sparse_moe.experts",
                       per_expert=ExpertNames(gate="w1", up="w3", down="w2"))
@@ -101,19 +105,27 @@ _MIXTRAL_STYLE = dict(experts_key=("num_local_experts",), intermediate_key=("int
 FAMILIES: tuple[Family, ...] = (
     # DeepseekV2MoE / DeepseekV3MoE are also the block names of the modeling code DeepSeek's and
     # Kimi-K2's checkpoints ship (trust_remote_code: one module per expert, expert_modules.py).
-    Family("deepseek", ("deepseek_v2", "deepseek_v3", "kimi_k2"), **_DEEPSEEK,
-           transformers_blocks=("DeepseekV2Moe", "DeepseekV2MoE", "DeepseekV3MoE")),
+    Family("deepseek", ("deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2"), **_DEEPSEEK,
+           transformers_blocks=("DeepseekV2Moe", "DeepseekV2MoE", "DeepseekV3MoE", "DeepseekV32MoE")),
     # transformers 5 saves Qwen3-MoE's expert count as num_local_experts.
-    Family("qwen-moe", ("qwen2_moe", "qwen3_moe"), experts_key=("num_experts", "num_local_experts"),
-           sparse_step_key="decoder_sparse_step",
-           dense_layers_key="mlp_only_layers", transformers_blocks=("Qwen2MoeSparseMoeBlock", "Qwen3MoeSparseMoeBlock")),
+    Family("qwen-moe", ("qwen2_moe", "qwen3_moe", "qwen3_next"), experts_key=("num_experts", "num_local_experts"),
+           sparse_step_key="decoder_sparse_step", dense_layers_key="mlp_only_layers",
+           transformers_blocks=("Qwen2MoeSparseMoeBlock", "Qwen3MoeSparseMoeBlock", "Qwen3NextSparseMoeBlock")),
     Family("qwen3-vl-moe", ("qwen3_vl_moe",), experts_key=("num_experts",), sparse_step_key="decoder_sparse_step",
            dense_layers_key="mlp_only_layers", text_config_key="text_config",
            experts_prefix="model.language_model.layers.{layer}.mlp.experts", per_expert=None, fused=FusedExperts()),
     Family("mixtral", ("mixtral",), **_MIXTRAL_STYLE, transformers_blocks=("MixtralSparseMoeBlock",)),
-    Family("minimax", ("minimax", "minimax_m2"), **_MIXTRAL_STYLE),
-    Family("glm4-moe", ("glm4_moe",), experts_key=("n_routed_experts",), dense_prefix_key="first_k_dense_replace",
-           transformers_blocks=("Glm4MoeMoE",)),
+    Family("minimax", ("minimax", "minimax_m2"), **_MIXTRAL_STYLE,
+           transformers_blocks=("MiniMaxSparseMoeBlock", "MiniMaxM2SparseMoeBlock")),
+    # GLM-4.5 / 4.6 / 4.7 (glm4_moe), GLM-4.7-Flash (glm4_moe_lite), GLM-5 (glm_moe_dsa).
+    Family("glm4-moe", ("glm4_moe", "glm4_moe_lite", "glm_moe_dsa"), experts_key=("n_routed_experts",),
+           dense_prefix_key="first_k_dense_replace", layer_types_key="mlp_layer_types",
+           transformers_blocks=("Glm4MoeMoE", "Glm4MoeLiteMoE", "GlmMoeDsaMoE")),
+    Family("dots1", ("dots1",), experts_key=("n_routed_experts",), dense_prefix_key="first_k_dense_replace",
+           transformers_blocks=("Dots1MoE",)),
+    Family("ernie4.5-moe", ("ernie4_5_moe",), experts_key=("moe_num_experts",), top_k_key=("moe_k",),
+           dense_prefix_key="moe_layer_start_index", last_sparse_key="moe_layer_end_index",
+           sparse_step_key="moe_layer_interval", transformers_blocks=("Ernie4_5_MoeSparseMoeBlock",)),
     Family("olmoe", ("olmoe",), experts_key=("num_experts",), intermediate_key=("intermediate_size",),
            transformers_blocks=("OlmoeSparseMoeBlock",)),
     Family("gpt-oss", ("gpt_oss",), experts_key=("num_local_experts",), intermediate_key=("intermediate_size",),

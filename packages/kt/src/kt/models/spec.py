@@ -156,8 +156,17 @@ def spec_from_config(cfg: dict) -> ModelSpec:
     if not isinstance(dense, list | tuple) or not all(isinstance(x, int) for x in dense):
         raise KTError(f"config.json {fam.dense_layers_key} should list layer numbers, found {dense!r}")
     dense = set(dense)
-    moe_layers = tuple(L for L in range(layers)
-                       if L >= dense_prefix and (L + 1) % step == 0 and L % freq == 0 and L not in dense)
+    last = _int_setting(text, fam.last_sparse_key, -1)
+    last = layers - 1 if last < 0 else last
+    moe_layers = tuple(L for L in range(layers) if L >= dense_prefix and L <= last and (L + 1) % step == 0
+                       and L % freq == 0 and L not in dense)
+    kinds = text.get(fam.layer_types_key) if fam.layer_types_key else None
+    if kinds is not None:   # every layer's kind, listed: it decides
+        if (not isinstance(kinds, list) or len(kinds) != layers
+                or not all(k in ("sparse", "dense") for k in kinds)):
+            raise KTError(f"config.json {fam.layer_types_key} should list \"sparse\" or \"dense\" for each of the "
+                          f"{layers} layers, found {kinds!r}")
+        moe_layers = tuple(L for L, k in enumerate(kinds) if k == "sparse")
     if not moe_layers:
         raise KTError(f"this {model_type} config has no MoE layers ({layers} layers, first_k_dense={dense_prefix}, "
                       f"step={step}, dense layers={sorted(dense)})")
