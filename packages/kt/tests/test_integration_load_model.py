@@ -197,3 +197,29 @@ def test_kt_run_serves_a_folder_loaded_without_its_experts(tmp_path, monkeypatch
             assert torch.equal(got, whole.generate(ids, **greedy))
     finally:
         engine.close()
+
+
+def test_qwen3_5_moe_multimodal_checkpoint(tmp_path):
+    """Qwen3.5-MoE's own checkpoints are its multimodal model (model_type qwen3_5_moe, the text model
+    under text_config, experts under model.language_model.layers, one tensor per expert), which
+    AutoModelForCausalLM loads as the text model alone (qwen3_5_moe_text): patched, and loaded
+    without its experts read from that folder, the logits of torch's (measured 3.2e-6)."""
+    common = {k: v for k, v in FAMILY_CONFIGS["qwen3_moe"]().to_dict().items()
+              if k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "vocab_size", "initializer_range",
+                       "pad_token_id", "bos_token_id", "eos_token_id")}
+    text = dict(common, head_dim=16, num_hidden_layers=4, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                num_experts=8, num_experts_per_tok=2)
+    config = transformers.Qwen3_5MoeConfig(text_config=text, vision_config=dict(depth=1, hidden_size=32, num_heads=2,
+                                                                                  intermediate_size=64, out_hidden_size=64))
+    torch.manual_seed(0)
+    transformers.Qwen3_5MoeForConditionalGeneration(config).to(torch.bfloat16).save_pretrained(tmp_path)
+    whole = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    assert whole.config.model_type == "qwen3_5_moe_text"
+    want = logits(whole)
+    patch_model(whole, method="BF16")
+    got = logits(whole)
+    assert ((got - want).abs().max() / want.abs().max()).item() < 1e-5
+    model = load_model(tmp_path, dtype=torch.float32)
+    assert sum(experts_unloaded(m) for m in model.modules()) == 4
+    patch_model(model, method="BF16", weight_path=tmp_path)
+    assert torch.equal(logits(model), got)

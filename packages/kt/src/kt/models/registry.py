@@ -108,9 +108,16 @@ FAMILIES: tuple[Family, ...] = (
     Family("deepseek", ("deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2"), **_DEEPSEEK,
            transformers_blocks=("DeepseekV2Moe", "DeepseekV2MoE", "DeepseekV3MoE", "DeepseekV32MoE")),
     # transformers 5 saves Qwen3-MoE's expert count as num_local_experts.
-    Family("qwen-moe", ("qwen2_moe", "qwen3_moe", "qwen3_next"), experts_key=("num_experts", "num_local_experts"),
-           sparse_step_key="decoder_sparse_step", dense_layers_key="mlp_only_layers",
-           transformers_blocks=("Qwen2MoeSparseMoeBlock", "Qwen3MoeSparseMoeBlock", "Qwen3NextSparseMoeBlock")),
+    # qwen3_5_moe_text: Qwen3.5-MoE's language model alone, as transformers' causal-LM class holds and saves it.
+    Family("qwen-moe", ("qwen2_moe", "qwen3_moe", "qwen3_next", "qwen3_5_moe_text"),
+           experts_key=("num_experts", "num_local_experts"), sparse_step_key="decoder_sparse_step",
+           dense_layers_key="mlp_only_layers",
+           transformers_blocks=("Qwen2MoeSparseMoeBlock", "Qwen3MoeSparseMoeBlock", "Qwen3NextSparseMoeBlock",
+                                "Qwen3_5MoeSparseMoeBlock")),
+    # Qwen3.5-MoE's own (multimodal) checkpoints: the text model nested, one tensor per expert.
+    Family("qwen3.5-moe", ("qwen3_5_moe",), experts_key=("num_experts",), text_config_key="text_config",
+           experts_prefix="model.language_model.layers.{layer}.mlp.experts",
+           transformers_blocks=("Qwen3_5MoeSparseMoeBlock",)),
     Family("qwen3-vl-moe", ("qwen3_vl_moe",), experts_key=("num_experts",), sparse_step_key="decoder_sparse_step",
            dense_layers_key="mlp_only_layers", text_config_key="text_config",
            experts_prefix="model.language_model.layers.{layer}.mlp.experts", per_expert=None, fused=FusedExperts()),
