@@ -528,3 +528,23 @@ def test_preset_is_written_once_then_loaded(tmp_path, monkeypatch):
     assert len(ids) == 8 and tokenizer.decode(ids) == "kt: MoE\n"
     assert all(p.dtype == torch.float32 and torch.equal(p, p.bfloat16().float()) for p in model.parameters())
     assert len(patch_model(model).layers) == preset.CONFIG["num_hidden_layers"]
+
+
+def test_qwen3_vl_moe_language_model_experts():
+    """Qwen3-VL-MoE (image-text-to-text: no causal-LM class): its language model's experts on kt in the
+    multimodal model itself (the text config under text_config), a text-only forward against torch's."""
+    text = dict(COMMON, head_dim=16, num_hidden_layers=2, intermediate_size=64, moe_intermediate_size=32, num_experts=8,
+                num_experts_per_tok=2)
+    config = transformers.Qwen3VLMoeConfig(text_config=text, vision_config=dict(depth=1, hidden_size=32, num_heads=2,
+                                                                                  intermediate_size=64, out_hidden_size=64))
+    torch.manual_seed(0)
+    model = transformers.Qwen3VLMoeForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for m in experts_modules(model):
+            for p in (m.gate_up_proj, m.down_proj):
+                p.copy_(p.bfloat16().float())
+    ids = prompt()
+    want = logits(model, ids)
+    patch = patch_model(model, method="BF16")
+    assert len(patch.layers) == 2 and experts_modules(model) == []
+    assert rel_max(logits(model, ids), want) < 1e-4
