@@ -22,6 +22,7 @@ from serving import tiny_server  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from kt.cli.app import app  # noqa: E402
+from kt_core.errors import KTError  # noqa: E402
 
 GREEDY = dict(temperature=0, max_tokens=16)
 
@@ -424,6 +425,48 @@ def test_dry_run_with_sglang_and_a_gpu_prints_the_sglang_command(tmp_path, monke
                           (["--kt-expert-placement-strategy", "hottest"], "choose one of frequency, front-loading")):
         r = CliRunner().invoke(app, ["run", str(tmp_path), "--dry-run", *args])
         assert r.exit_code == 1 and re.search(message, r.output), r.output
+
+
+def test_kt_run_serves_expert_lora(tmp_path, cache, monkeypatch):
+    """--kt-expert-lora-path on kt's own server: the preset served with a PEFT expert adapter (random
+    factors, written by kt) generates what patch_model(expert_lora_path=) gives, not what the base
+    model gives; a folder that is not an adapter, and deferral with one, are refused before loading."""
+    from kt.integrations.transformers import patch_model
+    from kt.integrations.transformers.preset import load_preset
+    from kt.serve import Engine, ServeSettings
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    model, _ = load_preset()
+    patch = patch_model(model, mode="train", lora_rank=4, lora_alpha=8)
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(0)
+        for p in patch.adapter_parameters():
+            p.normal_(0.0, 0.05, generator=gen)
+    patch.save_adapter(tmp_path / "lora")
+    settings = ServeSettings(port=0, expert_lora_path=str(tmp_path / "lora")).resolved()
+    assert dict(settings.describe())["expert LoRA"] == (f"{tmp_path / 'lora'} (PEFT adapter: rank 4, alpha 8, on "
+                                                        "gate_up, down)")
+    with pytest.raises(KTError, match="not a PEFT adapter folder"):
+        Engine.load(ServeSettings(port=0, expert_lora_path=str(tmp_path)).resolved())
+    with pytest.raises(KTError, match="deferred.*expert-lora-path"):
+        Engine.load(ServeSettings(port=0, expert_lora_path=str(tmp_path / "lora"),
+                                  max_deferred_experts_per_token=1).resolved())
+    logs = []
+    engine = Engine.load(settings, log=logs.append)
+    try:
+        assert f"expert LoRA from {tmp_path / 'lora'}" in logs[-1]
+        ids = torch.tensor([engine.text_prompt("The capital of France is")])
+        greedy = dict(max_new_tokens=12, min_new_tokens=12, do_sample=False)
+        with torch.no_grad():
+            got = engine.model.generate(ids, **greedy)
+            want, _ = load_preset()
+            patch_model(want, expert_lora_path=tmp_path / "lora")
+            assert torch.equal(got, want.generate(ids, **greedy))
+            base, _ = load_preset()
+            patch_model(base)
+            assert not torch.equal(got, base.generate(ids, **greedy))
+    finally:
+        engine.close()
 
 
 def test_sglang_only_flags_are_refused_where_kts_server_serves(tmp_path):

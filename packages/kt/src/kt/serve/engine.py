@@ -94,6 +94,7 @@ class Engine:
         from ..integrations.transformers.preset import load_preset
         from ..weights.loader import expert_source
 
+        settings.check_expert_lora()
         # The same mapping KTMoEWrapper(cpuinfer_threads=, threadpool_count=) uses, before any kt layer exists.
         KTMoEWrapper._configure_pool(settings.cpuinfer, settings.threadpool_count)
         start = time.perf_counter()
@@ -123,11 +124,12 @@ class Engine:
         patch = patch_model(model, method=settings.method, weight_path=weight_path,
                             num_gpu_experts=settings.num_gpu_experts,
                             max_deferred_experts_per_token=settings.max_deferred_experts_per_token,
-                            fast_activations=settings.fast_activations)
+                            fast_activations=settings.fast_activations, expert_lora_path=settings.expert_lora_path)
         how = (f"read its experts from {weight_path} into kt" if lean is not None else
                f"moved its experts onto kt ({patch.freed_bytes / 2**20:.1f} MiB of torch expert weights freed)")
+        lora = "" if settings.expert_lora_path is None else f", expert LoRA from {settings.expert_lora_path}"
         log(f"loaded {settings.model} and {how} ({patch.method} on {', '.join(patch.backends)}, "
-            f"{len(patch.layers)} MoE layers) in {time.perf_counter() - start:.1f} s")
+            f"{len(patch.layers)} MoE layers{lora}) in {time.perf_counter() - start:.1f} s")
         return cls(model, tokenizer, settings, patch, log)
 
     # -- prompts --------------------------------------------------------------------------

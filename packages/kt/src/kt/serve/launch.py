@@ -42,6 +42,7 @@ def run(settings: ServeSettings, console: Console, *, dry_run: bool = False) -> 
     if sglang_only:
         raise KTError(f"{', '.join(sglang_only)}: only SGLang takes these, and it does not serve here ({why}); "
                       "kt's transformers server would ignore them")
+    s.check_expert_lora()
     check_port(s.host, s.port)
     console.print(f"kt's transformers server ({why})", highlight=False)
     for key, value in s.describe():

@@ -38,7 +38,7 @@ class ServeSettings:
     expert_placement_strategy: str | None = None
     dynamic_expert_update: bool = False
     record_gpu_expert_distribution: bool = False
-    expert_lora_path: str | None = None
+    expert_lora_path: str | None = None    # a PEFT adapter of the routed experts, served with them
     sglang_args: tuple[str, ...] = ()      # everything after `--`, for SGLang unchanged
 
     def sglang_only(self) -> list[str]:
@@ -49,7 +49,6 @@ class ServeSettings:
                  ("--kt-expert-placement-strategy", self.expert_placement_strategy is not None),
                  ("--kt-enable-dynamic-expert-update", self.dynamic_expert_update),
                  ("--record-kt-gpu-expert-distribution", self.record_gpu_expert_distribution),
-                 ("--kt-expert-lora-path", self.expert_lora_path is not None),
                  ("arguments after --", bool(self.sglang_args))]
         return [flag for flag, on in given if on]
 
@@ -124,6 +123,24 @@ class ServeSettings:
             return f"{self.method} read from {source} (transformers loads the rest of the model only)"
         return f"{self.method}" + (f" from {self.weight_path}" if self.weight_path else " packed from the model's own weights")
 
+    def check_expert_lora(self) -> None:
+        """kt's server takes --kt-expert-lora-path as a PEFT adapter folder of the experts (SGLang reads
+        its own): refused before the model loads when it is not one, or with deferral."""
+        if self.expert_lora_path is None:
+            return
+        from ..training.peft_format import adapter_settings
+
+        adapter_settings(self.expert_lora_path)
+        if self.max_deferred_experts_per_token:
+            raise KTError("--kt-max-deferred-experts-per-token with --kt-expert-lora-path: kt's experts with "
+                          "adapters run in their own layer (no deferral)")
+
+    def _lora_line(self) -> str:
+        from ..training.peft_format import adapter_settings
+
+        rank, alpha, targets = adapter_settings(self.expert_lora_path)
+        return f"{self.expert_lora_path} (PEFT adapter: rank {rank}, alpha {alpha:g}, on {', '.join(targets)})"
+
     def describe(self) -> list[tuple[str, str]]:
         """(setting, value) rows for --dry-run and the start-up banner."""
         return [
@@ -135,6 +152,7 @@ class ServeSettings:
             ("threadpool count", f"{self.threadpool_count} ({self.pools_reason})"),
             ("GPU-resident experts", f"{self.num_gpu_experts} per layer (torch on the model's device)"),
             ("deferred experts", f"{self.max_deferred_experts_per_token} per token"),
+            *([("expert LoRA", self._lora_line())] if self.expert_lora_path is not None else []),
             ("activations", "fast: one int8 pass, bf16 for BF16/FP8 (kt-kernel's precision)" if self.fast_activations
              else "f32-exact (two int8 passes; split bf16)" if self.fast_activations is False
              else "f32-exact (two int8 passes; split bf16); GGUF: llama.cpp's activation blocks (one int8 pass)"),
