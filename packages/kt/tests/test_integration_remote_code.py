@@ -156,18 +156,22 @@ def train(model, params, steps=8, lr=1e-2, optimizer=torch.optim.AdamW):
     return losses
 
 
-def test_lora_training_matches_peft(folder):
+@pytest.mark.parametrize("num_gpu_experts", [0, 3])
+def test_lora_training_matches_peft(folder, num_gpu_experts):
     """kt's separate gate / up / down adapters (the default for such a model) are PEFT's per-module
     LoRA exactly: from the same factors, every adapter gradient agrees with PEFT's (measured 2.6e-6 -
     3.9e-6 relative, BF16 experts: the checkpoint's own values) and SGD steps on the same batches give
-    the same losses. (AdamW's first steps move each element by ±lr whatever its gradient's size, so
-    an element whose gradient is rounding noise on both sides decides the trajectory: not compared.)"""
+    the same losses; with three experts per layer torch's (GPU-resident, here on the CPU) too. (AdamW's
+    first steps move each element by ±lr whatever its gradient's size, so an element whose gradient is
+    rounding noise on both sides decides the trajectory: not compared.)"""
     peft = pytest.importorskip("peft")
     from kt.training import adapter_state_dict
 
     model = whole(folder)
-    patch = patch_model(model, mode="train", method="BF16", lora_rank=RANK, lora_alpha=ALPHA)
+    patch = patch_model(model, mode="train", method="BF16", lora_rank=RANK, lora_alpha=ALPHA,
+                        num_gpu_experts=num_gpu_experts)
     assert patch.layers[1].targets == ("gate", "up", "down")
+    assert all(sum(m) == num_gpu_experts for m in patch.gpu_masks.values())
     randomize([p for n, p in patch.layers[1].named_parameters() if n.endswith("_B")])   # B = 0 would hide A's path
     twin = peft_twin(folder)
     tensors, config = adapter_state_dict(patch.modules)
