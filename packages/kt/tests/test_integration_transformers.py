@@ -530,15 +530,24 @@ def test_preset_is_written_once_then_loaded(tmp_path, monkeypatch):
     assert len(patch_model(model).layers) == preset.CONFIG["num_hidden_layers"]
 
 
-def test_qwen3_vl_moe_language_model_experts():
-    """Qwen3-VL-MoE (image-text-to-text: no causal-LM class): its language model's experts on kt in the
-    multimodal model itself (the text config under text_config), a text-only forward against torch's."""
-    text = dict(COMMON, head_dim=16, num_hidden_layers=2, intermediate_size=64, moe_intermediate_size=32, num_experts=8,
-                num_experts_per_tok=2)
-    config = transformers.Qwen3VLMoeConfig(text_config=text, vision_config=dict(depth=1, hidden_size=32, num_heads=2,
-                                                                                  intermediate_size=64, out_hidden_size=64))
+def multimodal(model_type):
+    """A tiny image-text-to-text MoE model (no causal-LM class): its language model's config under text_config."""
+    vision = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=64)
+    if model_type == "qwen3_vl_moe":
+        text = dict(COMMON, head_dim=16, num_hidden_layers=2, intermediate_size=64, moe_intermediate_size=32,
+                    num_experts=8, num_experts_per_tok=2)
+        return transformers.Qwen3VLMoeForConditionalGeneration(
+            transformers.Qwen3VLMoeConfig(text_config=text, vision_config=vision))
+    text = CONFIGS["deepseek_v3"]().to_dict()   # Kimi-K2.5: a DeepSeek-V3 language model
+    return transformers.Kimi_K25ForConditionalGeneration(transformers.Kimi_K25Config(text_config=text, vision_config={}))
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_vl_moe", "kimi_k25"])
+def test_multimodal_models_language_model_experts(model_type):
+    """Qwen3-VL-MoE and Kimi-K2.5 (the multimodal model is the only class: load_model does not take
+    them): the language model's experts on kt in the model itself, a text-only forward against torch's."""
     torch.manual_seed(0)
-    model = transformers.Qwen3VLMoeForConditionalGeneration(config).eval()
+    model = multimodal(model_type).eval()
     with torch.no_grad():
         for m in experts_modules(model):
             for p in (m.gate_up_proj, m.down_proj):

@@ -107,6 +107,9 @@ FAMILIES: tuple[Family, ...] = (
     # Kimi-K2's checkpoints ship (trust_remote_code: one module per expert, expert_modules.py).
     Family("deepseek", ("deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2"), **_DEEPSEEK,
            transformers_blocks=("DeepseekV2Moe", "DeepseekV2MoE", "DeepseekV3MoE", "DeepseekV32MoE")),
+    # Kimi-K2.5: multimodal, its language model a DeepSeek-V3 (text_config), stored under language_model.model.
+    Family("kimi-k2.5", ("kimi_k25",), **_DEEPSEEK, text_config_key="text_config",
+           experts_prefix="language_model.model.layers.{layer}.mlp.experts", transformers_blocks=("DeepseekV3MoE",)),
     # transformers 5 saves Qwen3-MoE's expert count as num_local_experts.
     # qwen3_5_moe_text: Qwen3.5-MoE's language model alone, as transformers' causal-LM class holds and saves it.
     Family("qwen-moe", ("qwen2_moe", "qwen3_moe", "qwen3_next", "qwen3_5_moe_text"),
