@@ -41,21 +41,53 @@ def run_moe_infer_on(block: nn.Module, experts: nn.Module) -> None:
     block.moe_infer = types.MethodType(_moe_infer_on_kt, block)   # MethodType: deepcopy rebinds it
 
 
+class _AddAuxiliaryLoss(torch.autograd.Function):
+    """y unchanged forward; backward also hands the loss a gradient of 1, so minimising the model's
+    loss minimises the router's auxiliary loss with it (what DeepSeek-V2's training branch does)."""
+
+    @staticmethod
+    def forward(ctx, y, loss):
+        ctx.loss_shape, ctx.loss_dtype, ctx.loss_device = loss.shape, loss.dtype, loss.device
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, torch.ones(ctx.loss_shape, dtype=ctx.loss_dtype, device=ctx.loss_device)
+
+
+def _computes_aux_loss(gate) -> bool:
+    """DeepSeek-V2's router in training mode with aux_loss_alpha > 0 returns a balance loss third;
+    routers with aux-loss-free balancing (noaux_tc: DeepSeek-V3, Kimi-K2) have no training branch."""
+    return (isinstance(gate, nn.Module) and gate.training and float(getattr(gate, "alpha", 0.0) or 0.0) > 0.0
+            and getattr(gate, "topk_method", None) != "noaux_tc")
+
+
 def _forward_routing_as_in_eval(self, *args, **kwargs):
-    # Such a block and its router run their eval branch in training too: DeepSeek-V3's and Kimi-K2's
-    # router has no training branch (it asserts not training), the block's own training branch loops
-    # over the expert modules kt replaced. The eval branch is differentiable — the routing weights are
-    # gathered scores and moe_infer is kt's autograd node — but DeepSeek-V2's auxiliary balance loss
-    # (aux_loss_alpha), computed only in training, is not added.
-    modules = [m for m in (self, getattr(self, "gate", None)) if isinstance(m, nn.Module)]
+    # Such a block runs its eval branch in training too: its own training branch loops over the expert
+    # modules kt replaced, and DeepSeek-V3's / Kimi-K2's router has no training branch (it asserts not
+    # training). The eval branch is differentiable — the routing weights are gathered scores and
+    # moe_infer is kt's autograd node. A router that computes an auxiliary loss in training
+    # (DeepSeek-V2's) keeps its training mode; the loss it returns, which the eval branch drops, is
+    # added as the training branch adds it.
+    gate = getattr(self, "gate", None)
+    keep = _computes_aux_loss(gate)
+    modules = [m for m in (self, gate) if isinstance(m, nn.Module) and not (keep and m is gate)]
     modes = [m.training for m in modules]
+    returned = []
+    hook = gate.register_forward_hook(lambda module, inputs, output: returned.append(output)) if keep else None
     for m in modules:
         m.training = False
     try:
-        return type(self).forward(self, *args, **kwargs)
+        y = type(self).forward(self, *args, **kwargs)
     finally:
         for m, mode in zip(modules, modes):
             m.training = mode
+        if hook is not None:
+            hook.remove()
+    aux = [o[2] for o in returned if isinstance(o, tuple) and len(o) > 2 and isinstance(o[2], torch.Tensor)]
+    if aux and aux[0].requires_grad and torch.is_grad_enabled():
+        y = _AddAuxiliaryLoss.apply(y, aux[0])
+    return y
 
 
 def train_through_moe_infer(block: nn.Module) -> None:

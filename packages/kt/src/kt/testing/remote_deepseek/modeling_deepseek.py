@@ -1,9 +1,10 @@
 """kt's tiny remote-code DeepSeek-V3 / Kimi-K2 style model (see __init__.py). What matters to kt is
 the MoE block: `experts` is an nn.ModuleList of per-expert MLPs (gate_proj, up_proj, down_proj, the
 same class as the shared experts and the dense layers' MLPs), `gate` returns (top-k indices, top-k
-weights), and the block's forward runs its own `moe_infer` loop — in eval mode only: like
-DeepSeek-V3's router (noaux_tc), this one has no training branch. Attention is plain causal
-multi-head attention without a cache (generate() runs the whole sequence at every step)."""
+weights) — with topk_method "noaux_tc" (DeepSeek-V3, Kimi-K2: no training branch) — or, DeepSeek-V2's
+form, a third item, the balance loss it computes in training with aux_loss_alpha > 0; the block's
+forward runs its own `moe_infer` loop in eval mode only. Attention is plain causal multi-head
+attention without a cache (generate() runs the whole sequence at every step)."""
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +44,7 @@ class MoEGate(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.config = config
+        self.topk_method, self.alpha = config.topk_method, config.aux_loss_alpha
         self.weight = nn.Parameter(torch.empty(config.n_routed_experts, config.hidden_size))
         if config.topk_method == "noaux_tc":
             self.e_score_correction_bias = nn.Parameter(torch.zeros(config.n_routed_experts))
@@ -64,7 +66,15 @@ class MoEGate(nn.Module):
             topk_weight, topk_idx = scores.topk(c.num_experts_per_tok, dim=-1)
         if c.num_experts_per_tok > 1 and c.norm_topk_prob:
             topk_weight = topk_weight / (topk_weight.sum(-1, keepdim=True) + 1e-20)
-        return topk_idx, topk_weight * c.routed_scaling_factor
+        topk_weight = topk_weight * c.routed_scaling_factor
+        if c.topk_method == "noaux_tc":
+            return topk_idx, topk_weight
+        # DeepSeek-V2's form: a balance loss third, in training with aux_loss_alpha > 0 only.
+        aux_loss = None
+        if self.training and self.alpha > 0:
+            routed = F.one_hot(topk_idx.reshape(-1), c.n_routed_experts).float().mean(0) * c.n_routed_experts
+            aux_loss = (scores.mean(0) * routed).sum() * self.alpha
+        return topk_idx, topk_weight, aux_loss
 
 
 class DeepseekV3MoE(nn.Module):
@@ -79,7 +89,7 @@ class DeepseekV3MoE(nn.Module):
 
     def forward(self, hidden_states):
         identity, shape = hidden_states, hidden_states.shape
-        topk_idx, topk_weight = self.gate(hidden_states)
+        topk_idx, topk_weight, *_ = self.gate(hidden_states)
         if self.training:
             raise NotImplementedError("this MoE block runs in eval mode only")
         y = self.moe_infer(hidden_states.reshape(-1, shape[-1]), topk_idx, topk_weight).view(*shape)
