@@ -79,6 +79,8 @@ CONFIGS = {
     "ernie4_5_moe": lambda **kw: transformers.Ernie4_5_MoeConfig(
         **COMMON, head_dim=16, num_hidden_layers=3, intermediate_size=128, moe_intermediate_size=32, moe_num_experts=8,
         moe_k=2, moe_num_shared_experts=1, **kw),
+    "hunyuan_v1_moe": lambda **kw: transformers.HunYuanMoEV1Config(   # HunYuan-A13B: top-k given per layer
+        **COMMON, head_dim=16, num_hidden_layers=2, intermediate_size=32, num_experts=8, moe_topk=[2, 2], **kw),
     "glm4_moe": lambda **kw: transformers.Glm4MoeConfig(
         **COMMON, num_hidden_layers=3, head_dim=16, intermediate_size=128, moe_intermediate_size=32, n_routed_experts=8,
         num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,

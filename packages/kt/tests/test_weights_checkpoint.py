@@ -165,6 +165,13 @@ def test_config_key_variants_and_moe_layer_rules():
     assert spec_from_config(cfg).moe_layers == (1, 3, 5)                   # 1 <= L <= 5, (L + 1) % 2 == 0
     cfg["moe_layer_end_index"] = -1                                        # -1: to the last layer
     assert spec_from_config(cfg).moe_layers == (1, 3, 5, 7)
+    # HunYuan gives its top-k once per layer: one value for all, or refused.
+    cfg = make_config("hunyuan_v1_moe", hidden=64, intermediate=32, experts=8, top_k=2, layers=4)
+    cfg["moe_topk"] = [2, 2, 2, 2]
+    assert spec_from_config(cfg).top_k == 2
+    cfg["moe_topk"] = [2, 4, 2, 2]
+    with pytest.raises(KTError, match=r"moe_topk must be a positive integer, got \[2, 4, 2, 2\]"):
+        spec_from_config(cfg)
     with pytest.raises(KTError, match="model_type 'llama' is not an MoE family kt knows; supported: .*qwen3_moe"):
         spec_from_config({"model_type": "llama"})
     with pytest.raises(KTError, match="none of num_local_experts"):

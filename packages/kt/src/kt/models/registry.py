@@ -137,6 +137,9 @@ FAMILIES: tuple[Family, ...] = (
     Family("ernie4.5-moe", ("ernie4_5_moe",), experts_key=("moe_num_experts",), top_k_key=("moe_k",),
            dense_prefix_key="moe_layer_start_index", last_sparse_key="moe_layer_end_index",
            sparse_step_key="moe_layer_interval", transformers_blocks=("Ernie4_5_MoeSparseMoeBlock",)),
+    # HunYuan-A13B: moe_topk (one per layer on the hub), the experts' size in intermediate_size.
+    Family("hunyuan-moe", ("hunyuan_v1_moe",), experts_key=("num_experts",), intermediate_key=("intermediate_size",),
+           top_k_key=("moe_topk",), transformers_blocks=("HunYuanMoEV1Moe",)),
     Family("olmoe", ("olmoe",), experts_key=("num_experts",), intermediate_key=("intermediate_size",),
            transformers_blocks=("OlmoeSparseMoeBlock",)),
     Family("gpt-oss", ("gpt_oss",), experts_key=("num_local_experts",), intermediate_key=("intermediate_size",),

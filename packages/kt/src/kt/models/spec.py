@@ -62,7 +62,16 @@ def _first(cfg: dict, keys: tuple[str, ...], what: str, model_type: str):
 MAX_LAYERS = 1 << 16
 
 
+def one_per_layer(value):
+    """A setting some configs give once per layer (HunYuan's moe_topk): its value when every layer's
+    is the same; the list as it is otherwise (refused by the caller's check)."""
+    if isinstance(value, list | tuple) and value and all(v == value[0] for v in value):
+        return value[0]
+    return value
+
+
 def _positive(value, key: str) -> int:
+    value = one_per_layer(value)
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise KTError(f"config.json {key} must be a positive integer, got {value!r}")
     return value

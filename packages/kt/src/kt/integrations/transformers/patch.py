@@ -18,6 +18,7 @@ from kt_core.moe import MoE
 
 from ...gguf.reader import GGUFModel
 from ...models import ACTIVATIONS, FAMILIES, ExpertNames, Family
+from ...models.spec import one_per_layer
 from ...weights import Checkpoint, ConvertedFolder, KtKernelFolder, load_layer, open_weights
 from ...weights.experts import checkpoint_biases, float_experts
 from ...weights.loader import serves_resident_experts
@@ -90,7 +91,7 @@ def source_weight_types(source, layer: int, method: str) -> tuple[str, str, str]
 
 def _config_int(cfg, keys: tuple[str, ...], what: str, model_type: str) -> int:
     for key in keys:
-        value = getattr(cfg, key, None)
+        value = one_per_layer(getattr(cfg, key, None))
         if value is not None:
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise KTError(f"this {model_type} config's {key} ({what}) must be a positive integer, got {value!r}")
