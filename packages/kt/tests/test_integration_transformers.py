@@ -81,6 +81,10 @@ CONFIGS = {
         moe_k=2, moe_num_shared_experts=1, **kw),
     "hunyuan_v1_moe": lambda **kw: transformers.HunYuanMoEV1Config(   # HunYuan-A13B: top-k given per layer
         **COMMON, head_dim=16, num_hidden_layers=2, intermediate_size=32, num_experts=8, moe_topk=[2, 2], **kw),
+    # Llama 4 (top-1, the score scaling the experts' input): MoE on every other layer, as Maverick.
+    "llama4_text": lambda **kw: transformers.Llama4TextConfig(
+        **COMMON, head_dim=16, num_hidden_layers=2, intermediate_size=32, intermediate_size_mlp=128,
+        num_local_experts=8, **{"num_experts_per_tok": 1, **kw}, interleave_moe_layer_step=2),
     "glm4_moe": lambda **kw: transformers.Glm4MoeConfig(
         **COMMON, num_hidden_layers=3, head_dim=16, intermediate_size=128, moe_intermediate_size=32, n_routed_experts=8,
         num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
@@ -166,16 +170,29 @@ def test_quantized_logits(model_type, method):
     stored = copy_of(model)
     with torch.no_grad():
         for m in experts_modules(stored):
-            i = m.down_proj.shape[2]
+            # [E, 2I, H] and [E, H, I]; Llama 4 stores them input first, [E, H, 2I] and [E, I, H]
+            flip = (lambda w: w.transpose(1, 2)) if model_type == "llama4_text" else (lambda w: w)
+            gate_up, down = flip(m.gate_up_proj), flip(m.down_proj)
+            i = down.shape[2]
             g, u, d = (torch.from_numpy(np.asarray(x)).float() for x in dequantized_weights(
-                method, m.gate_up_proj[:, :i].numpy(), m.gate_up_proj[:, i:].numpy(), m.down_proj.numpy(), group_size=group))
-            m.gate_up_proj.copy_(torch.cat([g, u], dim=1))
-            m.down_proj.copy_(d)
+                method, gate_up[:, :i].contiguous().numpy(), gate_up[:, i:].contiguous().numpy(),
+                down.contiguous().numpy(), group_size=group))
+            m.gate_up_proj.copy_(flip(torch.cat([g, u], dim=1)))
+            m.down_proj.copy_(flip(d))
     stored_logits = logits(stored, ids)
     patch_model(model, method=method, group_size=group)
     got = logits(model, ids)
     assert rel_max(got, stored_logits) < 2e-3
     assert rel_rms(got, float_logits) < {"INT8": 0.05, "INT4": 0.45}[method]
+
+
+def test_llama4_with_two_experts_per_token():
+    """Llama 4 scales each expert's input by its score: with top-2 kt runs one call per routing slot."""
+    model = tiny_model("llama4_text", num_experts_per_tok=2)
+    ids = prompt()
+    want = logits(model, ids)
+    patch_model(model, method="BF16")
+    assert rel_max(logits(model, ids), want) < 1e-4
 
 
 def test_sampled_generate_matches_torch_under_the_same_seed():

@@ -27,7 +27,7 @@ from kt.training.peft_format import merge_expert_adapter  # noqa: E402
 from kt_core import KTError  # noqa: E402
 
 RANK, ALPHA = 4, 8.0
-TARGET_PARAMETERS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+TARGET_PARAMETERS = ["experts.gate_up_proj", "experts.down_proj"]   # mlp.experts, Llama 4: feed_forward.experts
 
 
 def peft_twin(model):
@@ -74,7 +74,7 @@ def tiny(model_type):
 
 @pytest.mark.parametrize("model_type", ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v2", "deepseek_v3",
                                         "glm4_moe", "gpt_oss", "minimax_m2", "deepseek_v32", "glm4_moe_lite",
-                                        "qwen3_next"])
+                                        "qwen3_next", "llama4_text"])
 def test_training_matches_peft_step_for_step_and_reduces_the_loss(model_type):
     """gpt_oss: expert biases, the clamped SwiGLU, gate and up interleaved in gate_up_proj [E, H, 2I]."""
     model = tiny(model_type)
@@ -93,12 +93,14 @@ def test_training_matches_peft_step_for_step_and_reduces_the_loss(model_type):
     assert kt_losses[-1] < kt_losses[0] - 0.05, kt_losses
 
 
-def test_gpt_oss_adapters_from_peft_serve_and_merge(tmp_path):
-    """GPT-OSS keeps gate and up interleaved in gate_up_proj [E, H, 2I]: an adapter PEFT wrote (random
-    factors) serves on kt with PEFT's logits (kt reorders B's rows), merges into the model's
-    [E, in, out] parameters with the same logits (kt sft export --merge), and GPU-resident experts
-    are refused by name in training as in inference."""
-    twin = peft_twin(tiny_gpt_oss())
+@pytest.mark.parametrize("model_type", ["gpt_oss", "llama4_text"])
+def test_input_first_adapters_from_peft_serve_and_merge(tmp_path, model_type):
+    """GPT-OSS keeps gate and up interleaved in gate_up_proj [E, H, 2I] (and tells PEFT it is
+    [E, in, out]); Llama 4 keeps them as halves and does not (PEFT's A then acts on the output side):
+    an adapter PEFT wrote (random factors) serves on kt with PEFT's logits (kt reorders B's rows,
+    swaps the factors), and merges into the model's [E, in, out] parameters with the same logits
+    (kt sft export --merge)."""
+    twin = peft_twin(tiny(model_type))
     with torch.no_grad():
         for n, p in twin.named_parameters():
             if "lora_" in n:
@@ -107,10 +109,10 @@ def test_gpt_oss_adapters_from_peft_serve_and_merge(tmp_path):
     ids = prompt()
     with torch.no_grad():
         want = twin(ids).logits
-        served = tiny_gpt_oss()
+        served = tiny(model_type)
         patch_model(served, method="BF16", expert_lora_path=tmp_path / "peft")
         assert rel_max(served(ids).logits, want) < 1e-4
-        merged = tiny_gpt_oss()
+        merged = tiny(model_type)
         assert merge_expert_adapter(merged, tmp_path / "peft") == 2 * len(experts_modules(merged))
         assert rel_max(merged.eval()(ids).logits, want) < 1e-4
 

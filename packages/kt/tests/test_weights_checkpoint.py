@@ -165,6 +165,15 @@ def test_config_key_variants_and_moe_layer_rules():
     assert spec_from_config(cfg).moe_layers == (1, 3, 5)                   # 1 <= L <= 5, (L + 1) % 2 == 0
     cfg["moe_layer_end_index"] = -1                                        # -1: to the last layer
     assert spec_from_config(cfg).moe_layers == (1, 3, 5, 7)
+    # Llama 4: moe_layers, where listed, decides; else every interleave_moe_layer_step-th layer (Maverick: 2).
+    cfg = make_config("llama4_text", hidden=64, intermediate=32, experts=8, top_k=1, layers=6)
+    cfg["interleave_moe_layer_step"] = 2
+    assert spec_from_config(cfg).moe_layers == (1, 3, 5)
+    cfg["moe_layers"] = [5, 0]
+    assert spec_from_config(cfg).moe_layers == (0, 5)
+    cfg["moe_layers"] = [1, 6]
+    with pytest.raises(KTError, match=r"moe_layers should list layer numbers below 6, found \[1, 6\]"):
+        spec_from_config(cfg)
     # HunYuan gives its top-k once per layer: one value for all, or refused.
     cfg = make_config("hunyuan_v1_moe", hidden=64, intermediate=32, experts=8, top_k=2, layers=4)
     cfg["moe_topk"] = [2, 2, 2, 2]

@@ -37,13 +37,18 @@ class TransformersExperts:
     """Where a transformers (5.x) MoE block keeps its routed experts: the block calls
     `block.{attr}(hidden [T, H], top_k_index [T, k], top_k_weights [T, k]) -> [T, H]` after its
     own router, and that module holds `{gate_up}` [E, 2I, H] (I gate rows, then I up rows) and
-    `{down}` [E, H, I] — or, `input_first`, GPT-OSS's [E, H, 2I] with gate and up interleaved
-    (even / odd columns) and [E, I, H], plus `{gate_up}_bias` [E, 2I] (interleaved the same
-    way) and `{down}_bias` [E, H]. kt.integrations.transformers replaces that one module."""
+    `{down}` [E, H, I] — or, `input_first`, [E, H, 2I] (gate and up as halves, or `interleaved`:
+    GPT-OSS's even / odd columns) and [E, I, H], GPT-OSS's with `{gate_up}_bias` [E, 2I]
+    (interleaved the same way) and `{down}_bias` [E, H]. kt.integrations.transformers replaces that
+    one module."""
     attr: str = "experts"
     gate_up: str = "gate_up_proj"
     down: str = "down_proj"
     input_first: bool = False
+    interleaved: bool = False    # input_first's gate / up as even / odd columns (GPT-OSS), else halves
+    # Llama 4: the block calls its experts on the input scaled by each token's routing score (a
+    # sigmoid of its top-1 logit), every expert over every token (scaled_input.py hooks the block).
+    scaled_input: bool = False
 
 
 # What each `Family.activation` computes, for messages. kt computes both: "silu" in every kernel,
@@ -75,6 +80,7 @@ class Family:
     dense_layers_key: str | None = None
     last_sparse_key: str | None = None
     layer_types_key: str | None = None
+    sparse_layers_key: str | None = None   # the MoE layers listed (Llama 4's moe_layers): they decide
     experts_prefix: str = "model.layers.{layer}.mlp.experts"
     per_expert: ExpertNames | None = field(default_factory=ExpertNames)
     fused: FusedExperts | None = None
@@ -101,6 +107,12 @@ _DEEPSEEK = dict(experts_key=("n_routed_experts",), dense_prefix_key="first_k_de
 _MIXTRAL_STYLE = dict(experts_key=("num_local_experts",), intermediate_key=("intermediate_size",),
                       experts_prefix="model.layers.{layer}.block_sparse_moe.experts",
                       per_expert=ExpertNames(gate="w1", up="w3", down="w2"))
+# Llama 4 (Scout, Maverick: top-1 routing): MoE layers listed (moe_layers) or every
+# interleave_moe_layer_step-th; stored fused, [E, H, 2I] with gate and up as halves.
+_LLAMA4 = dict(experts_key=("num_local_experts",), intermediate_key=("intermediate_size",),
+               sparse_step_key="interleave_moe_layer_step", sparse_layers_key="moe_layers", per_expert=None,
+               fused=FusedExperts(), transformers_blocks=("Llama4TextMoe",),
+               transformers_experts=TransformersExperts(input_first=True, scaled_input=True))
 
 FAMILIES: tuple[Family, ...] = (
     # DeepseekV2MoE / DeepseekV3MoE are also the block names of the modeling code DeepSeek's and
@@ -146,7 +158,13 @@ FAMILIES: tuple[Family, ...] = (
            top_k_key=("num_experts_per_tok", "experts_per_token"), per_expert=None,
            fused=FusedExperts(interleaved=True), activation="gpt-oss-swiglu", expert_biases=True,
            transformers_blocks=("GptOssMLP",),
-           transformers_experts=TransformersExperts(input_first=True)),
+           transformers_experts=TransformersExperts(input_first=True, interleaved=True)),
+    # Llama 4's language model alone (Llama4ForCausalLM).
+    Family("llama4", ("llama4_text",),
+           **_LLAMA4, experts_prefix="model.layers.{layer}.feed_forward.experts"),
+    # Llama 4 as released (Llama4ForConditionalGeneration): the language model nested, saved under language_model.
+    Family("llama4-multimodal", ("llama4",), **_LLAMA4, text_config_key="text_config",
+           experts_prefix="language_model.model.layers.{layer}.feed_forward.experts"),
 )
 
 

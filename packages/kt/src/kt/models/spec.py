@@ -176,6 +176,13 @@ def spec_from_config(cfg: dict) -> ModelSpec:
             raise KTError(f"config.json {fam.layer_types_key} should list \"sparse\" or \"dense\" for each of the "
                           f"{layers} layers, found {kinds!r}")
         moe_layers = tuple(L for L, k in enumerate(kinds) if k == "sparse")
+    listed = text.get(fam.sparse_layers_key) if fam.sparse_layers_key else None
+    if listed is not None:   # the MoE layers, listed: they decide
+        if (not isinstance(listed, list) or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < layers
+                                                    for x in listed)):
+            raise KTError(f"config.json {fam.sparse_layers_key} should list layer numbers below {layers}, "
+                          f"found {listed!r}")
+        moe_layers = tuple(sorted(set(listed)))
     if not moe_layers:
         raise KTError(f"this {model_type} config has no MoE layers ({layers} layers, first_k_dense={dense_prefix}, "
                       f"step={step}, dense layers={sorted(dense)})")

@@ -116,7 +116,8 @@ class LoRAExperts(nn.Module):
                  resident_down: torch.Tensor | None = None, interleaved_gate_up: bool = False,
                  expert_weights: tuple[nn.Parameter, ...] | None = None,
                  weight_names: tuple[str, ...] = ("gate_up_proj", "down_proj"), input_first: bool = False,
-                 resident_bias: tuple[torch.Tensor, torch.Tensor] | None = None, expert_modules: bool = False):
+                 resident_bias: tuple[torch.Tensor, torch.Tensor] | None = None, expert_modules: bool = False,
+                 peft_in_out_swapped: bool = False):
         super().__init__()
         if not moe.trainable:
             raise KTError("LoRAExperts needs a kt_core.MoE made with trainable=True (kernels with transposed tiles)")
@@ -139,6 +140,10 @@ class LoRAExperts(nn.Module):
         # gate_up B follows it, kt's is [gate | up] (peft_format reorders B's rows).
         self.interleaved_gate_up = bool(interleaved_gate_up)
         self.layout = ExpertLayout(input_first=bool(input_first), interleaved=self.interleaved_gate_up)
+        # PEFT reads a 3-D expert parameter as [E, out, in] unless its module says `is_transposed`
+        # (GPT-OSS does; Llama 4's [E, in, out] does not): PEFT's A then acts on the output side and
+        # its B on the input, kt's factors swapped and transposed (peft_format converts).
+        self.peft_in_out_swapped = bool(peft_in_out_swapped)
         # The model held these experts as one Linear module each (DeepSeek's / Kimi-K2's remote code):
         # PEFT's adapters for them are per module (peft_expert_modules.py).
         self.expert_modules = bool(expert_modules)

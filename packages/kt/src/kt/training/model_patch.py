@@ -149,7 +149,8 @@ def patch_for_training(model: nn.Module, *, method: str, backend: str | None, lo
                              expert_weights=t.params if train_experts else None,
                              weight_names=(te.gate_up, te.down) + ((f"{te.gate_up}_bias", f"{te.down}_bias")
                                                                    if t.biases is not None else ()),
-                             expert_modules=t.per_expert_modules)
+                             expert_modules=t.per_expert_modules,
+                             peft_in_out_swapped=t.layout.input_first and not getattr(t.module, "is_transposed", False))
         if train_experts:   # the model's parameters themselves train: kt re-packs them as they change
             for p in t.params:
                 p.requires_grad_(True)

@@ -7,7 +7,9 @@ lora_A.weight and B_e[:, j] is column j*E + e of lora_B.weight (PEFT's reshapes:
 B to [out, r, E]). When both parameters of a module are targeted the second wraps the first, so
 the first's tensors sit one `base_layer.` deeper. Keys carry PeftModel's `base_model.model.` prefix.
 GPT-OSS's gate_up_proj [E, H, 2I] holds gate and up as even / odd outputs, so its PEFT B rows are
-in that order; kt's B is [gate | up] and is reordered on the way out and in.
+in that order; kt's B is [gate | up] and is reordered on the way out and in. PEFT reads a parameter
+as [E, out, in] unless its module says `is_transposed` (GPT-OSS's does): on Llama 4's [E, in, out]
+its A is kt's B transposed and its B kt's A transposed (the same delta, in the parameter's orientation).
 
     save_adapter(model, "out/")          # adapter_config.json + adapter_model.safetensors
     load_adapter(model, "out/")          # into the LoRAExperts of a kt-patched model
@@ -70,6 +72,20 @@ def _check_uniform(layers: dict[str, LoRAExperts]) -> LoRAExperts:
     return first
 
 
+def _to_peft(m: LoRAExperts, t: str, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """kt's (A [E, r, in], B [E, out, r]) of adapter `t` as PEFT holds them for the model's parameter."""
+    if t == "gate_up" and m.interleaved_gate_up:
+        b = interleave(b)
+    return (b.transpose(1, 2), a.transpose(1, 2)) if m.peft_in_out_swapped else (a, b)
+
+
+def _from_peft(m: LoRAExperts, t: str, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inverse of _to_peft."""
+    if m.peft_in_out_swapped:
+        a, b = b.transpose(1, 2), a.transpose(1, 2)
+    return a, deinterleave(b) if t == "gate_up" and m.interleaved_gate_up else b
+
+
 def _peft_adapters(m: LoRAExperts) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """{PEFT target ("gate_up", "down"): (A [E, r', in], B [E, out, r'])} of one layer, all at one rank r'.
     Separate gate and up adapters become one fused gate_up adapter of rank 2r (A's stacked, B
@@ -79,10 +95,9 @@ def _peft_adapters(m: LoRAExperts) -> dict[str, tuple[torch.Tensor, torch.Tensor
     out = {}
     fused = m.gate_up_adapter()
     if fused is not None:
-        a, b = (t.detach() for t in fused)
-        out["gate_up"] = (a, interleave(b) if m.interleaved_gate_up else b)
+        out["gate_up"] = _to_peft(m, "gate_up", *(t.detach() for t in fused))
     if "down" in m.targets:
-        out["down"] = (m.down_A.detach(), m.down_B.detach())
+        out["down"] = _to_peft(m, "down", m.down_A.detach(), m.down_B.detach())
     rank = max(a.shape[1] for a, _ in out.values())
     for t, (a, b) in out.items():
         pad = rank - a.shape[1]
@@ -262,17 +277,19 @@ def load_adapter(model: nn.Module | Mapping[str, LoRAExperts], directory: str | 
             nest = _wrapper_paths(m.targets)
             for t in m.targets:
                 a, b = getattr(m, f"{t}_A"), getattr(m, f"{t}_B")
-                E, r, fan_in = a.shape
+                peft_a, peft_b = _to_peft(m, t, a, b)
+                (E, r, fan_in), fan_out = peft_a.shape, peft_b.shape[1]
                 base = f"{PREFIX}{name}.{nest[t]}"
                 ka, kb = f"{base}lora_A.weight", f"{base}lora_B.weight"
-                for key, shape in ((ka, (E * r, fan_in)), (kb, (b.shape[1], r * E))):
+                for key, shape in ((ka, (E * r, fan_in)), (kb, (fan_out, r * E))):
                     if key not in tensors:
                         raise KTError(f"{weights_path} has no {key}")
                     if tuple(tensors[key].shape) != shape:
                         raise KTError(f"{weights_path}: {key} is {list(tensors[key].shape)}, expected {list(shape)}")
-                a.copy_(tensors[ka].reshape(E, r, fan_in))
-                peft_b = tensors[kb].reshape(b.shape[1], r, E).permute(2, 0, 1)
-                b.copy_(deinterleave(peft_b) if t == "gate_up" and m.interleaved_gate_up else peft_b)
+                new_a, new_b = _from_peft(m, t, tensors[ka].reshape(E, r, fan_in),
+                                          tensors[kb].reshape(fan_out, r, E).permute(2, 0, 1))
+                a.copy_(new_a)
+                b.copy_(new_b)
                 used.update((ka, kb))
     _refuse_extra(tensors, used, weights_path)
 

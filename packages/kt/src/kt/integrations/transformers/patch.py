@@ -28,6 +28,7 @@ from .expert_modules import expert_module_weights, holds_expert_modules, run_moe
 from .experts import KTExperts, resident_biases, resident_weights
 from .loading import experts_unloaded
 from .placement import gpu_expert_masks
+from .scaled_input import run_scaled_input_on
 from .stats import ExpertStats, load_counts
 
 _LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
@@ -174,11 +175,11 @@ def _expert_tensors(block: nn.Module, fam: Family, layer: int, model_type: str, 
                       "DeepSeek's / Kimi-K2's remote code")
     bias_names = (f"{te.gate_up}_bias", f"{te.down}_bias")
     biases = [n for n, _ in experts.named_parameters() if "bias" in n]
-    if biases and (not te.input_first or sorted(biases) != sorted(bias_names)):
+    if biases and (not fam.expert_biases or sorted(biases) != sorted(bias_names)):
         raise KTError(f"layer {layer}: the experts have biases ({', '.join(biases)}); kt reads expert biases in "
                       f"GPT-OSS's layout ({', '.join(bias_names)}) only")
     _check_loaded(experts, gate_up.is_meta or down.is_meta, layer, has_source)
-    if te.input_first:   # GPT-OSS: [E, H, 2I] (gate, up interleaved) and [E, I, H], x @ W
+    if te.input_first:   # [E, H, 2I] and [E, I, H], x @ W (GPT-OSS: gate / up interleaved, biases; Llama 4)
         if gate_up.dim() != 3 or down.dim() != 3 or gate_up.shape[2] % 2:
             raise KTError(f"layer {layer}: expected {te.gate_up} [E, H, 2I] and {te.down} [E, I, H], got "
                           f"{list(gate_up.shape)} and {list(down.shape)}")
@@ -186,8 +187,10 @@ def _expert_tensors(block: nn.Module, fam: Family, layer: int, model_type: str, 
         if tuple(down.shape) != (e, two_i // 2, h):
             raise KTError(f"layer {layer}: {te.gate_up} {list(gate_up.shape)} and {te.down} {list(down.shape)} "
                           f"disagree; expected {te.down} [{e}, {two_i // 2}, {h}]")
+        layout = ExpertLayout(input_first=True, interleaved=te.interleaved)
+        if not fam.expert_biases:
+            return _fused(experts, layout, gate_up, down, None, (gate_up, down))
         gu_bias, d_bias = (getattr(experts, n) for n in bias_names)
-        layout = ExpertLayout(input_first=True, interleaved=True)
         return _fused(experts, layout, gate_up, down, layout.kt_biases(gu_bias.detach(), d_bias.detach()),
                       (gate_up, down, gu_bias, d_bias))
     if gate_up.dim() != 3 or down.dim() != 3 or gate_up.shape[1] % 2:
@@ -206,6 +209,8 @@ def install_experts(block: nn.Module, fam: Family, t: _Experts, module: nn.Modul
         run_moe_infer_on(block, module)
     else:
         setattr(block, fam.transformers_experts.attr, module)
+        if fam.transformers_experts.scaled_input:
+            run_scaled_input_on(block)
 
 
 def resident_experts(t: _Experts, mask, source, layer: int, block: nn.Module, weights=None):
