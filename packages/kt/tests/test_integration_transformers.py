@@ -85,6 +85,11 @@ CONFIGS = {
     "llama4_text": lambda **kw: transformers.Llama4TextConfig(
         **COMMON, head_dim=16, num_hidden_layers=2, intermediate_size=32, intermediate_size_mlp=128,
         num_local_experts=8, **{"num_experts_per_tok": 1, **kw}, interleave_moe_layer_step=2),
+    # DeepSeek-V4: hash-routed first layers (tid2eid), the clamped SiLU (a limit the tiny model reaches).
+    "deepseek_v4": lambda **kw: transformers.DeepseekV4Config(
+        **{**COMMON, "num_key_value_heads": 1}, head_dim=16, qk_rope_head_dim=8, q_lora_rank=32, o_lora_rank=32,
+        o_groups=2, index_n_heads=2, index_head_dim=16, index_topk=16, sliding_window=16, num_hidden_layers=4,
+        moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2, swiglu_limit=1.0, **kw),
     "glm4_moe": lambda **kw: transformers.Glm4MoeConfig(
         **COMMON, num_hidden_layers=3, head_dim=16, intermediate_size=128, moe_intermediate_size=32, n_routed_experts=8,
         num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
@@ -108,6 +113,8 @@ def tiny_model(model_type="qwen3_moe", seed=0, **config):
         for m in model.modules():   # DeepSeek-V3 / GLM: make the router's correction bias matter
             if hasattr(m, "e_score_correction_bias"):
                 m.e_score_correction_bias.normal_(0, 0.1)
+            if hasattr(m, "tid2eid"):   # DeepSeek-V4's hash routing: each token its own experts
+                m.tid2eid.copy_(torch.stack([torch.randperm(m.num_experts)[:m.top_k] for _ in m.tid2eid]))
     return model
 
 

@@ -144,6 +144,36 @@ def test_gpt_oss_checkpoint_loads_with_its_biases(tmp_path, quant, method, bound
     assert relative_error(moe(x, ids, w).double().numpy(), want) < bound
 
 
+@pytest.mark.parametrize("quant,method,backend,bound", [(None, "BF16", "reference", 1e-4), ("mxfp4", "MXFP4", "reference", 1e-4),
+                                                   ("mxfp4", "MXFP4", None, 2e-3)])
+def test_deepseek_v4_checkpoint_loads_with_its_clamped_silu(tmp_path, quant, method, backend, bound):
+    """DeepSeek-V4: experts per expert as w1 / w3 / w2 under `ffn`, the clamped SiLU with the config's
+    swiglu_limit (0.5 here, so it clamps). As transformers saves them (bf16, `model.layers...`) and as
+    DeepSeek ships them (`layers...` without `model.`, int8 E2M1 pairs + UE8M0 `.scale` under an FP8
+    quantization_config: kt reads MXFP4). A wrapper made without the limit gets the folder's (as
+    kt-kernel's callers say nothing of it); another limit is refused naming the folder's.
+    Bound: against float64 over the same stored weights — the reference backend (f32 activations), and
+    the host's kernels (measured 2.2e-7, 2.2e-7 and 5.3e-4 on Zen 4's avx)."""
+    truth = write_checkpoint(tmp_path, "deepseek_v4", hidden=H, intermediate=I, experts=E, quant=quant)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "swiglu_limit": 0.5}))
+    ckpt = Checkpoint(tmp_path)
+    assert ckpt.spec.quantization.method == method and ckpt.spec.moe_layers == (0, 1, 2)
+    if quant:
+        assert not any(n.startswith("model.layers") for n in ckpt.weight_map if ".experts." in n)
+    kt = wrapper(tmp_path, 1, method, backend=backend)
+    assert (kt.swiglu_limit, kt.swiglu_alpha) == (0.5, 0.0)
+    kt.load_weights()
+    x, ids, w = routing()
+    want = moe_reference(x.double().numpy(), *truth[1], ids.numpy(), w.double().numpy(), swiglu_limit=0.5)
+    assert relative_error(kt.forward(x, ids, w).double().numpy(), want) < bound
+    unclamped = moe_reference(x.double().numpy(), *truth[1], ids.numpy(), w.double().numpy())
+    assert relative_error(unclamped, want) > 0.05   # the clamp matters at this limit
+    with pytest.raises(WeightsError, match=r"deepseek_v4 experts compute SiLU\(min\(g, limit\)\).*create the layer "
+                                            r"with swiglu_limit=0.5, swiglu_alpha=0.0"):
+        wrapper(tmp_path, 1, method, swiglu_limit=7.0).load_weights()
+
+
 def test_config_key_variants_and_moe_layer_rules():
     assert spec_from_config(make_config("minimax_m2", hidden=64, intermediate=32, experts=16, top_k=2,
                                         layers=4)).num_experts == 16      # MiniMax has no num_experts key

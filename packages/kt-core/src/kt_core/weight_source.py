@@ -8,7 +8,8 @@ deployment that loads tensors itself (load_weights_from_tensors) needs no reader
 A weight source is an object with two methods:
   layer_settings(path, layer_idx, method) -> dict   settings fixed by the files, any of
       group_size, zero_point (a kt converted folder's), weight_types (a GGUF layer's ggml types),
-      expert_bias with swiglu_limit / swiglu_alpha (a model folder whose experts have biases: GPT-OSS)
+      swiglu_limit / swiglu_alpha with expert_bias (a model folder whose experts clamp their
+      activation: GPT-OSS's SwiGLU with biases, DeepSeek-V4's SiLU)
   load_layer(moe, path, layer_idx, physical_to_logical_map, quantize_at_load) -> None
 and, for layerwise prefill (KTMoEWrapper.submit_write_weight_scale_to_buffer), optionally
   write_expert_for_gpu(path, layer_idx, expert, method, intermediate, tp, w13_weight_ptrs,

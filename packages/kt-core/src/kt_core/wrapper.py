@@ -119,9 +119,10 @@ class KTMoEWrapper:
         stored = self._stored_settings()
         group_size = group_size or stored.get("group_size", 0)
         zero_point = zero_point or stored.get("zero_point", False)
-        # A checkpoint whose experts have biases (GPT-OSS) fixes the layer's activation too; a caller's
-        # other swiglu values are kept, and the load refuses them naming the checkpoint's.
-        if stored.get("expert_bias") and not (self.swiglu_limit or self.swiglu_alpha):
+        # A checkpoint whose experts clamp their activation (GPT-OSS with its biases, DeepSeek-V4) fixes
+        # the layer's activation too; a caller's other swiglu values are kept, and the load refuses
+        # them naming the checkpoint's.
+        if "swiglu_limit" in stored and not (self.swiglu_limit or self.swiglu_alpha):
             self.swiglu_limit, self.swiglu_alpha = stored["swiglu_limit"], stored["swiglu_alpha"]
         self._configure_pool(cpuinfer_threads, threadpool_count)
         # kt-kernel holds every expert on the CPU, so a mask update can move any expert here;

@@ -51,10 +51,12 @@ class TransformersExperts:
     scaled_input: bool = False
 
 
-# What each `Family.activation` computes, for messages. kt computes both: "silu" in every kernel,
-# GPT-OSS's clamped SwiGLU with biases through MoE(swiglu_limit, swiglu_alpha, expert_bias=True).
+# What each `Family.activation` computes, for messages. kt computes all three: "silu" in every
+# kernel, the clamped forms through MoE(swiglu_limit, swiglu_alpha[, expert_bias=True]).
 ACTIVATIONS = {
     "silu": "SiLU(x·gateᵀ) * (x·upᵀ), then ·downᵀ, without biases",
+    "clamped-silu": "SiLU(min(g, limit)) * clamp(u, -limit, limit) (g = x·gateᵀ, u = x·upᵀ; limit: the config's "
+                    "swiglu_limit), then ·downᵀ, without biases",
     "gpt-oss-swiglu": "a clamped SwiGLU ((clamp(up) + 1) * g * sigmoid(1.702 g), g = min(gate, 7)) with per-expert "
                       "biases on gate/up and down",
 }
@@ -90,10 +92,27 @@ class Family:
     # The experts add biases to gate/up and down (GPT-OSS): read with the weights, computed by
     # kt_core.MoE(expert_bias=True).
     expert_biases: bool = False
+    # A checkpoint quantized as FP8 (its quantization_config) may keep the experts in MXFP4 instead:
+    # int8 E2M1 pairs in `.weight`, a UE8M0 `.scale` per 32 (DeepSeek-V4's own checkpoints). The
+    # first expert's dtype decides (kt.weights.Checkpoint).
+    mxfp4_experts_in_fp8: bool = False
     text_config_key: str | None = None            # multimodal configs nest the text model
     # The transformers MoE block class names for this family (kt.integrations.transformers).
     transformers_blocks: tuple[str, ...] = ()
     transformers_experts: TransformersExperts = field(default_factory=TransformersExperts)
+
+    def swiglu(self, setting) -> tuple[float, float]:
+        """(swiglu_limit, swiglu_alpha) of the experts' activation, kt_core.MoE's terms: (0, 0) for
+        SiLU; `setting(key, default)` reads the model's config (GPT-OSS's defaults 7 and 1.702,
+        DeepSeek-V4's limit 10, as transformers' configs have them)."""
+        if self.activation == "silu":
+            return 0.0, 0.0
+        if self.activation == "clamped-silu":
+            limit = setting("swiglu_limit", 10.0)
+            if isinstance(limit, bool) or not isinstance(limit, int | float) or not limit > 0:
+                raise KTError(f"config swiglu_limit should be a positive number (the experts' clamp), found {limit!r}")
+            return float(limit), 0.0
+        return float(setting("swiglu_limit", 7.0)), float(setting("swiglu_alpha", 1.702))
 
     def expert_tensor(self, layer: int, expert: int, proj: str) -> str:
         """Name of one expert's projection weight (without the `.weight` suffix)."""
@@ -119,6 +138,13 @@ FAMILIES: tuple[Family, ...] = (
     # Kimi-K2's checkpoints ship (trust_remote_code: one module per expert, expert_modules.py).
     Family("deepseek", ("deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2"), **_DEEPSEEK,
            transformers_blocks=("DeepseekV2Moe", "DeepseekV2MoE", "DeepseekV3MoE", "DeepseekV32MoE")),
+    # DeepSeek-V4 (Flash, Pro): every layer MoE (the first few hash-routed: the block's own router,
+    # kt sees ids and weights), the clamped SiLU, experts per expert as w1 / w3 / w2 under `ffn` —
+    # `layers.L.ffn.experts` in DeepSeek's own checkpoints (kt.weights.Checkpoint reads names
+    # without transformers' `model.` too), MXFP4 there under an FP8 quantization_config.
+    Family("deepseek-v4", ("deepseek_v4",), experts_key=("n_routed_experts", "num_local_experts"),
+           experts_prefix="model.layers.{layer}.ffn.experts", per_expert=ExpertNames(gate="w1", up="w3", down="w2"),
+           activation="clamped-silu", mxfp4_experts_in_fp8=True, transformers_blocks=("DeepseekV4SparseMoeBlock",)),
     # Kimi-K2.5: multimodal, its language model a DeepSeek-V3 (text_config), stored under language_model.model.
     Family("kimi-k2.5", ("kimi_k25",), **_DEEPSEEK, text_config_key="text_config",
            experts_prefix="language_model.model.layers.{layer}.mlp.experts", transformers_blocks=("DeepseekV3MoE",)),

@@ -51,6 +51,9 @@ def make_config(model_type: str, *, hidden: int, intermediate: int, experts: int
     elif quant == "nvfp4":   # what ModelOpt's hf_quant_config becomes in a config.json
         cfg["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
                                       "exclude_modules": ["lm_head"]}
+    elif quant == "mxfp4" and fam.mxfp4_experts_in_fp8:   # DeepSeek-V4's: FP8 for the rest, MXFP4 experts
+        cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128],
+                                      "scale_fmt": "ue8m0", "activation_scheme": "dynamic"}
     elif quant == "mxfp4":   # GPT-OSS's quantization_config
         cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn",
                                                                                            "model.layers.*.mlp.router"]}
@@ -132,6 +135,13 @@ def _expert_tensors(fam, layer: int, gate, up, down, quant: str | None, truth: b
                 out[f"{base}.g_idx"] = torch.arange(k, dtype=torch.int32) // GPTQ_GROUP
                 if truth:
                     deq[e] = Q.dequantize_gptq_int4(qweight, scale)
+            elif quant == "mxfp4":   # DeepSeek-V4's own: int8 E2M1 pairs, UE8M0 .scale, names without model.
+                blocks, exps = Q.quantize_mxfp4(stack[e])
+                base = base.removeprefix("model.")
+                out[f"{base}.weight"] = torch.from_numpy(blocks).view(torch.int8)
+                out[f"{base}.scale"] = torch.from_numpy(exps).view(torch.float8_e8m0fnu)
+                if truth:
+                    deq[e] = Q.dequantize_mxfp4(blocks, exps)
             elif quant == "rawint4":
                 packed, scale = Q.pack_rawint4(stack[e])
                 out[f"{base}.weight_packed"] = torch.from_numpy(packed)

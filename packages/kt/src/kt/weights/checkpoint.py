@@ -8,6 +8,7 @@ KTError naming the file or tensor, what was expected and what was found.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 from kt_core.errors import KTError, WeightsError
 
 from ..models import ModelSpec, read_config, spec_from_config
+from ..models.spec import Quantization
 
 INDEX = "model.safetensors.index.json"
 
@@ -83,15 +85,19 @@ class SafetensorsFolder:
             self._handles[shard] = handle
         return handle
 
+    def _stored_name(self, name: str) -> str:
+        return name
+
     def has(self, name: str) -> bool:
-        return name in self.weight_map
+        return self._stored_name(name) in self.weight_map
 
     def tensor(self, name: str):
-        shard = self.weight_map.get(name)
+        stored = self._stored_name(name)
+        shard = self.weight_map.get(stored)
         if shard is None:
             raise WeightsError(self._missing(name))
         try:
-            return self._open(shard).get_tensor(name)
+            return self._open(shard).get_tensor(stored)
         except KTError:
             raise
         except Exception as exc:
@@ -111,6 +117,17 @@ class Checkpoint(SafetensorsFolder):
         self.config = read_config(path)
         self.spec: ModelSpec = spec_from_config(self.config)
         super().__init__(path)
+        fam = self.spec.family
+        if fam.mxfp4_experts_in_fp8 and self.spec.quantization.method == "FP8" and fam.per_expert is not None:
+            first = f"{fam.expert_tensor(self.spec.moe_layers[0], 0, 'gate')}.weight"
+            if self.has(first) and self.tensor(first).dtype in (_torch().int8, _torch().uint8):
+                self.spec = dataclasses.replace(self.spec, quantization=Quantization("MXFP4", group_size=32))
+
+    def _stored_name(self, name: str) -> str:
+        # DeepSeek's own checkpoints (V4's) name tensors `layers.L...` where transformers' have `model.layers.L...`.
+        if name not in self.weight_map and name.startswith("model.") and name[6:] in self.weight_map:
+            return name[6:]
+        return name
 
     def _missing(self, name: str) -> str:
         return f"tensor {name} is not in the checkpoint at {self.path} (a {self.spec.model_type} checkpoint should have it)"

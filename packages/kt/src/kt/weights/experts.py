@@ -1,7 +1,7 @@
 """One layer's routed experts as a checkpoint stores them, in the form MoE.load_experts takes.
 
 `checkpoint_experts` reads the checkpoint's own format (float, FP8 blocks, compressed-tensors
-INT4, symmetric GPTQ INT4, ModelOpt NVFP4, MXFP8) per the model family's registry entry —
+INT4, symmetric GPTQ INT4, ModelOpt NVFP4, MXFP8, MXFP4) per the model family's registry entry —
 per-expert tensors or fused [E, H, 2I] ones — checking every tensor's shape and dtype;
 `float_experts` gives floats for the methods that quantize (FP8 blocks are dequantized exactly as docs/formats.md defines them).
 """
@@ -119,6 +119,19 @@ def checkpoint_experts(ckpt: Checkpoint, layer: int, expert: int) -> tuple:
                 raise WeightsError(f"{base}.weight_scale_2 should be one float32 (the tensor's global scale), found "
                                    f"{glob.dtype} {tuple(glob.shape)}")
             zeros.append(glob.reshape(1, 1))
+        elif quant.method == "MXFP4":   # DeepSeek-V4's own: E2M1 pairs (even element low), UE8M0 `.scale`
+            if k % 32:
+                raise WeightsError(f"{base}: K = {k} must be a multiple of 32, MXFP4's scale block")
+            codes = expect_tensor(ckpt.tensor(f"{base}.weight"), f"{base}.weight", (n, k // 2),
+                                  (torch.int8, torch.uint8), "two E2M1 codes per byte")
+            values.append(codes.view(torch.uint8))
+            e8m0 = tuple(t for t in (getattr(torch, "float8_e8m0fnu", None),) if t is not None)
+            scale = expect_tensor(ckpt.tensor(f"{base}.scale"), f"{base}.scale", (n, k // 32), (torch.uint8, *e8m0),
+                                  "UE8M0 exponents, one per 32 elements").view(torch.uint8)
+            if bool((scale == 0xFF).any()):
+                raise WeightsError(f"{base}.scale holds the reserved UE8M0 code 0xff (NaN), which no finite scale "
+                                   "stands for")
+            scales.append(scale)
         elif quant.method == "MXFP8":
             if k % 32:
                 raise WeightsError(f"{base}: K = {k} must be a multiple of 32, MXFP8's scale block")

@@ -105,11 +105,11 @@ def _converted_reader(folder: ConvertedFolder, layer: int):
 
 
 def checkpoint_swiglu(spec, config: dict) -> tuple[float, float] | None:
-    """(swiglu_limit, swiglu_alpha) of a family whose experts compute the clamped SwiGLU (GPT-OSS: the
-    config's, or its defaults 7 and 1.702), None for SiLU experts."""
+    """(swiglu_limit, swiglu_alpha) of a family whose experts clamp their activation (GPT-OSS's
+    SwiGLU, DeepSeek-V4's SiLU: the config's values), None for SiLU experts."""
     if spec.family.activation == "silu":
         return None
-    return float(config.get("swiglu_limit", 7.0)), float(config.get("swiglu_alpha", 1.702))
+    return spec.family.swiglu(config.get)
 
 
 def _checkpoint_reader(moe, ckpt: Checkpoint, layer: int, quantize_at_load: bool):
@@ -120,9 +120,11 @@ def _checkpoint_reader(moe, ckpt: Checkpoint, layer: int, quantize_at_load: bool
                            f"{spec.moe_layers[0]}..{spec.moe_layers[-1]} ({len(spec.moe_layers)} layers)")
     swiglu = checkpoint_swiglu(spec, ckpt.config)
     if swiglu is not None:
-        if not (moe.expert_bias and (moe.swiglu_limit, moe.swiglu_alpha) == swiglu):
-            raise WeightsError(f"{spec.model_type} experts compute {ACTIVATIONS[spec.family.activation]}: create the "
-                               f"layer with expert_bias=True, swiglu_limit={swiglu[0]}, swiglu_alpha={swiglu[1]}")
+        biases = spec.family.expert_biases
+        if not (moe.expert_bias == biases and (moe.swiglu_limit, moe.swiglu_alpha) == swiglu):
+            raise WeightsError(f"{spec.model_type} experts compute {ACTIVATIONS[spec.family.activation]}: "
+                               f"create the layer with {'expert_bias=True, ' if biases else ''}"
+                               f"swiglu_limit={swiglu[0]}, swiglu_alpha={swiglu[1]}")
     stored = spec.quantization.method
     serves = checkpoint_serves(stored, moe.method)
     if serves == "as stored":

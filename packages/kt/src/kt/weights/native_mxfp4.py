@@ -6,7 +6,8 @@ Per expert i of layer L, under `model.layers.L.ffn.experts` or (V4's own keys) `
   {i}.w3.*       the same for up;       {i}.w2.* down [H, I/2] / [H, I/32]
 Returned as kt-kernel's MXFP4SafeTensorLoader.load_experts() returns them — uint8 codes, bf16 scales
 (UE8M0 exponent e as bf16 2^(e-127): exact) — so the wrapper takes one form from both paths. The
-model's config is not read: kt knows no DeepSeek-V4 family, only where its experts are.
+model's config is not read (kt-kernel's does not either); inference reads the same tensors through the
+deepseek-v4 family (kt.weights.experts, method MXFP4).
 """
 
 from __future__ import annotations

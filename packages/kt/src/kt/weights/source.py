@@ -33,19 +33,19 @@ def layer_settings(path, layer_idx: int, method: str) -> dict:
 
 
 def _expert_activation(folder: Path) -> dict:
-    """A model folder of a family whose experts have biases (GPT-OSS): the layer must be made for them
-    (expert_bias, and the config's clamped SwiGLU), which kt-kernel's callers do not say. Only
-    config.json is read; a folder kt cannot read as a model says nothing here (kt-kernel passes
-    weight_path even to layers it loads from tensors)."""
+    """A model folder of a family whose experts clamp their activation (GPT-OSS's SwiGLU with biases,
+    DeepSeek-V4's SiLU): the layer must be made for it (the config's limit and alpha; expert_bias),
+    which kt-kernel's callers may not say. Only config.json is read; a folder kt cannot read as a
+    model says nothing here (kt-kernel passes weight_path even to layers it loads from tensors)."""
     try:
         config = read_config(folder)
         spec = spec_from_config(config)
     except KTError:
         return {}
-    if not spec.family.expert_biases:
+    swiglu = checkpoint_swiglu(spec, config)
+    if swiglu is None:
         return {}
-    limit, alpha = checkpoint_swiglu(spec, config) or (0.0, 0.0)
-    return {"expert_bias": True, "swiglu_limit": limit, "swiglu_alpha": alpha}
+    return {"expert_bias": spec.family.expert_biases, "swiglu_limit": swiglu[0], "swiglu_alpha": swiglu[1]}
 
 
 def load_layer(moe, path, layer_idx: int, physical_to_logical_map=None, quantize_at_load: bool = False) -> None:

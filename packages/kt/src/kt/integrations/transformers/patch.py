@@ -115,13 +115,16 @@ def _moe_blocks(model: nn.Module, fam: Family, model_type: str) -> list[tuple[in
 
 def _swiglu(fam: Family, cfg, model_type: str) -> tuple[float, float]:
     """(swiglu_limit, swiglu_alpha) of the experts' activation: GPT-OSS's clamped SwiGLU (its own,
-    whatever hidden_act says), or (0, 0) for SiLU; any other hidden_act is refused."""
+    whatever hidden_act says), DeepSeek-V4's clamped SiLU, or (0, 0) for SiLU; any other hidden_act
+    is refused."""
+    setting = lambda key, default: getattr(cfg, key, default)  # noqa: E731
     if fam.activation == "gpt-oss-swiglu":
-        return float(getattr(cfg, "swiglu_limit", 7.0)), float(getattr(cfg, "swiglu_alpha", 1.702))
+        return fam.swiglu(setting)
     act = getattr(cfg, "hidden_act", "silu")
     if act not in ("silu", "swish"):
-        raise KTError(f"this {model_type} model's experts use hidden_act={act!r}; kt's kernels compute {ACTIVATIONS['silu']}")
-    return 0.0, 0.0
+        raise KTError(f"this {model_type} model's experts use hidden_act={act!r}; kt's kernels compute "
+                      f"{ACTIVATIONS[fam.activation]}")
+    return fam.swiglu(setting)
 
 
 @dataclass
