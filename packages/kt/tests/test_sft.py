@@ -288,6 +288,21 @@ def test_bad_data_names_the_line(tmp_path, line, message):
         load_examples(tmp_path / "d.jsonl", tok, max_length=64)
 
 
+@pytest.mark.parametrize("dtype,setting,fast", [("float32", None, False), ("bfloat16", None, True),
+                                                ("bfloat16", False, False), ("float32", True, True)])
+def test_fast_activations_follow_the_model_dtype_unless_set(tmp_path, dtype, setting, fast):
+    """null (the default): bf16 activations in the experts when the model computes in bf16 anyway."""
+    import yaml
+
+    path = write_config(tmp_path)
+    cfg = yaml.safe_load(path.read_text())
+    cfg["dtype"] = dtype
+    if setting is not None:
+        cfg.setdefault("train", {})["fast_activations"] = setting
+    path.write_text(yaml.safe_dump(cfg))
+    assert load_config(path).fast_activations is fast
+
+
 @pytest.mark.parametrize("edit,message", [
     ({"lr": 1}, "unknown setting\\(s\\) lr"),
     ({"train": {"lr": -1}}, "train.lr must be a positive number, got -1"),

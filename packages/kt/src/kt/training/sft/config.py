@@ -17,8 +17,9 @@
     train_experts: false        # true: the experts' own weights train too (BF16/FP32; lora.rank then defaults
                                 # to 0, the weights alone); the run's model/ folder holds the result
     train: {steps: 100, lr: 2.0e-4, batch_size: 4, max_length: 512, seed: 0, save_every: 50,
-            warmup_steps: 0, weight_decay: 0.0, recompute: false, fast_activations: false}
-                                # fast_activations: bf16 activations and (BF16 experts) bf16 gradients
+            warmup_steps: 0, weight_decay: 0.0, recompute: false, fast_activations: null}
+                                # fast_activations: bf16 activations and (BF16 experts) bf16 gradients in the
+                                # experts; null: on with dtype bfloat16 (what the model computes anyway), else off
 
 Relative paths are relative to the file. Every field is checked: an error names the field, what it
 expected and what it found; an unknown field is an error (a misspelt one would silently do nothing).
@@ -55,7 +56,7 @@ class TrainSettings:
     warmup_steps: int = 0
     weight_decay: float = 0.0
     recompute: bool = False
-    fast_activations: bool = False
+    fast_activations: bool | None = None   # None: on with dtype bfloat16 (SFTConfig.fast_activations)
 
 
 @dataclass
@@ -75,6 +76,12 @@ class SFTConfig:
     lora: LoraSettings = field(default_factory=LoraSettings)
     train: TrainSettings = field(default_factory=TrainSettings)
     source: Path | None = None   # the YAML file it came from
+
+    @property
+    def fast_activations(self) -> bool:
+        """bf16 activations in the experts: as set, or (null) when the model computes in bf16 anyway."""
+        chosen = self.train.fast_activations
+        return self.dtype == "bfloat16" if chosen is None else chosen
 
     def as_dict(self) -> dict:
         return {"model": self.model, "data": str(self.data), "output_dir": str(self.output_dir), "method": self.method,
@@ -201,6 +208,8 @@ def load_config(path: str | Path, need_data: bool = True) -> SFTConfig:
                 train.lr = _number(path, "train.lr", value, positive=True)
             elif key == "weight_decay":
                 train.weight_decay = _number(path, "train.weight_decay", value, positive=False)
+            elif key == "fast_activations" and value is None:
+                train.fast_activations = None
             elif key in ("recompute", "fast_activations"):
                 setattr(train, key, _bool(path, f"train.{key}", value))
     return SFTConfig(model=model, data=data, output_dir=resolve(raw["output_dir"]), method=method,

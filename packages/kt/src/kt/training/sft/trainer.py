@@ -205,7 +205,7 @@ def train(config: SFTConfig, *, resume: bool = False, on_step: Callable[[dict], 
                         lora_rank=config.lora.rank, lora_alpha=config.lora.alpha,
                         target=config.lora.target, recompute=config.train.recompute,
                         max_tokens=max(config.train.max_length * config.train.batch_size, 16),
-                        fast_activations=config.train.fast_activations, train_experts=config.train_experts)
+                        fast_activations=config.fast_activations, train_experts=config.train_experts)
     model.to(device)
     params = patch.trainable_parameters()
     opt = torch.optim.AdamW(params, lr=config.train.lr, weight_decay=config.train.weight_decay)
