@@ -159,7 +159,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("qwen3.5-moe", ("qwen3_5_moe",), experts_key=("num_experts",), text_config_key="text_config",
            experts_prefix="model.language_model.layers.{layer}.mlp.experts",
            transformers_blocks=("Qwen3_5MoeSparseMoeBlock",)),
-    Family("qwen3-vl-moe", ("qwen3_vl_moe",), experts_key=("num_experts",), sparse_step_key="decoder_sparse_step",
+    Family("qwen3-vl-moe", ("qwen3_vl_moe",), experts_key=("num_experts", "num_local_experts"), sparse_step_key="decoder_sparse_step",
            dense_layers_key="mlp_only_layers", text_config_key="text_config",
            experts_prefix="model.language_model.layers.{layer}.mlp.experts", per_expert=None, fused=FusedExperts(),
            transformers_blocks=("Qwen3VLMoeTextSparseMoeBlock",)),

@@ -27,14 +27,24 @@ def projection_shapes(spec) -> dict[str, tuple[int, int]]:
 def _fused(ckpt: Checkpoint, layer: int, expert: int):
     torch = _torch()
     fam, s = ckpt.spec.family, ckpt.spec
+    E, H, I = s.num_experts, s.hidden, s.intermediate
     prefix = fam.experts_prefix.format(layer=layer)
     floats = (torch.bfloat16, torch.float16, torch.float32)
-    gate_up = expect_tensor(ckpt.tensor(f"{prefix}.{fam.fused.gate_up}"), f"{prefix}.{fam.fused.gate_up}",
-                            (s.num_experts, s.hidden, 2 * s.intermediate), floats, "fused [experts, hidden, 2*intermediate]")
-    down = expect_tensor(ckpt.tensor(f"{prefix}.{fam.fused.down}"), f"{prefix}.{fam.fused.down}",
-                         (s.num_experts, s.intermediate, s.hidden), floats, "fused [experts, intermediate, hidden]")
+    gu_name, down_name = f"{prefix}.{fam.fused.gate_up}", f"{prefix}.{fam.fused.down}"
+    down = ckpt.tensor(down_name)
+    # Hub checkpoints keep the input dimension first ([E, H, 2I], [E, I, H]); transformers 5 saves some
+    # families (Qwen3-VL-MoE) in its own orientation, [E, 2I, H] and [E, H, I], and reads both. down's
+    # shape tells them apart (I != H); where it cannot, the hub's is assumed.
+    if I != H and tuple(down.shape) == (E, H, I):
+        gate_up = expect_tensor(ckpt.tensor(gu_name), gu_name, (E, 2 * I, H), floats,
+                                "fused [experts, 2*intermediate, hidden] (as down_proj is [experts, hidden, intermediate])")
+        g = gate_up[expert]
+        gate, up = (g[0::2], g[1::2]) if fam.fused.interleaved else (g[:I], g[I:])
+        return gate.contiguous(), up.contiguous(), down[expert].contiguous()
+    gate_up = expect_tensor(ckpt.tensor(gu_name), gu_name, (E, H, 2 * I), floats, "fused [experts, hidden, 2*intermediate]")
+    down = expect_tensor(down, down_name, (E, I, H), floats, "fused [experts, intermediate, hidden]")
     g = gate_up[expert]
-    gate, up = (g[:, 0::2], g[:, 1::2]) if fam.fused.interleaved else (g[:, :s.intermediate], g[:, s.intermediate:])
+    gate, up = (g[:, 0::2], g[:, 1::2]) if fam.fused.interleaved else (g[:, :I], g[:, I:])
     return gate.t().contiguous(), up.t().contiguous(), down[expert].t().contiguous()
 
 

@@ -33,14 +33,24 @@ def experts_unloaded(module: nn.Module) -> bool:
     return bool(getattr(module, UNLOADED, False))
 
 
+def _auto_class(config):
+    """AutoModelForCausalLM, or — for a multimodal model with no causal-LM class (Qwen3-VL-MoE,
+    Kimi-K2.5) — AutoModelForImageTextToText; a model's own code says which it provides (auto_map)."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    auto_map = getattr(config, "auto_map", None) or {}
+    if "AutoModelForCausalLM" in auto_map or config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return AutoModelForCausalLM
+    return AutoModelForImageTextToText
+
+
 def _classes(config, fam: Family, trust_remote_code: bool) -> tuple[type, set[type], set[type]]:
     """The model's class, its experts modules' classes and — for blocks holding one module per expert
     (remote-code DeepSeek / Kimi-K2, expert_modules.py) — those blocks' classes, found on a skeleton
     built on the meta device (no memory)."""
-    from transformers import AutoModelForCausalLM
-
     with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+        skeleton = _auto_class(config).from_config(config, trust_remote_code=trust_remote_code)
     attr = fam.transformers_experts.attr
     blocks = [m for _, m in skeleton.named_modules()
               if type(m).__name__ in fam.transformers_blocks and hasattr(m, attr)]
@@ -97,11 +107,12 @@ def _built_without_parameters(model_class: type, classes: set[type], blocks: set
 
 def load_model(folder: str | os.PathLike, *, dtype="auto", **from_pretrained_kwargs) -> nn.Module:
     """`AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, ...)` of an MoE family kt
-    supports, without its routed experts: their modules hold meta tensors of the experts' shapes
-    and none of their bytes is read. Patch the model with `patch_model(model, weight_path=folder,
+    supports (AutoModelForImageTextToText for multimodal models without a causal-LM class), without
+    its routed experts: their modules hold meta tensors of the experts' shapes and none of their
+    bytes is read. Patch the model with `patch_model(model, weight_path=folder,
     method=...)` (or another weight_path: a `kt convert` folder, a GGUF file) before running it;
     GPU-resident experts (num_gpu_experts) are then read from a BF16 or FP8 checkpoint."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     from .patch import _family
 
@@ -109,5 +120,5 @@ def load_model(folder: str | os.PathLike, *, dtype="auto", **from_pretrained_kwa
     config = AutoConfig.from_pretrained(folder, trust_remote_code=remote)
     fam = _family(getattr(config, "model_type", None) or "")
     with _built_without_parameters(*_classes(config, fam, remote), fam.transformers_experts.attr):
-        return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **from_pretrained_kwargs)
+        return _auto_class(config).from_pretrained(folder, dtype=dtype, **from_pretrained_kwargs)
 
