@@ -90,6 +90,43 @@ CONFIGS = {
         **{**COMMON, "num_key_value_heads": 1}, head_dim=16, qk_rope_head_dim=8, q_lora_rank=32, o_lora_rank=32,
         o_groups=2, index_n_heads=2, index_head_dim=16, index_topk=16, sliding_window=16, num_hidden_layers=4,
         moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2, swiglu_limit=1.0, **kw),
+    # transformers 5's newer standard-layout families (one dense layer first where they have one).
+    "mimo_v2_flash": lambda **kw: transformers.AutoConfig.for_model(
+        "mimo_v2_flash", **COMMON, head_dim=16, v_head_dim=16, num_hidden_layers=2, intermediate_size=128,
+        moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2, sliding_window=8, **kw),
+    "solar_open": lambda **kw: transformers.AutoConfig.for_model(
+        "solar_open", **COMMON, head_dim=16, num_hidden_layers=2, intermediate_size=128, moe_intermediate_size=32,
+        n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, **kw),
+    "minicpm5_moe": lambda **kw: transformers.AutoConfig.for_model(
+        "minicpm5_moe", **COMMON, head_dim=16, num_hidden_layers=2, intermediate_size=128, moe_intermediate_size=32,
+        n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1, **kw),
+    "exaone_moe": lambda **kw: transformers.AutoConfig.for_model(
+        "exaone_moe", **COMMON, head_dim=16, num_hidden_layers=2, intermediate_size=128, moe_intermediate_size=32,
+        num_experts=8, num_shared_experts=1, num_experts_per_tok=2, sliding_window=8, **kw),
+    "hy_v3": lambda **kw: transformers.AutoConfig.for_model(
+        "hy_v3", **COMMON, head_dim=16, num_hidden_layers=2, intermediate_size=128, moe_intermediate_size=32,
+        num_experts=8, num_shared_experts=1, num_experts_per_tok=2, **kw),
+    "hy_v4": lambda **kw: transformers.AutoConfig.for_model(   # DeepSeek-V4's clamped SiLU, at a limit it reaches
+        "hy_v4", **{k: v for k, v in COMMON.items() if k != "num_key_value_heads"}, num_hidden_layers=2, intermediate_size=128,
+        moe_intermediate_size=32, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, q_lora_rank=32,
+        kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, index_topk=4, index_head_dim=16,
+        index_n_heads=2, hc_mult=2, swiglu_limit=1.0, **kw),
+    "afmoe": lambda **kw: transformers.AutoConfig.for_model(
+        "afmoe", **COMMON, head_dim=16, num_hidden_layers=2, intermediate_size=128, moe_intermediate_size=32,
+        num_dense_layers=1, num_experts=8, num_shared_experts=1, num_experts_per_tok=2, sliding_window=8,
+        global_attn_every_n_layers=2, **kw),
+    "laguna": lambda **kw: transformers.AutoConfig.for_model(
+        "laguna", **COMMON, head_dim=16, num_hidden_layers=2, intermediate_size=128, moe_intermediate_size=32,
+        shared_expert_intermediate_size=32, num_experts=8, num_experts_per_tok=2, sliding_window=8, **kw),
+    "cohere2_moe": lambda **kw: transformers.AutoConfig.for_model(
+        "cohere2_moe", **COMMON, head_dim=16, num_hidden_layers=2, intermediate_size=32, num_experts=8,
+        num_shared_experts=1, num_experts_per_tok=2, prefix_dense_intermediate_size=128, first_k_dense_replace=1,
+        sliding_window=8, **kw),
+    "kimi_linear": lambda **kw: transformers.AutoConfig.for_model(   # KDA linear attention + MLA layers
+        "kimi_linear", **{**COMMON, "num_key_value_heads": 4}, head_dim=16, num_hidden_layers=4, intermediate_size=128,
+        moe_intermediate_size=32, num_local_experts=8, num_experts_per_tok=2, kv_lora_rank=16, qk_rope_head_dim=8,
+        qk_nope_head_dim=16, v_head_dim=16, linear_head_dim=16, linear_num_heads=4,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"], **kw),
     "glm4_moe": lambda **kw: transformers.Glm4MoeConfig(
         **COMMON, num_hidden_layers=3, head_dim=16, intermediate_size=128, moe_intermediate_size=32, n_routed_experts=8,
         num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
@@ -168,8 +205,9 @@ def test_bf16_generates_the_same_greedy_tokens_as_torch(model_type):
 def test_quantized_logits(model_type, method):
     """Against torch running the weights the format stores (dequantized by kt_core.testing):
     measured rel max error <= 4.3e-4 (activation quantization, two int8 passes), tolerance 2e-3.
-    Against the float model it is the format's own error: measured rel RMS <= 0.017 (INT8) and
-    <= 0.30 (INT4, group 32, a random model with weights of std 0.3), tolerances 0.05 and 0.45."""
+    Against the float model it is the format's own error: measured rel RMS <= 0.048 (INT8; Kimi-Linear
+    0.137) and <= 0.38 (INT4, group 32, a random model with weights of std 0.3), tolerances 0.05 (0.2)
+    and 0.45."""
     group = 32 if method == "INT4" else 0
     model = tiny_model(model_type)
     ids = prompt(length=16)
@@ -190,7 +228,8 @@ def test_quantized_logits(model_type, method):
     patch_model(model, method=method, group_size=group)
     got = logits(model, ids)
     assert rel_max(got, stored_logits) < 2e-3
-    assert rel_rms(got, float_logits) < {"INT8": 0.05, "INT4": 0.45}[method]
+    # Kimi-Linear's KDA layers amplify the weights' rounding: 0.137 at INT8, torch on the same weights as far.
+    assert rel_rms(got, float_logits) < {"INT8": 0.2 if model_type == "kimi_linear" else 0.05, "INT4": 0.45}[method]
 
 
 def test_llama4_with_two_experts_per_token():

@@ -57,8 +57,8 @@ ACTIVATIONS = {
     "silu": "SiLU(x·gateᵀ) * (x·upᵀ), then ·downᵀ, without biases",
     "clamped-silu": "SiLU(min(g, limit)) * clamp(u, -limit, limit) (g = x·gateᵀ, u = x·upᵀ; limit: the config's "
                     "swiglu_limit), then ·downᵀ, without biases",
-    "gpt-oss-swiglu": "a clamped SwiGLU ((clamp(up) + 1) * g * sigmoid(1.702 g), g = min(gate, 7)) with per-expert "
-                      "biases on gate/up and down",
+    "swiglu-oai": "a clamped SwiGLU ((clamp(up) + 1) * g * sigmoid(alpha g), g = min(gate, limit); the config's "
+                  "swiglu_limit / swiglu_alpha)",
 }
 
 
@@ -77,6 +77,7 @@ class Family:
     # Where the config lists every layer's kind (`layer_types_key`, transformers 5's
     # mlp_layer_types: "sparse" / "dense"), that list decides.
     dense_prefix_key: str | None = None
+    dense_prefix_default: int = 0        # dense leading layers where the config names none (transformers' default)
     sparse_step_key: str | None = None
     layer_freq_key: str | None = None
     dense_layers_key: str | None = None
@@ -103,8 +104,8 @@ class Family:
 
     def swiglu(self, setting) -> tuple[float, float]:
         """(swiglu_limit, swiglu_alpha) of the experts' activation, kt_core.MoE's terms: (0, 0) for
-        SiLU; `setting(key, default)` reads the model's config (GPT-OSS's defaults 7 and 1.702,
-        DeepSeek-V4's limit 10, as transformers' configs have them)."""
+        SiLU; `setting(key, default)` reads the model's config (GPT-OSS's / MiniMax-M3's defaults 7
+        and 1.702, DeepSeek-V4's limit 10, as transformers' configs have them)."""
         if self.activation == "silu":
             return 0.0, 0.0
         if self.activation == "clamped-silu":
@@ -123,6 +124,7 @@ class Family:
 
 _DEEPSEEK = dict(experts_key=("n_routed_experts",), dense_prefix_key="first_k_dense_replace",
                  layer_freq_key="moe_layer_freq", layer_types_key="mlp_layer_types")
+_LISTED_LAYERS = dict(layer_types_key="mlp_layer_types")
 _MIXTRAL_STYLE = dict(experts_key=("num_local_experts",), intermediate_key=("intermediate_size",),
                       experts_prefix="model.layers.{layer}.block_sparse_moe.experts",
                       per_expert=ExpertNames(gate="w1", up="w3", down="w2"))
@@ -178,11 +180,38 @@ FAMILIES: tuple[Family, ...] = (
     # HunYuan-A13B: moe_topk (one per layer on the hub), the experts' size in intermediate_size.
     Family("hunyuan-moe", ("hunyuan_v1_moe",), experts_key=("num_experts",), intermediate_key=("intermediate_size",),
            top_k_key=("moe_topk",), transformers_blocks=("HunYuanMoEV1Moe",)),
+    # Families transformers 5 holds in its standard layout, their MoE layers listed in mlp_layer_types
+    # where the config has it, else after the leading dense layers transformers assumes.
+    Family("mimo-v2-flash", ("mimo_v2_flash",), **_LISTED_LAYERS, experts_key=("n_routed_experts",),
+           dense_prefix_default=1, transformers_blocks=("MiMoV2FlashMoE",)),
+    Family("minicpm5-moe", ("minicpm5_moe",), **_LISTED_LAYERS, experts_key=("n_routed_experts",),
+           dense_prefix_key="first_k_dense_replace", dense_prefix_default=1, transformers_blocks=("MiniCPM5MoeMoE",)),
+    Family("exaone-moe", ("exaone_moe",), **_LISTED_LAYERS, experts_key=("num_experts",),
+           dense_prefix_key="first_k_dense_replace", dense_prefix_default=1, transformers_blocks=("ExaoneMoeSparseMoEBlock",)),
+    Family("solar-open", ("solar_open",), experts_key=("n_routed_experts",), transformers_blocks=("SolarOpenMoE",)),
+    Family("laguna", ("laguna",), **_LISTED_LAYERS, experts_key=("num_experts",), dense_prefix_default=1,
+           transformers_blocks=("LagunaSparseMoeBlock",)),
+    Family("afmoe", ("afmoe",), experts_key=("num_experts",), dense_prefix_key="num_dense_layers",
+           transformers_blocks=("AfmoeSparseMoeBlock",)),
+    # Command A MoE: the experts' size is intermediate_size (the dense layers' is prefix_dense_intermediate_size).
+    Family("cohere2-moe", ("cohere2_moe",), **_LISTED_LAYERS, experts_key=("num_experts",),
+           intermediate_key=("intermediate_size",), dense_prefix_key="first_k_dense_replace",
+           transformers_blocks=("Cohere2MoeSparseMoeBlock",)),
+    # Tencent Hunyuan 3 / 4 (HY-V4: DeepSeek-V4's clamped SiLU; its checkpoints keep the experts fused).
+    Family("hy-v3", ("hy_v3",), **_LISTED_LAYERS, experts_key=("num_experts",), dense_prefix_default=1,
+           transformers_blocks=("HYV3MoE",)),
+    Family("hy-v4", ("hy_v4",), **_LISTED_LAYERS, experts_key=("n_routed_experts",), dense_prefix_default=1,
+           per_expert=None, fused=FusedExperts(), activation="clamped-silu", transformers_blocks=("HYV4MoE",)),
+    # Kimi-Linear (Moonshot): Mixtral's w1 / w3 / w2 names under block_sparse_moe.
+    Family("kimi-linear", ("kimi_linear",), **_LISTED_LAYERS, experts_key=("num_experts", "num_local_experts"),
+           top_k_key=("num_experts_per_token", "num_experts_per_tok"), dense_prefix_key="first_k_dense_replace",
+           dense_prefix_default=1, experts_prefix="model.layers.{layer}.block_sparse_moe.experts",
+           per_expert=ExpertNames(gate="w1", up="w3", down="w2"), transformers_blocks=("KimiLinearMoE",)),
     Family("olmoe", ("olmoe",), experts_key=("num_experts",), intermediate_key=("intermediate_size",),
            transformers_blocks=("OlmoeSparseMoeBlock",)),
     Family("gpt-oss", ("gpt_oss",), experts_key=("num_local_experts",), intermediate_key=("intermediate_size",),
            top_k_key=("num_experts_per_tok", "experts_per_token"), per_expert=None,
-           fused=FusedExperts(interleaved=True), activation="gpt-oss-swiglu", expert_biases=True,
+           fused=FusedExperts(interleaved=True), activation="swiglu-oai", expert_biases=True,
            transformers_blocks=("GptOssMLP",),
            transformers_experts=TransformersExperts(input_first=True, interleaved=True)),
     # Llama 4's language model alone (Llama4ForCausalLM).

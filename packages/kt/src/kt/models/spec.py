@@ -158,7 +158,7 @@ def spec_from_config(cfg: dict) -> ModelSpec:
     if layers > MAX_LAYERS:
         raise KTError(f"config.json {fam.layers_key[0]} = {layers}: more layers than any model has "
                       f"(kt reads up to {MAX_LAYERS}); the file is corrupted")
-    dense_prefix = _int_setting(text, fam.dense_prefix_key, 0)
+    dense_prefix = _int_setting(text, fam.dense_prefix_key, fam.dense_prefix_default)
     step = _int_setting(text, fam.sparse_step_key, 1) or 1
     freq = _int_setting(text, fam.layer_freq_key, 1) or 1
     dense = text.get(fam.dense_layers_key) or () if fam.dense_layers_key else ()

@@ -122,7 +122,8 @@ def _checkpoint_reader(moe, ckpt: Checkpoint, layer: int, quantize_at_load: bool
     if swiglu is not None:
         biases = spec.family.expert_biases
         if not (moe.expert_bias == biases and (moe.swiglu_limit, moe.swiglu_alpha) == swiglu):
-            raise WeightsError(f"{spec.model_type} experts compute {ACTIVATIONS[spec.family.activation]}: "
+            with_biases = " with per-expert biases on gate/up and down" if biases else ""
+            raise WeightsError(f"{spec.model_type} experts compute {ACTIVATIONS[spec.family.activation]}{with_biases}: "
                                f"create the layer with {'expert_bias=True, ' if biases else ''}"
                                f"swiglu_limit={swiglu[0]}, swiglu_alpha={swiglu[1]}")
     stored = spec.quantization.method

@@ -114,11 +114,11 @@ def _moe_blocks(model: nn.Module, fam: Family, model_type: str) -> list[tuple[in
 
 
 def _swiglu(fam: Family, cfg, model_type: str) -> tuple[float, float]:
-    """(swiglu_limit, swiglu_alpha) of the experts' activation: GPT-OSS's clamped SwiGLU (its own,
-    whatever hidden_act says), DeepSeek-V4's clamped SiLU, or (0, 0) for SiLU; any other hidden_act
-    is refused."""
+    """(swiglu_limit, swiglu_alpha) of the experts' activation: GPT-OSS's / MiniMax-M3's clamped SwiGLU
+    (their own, whatever hidden_act says), DeepSeek-V4's clamped SiLU, or (0, 0) for SiLU; any other
+    hidden_act is refused."""
     setting = lambda key, default: getattr(cfg, key, default)  # noqa: E731
-    if fam.activation == "gpt-oss-swiglu":
+    if fam.activation == "swiglu-oai":
         return fam.swiglu(setting)
     act = getattr(cfg, "hidden_act", "silu")
     if act not in ("silu", "swish"):
