@@ -207,6 +207,31 @@ FAMILIES: tuple[Family, ...] = (
            top_k_key=("num_experts_per_token", "num_experts_per_tok"), dense_prefix_key="first_k_dense_replace",
            dense_prefix_default=1, experts_prefix="model.layers.{layer}.block_sparse_moe.experts",
            per_expert=ExpertNames(gate="w1", up="w3", down="w2"), transformers_blocks=("KimiLinearMoE",)),
+    # Multimodal models whose language model is an MoE of that layout (text_config; no causal-LM class).
+    Family("glm4v-moe", ("glm4v_moe",), experts_key=("n_routed_experts",), dense_prefix_key="first_k_dense_replace",
+           text_config_key="text_config", experts_prefix="model.language_model.layers.{layer}.mlp.experts",
+           transformers_blocks=("Glm4vMoeTextMoE",)),
+    Family("glm5-next", ("glm5_next",), **_LISTED_LAYERS, experts_key=("n_routed_experts",), dense_prefix_default=3,
+           activation="clamped-silu", text_config_key="text_config",
+           experts_prefix="model.language_model.layers.{layer}.mlp.experts", transformers_blocks=("Glm5NextTextMoE",)),
+    # Mistral Large 4: Mistral's own checkpoint names (no model. prefix, experts straight under the layer).
+    Family("mistral-large4", ("mistral_large4",), **_LISTED_LAYERS, experts_key=("n_routed_experts",),
+           dense_prefix_key="first_k_dense_replace", dense_prefix_default=1, text_config_key="text_config",
+           experts_prefix="layers.{layer}.experts", per_expert=ExpertNames(gate="w1", up="w3", down="w2"),
+           transformers_blocks=("MistralLarge4TextMoE",)),
+    # MiniMax-M3: GPT-OSS's clamped SwiGLU without biases; the experts' size is intermediate_size.
+    Family("minimax-m3", ("minimax_m3_vl",), **_LISTED_LAYERS, experts_key=("num_local_experts", "num_experts"),
+           intermediate_key=("intermediate_size",), activation="swiglu-oai", text_config_key="text_config",
+           experts_prefix="language_model.model.layers.{layer}.block_sparse_moe.experts",
+           per_expert=ExpertNames(gate="w1", up="w3", down="w2"), transformers_blocks=("MiniMaxM3VLSparseMoeBlock",)),
+    # Qwen4 (experimental): every layer MoE. Its multimodal checkpoints nest the language model (under
+    # model.language_model, as transformers' conversion rules for it say); qwen4_exp_text: the text
+    # model transformers' causal-LM class holds and saves.
+    Family("qwen4-exp", ("qwen4_exp",), experts_key=("num_experts",), text_config_key="text_config",
+           experts_prefix="model.language_model.layers.{layer}.mlp.experts",
+           transformers_blocks=("Qwen4ExpTextSparseMoeBlock",)),
+    Family("qwen4-exp-text", ("qwen4_exp_text",), experts_key=("num_experts",),
+           transformers_blocks=("Qwen4ExpTextSparseMoeBlock",)),
     Family("olmoe", ("olmoe",), experts_key=("num_experts",), intermediate_key=("intermediate_size",),
            transformers_blocks=("OlmoeSparseMoeBlock",)),
     Family("gpt-oss", ("gpt_oss",), experts_key=("num_local_experts",), intermediate_key=("intermediate_size",),

@@ -107,9 +107,11 @@ def _converted_reader(folder: ConvertedFolder, layer: int):
 def checkpoint_swiglu(spec, config: dict) -> tuple[float, float] | None:
     """(swiglu_limit, swiglu_alpha) of a family whose experts clamp their activation (GPT-OSS's
     SwiGLU, DeepSeek-V4's SiLU: the config's values), None for SiLU experts."""
-    if spec.family.activation == "silu":
+    fam = spec.family
+    if fam.activation == "silu":
         return None
-    return spec.family.swiglu(config.get)
+    text = config.get(fam.text_config_key) if fam.text_config_key else None   # multimodal: the language model's
+    return fam.swiglu((text if isinstance(text, dict) else config).get)
 
 
 def _checkpoint_reader(moe, ckpt: Checkpoint, layer: int, quantize_at_load: bool):
