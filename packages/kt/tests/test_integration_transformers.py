@@ -134,6 +134,11 @@ CONFIGS = {
         linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, hc_count=2, hc_lowrank=8,
         indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=8, indexer_compress_ratio=4, **kw),
         vision_config=dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=64)),
+    # LongCat-Flash: zero-computation (identity) experts among the router's choices.
+    "longcat_flash": lambda **kw: transformers.AutoConfig.for_model(
+        "longcat_flash", **{**COMMON, "num_key_value_heads": 4}, ffn_hidden_size=128, expert_ffn_hidden_size=32,
+        num_layers=2, n_routed_experts=8, zero_expert_num=4, moe_topk=2, kv_lora_rank=16, q_lora_rank=32,
+        qk_rope_head_dim=8, qk_nope_head_dim=16, head_dim=8, v_head_dim=16, **kw),
     "glm4_moe": lambda **kw: transformers.Glm4MoeConfig(
         **COMMON, num_hidden_layers=3, head_dim=16, intermediate_size=128, moe_intermediate_size=32, n_routed_experts=8,
         num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
@@ -250,6 +255,23 @@ def test_llama4_with_two_experts_per_token():
     want = logits(model, ids)
     patch_model(model, method="BF16")
     assert rel_max(logits(model, ids), want) < 1e-4
+
+
+def test_picks_of_weight_zero_are_not_computed():
+    """An expert picked with weight 0 (LongCat-Flash's zero-computation experts arrive so) is skipped,
+    not computed and multiplied by 0: expert 3's weights overflow any product (1e30), and the output
+    stays finite."""
+    model = tiny_model()
+    block = next(m for m in model.modules() if type(m).__name__ == "Qwen3MoeSparseMoeBlock")
+    with torch.no_grad():
+        block.experts.gate_up_proj[3] = 1e30
+    patch_model(model, method="BF16")
+    x = torch.randn(5, 64)
+    ids = torch.tensor([[3, 1], [0, 3], [2, 4], [3, 5], [6, 7]])
+    weights = torch.tensor([[0.0, 0.5], [0.7, 0.0], [0.4, 0.6], [0.0, 1.0], [0.3, 0.3]])
+    out = block.experts(x, ids, weights)
+    assert torch.isfinite(out).all()
+    assert torch.allclose(out, block.experts(x, ids.masked_fill(weights == 0, -1), weights))
 
 
 def test_sampled_generate_matches_torch_under_the_same_seed():

@@ -120,10 +120,13 @@ class KTExperts(nn.Module):
             self.stats.record(self.layer, top_k_index)
         carried = self.handoff.take(self.order, tokens) if self.handoff is not None else None
         slot = self.resident_slot[top_k_index]          # GPU-resident slot of each pick; -1: kt's
-        kt_ids, deferred = top_k_index, None
+        # A pick of weight 0 contributes nothing, so kt skips it (id -1) rather than compute an expert to
+        # multiply it by 0: LongCat-Flash's zero-computation experts reach the experts so, as real ids.
+        live = top_k_index.masked_fill(top_k_weights == 0, -1)
+        kt_ids, deferred = live, None
         if self.defer and self.moe is not None:
             deferred = lowest_weight_picks(top_k_weights, slot >= 0, self.defer)
-            kt_ids = top_k_index.masked_fill(deferred, -1)
+            kt_ids = live.masked_fill(deferred, -1)
         # kt skips GPU-resident ids itself (its gpu_experts_mask), so they need no masking here.
         kt_result = self._start_kt(hidden_states, kt_ids, top_k_weights)
         out = self._resident(hidden_states, slot, top_k_weights)
@@ -132,7 +135,7 @@ class KTExperts(nn.Module):
             out = cpu if out is None else out + cpu
         if deferred is not None:
             # The input is copied: the deferred forward outlives this call and its caller's tensors.
-            later = self._start_kt(hidden_states.clone(), top_k_index.masked_fill(~deferred, -1), top_k_weights)
+            later = self._start_kt(hidden_states.clone(), live.masked_fill(~deferred, -1), top_k_weights)
             self.handoff.put(self.order, tokens, later)
         if out is None:      # no kt experts and no resident pick: nothing routed contributes
             out = torch.zeros_like(hidden_states)
