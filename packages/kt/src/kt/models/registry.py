@@ -210,8 +210,9 @@ FAMILIES: tuple[Family, ...] = (
     # LongCat-Flash: one MoE per decoder layer (num_layers; transformers' num_hidden_layers counts both
     # attention sublayers); its zero-computation experts reach kt as real ids of weight 0 (skipped).
     Family("longcat-flash", ("longcat_flash",), experts_key=("n_routed_experts",),
-           intermediate_key=("expert_ffn_hidden_size", "moe_intermediate_size"), top_k_key=("moe_topk", "num_experts_per_tok"),
-           layers_key=("num_layers",), transformers_blocks=("LongcatFlashMoE",)),
+           intermediate_key=("expert_ffn_hidden_size", "moe_intermediate_size"),
+           top_k_key=("moe_topk", "num_experts_per_tok"), layers_key=("num_layers",),
+           transformers_blocks=("LongcatFlashMoE",)),
     # Multimodal models whose language model is an MoE of that layout (text_config; no causal-LM class).
     Family("glm4v-moe", ("glm4v_moe",), experts_key=("n_routed_experts",), dense_prefix_key="first_k_dense_replace",
            text_config_key="text_config", experts_prefix="model.language_model.layers.{layer}.mlp.experts",
