@@ -172,6 +172,22 @@ def test_deepseek_v4_checkpoint_loads_with_its_clamped_silu(tmp_path, quant, met
     with pytest.raises(WeightsError, match=r"deepseek_v4 experts compute SiLU\(min\(g, limit\)\).*create the layer "
                                             r"with swiglu_limit=0.5, swiglu_alpha=0.0"):
         wrapper(tmp_path, 1, method, swiglu_limit=7.0).load_weights()
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "swiglu_limit": "ten"}))
+    with pytest.raises(KTError, match="swiglu_limit should be a positive number \\(the experts' clamp\\), found 'ten'"):
+        wrapper(tmp_path, 1, method, backend=backend).load_weights()
+    if quant:   # UE8M0's reserved code: no finite scale, refused by name
+        from safetensors.torch import load_file, save_file
+
+        shard = next(p for p in sorted(tmp_path.glob("*.safetensors")) if "layers.1.ffn.experts.0.w1.scale" in
+                     load_file(str(p)))
+        tensors = load_file(str(shard))
+        scale = tensors["layers.1.ffn.experts.0.w1.scale"].view(torch.uint8).clone()
+        scale[0, 0] = 0xFF
+        tensors["layers.1.ffn.experts.0.w1.scale"] = scale.view(torch.float8_e8m0fnu)
+        save_file(tensors, str(shard), metadata={"format": "pt"})
+        (tmp_path / "config.json").write_text(json.dumps({**cfg, "swiglu_limit": 0.5}))
+        with pytest.raises(WeightsError, match=r"layers.1.ffn.experts.0.w1.scale holds the reserved UE8M0 code 0xff"):
+            wrapper(tmp_path, 1, method, backend=backend).load_weights()
 
 
 def test_config_key_variants_and_moe_layer_rules():
