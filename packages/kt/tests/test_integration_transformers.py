@@ -257,6 +257,33 @@ def test_llama4_with_two_experts_per_token():
     assert rel_max(logits(model, ids), want) < 1e-4
 
 
+def test_mistral4_whose_causal_class_only_image_text_to_text_finds(tmp_path):
+    """Mistral 4: Mistral4ForCausalLM is registered with AutoModelForImageTextToText, not
+    AutoModelForCausalLM; patched, its logits are torch's, and load_model + weight_path of a saved
+    folder (the experts fused) gives the whole model's."""
+    from kt.integrations.transformers import load_model
+
+    config = transformers.AutoConfig.for_model(
+        "mistral4", **{**COMMON, "num_key_value_heads": 4}, num_hidden_layers=2, intermediate_size=128,
+        moe_intermediate_size=32, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, kv_lora_rank=16,
+        q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, first_k_dense_replace=1)
+    torch.manual_seed(0)
+    model = transformers.Mistral4ForCausalLM(config).eval()
+    with torch.no_grad():
+        for m in experts_modules(model):
+            for p in (m.gate_up_proj, m.down_proj):
+                p.copy_(p.bfloat16().float())
+    ids = prompt()
+    want = logits(model, ids)
+    model.save_pretrained(tmp_path)
+    assert len(patch_model(model, method="BF16").layers) == 1
+    assert rel_max(logits(model, ids), want) < 1e-4
+    lean = load_model(tmp_path, dtype=torch.float32)
+    assert type(lean).__name__ == "Mistral4ForCausalLM"
+    patch_model(lean, method="BF16", weight_path=tmp_path)
+    assert torch.equal(logits(lean.eval(), ids), logits(model, ids))
+
+
 def test_picks_of_weight_zero_are_not_computed():
     """An expert picked with weight 0 (LongCat-Flash's zero-computation experts arrive so) is skipped,
     not computed and multiplied by 0: expert 3's weights overflow any product (1e30), and the output

@@ -213,6 +213,10 @@ FAMILIES: tuple[Family, ...] = (
            intermediate_key=("expert_ffn_hidden_size", "moe_intermediate_size"),
            top_k_key=("moe_topk", "num_experts_per_tok"), layers_key=("num_layers",),
            transformers_blocks=("LongcatFlashMoE",)),
+    # Mistral 4: its causal-LM class is registered with AutoModelForImageTextToText only (load_model
+    # finds it there); checkpoints as transformers saves them, the experts fused.
+    Family("mistral4", ("mistral4",), experts_key=("n_routed_experts",), dense_prefix_key="first_k_dense_replace",
+           per_expert=None, fused=FusedExperts(), transformers_blocks=("Mistral4MoE",)),
     # Multimodal models whose language model is an MoE of that layout (text_config; no causal-LM class).
     Family("glm4v-moe", ("glm4v_moe",), experts_key=("n_routed_experts",), dense_prefix_key="first_k_dense_replace",
            text_config_key="text_config", experts_prefix="model.language_model.layers.{layer}.mlp.experts",
