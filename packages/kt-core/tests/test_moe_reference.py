@@ -75,10 +75,34 @@ def test_reference_backend_applies_the_clamped_swiglu(method, limit, alpha):
     assert relative_error(plain, want) > 1e-2, "the clamps and alpha must change this output"
 
 
+@pytest.mark.parametrize("backend", ["reference", None])
+@pytest.mark.parametrize("method", ["FP32", "BF16", "INT8"])
+def test_limit_after_silu(method, backend):
+    """Step-3.5's / Ling-2.5's experts, min(SiLU(g), limit) * clamp(u, -limit, limit): kt-core applies
+    it to any backend's raw gate/up products (the host's best backend, and the reference), against
+    NumPy's formula on the same stored weights; the layer's kernels see no swiglu setting."""
+    rng = np.random.default_rng(4)
+    w = random_moe(rng, 6, 64, 32)
+    layer = kt_core.MoE(num_experts=6, top_k=2, hidden_size=64, intermediate_size=32, method=method, backend=backend,
+                        swiglu_limit=0.5, swiglu_limit_after_act=True)
+    assert layer.raw_gate_up and layer.swiglu == (0.5, 0.0, True)
+    layer.load(*w)
+    x = rng.standard_normal((9, 64)).astype(np.float32) * np.float32(3.0)
+    ids, wt = random_routing(rng, 9, 6, 2)
+    stored = quantize.dequantized_weights(method, *w)
+    want = moe_reference(x, *stored, ids, wt, swiglu_limit=0.5, limit_after_act=True)
+    assert relative_error(layer(x, ids, wt), want) < (1e-5 if method == "FP32" else 5e-3)
+    before = moe_reference(x, *stored, ids, wt, swiglu_limit=0.5)
+    assert relative_error(before, want) > 1e-2, "a limit after SiLU must differ from the one before it here"
+
+
 def test_swiglu_settings_are_checked():
     with pytest.raises(ValueError, match="swiglu_limit and swiglu_alpha must be finite and >= 0"):
         kt_core.MoE(num_experts=4, top_k=2, hidden_size=64, intermediate_size=32, method="FP32", backend="reference",
                     swiglu_limit=-1.0)
+    with pytest.raises(ValueError, match="swiglu_limit_after_act needs swiglu_limit > 0 and swiglu_alpha 0"):
+        kt_core.MoE(num_experts=4, top_k=2, hidden_size=64, intermediate_size=32, method="FP32", backend="reference",
+                    swiglu_limit_after_act=True)
 
 
 @pytest.mark.parametrize("types", [("Q4_K", "Q4_K", "Q6_K"), ("Q2_K", "Q3_K", "Q5_K"), ("IQ4_XS",) * 3,

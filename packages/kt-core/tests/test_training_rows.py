@@ -66,6 +66,34 @@ for S, I in [(37, 50), (5, 16), (64, 768)]:
                  "dw": (d64 * (uc + shift) * gc * sc).sum(axis=1)}
         for name, got in (("dgate", dgu[:, :I]), ("dup", dgu[:, I:]), ("dw", dw)):
             assert np.abs(got - wants[name]).max() <= 1e-5 * np.abs(wants[name]).max(), (name, limit, A, S, I)
+    # The limit after SiLU (Step-3.5, Ling-2.5): min(SiLU(g), limit) * clamp(u), the gate's gradient
+    # passing where SiLU(g) <= limit. Inputs whose SiLU crosses the limit and lands exactly on it.
+    gu[2, :2] = [L + 1.0, 3.0]
+    gated_rows_forward(gu, w, h, (L, 0.0, True))
+    g, u = gu[:, :I].astype(np.float64), gu[:, I:].astype(np.float64)
+    s = 1 / (1 + np.exp(-g))
+    silu, uc = g * s, np.clip(u, -L, L)
+    want = np.minimum(silu, L) * uc * w64[:, None]
+    assert np.abs(h - want).max() <= 1e-5 * np.abs(want).max(), ("after h", S, I)
+    assert (silu > L).any() and (silu < L).any()
+    for lora in (False, True):   # the plain pass, and the one giving the down adapter's dA
+        extra = dict(counts=counts, g=gl, da=da) if lora else {}
+        gated_rows_backward(dh, gu, w, dgu, dw, (L, 0.0, True), **extra)
+        wants = {"dgate": np.where(silu <= L, d64 * uc * w64[:, None] * s * (1 + g * (1 - s)), 0),
+                 "dup": np.where(np.abs(u) <= L, d64 * np.minimum(silu, L) * w64[:, None], 0.0),
+                 "dw": (d64 * np.minimum(silu, L) * uc).sum(axis=1)}
+        for name, got in (("dgate", dgu[:, :I]), ("dup", dgu[:, I:]), ("dw", dw)):
+            assert np.abs(got - wants[name]).max() <= 1e-5 * np.abs(wants[name]).max(), ("after", name, S, I, lora)
+        if lora:
+            want_da = np.stack([gl[e_of == e].astype(np.float64).T @ want[e_of == e] for e in range(3)])
+            assert np.abs(da - want_da).max() <= 1e-5 * np.abs(want_da).max(), ("after dA", S, I)
+    for bad in ((0.0, 0.0, True), (L, 1.702, True)):
+        try:
+            gated_rows_forward(gu, w, h, bad)
+        except ValueError as e:
+            assert "a limit after SiLU needs swiglu_limit > 0 and swiglu_alpha 0" in str(e), e
+        else:
+            raise AssertionError(bad)
     A = 1.702
     for bad in ((-1.0, A), (float("nan"), A), (L, float("inf"))):
         try:

@@ -139,6 +139,12 @@ CONFIGS = {
         "longcat_flash", **{**COMMON, "num_key_value_heads": 4}, ffn_hidden_size=128, expert_ffn_hidden_size=32,
         num_layers=2, n_routed_experts=8, zero_expert_num=4, moe_topk=2, kv_lora_rank=16, q_lora_rank=32,
         qk_rope_head_dim=8, qk_nope_head_dim=16, head_dim=8, v_head_dim=16, **kw),
+    # Ling-2.5's hybrid: the limit after SiLU, per layer (1.0 on the MoE layer: the tiny model reaches it).
+    "bailing_hybrid": lambda **kw: transformers.AutoConfig.for_model(
+        "bailing_hybrid", **{**COMMON, "num_key_value_heads": 4}, head_dim=16, num_hidden_layers=2, intermediate_size=128,
+        moe_intermediate_size=32, num_experts=8, num_experts_per_token=2, num_shared_experts=1, n_group=2,
+        topk_group=1, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, layer_group_size=2,
+        first_k_dense_replace=1, share_expert_swiglu_limit_list=[0, 1.0], **{"expert_swiglu_limit_list": [0, 1.0], **kw}),
     "glm4_moe": lambda **kw: transformers.Glm4MoeConfig(
         **COMMON, num_hidden_layers=3, head_dim=16, intermediate_size=128, moe_intermediate_size=32, n_routed_experts=8,
         num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
@@ -282,6 +288,18 @@ def test_mistral4_whose_causal_class_only_image_text_to_text_finds(tmp_path):
     assert type(lean).__name__ == "Mistral4ForCausalLM"
     patch_model(lean, method="BF16", weight_path=tmp_path)
     assert torch.equal(logits(lean.eval(), ids), logits(model, ids))
+
+
+def test_limit_after_silu_binds_and_matches_torch():
+    """Ling-2.5's experts clamp SiLU(gate) (not gate) at each layer's limit: the tiny model's limit changes
+    its logits, and kt's (kt-core applying the limit to the kernels' raw products) are torch's."""
+    model, unclamped = tiny_model("bailing_hybrid"), tiny_model("bailing_hybrid", expert_swiglu_limit_list=[0, 0])
+    ids = prompt()
+    want = logits(model, ids)
+    assert rel_max(logits(unclamped, ids), want) > 1e-2
+    patch = patch_model(model, method="BF16")
+    assert [m.moe.swiglu for m in patch.layers.values()] == [(1.0, 0.0, True)]
+    assert rel_max(logits(model, ids), want) < 1e-4
 
 
 def test_picks_of_weight_zero_are_not_computed():

@@ -74,7 +74,8 @@ def tiny(model_type):
 
 @pytest.mark.parametrize("model_type", ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v2", "deepseek_v3",
                                         "glm4_moe", "gpt_oss", "minimax_m2", "deepseek_v32", "glm4_moe_lite",
-                                        "qwen3_next", "llama4_text", "deepseek_v4", "hy_v4", "mimo_v2_flash"])
+                                        "qwen3_next", "llama4_text", "deepseek_v4", "hy_v4", "mimo_v2_flash",
+                                        "bailing_hybrid"])
 def test_training_matches_peft_step_for_step_and_reduces_the_loss(model_type):
     """gpt_oss: expert biases, the clamped SwiGLU, gate and up interleaved in gate_up_proj [E, H, 2I]."""
     model = tiny(model_type)

@@ -123,7 +123,7 @@ def test_fused_layouts_are_split_correctly(tmp_path):
     want = moe_reference(x.double().numpy(), *weights, ids.numpy(), w.double().numpy(), swiglu_limit=7.0,
                          swiglu_alpha=1.702, biases=biases)
     assert relative_error(kt.forward(x, ids, w).double().numpy(), want) < 1e-5
-    with pytest.raises(WeightsError, match=r"gpt_oss experts compute a clamped SwiGLU.*create the layer with "
+    with pytest.raises(WeightsError, match=r"gpt_oss experts compute a clamped SwiGLU.*create layer 0 with "
                                             r"expert_bias=True, swiglu_limit=7.0, swiglu_alpha=1.702"):
         wrapper(tmp_path / "oss", 0, swiglu_limit=5.0, swiglu_alpha=1.702).load_weights()
 
@@ -169,7 +169,7 @@ def test_deepseek_v4_checkpoint_loads_with_its_clamped_silu(tmp_path, quant, met
     assert relative_error(kt.forward(x, ids, w).double().numpy(), want) < bound
     unclamped = moe_reference(x.double().numpy(), *truth[1], ids.numpy(), w.double().numpy())
     assert relative_error(unclamped, want) > 0.05   # the clamp matters at this limit
-    with pytest.raises(WeightsError, match=r"deepseek_v4 experts compute SiLU\(min\(g, limit\)\).*create the layer "
+    with pytest.raises(WeightsError, match=r"deepseek_v4 experts compute SiLU\(min\(g, limit\)\).*create layer 1 "
                                             r"with swiglu_limit=0.5, swiglu_alpha=0.0"):
         wrapper(tmp_path, 1, method, swiglu_limit=7.0).load_weights()
     (tmp_path / "config.json").write_text(json.dumps({**cfg, "swiglu_limit": "ten"}))
@@ -188,6 +188,30 @@ def test_deepseek_v4_checkpoint_loads_with_its_clamped_silu(tmp_path, quant, met
         (tmp_path / "config.json").write_text(json.dumps({**cfg, "swiglu_limit": 0.5}))
         with pytest.raises(WeightsError, match=r"layers.1.ffn.experts.0.w1.scale holds the reserved UE8M0 code 0xff"):
             wrapper(tmp_path, 1, method, backend=backend).load_weights()
+
+
+def test_limit_after_silu_per_layer_from_the_folder(tmp_path):
+    """Ling-2.5 (bailing_hybrid): each layer's limit after SiLU from expert_swiglu_limit_list. A wrapper
+    made without one takes its layer's (kt-kernel's API cannot say "after"): layer 1 clamps at 0.5,
+    layer 2 (limit 0) is plain SiLU; another limit is refused naming the folder's."""
+    truth = write_checkpoint(tmp_path, "bailing_hybrid", hidden=H, intermediate=I, experts=E)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "expert_swiglu_limit_list": [0, 0.5, 0]}))
+    x, ids, w = routing()
+    for layer, limit in ((1, 0.5), (2, 0.0)):
+        kt = wrapper(tmp_path, layer, backend=None)
+        assert kt._moe.swiglu == (limit, 0.0, limit > 0)
+        kt.load_weights()
+        want = moe_reference(x.double().numpy(), *truth[layer], ids.numpy(), w.double().numpy(), swiglu_limit=limit,
+                             limit_after_act=limit > 0)
+        assert relative_error(kt.forward(x, ids, w).double().numpy(), want) < 5e-3   # avx's activations
+    plain = moe_reference(x.double().numpy(), *truth[1], ids.numpy(), w.double().numpy())
+    clamped = moe_reference(x.double().numpy(), *truth[1], ids.numpy(), w.double().numpy(), swiglu_limit=0.5,
+                            limit_after_act=True)
+    assert relative_error(plain, clamped) > 0.05   # the limit matters at 0.5
+    with pytest.raises(WeightsError, match=r"create layer 1 with swiglu_limit=0.5, swiglu_alpha=0.0, "
+                                            r"swiglu_limit_after_act=True"):
+        wrapper(tmp_path, 1, swiglu_limit=7.0).load_weights()
 
 
 def test_config_key_variants_and_moe_layer_rules():

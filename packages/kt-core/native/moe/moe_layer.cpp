@@ -210,7 +210,7 @@ void MoeLayer::set_small_batch_kernels(const kt_method_kernels* kernels) {
             throw std::invalid_argument(std::string("small-batch kernels ") + kernels->kernel_id + " expect " +
                                         std::to_string(bytes) + " packed bytes per expert for layout " +
                                         kernels->layout_id + "; the layer's packer wrote " + std::to_string(expert_bytes_));
-        if (expert_bias_) require_raw_tile(*kernels);
+        if (raw_gate_up()) require_raw_tile(*kernels);
     }
     small_batch_ = kernels;
 }
@@ -224,10 +224,22 @@ bool has_raw_tile(const kt_method_kernels& k) {
 void MoeLayer::require_raw_tile(const kt_method_kernels& k) {
     if (!has_raw_tile(k))
         throw std::invalid_argument(std::string(k.kernel_id) + " has no gate_up_raw_tile (plugin ABI 1.4), which " +
-                                    "experts with biases need: the layer adds the biases before the gated activation");
+                                    "experts with biases or a limit after SiLU need: the layer applies their gated "
+                                    "activation itself");
     if (KT_HAS_FIELD(&k, kt_method_kernels, moe_forward) && k.moe_forward)
         throw std::invalid_argument(std::string(k.kernel_id) + " runs whole forwards (moe_forward), which add no " +
-                                    "expert biases");
+                                    "expert biases and apply no limit after SiLU");
+}
+
+void MoeLayer::enable_limit_after_activation(float limit) {
+    if (!(limit > 0.0f) || !std::isfinite(limit))
+        throw std::invalid_argument("the limit after SiLU must be finite and > 0, got " + std::to_string(limit));
+    if (shape_.swiglu_limit != 0.0f || shape_.swiglu_alpha != 0.0f)
+        throw std::invalid_argument("a limit after SiLU replaces swiglu_limit / swiglu_alpha: make the layer without them");
+    require_raw_tile(*kernels_);
+    if (small_batch_) require_raw_tile(*small_batch_);
+    std::lock_guard<std::mutex> lock(g_forward_mutex);
+    limit_after_ = limit;
 }
 
 void MoeLayer::enable_expert_bias() {
@@ -581,7 +593,7 @@ public:
         auto tile = [&](const Tile& t) {
             const int32_t e = active_[size_t(t.active)];
             const int64_t r0 = offset_[size_t(e)];
-            const kt_status st = layer_.expert_bias_ ? biased_gate_up(e, t)
+            const kt_status st = layer_.raw_gate_up() ? raw_gate_up(e, t)
                                                      : k_.gate_up_tile(&shape_, packed(e), act_rows_ + size_t(r0) * row_h_,
                                                                        count_[size_t(e)], t.n0, t.n1, inter_ + r0 * I, I);
             if (st != KT_OK) failure_.record(st, "the gate/up kernel");
@@ -591,9 +603,9 @@ public:
         failure_.rethrow();
     }
 
-    // A tile of an expert with biases: the kernels' raw gate and up products, then the biases
-    // and the layer's gated activation here (kt/formats/gated_activation.h).
-    kt_status biased_gate_up(int32_t e, const Tile& t) {
+    // A tile of an expert with biases or a limit after SiLU: the kernels' raw gate and up products,
+    // then the biases and the layer's gated activation here (kt/formats/gated_activation.h).
+    kt_status raw_gate_up(int32_t e, const Tile& t) {
         const int64_t r0 = offset_[size_t(e)], rows = count_[size_t(e)], w = t.n1 - t.n0;
         thread_local std::vector<float> g, u;
         g.resize(size_t(rows * w));
@@ -601,13 +613,22 @@ public:
         const kt_status st = k_.gate_up_raw_tile(&shape_, packed(e), act_rows_ + size_t(r0) * row_h_, rows, t.n0, t.n1,
                                                  g.data(), u.data(), w);
         if (st != KT_OK) return st;
-        const float* bg = layer_.bias_[size_t(e)].data();
-        const float* bu = bg + I;
-        const float limit = shape_.swiglu_limit, alpha = shape_.swiglu_alpha;
+        if (layer_.expert_bias_) {
+            const float* bg = layer_.bias_[size_t(e)].data();
+            const float* bu = bg + I;
+            for (int64_t r = 0; r < rows; ++r)
+                for (int64_t n = t.n0; n < t.n1; ++n) {
+                    g[size_t(r * w + n - t.n0)] += bg[n];
+                    u[size_t(r * w + n - t.n0)] += bu[n];
+                }
+        }
+        const float limit = shape_.swiglu_limit, alpha = shape_.swiglu_alpha, after = layer_.limit_after_;
         for (int64_t r = 0; r < rows; ++r)
-            for (int64_t n = t.n0; n < t.n1; ++n)
-                inter_[(r0 + r) * I + n] = activation::gated(limit, alpha, g[size_t(r * w + n - t.n0)] + bg[n],
-                                                             u[size_t(r * w + n - t.n0)] + bu[n]);
+            for (int64_t n = t.n0; n < t.n1; ++n) {
+                const float gv = g[size_t(r * w + n - t.n0)], uv = u[size_t(r * w + n - t.n0)];
+                inter_[(r0 + r) * I + n] = after > 0.0f ? activation::gated_limit_after(after, gv, uv)
+                                                        : activation::gated(limit, alpha, gv, uv);
+            }
         return KT_OK;
     }
 

@@ -75,16 +75,18 @@ template <class W>
 // SiLU(g) * u; a limit > 0 first clamps g' = min(g, limit), u' = clamp(u, -limit, limit)
 // (DeepSeek-V4's clamped SiLU: SiLU(g') * u'); alpha > 0 then gives GPT-OSS's clamped SwiGLU,
 // (u' + 1) * g' * sigmoid(alpha g'). Both are the "shaped" kernels below: sigmoid slope a (alpha,
-// or 1 for SiLU) and up shift (1, or 0 for SiLU), the limit +inf when unset.
+// or 1 for SiLU) and up shift (1, or 0 for SiLU), the limit +inf when unset. `after`: the limit
+// applies to SiLU(g) instead, min(SiLU(g), limit) * clamp(u, -limit, limit) (Step-3.5, Ling-2.5).
 struct Gate {
     float limit = 0.0f, alpha = 0.0f;   // both 0: SiLU
+    bool after = false;
     bool shaped() const { return limit != 0.0f || alpha != 0.0f; }
     float bound() const { return limit > 0.0f ? limit : std::numeric_limits<float>::infinity(); }
     float slope() const { return alpha > 0.0f ? alpha : 1.0f; }
     float shift() const { return alpha > 0.0f ? 1.0f : 0.0f; }
 };
 
-template <class W, bool kShaped>
+template <class W, bool kShaped, bool kAfter = false>
 [[gnu::always_inline]] inline void forward_range(const float* gu, const float* w, int64_t b, int64_t e, int64_t I,
                                                  Gate gate, float* h) {
     using V = typename W::V;
@@ -98,7 +100,12 @@ template <class W, bool kShaped>
         int64_t c = 0;
         for (; c + W::kLanes <= I; c += W::kLanes) {
             V gv = W::load(g + c), uv = W::load(u + c);
-            if constexpr (kShaped) {
+            if constexpr (kAfter) {
+                V s = gv * sigmoid<W>(gv);
+                s = s > lim ? lim : s;
+                uv = uv > lim ? lim : (uv < neg ? neg : uv);
+                W::store(hi + c, s * uv * wi);
+            } else if constexpr (kShaped) {
                 gv = gv > lim ? lim : gv;   // NaN compares false: kept, as torch's clamp keeps it
                 uv = uv > lim ? lim : (uv < neg ? neg : uv);
                 W::store(hi + c, (uv + shift) * gv * sigmoid<W>(gv * a) * wi);
@@ -107,7 +114,12 @@ template <class W, bool kShaped>
             }
         }
         for (; c < I; ++c) {
-            if constexpr (kShaped) {
+            if constexpr (kAfter) {
+                float s = g[c] / (1.0f + std::exp(-g[c]));
+                s = s > limit ? limit : s;
+                const float uc = u[c] > limit ? limit : (u[c] < -limit ? -limit : u[c]);
+                hi[c] = s * uc * wi;
+            } else if constexpr (kShaped) {
                 const float gc = g[c] > limit ? limit : g[c];
                 const float uc = u[c] > limit ? limit : (u[c] < -limit ? -limit : u[c]);
                 hi[c] = (uc + shift) * gc / (1.0f + std::exp(-a * gc)) * wi;
@@ -120,7 +132,8 @@ template <class W, bool kShaped>
 
 // d(g * sigmoid(a g)) / dg = s (1 + a g (1 - s)), s = sigmoid(a g); the clamps pass the gradient
 // where their input is inside the limits, ends included (torch's clamp backward).
-template <class W, bool kShaped>
+// With the limit after SiLU: d/dg passes where SiLU(g) <= limit, d/du where u is inside the limits.
+template <class W, bool kShaped, bool kAfter = false>
 [[gnu::always_inline]] inline void backward_range(const float* dh, const float* gu, const float* w, int64_t b,
                                                   int64_t e, int64_t I, Gate gate, float* dgu, float* dw) {
     using V = typename W::V;
@@ -139,7 +152,13 @@ template <class W, bool kShaped>
         for (; c + W::kLanes <= I; c += W::kLanes) {
             V gv = W::load(g + c), uv = W::load(u + c);
             const V dv = W::load(d + c);
-            if constexpr (kShaped) {
+            if constexpr (kAfter) {
+                const V s = sigmoid<W>(gv), silu = gv * s, sc = silu > lim ? lim : silu;
+                const V uc = uv > lim ? lim : (uv < neg ? neg : uv);
+                acc += dv * sc * uc;
+                W::store(du + c, (uv >= neg) & (uv <= lim) ? dv * sc * wi : zero);
+                W::store(dg + c, silu <= lim ? dv * uc * wi * s * (1.0f + gv * (1.0f - s)) : zero);
+            } else if constexpr (kShaped) {
                 const V graw = gv, uraw = uv;
                 gv = gv > lim ? lim : gv;
                 uv = uv > lim ? lim : (uv < neg ? neg : uv);
@@ -155,6 +174,16 @@ template <class W, bool kShaped>
             }
         }
         for (; c < I; ++c) {
+            if constexpr (kAfter) {
+                const float s = 1.0f / (1.0f + std::exp(-g[c])), silu = g[c] * s;
+                const float sc = silu > limit ? limit : silu;
+                const bool u_in = !(u[c] > limit) && !(u[c] < -limit);
+                const float uc = u_in ? u[c] : (u[c] > limit ? limit : -limit);
+                tail += d[c] * sc * uc;
+                du[c] = u_in ? d[c] * sc * wi : 0.0f;
+                dg[c] = silu <= limit ? d[c] * uc * wi * s * (1.0f + g[c] * (1.0f - s)) : 0.0f;
+                continue;
+            }
             float gc = g[c], uc = u[c];
             bool g_in = true, u_in = true;
             if constexpr (kShaped) {
@@ -179,14 +208,18 @@ using BackwardFn = void (*)(const float*, const float*, const float*, int64_t, i
 #define KT_GATED_ROWS(SUFFIX, ATTR, VEC)                                                                                  \
     ATTR void forward_##SUFFIX(const float* gu, const float* w, int64_t b, int64_t e, int64_t I, Gate gate,        \
                                float* h) {                                                                         \
-        if (gate.shaped())                                                                                         \
+        if (gate.after)                                                                                            \
+            forward_range<VEC, false, true>(gu, w, b, e, I, gate, h);                                              \
+        else if (gate.shaped())                                                                                    \
             forward_range<VEC, true>(gu, w, b, e, I, gate, h);                                                     \
         else                                                                                                       \
             forward_range<VEC, false>(gu, w, b, e, I, gate, h);                                                    \
     }                                                                                                              \
     ATTR void backward_##SUFFIX(const float* dh, const float* gu, const float* w, int64_t b, int64_t e, int64_t I, \
                                 Gate gate, float* dgu, float* dw) {                                                \
-        if (gate.shaped())                                                                                         \
+        if (gate.after)                                                                                            \
+            backward_range<VEC, false, true>(dh, gu, w, b, e, I, gate, dgu, dw);                                   \
+        else if (gate.shaped())                                                                                    \
             backward_range<VEC, true>(dh, gu, w, b, e, I, gate, dgu, dw);                                          \
         else                                                                                                       \
             backward_range<VEC, false>(dh, gu, w, b, e, I, gate, dgu, dw);                                         \
@@ -244,32 +277,32 @@ void sum_rows(const float* rows, int64_t width, const int64_t* row_of_slot, int6
 }
 
 void gated_rows_forward(const float* gate_up, const float* w, int64_t n_rows, int64_t inter, float limit, float alpha,
-                        float* h) {
+                        bool after, float* h) {
     std::lock_guard<std::mutex> lock(g_forward_mutex);   // the pool is the forwards' (tiles.h)
 #if defined(__x86_64__)
     const ForwardFn fn = widest<ForwardFn>(forward_avx512, forward_avx2, forward_baseline);
 #else
     const ForwardFn fn = forward_baseline;
 #endif
-    const Gate gate{limit, alpha};
+    const Gate gate{limit, alpha, after};
     chunks(n_rows, inter, [&](int64_t b, int64_t e) { fn(gate_up, w, b, e, inter, gate, h); });
 }
 
 void gated_rows_backward(const float* dh, const float* gate_up, const float* w, int64_t n_rows, int64_t inter,
-                         float limit, float alpha, float* dgate_up, float* dw) {
+                         float limit, float alpha, bool after, float* dgate_up, float* dw) {
     std::lock_guard<std::mutex> lock(g_forward_mutex);   // the pool is the forwards' (tiles.h)
 #if defined(__x86_64__)
     const BackwardFn fn = widest<BackwardFn>(backward_avx512, backward_avx2, backward_baseline);
 #else
     const BackwardFn fn = backward_baseline;
 #endif
-    const Gate gate{limit, alpha};
+    const Gate gate{limit, alpha, after};
     chunks(n_rows, 2 * inter, [&](int64_t b, int64_t e) { fn(dh, gate_up, w, b, e, inter, gate, dgate_up, dw); });
 }
 
 void gated_rows_backward_lora(const float* dh, const float* gate_up, const float* w, int64_t n_rows, int64_t inter,
-                              float limit, float alpha, float* dgate_up, float* dw, const int64_t* counts, int64_t experts,
-                              const float* g, int64_t rank, float* da) {
+                              float limit, float alpha, bool after, float* dgate_up, float* dw, const int64_t* counts,
+                              int64_t experts, const float* g, int64_t rank, float* da) {
     std::lock_guard<std::mutex> lock(g_forward_mutex);   // the pool is the forwards' (tiles.h)
 #if defined(__x86_64__)
     const BackwardFn backward = widest<BackwardFn>(backward_avx512, backward_avx2, backward_baseline);
@@ -278,7 +311,7 @@ void gated_rows_backward_lora(const float* dh, const float* gate_up, const float
     const BackwardFn backward = backward_baseline;
     const ForwardFn forward = forward_baseline;
 #endif
-    const Gate gate{limit, alpha};
+    const Gate gate{limit, alpha, after};
     const std::vector<int64_t> first = row_offsets(counts, experts);
     // dA's sums carried in memory from chunk to chunk, in row order: as the whole rows' product.
     constexpr int64_t kRows = 32;

@@ -31,7 +31,7 @@ class MoE:
                  backend: str | None = None, group_size: int = 0, zero_point: bool = False,
                  fast_activations: bool | None = None, weight_types: Sequence[str] | None = None,
                  pool_groups: Sequence[int] | None = None, swiglu_limit: float = 0.0, swiglu_alpha: float = 0.0,
-                 expert_bias: bool = False, trainable: bool = False):
+                 expert_bias: bool = False, trainable: bool = False, swiglu_limit_after_act: bool = False):
         for name, value in (("num_experts", num_experts), ("top_k", top_k), ("hidden_size", hidden_size),
                             ("intermediate_size", intermediate_size), ("max_tokens", max_tokens)):
             if int(value) <= 0:
@@ -50,8 +50,15 @@ class MoE:
             if self.group_size != 128:
                 log.info("INT4 layer %dx%d: group size %d, the largest of 128/64/32 dividing both", self.hidden_size,
                          self.intermediate_size, self.group_size)
-        # The clamped SwiGLU of GPT-OSS / DeepSeek-V4 instead of SiLU(gate) * up (kt/plugin.h).
+        # The clamped SwiGLU of GPT-OSS / DeepSeek-V4 instead of SiLU(gate) * up (kt/plugin.h); with
+        # swiglu_limit_after_act the limit clamps SiLU(gate) rather than gate (Step-3.5, Ling-2.5:
+        # min(SiLU(g), limit) * clamp(u, -limit, limit)), which kt-core applies to the kernels' raw
+        # gate/up products itself, as it adds biases.
         self.swiglu_limit, self.swiglu_alpha = float(swiglu_limit), float(swiglu_alpha)
+        self.swiglu_limit_after_act = bool(swiglu_limit_after_act)
+        if self.swiglu_limit_after_act and not (self.swiglu_limit > 0 and self.swiglu_alpha == 0):
+            raise ValueError(f"swiglu_limit_after_act needs swiglu_limit > 0 and swiglu_alpha 0, got "
+                             f"{self.swiglu_limit} and {self.swiglu_alpha}")
         # Experts with gate/up/down biases (GPT-OSS): kt-core adds them around the kernels' raw
         # gate/up products (plugin ABI 1.4); `load(..., biases=...)` gives them.
         self.expert_bias = bool(expert_bias)
@@ -81,8 +88,8 @@ class MoE:
         shape = (self.hidden_size, self.intermediate_size, self.num_experts, self.top_k)
         sel = selector()
         if backend is None:
-            self.candidate, native = sel.choose(self.kernel_method, shape, self.max_tokens, needs_raw_gate_up=self.expert_bias,
-                                                needs_transposed=self.trainable)
+            self.candidate, native = sel.choose(self.kernel_method, shape, self.max_tokens,
+                                                needs_raw_gate_up=self.raw_gate_up, needs_transposed=self.trainable)
         else:
             choices = [c for c in sel.ranked(self.kernel_method) if c.backend == backend]
             if not choices:
@@ -105,7 +112,7 @@ class MoE:
                                        self.num_experts, self.top_k, [not g for g in mask], self.max_tokens,
                                        self.group_size, self.zero_point, self.fast_activations,
                                        self._ggml_dtypes(), self.swiglu_limit,
-                                       self.swiglu_alpha, packer, self.expert_bias)
+                                       self.swiglu_alpha, packer, self.expert_bias, self.swiglu_limit_after_act)
         if pool_groups is not None:   # the groups (NUMA nodes) this layer's experts live and run on
             self._layer.set_groups([int(g) for g in pool_groups])
         self.small_batch_candidate = self._attach_small_batch_kernels(sel, native, shape)
@@ -147,7 +154,7 @@ class MoE:
             except BackendError:
                 continue
             same = any(m["method"] == self.kernel_method and m["layout_id"] == layout
-                       and (m["raw_gate_up"] or not self.expert_bias) for m in other.methods)
+                       and (m["raw_gate_up"] or not self.raw_gate_up) for m in other.methods)
             if same and not other.declines(self.kernel_method, *shape, 1):
                 self._layer.set_small_batch_backend(other, self.kernel_method)
                 return c
@@ -192,6 +199,17 @@ class MoE:
                                (f" (backend={others[0]!r} can run it)" if others else ""))
 
     # -- identity -------------------------------------------------------------------------
+    @property
+    def raw_gate_up(self) -> bool:
+        """kt-core applies this layer's gated activation to the kernels' raw gate/up products (biases,
+        or a limit after SiLU): its kernels must have gate_up_raw_tile (plugin ABI 1.4)."""
+        return self.expert_bias or self.swiglu_limit_after_act
+
+    @property
+    def swiglu(self) -> tuple[float, float, bool]:
+        """(limit, alpha, limit after SiLU): the gated activation, as kt_core.rows' passes take it."""
+        return self.swiglu_limit, self.swiglu_alpha, self.swiglu_limit_after_act
+
     @property
     def backend(self) -> str:
         return f"{self.candidate.backend}/{self.candidate.variant}"

@@ -9,10 +9,11 @@ outputs written in place:
     gated_rows_forward(gate_up [S, 2I], w [S], h [S, I])              h = SiLU(gate) * up * w
     gated_rows_backward(dh, gate_up, w, dgate_up [S, 2I], dw [S])     its gradients
 
-The gated passes take swiglu=(limit, alpha), the activation kt's kernels apply (kt_core.testing.
-reference.gated): (0, 0) is SiLU; limit > 0 clamps g = min(gate, limit), u = clamp(up, -limit, limit)
-first (DeepSeek-V4's clamped SiLU with alpha 0: h = SiLU(g) * u * w); alpha > 0 gives GPT-OSS's
-clamped SwiGLU h = (u + 1) * g * sigmoid(alpha * g) * w.
+The gated passes take swiglu=(limit, alpha[, after]), the layer's activation (kt_core.MoE.swiglu;
+kt_core.testing.reference.gated): (0, 0) is SiLU; limit > 0 clamps g = min(gate, limit),
+u = clamp(up, -limit, limit) first (DeepSeek-V4's clamped SiLU with alpha 0: h = SiLU(g) * u * w);
+alpha > 0 gives GPT-OSS's clamped SwiGLU h = (u + 1) * g * sigmoid(alpha * g) * w; after (alpha 0)
+clamps SiLU(gate) instead: h = min(SiLU(gate), limit) * u * w (Step-3.5, Ling-2.5).
 
 gather_rows and sum_rows are each other's backward; sum_rows adds a token's rows in slot order, so
 the result does not depend on the thread count. `Routing.of(top_k_index, num_experts)` (torch)
@@ -40,17 +41,22 @@ def sum_rows(rows, row_of_slot, out) -> None:
     _native.sum_rows(rows, row_of_slot, out)
 
 
-def gated_rows_forward(gate_up, w, h, swiglu: tuple[float, float] = (0.0, 0.0)) -> None:
+def _gate(swiglu: tuple) -> tuple[float, float, bool]:
+    limit, alpha, *after = swiglu
+    return float(limit), float(alpha), bool(after and after[0])
+
+
+def gated_rows_forward(gate_up, w, h, swiglu: tuple = (0.0, 0.0)) -> None:
     pool.ensure()
-    _native.gated_rows_forward(gate_up, w, h, *swiglu)
+    _native.gated_rows_forward(gate_up, w, h, *_gate(swiglu))
 
 
-def gated_rows_backward(dh, gate_up, w, dgate_up, dw, swiglu: tuple[float, float] = (0.0, 0.0), *, counts=None, g=None,
+def gated_rows_backward(dh, gate_up, w, dgate_up, dw, swiglu: tuple = (0.0, 0.0), *, counts=None, g=None,
                         da=None) -> None:
     """With counts (rows grouped by expert), g [rows, r] and da [E, r, I]: also the down adapter's
     da_e = Σ over e's rows of g[i]ᵀ·h[i], h recomputed in cache (kt_core.lora's dA left to it)."""
     pool.ensure()
-    _native.gated_rows_backward(dh, gate_up, w, dgate_up, dw, *swiglu, counts, g, da)
+    _native.gated_rows_backward(dh, gate_up, w, dgate_up, dw, *_gate(swiglu), counts, g, da)
 
 
 @dataclass

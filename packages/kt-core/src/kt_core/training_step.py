@@ -165,7 +165,7 @@ class ExpertStep:
 
     def __init__(self, moe: MoE):
         self.moe = moe
-        self.swiglu = (moe.swiglu_limit, moe.swiglu_alpha)
+        self.swiglu = moe.swiglu
 
     def _biases(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         b = self.moe.training_biases   # set as the experts load, so read at each step

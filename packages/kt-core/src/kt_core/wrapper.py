@@ -119,11 +119,15 @@ class KTMoEWrapper:
         stored = self._stored_settings()
         group_size = group_size or stored.get("group_size", 0)
         zero_point = zero_point or stored.get("zero_point", False)
-        # A checkpoint whose experts clamp their activation (GPT-OSS with its biases, DeepSeek-V4) fixes
-        # the layer's activation too; a caller's other swiglu values are kept, and the load refuses
-        # them naming the checkpoint's.
-        if "swiglu_limit" in stored and not (self.swiglu_limit or self.swiglu_alpha):
-            self.swiglu_limit, self.swiglu_alpha = stored["swiglu_limit"], stored["swiglu_alpha"]
+        # A checkpoint whose experts clamp their activation (GPT-OSS with its biases, DeepSeek-V4, Step-3.5's
+        # limit after SiLU, which kt-kernel's API cannot say) fixes the layer's activation too; a caller's
+        # other swiglu values are kept, and the load refuses them naming the checkpoint's.
+        self.swiglu_limit_after_act = False
+        if "swiglu_limit" in stored:
+            if not (self.swiglu_limit or self.swiglu_alpha):
+                self.swiglu_limit, self.swiglu_alpha = stored["swiglu_limit"], stored["swiglu_alpha"]
+            if (self.swiglu_limit, self.swiglu_alpha) == (stored["swiglu_limit"], stored["swiglu_alpha"]):
+                self.swiglu_limit_after_act = bool(stored.get("swiglu_limit_after_act"))
         self._configure_pool(cpuinfer_threads, threadpool_count)
         # kt-kernel holds every expert on the CPU, so a mask update can move any expert here;
         # cpu_copy_of_gpu_experts=False saves that memory and fixes the CPU's set at construction.
@@ -134,7 +138,7 @@ class KTMoEWrapper:
                         zero_point=zero_point, fast_activations=fast_activations,
                         weight_types=stored.get("weight_types"), pool_groups=self._pool_groups(),
                         swiglu_limit=self.swiglu_limit, swiglu_alpha=self.swiglu_alpha,
-                        expert_bias=bool(stored.get("expert_bias")))
+                        swiglu_limit_after_act=self.swiglu_limit_after_act, expert_bias=bool(stored.get("expert_bias")))
         self._applied_mask = b""
         self._apply_mask()
         requested = canonical_method(self.method)

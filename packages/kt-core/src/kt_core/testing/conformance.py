@@ -74,7 +74,7 @@ def _pair(kt_variant, *, experts, hidden, intermediate, top_k, max_tokens=4096, 
                         method=method, gpu_experts_mask=mask, max_tokens=max_tokens, backend=backend,
                         group_size=group_size, weight_types=weight_types, swiglu_limit=swiglu[0],
                         swiglu_alpha=swiglu[1], expert_bias=biases, trainable=trainable,
-                        fast_activations=fast_activations)
+                        fast_activations=fast_activations, swiglu_limit_after_act=len(swiglu) > 2 and swiglu[2])
         except BackendError as exc:
             if "declines" in str(exc) or backend == "reference":
                 pytest.skip(f"{backend} cannot run {method} at hidden={hidden}, intermediate={intermediate}: {exc}")
@@ -87,8 +87,8 @@ def _pair(kt_variant, *, experts, hidden, intermediate, top_k, max_tokens=4096, 
             if "KT_ACTIVATION_SWIGLU" in str(exc) and backend != "reference":
                 pytest.skip(f"{backend} {method} does not claim KT_ACTIVATION_SWIGLU: {exc}")
             # Expert biases need the optional raw gate/up tile (ABI 1.4).
-            if biases and "gate_up_raw_tile" in str(exc) and backend != "reference":
-                pytest.skip(f"{backend} {method} has no gate_up_raw_tile, so no expert biases: {exc}")
+            if (biases or len(swiglu) > 2) and "gate_up_raw_tile" in str(exc) and backend != "reference":
+                pytest.skip(f"{backend} {method} has no gate_up_raw_tile, so no expert biases or limit after SiLU: {exc}")
             raise
         layer.load(gate, up, down, scales=scales, zeros=zeros, biases=bias)
         layers.append(layer)
@@ -136,6 +136,16 @@ def test_clamped_swiglu_matches_reference(kt_variant, kt_tolerance, limit, alpha
     every method's fused epilogues; inputs scaled so the clamps bind."""
     layer, oracle, rng = _pair(kt_variant, experts=8, hidden=128, intermediate=64, top_k=2, swiglu=(limit, alpha))
     x = rng.standard_normal((tokens, 128)).astype(np.float32) * np.float32(3.0 if limit > 1 else 1.0)
+    ids, w = random_routing(rng, tokens, 8, 2)
+    _check(layer, oracle, x, ids, w, kt_tolerance, kt_variant[2])
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 64])
+def test_limit_after_silu_matches_reference(kt_variant, kt_tolerance, tokens):
+    """Step-3.5's / Ling-2.5's limit after SiLU: the backend's raw gate/up tile (plugin ABI 1.4) under
+    kt-core's activation epilogue; inputs scaled so the limit binds."""
+    layer, oracle, rng = _pair(kt_variant, experts=8, hidden=128, intermediate=64, top_k=2, swiglu=(0.5, 0.0, True))
+    x = rng.standard_normal((tokens, 128)).astype(np.float32) * np.float32(3.0)
     ids, w = random_routing(rng, tokens, 8, 2)
     _check(layer, oracle, x, ids, w, kt_tolerance, kt_variant[2])
 

@@ -59,6 +59,8 @@ ACTIVATIONS = {
                     "swiglu_limit), then ·downᵀ, without biases",
     "swiglu-oai": "a clamped SwiGLU ((clamp(up) + 1) * g * sigmoid(alpha g), g = min(gate, limit); the config's "
                   "swiglu_limit / swiglu_alpha)",
+    "silu-limit-after": "min(SiLU(g), limit) * clamp(u, -limit, limit) (g = x·gateᵀ, u = x·upᵀ; limit: the config's "
+                        "per-layer swiglu_limits, 0 = SiLU), then ·downᵀ, without biases",
 }
 
 
@@ -102,18 +104,27 @@ class Family:
     transformers_blocks: tuple[str, ...] = ()
     transformers_experts: TransformersExperts = field(default_factory=TransformersExperts)
 
-    def swiglu(self, setting) -> tuple[float, float]:
-        """(swiglu_limit, swiglu_alpha) of the experts' activation, kt_core.MoE's terms: (0, 0) for
-        SiLU; `setting(key, default)` reads the model's config (GPT-OSS's / MiniMax-M3's defaults 7
-        and 1.702, DeepSeek-V4's limit 10, as transformers' configs have them)."""
+    def swiglu(self, setting, layer: int) -> tuple[float, float, bool]:
+        """(swiglu_limit, swiglu_alpha, swiglu_limit_after_act) of layer `layer`'s experts, kt_core.MoE's
+        terms: (0, 0, False) for SiLU; `setting(key, default)` reads the model's config (GPT-OSS's /
+        MiniMax-M3's defaults 7 and 1.702, DeepSeek-V4's limit 10, as transformers' configs have them;
+        Step-3.5's / Ling-2.5's limits one per layer, 0 where a layer has none)."""
         if self.activation == "silu":
-            return 0.0, 0.0
+            return 0.0, 0.0, False
         if self.activation == "clamped-silu":
             limit = setting("swiglu_limit", 10.0)
             if isinstance(limit, bool) or not isinstance(limit, int | float) or not limit > 0:
                 raise KTError(f"config swiglu_limit should be a positive number (the experts' clamp), found {limit!r}")
-            return float(limit), 0.0
-        return float(setting("swiglu_limit", 7.0)), float(setting("swiglu_alpha", 1.702))
+            return float(limit), 0.0, False
+        if self.activation == "silu-limit-after":
+            key = next((k for k in ("swiglu_limits", "expert_swiglu_limit_list") if setting(k, None) is not None), None)
+            limits = setting(key, None) if key else []
+            if not isinstance(limits, list | tuple) or not all(
+                    isinstance(x, int | float) and not isinstance(x, bool) and x >= 0 for x in limits):
+                raise KTError(f"config {key} should list each layer's limit (a number >= 0, 0 = none), found {limits!r}")
+            limit = float(limits[layer]) if layer < len(limits) else 0.0
+            return limit, 0.0, limit > 0
+        return float(setting("swiglu_limit", 7.0)), float(setting("swiglu_alpha", 1.702)), False
 
     def expert_tensor(self, layer: int, expert: int, proj: str) -> str:
         """Name of one expert's projection weight (without the `.weight` suffix)."""
@@ -217,6 +228,11 @@ FAMILIES: tuple[Family, ...] = (
     # finds it there); checkpoints as transformers saves them, the experts fused.
     Family("mistral4", ("mistral4",), experts_key=("n_routed_experts",), dense_prefix_key="first_k_dense_replace",
            per_expert=None, fused=FusedExperts(), transformers_blocks=("Mistral4MoE",)),
+    # Ling-2.5 / Ring-2.5 (Ant's hybrid linear-attention MoE): the limit after SiLU, one per layer
+    # (expert_swiglu_limit_list, 0 = none), applied by kt-core to the raw gate/up products.
+    Family("bailing-hybrid", ("bailing_hybrid",), **_LISTED_LAYERS, experts_key=("num_experts", "num_local_experts"),
+           top_k_key=("num_experts_per_token", "num_experts_per_tok"), dense_prefix_key="first_k_dense_replace",
+           dense_prefix_default=2, activation="silu-limit-after", transformers_blocks=("BailingHybridMoE",)),
     # Multimodal models whose language model is an MoE of that layout (text_config; no causal-LM class).
     Family("glm4v-moe", ("glm4v_moe",), experts_key=("n_routed_experts",), dense_prefix_key="first_k_dense_replace",
            text_config_key="text_config", experts_prefix="model.language_model.layers.{layer}.mlp.experts",

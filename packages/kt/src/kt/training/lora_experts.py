@@ -334,7 +334,7 @@ class LoRAExperts(nn.Module):
 
         biases = None if self.resident_gate_up_bias is None else (self.resident_gate_up_bias, self.resident_down_bias)
         return resident_picks(hidden, slot, weights, self.resident_gate_up, self.resident_down, delta, biases=biases,
-                              swiglu=(self.moe.swiglu_limit, self.moe.swiglu_alpha))
+                              swiglu=self.moe.swiglu)
 
     def _gate_up_lora(self) -> tuple[torch.Tensor, torch.Tensor, int] | None:
         """What the forward runs on the fused gate/up product: (A, B, blocks). Separate gate and up

@@ -132,7 +132,8 @@ def patch_for_training(model: nn.Module, *, method: str, backend: str | None, lo
         moe = MoE(num_experts=num_experts, top_k=top_k, hidden_size=hidden, intermediate_size=intermediate,
                   method=method, gpu_experts_mask=mask, max_tokens=max_tokens, backend=backend, group_size=group_size,
                   zero_point=zero_point, fast_activations=fast_activations, trainable=True,
-                  swiglu_limit=swiglu[0], swiglu_alpha=swiglu[1], expert_bias=t.biases is not None,
+                  swiglu_limit=swiglu(layer)[0], swiglu_alpha=swiglu(layer)[1], swiglu_limit_after_act=swiglu(layer)[2],
+                  expert_bias=t.biases is not None,
                   weight_types=inference_patch.source_weight_types(source, layer, method))
         with torch.no_grad():
             weights = t.weights() if source is None else None

@@ -104,14 +104,15 @@ def _converted_reader(folder: ConvertedFolder, layer: int):
     return folder.geometry["num_experts"], lambda e: folder.expert(tensors, e)
 
 
-def checkpoint_swiglu(spec, config: dict) -> tuple[float, float] | None:
-    """(swiglu_limit, swiglu_alpha) of a family whose experts clamp their activation (GPT-OSS's
-    SwiGLU, DeepSeek-V4's SiLU: the config's values), None for SiLU experts."""
+def checkpoint_swiglu(spec, config: dict, layer: int) -> tuple[float, float, bool] | None:
+    """(swiglu_limit, swiglu_alpha, swiglu_limit_after_act) of layer `layer` of a family whose experts
+    clamp their activation (GPT-OSS's SwiGLU, DeepSeek-V4's SiLU, Step-3.5's limit after SiLU: the
+    config's values), None for SiLU experts."""
     fam = spec.family
     if fam.activation == "silu":
         return None
     text = config.get(fam.text_config_key) if fam.text_config_key else None   # multimodal: the language model's
-    return fam.swiglu((text if isinstance(text, dict) else config).get)
+    return fam.swiglu((text if isinstance(text, dict) else config).get, layer)
 
 
 def _checkpoint_reader(moe, ckpt: Checkpoint, layer: int, quantize_at_load: bool):
@@ -120,14 +121,15 @@ def _checkpoint_reader(moe, ckpt: Checkpoint, layer: int, quantize_at_load: bool
     if layer not in spec.moe_layers:
         raise WeightsError(f"layer {layer} of this {spec.model_type} model is not an MoE layer; its MoE layers are "
                            f"{spec.moe_layers[0]}..{spec.moe_layers[-1]} ({len(spec.moe_layers)} layers)")
-    swiglu = checkpoint_swiglu(spec, ckpt.config)
+    swiglu = checkpoint_swiglu(spec, ckpt.config, layer)
     if swiglu is not None:
         biases = spec.family.expert_biases
-        if not (moe.expert_bias == biases and (moe.swiglu_limit, moe.swiglu_alpha) == swiglu):
+        if not (moe.expert_bias == biases and moe.swiglu == swiglu):
             with_biases = " with per-expert biases on gate/up and down" if biases else ""
             raise WeightsError(f"{spec.model_type} experts compute {ACTIVATIONS[spec.family.activation]}{with_biases}: "
-                               f"create the layer with {'expert_bias=True, ' if biases else ''}"
-                               f"swiglu_limit={swiglu[0]}, swiglu_alpha={swiglu[1]}")
+                               f"create layer {layer} with {'expert_bias=True, ' if biases else ''}"
+                               f"swiglu_limit={swiglu[0]}, swiglu_alpha={swiglu[1]}"
+                               + (", swiglu_limit_after_act=True" if swiglu[2] else ""))
     stored = spec.quantization.method
     serves = checkpoint_serves(stored, moe.method)
     if serves == "as stored":

@@ -29,10 +29,10 @@ def layer_settings(path, layer_idx: int, method: str) -> dict:
             return {"group_size": source.geometry(layer_idx)[3]}
     if method == "GPTQ_INT4":   # the layer's groups are the checkpoint's
         return {"group_size": Checkpoint(path).spec.quantization.group_size}
-    return _expert_activation(Path(path))
+    return _expert_activation(Path(path), layer_idx)
 
 
-def _expert_activation(folder: Path) -> dict:
+def _expert_activation(folder: Path, layer: int) -> dict:
     """A model folder of a family whose experts clamp their activation (GPT-OSS's SwiGLU with biases,
     DeepSeek-V4's SiLU): the layer must be made for it (the config's limit and alpha; expert_bias),
     which kt-kernel's callers may not say. Only config.json is read; a folder kt cannot read as a
@@ -42,10 +42,11 @@ def _expert_activation(folder: Path) -> dict:
         spec = spec_from_config(config)
     except KTError:
         return {}
-    swiglu = checkpoint_swiglu(spec, config)
+    swiglu = checkpoint_swiglu(spec, config, layer)
     if swiglu is None:
         return {}
-    return {"expert_bias": spec.family.expert_biases, "swiglu_limit": swiglu[0], "swiglu_alpha": swiglu[1]}
+    return {"expert_bias": spec.family.expert_biases, "swiglu_limit": swiglu[0], "swiglu_alpha": swiglu[1],
+            "swiglu_limit_after_act": swiglu[2]}
 
 
 def load_layer(moe, path, layer_idx: int, physical_to_logical_map=None, quantize_at_load: bool = False) -> None:
