@@ -693,6 +693,9 @@ MULTIMODAL = {   # model_type: (text config, vision config, extra settings); the
                             kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, index_topk=4,
                             index_head_dim=16, index_n_heads=2, first_k_dense_replace=1),
                        dict(PIXTRAL, head_dim=16), {}),
+    # Step-3.7: the limit after SiLU on its MoE layer (1.0: the tiny model reaches it); experts stacked on disk.
+    "step3p7": (dict(MOE_TEXT, share_expert_dim=32, n_routed_experts=8, mlp_layer_types=["dense", "sparse"],
+                     swiglu_limits=[0, 1.0], sliding_window=8, pad_token_id=0), PIXTRAL, {}),
     # MiniMax-M3: GPT-OSS's clamped SwiGLU without biases (limit and alpha the tiny model reaches).
     "minimax_m3_vl": (dict(MOE_TEXT, intermediate_size=32, dense_intermediate_size=128, shared_intermediate_size=32,
                            rotary_dim=8, num_local_experts=8, mlp_layer_types=["dense", "sparse"], index_n_heads=2,

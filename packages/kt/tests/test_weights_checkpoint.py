@@ -190,13 +190,17 @@ def test_deepseek_v4_checkpoint_loads_with_its_clamped_silu(tmp_path, quant, met
             wrapper(tmp_path, 1, method, backend=backend).load_weights()
 
 
-def test_limit_after_silu_per_layer_from_the_folder(tmp_path):
-    """Ling-2.5 (bailing_hybrid): each layer's limit after SiLU from expert_swiglu_limit_list. A wrapper
-    made without one takes its layer's (kt-kernel's API cannot say "after"): layer 1 clamps at 0.5,
-    layer 2 (limit 0) is plain SiLU; another limit is refused naming the folder's."""
-    truth = write_checkpoint(tmp_path, "bailing_hybrid", hidden=H, intermediate=I, experts=E)
+@pytest.mark.parametrize("model_type,key", [("bailing_hybrid", "expert_swiglu_limit_list"), ("step3p7", "swiglu_limits")])
+def test_limit_after_silu_per_layer_from_the_folder(tmp_path, model_type, key):
+    """Ling-2.5 (bailing_hybrid) and Step-3.7 (its experts stacked per projection, [E, N, K] under
+    `moe`): each layer's limit after SiLU from the config. A wrapper made without one takes its
+    layer's (kt-kernel's API cannot say "after"): layer 1 clamps at 0.5, layer 2 (limit 0, or null)
+    is plain SiLU; another limit is refused naming the folder's."""
+    truth = write_checkpoint(tmp_path, model_type, hidden=H, intermediate=I, experts=E, dense_prefix=1)
     cfg = json.loads((tmp_path / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**cfg, "expert_swiglu_limit_list": [0, 0.5, 0]}))
+    text = cfg.get("text_config", cfg)
+    text.update({key: [0, 0.5, None if model_type == "step3p7" else 0], "mlp_layer_types": ["dense", "sparse", "sparse"]})
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
     x, ids, w = routing()
     for layer, limit in ((1, 0.5), (2, 0.0)):
         kt = wrapper(tmp_path, layer, backend=None)
@@ -243,6 +247,15 @@ def test_config_key_variants_and_moe_layer_rules():
     assert spec_from_config(cfg).moe_layers == (0, 5)
     cfg["moe_layers"] = [1, 6]
     with pytest.raises(KTError, match=r"moe_layers should list layer numbers below 6, found \[1, 6\]"):
+        spec_from_config(cfg)
+    # Step-3.7's hub configs list the MoE layers as a string; mlp_layer_types, where given, decides.
+    cfg = make_config("step3p7", hidden=64, intermediate=32, experts=8, top_k=2, layers=5, dense_prefix=3)
+    del cfg["text_config"]["mlp_layer_types"]
+    assert spec_from_config(cfg).moe_layers == (3, 4)                      # every layer from the fourth
+    cfg["text_config"]["moe_layers_enum"] = "1,2,4"
+    assert spec_from_config(cfg).moe_layers == (1, 2, 4)
+    cfg["text_config"]["moe_layers_enum"] = "1,two"
+    with pytest.raises(KTError, match="moe_layers_enum should list layer numbers below 5, found '1,two'"):
         spec_from_config(cfg)
     # HunYuan gives its top-k once per layer: one value for all, or refused.
     cfg = make_config("hunyuan_v1_moe", hidden=64, intermediate=32, experts=8, top_k=2, layers=4)

@@ -33,6 +33,16 @@ class FusedExperts:
 
 
 @dataclass(frozen=True)
+class StackedExperts:
+    """Each projection of all a layer's experts in one tensor (Step-3.7): `{prefix}.{gate}.weight`
+    and `{prefix}.{up}.weight` [E, I, H], `{prefix}.{down}.weight` [E, H, I] (plus quantization
+    suffixes, as per-expert tensors have them)."""
+    gate: str = "gate_proj"
+    up: str = "up_proj"
+    down: str = "down_proj"
+
+
+@dataclass(frozen=True)
 class TransformersExperts:
     """Where a transformers (5.x) MoE block keeps its routed experts: the block calls
     `block.{attr}(hidden [T, H], top_k_index [T, k], top_k_weights [T, k]) -> [T, H]` after its
@@ -89,6 +99,7 @@ class Family:
     experts_prefix: str = "model.layers.{layer}.mlp.experts"
     per_expert: ExpertNames | None = field(default_factory=ExpertNames)
     fused: FusedExperts | None = None
+    stacked: StackedExperts | None = None
     # What the experts compute. kt's kernels compute SiLU(x·gateᵀ) * (x·upᵀ) then ·downᵀ with
     # no biases ("silu"); a family whose experts differ is readable but refused at run time.
     activation: str = "silu"
@@ -120,9 +131,10 @@ class Family:
             key = next((k for k in ("swiglu_limits", "expert_swiglu_limit_list") if setting(k, None) is not None), None)
             limits = setting(key, None) if key else []
             if not isinstance(limits, list | tuple) or not all(
-                    isinstance(x, int | float) and not isinstance(x, bool) and x >= 0 for x in limits):
-                raise KTError(f"config {key} should list each layer's limit (a number >= 0, 0 = none), found {limits!r}")
-            limit = float(limits[layer]) if layer < len(limits) else 0.0
+                    x is None or (isinstance(x, int | float) and not isinstance(x, bool) and x >= 0) for x in limits):
+                raise KTError(f"config {key} should list each layer's limit (a number >= 0; 0 or null = none), found "
+                              f"{limits!r}")
+            limit = float(limits[layer] or 0.0) if layer < len(limits) else 0.0
             return limit, 0.0, limit > 0
         return float(setting("swiglu_limit", 7.0)), float(setting("swiglu_alpha", 1.702)), False
 
@@ -233,6 +245,13 @@ FAMILIES: tuple[Family, ...] = (
     Family("bailing-hybrid", ("bailing_hybrid",), **_LISTED_LAYERS, experts_key=("num_experts", "num_local_experts"),
            top_k_key=("num_experts_per_token", "num_experts_per_tok"), dense_prefix_key="first_k_dense_replace",
            dense_prefix_default=2, activation="silu-limit-after", transformers_blocks=("BailingHybridMoE",)),
+    # Step-3.7 (StepFun): the limit after SiLU on a few layers (swiglu_limits), each projection of the
+    # layer's experts stacked in one tensor under `moe`; MoE layers listed in mlp_layer_types or the
+    # hub's moe_layers_enum, else every layer from the fourth.
+    Family("step3p7", ("step3p7",), **_LISTED_LAYERS, experts_key=("n_routed_experts", "moe_num_experts"),
+           top_k_key=("num_experts_per_tok", "moe_top_k"), sparse_layers_key="moe_layers_enum", dense_prefix_default=3,
+           activation="silu-limit-after", text_config_key="text_config", experts_prefix="model.layers.{layer}.moe",
+           per_expert=None, stacked=StackedExperts(), transformers_blocks=("Step3p7SparseMoeBlock",)),
     # Multimodal models whose language model is an MoE of that layout (text_config; no causal-LM class).
     Family("glm4v-moe", ("glm4v_moe",), experts_key=("n_routed_experts",), dense_prefix_key="first_k_dense_replace",
            text_config_key="text_config", experts_prefix="model.language_model.layers.{layer}.mlp.experts",

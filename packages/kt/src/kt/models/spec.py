@@ -177,7 +177,12 @@ def spec_from_config(cfg: dict) -> ModelSpec:
                           f"{layers} layers, found {kinds!r}")
         moe_layers = tuple(L for L, k in enumerate(kinds) if k == "sparse")
     listed = text.get(fam.sparse_layers_key) if fam.sparse_layers_key else None
-    if listed is not None:   # the MoE layers, listed: they decide
+    if isinstance(listed, str):   # Step-3.7's hub configs: "3,4,5,..."
+        try:
+            listed = [int(x) for x in listed.split(",") if x.strip()]
+        except ValueError:
+            pass   # refused below, as found
+    if listed is not None and kinds is None:   # the MoE layers, listed: they decide
         if (not isinstance(listed, list) or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < layers
                                                     for x in listed)):
             raise KTError(f"config.json {fam.sparse_layers_key} should list layer numbers below {layers}, "

@@ -31,6 +31,8 @@ def make_config(model_type: str, *, hidden: int, intermediate: int, experts: int
             fam.top_k_key[0]: top_k, fam.layers_key[0]: layers, "vocab_size": 64, "torch_dtype": "bfloat16"}
     if fam.dense_prefix_key:
         text[fam.dense_prefix_key] = dense_prefix
+    elif fam.layer_types_key:   # no key for the leading dense layers: each layer's kind listed
+        text[fam.layer_types_key] = ["dense" if L < dense_prefix else "sparse" for L in range(layers)]
     if fam.sparse_step_key:
         text[fam.sparse_step_key] = 1
     if fam.layer_freq_key:
@@ -100,6 +102,13 @@ def _expert_tensors(fam, layer: int, gate, up, down, quant: str | None, truth: b
             out[f"{prefix}.{fam.fused.down}_bias"] = torch.from_numpy(bias[2]).to(torch.bfloat16)
             real = (*real, tuple(b.astype(np.float64) for b in bias)) if truth else ()
         return out, real
+    if fam.stacked is not None:   # Step-3.7: each projection's experts in one bf16 tensor
+        if quant is not None:
+            raise ValueError(f"{fam.name}'s stacked experts are written as bf16 only, not {quant}")
+        prefix = fam.experts_prefix.format(layer=layer)
+        for proj, stack in (("gate", gate), ("up", up), ("down", down)):
+            out[f"{prefix}.{getattr(fam.stacked, proj)}.weight"] = torch.from_numpy(stack).to(torch.bfloat16)
+        return out, tuple(Q.bf16_round(m).astype(np.float64) for m in (gate, up, down)) if truth else ()
     real = []
     for proj, stack in (("gate", gate), ("up", up), ("down", down)):
         deq = np.empty(stack.shape, np.float64) if truth else None

@@ -93,6 +93,25 @@ def checkpoint_biases(ckpt: Checkpoint, layer: int, expert: int) -> tuple | None
     return tuple(t.float() for t in (gate, up, down))
 
 
+def _expert_part(ckpt: Checkpoint, layer: int, expert: int, proj: str):
+    """(name, read): the tensors of one expert's projection `proj` — per-expert ones (`{base}.weight`,
+    `{base}.weight_scale_inv`, ...) or a slice of the layer's stacked ones (Step-3.7: `{base}.weight`
+    [E, N, K]); read(suffix) gives expert `expert`'s part of `{name}.{suffix}`."""
+    fam, experts = ckpt.spec.family, ckpt.spec.num_experts
+    if fam.stacked is None:
+        base = fam.expert_tensor(layer, expert, proj)
+        return base, lambda suffix: ckpt.tensor(f"{base}.{suffix}")
+    base = f"{fam.experts_prefix.format(layer=layer)}.{getattr(fam.stacked, proj)}"
+
+    def read(suffix: str):
+        t = ckpt.tensor(f"{base}.{suffix}")
+        if t.dim() < 2 or t.shape[0] != experts:
+            raise WeightsError(f"{base}.{suffix} should stack the layer's {experts} experts along its first axis; "
+                               f"found shape {list(t.shape)}")
+        return t[expert]
+    return base, read
+
+
 def checkpoint_experts(ckpt: Checkpoint, layer: int, expert: int) -> tuple:
     """(gate, up, down, scales, zeros) of one expert in the checkpoint's own format."""
     torch = _torch()
@@ -107,24 +126,24 @@ def checkpoint_experts(ckpt: Checkpoint, layer: int, expert: int) -> tuple:
         return (*_fused(ckpt, layer, expert), None, None)
     values, scales, zeros = [], [], []
     for proj, (n, k) in projection_shapes(ckpt.spec).items():
-        base = fam.expert_tensor(layer, expert, proj)
+        base, read = _expert_part(ckpt, layer, expert, proj)
         if quant.method == "BF16":
-            values.append(expect_tensor(ckpt.tensor(f"{base}.weight"), f"{base}.weight", (n, k),
+            values.append(expect_tensor(read("weight"), f"{base}.weight", (n, k),
                                         (torch.bfloat16, torch.float16, torch.float32), "float weights"))
         elif quant.method == "FP8":
-            values.append(expect_tensor(ckpt.tensor(f"{base}.weight"), f"{base}.weight", (n, k),
+            values.append(expect_tensor(read("weight"), f"{base}.weight", (n, k),
                                         (torch.float8_e4m3fn,), "FP8 E4M3 weights"))
-            scales.append(expect_tensor(ckpt.tensor(f"{base}.weight_scale_inv"), f"{base}.weight_scale_inv",
+            scales.append(expect_tensor(read("weight_scale_inv"), f"{base}.weight_scale_inv",
                                         (math.ceil(n / FP8_BLOCK), math.ceil(k / FP8_BLOCK)),
                                         (torch.float32, torch.bfloat16), "one scale per 128x128 block"))
         elif quant.method == "NVFP4":   # weight_scale_2, the tensor's global scale, is NVFP4's second array
             if k % 16:
                 raise WeightsError(f"{base}: K = {k} must be a multiple of 16, NVFP4's scale block")
-            values.append(expect_tensor(ckpt.tensor(f"{base}.weight"), f"{base}.weight", (n, k // 2), (torch.uint8,),
+            values.append(expect_tensor(read("weight"), f"{base}.weight", (n, k // 2), (torch.uint8,),
                                         "two E2M1 codes per byte"))
-            scales.append(expect_tensor(ckpt.tensor(f"{base}.weight_scale"), f"{base}.weight_scale", (n, k // 16),
+            scales.append(expect_tensor(read("weight_scale"), f"{base}.weight_scale", (n, k // 16),
                                         (torch.float8_e4m3fn, torch.uint8), "E4M3, one per 16 elements"))
-            glob = ckpt.tensor(f"{base}.weight_scale_2")
+            glob = read("weight_scale_2")
             if glob.numel() != 1 or glob.dtype != torch.float32:
                 raise WeightsError(f"{base}.weight_scale_2 should be one float32 (the tensor's global scale), found "
                                    f"{glob.dtype} {tuple(glob.shape)}")
@@ -132,11 +151,11 @@ def checkpoint_experts(ckpt: Checkpoint, layer: int, expert: int) -> tuple:
         elif quant.method == "MXFP4":   # DeepSeek-V4's own: E2M1 pairs (even element low), UE8M0 `.scale`
             if k % 32:
                 raise WeightsError(f"{base}: K = {k} must be a multiple of 32, MXFP4's scale block")
-            codes = expect_tensor(ckpt.tensor(f"{base}.weight"), f"{base}.weight", (n, k // 2),
+            codes = expect_tensor(read("weight"), f"{base}.weight", (n, k // 2),
                                   (torch.int8, torch.uint8), "two E2M1 codes per byte")
             values.append(codes.view(torch.uint8))
             e8m0 = tuple(t for t in (getattr(torch, "float8_e8m0fnu", None),) if t is not None)
-            scale = expect_tensor(ckpt.tensor(f"{base}.scale"), f"{base}.scale", (n, k // 32), (torch.uint8, *e8m0),
+            scale = expect_tensor(read("scale"), f"{base}.scale", (n, k // 32), (torch.uint8, *e8m0),
                                   "UE8M0 exponents, one per 32 elements").view(torch.uint8)
             if bool((scale == 0xFF).any()):
                 raise WeightsError(f"{base}.scale holds the reserved UE8M0 code 0xff (NaN), which no finite scale "
@@ -145,26 +164,26 @@ def checkpoint_experts(ckpt: Checkpoint, layer: int, expert: int) -> tuple:
         elif quant.method == "MXFP8":
             if k % 32:
                 raise WeightsError(f"{base}: K = {k} must be a multiple of 32, MXFP8's scale block")
-            values.append(expect_tensor(ckpt.tensor(f"{base}.weight"), f"{base}.weight", (n, k),
+            values.append(expect_tensor(read("weight"), f"{base}.weight", (n, k),
                                         (torch.float8_e4m3fn,), "FP8 E4M3 weights"))
             e8m0 = tuple(t for t in (getattr(torch, "float8_e8m0fnu", None),) if t is not None)
-            scales.append(expect_tensor(ckpt.tensor(f"{base}.weight_scale_inv"), f"{base}.weight_scale_inv",
+            scales.append(expect_tensor(read("weight_scale_inv"), f"{base}.weight_scale_inv",
                                         (n, k // 32), (torch.uint8, *e8m0), "E8M0 exponents, one per 32 elements"))
         elif quant.method == "GPTQ_INT4":   # K-major qweight/scales; sym=true, so qzeros are implied
             g = quant.group_size
             if k % 8 or k % g:
                 raise WeightsError(f"{base}: K = {k} must be a multiple of 8 and of the group size {g}")
-            values.append(expect_tensor(ckpt.tensor(f"{base}.qweight"), f"{base}.qweight", (k // 8, n), (torch.int32,),
+            values.append(expect_tensor(read("qweight"), f"{base}.qweight", (k // 8, n), (torch.int32,),
                                         "K-major, 8 INT4 codes per int32"))
-            scales.append(expect_tensor(ckpt.tensor(f"{base}.scales"), f"{base}.scales", (k // g, n),
+            scales.append(expect_tensor(read("scales"), f"{base}.scales", (k // g, n),
                                         (torch.float16, torch.bfloat16, torch.float32), f"K-major, one row per {g} k"))
         else:   # RAWINT4: compressed-tensors pack-quantized
             g = quant.group_size
             if k % 8 or k % g:
                 raise WeightsError(f"{base}: K = {k} must be a multiple of 8 and of the group size {g}")
-            values.append(expect_tensor(ckpt.tensor(f"{base}.weight_packed"), f"{base}.weight_packed", (n, k // 8),
+            values.append(expect_tensor(read("weight_packed"), f"{base}.weight_packed", (n, k // 8),
                                         (torch.int32,), "8 INT4 codes per int32"))
-            scales.append(expect_tensor(ckpt.tensor(f"{base}.weight_scale"), f"{base}.weight_scale", (n, k // g),
+            scales.append(expect_tensor(read("weight_scale"), f"{base}.weight_scale", (n, k // g),
                                         (torch.bfloat16, torch.float32), f"one scale per {g} elements"))
     return (*values, tuple(scales) if scales else None, tuple(zeros) if zeros else None)
 
