@@ -430,7 +430,7 @@ def test_gpt_oss_gpu_resident_experts():
         p = patch_model(model, method="FP32", backend="reference", num_gpu_experts=3, placement="random")
         got = model(ids).logits
     assert all(sum(m) == 3 for m in p.gpu_masks.values())
-    assert all(m.resident_gate_up_bias.shape == (3, 64) and m.swiglu == (7.0, 1.702) for m in p.layers.values())
+    assert all(m.resident_gate_up_bias.shape == (3, 64) and m.swiglu == (7.0, 1.702, False) for m in p.layers.values())
     err = ((got - ref).abs().max() / ref.abs().max()).item()
     assert err < 1e-5, err
 
