@@ -142,20 +142,6 @@ def randomize(params, seed=0):
             p.normal_(0.0, 0.1, generator=gen)
 
 
-def train(model, params, steps=8, lr=1e-2, optimizer=torch.optim.AdamW):
-    opt = optimizer(params, lr=lr)
-    gen = torch.Generator().manual_seed(1)
-    losses = []
-    for _ in range(steps):
-        ids = torch.randint(3, 128, (2, 12), generator=gen)
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    return losses
-
-
 @pytest.mark.parametrize("num_gpu_experts", [0, 3])
 def test_lora_training_matches_peft(folder, num_gpu_experts):
     """kt's separate gate / up / down adapters (the default for such a model) are PEFT's per-module
@@ -165,6 +151,8 @@ def test_lora_training_matches_peft(folder, num_gpu_experts):
     first steps move each element by ±lr whatever its gradient's size, so an element whose gradient is
     rounding noise on both sides decides the trajectory: not compared.)"""
     peft = pytest.importorskip("peft")
+    from test_training_transformers import batches, train
+
     from kt.training import adapter_state_dict
 
     model = whole(folder)
@@ -192,8 +180,10 @@ def test_lora_training_matches_peft(folder, num_gpu_experts):
     model.zero_grad()
     twin.zero_grad()
 
-    kt_losses = train(model, patch.adapter_parameters(), lr=0.5, optimizer=torch.optim.SGD)
-    peft_losses = train(twin, [p for p in twin.parameters() if p.requires_grad], lr=0.5, optimizer=torch.optim.SGD)
+    data = batches(8, seed=1)
+    kt_losses = train(model, patch.adapter_parameters(), data, lr=0.5, optimizer=torch.optim.SGD)
+    peft_losses = train(twin, [p for p in twin.parameters() if p.requires_grad], data, lr=0.5,
+                        optimizer=torch.optim.SGD)
     for step, (a, b) in enumerate(zip(kt_losses, peft_losses)):
         assert abs(a - b) <= 1e-4 * abs(b), f"step {step}: kt {a:.6f}, PEFT {b:.6f}"
     assert kt_losses[-1] < kt_losses[0] - 0.05, kt_losses

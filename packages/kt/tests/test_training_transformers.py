@@ -50,8 +50,8 @@ def batches(steps, seed=0):
     return [torch.randint(3, 128, (2, 12), generator=gen) for _ in range(steps)]
 
 
-def train(model, params, data, lr=1e-2):
-    opt = torch.optim.AdamW(params, lr=lr)
+def train(model, params, data, lr=1e-2, optimizer=torch.optim.AdamW):
+    opt = optimizer(params, lr=lr)
     losses = []
     for ids in data:
         out = model(input_ids=ids, labels=ids)

@@ -21,7 +21,7 @@ transformers = pytest.importorskip("transformers")
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_integration_weight_path import tiny_qwen3  # noqa: E402
-from test_training_transformers import ALPHA, RANK, copy_adapters_into_peft, peft_twin  # noqa: E402
+from test_training_transformers import ALPHA, RANK, copy_adapters_into_peft, peft_twin, train  # noqa: E402
 
 from kt.integrations.transformers import patch_model  # noqa: E402
 from kt.testing.checkpoints import write_checkpoint  # noqa: E402
@@ -32,18 +32,6 @@ def batches(seed=0):
     """Two batches, three times over: six steps in which the loss must fall."""
     gen = torch.Generator().manual_seed(seed)
     return [torch.randint(3, 64, (2, 12), generator=gen) for _ in range(2)] * 3
-
-
-def train(model, params, data, lr=1e-2):
-    opt = torch.optim.AdamW(params, lr=lr)
-    losses = []
-    for ids in data:
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    return losses
 
 
 def rel_max(a, b):

@@ -613,19 +613,13 @@ public:
         const kt_status st = k_.gate_up_raw_tile(&shape_, packed(e), act_rows_ + size_t(r0) * row_h_, rows, t.n0, t.n1,
                                                  g.data(), u.data(), w);
         if (st != KT_OK) return st;
-        if (layer_.expert_bias_) {
-            const float* bg = layer_.bias_[size_t(e)].data();
-            const float* bu = bg + I;
-            for (int64_t r = 0; r < rows; ++r)
-                for (int64_t n = t.n0; n < t.n1; ++n) {
-                    g[size_t(r * w + n - t.n0)] += bg[n];
-                    u[size_t(r * w + n - t.n0)] += bu[n];
-                }
-        }
+        const float* bg = layer_.expert_bias_ ? layer_.bias_[size_t(e)].data() : nullptr;
+        const float* bu = bg ? bg + I : nullptr;
         const float limit = shape_.swiglu_limit, alpha = shape_.swiglu_alpha, after = layer_.limit_after_;
         for (int64_t r = 0; r < rows; ++r)
             for (int64_t n = t.n0; n < t.n1; ++n) {
-                const float gv = g[size_t(r * w + n - t.n0)], uv = u[size_t(r * w + n - t.n0)];
+                float gv = g[size_t(r * w + n - t.n0)], uv = u[size_t(r * w + n - t.n0)];
+                if (bg) gv += bg[n], uv += bu[n];
                 inter_[(r0 + r) * I + n] = after > 0.0f ? activation::gated_limit_after(after, gv, uv)
                                                         : activation::gated(limit, alpha, gv, uv);
             }

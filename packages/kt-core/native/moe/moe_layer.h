@@ -90,7 +90,6 @@ public:
     // (gated_activation.h): no kernel computes it, so the layer runs gate_up_raw_tile and applies
     // it itself, as for biases. Before the first forward; the kernels then see no swiglu setting.
     void enable_limit_after_activation(float limit);
-    float limit_after_activation() const { return limit_after_; }
     // Expert `expert`'s biases: gate and up [intermediate], down [hidden] (copied). Every
     // expert a forward routes to must have them (the forward names one that does not).
     void set_expert_bias(int64_t expert, const float* gate, const float* up, const float* down);

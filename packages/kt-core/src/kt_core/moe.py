@@ -55,10 +55,7 @@ class MoE:
         # min(SiLU(g), limit) * clamp(u, -limit, limit)), which kt-core applies to the kernels' raw
         # gate/up products itself, as it adds biases.
         self.swiglu_limit, self.swiglu_alpha = float(swiglu_limit), float(swiglu_alpha)
-        self.swiglu_limit_after_act = bool(swiglu_limit_after_act)
-        if self.swiglu_limit_after_act and not (self.swiglu_limit > 0 and self.swiglu_alpha == 0):
-            raise ValueError(f"swiglu_limit_after_act needs swiglu_limit > 0 and swiglu_alpha 0, got "
-                             f"{self.swiglu_limit} and {self.swiglu_alpha}")
+        self.swiglu_limit_after_act = bool(swiglu_limit_after_act)   # checked with the others by _native
         # Experts with gate/up/down biases (GPT-OSS): kt-core adds them around the kernels' raw
         # gate/up products (plugin ABI 1.4); `load(..., biases=...)` gives them.
         self.expert_bias = bool(expert_bias)

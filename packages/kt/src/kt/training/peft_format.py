@@ -190,12 +190,15 @@ def adapter_settings(directory: str | os.PathLike) -> tuple[int, float, tuple[st
 
 
 def load_adapter_tensors(directory: str | os.PathLike, module_path: str,
-                         tensors: dict[str, torch.Tensor] | None = None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+                         tensors: dict[str, torch.Tensor] | None = None,
+                         settings: tuple[int, float, tuple[str, ...]] | None = None,
+                         ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """{experts parameter name: (A [E, r, in], B [E, out, r])} of the experts module at `module_path`
-    in a PEFT adapter folder ({} when the adapter has none for it); `tensors`: the folder's file, read."""
+    in a PEFT adapter folder ({} when the adapter has none for it); `tensors`: the folder's file, read;
+    `settings`: its adapter_settings, read (a caller going through every module reads them once)."""
     from safetensors.torch import load_file
 
-    rank, _, targets = adapter_settings(directory)
+    rank, _, targets = settings or adapter_settings(directory)
     if tensors is None:
         tensors = load_file(str(Path(directory) / WEIGHTS_NAME))
     nest = _wrapper_paths(targets)
@@ -215,14 +218,15 @@ def merge_expert_adapter(model: nn.Module, directory: str | os.PathLike) -> int:
     (W_e += alpha / rank * B_e A_e, in the parameter's own orientation and dtype); how many it merged."""
     from safetensors.torch import load_file
 
-    rank, alpha, _ = adapter_settings(directory)
+    settings = adapter_settings(directory)
+    rank, alpha, _ = settings
     tensors = load_file(str(Path(directory) / WEIGHTS_NAME))
     if _per_module(_config(directory)[1]):
         return peft_expert_modules.merge(model, tensors, alpha / rank)
     merged = 0
     with torch.no_grad():
         for name, module in model.named_modules():
-            for param_name, (a, b) in load_adapter_tensors(directory, name, tensors).items():
+            for param_name, (a, b) in load_adapter_tensors(directory, name, tensors, settings).items():
                 w = getattr(module, param_name)
                 delta = torch.bmm(b, a) * (alpha / rank)   # [E, out, in]
                 if getattr(module, "is_transposed", False):   # GPT-OSS keeps [E, in, out]

@@ -13,6 +13,7 @@ import math
 from kt_core.errors import WeightsError
 
 from .checkpoint import Checkpoint, _torch, expect_tensor
+from .native_mxfp4 import finite_ue8m0
 
 FP8_BLOCK = 128
 PROJECTIONS = ("gate", "up", "down")
@@ -155,12 +156,8 @@ def checkpoint_experts(ckpt: Checkpoint, layer: int, expert: int) -> tuple:
                                   (torch.int8, torch.uint8), "two E2M1 codes per byte")
             values.append(codes.view(torch.uint8))
             e8m0 = tuple(t for t in (getattr(torch, "float8_e8m0fnu", None),) if t is not None)
-            scale = expect_tensor(read("scale"), f"{base}.scale", (n, k // 32), (torch.uint8, *e8m0),
-                                  "UE8M0 exponents, one per 32 elements").view(torch.uint8)
-            if bool((scale == 0xFF).any()):
-                raise WeightsError(f"{base}.scale holds the reserved UE8M0 code 0xff (NaN), which no finite scale "
-                                   "stands for")
-            scales.append(scale)
+            scales.append(finite_ue8m0(expect_tensor(read("scale"), f"{base}.scale", (n, k // 32), (torch.uint8, *e8m0),
+                                                     "UE8M0 exponents, one per 32 elements"), f"{base}.scale"))
         elif quant.method == "MXFP8":
             if k % 32:
                 raise WeightsError(f"{base}: K = {k} must be a multiple of 32, MXFP8's scale block")

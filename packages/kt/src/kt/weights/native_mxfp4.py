@@ -21,20 +21,26 @@ from .checkpoint import SafetensorsFolder
 PROJECTIONS = (("gate", "w1"), ("up", "w3"), ("down", "w2"))
 
 
+def finite_ue8m0(scale, name: str):
+    """UE8M0 scale bytes (uint8, or float8_e8m0fnu viewed as uint8), the reserved code 0xff (NaN)
+    refused by name: what kt's MXFP4 packing takes from DeepSeek-V4's `.scale` tensors."""
+    import torch
+
+    scale = scale.view(torch.uint8)
+    if bool((scale == 0xFF).any()):
+        raise WeightsError(f"{name} holds the reserved UE8M0 code 0xff (NaN), which no finite scale stands for")
+    return scale
+
+
 def _bf16_of_ue8m0(scale, name: str):
     import torch
 
     from kt_core.sft import ue8m0_to_bf16
 
-    if scale.dtype != torch.uint8:
-        e8m0 = getattr(torch, "float8_e8m0fnu", None)
-        if scale.dtype != e8m0:
-            raise WeightsError(f"{name} should hold UE8M0 scales (float8_e8m0fnu or uint8); found "
-                               f"{str(scale.dtype).replace('torch.', '')}")
-        scale = scale.view(torch.uint8)
-    if bool((scale == 0xFF).any()):
-        raise WeightsError(f"{name} holds the reserved UE8M0 code 0xff (NaN), which no finite scale stands for")
-    return ue8m0_to_bf16(scale)
+    if scale.dtype not in (torch.uint8, getattr(torch, "float8_e8m0fnu", None)):
+        raise WeightsError(f"{name} should hold UE8M0 scales (float8_e8m0fnu or uint8); found "
+                           f"{str(scale.dtype).replace('torch.', '')}")
+    return ue8m0_to_bf16(finite_ue8m0(scale, name))
 
 
 def native_mxfp4_experts(path: str | Path, layer: int) -> dict[str, list]:
