@@ -85,7 +85,7 @@ def test_limit_after_silu(method, backend):
     w = random_moe(rng, 6, 64, 32)
     layer = kt_core.MoE(num_experts=6, top_k=2, hidden_size=64, intermediate_size=32, method=method, backend=backend,
                         swiglu_limit=0.5, swiglu_limit_after_act=True)
-    assert layer.raw_gate_up and layer.swiglu == (0.5, 0.0, True)
+    assert layer.raw_gate_up and layer.swiglu == (0.5, 0.0, True, "silu")
     layer.load(*w)
     x = rng.standard_normal((9, 64)).astype(np.float32) * np.float32(3.0)
     ids, wt = random_routing(rng, 9, 6, 2)
@@ -96,6 +96,25 @@ def test_limit_after_silu(method, backend):
     assert relative_error(before, want) > 1e-2, "a limit after SiLU must differ from the one before it here"
 
 
+@pytest.mark.parametrize("backend", ["reference", None])
+@pytest.mark.parametrize("method", ["FP32", "BF16", "INT8"])
+def test_gelu_tanh(method, backend):
+    """Gemma 4's experts, GELU-tanh(g) * u: kt-core applies it to any backend's raw gate/up products,
+    against NumPy's tanh formula on the same stored weights."""
+    rng = np.random.default_rng(5)
+    w = random_moe(rng, 6, 64, 32)
+    layer = kt_core.MoE(num_experts=6, top_k=2, hidden_size=64, intermediate_size=32, method=method, backend=backend,
+                        gate_activation="gelu_tanh")
+    assert layer.raw_gate_up and layer.swiglu == (0.0, 0.0, False, "gelu_tanh")
+    layer.load(*w)
+    x = rng.standard_normal((9, 64)).astype(np.float32) * np.float32(3.0)
+    ids, wt = random_routing(rng, 9, 6, 2)
+    stored = quantize.dequantized_weights(method, *w)
+    want = moe_reference(x, *stored, ids, wt, gate_activation="gelu_tanh")
+    assert relative_error(layer(x, ids, wt), want) < (1e-5 if method == "FP32" else 5e-3)
+    assert relative_error(moe_reference(x, *stored, ids, wt), want) > 1e-2, "GELU-tanh must differ from SiLU here"
+
+
 def test_swiglu_settings_are_checked():
     with pytest.raises(ValueError, match="swiglu_limit and swiglu_alpha must be finite and >= 0"):
         kt_core.MoE(num_experts=4, top_k=2, hidden_size=64, intermediate_size=32, method="FP32", backend="reference",
@@ -103,6 +122,12 @@ def test_swiglu_settings_are_checked():
     with pytest.raises(ValueError, match="swiglu_limit_after_act needs swiglu_limit > 0 and swiglu_alpha 0"):
         kt_core.MoE(num_experts=4, top_k=2, hidden_size=64, intermediate_size=32, method="FP32", backend="reference",
                     swiglu_limit_after_act=True)
+    with pytest.raises(ValueError, match="gate_activation is 'silu' or 'gelu_tanh', got 'gelu'"):
+        kt_core.MoE(num_experts=4, top_k=2, hidden_size=64, intermediate_size=32, method="FP32", backend="reference",
+                    gate_activation="gelu")
+    with pytest.raises(ValueError, match="gate_activation 'gelu_tanh' takes no swiglu_limit"):
+        kt_core.MoE(num_experts=4, top_k=2, hidden_size=64, intermediate_size=32, method="FP32", backend="reference",
+                    gate_activation="gelu_tanh", swiglu_limit=7.0)
 
 
 @pytest.mark.parametrize("types", [("Q4_K", "Q4_K", "Q6_K"), ("Q2_K", "Q3_K", "Q5_K"), ("IQ4_XS",) * 3,

@@ -87,9 +87,32 @@ for S, I in [(37, 50), (5, 16), (64, 768)]:
         if lora:
             want_da = np.stack([gl[e_of == e].astype(np.float64).T @ want[e_of == e] for e in range(3)])
             assert np.abs(da - want_da).max() <= 1e-5 * np.abs(want_da).max(), ("after dA", S, I)
+    # GELU-tanh (Gemma 4): GELU's tanh form of g, times u; against tanh's own formula, as torch's
+    # gelu(approximate="tanh") writes it (kt computes it as g * sigmoid(2z)).
+    c = np.sqrt(2 / np.pi)
+    z = c * (g + 0.044715 * g ** 3)
+    t = np.tanh(z)
+    gelu = 0.5 * g * (1 + t)
+    dgelu = 0.5 * (1 + t) + 0.5 * g * (1 - t ** 2) * c * (1 + 3 * 0.044715 * g ** 2)
+    gated_rows_forward(gu, w, h, (0.0, 0.0, False, "gelu_tanh"))
+    want = gelu * u * w64[:, None]
+    assert np.abs(h - want).max() <= 1e-5 * np.abs(want).max(), ("gelu h", S, I)
+    for lora in (False, True):
+        extra = dict(counts=counts, g=gl, da=da) if lora else {}
+        gated_rows_backward(dh, gu, w, dgu, dw, (0.0, 0.0, False, "gelu_tanh"), **extra)
+        wants = {"dgate": d64 * u * w64[:, None] * dgelu, "dup": d64 * gelu * w64[:, None],
+                 "dw": (d64 * gelu * u).sum(axis=1)}
+        for name, got in (("dgate", dgu[:, :I]), ("dup", dgu[:, I:]), ("dw", dw)):
+            assert np.abs(got - wants[name]).max() <= 1e-5 * np.abs(wants[name]).max(), ("gelu", name, S, I, lora)
+        if lora:
+            want_da = np.stack([gl[e_of == e].astype(np.float64).T @ want[e_of == e] for e in range(3)])
+            assert np.abs(da - want_da).max() <= 1e-5 * np.abs(want_da).max(), ("gelu dA", S, I)
     A = 1.702
     after = "a limit after SiLU needs swiglu_limit > 0 and swiglu_alpha 0"
+    gelu_bad = "GELU-tanh takes no limit, alpha or limit after SiLU"
     for bad, message in (((0.0, 0.0, True), after), ((L, A, True), after), ((-1.0, A), "finite swiglu_limit >= 0"),
+                         ((L, 0.0, False, "gelu_tanh"), gelu_bad), ((0.0, 0.0, True, "gelu_tanh"), after),
+                         ((0.0, 0.0, False, "gelu"), "gate_activation is 'silu' or 'gelu_tanh'"),
                          ((float("nan"), A), "finite swiglu_limit >= 0"), ((L, float("inf")), "finite swiglu_limit >= 0")):
         try:
             gated_rows_forward(gu, w, h, bad)

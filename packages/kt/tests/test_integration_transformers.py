@@ -298,7 +298,7 @@ def test_limit_after_silu_binds_and_matches_torch():
     want = logits(model, ids)
     assert rel_max(logits(unclamped, ids), want) > 1e-2
     patch = patch_model(model, method="BF16")
-    assert [m.moe.swiglu for m in patch.layers.values()] == [(1.0, 0.0, True)]
+    assert [m.moe.swiglu for m in patch.layers.values()] == [(1.0, 0.0, True, "silu")]
     assert rel_max(logits(model, ids), want) < 1e-4
 
 
@@ -430,7 +430,7 @@ def test_gpt_oss_gpu_resident_experts():
         p = patch_model(model, method="FP32", backend="reference", num_gpu_experts=3, placement="random")
         got = model(ids).logits
     assert all(sum(m) == 3 for m in p.gpu_masks.values())
-    assert all(m.resident_gate_up_bias.shape == (3, 64) and m.swiglu == (7.0, 1.702, False) for m in p.layers.values())
+    assert all(m.resident_gate_up_bias.shape == (3, 64) and m.swiglu == (7.0, 1.702, False, "silu") for m in p.layers.values())
     err = ((got - ref).abs().max() / ref.abs().max()).item()
     assert err < 1e-5, err
 

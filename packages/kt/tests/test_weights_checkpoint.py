@@ -204,7 +204,7 @@ def test_limit_after_silu_per_layer_from_the_folder(tmp_path, model_type, key):
     x, ids, w = routing()
     for layer, limit in ((1, 0.5), (2, 0.0)):
         kt = wrapper(tmp_path, layer, backend=None)
-        assert kt._moe.swiglu == (limit, 0.0, limit > 0)
+        assert kt._moe.swiglu == (limit, 0.0, limit > 0, "silu")
         kt.load_weights()
         want = moe_reference(x.double().numpy(), *truth[layer], ids.numpy(), w.double().numpy(), swiglu_limit=limit,
                              limit_after_act=limit > 0)

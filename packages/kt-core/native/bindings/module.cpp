@@ -273,7 +273,7 @@ struct Layer {
     Layer(const Backend& b, const std::string& method, int64_t hidden, int64_t intermediate, int64_t experts,
           int64_t top_k, std::vector<bool> on_cpu, int64_t max_tokens, int64_t group_size, bool zero_point,
           bool fast_activations, std::vector<int> weight_dtype, float swiglu_limit, float swiglu_alpha,
-          std::optional<Backend> packer, bool expert_bias, bool swiglu_limit_after_act)
+          std::optional<Backend> packer, bool expert_bias, bool swiglu_limit_after_act, const std::string& gate_activation)
         : backend(b), packer_backend(std::move(packer)) {
         if (!(swiglu_limit >= 0.0f && swiglu_alpha >= 0.0f) || !std::isfinite(swiglu_limit) || !std::isfinite(swiglu_alpha))
             throw nb::value_error(("swiglu_limit and swiglu_alpha must be finite and >= 0 (0 = off), got " +
@@ -281,8 +281,13 @@ struct Layer {
         if (swiglu_limit_after_act && !(swiglu_limit > 0.0f && swiglu_alpha == 0.0f))
             throw nb::value_error(("swiglu_limit_after_act needs swiglu_limit > 0 and swiglu_alpha 0, got " +
                                    std::to_string(swiglu_limit) + ", " + std::to_string(swiglu_alpha)).c_str());
-        // The limit after SiLU is applied by the layer itself (MoeLayer::enable_limit_after_activation):
-        // the kernels see no swiglu setting.
+        if (gate_activation != "silu" && gate_activation != "gelu_tanh")
+            throw nb::value_error(("gate_activation is 'silu' or 'gelu_tanh', got '" + gate_activation + "'").c_str());
+        const bool gelu = gate_activation == "gelu_tanh";
+        if (gelu && (swiglu_limit != 0.0f || swiglu_alpha != 0.0f || swiglu_limit_after_act))
+            throw nb::value_error("gate_activation 'gelu_tanh' takes no swiglu_limit / swiglu_alpha / swiglu_limit_after_act");
+        // The limit after SiLU and GELU-tanh are applied by the layer itself
+        // (MoeLayer::enable_layer_activation): the kernels see no swiglu setting.
         const float after = swiglu_limit_after_act ? swiglu_limit : 0.0f;
         if (swiglu_limit_after_act) swiglu_limit = 0.0f;
         kt_moe_config shape{sizeof(kt_moe_config), hidden, intermediate, experts, top_k, group_size,
@@ -301,7 +306,8 @@ struct Layer {
         layer = std::make_unique<kt::MoeLayer>(shape, kernels, std::move(on_cpu), max_tokens,
                                                packer_backend ? packer_backend->method(method) : nullptr);
         if (expert_bias) layer->enable_expert_bias();
-        if (after > 0.0f) layer->enable_limit_after_activation(after);
+        if (after > 0.0f) layer->enable_layer_activation(kt::activation::GatedForm::silu_limit_after, after);
+        if (gelu) layer->enable_layer_activation(kt::activation::GatedForm::gelu_tanh, 0.0f);
     }
 
     // Expert e's biases: float32 gate [intermediate], up [intermediate], down [hidden].
@@ -691,31 +697,38 @@ void sum_rows(nb::ndarray<> rows, nb::ndarray<> row_of_slot, nb::ndarray<> out) 
     kt::sum_rows(rp, W, sp, T, K, op);
 }
 
-void check_gate(float limit, float alpha, bool after) {
+// The rows' gated form from the binding's terms (kt_core.rows._gate), checked.
+kt::activation::GatedForm check_gate(float limit, float alpha, bool after, bool gelu) {
     if (!(limit >= 0.0f) || !std::isfinite(limit) || !std::isfinite(alpha))
         throw nb::value_error(("the clamped SwiGLU needs a finite swiglu_limit >= 0 (0: SiLU) and a finite swiglu_alpha, got " +
                                std::to_string(limit) + " and " + std::to_string(alpha)).c_str());
     if (after && !(limit > 0.0f && alpha == 0.0f))
         throw nb::value_error(("a limit after SiLU needs swiglu_limit > 0 and swiglu_alpha 0, got " +
                                std::to_string(limit) + " and " + std::to_string(alpha)).c_str());
+    if (gelu && (after || limit != 0.0f || alpha != 0.0f))
+        throw nb::value_error("GELU-tanh takes no limit, alpha or limit after SiLU");
+    using kt::activation::GatedForm;
+    return gelu ? GatedForm::gelu_tanh : after ? GatedForm::silu_limit_after : GatedForm::silu;
 }
 
-void gated_rows_forward(nb::ndarray<> gate_up, nb::ndarray<> w, nb::ndarray<> h, float limit, float alpha, bool after) {
-    check_gate(limit, alpha, after);
+void gated_rows_forward(nb::ndarray<> gate_up, nb::ndarray<> w, nb::ndarray<> h, float limit, float alpha, bool after,
+                        bool gelu) {
+    const auto form = check_gate(limit, alpha, after, gelu);
     if (gate_up.ndim() != 2 || gate_up.shape(1) % 2) throw nb::value_error("gate_up must be [rows, 2 * intermediate]");
     const int64_t S = int64_t(gate_up.shape(0)), I = int64_t(gate_up.shape(1)) / 2;
     const float* gp = f32_array(gate_up, "gate_up", {S, 2 * I});
     const float* wp = f32_array(w, "w", {S});
     float* hp = f32_array(h, "h", {S, I});
     ReleaseGil release;
-    kt::gated_rows_forward(gp, wp, S, I, limit, alpha, after, hp);
+    kt::gated_rows_forward(gp, wp, S, I, limit, alpha, form, hp);
 }
 
 // With counts, g and da (all three): the down adapter's dA too (kt::gated_rows_backward_lora).
 void gated_rows_backward(nb::ndarray<> dh, nb::ndarray<> gate_up, nb::ndarray<> w, nb::ndarray<> dgate_up,
-                         nb::ndarray<> dw, float limit, float alpha, bool after, std::optional<nb::ndarray<>> counts,
-                         std::optional<nb::ndarray<>> g, std::optional<nb::ndarray<>> da) {
-    check_gate(limit, alpha, after);
+                         nb::ndarray<> dw, float limit, float alpha, bool after, bool gelu,
+                         std::optional<nb::ndarray<>> counts, std::optional<nb::ndarray<>> g,
+                         std::optional<nb::ndarray<>> da) {
+    const auto form = check_gate(limit, alpha, after, gelu);
     if (gate_up.ndim() != 2 || gate_up.shape(1) % 2) throw nb::value_error("gate_up must be [rows, 2 * intermediate]");
     const int64_t S = int64_t(gate_up.shape(0)), I = int64_t(gate_up.shape(1)) / 2;
     const float* dp = f32_array(dh, "dh", {S, I});
@@ -725,7 +738,7 @@ void gated_rows_backward(nb::ndarray<> dh, nb::ndarray<> gate_up, nb::ndarray<> 
     float* dwp = f32_array(dw, "dw", {S});
     if (!counts && !g && !da) {
         ReleaseGil release;
-        kt::gated_rows_backward(dp, gp, wp, S, I, limit, alpha, after, dgp, dwp);
+        kt::gated_rows_backward(dp, gp, wp, S, I, limit, alpha, form, dgp, dwp);
         return;
     }
     if (!counts || !g || !da) throw nb::value_error("gated_rows_backward: the adapter's dA needs counts, g and da together");
@@ -735,7 +748,7 @@ void gated_rows_backward(nb::ndarray<> dh, nb::ndarray<> gate_up, nb::ndarray<> 
     const float* gp2 = f32_array(*g, "g", {S, r});
     float* dap = f32_array(*da, "da", {E, r, I});
     ReleaseGil release;
-    kt::gated_rows_backward_lora(dp, gp, wp, S, I, limit, alpha, after, dgp, dwp, cp, E, gp2, r, dap);
+    kt::gated_rows_backward_lora(dp, gp, wp, S, I, limit, alpha, form, dgp, dwp, cp, E, gp2, r, dap);
 }
 
 void pool_sync() {
@@ -1012,11 +1025,11 @@ NB_MODULE(_native, m) {
     m.def("sum_rows", &sum_rows, "rows"_a, "row_of_slot"_a, "out"_a,
           "out[t] = sum of rows[row_of_slot[t, j]] over j (-1 skipped)");
     m.def("gated_rows_forward", &gated_rows_forward, "gate_up"_a, "w"_a, "h"_a, "limit"_a = 0.0f, "alpha"_a = 0.0f,
-          "after"_a = false,
+          "after"_a = false, "gelu"_a = false,
           "h = SiLU(gate) * up * w per row (limit > 0: clamped first, or with after the SiLU clamped; "
-          "alpha > 0: GPT-OSS's clamped SwiGLU)");
+          "alpha > 0: GPT-OSS's clamped SwiGLU; gelu: GELU-tanh(gate) * up * w)");
     m.def("gated_rows_backward", &gated_rows_backward, "dh"_a, "gate_up"_a, "w"_a, "dgate_up"_a, "dw"_a,
-          "limit"_a = 0.0f, "alpha"_a = 0.0f, "after"_a = false, "counts"_a = nb::none(), "g"_a = nb::none(),
+          "limit"_a = 0.0f, "alpha"_a = 0.0f, "after"_a = false, "gelu"_a = false, "counts"_a = nb::none(), "g"_a = nb::none(),
           "da"_a = nb::none(),
           "the gradients of gated_rows_forward's gate_up and w from that of h (with counts, g, da: also "
           "da_e = sum over expert e's rows of g[i]^T h[i], rows grouped by expert)");
@@ -1084,11 +1097,12 @@ NB_MODULE(_native, m) {
     nb::class_<Layer>(m, "MoeLayer")
         .def(nb::init<const Backend&, const std::string&, int64_t, int64_t, int64_t, int64_t, std::vector<bool>, int64_t,
                       int64_t, bool, bool, std::vector<int>, float, float,
-                      std::optional<Backend>, bool, bool>(),
+                      std::optional<Backend>, bool, bool, const std::string&>(),
              "backend"_a, "method"_a, "hidden"_a, "intermediate"_a, "num_experts"_a, "top_k"_a, "expert_on_cpu"_a,
              "max_tokens"_a, "group_size"_a = 0, "zero_point"_a = false, "fast_activations"_a = false,
              "weight_dtype"_a = std::vector<int>{}, "swiglu_limit"_a = 0.0f, "swiglu_alpha"_a = 0.0f,
-             "packer"_a = nb::none(), "expert_bias"_a = false, "swiglu_limit_after_act"_a = false)
+             "packer"_a = nb::none(), "expert_bias"_a = false, "swiglu_limit_after_act"_a = false,
+             "gate_activation"_a = "silu")
         .def("set_expert_bias", &Layer::set_expert_bias, "expert"_a, "gate"_a, "up"_a, "down"_a)
         .def("grouped_gate_up", &Layer::grouped_gate_up, "x"_a, "counts"_a, "gate_up"_a, "token"_a = nb::none(),
              "lora_a"_a = nb::none(), "lora_bt"_a = nb::none(), "lora_scaling"_a = 1.0f, "lora_blocks"_a = 1,

@@ -224,22 +224,28 @@ bool has_raw_tile(const kt_method_kernels& k) {
 void MoeLayer::require_raw_tile(const kt_method_kernels& k) {
     if (!has_raw_tile(k))
         throw std::invalid_argument(std::string(k.kernel_id) + " has no gate_up_raw_tile (plugin ABI 1.4), which " +
-                                    "experts with biases or a limit after SiLU need: the layer applies their gated "
+                                    "experts with biases, a limit after SiLU or GELU-tanh need: the layer applies their gated "
                                     "activation itself");
     if (KT_HAS_FIELD(&k, kt_method_kernels, moe_forward) && k.moe_forward)
         throw std::invalid_argument(std::string(k.kernel_id) + " runs whole forwards (moe_forward), which add no " +
-                                    "expert biases and apply no limit after SiLU");
+                                    "expert biases and apply no limit after SiLU or GELU-tanh");
 }
 
-void MoeLayer::enable_limit_after_activation(float limit) {
-    if (!(limit > 0.0f) || !std::isfinite(limit))
+void MoeLayer::enable_layer_activation(activation::GatedForm form, float limit) {
+    using activation::GatedForm;
+    if (form == GatedForm::silu_limit_after && (!(limit > 0.0f) || !std::isfinite(limit)))
         throw std::invalid_argument("the limit after SiLU must be finite and > 0, got " + std::to_string(limit));
+    if (form != GatedForm::silu_limit_after && form != GatedForm::gelu_tanh)
+        throw std::invalid_argument("the layer applies the limit after SiLU or GELU-tanh itself, got form " +
+                                    std::to_string(int(form)));
     if (shape_.swiglu_limit != 0.0f || shape_.swiglu_alpha != 0.0f)
-        throw std::invalid_argument("a limit after SiLU replaces swiglu_limit / swiglu_alpha: make the layer without them");
+        throw std::invalid_argument(std::string(form == GatedForm::gelu_tanh ? "GELU-tanh" : "a limit after SiLU") +
+                                    " replaces swiglu_limit / swiglu_alpha: make the layer without them");
     require_raw_tile(*kernels_);
     if (small_batch_) require_raw_tile(*small_batch_);
     std::lock_guard<std::mutex> lock(g_forward_mutex);
-    limit_after_ = limit;
+    form_ = form;
+    limit_after_ = form == GatedForm::silu_limit_after ? limit : 0.0f;
 }
 
 void MoeLayer::enable_expert_bias() {
@@ -616,13 +622,24 @@ public:
         const float* bg = layer_.expert_bias_ ? layer_.bias_[size_t(e)].data() : nullptr;
         const float* bu = bg ? bg + I : nullptr;
         const float limit = shape_.swiglu_limit, alpha = shape_.swiglu_alpha, after = layer_.limit_after_;
-        for (int64_t r = 0; r < rows; ++r)
-            for (int64_t n = t.n0; n < t.n1; ++n) {
-                float gv = g[size_t(r * w + n - t.n0)], uv = u[size_t(r * w + n - t.n0)];
-                if (bg) gv += bg[n], uv += bu[n];
-                inter_[(r0 + r) * I + n] = after > 0.0f ? activation::gated_limit_after(after, gv, uv)
-                                                        : activation::gated(limit, alpha, gv, uv);
-            }
+        auto each = [&](auto act) {
+            for (int64_t r = 0; r < rows; ++r)
+                for (int64_t n = t.n0; n < t.n1; ++n) {
+                    float gv = g[size_t(r * w + n - t.n0)], uv = u[size_t(r * w + n - t.n0)];
+                    if (bg) gv += bg[n], uv += bu[n];
+                    inter_[(r0 + r) * I + n] = act(gv, uv);
+                }
+        };
+        switch (layer_.form_) {   // the form chosen once per tile, not per element
+            case activation::GatedForm::silu_limit_after:
+                each([&](float gv, float uv) { return activation::gated_limit_after(after, gv, uv); });
+                break;
+            case activation::GatedForm::gelu_tanh:
+                each([](float gv, float uv) { return activation::gated_gelu_tanh(gv, uv); });
+                break;
+            default:
+                each([&](float gv, float uv) { return activation::gated(limit, alpha, gv, uv); });
+        }
         return KT_OK;
     }
 

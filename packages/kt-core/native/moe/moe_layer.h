@@ -2,6 +2,7 @@
 // forward path of DESIGN.md §3 driven through a backend's kernel table.
 #pragma once
 #include <kt/plugin.h>
+#include <kt/formats/gated_activation.h>
 
 #include "memory/numa_allocator.h"
 #include "moe/grouped_lora.h"
@@ -86,10 +87,11 @@ public:
     // std::invalid_argument when the kernels (or the small-batch ones) have no raw tile.
     void enable_expert_bias();
     bool expert_bias() const { return expert_bias_; }
-    // The limit applied after SiLU, min(SiLU(g), limit) * clamp(u, -limit, limit)
-    // (gated_activation.h): no kernel computes it, so the layer runs gate_up_raw_tile and applies
-    // it itself, as for biases. Before the first forward; the kernels then see no swiglu setting.
-    void enable_limit_after_activation(float limit);
+    // A gated activation no kernel computes (gated_activation.h): the limit after SiLU,
+    // min(SiLU(g), limit) * clamp(u, -limit, limit), or GELU-tanh(g) * u (limit unused). The layer
+    // runs gate_up_raw_tile and applies it itself, as for biases. Before the first forward; the
+    // kernels then see no swiglu setting.
+    void enable_layer_activation(activation::GatedForm form, float limit);
     // Expert `expert`'s biases: gate and up [intermediate], down [hidden] (copied). Every
     // expert a forward routes to must have them (the forward names one that does not).
     void set_expert_bias(int64_t expert, const float* gate, const float* up, const float* down);
@@ -152,9 +154,11 @@ private:
     std::vector<std::shared_ptr<void>> packed_;
     std::vector<int> group_of_expert_;
     bool expert_bias_ = false;
-    float limit_after_ = 0.0f;   // > 0: the gated activation's limit, applied after SiLU (here)
+    // Not silu: the gated activation this layer applies itself (with limit_after_ for the limit after SiLU).
+    activation::GatedForm form_ = activation::GatedForm::silu;
+    float limit_after_ = 0.0f;
     // The fused gate/up tile cannot compute the layer's activation: raw products, activation here.
-    bool raw_gate_up() const { return expert_bias_ || limit_after_ > 0.0f; }
+    bool raw_gate_up() const { return expert_bias_ || form_ != activation::GatedForm::silu; }
     // Per expert, empty until set: gate bias [I], up bias [I], down bias [H], one after another.
     std::vector<std::vector<float>> bias_;
 };

@@ -77,16 +77,30 @@ template <class W>
 // (u' + 1) * g' * sigmoid(alpha g'). Both are the "shaped" kernels below: sigmoid slope a (alpha,
 // or 1 for SiLU) and up shift (1, or 0 for SiLU), the limit +inf when unset. `after`: the limit
 // applies to SiLU(g) instead, min(SiLU(g), limit) * clamp(u, -limit, limit) (Step-3.5, Ling-2.5).
+// `gelu`: GELU-tanh(g) * u = g sigmoid(z) * u, z = 2c (g + 0.044715 g^3) (Gemma 4; gated_activation.h).
 struct Gate {
     float limit = 0.0f, alpha = 0.0f;   // both 0: SiLU
-    bool after = false;
+    bool after = false, gelu = false;
+    Gate(float l, float a, activation::GatedForm form)
+        : limit(l), alpha(a), after(form == activation::GatedForm::silu_limit_after),
+          gelu(form == activation::GatedForm::gelu_tanh) {}
     bool shaped() const { return limit != 0.0f || alpha != 0.0f; }
     float bound() const { return limit > 0.0f ? limit : std::numeric_limits<float>::infinity(); }
     float slope() const { return alpha > 0.0f ? alpha : 1.0f; }
     float shift() const { return alpha > 0.0f ? 1.0f : 0.0f; }
 };
 
-template <class W, bool kShaped, bool kAfter = false>
+// GELU-tanh's sigmoid argument z = 2c (g + 0.044715 g^3) and dz/dg = 2c (1 + 3 * 0.044715 g^2).
+template <class T>
+[[gnu::always_inline]] inline T gelu_arg(T g) {
+    return (g + g * g * g * activation::kGeluTanhCubic) * activation::kGeluTanhScale;
+}
+template <class T>
+[[gnu::always_inline]] inline T gelu_arg_slope(T g) {
+    return (g * g * (3.0f * activation::kGeluTanhCubic) + 1.0f) * activation::kGeluTanhScale;
+}
+
+template <class W, bool kShaped, bool kAfter = false, bool kGelu = false>
 [[gnu::always_inline]] inline void forward_range(const float* gu, const float* w, int64_t b, int64_t e, int64_t I,
                                                  Gate gate, float* h) {
     using V = typename W::V;
@@ -100,7 +114,9 @@ template <class W, bool kShaped, bool kAfter = false>
         int64_t c = 0;
         for (; c + W::kLanes <= I; c += W::kLanes) {
             V gv = W::load(g + c), uv = W::load(u + c);
-            if constexpr (kAfter) {
+            if constexpr (kGelu) {
+                W::store(hi + c, gv * sigmoid<W>(gelu_arg(gv)) * uv * wi);
+            } else if constexpr (kAfter) {
                 V s = gv * sigmoid<W>(gv);
                 s = s > lim ? lim : s;
                 uv = uv > lim ? lim : (uv < neg ? neg : uv);
@@ -114,7 +130,9 @@ template <class W, bool kShaped, bool kAfter = false>
             }
         }
         for (; c < I; ++c) {
-            if constexpr (kAfter) {
+            if constexpr (kGelu) {
+                hi[c] = g[c] / (1.0f + std::exp(-gelu_arg(g[c]))) * u[c] * wi;
+            } else if constexpr (kAfter) {
                 float s = g[c] / (1.0f + std::exp(-g[c]));
                 s = s > limit ? limit : s;
                 const float uc = u[c] > limit ? limit : (u[c] < -limit ? -limit : u[c]);
@@ -133,7 +151,8 @@ template <class W, bool kShaped, bool kAfter = false>
 // d(g * sigmoid(a g)) / dg = s (1 + a g (1 - s)), s = sigmoid(a g); the clamps pass the gradient
 // where their input is inside the limits, ends included (torch's clamp backward).
 // With the limit after SiLU: d/dg passes where SiLU(g) <= limit, d/du where u is inside the limits.
-template <class W, bool kShaped, bool kAfter = false>
+// GELU-tanh: d(g sigmoid(z)) / dg = s + g s (1 - s) dz/dg, s = sigmoid(z).
+template <class W, bool kShaped, bool kAfter = false, bool kGelu = false>
 [[gnu::always_inline]] inline void backward_range(const float* dh, const float* gu, const float* w, int64_t b,
                                                   int64_t e, int64_t I, Gate gate, float* dgu, float* dw) {
     using V = typename W::V;
@@ -152,7 +171,12 @@ template <class W, bool kShaped, bool kAfter = false>
         for (; c + W::kLanes <= I; c += W::kLanes) {
             V gv = W::load(g + c), uv = W::load(u + c);
             const V dv = W::load(d + c);
-            if constexpr (kAfter) {
+            if constexpr (kGelu) {
+                const V s = sigmoid<W>(gelu_arg(gv)), gelu = gv * s;
+                acc += dv * gelu * uv;
+                W::store(du + c, dv * gelu * wi);
+                W::store(dg + c, dv * uv * wi * (s + gelu * (1.0f - s) * gelu_arg_slope(gv)));
+            } else if constexpr (kAfter) {
                 const V s = sigmoid<W>(gv), silu = gv * s, sc = silu > lim ? lim : silu;
                 const V uc = uv > lim ? lim : (uv < neg ? neg : uv);
                 acc += dv * sc * uc;
@@ -174,6 +198,13 @@ template <class W, bool kShaped, bool kAfter = false>
             }
         }
         for (; c < I; ++c) {
+            if constexpr (kGelu) {
+                const float s = 1.0f / (1.0f + std::exp(-gelu_arg(g[c]))), gelu = g[c] * s;
+                tail += d[c] * gelu * u[c];
+                du[c] = d[c] * gelu * wi;
+                dg[c] = d[c] * u[c] * wi * (s + gelu * (1.0f - s) * gelu_arg_slope(g[c]));
+                continue;
+            }
             if constexpr (kAfter) {
                 const float s = 1.0f / (1.0f + std::exp(-g[c])), silu = g[c] * s;
                 const float sc = silu > limit ? limit : silu;
@@ -208,7 +239,9 @@ using BackwardFn = void (*)(const float*, const float*, const float*, int64_t, i
 #define KT_GATED_ROWS(SUFFIX, ATTR, VEC)                                                                                  \
     ATTR void forward_##SUFFIX(const float* gu, const float* w, int64_t b, int64_t e, int64_t I, Gate gate,        \
                                float* h) {                                                                         \
-        if (gate.after)                                                                                            \
+        if (gate.gelu)                                                                                             \
+            forward_range<VEC, false, false, true>(gu, w, b, e, I, gate, h);                                       \
+        else if (gate.after)                                                                                       \
             forward_range<VEC, false, true>(gu, w, b, e, I, gate, h);                                              \
         else if (gate.shaped())                                                                                    \
             forward_range<VEC, true>(gu, w, b, e, I, gate, h);                                                     \
@@ -217,7 +250,9 @@ using BackwardFn = void (*)(const float*, const float*, const float*, int64_t, i
     }                                                                                                              \
     ATTR void backward_##SUFFIX(const float* dh, const float* gu, const float* w, int64_t b, int64_t e, int64_t I, \
                                 Gate gate, float* dgu, float* dw) {                                                \
-        if (gate.after)                                                                                            \
+        if (gate.gelu)                                                                                             \
+            backward_range<VEC, false, false, true>(dh, gu, w, b, e, I, gate, dgu, dw);                            \
+        else if (gate.after)                                                                                       \
             backward_range<VEC, false, true>(dh, gu, w, b, e, I, gate, dgu, dw);                                   \
         else if (gate.shaped())                                                                                    \
             backward_range<VEC, true>(dh, gu, w, b, e, I, gate, dgu, dw);                                          \
@@ -277,31 +312,31 @@ void sum_rows(const float* rows, int64_t width, const int64_t* row_of_slot, int6
 }
 
 void gated_rows_forward(const float* gate_up, const float* w, int64_t n_rows, int64_t inter, float limit, float alpha,
-                        bool after, float* h) {
+                        activation::GatedForm form, float* h) {
     std::lock_guard<std::mutex> lock(g_forward_mutex);   // the pool is the forwards' (tiles.h)
 #if defined(__x86_64__)
     const ForwardFn fn = widest<ForwardFn>(forward_avx512, forward_avx2, forward_baseline);
 #else
     const ForwardFn fn = forward_baseline;
 #endif
-    const Gate gate{limit, alpha, after};
+    const Gate gate(limit, alpha, form);
     chunks(n_rows, inter, [&](int64_t b, int64_t e) { fn(gate_up, w, b, e, inter, gate, h); });
 }
 
 void gated_rows_backward(const float* dh, const float* gate_up, const float* w, int64_t n_rows, int64_t inter,
-                         float limit, float alpha, bool after, float* dgate_up, float* dw) {
+                         float limit, float alpha, activation::GatedForm form, float* dgate_up, float* dw) {
     std::lock_guard<std::mutex> lock(g_forward_mutex);   // the pool is the forwards' (tiles.h)
 #if defined(__x86_64__)
     const BackwardFn fn = widest<BackwardFn>(backward_avx512, backward_avx2, backward_baseline);
 #else
     const BackwardFn fn = backward_baseline;
 #endif
-    const Gate gate{limit, alpha, after};
+    const Gate gate(limit, alpha, form);
     chunks(n_rows, 2 * inter, [&](int64_t b, int64_t e) { fn(dh, gate_up, w, b, e, inter, gate, dgate_up, dw); });
 }
 
 void gated_rows_backward_lora(const float* dh, const float* gate_up, const float* w, int64_t n_rows, int64_t inter,
-                              float limit, float alpha, bool after, float* dgate_up, float* dw, const int64_t* counts,
+                              float limit, float alpha, activation::GatedForm form, float* dgate_up, float* dw, const int64_t* counts,
                               int64_t experts, const float* g, int64_t rank, float* da) {
     std::lock_guard<std::mutex> lock(g_forward_mutex);   // the pool is the forwards' (tiles.h)
 #if defined(__x86_64__)
@@ -311,7 +346,7 @@ void gated_rows_backward_lora(const float* dh, const float* gate_up, const float
     const BackwardFn backward = backward_baseline;
     const ForwardFn forward = forward_baseline;
 #endif
-    const Gate gate{limit, alpha, after};
+    const Gate gate(limit, alpha, form);
     const std::vector<int64_t> first = row_offsets(counts, experts);
     // dA's sums carried in memory from chunk to chunk, in row order: as the whole rows' product.
     constexpr int64_t kRows = 32;

@@ -31,7 +31,8 @@ class MoE:
                  backend: str | None = None, group_size: int = 0, zero_point: bool = False,
                  fast_activations: bool | None = None, weight_types: Sequence[str] | None = None,
                  pool_groups: Sequence[int] | None = None, swiglu_limit: float = 0.0, swiglu_alpha: float = 0.0,
-                 expert_bias: bool = False, trainable: bool = False, swiglu_limit_after_act: bool = False):
+                 expert_bias: bool = False, trainable: bool = False, swiglu_limit_after_act: bool = False,
+                 gate_activation: str = "silu"):
         for name, value in (("num_experts", num_experts), ("top_k", top_k), ("hidden_size", hidden_size),
                             ("intermediate_size", intermediate_size), ("max_tokens", max_tokens)):
             if int(value) <= 0:
@@ -56,6 +57,11 @@ class MoE:
         # gate/up products itself, as it adds biases.
         self.swiglu_limit, self.swiglu_alpha = float(swiglu_limit), float(swiglu_alpha)
         self.swiglu_limit_after_act = bool(swiglu_limit_after_act)   # checked with the others by _native
+        # What the gate goes through: "silu" (the kernels') or "gelu_tanh" (Gemma 4's experts: GELU's
+        # tanh form, torch's gelu(approximate="tanh")), which kt-core applies to the raw products too.
+        if gate_activation not in ("silu", "gelu_tanh"):
+            raise ValueError(f"gate_activation is 'silu' or 'gelu_tanh', got {gate_activation!r}")
+        self.gate_activation = gate_activation
         # Experts with gate/up/down biases (GPT-OSS): kt-core adds them around the kernels' raw
         # gate/up products (plugin ABI 1.4); `load(..., biases=...)` gives them.
         self.expert_bias = bool(expert_bias)
@@ -109,7 +115,8 @@ class MoE:
                                        self.num_experts, self.top_k, [not g for g in mask], self.max_tokens,
                                        self.group_size, self.zero_point, self.fast_activations,
                                        self._ggml_dtypes(), self.swiglu_limit,
-                                       self.swiglu_alpha, packer, self.expert_bias, self.swiglu_limit_after_act)
+                                       self.swiglu_alpha, packer, self.expert_bias, self.swiglu_limit_after_act,
+                                       self.gate_activation)
         if pool_groups is not None:   # the groups (NUMA nodes) this layer's experts live and run on
             self._layer.set_groups([int(g) for g in pool_groups])
         self.small_batch_candidate = self._attach_small_batch_kernels(sel, native, shape)
@@ -199,13 +206,14 @@ class MoE:
     @property
     def raw_gate_up(self) -> bool:
         """kt-core applies this layer's gated activation to the kernels' raw gate/up products (biases,
-        or a limit after SiLU): its kernels must have gate_up_raw_tile (plugin ABI 1.4)."""
-        return self.expert_bias or self.swiglu_limit_after_act
+        a limit after SiLU, GELU-tanh): its kernels must have gate_up_raw_tile (plugin ABI 1.4)."""
+        return self.expert_bias or self.swiglu_limit_after_act or self.gate_activation != "silu"
 
     @property
-    def swiglu(self) -> tuple[float, float, bool]:
-        """(limit, alpha, limit after SiLU): the gated activation, as kt_core.rows' passes take it."""
-        return self.swiglu_limit, self.swiglu_alpha, self.swiglu_limit_after_act
+    def swiglu(self) -> tuple[float, float, bool, str]:
+        """(limit, alpha, limit after SiLU, gate activation): the gated activation, as kt_core.rows'
+        passes take it."""
+        return self.swiglu_limit, self.swiglu_alpha, self.swiglu_limit_after_act, self.gate_activation
 
     @property
     def backend(self) -> str:

@@ -9,11 +9,12 @@ outputs written in place:
     gated_rows_forward(gate_up [S, 2I], w [S], h [S, I])              h = SiLU(gate) * up * w
     gated_rows_backward(dh, gate_up, w, dgate_up [S, 2I], dw [S])     its gradients
 
-The gated passes take swiglu=(limit, alpha[, after]), the layer's activation (kt_core.MoE.swiglu;
-kt_core.testing.reference.gated): (0, 0) is SiLU; limit > 0 clamps g = min(gate, limit),
-u = clamp(up, -limit, limit) first (DeepSeek-V4's clamped SiLU with alpha 0: h = SiLU(g) * u * w);
-alpha > 0 gives GPT-OSS's clamped SwiGLU h = (u + 1) * g * sigmoid(alpha * g) * w; after (alpha 0)
-clamps SiLU(gate) instead: h = min(SiLU(gate), limit) * u * w (Step-3.5, Ling-2.5).
+The gated passes take swiglu=(limit, alpha[, after[, gate_activation]]), the layer's activation
+(kt_core.MoE.swiglu; kt_core.testing.reference.gated): (0, 0) is SiLU; limit > 0 clamps
+g = min(gate, limit), u = clamp(up, -limit, limit) first (DeepSeek-V4's clamped SiLU with alpha 0:
+h = SiLU(g) * u * w); alpha > 0 gives GPT-OSS's clamped SwiGLU h = (u + 1) * g * sigmoid(alpha * g) * w;
+after (alpha 0) clamps SiLU(gate) instead: h = min(SiLU(gate), limit) * u * w (Step-3.5, Ling-2.5);
+gate_activation "gelu_tanh" (limit, alpha 0): h = GELU-tanh(gate) * up * w (Gemma 4).
 
 gather_rows and sum_rows are each other's backward; sum_rows adds a token's rows in slot order, so
 the result does not depend on the thread count. `Routing.of(top_k_index, num_experts)` (torch)
@@ -41,9 +42,13 @@ def sum_rows(rows, row_of_slot, out) -> None:
     _native.sum_rows(rows, row_of_slot, out)
 
 
-def _gate(swiglu: tuple) -> tuple[float, float, bool]:
-    limit, alpha, *after = swiglu
-    return float(limit), float(alpha), bool(after and after[0])
+def _gate(swiglu: tuple) -> tuple[float, float, bool, bool]:
+    limit, alpha, *rest = swiglu
+    after = bool(rest and rest[0])
+    act = rest[1] if len(rest) > 1 else "silu"
+    if act not in ("silu", "gelu_tanh"):
+        raise ValueError(f"gate_activation is 'silu' or 'gelu_tanh', got {act!r}")
+    return float(limit), float(alpha), after, act == "gelu_tanh"
 
 
 def gated_rows_forward(gate_up, w, h, swiglu: tuple = (0.0, 0.0)) -> None:

@@ -128,6 +128,8 @@ class KTMoEWrapper:
                 self.swiglu_limit, self.swiglu_alpha = stored["swiglu_limit"], stored["swiglu_alpha"]
             if (self.swiglu_limit, self.swiglu_alpha) == (stored["swiglu_limit"], stored["swiglu_alpha"]):
                 self.swiglu_limit_after_act = bool(stored.get("swiglu_limit_after_act"))
+        # Gemma 4's GELU-tanh experts: kt-kernel's API has no word for it either; the folder says it.
+        self.gate_activation = stored.get("gate_activation", "silu")
         self._configure_pool(cpuinfer_threads, threadpool_count)
         # kt-kernel holds every expert on the CPU, so a mask update can move any expert here;
         # cpu_copy_of_gpu_experts=False saves that memory and fixes the CPU's set at construction.
@@ -138,7 +140,8 @@ class KTMoEWrapper:
                         zero_point=zero_point, fast_activations=fast_activations,
                         weight_types=stored.get("weight_types"), pool_groups=self._pool_groups(),
                         swiglu_limit=self.swiglu_limit, swiglu_alpha=self.swiglu_alpha,
-                        swiglu_limit_after_act=self.swiglu_limit_after_act, expert_bias=bool(stored.get("expert_bias")))
+                        swiglu_limit_after_act=self.swiglu_limit_after_act, expert_bias=bool(stored.get("expert_bias")),
+                        gate_activation=self.gate_activation)
         self._applied_mask = b""
         self._apply_mask()
         requested = canonical_method(self.method)

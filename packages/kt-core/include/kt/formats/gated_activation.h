@@ -5,10 +5,18 @@
 // linkage on purpose, as quant_rules.h: it compiles into translation units of any ISA.
 // gated_limit_after: the limit applied after SiLU instead (Step-3.5, Ling-2.5's experts), which no
 // backend kernel computes: kt-core applies it to the raw gate / up products (moe_layer.cpp).
+// gated_gelu_tanh: GELU (tanh approximation) in place of SiLU, GELU(g) * u (Gemma 4's experts),
+// applied the same way.
 #pragma once
 #include <cmath>
 
 namespace kt::activation {
+
+// Which gated activation the layer itself applies to raw gate / up products (moe_layer.cpp) and
+// training's row passes compute (training_rows.cpp): the kernels' SiLU family (limit / alpha
+// shape it), the limit after SiLU, or GELU-tanh. (Outside the internal namespace: MoeLayer holds one.)
+enum class GatedForm : int { silu = 0, silu_limit_after = 1, gelu_tanh = 2 };
+
 namespace {
 
 template <class T>
@@ -28,6 +36,18 @@ inline T gated_limit_after(T limit, T g, T u) {
     s = s < limit ? s : limit;
     u = u < -limit ? -limit : u > limit ? limit : u;
     return s * u;
+}
+
+// GELU's tanh form 0.5 g (1 + tanh(c (g + 0.044715 g^3))), c = sqrt(2 / pi), written as
+// g * sigmoid(2c (g + 0.044715 g^3)) (tanh z = 2 sigmoid(2z) - 1): SiLU's shape with another
+// argument, so the vector paths reuse their sigmoid. Times u.
+constexpr float kGeluTanhScale = 1.5957691216057308f;   // 2 sqrt(2 / pi)
+constexpr float kGeluTanhCubic = 0.044715f;
+
+template <class T>
+inline T gated_gelu_tanh(T g, T u) {
+    const T z = T(kGeluTanhScale) * (g + T(kGeluTanhCubic) * g * g * g);
+    return g / (T(1) + std::exp(-z)) * u;
 }
 
 }  // namespace

@@ -58,7 +58,7 @@ def _inputs(method, rng, experts, hidden, intermediate, group_size):
 
 
 def _pair(kt_variant, *, experts, hidden, intermediate, top_k, max_tokens=4096, mask=None, seed=0, swiglu=(0.0, 0.0),
-          biases=False, trainable=False, fast_activations=None):
+          biases=False, trainable=False, fast_activations=None, gate_activation="silu"):
     descriptor, variant, method = kt_variant
     rng = np.random.default_rng(seed)
     group_size = _group_size(method, hidden, intermediate)
@@ -74,7 +74,8 @@ def _pair(kt_variant, *, experts, hidden, intermediate, top_k, max_tokens=4096, 
                         method=method, gpu_experts_mask=mask, max_tokens=max_tokens, backend=backend,
                         group_size=group_size, weight_types=weight_types, swiglu_limit=swiglu[0],
                         swiglu_alpha=swiglu[1], expert_bias=biases, trainable=trainable,
-                        fast_activations=fast_activations, swiglu_limit_after_act=len(swiglu) > 2 and swiglu[2])
+                        fast_activations=fast_activations, swiglu_limit_after_act=len(swiglu) > 2 and swiglu[2],
+                        gate_activation=gate_activation)
         except BackendError as exc:
             if "declines" in str(exc) or backend == "reference":
                 pytest.skip(f"{backend} cannot run {method} at hidden={hidden}, intermediate={intermediate}: {exc}")
@@ -87,8 +88,10 @@ def _pair(kt_variant, *, experts, hidden, intermediate, top_k, max_tokens=4096, 
             if "KT_ACTIVATION_SWIGLU" in str(exc) and backend != "reference":
                 pytest.skip(f"{backend} {method} does not claim KT_ACTIVATION_SWIGLU: {exc}")
             # Expert biases need the optional raw gate/up tile (ABI 1.4).
-            if (biases or len(swiglu) > 2) and "gate_up_raw_tile" in str(exc) and backend != "reference":
-                pytest.skip(f"{backend} {method} has no gate_up_raw_tile, so no expert biases or limit after SiLU: {exc}")
+            if (biases or len(swiglu) > 2 or gate_activation != "silu") and "gate_up_raw_tile" in str(exc) \
+                    and backend != "reference":
+                pytest.skip(f"{backend} {method} has no gate_up_raw_tile, so no expert biases, limit after SiLU or "
+                            f"GELU-tanh: {exc}")
             raise
         layer.load(gate, up, down, scales=scales, zeros=zeros, biases=bias)
         layers.append(layer)
@@ -145,6 +148,16 @@ def test_limit_after_silu_matches_reference(kt_variant, kt_tolerance, tokens):
     """Step-3.5's / Ling-2.5's limit after SiLU: the backend's raw gate/up tile (plugin ABI 1.4) under
     kt-core's activation epilogue; inputs scaled so the limit binds."""
     layer, oracle, rng = _pair(kt_variant, experts=8, hidden=128, intermediate=64, top_k=2, swiglu=(0.5, 0.0, True))
+    x = rng.standard_normal((tokens, 128)).astype(np.float32) * np.float32(3.0)
+    ids, w = random_routing(rng, tokens, 8, 2)
+    _check(layer, oracle, x, ids, w, kt_tolerance, kt_variant[2])
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 64])
+def test_gelu_tanh_matches_reference(kt_variant, kt_tolerance, tokens):
+    """Gemma 4's GELU-tanh experts: the backend's raw gate/up tile (plugin ABI 1.4) under kt-core's
+    activation epilogue."""
+    layer, oracle, rng = _pair(kt_variant, experts=8, hidden=128, intermediate=64, top_k=2, gate_activation="gelu_tanh")
     x = rng.standard_normal((tokens, 128)).astype(np.float32) * np.float32(3.0)
     ids, w = random_routing(rng, tokens, 8, 2)
     _check(layer, oracle, x, ids, w, kt_tolerance, kt_variant[2])

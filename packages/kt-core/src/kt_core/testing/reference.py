@@ -14,11 +14,14 @@ def bf16_round(x: np.ndarray) -> np.ndarray:
 
 
 def gated(a: np.ndarray, b: np.ndarray, swiglu_limit: float = 0.0, swiglu_alpha: float = 0.0,
-          limit_after_act: bool = False) -> np.ndarray:
+          limit_after_act: bool = False, gate_activation: str = "silu") -> np.ndarray:
     """The expert MLP's activation of gate a and up b: SiLU(a) * b, or the clamped SwiGLU
     (kt/plugin.h): a = min(a, limit), b in [-limit, limit] when limit > 0; a * sigmoid(alpha a) *
     (b + 1) when alpha > 0 (GPT-OSS: limit 7, alpha 1.702). limit_after_act: min(SiLU(a), limit) *
-    clamp(b, -limit, limit) instead (Step-3.5, Ling-2.5)."""
+    clamp(b, -limit, limit) instead (Step-3.5, Ling-2.5). gate_activation "gelu_tanh": GELU's tanh
+    form of a, times b (Gemma 4), written with tanh as torch's gelu(approximate="tanh") is."""
+    if gate_activation == "gelu_tanh":
+        return 0.5 * a * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (a + 0.044715 * a ** 3))) * b
     if limit_after_act:
         silu = a / (1.0 + np.exp(-a))
         return np.minimum(silu, swiglu_limit) * np.clip(b, -swiglu_limit, swiglu_limit)
@@ -30,7 +33,8 @@ def gated(a: np.ndarray, b: np.ndarray, swiglu_limit: float = 0.0, swiglu_alpha:
 
 
 def moe_reference(hidden, gate, up, down, topk_ids, topk_weights, gpu_experts_mask=None, *, swiglu_limit: float = 0.0,
-                  swiglu_alpha: float = 0.0, biases=None, activations=None, limit_after_act: bool = False) -> np.ndarray:
+                  swiglu_alpha: float = 0.0, biases=None, activations=None, limit_after_act: bool = False,
+                  gate_activation: str = "silu") -> np.ndarray:
     """out[t] = sum_j w[t,j] * down_e(SiLU(gate_e x) * up_e x) (or the clamped SwiGLU: gated()),
     in float64; ids < 0 and GPU-resident experts contribute nothing. biases: (gate [E, I], up
     [E, I], down [E, H]) added to each product, before the activation for gate and up.
@@ -52,7 +56,7 @@ def moe_reference(hidden, gate, up, down, topk_ids, topk_weights, gpu_experts_ma
                 continue
             xt = x[t] if carry is None else carry(x[t])
             a = g[e] @ xt + bg[e]
-            inter = gated(a, u[e] @ xt + bu[e], swiglu_limit, swiglu_alpha, limit_after_act)
+            inter = gated(a, u[e] @ xt + bu[e], swiglu_limit, swiglu_alpha, limit_after_act, gate_activation)
             if carry_down is not None:   # the kernels hand down an f32 intermediate
                 inter = carry_down(inter.astype(np.float32))
             out[t] += w[t, j] * (d[e] @ inter + bd[e])

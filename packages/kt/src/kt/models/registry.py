@@ -61,8 +61,9 @@ class TransformersExperts:
     scaled_input: bool = False
 
 
-# What each `Family.activation` computes, for messages. kt computes all three: "silu" in every
-# kernel, the clamped forms through MoE(swiglu_limit, swiglu_alpha[, expert_bias=True]).
+# What each `Family.activation` computes, for messages. kt computes them all: "silu" in every
+# kernel, the clamped forms through MoE(swiglu_limit, swiglu_alpha[, expert_bias=True]), the limit
+# after SiLU and GELU-tanh in kt-core on the kernels' raw gate/up products.
 ACTIVATIONS = {
     "silu": "SiLU(x·gateᵀ) * (x·upᵀ), then ·downᵀ, without biases",
     "clamped-silu": "SiLU(min(g, limit)) * clamp(u, -limit, limit) (g = x·gateᵀ, u = x·upᵀ; limit: the config's "
@@ -71,7 +72,11 @@ ACTIVATIONS = {
                   "swiglu_limit / swiglu_alpha)",
     "silu-limit-after": "min(SiLU(g), limit) * clamp(u, -limit, limit) (g = x·gateᵀ, u = x·upᵀ; limit: the config's "
                         "per-layer swiglu_limits, 0 = SiLU), then ·downᵀ, without biases",
+    "gelu-tanh": "GELU-tanh(x·gateᵀ) * (x·upᵀ) (GELU's tanh form: the config's hidden_activation gelu_pytorch_tanh), "
+                 "then ·downᵀ, without biases",
 }
+# The hidden_activation names of GELU's tanh form (transformers' ACT2FN): what "gelu-tanh" experts may say.
+GELU_TANH_NAMES = ("gelu_pytorch_tanh", "gelu_new", "gelu_tanh")
 
 
 @dataclass(frozen=True)
@@ -115,18 +120,25 @@ class Family:
     transformers_blocks: tuple[str, ...] = ()
     transformers_experts: TransformersExperts = field(default_factory=TransformersExperts)
 
-    def swiglu(self, setting, layer: int) -> tuple[float, float, bool]:
-        """(swiglu_limit, swiglu_alpha, swiglu_limit_after_act) of layer `layer`'s experts, kt_core.MoE's
-        terms: (0, 0, False) for SiLU; `setting(key, default)` reads the model's config (GPT-OSS's /
-        MiniMax-M3's defaults 7 and 1.702, DeepSeek-V4's limit 10, as transformers' configs have them;
-        Step-3.5's / Ling-2.5's limits one per layer, 0 where a layer has none)."""
+    def swiglu(self, setting, layer: int) -> tuple[float, float, bool, str]:
+        """(swiglu_limit, swiglu_alpha, swiglu_limit_after_act, gate_activation) of layer `layer`'s experts,
+        kt_core.MoE's terms: (0, 0, False, "silu") for SiLU; `setting(key, default)` reads the model's
+        config (GPT-OSS's / MiniMax-M3's defaults 7 and 1.702, DeepSeek-V4's limit 10, as transformers'
+        configs have them; Step-3.5's / Ling-2.5's limits one per layer, 0 where a layer has none;
+        Gemma 4's hidden_activation)."""
         if self.activation == "silu":
-            return 0.0, 0.0, False
+            return 0.0, 0.0, False, "silu"
+        if self.activation == "gelu-tanh":
+            act = setting("hidden_activation", "gelu_pytorch_tanh")
+            if act not in GELU_TANH_NAMES:
+                raise KTError(f"this model's experts use hidden_activation={act!r}; kt computes GELU's tanh form for "
+                              f"this family ({', '.join(GELU_TANH_NAMES)})")
+            return 0.0, 0.0, False, "gelu_tanh"
         if self.activation == "clamped-silu":
             limit = setting("swiglu_limit", 10.0)
             if isinstance(limit, bool) or not isinstance(limit, int | float) or not limit > 0:
                 raise KTError(f"config swiglu_limit should be a positive number (the experts' clamp), found {limit!r}")
-            return float(limit), 0.0, False
+            return float(limit), 0.0, False, "silu"
         if self.activation == "silu-limit-after":
             key = next((k for k in ("swiglu_limits", "expert_swiglu_limit_list") if setting(k, None) is not None), None)
             limits = setting(key, None) if key else []
@@ -135,8 +147,8 @@ class Family:
                 raise KTError(f"config {key} should list each layer's limit (a number >= 0; 0 or null = none), found "
                               f"{limits!r}")
             limit = float(limits[layer] or 0.0) if layer < len(limits) else 0.0
-            return limit, 0.0, limit > 0
-        return float(setting("swiglu_limit", 7.0)), float(setting("swiglu_alpha", 1.702)), False
+            return limit, 0.0, limit > 0, "silu"
+        return float(setting("swiglu_limit", 7.0)), float(setting("swiglu_alpha", 1.702)), False, "silu"
 
     def expert_tensor(self, layer: int, expert: int, proj: str) -> str:
         """Name of one expert's projection weight (without the `.weight` suffix)."""

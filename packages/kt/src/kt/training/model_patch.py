@@ -129,11 +129,12 @@ def patch_for_training(model: nn.Module, *, method: str, backend: str | None, lo
         t = tensors[layer]
         num_experts, intermediate, hidden = t.shape
         mask = masks[layer]
-        limit, alpha, after = swiglu(layer)
+        limit, alpha, after, act = swiglu(layer)
         moe = MoE(num_experts=num_experts, top_k=top_k, hidden_size=hidden, intermediate_size=intermediate,
                   method=method, gpu_experts_mask=mask, max_tokens=max_tokens, backend=backend, group_size=group_size,
                   zero_point=zero_point, fast_activations=fast_activations, trainable=True,
-                  swiglu_limit=limit, swiglu_alpha=alpha, swiglu_limit_after_act=after, expert_bias=t.biases is not None,
+                  swiglu_limit=limit, swiglu_alpha=alpha, swiglu_limit_after_act=after, gate_activation=act,
+                  expert_bias=t.biases is not None,
                   weight_types=inference_patch.source_weight_types(source, layer, method))
         with torch.no_grad():
             weights = t.weights() if source is None else None

@@ -104,10 +104,10 @@ def _converted_reader(folder: ConvertedFolder, layer: int):
     return folder.geometry["num_experts"], lambda e: folder.expert(tensors, e)
 
 
-def checkpoint_swiglu(spec, config: dict, layer: int) -> tuple[float, float, bool] | None:
-    """(swiglu_limit, swiglu_alpha, swiglu_limit_after_act) of layer `layer` of a family whose experts
-    clamp their activation (GPT-OSS's SwiGLU, DeepSeek-V4's SiLU, Step-3.5's limit after SiLU: the
-    config's values), None for SiLU experts."""
+def checkpoint_swiglu(spec, config: dict, layer: int) -> tuple[float, float, bool, str] | None:
+    """(swiglu_limit, swiglu_alpha, swiglu_limit_after_act, gate_activation) of layer `layer` of a family
+    whose experts clamp their activation (GPT-OSS's SwiGLU, DeepSeek-V4's SiLU, Step-3.5's limit after
+    SiLU: the config's values) or gate through GELU-tanh (Gemma 4), None for SiLU experts."""
     fam = spec.family
     if fam.activation == "silu":
         return None
@@ -128,7 +128,8 @@ def _checkpoint_reader(moe, ckpt: Checkpoint, layer: int, quantize_at_load: bool
             with_biases = " with per-expert biases on gate/up and down" if biases else ""
             raise WeightsError(f"{spec.model_type} experts compute {ACTIVATIONS[spec.family.activation]}{with_biases}: "
                                f"create layer {layer} with {'expert_bias=True, ' if biases else ''}"
-                               f"swiglu_limit={swiglu[0]}, swiglu_alpha={swiglu[1]}"
+                               + (f"gate_activation={swiglu[3]!r}" if swiglu[3] != "silu" else
+                                  f"swiglu_limit={swiglu[0]}, swiglu_alpha={swiglu[1]}")
                                + (", swiglu_limit_after_act=True" if swiglu[2] else ""))
     stored = spec.quantization.method
     serves = checkpoint_serves(stored, moe.method)

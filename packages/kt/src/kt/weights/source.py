@@ -34,9 +34,10 @@ def layer_settings(path, layer_idx: int, method: str) -> dict:
 
 def _expert_activation(folder: Path, layer: int) -> dict:
     """A model folder of a family whose experts clamp their activation (GPT-OSS's SwiGLU with biases,
-    DeepSeek-V4's SiLU): the layer must be made for it (the config's limit and alpha; expert_bias),
-    which kt-kernel's callers may not say. Only config.json is read; a folder kt cannot read as a
-    model says nothing here (kt-kernel passes weight_path even to layers it loads from tensors)."""
+    DeepSeek-V4's SiLU) or gate through GELU-tanh (Gemma 4): the layer must be made for it (the
+    config's limit and alpha, expert_bias, the gate activation), which kt-kernel's callers may not
+    say. Only config.json is read; a folder kt cannot read as a model says nothing here (kt-kernel
+    passes weight_path even to layers it loads from tensors)."""
     try:
         config = read_config(folder)
         spec = spec_from_config(config)
@@ -46,7 +47,7 @@ def _expert_activation(folder: Path, layer: int) -> dict:
     if swiglu is None:
         return {}
     return {"expert_bias": spec.family.expert_biases, "swiglu_limit": swiglu[0], "swiglu_alpha": swiglu[1],
-            "swiglu_limit_after_act": swiglu[2]}
+            "swiglu_limit_after_act": swiglu[2], "gate_activation": swiglu[3]}
 
 
 def load_layer(moe, path, layer_idx: int, physical_to_logical_map=None, quantize_at_load: bool = False) -> None:

@@ -46,12 +46,15 @@ def resident_biases(biases, gpu_mask) -> tuple[torch.Tensor, torch.Tensor] | Non
     return torch.cat([gate.index_select(0, resident), up.index_select(0, resident)], dim=1), down.index_select(0, resident)
 
 
-def gated(gate: torch.Tensor, up: torch.Tensor, swiglu: tuple = (0.0, 0.0, False)) -> torch.Tensor:
+def gated(gate: torch.Tensor, up: torch.Tensor, swiglu: tuple = (0.0, 0.0, False, "silu")) -> torch.Tensor:
     """The experts' activation as kt's kernels compute it (kt/formats/gated_activation.h): SiLU(gate) *
     up; a limit > 0 clamps gate from above and up both ways first; alpha > 0 gives GPT-OSS's
     gate * sigmoid(alpha gate) * (up + 1); with the limit after the activation (swiglu's third,
-    Step-3.5 / Ling-2.5) it clamps SiLU(gate) instead."""
+    Step-3.5 / Ling-2.5) it clamps SiLU(gate) instead; swiglu's fourth "gelu_tanh": GELU-tanh(gate) *
+    up (Gemma 4)."""
     limit, alpha, *after = swiglu
+    if len(after) > 1 and after[1] == "gelu_tanh":
+        return F.gelu(gate, approximate="tanh") * up
     if after and after[0]:
         return F.silu(gate).clamp(max=limit) * up.clamp(-limit, limit)
     if limit > 0:
@@ -69,7 +72,7 @@ Delta = Callable[[int, str, torch.Tensor], "torch.Tensor | None"]
 def resident_picks(hidden: torch.Tensor, slot: torch.Tensor, weights: torch.Tensor, gate_up: torch.Tensor,
                    down: torch.Tensor, delta: Delta | None = None, *,
                    biases: tuple[torch.Tensor, torch.Tensor] | None = None,
-                   swiglu: tuple = (0.0, 0.0, False)) -> torch.Tensor:
+                   swiglu: tuple = (0.0, 0.0, False, "silu")) -> torch.Tensor:
     """The picks of GPU-resident experts (slot >= 0), computed as transformers' eager experts do, on
     hidden's device in its dtype, summed per token; `delta` adds an adapter's share (training);
     `biases` (gate|up [G, 2I], down [G, H]) and `swiglu` for GPT-OSS's experts."""
@@ -92,7 +95,7 @@ class KTExperts(nn.Module):
     def __init__(self, *, layer: int, order: int, num_experts: int, moe: MoE | None, gpu_mask: tuple[bool, ...],
                  resident_gate_up: torch.Tensor, resident_down: torch.Tensor, defer: int, handoff: Handoff | None,
                  stats: ExpertStats | None, original: nn.Module | None,
-                 resident_bias: tuple[torch.Tensor, torch.Tensor] | None = None, swiglu: tuple = (0.0, 0.0, False)):
+                 resident_bias: tuple[torch.Tensor, torch.Tensor] | None = None, swiglu: tuple = (0.0, 0.0, False, "silu")):
         super().__init__()
         self.layer, self.order, self.num_experts = layer, order, num_experts
         self.moe = moe                      # None when every expert of the layer is GPU-resident

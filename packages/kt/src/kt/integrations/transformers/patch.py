@@ -113,14 +113,14 @@ def _moe_blocks(model: nn.Module, fam: Family, model_type: str) -> list[tuple[in
     return sorted(found, key=lambda item: item[0])
 
 
-def _swiglu(fam: Family, cfg, model_type: str) -> Callable[[int], tuple[float, float, bool]]:
-    """Layer -> (swiglu_limit, swiglu_alpha, swiglu_limit_after_act) of its experts' activation:
-    GPT-OSS's / MiniMax-M3's clamped SwiGLU (their own, whatever hidden_act says), DeepSeek-V4's
-    clamped SiLU, Step-3.5's per-layer limit after SiLU, or (0, 0, False) for SiLU; any other
-    hidden_act is refused."""
+def _swiglu(fam: Family, cfg, model_type: str) -> Callable[[int], tuple[float, float, bool, str]]:
+    """Layer -> (swiglu_limit, swiglu_alpha, swiglu_limit_after_act, gate_activation) of its experts'
+    activation: GPT-OSS's / MiniMax-M3's clamped SwiGLU (their own, whatever hidden_act says),
+    DeepSeek-V4's clamped SiLU, Step-3.5's per-layer limit after SiLU, Gemma 4's GELU-tanh (its
+    hidden_activation), or (0, 0, False, "silu") for SiLU; any other hidden_act is refused."""
     setting = lambda key, default: getattr(cfg, key, default)  # noqa: E731
     act = getattr(cfg, "hidden_act", "silu")
-    if fam.activation != "swiglu-oai" and act not in ("silu", "swish"):
+    if fam.activation not in ("swiglu-oai", "gelu-tanh") and act not in ("silu", "swish"):
         raise KTError(f"this {model_type} model's experts use hidden_act={act!r}; kt's kernels compute "
                       f"{ACTIVATIONS[fam.activation]}")
     fam.swiglu(setting, 0)   # a malformed setting is refused before anything is patched
@@ -364,12 +364,13 @@ def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None =
             # A per-expert block's stack is made here, one layer at a time (weight_path: not needed).
             moe, weights = None, t.weights() if source is None else None
             if not all(mask):
-                limit, alpha, after = swiglu(layer)
+                limit, alpha, after, act = swiglu(layer)
                 moe = MoE(num_experts=num_experts, top_k=top_k, hidden_size=hidden, intermediate_size=intermediate,
                           method=method, gpu_experts_mask=mask, max_tokens=max_tokens, backend=backend,
                           group_size=group_size, zero_point=zero_point, fast_activations=fast_activations,
                           weight_types=source_weight_types(source, layer, method),
-                          swiglu_limit=limit, swiglu_alpha=alpha, expert_bias=biased, swiglu_limit_after_act=after)
+                          swiglu_limit=limit, swiglu_alpha=alpha, expert_bias=biased, swiglu_limit_after_act=after,
+                          gate_activation=act)
                 if source is not None:   # experts not loaded into torch are quantized as they are read
                     load_layer(moe, source, layer, quantize_at_load=t.meta)
                 else:
