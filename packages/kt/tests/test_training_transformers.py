@@ -75,7 +75,8 @@ def tiny(model_type):
 @pytest.mark.parametrize("model_type", ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v2", "deepseek_v3",
                                         "glm4_moe", "gpt_oss", "minimax_m2", "deepseek_v32", "glm4_moe_lite",
                                         "qwen3_next", "llama4_text", "deepseek_v4", "hy_v4", "mimo_v2_flash",
-                                        "bailing_hybrid"])
+                                        "bailing_hybrid", "gemma4_text", "phimoe", "granitemoehybrid", "jamba", "lfm2_moe",
+                                        "aria_text", "zaya"])
 def test_training_matches_peft_step_for_step_and_reduces_the_loss(model_type):
     """gpt_oss: expert biases, the clamped SwiGLU, gate and up interleaved in gate_up_proj [E, H, 2I]."""
     model = tiny(model_type)
@@ -88,7 +89,9 @@ def test_training_matches_peft_step_for_step_and_reduces_the_loss(model_type):
     assert trainable and all("_A" in n or "_B" in n for n in trainable), trainable
     copy_adapters_into_peft(patch, twin)
     data = batches(6) * 2
+    torch.manual_seed(0)   # Phi-MoE's sparsemixer samples its routing in training: the same draws for both
     kt_losses = train(model.train(), patch.adapter_parameters(), data)
+    torch.manual_seed(0)
     peft_losses = train(twin.train(), [p for p in twin.parameters() if p.requires_grad], data)
     assert_losses_match(kt_losses, peft_losses, 1e-4, "PEFT")
     assert kt_losses[-1] < kt_losses[0] - 0.05, kt_losses

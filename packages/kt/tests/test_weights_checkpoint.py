@@ -218,6 +218,37 @@ def test_limit_after_silu_per_layer_from_the_folder(tmp_path, model_type, key):
         wrapper(tmp_path, 1, swiglu_limit=7.0).load_weights()
 
 
+@pytest.mark.parametrize("model_type", ["gemma4_text", "gemma4"])
+def test_gemma4_gelu_tanh_experts_from_the_folder(tmp_path, model_type):
+    """Gemma 4: fused experts in transformers' own orientation ([E, 2I, H], [E, H, I]), GELU-tanh.
+    A wrapper (kt-kernel's API has no word for the activation) takes it from the folder; a layer made
+    with SiLU is refused naming it. With hidden == intermediate the shapes cannot tell the orientation:
+    the family's decides. A dense Gemma 4 (enable_moe_block false) is refused by name."""
+    truth = write_checkpoint(tmp_path, model_type, hidden=H, intermediate=I, experts=E, dense_prefix=0)
+    x, ids, w = routing()
+    kt = wrapper(tmp_path, 1, backend=None)
+    assert kt._moe.swiglu == (0.0, 0.0, False, "gelu_tanh")
+    kt.load_weights()
+    want = moe_reference(x.double().numpy(), *truth[1], ids.numpy(), w.double().numpy(), gate_activation="gelu_tanh")
+    assert relative_error(kt.forward(x, ids, w).double().numpy(), want) < 5e-3   # avx's activations
+    assert relative_error(moe_reference(x.double().numpy(), *truth[1], ids.numpy(), w.double().numpy()), want) > 0.05
+    silu = MoE(num_experts=E, top_k=TOP_K, hidden_size=H, intermediate_size=I, backend="reference")
+    with pytest.raises(WeightsError, match=r"experts compute GELU-tanh.*create layer 1 with gate_activation='gelu_tanh'"):
+        load_layer(silu, tmp_path, 1)
+    square = write_checkpoint(tmp_path / "square", model_type, hidden=H, intermediate=H, experts=E, dense_prefix=0)
+    layer = MoE(num_experts=E, top_k=TOP_K, hidden_size=H, intermediate_size=H, backend="reference",
+                method="FP32", gate_activation="gelu_tanh")
+    load_layer(layer, tmp_path / "square", 0)
+    want = moe_reference(x.double().numpy(), *square[0], ids.numpy(), w.double().numpy(), gate_activation="gelu_tanh")
+    assert relative_error(layer(x.numpy(), ids.numpy(), w.numpy()), want) < 1e-5
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    text = cfg.get("text_config", cfg)
+    text["enable_moe_block"] = False
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(KTError, match=f"this {model_type} config has no MoE layers \\(enable_moe_block is False: a dense"):
+        Checkpoint(tmp_path)
+
+
 def test_config_key_variants_and_moe_layer_rules():
     assert spec_from_config(make_config("minimax_m2", hidden=64, intermediate=32, experts=16, top_k=2,
                                         layers=4)).num_experts == 16      # MiniMax has no num_experts key
@@ -257,6 +288,17 @@ def test_config_key_variants_and_moe_layer_rules():
     cfg["text_config"]["moe_layers_enum"] = "1,two"
     with pytest.raises(KTError, match="moe_layers_enum should list layer numbers below 5, found '1,two'"):
         spec_from_config(cfg)
+    # Jamba: every expert_layer_period-th layer from expert_layer_offset; Flint: mlp_only_layers, else
+    # its first two layers dense (transformers' default).
+    cfg = make_config("jamba", hidden=64, intermediate=32, experts=8, top_k=2, layers=8)
+    cfg.update(expert_layer_period=3, expert_layer_offset=0)
+    assert spec_from_config(cfg).moe_layers == (0, 3, 6)
+    cfg["expert_layer_offset"] = 2
+    assert spec_from_config(cfg).moe_layers == (2, 5)
+    cfg = make_config("flint", hidden=64, intermediate=32, experts=8, top_k=2, layers=4)
+    assert spec_from_config(cfg).moe_layers == (2, 3)
+    cfg["mlp_only_layers"] = []
+    assert spec_from_config(cfg).moe_layers == (0, 1, 2, 3)
     # HunYuan gives its top-k once per layer: one value for all, or refused.
     cfg = make_config("hunyuan_v1_moe", hidden=64, intermediate=32, experts=8, top_k=2, layers=4)
     cfg["moe_topk"] = [2, 2, 2, 2]

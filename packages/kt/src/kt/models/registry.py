@@ -26,10 +26,14 @@ class ExpertNames:
 class FusedExperts:
     """All experts of a layer in two tensors (GPT-OSS, Qwen3-VL-MoE):
     `{prefix}.{gate_up}` [E, H, 2I] and `{prefix}.{down}` [E, I, H] (input dimension first).
-    gate and up are the two halves of the last axis, or its even/odd columns (`interleaved`)."""
+    gate and up are the two halves of the last axis, or its even/odd columns (`interleaved`).
+    transformers saves some families in its own orientation, [E, 2I, H] and [E, H, I], which is read
+    too (down's shape tells them apart); `output_first`: the family's checkpoints are stored so (Gemma 4:
+    no conversion on the hub), which decides where the shapes cannot (hidden == intermediate)."""
     gate_up: str = "gate_up_proj"
     down: str = "down_proj"
     interleaved: bool = False
+    output_first: bool = False
 
 
 @dataclass(frozen=True)
@@ -90,17 +94,21 @@ class Family:
     layers_key: tuple[str, ...] = ("num_hidden_layers",)
     # Which layers are MoE: not among the first `dense_prefix_key` layers, not after
     # `last_sparse_key` (when >= 0), not listed in `dense_layers_key`, and on the family's stride:
-    # (L + 1) % step == 0 (Qwen's decoder_sparse_step) or L % freq == 0 (DeepSeek's moe_layer_freq).
+    # L % step == offset (Qwen's decoder_sparse_step with offset step - 1, i.e. (L + 1) % step == 0;
+    # Jamba's expert_layer_period / expert_layer_offset) and L % freq == 0 (DeepSeek's moe_layer_freq).
     # Where the config lists every layer's kind (`layer_types_key`, transformers 5's
     # mlp_layer_types: "sparse" / "dense"), that list decides.
     dense_prefix_key: str | None = None
     dense_prefix_default: int = 0        # dense leading layers where the config names none (transformers' default)
     sparse_step_key: str | None = None
+    sparse_offset_key: str | None = None   # where the step's MoE layer falls (default step - 1)
     layer_freq_key: str | None = None
     dense_layers_key: str | None = None
+    dense_layers_default: tuple[int, ...] = ()   # where the config lists none (transformers' default)
     last_sparse_key: str | None = None
     layer_types_key: str | None = None
     sparse_layers_key: str | None = None   # the MoE layers listed (Llama 4's moe_layers): they decide
+    moe_switch_key: str | None = None      # a flag turning every layer's MoE block on (Gemma 4); false: a dense model
     experts_prefix: str = "model.layers.{layer}.mlp.experts"
     per_expert: ExpertNames | None = field(default_factory=ExpertNames)
     fused: FusedExperts | None = None
@@ -160,9 +168,31 @@ class Family:
 _DEEPSEEK = dict(experts_key=("n_routed_experts",), dense_prefix_key="first_k_dense_replace",
                  layer_freq_key="moe_layer_freq", layer_types_key="mlp_layer_types")
 _LISTED_LAYERS = dict(layer_types_key="mlp_layer_types")
+_QWEN_STRIDE = dict(sparse_step_key="decoder_sparse_step", dense_layers_key="mlp_only_layers")
 _MIXTRAL_STYLE = dict(experts_key=("num_local_experts",), intermediate_key=("intermediate_size",),
                       experts_prefix="model.layers.{layer}.block_sparse_moe.experts",
                       per_expert=ExpertNames(gate="w1", up="w3", down="w2"))
+# IBM Granite 3 MoE / Granite 4.0 hybrid (Mamba-2) MoE: every layer; checkpoints keep a layer's
+# experts fused under block_sparse_moe, [E, 2I, H] / [E, H, I] (transformers renames them).
+_GRANITE = dict(experts_key=("num_local_experts",), intermediate_key=("intermediate_size",),
+                experts_prefix="model.layers.{layer}.block_sparse_moe", per_expert=None,
+                fused=FusedExperts(gate_up="input_linear.weight", down="output_linear.weight", output_first=True))
+# Families whose checkpoints hold what transformers' experts module holds, [E, 2I, H] / [E, H, I]
+# under `experts` (no conversion rule).
+_TRANSFORMERS_FUSED = dict(per_expert=None, fused=FusedExperts(output_first=True))
+# Aria (Rhymes): experts input-first, [E, H, 2I] (halves) as fc1 and [E, I, H] as fc2; its routed
+# experts use SiLU whatever hidden_act says.
+_ARIA = dict(experts_key=("moe_num_experts",), top_k_key=("moe_topk",), intermediate_key=("intermediate_size",),
+             per_expert=None, fused=FusedExperts(gate_up="fc1.weight", down="fc2.weight"),
+             transformers_blocks=("AriaTextMoELayer",), transformers_experts=TransformersExperts(input_first=True))
+_DOTS3 = dict(**_LISTED_LAYERS, experts_key=("n_routed_experts", "num_local_experts"),
+              dense_prefix_key="first_k_dense_replace", dense_prefix_default=1, transformers_blocks=("Dots3NoteTextMoE",))
+# Gemma 4 (26B-A4B): an MoE block beside every layer's dense MLP when enable_moe_block (the dense
+# Gemma 4 models have none), its experts and router held by the decoder layer itself; GELU-tanh
+# experts; checkpoints in transformers' own fused orientation ([E, 2I, H], [E, H, I]).
+_GEMMA4 = dict(experts_key=("num_experts",), top_k_key=("top_k_experts",), moe_switch_key="enable_moe_block",
+               per_expert=None, fused=FusedExperts(output_first=True), activation="gelu-tanh",
+               transformers_blocks=("Gemma4TextDecoderLayer",))
 # Llama 4 (Scout, Maverick: top-1 routing): MoE layers listed (moe_layers) or every
 # interleave_moe_layer_step-th; stored fused, [E, H, 2I] with gate and up as halves.
 _LLAMA4 = dict(experts_key=("num_local_experts",), intermediate_key=("intermediate_size",),
@@ -188,8 +218,7 @@ FAMILIES: tuple[Family, ...] = (
     # transformers 5 saves Qwen3-MoE's expert count as num_local_experts.
     # qwen3_5_moe_text: Qwen3.5-MoE's language model alone, as transformers' causal-LM class holds and saves it.
     Family("qwen-moe", ("qwen2_moe", "qwen3_moe", "qwen3_next", "qwen3_5_moe_text"),
-           experts_key=("num_experts", "num_local_experts"), sparse_step_key="decoder_sparse_step",
-           dense_layers_key="mlp_only_layers",
+           experts_key=("num_experts", "num_local_experts"), **_QWEN_STRIDE,
            transformers_blocks=("Qwen2MoeSparseMoeBlock", "Qwen3MoeSparseMoeBlock", "Qwen3NextSparseMoeBlock",
                                 "Qwen3_5MoeSparseMoeBlock")),
     # Qwen3.5-MoE's own (multimodal) checkpoints: the text model nested, one tensor per expert.
@@ -197,10 +226,50 @@ FAMILIES: tuple[Family, ...] = (
            experts_prefix="model.language_model.layers.{layer}.mlp.experts",
            transformers_blocks=("Qwen3_5MoeSparseMoeBlock",)),
     Family("qwen3-vl-moe", ("qwen3_vl_moe",), experts_key=("num_experts", "num_local_experts"),
-           sparse_step_key="decoder_sparse_step", dense_layers_key="mlp_only_layers", text_config_key="text_config",
+           **_QWEN_STRIDE, text_config_key="text_config",
            experts_prefix="model.language_model.layers.{layer}.mlp.experts", per_expert=None, fused=FusedExperts(),
            transformers_blocks=("Qwen3VLMoeTextSparseMoeBlock",)),
     Family("mixtral", ("mixtral",), **_MIXTRAL_STYLE, transformers_blocks=("MixtralSparseMoeBlock",)),
+    # Phi-3.5-MoE: Mixtral's layout (its sparsemixer routing is the block's own).
+    Family("phimoe", ("phimoe",), **_MIXTRAL_STYLE, transformers_blocks=("PhimoeSparseMoeBlock",)),
+    Family("granite-moe", ("granitemoe", "granitemoeshared", "granitemoehybrid"), **_GRANITE,
+           transformers_blocks=("GraniteMoeMoE", "GraniteMoeSharedMoE", "GraniteMoeHybridMoE")),
+    # Granite SWA MoE: no conversion rule, its checkpoints hold transformers' names.
+    Family("granite-moe-swa", ("granitemoe_swa",), **{**_GRANITE, **_TRANSFORMERS_FUSED,
+                                                      "experts_prefix": "model.layers.{layer}.block_sparse_moe.experts"},
+           transformers_blocks=("GraniteMoeSWAMoE",)),
+    # Jamba (AI21; Mamba + attention): MoE on every expert_layer_period-th layer from expert_layer_offset.
+    Family("jamba", ("jamba",), experts_key=("num_experts", "num_local_experts"), intermediate_key=("intermediate_size",),
+           sparse_step_key="expert_layer_period", sparse_offset_key="expert_layer_offset",
+           experts_prefix="model.layers.{layer}.feed_forward.experts", transformers_blocks=("JambaSparseMoeBlock",)),
+    # LFM2-MoE (Liquid): after num_dense_layers dense layers; Mixtral's names under feed_forward.
+    Family("lfm2-moe", ("lfm2_moe",), experts_key=("num_experts",), dense_prefix_key="num_dense_layers",
+           dense_prefix_default=2, experts_prefix="model.layers.{layer}.feed_forward.experts",
+           per_expert=ExpertNames(gate="w1", up="w3", down="w2"), transformers_blocks=("Lfm2MoeSparseMoeBlock",)),
+    # Standard per-expert layout; Flint's mlp_only_layers defaults to its first two layers.
+    Family("mellum", ("mellum",), **_LISTED_LAYERS, experts_key=("num_local_experts", "num_experts"),
+           transformers_blocks=("MellumSparseMoeBlock",)),
+    Family("flint", ("flint",), **_QWEN_STRIDE, dense_layers_default=(0, 1), experts_key=("num_experts",),
+           transformers_blocks=("FlintSparseMoeBlock",)),
+    Family("beam", ("beam",), **_LISTED_LAYERS, experts_key=("num_experts",), dense_prefix_default=3,
+           transformers_blocks=("BeamMoE",)),
+    Family("kolibri1", ("kolibri1", "kolibri1_1"), experts_key=("num_local_experts", "num_experts"),
+           transformers_blocks=("Kolibri1SparseMoeBlock", "Kolibri1_1SparseMoeBlock")),
+    # dots.llm3-note: its vision tower has MoE blocks of the same experts class (only the text block is kt's);
+    # the published configs keep the text keys at the top level.
+    Family("dots3-note", ("dots3_note",), **_DOTS3, text_config_key="text_config"),
+    Family("dots3-note-text", ("dots3_note_text",), **_DOTS3),
+    # Families without a conversion rule: checkpoints as transformers' experts hold them (ZAYA1: top-1,
+    # its skip choice reaching kt as expert 0 with weight 0, and hidden == intermediate).
+    Family("inkling-text", ("inkling_text",), **_LISTED_LAYERS, **_TRANSFORMERS_FUSED,
+           experts_key=("n_routed_experts", "num_local_experts"), dense_prefix_key="dense_mlp_idx",
+           transformers_blocks=("InklingMoE",)),
+    Family("zaya", ("zaya",), **_TRANSFORMERS_FUSED, experts_key=("num_experts",), transformers_blocks=("ZayaSparseMoeBlock",)),
+    Family("lara-mini", ("lara_mini",), **_TRANSFORMERS_FUSED, experts_key=("num_experts",),
+           transformers_blocks=("LaraMiniSparseMoeBlock",)),
+    Family("aria", ("aria",), **_ARIA, text_config_key="text_config",
+           experts_prefix="language_model.model.layers.{layer}.mlp.experts"),
+    Family("aria-text", ("aria_text",), **_ARIA),
     Family("minimax", ("minimax", "minimax_m2"), **_MIXTRAL_STYLE,
            transformers_blocks=("MiniMaxSparseMoeBlock", "MiniMaxM2SparseMoeBlock")),
     # GLM-4.5 / 4.6 / 4.7 (glm4_moe), GLM-4.7-Flash (glm4_moe_lite), GLM-5 (glm_moe_dsa).
@@ -289,8 +358,14 @@ FAMILIES: tuple[Family, ...] = (
            transformers_blocks=("Qwen4ExpTextSparseMoeBlock",)),
     Family("qwen4-exp-text", ("qwen4_exp_text",), experts_key=("num_experts",),
            transformers_blocks=("Qwen4ExpTextSparseMoeBlock",)),
-    Family("olmoe", ("olmoe",), experts_key=("num_experts",), intermediate_key=("intermediate_size",),
-           transformers_blocks=("OlmoeSparseMoeBlock",)),
+    # Gemma 4 as released (Gemma4ForConditionalGeneration: the language model under model.language_model)
+    # and its text model alone (Gemma4ForCausalLM).
+    Family("gemma4", ("gemma4",), **_GEMMA4, text_config_key="text_config",
+           experts_prefix="model.language_model.layers.{layer}.experts"),
+    Family("gemma4-text", ("gemma4_text",), **_GEMMA4, experts_prefix="model.layers.{layer}.experts"),
+    # OLMoE, FlexOlmo.
+    Family("olmoe", ("olmoe", "flex_olmo"), experts_key=("num_experts", "num_local_experts"),
+           intermediate_key=("intermediate_size",), transformers_blocks=("OlmoeSparseMoeBlock", "FlexOlmoSparseMoeBlock")),
     Family("gpt-oss", ("gpt_oss",), experts_key=("num_local_experts",), intermediate_key=("intermediate_size",),
            top_k_key=("num_experts_per_tok", "experts_per_token"), per_expert=None,
            fused=FusedExperts(interleaved=True), activation="swiglu-oai", expert_biases=True,

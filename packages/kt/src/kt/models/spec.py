@@ -147,6 +147,9 @@ def spec_from_config(cfg: dict) -> ModelSpec:
     text = cfg.get(fam.text_config_key, cfg) if fam.text_config_key else cfg
     if not isinstance(text, dict):
         raise KTError(f"config.json {fam.text_config_key} should be a JSON object, found {type(text).__name__}")
+    if fam.moe_switch_key and text.get(fam.moe_switch_key) is not True:
+        raise KTError(f"this {model_type} config has no MoE layers ({fam.moe_switch_key} is "
+                      f"{text.get(fam.moe_switch_key)!r}: a dense model)")
     get = lambda keys, what: _first(text, keys, what, model_type)  # noqa: E731
     hidden = _positive(get(fam.hidden_key, "hidden size"), fam.hidden_key[0])
     intermediate = _positive(get(fam.intermediate_key, "expert intermediate size"), fam.intermediate_key[0])
@@ -160,14 +163,15 @@ def spec_from_config(cfg: dict) -> ModelSpec:
                       f"(kt reads up to {MAX_LAYERS}); the file is corrupted")
     dense_prefix = _int_setting(text, fam.dense_prefix_key, fam.dense_prefix_default)
     step = _int_setting(text, fam.sparse_step_key, 1) or 1
+    offset = _int_setting(text, fam.sparse_offset_key, step - 1) % step
     freq = _int_setting(text, fam.layer_freq_key, 1) or 1
-    dense = text.get(fam.dense_layers_key) or () if fam.dense_layers_key else ()
+    dense = text.get(fam.dense_layers_key, fam.dense_layers_default) or () if fam.dense_layers_key else ()
     if not isinstance(dense, list | tuple) or not all(isinstance(x, int) for x in dense):
         raise KTError(f"config.json {fam.dense_layers_key} should list layer numbers, found {dense!r}")
     dense = set(dense)
     last = _int_setting(text, fam.last_sparse_key, -1)
     last = layers - 1 if last < 0 else last
-    moe_layers = tuple(L for L in range(layers) if L >= dense_prefix and L <= last and (L + 1) % step == 0
+    moe_layers = tuple(L for L in range(layers) if L >= dense_prefix and L <= last and L % step == offset
                        and L % freq == 0 and L not in dense)
     kinds = text.get(fam.layer_types_key) if fam.layer_types_key else None
     if kinds is not None:   # every layer's kind, listed: it decides

@@ -33,6 +33,8 @@ def make_config(model_type: str, *, hidden: int, intermediate: int, experts: int
         text[fam.dense_prefix_key] = dense_prefix
     elif fam.layer_types_key:   # no key for the leading dense layers: each layer's kind listed
         text[fam.layer_types_key] = ["dense" if L < dense_prefix else "sparse" for L in range(layers)]
+    if fam.moe_switch_key:   # Gemma 4: MoE blocks on
+        text[fam.moe_switch_key] = True
     if fam.sparse_step_key:
         text[fam.sparse_step_key] = 1
     if fam.layer_freq_key:
@@ -86,6 +88,10 @@ def _expert_tensors(fam, layer: int, gate, up, down, quant: str | None, truth: b
             out[f"{prefix}.{fam.fused.down}_blocks"] = torch.from_numpy(np.ascontiguousarray(db.reshape(E, H, I // 32, 16)))
             out[f"{prefix}.{fam.fused.down}_scales"] = torch.from_numpy(ds)
             real = tuple(Q.dequantized_weights("MXFP4", gate, up, down)) if truth else ()
+        elif fam.fused.output_first:   # Gemma 4's: [E, 2I, H] (gate rows, then up rows), [E, H, I]
+            out[f"{prefix}.{fam.fused.gate_up}"] = torch.from_numpy(np.concatenate([gate, up], axis=1)).to(torch.bfloat16)
+            out[f"{prefix}.{fam.fused.down}"] = torch.from_numpy(np.ascontiguousarray(down)).to(torch.bfloat16)
+            real = tuple(Q.bf16_round(m).astype(np.float64) for m in (gate, up, down)) if truth else ()
         else:
             gate_up = np.empty((E, H, 2 * I), np.float32)
             gate_up[:, :, pick[0]], gate_up[:, :, pick[1]] = gate.transpose(0, 2, 1), up.transpose(0, 2, 1)

@@ -35,8 +35,8 @@ def _fused(ckpt: Checkpoint, layer: int, expert: int):
     down = ckpt.tensor(down_name)
     # Hub checkpoints keep the input dimension first ([E, H, 2I], [E, I, H]); transformers 5 saves some
     # families (Qwen3-VL-MoE) in its own orientation, [E, 2I, H] and [E, H, I], and reads both. down's
-    # shape tells them apart (I != H); where it cannot, the hub's is assumed.
-    if I != H and tuple(down.shape) == (E, H, I):
+    # shape tells them apart (I != H); where it cannot, the family's (FusedExperts.output_first).
+    if (fam.fused.output_first if I == H else tuple(down.shape) == (E, H, I)):
         gate_up = expect_tensor(ckpt.tensor(gu_name), gu_name, (E, 2 * I, H), floats,
                                 "fused [experts, 2*intermediate, hidden] (as down_proj is [experts, hidden, intermediate])")
         g = gate_up[expert]

@@ -101,10 +101,11 @@ def _config_int(cfg, keys: tuple[str, ...], what: str, model_type: str) -> int:
 
 
 def _moe_blocks(model: nn.Module, fam: Family, model_type: str) -> list[tuple[int, nn.Module]]:
-    """(decoder layer index, block) of every MoE block, in layer order."""
+    """(decoder layer index, block) of every MoE block, in layer order (a block class that is the
+    decoder layer itself, Gemma 4's, counts where it holds experts)."""
     found = []
     for name, module in model.named_modules():
-        if type(module).__name__ in fam.transformers_blocks:
+        if type(module).__name__ in fam.transformers_blocks and hasattr(module, fam.transformers_experts.attr):
             m = _LAYER_INDEX.search(name)
             found.append((int(m.group(1)) if m else len(found), module))
     if not found:
