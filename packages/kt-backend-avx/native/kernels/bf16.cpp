@@ -75,10 +75,9 @@ kt_status pack(const kt_moe_config* c, const kt_expert_weights* src, void* dst) 
 }
 
 // ---- microkernels ----------------------------------------------------------------------
-// A microkernel streams one panel, or two: gate and up of the same channels (fused: the
-// output is SiLU(gate)*up), or two adjacent down panels (pair: 32 outputs). Two panels share
-// every activation broadcast, which halves the broadcasts per multiply.
-enum Mode { kSingle = 0, kFused = 1, kPair = 2 };
+// A microkernel streams one panel, or two (common.h's PanelMode): gate and up of the same channels
+// (fused: the output is SiLU(gate)*up, or raw: both), or two adjacent down panels (pair: 32
+// outputs). Two panels share every activation broadcast, which halves the broadcasts per multiply.
 
 // Writes a result row: `cols` valid outputs of 16 (single/fused) or 32 (pair).
 template <int kMode>
@@ -274,8 +273,6 @@ void run_rows(const kt_moe_config* c, const void* x, int64_t k, int64_t rows, co
     const bool one_pass = one_activation_pass(c);
 #if !defined(__AVX512F__)
     if (rows >= wide::kMinRows) {   // AVX2 prefill: each block of panels widened once (wide_panels.h)
-        static_assert(int(kSingle) == wide::kSingle && int(kFused) == wide::kFused && int(kPair) == wide::kPair,
-                      "this file's modes are wide_panels.h's");
         constexpr int P = wide::panels_of(kMode);
         constexpr int64_t kBlock = 128;   // k per widened block: 2 panels x 128 k x 64 B = 16 KiB, in L1
         const uint8_t* panel[2] = {pa, pb};
@@ -333,19 +330,10 @@ kt_status gate_up_raw_tile(const kt_moe_config* c, const void* packed, const voi
                            int64_t n1, float* out_gate, float* out_up, int64_t ldo) {
     if (const kt_status st = check_tile("BF16", "gate/up", n0, n1, c->intermediate)) return st;
     if (rows >= kRawPairRows) {   // gate and up panels as one pair, the rows through a tile-local buffer
-        const ExpertPanels l = layout(c);
-        const auto* base = static_cast<const uint8_t*>(packed);
-        thread_local std::vector<float> both;   // [rows][gate 16 | up 16]; grow-only, per pool thread
-        if (both.size() < size_t(rows) * 2 * kPanel) both.resize(size_t(rows) * 2 * kPanel);
-        for (int64_t n = n0; n < n1; n += kPanel) {
-            const int cols = int(std::min<int64_t>(kPanel, n1 - n));
-            run_rows<kPair>(c, act, c->hidden, rows, base + l.gate(n / kPanel), base + l.up(n / kPanel), both.data(),
-                            2 * kPanel, 2 * kPanel);
-            for (int64_t r = 0; r < rows; ++r) {
-                std::copy_n(both.data() + r * 2 * kPanel, cols, out_gate + r * ldo + (n - n0));
-                std::copy_n(both.data() + r * 2 * kPanel + kPanel, cols, out_up + r * ldo + (n - n0));
-            }
-        }
+        gate_up_raw_pairs(layout(c), static_cast<const uint8_t*>(packed), rows, n0, n1, out_gate, out_up, ldo,
+                          [&](const uint8_t* gate, const uint8_t* up, float* both) {
+                              run_rows<kPair>(c, act, c->hidden, rows, gate, up, both, 2 * kPanel, 2 * kPanel);
+                          });
         return KT_OK;
     }
     gate_up_raw(layout(c), static_cast<const uint8_t*>(packed), n0, n1, out_gate, out_up, ldo,

@@ -10,12 +10,18 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <vector>
 
 #include "simd.h"
 
 namespace KT_TARGET_NAMESPACE {
 
 extern const kt_host_api* g_host;
+
+// What a panel kernel writes per row: one panel's 16 outputs (kSingle), the gated activation of a
+// gate/up pair (kFused: gate_mul), or a pair's 32 outputs, the second panel's after the first's
+// (kPair: two adjacent down panels, or a gate/up pair's raw products).
+enum PanelMode { kSingle = 0, kFused = 1, kPair = 2 };
 
 // Records a printf-style message with the host and returns `code`; never throws across the ABI.
 inline kt_status fail(kt_status code, const char* fmt, ...) {
@@ -167,6 +173,25 @@ void gate_up_in_order(int64_t rows, const uint8_t* gate, const uint8_t* up, size
                     vstore_partial(out + r * ldo + n + v * kLanes,
                                    gate_mul(vload(g + r * kPanel + v * kLanes), vload(u + r * kPanel + v * kLanes)), left);
             }
+    }
+}
+
+// gate_up_raw_tile through a method's pair kernel, pair(gate panel, up panel, both): a gate/up
+// panel pair's rows as [gate 16 | up 16] (kPair, row stride 2 * kPanel) into a tile-local buffer
+// — one pass over the activations for both panels, each broadcast feeding both — then copied into
+// the two outputs (column n at n - n0).
+template <class Pair>
+void gate_up_raw_pairs(const ExpertPanels& l, const uint8_t* base, int64_t rows, int64_t n0, int64_t n1, float* out_gate,
+                       float* out_up, int64_t ldo, const Pair& pair) {
+    thread_local std::vector<float> both;   // grow-only, per pool thread
+    if (both.size() < size_t(rows) * 2 * kPanel) both.resize(size_t(rows) * 2 * kPanel);
+    for (int64_t n = n0; n < n1; n += kPanel) {
+        const int64_t cols = std::min<int64_t>(kPanel, n1 - n);
+        pair(base + l.gate(n / kPanel), base + l.up(n / kPanel), both.data());
+        for (int64_t r = 0; r < rows; ++r) {
+            std::copy_n(both.data() + r * 2 * kPanel, cols, out_gate + r * ldo + (n - n0));
+            std::copy_n(both.data() + r * 2 * kPanel + kPanel, cols, out_up + r * ldo + (n - n0));
+        }
     }
 }
 

@@ -475,12 +475,14 @@ constexpr int64_t kInOrderRows = 2;
 
 // kStream: decode-sized tiles also prefetch their own stream (prefetch_decode_stream, common.h).
 // MXFP4 and NVFP4 codes are E2M1, looked up as u = 2 value + 12 (mxfp4::kDoubledPlusOffset).
-template <int MR, bool kFused, bool kTwoPass, Kind kKind, bool kAhead = false, bool kStream = false>
+// kMode (common.h's PanelMode): one panel, a gate/up pair's gated activation, or the pair's raw
+// products (32 outputs per row).
+template <int MR, int kMode, bool kTwoPass, Kind kKind, bool kAhead = false, bool kStream = false>
 void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, Int4Layout lay, const uint8_t* pa, const uint8_t* pb,
                   float* out, int64_t ldo, int cols, PrefetchAhead ahead = {}) {
     constexpr bool kMx = is_e2m1(kKind);
     constexpr int64_t kSum = sum_block(kKind);
-    constexpr int F = kFused ? 2 : 1;
+    constexpr int F = kMode == kSingle ? 1 : 2;
     // Each 64-byte chunk holds two codes per lane and k-quad (low and high nibble): two vpdpbusd
     // per accumulator, one waiting on the other. With few accumulators (decode: one row, one
     // panel) that latency chain sets the pace. kSplit gives the high nibbles accumulators of their
@@ -595,45 +597,52 @@ void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, Int4Layout lay,
         for (int v = 0; v < kVecsPerPanel; ++v) {
             const VF sa = vset1(int4_row_scale(reinterpret_cast<const Int8Header*>(x + m * row_bytes)->scale, kTwoPass));
             VF r = vmul(acc[m][0][v], lay.prefix_bytes ? vmul(sa, Int4Layout::panel_scale(panel[0], v)) : sa);
-            if constexpr (kFused)
-                r = gate_mul(r, vmul(acc[m][F - 1][v], lay.prefix_bytes ? vmul(sa, Int4Layout::panel_scale(panel[F - 1], v)) : sa));
+            if constexpr (kMode != kSingle) {
+                const VF r1 = vmul(acc[m][F - 1][v], lay.prefix_bytes ? vmul(sa, Int4Layout::panel_scale(panel[F - 1], v)) : sa);
+                if constexpr (kMode == kPair) {
+                    const int n1 = std::min(kLanes, cols - kPanel - v * kLanes);
+                    if (n1 > 0) vstore_partial(out + m * ldo + kPanel + v * kLanes, r1, n1);
+                } else {
+                    r = gate_mul(r, r1);
+                }
+            }
             const int n = std::min(kLanes, cols - v * kLanes);
             if (n > 0) vstore_partial(out + m * ldo + v * kLanes, r, n);
         }
 }
 
-template <int MR, bool kFused, bool kTwoPass, Kind kKind>
+template <int MR, int kMode, bool kTwoPass, Kind kKind>
 void rows_kernel(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, Int4Layout lay, const uint8_t* pa,
                  const uint8_t* pb, float* out, int64_t ldo, int cols, const uint8_t* next, size_t next_bytes) {
     if (rows <= kInOrderRows) {   // decode: prefetched (kStream), in the row blocks the path below forms
         constexpr int kDecodeMr = MR < int(kInOrderRows) ? MR : int(kInOrderRows);
         for_row_blocks<kDecodeMr>(rows, [=]<int M>(int64_t r) {
-            panel_kernel<M, kFused, kTwoPass, kKind, false, true>(x + r * row_bytes, row_bytes, k, lay, pa, pb, out + r * ldo, ldo, cols);
+            panel_kernel<M, kMode, kTwoPass, kKind, false, true>(x + r * row_bytes, row_bytes, k, lay, pa, pb, out + r * ldo, ldo, cols);
         });
         return;
     }
     for_row_blocks<MR>(rows, [=]<int M>(int64_t r) {
         if constexpr (M == MR)
             if (r == 0 && next_bytes) {
-                panel_kernel<M, kFused, kTwoPass, kKind, true>(x, row_bytes, k, lay, pa, pb, out, ldo, cols,
+                panel_kernel<M, kMode, kTwoPass, kKind, true>(x, row_bytes, k, lay, pa, pb, out, ldo, cols,
                                                         PrefetchAhead(next, next_bytes, k / 8));
                 return;
             }
-        panel_kernel<M, kFused, kTwoPass, kKind>(x + r * row_bytes, row_bytes, k, lay, pa, pb, out + r * ldo, ldo, cols);
+        panel_kernel<M, kMode, kTwoPass, kKind>(x + r * row_bytes, row_bytes, k, lay, pa, pb, out + r * ldo, ldo, cols);
     });
 }
 
 // The activation passes a layer asked for: one with KT_QUANT_FAST_ACTIVATIONS, else two.
-template <bool kFused, int MR, Kind kKind>
+template <int kMode, int MR, Kind kKind>
 void run_rows(const kt_moe_config* c, const void* act, int64_t k, Int4Layout lay, int64_t rows, const uint8_t* pa,
               const uint8_t* pb, float* out, int64_t ldo, int cols, const uint8_t* next = nullptr, size_t next_bytes = 0) {
     const auto* x = static_cast<const uint8_t*>(act);
     // The first row block fetches `next` (the following panel or pair) into L2: PrefetchAhead.
     if (rows <= MR) next_bytes = 0;   // one row block: nothing to overlap with the fetch
     if (one_activation_pass(c)) {
-        rows_kernel<MR, kFused, false, kKind>(x, int8_row_bytes<sum_block(kKind)>(k), rows, k, lay, pa, pb, out, ldo, cols, next, next_bytes);
+        rows_kernel<MR, kMode, false, kKind>(x, int8_row_bytes<sum_block(kKind)>(k), rows, k, lay, pa, pb, out, ldo, cols, next, next_bytes);
     } else {
-        rows_kernel<MR, kFused, true, kKind>(x, int8_row_bytes<sum_block(kKind)>(k), rows, k, lay, pa, pb, out, ldo, cols, next, next_bytes);
+        rows_kernel<MR, kMode, true, kKind>(x, int8_row_bytes<sum_block(kKind)>(k), rows, k, lay, pa, pb, out, ldo, cols, next, next_bytes);
     }
 }
 
@@ -733,12 +742,12 @@ kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* a
     if (rows <= kInOrderRows) {
         gate_up_in_order<kInOrderRows>(rows, base + l.gate(n0 / kPanel), base + l.up(n0 / kPanel), l.gate(1), n0, n1, out, ldo,
                          [&](const uint8_t* panel, float* o) {
-                             run_rows<false, kMrPlain, kKind>(c, act, c->hidden, lay, rows, panel, nullptr, o, kPanel, kPanel);
+                             run_rows<kSingle, kMrPlain, kKind>(c, act, c->hidden, lay, rows, panel, nullptr, o, kPanel, kPanel);
                          });
         return KT_OK;
     }
     for (int64_t n = n0; n < n1; n += kPanel)
-        run_rows<true, kMrFused, kKind>(c, act, c->hidden, lay, rows, base + l.gate(n / kPanel), base + l.up(n / kPanel), out + n,
+        run_rows<kFused, kMrFused, kKind>(c, act, c->hidden, lay, rows, base + l.gate(n / kPanel), base + l.up(n / kPanel), out + n,
                                  ldo, int(std::min<int64_t>(kPanel, n1 - n)), base + l.gate(n / kPanel + 1),
                                  n + kPanel < n1 ? 2 * l.gate_up_panel : 0);
     return KT_OK;
@@ -752,17 +761,25 @@ kt_status gate_up_raw_tile(const kt_moe_config* c, const void* packed, const voi
 #if !defined(__AVX512F__)
     if (wide_prefill<kKind>(c, lay, rows)) {
         wide::for_int8_row_chunks(act, int8_row_bytes<sum_block(kKind)>(c->hidden), rows, c->hidden, [&](const wide::Int8Rows& a) {
-            gate_up_raw(lay.expert(c), static_cast<const uint8_t*>(packed), n0, n1, out_gate + a.r0 * ldo, out_up + a.r0 * ldo, ldo,
-                        [&](const uint8_t* panel, float* o, int64_t ld, int cols) {
-                            wide_tile<wide::kSingle, kKind>(a, lay, c->hidden, panel, nullptr, o, ld, cols);
-                        });
+            gate_up_raw_pairs(lay.expert(c), static_cast<const uint8_t*>(packed), a.rows, n0, n1, out_gate + a.r0 * ldo,
+                              out_up + a.r0 * ldo, ldo, [&](const uint8_t* gate, const uint8_t* up, float* both) {
+                                  wide_tile<wide::kPair, kKind>(a, lay, c->hidden, gate, up, both, 2 * kPanel, 2 * kPanel);
+                              });
         });
         return KT_OK;
     }
 #endif
+    if (rows > kInOrderRows) {   // gate and up as one pair, as the fused tile (gate_up_raw_pairs)
+        gate_up_raw_pairs(lay.expert(c), static_cast<const uint8_t*>(packed), rows, n0, n1, out_gate, out_up, ldo,
+                          [&](const uint8_t* gate, const uint8_t* up, float* both) {
+                              run_rows<kPair, kMrFused, kKind>(c, act, c->hidden, lay, rows, gate, up, both, 2 * kPanel,
+                                                               2 * kPanel);
+                          });
+        return KT_OK;
+    }
     gate_up_raw(lay.expert(c), static_cast<const uint8_t*>(packed), n0, n1, out_gate, out_up, ldo,
                 [&](const uint8_t* panel, float* o, int64_t ld, int cols) {
-                    run_rows<false, kMrPlain, kKind>(c, act, c->hidden, lay, rows, panel, nullptr, o, ld, cols);
+                    run_rows<kSingle, kMrPlain, kKind>(c, act, c->hidden, lay, rows, panel, nullptr, o, ld, cols);
                 });
     return KT_OK;
 }
@@ -793,7 +810,7 @@ kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act,
     }
 #endif
     for (int64_t n = n0; n < n1; n += kPanel)
-        run_rows<false, kMrPlain, kKind>(c, act, c->intermediate, lay, rows, base + l.down(n / kPanel), nullptr, out + n, ldo,
+        run_rows<kSingle, kMrPlain, kKind>(c, act, c->intermediate, lay, rows, base + l.down(n / kPanel), nullptr, out + n, ldo,
                                   int(std::min<int64_t>(kPanel, n1 - n)), base + l.down(n / kPanel + 1),
                                   n + kPanel < n1 ? l.down_panel : 0);
     return KT_OK;

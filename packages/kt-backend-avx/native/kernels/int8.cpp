@@ -132,11 +132,12 @@ inline VI dot_pass(VI acc, VI a, VI w) {
     }
 }
 
-// MR activation rows x one panel (gate/up pair when kFused) over all of K, both code planes.
-template <int MR, bool kFused, bool kTwoPass, bool kAhead = false>
+// MR activation rows x one panel, or a gate/up pair (kFused: their gated activation, kPair: both,
+// 32 outputs per row), over all of K, both code planes.
+template <int MR, int kMode, bool kTwoPass, bool kAhead = false>
 void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa, const uint8_t* pb, float* out,
                   int64_t ldo, int cols, PrefetchAhead ahead = {}) {
-    constexpr int F = kFused ? 2 : 1;
+    constexpr int F = kMode == kSingle ? 1 : 2;
     VI hi[MR][F][kVecsPerPanel], lo[MR][F][kVecsPerPanel];
     for (int m = 0; m < MR; ++m)
         for (int f = 0; f < F; ++f)
@@ -178,39 +179,46 @@ void panel_kernel(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* 
                 const VF dot = kTwoPass ? vfma(vcvt(l), vset1(1.0f / 128.0f), vcvt(h)) : vcvt(h);
                 r[f] = vmul(dot, vmul(vload(reinterpret_cast<const float*>(headers[f]) + v * kLanes), vset1(sa)));
             }
+            if constexpr (kMode == kPair) {
+                for (int f = 0; f < 2; ++f) {
+                    const int n = std::min(kLanes, cols - f * kPanel - v * kLanes);
+                    if (n > 0) vstore_partial(out + m * ldo + f * kPanel + v * kLanes, r[f], n);
+                }
+                continue;
+            }
             VF res = r[0];
-            if constexpr (kFused) res = gate_mul(r[0], r[1]);
+            if constexpr (kMode == kFused) res = gate_mul(r[0], r[1]);
             const int n = std::min(kLanes, cols - v * kLanes);
             if (n > 0) vstore_partial(out + m * ldo + v * kLanes, res, n);
         }
     }
 }
 
-template <int MR, bool kFused, bool kTwoPass>
+template <int MR, int kMode, bool kTwoPass>
 void rows_kernel(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, const uint8_t* pa, const uint8_t* pb,
                  float* out, int64_t ldo, int cols, const uint8_t* next, size_t next_bytes) {
     for_row_blocks<MR>(rows, [=]<int M>(int64_t r) {
         if constexpr (M == MR)
             if (r == 0 && next_bytes) {
-                panel_kernel<M, kFused, kTwoPass, true>(x, row_bytes, k, pa, pb, out, ldo, cols,
+                panel_kernel<M, kMode, kTwoPass, true>(x, row_bytes, k, pa, pb, out, ldo, cols,
                                                         PrefetchAhead(next, next_bytes, chunks(k)));
                 return;
             }
-        panel_kernel<M, kFused, kTwoPass>(x + r * row_bytes, row_bytes, k, pa, pb, out + r * ldo, ldo, cols);
+        panel_kernel<M, kMode, kTwoPass>(x + r * row_bytes, row_bytes, k, pa, pb, out + r * ldo, ldo, cols);
     });
 }
 
 // The activation passes a layer asked for: one with KT_QUANT_FAST_ACTIVATIONS, else two.
-template <bool kFused, int MR>
+template <int kMode, int MR>
 void run_rows(const kt_moe_config* c, const void* act, int64_t k, int64_t rows, const uint8_t* pa, const uint8_t* pb,
               float* out, int64_t ldo, int cols, const uint8_t* next = nullptr, size_t next_bytes = 0) {
     const auto* x = static_cast<const uint8_t*>(act);
     // The first row block fetches `next` (the following panel or pair) into L2: PrefetchAhead.
     if (rows <= MR) next_bytes = 0;   // one row block: nothing to overlap with the fetch
     if (one_activation_pass(c)) {
-        rows_kernel<MR, kFused, false>(x, int8_row_bytes(k), rows, k, pa, pb, out, ldo, cols, next, next_bytes);
+        rows_kernel<MR, kMode, false>(x, int8_row_bytes(k), rows, k, pa, pb, out, ldo, cols, next, next_bytes);
     } else {
-        rows_kernel<MR, kFused, true>(x, int8_row_bytes(k), rows, k, pa, pb, out, ldo, cols, next, next_bytes);
+        rows_kernel<MR, kMode, true>(x, int8_row_bytes(k), rows, k, pa, pb, out, ldo, cols, next, next_bytes);
     }
 }
 
@@ -276,12 +284,12 @@ kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* a
     if (rows <= kInOrderRows) {
         gate_up_in_order<kInOrderRows>(rows, base + l.gate(n0 / kPanel), base + l.up(n0 / kPanel), l.gate(1), n0, n1, out, ldo,
                          [&](const uint8_t* panel, float* o) {
-                             run_rows<false, kMrPlain>(c, act, c->hidden, rows, panel, nullptr, o, kPanel, kPanel);
+                             run_rows<kSingle, kMrPlain>(c, act, c->hidden, rows, panel, nullptr, o, kPanel, kPanel);
                          });
         return KT_OK;
     }
     for (int64_t n = n0; n < n1; n += kPanel)
-        run_rows<true, kMrFused>(c, act, c->hidden, rows, base + l.gate(n / kPanel), base + l.up(n / kPanel), out + n, ldo,
+        run_rows<kFused, kMrFused>(c, act, c->hidden, rows, base + l.gate(n / kPanel), base + l.up(n / kPanel), out + n, ldo,
                                  int(std::min<int64_t>(kPanel, n1 - n)), base + l.gate(n / kPanel + 1),
                                  n + kPanel < n1 ? 2 * l.gate_up_panel : 0);
     return KT_OK;
@@ -293,17 +301,24 @@ kt_status gate_up_raw_tile(const kt_moe_config* c, const void* packed, const voi
 #if !defined(__AVX512F__)
     if (wide_prefill(c, rows)) {
         wide::for_int8_row_chunks(act, int8_row_bytes(c->hidden), rows, c->hidden, [&](const wide::Int8Rows& a) {
-            gate_up_raw(layout(c), static_cast<const uint8_t*>(packed), n0, n1, out_gate + a.r0 * ldo, out_up + a.r0 * ldo, ldo,
-                        [&](const uint8_t* panel, float* o, int64_t ld, int cols) {
-                            wide_tile<wide::kSingle>(a, c->hidden, panel, nullptr, o, ld, cols);
-                        });
+            gate_up_raw_pairs(layout(c), static_cast<const uint8_t*>(packed), a.rows, n0, n1, out_gate + a.r0 * ldo,
+                              out_up + a.r0 * ldo, ldo, [&](const uint8_t* gate, const uint8_t* up, float* both) {
+                                  wide_tile<wide::kPair>(a, c->hidden, gate, up, both, 2 * kPanel, 2 * kPanel);
+                              });
         });
         return KT_OK;
     }
 #endif
+    if (rows > kInOrderRows) {   // gate and up as one pair, as the fused tile (gate_up_raw_pairs)
+        gate_up_raw_pairs(layout(c), static_cast<const uint8_t*>(packed), rows, n0, n1, out_gate, out_up, ldo,
+                          [&](const uint8_t* gate, const uint8_t* up, float* both) {
+                              run_rows<kPair, kMrFused>(c, act, c->hidden, rows, gate, up, both, 2 * kPanel, 2 * kPanel);
+                          });
+        return KT_OK;
+    }
     gate_up_raw(layout(c), static_cast<const uint8_t*>(packed), n0, n1, out_gate, out_up, ldo,
                 [&](const uint8_t* panel, float* o, int64_t ld, int cols) {
-                    run_rows<false, kMrPlain>(c, act, c->hidden, rows, panel, nullptr, o, ld, cols);
+                    run_rows<kSingle, kMrPlain>(c, act, c->hidden, rows, panel, nullptr, o, ld, cols);
                 });
     return KT_OK;
 }
@@ -329,7 +344,7 @@ kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act,
     }
 #endif
     for (int64_t n = n0; n < n1; n += kPanel)
-        run_rows<false, kMrPlain>(c, act, c->intermediate, rows, base + l.down(n / kPanel), nullptr, out + n, ldo,
+        run_rows<kSingle, kMrPlain>(c, act, c->intermediate, rows, base + l.down(n / kPanel), nullptr, out + n, ldo,
                                   int(std::min<int64_t>(kPanel, n1 - n)), base + l.down(n / kPanel + 1),
                                   n + kPanel < n1 ? l.down_panel : 0);
     return KT_OK;

@@ -23,9 +23,11 @@ namespace KT_TARGET_NAMESPACE {
 #if !defined(__AVX512F__)
 namespace wide {
 
-// What the tile writes per row: one panel's 16 outputs (kSingle), SiLU(gate) * up of a gate/up
-// pair (kFused) or a pair's 32 outputs (kPair).
-enum Mode { kSingle = 0, kFused = 1, kPair = 2 };
+// What the tile writes per row: common.h's PanelMode (one panel's 16 outputs, the gated activation
+// of a gate/up pair, or a pair's 32 outputs).
+using KT_TARGET_NAMESPACE::kFused;
+using KT_TARGET_NAMESPACE::kPair;
+using KT_TARGET_NAMESPACE::kSingle;
 constexpr int panels_of(int mode) { return mode == kSingle ? 1 : 2; }
 constexpr int kMr[3] = {6, 3, 3};   // rows per register block, per mode: 12 ymm accumulators of 16
 constexpr int64_t kMinRows = 4;     // from here widening once beats widening per row block (docs/performance.md)

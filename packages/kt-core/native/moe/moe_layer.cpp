@@ -1,5 +1,6 @@
 #include "moe/moe_layer.h"
 #include "moe/tiles.h"
+#include "moe/training_rows.h"
 
 #include "abi/host_api.h"
 #include "pool/thread_pool.h"
@@ -609,8 +610,9 @@ public:
         failure_.rethrow();
     }
 
-    // A tile of an expert with biases or a limit after SiLU: the kernels' raw gate and up products,
-    // then the biases and the layer's gated activation here (kt/formats/gated_activation.h).
+    // A tile of an expert with biases, a limit after SiLU or GELU-tanh: the kernels' raw gate and up
+    // products, then the biases and the layer's gated activation here, on the host's widest vectors
+    // (training_rows.h's gated_activation; kt/formats/gated_activation.h's formulas).
     kt_status raw_gate_up(int32_t e, const Tile& t) {
         const int64_t r0 = offset_[size_t(e)], rows = count_[size_t(e)], w = t.n1 - t.n0;
         thread_local std::vector<float> g, u;
@@ -621,24 +623,14 @@ public:
         if (st != KT_OK) return st;
         const float* bg = layer_.expert_bias_ ? layer_.bias_[size_t(e)].data() : nullptr;
         const float* bu = bg ? bg + I : nullptr;
-        const float limit = shape_.swiglu_limit, alpha = shape_.swiglu_alpha, after = layer_.limit_after_;
-        auto each = [&](auto act) {
-            for (int64_t r = 0; r < rows; ++r)
-                for (int64_t n = t.n0; n < t.n1; ++n) {
-                    float gv = g[size_t(r * w + n - t.n0)], uv = u[size_t(r * w + n - t.n0)];
-                    if (bg) gv += bg[n], uv += bu[n];
-                    inter_[(r0 + r) * I + n] = act(gv, uv);
-                }
-        };
-        switch (layer_.form_) {   // the form chosen once per tile, not per element
-            case activation::GatedForm::silu_limit_after:
-                each([&](float gv, float uv) { return activation::gated_limit_after(after, gv, uv); });
-                break;
-            case activation::GatedForm::gelu_tanh:
-                each([](float gv, float uv) { return activation::gated_gelu_tanh(gv, uv); });
-                break;
-            default:
-                each([&](float gv, float uv) { return activation::gated(limit, alpha, gv, uv); });
+        const activation::GatedForm form = layer_.form_;
+        const float limit = form == activation::GatedForm::silu_limit_after ? layer_.limit_after_ : shape_.swiglu_limit;
+        for (int64_t r = 0; r < rows; ++r) {
+            float* gr = g.data() + r * w;
+            float* ur = u.data() + r * w;
+            if (bg)
+                for (int64_t j = 0; j < w; ++j) gr[j] += bg[t.n0 + j], ur[j] += bu[t.n0 + j];
+            gated_activation(gr, ur, w, limit, shape_.swiglu_alpha, form, inter_ + (r0 + r) * I + t.n0);
         }
         return KT_OK;
     }

@@ -1,4 +1,5 @@
-// training_rows.h's passes. The gated activation is elementwise over [rows, I] with an exponential
+// training_rows.h's passes (and gated_activation, the forward's epilogue on raw gate/up products,
+// moe_layer.cpp). The gated activation is elementwise over [rows, I] with an exponential
 // per element; scalar expf was the cost, so SiLU's sigmoid runs on GCC vectors (vectors.h) with
 // its own exp (range reduction + degree-6 polynomial, ~2 ulp, as kt-backend-avx's), compiled per ISA
 // level inside target attributes and picked after host detection, like grouped_lora.cpp.
@@ -100,52 +101,52 @@ template <class T>
     return (g * g * (3.0f * activation::kGeluTanhCubic) + 1.0f) * activation::kGeluTanhScale;
 }
 
+// One row's n outputs: out[c] = act(g[c], u[c]) * wi.
 template <class W, bool kShaped, bool kAfter = false, bool kGelu = false>
-[[gnu::always_inline]] inline void forward_range(const float* gu, const float* w, int64_t b, int64_t e, int64_t I,
-                                                 Gate gate, float* h) {
+[[gnu::always_inline]] inline void gated_span(const float* g, const float* u, int64_t n, Gate gate, float wi, float* out) {
     using V = typename W::V;
     const float limit = gate.bound(), a = gate.slope(), shift = gate.shift();
     const V lim = W::splat(limit), neg = W::splat(-limit);
-    for (int64_t i = b; i < e; ++i) {
-        const float* g = gu + i * 2 * I;
-        const float* u = g + I;
-        float* hi = h + i * I;
-        const float wi = w[i];
-        int64_t c = 0;
-        for (; c + W::kLanes <= I; c += W::kLanes) {
-            V gv = W::load(g + c), uv = W::load(u + c);
-            if constexpr (kGelu) {
-                W::store(hi + c, gv * sigmoid<W>(gelu_arg(gv)) * uv * wi);
-            } else if constexpr (kAfter) {
-                V s = gv * sigmoid<W>(gv);
-                s = s > lim ? lim : s;
-                uv = uv > lim ? lim : (uv < neg ? neg : uv);
-                W::store(hi + c, s * uv * wi);
-            } else if constexpr (kShaped) {
-                gv = gv > lim ? lim : gv;   // NaN compares false: kept, as torch's clamp keeps it
-                uv = uv > lim ? lim : (uv < neg ? neg : uv);
-                W::store(hi + c, (uv + shift) * gv * sigmoid<W>(gv * a) * wi);
-            } else {
-                W::store(hi + c, gv * sigmoid<W>(gv) * uv * wi);
-            }
-        }
-        for (; c < I; ++c) {
-            if constexpr (kGelu) {
-                hi[c] = g[c] / (1.0f + std::exp(-gelu_arg(g[c]))) * u[c] * wi;
-            } else if constexpr (kAfter) {
-                float s = g[c] / (1.0f + std::exp(-g[c]));
-                s = s > limit ? limit : s;
-                const float uc = u[c] > limit ? limit : (u[c] < -limit ? -limit : u[c]);
-                hi[c] = s * uc * wi;
-            } else if constexpr (kShaped) {
-                const float gc = g[c] > limit ? limit : g[c];
-                const float uc = u[c] > limit ? limit : (u[c] < -limit ? -limit : u[c]);
-                hi[c] = (uc + shift) * gc / (1.0f + std::exp(-a * gc)) * wi;
-            } else {
-                hi[c] = g[c] / (1.0f + std::exp(-g[c])) * u[c] * wi;
-            }
+    int64_t c = 0;
+    for (; c + W::kLanes <= n; c += W::kLanes) {
+        V gv = W::load(g + c), uv = W::load(u + c);
+        if constexpr (kGelu) {
+            W::store(out + c, gv * sigmoid<W>(gelu_arg(gv)) * uv * wi);
+        } else if constexpr (kAfter) {
+            V s = gv * sigmoid<W>(gv);
+            s = s > lim ? lim : s;
+            uv = uv > lim ? lim : (uv < neg ? neg : uv);
+            W::store(out + c, s * uv * wi);
+        } else if constexpr (kShaped) {
+            gv = gv > lim ? lim : gv;   // NaN compares false: kept, as torch's clamp keeps it
+            uv = uv > lim ? lim : (uv < neg ? neg : uv);
+            W::store(out + c, (uv + shift) * gv * sigmoid<W>(gv * a) * wi);
+        } else {
+            W::store(out + c, gv * sigmoid<W>(gv) * uv * wi);
         }
     }
+    for (; c < n; ++c) {
+        if constexpr (kGelu) {
+            out[c] = g[c] / (1.0f + std::exp(-gelu_arg(g[c]))) * u[c] * wi;
+        } else if constexpr (kAfter) {
+            float s = g[c] / (1.0f + std::exp(-g[c]));
+            s = s > limit ? limit : s;
+            const float uc = u[c] > limit ? limit : (u[c] < -limit ? -limit : u[c]);
+            out[c] = s * uc * wi;
+        } else if constexpr (kShaped) {
+            const float gc = g[c] > limit ? limit : g[c];
+            const float uc = u[c] > limit ? limit : (u[c] < -limit ? -limit : u[c]);
+            out[c] = (uc + shift) * gc / (1.0f + std::exp(-a * gc)) * wi;
+        } else {
+            out[c] = g[c] / (1.0f + std::exp(-g[c])) * u[c] * wi;
+        }
+    }
+}
+
+template <class W, bool kShaped, bool kAfter = false, bool kGelu = false>
+[[gnu::always_inline]] inline void forward_range(const float* gu, const float* w, int64_t b, int64_t e, int64_t I,
+                                                 Gate gate, float* h) {
+    for (int64_t i = b; i < e; ++i) gated_span<W, kShaped, kAfter, kGelu>(gu + i * 2 * I, gu + i * 2 * I + I, I, gate, w[i], h + i * I);
 }
 
 // d(g * sigmoid(a g)) / dg = s (1 + a g (1 - s)), s = sigmoid(a g); the clamps pass the gradient
@@ -233,6 +234,7 @@ template <class W, bool kShaped, bool kAfter = false, bool kGelu = false>
 }
 
 using ForwardFn = void (*)(const float*, const float*, int64_t, int64_t, int64_t, Gate, float*);
+using SpanFn = void (*)(const float*, const float*, int64_t, Gate, float*);
 using BackwardFn = void (*)(const float*, const float*, const float*, int64_t, int64_t, int64_t, Gate, float*, float*);
 
 // One function per ISA level; the gate kind is chosen inside (once per chunk).
@@ -247,6 +249,16 @@ using BackwardFn = void (*)(const float*, const float*, const float*, int64_t, i
             forward_range<VEC, true>(gu, w, b, e, I, gate, h);                                                     \
         else                                                                                                       \
             forward_range<VEC, false>(gu, w, b, e, I, gate, h);                                                    \
+    }                                                                                                              \
+    ATTR void span_##SUFFIX(const float* g, const float* u, int64_t n, Gate gate, float* out) {                    \
+        if (gate.gelu)                                                                                             \
+            gated_span<VEC, false, false, true>(g, u, n, gate, 1.0f, out);                                         \
+        else if (gate.after)                                                                                       \
+            gated_span<VEC, false, true>(g, u, n, gate, 1.0f, out);                                                \
+        else if (gate.shaped())                                                                                    \
+            gated_span<VEC, true>(g, u, n, gate, 1.0f, out);                                                       \
+        else                                                                                                       \
+            gated_span<VEC, false>(g, u, n, gate, 1.0f, out);                                                      \
     }                                                                                                              \
     ATTR void backward_##SUFFIX(const float* dh, const float* gu, const float* w, int64_t b, int64_t e, int64_t I, \
                                 Gate gate, float* dgu, float* dw) {                                                \
@@ -309,6 +321,16 @@ void sum_rows(const float* rows, int64_t width, const int64_t* row_of_slot, int6
             }
         }
     });
+}
+
+void gated_activation(const float* g, const float* u, int64_t n, float limit, float alpha, activation::GatedForm form,
+                      float* out) {
+#if defined(__x86_64__)
+    static const SpanFn fn = widest<SpanFn>(span_avx512, span_avx2, span_baseline);   // the host's, once
+#else
+    const SpanFn fn = span_baseline;
+#endif
+    fn(g, u, n, Gate(limit, alpha, form), out);
 }
 
 void gated_rows_forward(const float* gate_up, const float* w, int64_t n_rows, int64_t inter, float limit, float alpha,
