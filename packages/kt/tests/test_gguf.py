@@ -67,6 +67,37 @@ def test_wrapper_forward_matches_fp32_moe(tmp_path, types):
     assert _rel(w.forward(x, ids, wt), want) < 1e-5
 
 
+@pytest.mark.parametrize("backend", ["reference", None])
+def test_gemma4_file_serves_gelu_tanh_experts(tmp_path, backend):
+    """A gemma4 GGUF's experts gate through GELU-tanh: the wrapper makes its layer so from the file's
+    architecture (the LLAMAFILE raw gate/up tile under kt-core's activation), a layer made for SiLU
+    is refused naming it, and GPT-OSS files (biases kt's GGUF reader does not read) are refused."""
+    hidden, inter, experts = 256, 256, 6
+    types = ("Q4_K", "Q4_K", "Q8_0")
+    weights = write_moe_gguf(tmp_path / "g.gguf", hidden=hidden, intermediate=inter, experts=experts, top_k=2,
+                             types=types, seed=5, arch="gemma4")
+    w = KTMoEWrapper(layer_idx=0, num_experts=experts, num_experts_per_tok=2, hidden_size=hidden,
+                     moe_intermediate_size=inter, weight_path=str(tmp_path / "g.gguf"), method="GGUF", backend=backend)
+    assert w._moe.swiglu == (0.0, 0.0, False, "gelu_tanh")
+    w.load_weights()
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((9, hidden)).astype(np.float32)
+    ids, wt = _routing(rng, 9, experts, 2)
+    want = moe_reference(x, *weights[0], ids, wt, activations=llama_activations(types), gate_activation="gelu_tanh")
+    assert _rel(w.forward(x, ids, wt), want) < (1e-5 if backend == "reference" else 2e-3)
+    silu = moe_reference(x, *weights[0], ids, wt, activations=llama_activations(types))
+    assert _rel(silu, want) > 0.05
+    layer = MoE(num_experts=experts, top_k=2, hidden_size=hidden, intermediate_size=inter, method="LLAMAFILE",
+                weight_types=types, backend="reference")
+    with pytest.raises(WeightsError, match="is a gemma4 model, whose experts compute GELU-tanh.*gate_activation='gelu_tanh'"):
+        load_layer(layer, tmp_path / "g.gguf", 0)
+    write_moe_gguf(tmp_path / "o.gguf", hidden=hidden, intermediate=inter, experts=experts, top_k=2, types=types,
+                   arch="gpt-oss")
+    with pytest.raises(WeightsError, match="is a gpt-oss GGUF model: its experts add per-expert biases"):
+        KTMoEWrapper(layer_idx=0, num_experts=experts, num_experts_per_tok=2, hidden_size=hidden,
+                     moe_intermediate_size=inter, weight_path=str(tmp_path / "o.gguf"), method="GGUF")
+
+
 def test_bf16_file_loads_on_the_bf16_kernels(tmp_path, monkeypatch):
     """A GGUF of BF16 experts (convert_hf_to_gguf --outtype bf16) runs on method BF16's packed layout
     (the file's bf16 values exactly); the reference backend computes it in exact f32 (3e-7 against

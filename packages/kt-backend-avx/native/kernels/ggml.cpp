@@ -673,6 +673,22 @@ kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* a
     return KT_OK;
 }
 
+// Plugin ABI 1.4's raw tile: gate's and up's columns as they are, for the activations kt-core applies
+// itself (expert biases, the limit after SiLU, GELU-tanh); the same products gate_up_tile combines.
+kt_status gate_up_raw_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0,
+                           int64_t n1, float* out_gate, float* out_up, int64_t ldo) {
+    const G::Expert l = layout(c);
+    if (!l.ok) return check_config(c);
+    if (const kt_status st = check_tile_range("gate/up", n0, n1, c->intermediate)) return st;
+    const int pass = one_activation_pass(c) ? 0 : 1;
+    const auto* base = static_cast<const uint8_t*>(packed);
+    const auto* x = static_cast<const uint8_t*>(act);
+    const size_t ab = act_row_bytes(c->hidden);
+    matrix_tile(l.m[0], base, x, ab, rows, n0, n1, pass, out_gate, ldo);
+    matrix_tile(l.m[1], base, x, ab, rows, n0, n1, pass, out_up, ldo);
+    return KT_OK;
+}
+
 kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                     float* out, int64_t ldo) {
     const G::Expert l = layout(c);
@@ -688,7 +704,7 @@ kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act,
 
 kt_method_kernels llamafile_kernels(const char* kernel_id) {
     return method_table("LLAMAFILE", "kt-ggml-v6", kernel_id, packed_bytes, pack, act_row_bytes, quantize, gate_up_tile,
-                        down_tile);
+                        down_tile, gate_up_raw_tile);
 }
 
 }  // namespace KT_TARGET_NAMESPACE

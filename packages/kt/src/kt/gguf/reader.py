@@ -334,6 +334,22 @@ def is_gguf(path: str | Path) -> bool:
     return path.is_dir() and any(path.glob("*.gguf"))
 
 
+# What llama.cpp architectures' experts compute where it is not SiLU(gate) * up: the gated activation
+# a layer must be made with (kt_core.MoE's swiglu tuple), or why kt cannot serve them from the file.
+ARCH_EXPERT_ACTIVATION = {"gemma4": (0.0, 0.0, False, "gelu_tanh")}
+ARCH_REFUSED = {"gpt-oss": "its experts add per-expert biases (ffn_*_exps.bias) around a clamped SwiGLU, which kt's GGUF "
+                           "reader does not read; serve GPT-OSS from its safetensors checkpoint (MXFP4 as stored)"}
+
+
+def arch_expert_activation(model: GGUFModel) -> tuple[float, float, bool, str]:
+    """The gated activation of `model`'s experts, as kt_core.MoE.swiglu says it (SiLU unless the
+    architecture is listed above); WeightsError for an architecture kt cannot serve from GGUF."""
+    arch = model.geometry.arch
+    if arch in ARCH_REFUSED:
+        raise WeightsError(f"{model.path} is a {arch} GGUF model: {ARCH_REFUSED[arch]}")
+    return ARCH_EXPERT_ACTIVATION.get(arch, (0.0, 0.0, False, "silu"))
+
+
 def expert_reader(moe, model: GGUFModel, layer: int):
     """(logical expert count, read(e) -> MoE.load_experts tuple) for layer `layer`, after checking
     the layer `moe` (a kt_core.MoE) against the file: method, geometry and ggml types."""
@@ -348,6 +364,13 @@ def expert_reader(moe, model: GGUFModel, layer: int):
     if g.top_k is not None and g.top_k != moe.top_k:
         raise WeightsError(f"{model.path} routes each token to {g.top_k} experts ({g.arch}.expert_used_count); the "
                            f"layer was created with top_k={moe.top_k}")
+    activation = arch_expert_activation(model)
+    if moe.swiglu != activation or moe.expert_bias:
+        raise WeightsError(f"{model.path} is a {g.arch} model, whose experts compute "
+                           + (f"GELU-tanh(gate) * up: create the layer with gate_activation={activation[3]!r}"
+                              if activation[3] != "silu" else "SiLU(gate) * up: create the layer without swiglu settings, "
+                              "expert biases or gate_activation") + f" (it was made with swiglu={moe.swiglu}"
+                           + (", expert_bias=True)" if moe.expert_bias else ")"))
     experts = model.layer_experts(layer)
     if experts.types != moe.weight_types:
         raise WeightsError(f"layer {layer} of {model.path} stores gate, up, down as {', '.join(experts.types)}; the "

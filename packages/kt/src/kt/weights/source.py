@@ -8,6 +8,7 @@ from pathlib import Path
 from kt_core.errors import KTError
 
 from ..gguf import open_gguf
+from ..gguf.reader import arch_expert_activation
 from ..models import read_config, spec_from_config
 from .checkpoint import Checkpoint
 from .converted import MANIFEST, read_manifest
@@ -18,8 +19,10 @@ from .native_mxfp4 import native_mxfp4_experts  # noqa: F401  (the weight source
 
 
 def layer_settings(path, layer_idx: int, method: str) -> dict:
-    if method == "LLAMAFILE":
-        return {"weight_types": open_gguf(path).layer_experts(layer_idx).types}
+    if method == "LLAMAFILE":   # the file fixes the ggml types and, by its architecture, the experts' activation
+        model = open_gguf(path)
+        return {"weight_types": model.layer_experts(layer_idx).types,
+                "gate_activation": arch_expert_activation(model)[3]}
     if (Path(path) / MANIFEST).is_file():
         manifest = read_manifest(Path(path))
         return {"group_size": int(manifest.get("group_size", 0)), "zero_point": bool(manifest.get("zero_point"))}
