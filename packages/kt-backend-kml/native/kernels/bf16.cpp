@@ -242,6 +242,14 @@ kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, i
     return KT_OK;
 }
 
+kt_status gate_up_raw(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+                      float* out_gate, float* out_up, int64_t ldo) {
+    with_kernels([&](auto dot, auto pair) {
+        gate_up_raw_panels(c, layout(c), packed, act, row_bytes(c->hidden), rows, n0, n1, out_gate, out_up, ldo, dot, pair);
+    });
+    return KT_OK;
+}
+
 kt_status down(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                float* out, int64_t ldo) {
     with_kernels([&](auto dot, auto pair) {
@@ -253,7 +261,8 @@ kt_status down(const kt_moe_config* c, const void* packed, const void* act, int6
 }  // namespace
 
 kt_method_kernels bf16_kernels(const char* kernel_id) {
-    return method_table("BF16", L::bf16::kId, kernel_id, packed_bytes, pack, row_bytes, quantize, gate_up, down);
+    return method_table("BF16", L::bf16::kId, kernel_id, packed_bytes, pack, row_bytes, quantize, gate_up, down,
+                        gate_up_raw);
 }
 
 }  // namespace KT_TARGET_NAMESPACE

@@ -108,11 +108,11 @@ inline size_t panel_at(const L::ExpertPanels& l, int which, int64_t p) {
 // at a time, an odd last row through dot.
 struct NoPair {};
 
-template <class Dot, class Pair = NoPair>
-void gate_up_panels(const kt_moe_config* c, const L::ExpertPanels& l, const void* packed, const void* act,
-                    size_t row_bytes, int64_t rows, int64_t n0, int64_t n1, float* out, int64_t ldo, Dot dot, Pair pair = {}) {
+// The gate/up walk: put(row, column, gate, up) for every activation row and column in [n0, n1).
+template <class Put, class Dot, class Pair = NoPair>
+void gate_up_walk(const kt_moe_config* c, const L::ExpertPanels& l, const void* packed, const void* act, size_t row_bytes,
+                  int64_t rows, int64_t n0, int64_t n1, Put put, Dot dot, Pair pair = {}) {
     const auto* base = static_cast<const uint8_t*>(packed);
-    const Gate gate(c);
     for (int64_t p = n0 / kPanel; p * kPanel < n1; ++p) {
         const int lanes = int(std::min<int64_t>(kPanel, n1 - p * kPanel));
         int64_t m = 0;
@@ -123,16 +123,39 @@ void gate_up_panels(const kt_moe_config* c, const L::ExpertPanels& l, const void
                 pair(base + l.gate(p), r0, r0 + row_bytes, c->hidden, g);
                 pair(base + l.up(p), r0, r0 + row_bytes, c->hidden, u);
                 for (int r = 0; r < 2; ++r)
-                    for (int lane = 0; lane < lanes; ++lane) out[(m + r) * ldo + p * kPanel + lane] = gate(g[r][lane], u[r][lane]);
+                    for (int lane = 0; lane < lanes; ++lane) put(m + r, p * kPanel + lane, g[r][lane], u[r][lane]);
             }
         for (; m < rows; ++m) {
             const auto* row = static_cast<const uint8_t*>(act) + size_t(m) * row_bytes;
             float g[16], u[16];
             dot(base + l.gate(p), row, c->hidden, g);
             dot(base + l.up(p), row, c->hidden, u);
-            for (int lane = 0; lane < lanes; ++lane) out[m * ldo + p * kPanel + lane] = gate(g[lane], u[lane]);
+            for (int lane = 0; lane < lanes; ++lane) put(m, p * kPanel + lane, g[lane], u[lane]);
         }
     }
+}
+
+// gate_up_tile: the layer's gated activation of each pair (out's columns absolute).
+template <class Dot, class Pair = NoPair>
+void gate_up_panels(const kt_moe_config* c, const L::ExpertPanels& l, const void* packed, const void* act,
+                    size_t row_bytes, int64_t rows, int64_t n0, int64_t n1, float* out, int64_t ldo, Dot dot, Pair pair = {}) {
+    const Gate gate(c);
+    gate_up_walk(c, l, packed, act, row_bytes, rows, n0, n1,
+                 [&](int64_t m, int64_t n, float g, float u) { out[m * ldo + n] = gate(g, u); }, dot, pair);
+}
+
+// gate_up_raw_tile (plugin ABI 1.4): both products as they are, column n at n - n0, for what kt-core
+// applies itself (expert biases, the limit after SiLU, GELU-tanh).
+template <class Dot, class Pair = NoPair>
+void gate_up_raw_panels(const kt_moe_config* c, const L::ExpertPanels& l, const void* packed, const void* act,
+                        size_t row_bytes, int64_t rows, int64_t n0, int64_t n1, float* out_gate, float* out_up, int64_t ldo,
+                        Dot dot, Pair pair = {}) {
+    gate_up_walk(c, l, packed, act, row_bytes, rows, n0, n1,
+                 [&](int64_t m, int64_t n, float g, float u) {
+                     out_gate[m * ldo + n - n0] = g;
+                     out_up[m * ldo + n - n0] = u;
+                 },
+                 dot, pair);
 }
 
 template <class Dot, class Pair = NoPair>
@@ -176,7 +199,9 @@ inline kt_method_kernels method_table(const char* method, const char* layout_id,
                                       kt_status (*gate_up)(const kt_moe_config*, const void*, const void*, int64_t, int64_t,
                                                            int64_t, float*, int64_t),
                                       kt_status (*down)(const kt_moe_config*, const void*, const void*, int64_t, int64_t,
-                                                        int64_t, float*, int64_t)) {
+                                                        int64_t, float*, int64_t),
+                                      kt_status (*gate_up_raw)(const kt_moe_config*, const void*, const void*, int64_t,
+                                                               int64_t, int64_t, float*, float*, int64_t)) {
     kt_method_kernels m{};
     m.struct_size = sizeof(kt_method_kernels);
     m.method = method;
@@ -191,6 +216,7 @@ inline kt_method_kernels method_table(const char* method, const char* layout_id,
     m.gate_up_tile = gate_up;
     m.down_tile = down;
     m.activations = KT_ACTIVATION_SWIGLU;
+    m.gate_up_raw_tile = gate_up_raw;   // ABI 1.4
     return m;
 }
 

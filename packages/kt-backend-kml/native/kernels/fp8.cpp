@@ -209,6 +209,16 @@ kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, i
 }
 
 template <Scales kScales>
+kt_status gate_up_raw(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+                      float* out_gate, float* out_up, int64_t ldo) {
+    with_kernels<kScales>([&](auto dot, auto pair) {
+        gate_up_raw_panels(c, kGeo<kScales>.expert(c->hidden, c->intermediate), packed, act, f32_row_bytes(c->hidden), rows,
+                           n0, n1, out_gate, out_up, ldo, dot, pair);
+    });
+    return KT_OK;
+}
+
+template <Scales kScales>
 kt_status down(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                float* out, int64_t ldo) {
     with_kernels<kScales>([&](auto dot, auto pair) {
@@ -221,7 +231,8 @@ kt_status down(const kt_moe_config* c, const void* packed, const void* act, int6
 template <Scales kScales>
 kt_method_kernels table(const char* layout_id, const char* kernel_id) {
     return method_table(kt::inputs::fp8_method_name(kScales), layout_id, kernel_id, packed_bytes<kScales>, pack<kScales>,
-                        f32_row_bytes, quantize_f32_rows, gate_up<kScales>, down<kScales>);
+                        f32_row_bytes, quantize_f32_rows, gate_up<kScales>, down<kScales>,
+                        gate_up_raw<kScales>);
 }
 
 }  // namespace

@@ -770,13 +770,14 @@ constexpr int kRowsAtOnce = 2;
 constexpr int kRowsAtOnce = kMmla ? 2 : 1;
 #endif
 
-kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
-                  float* out, int64_t ldo) {
+// put(row, column, gate, up) for every activation row and column in [n0, n1), kRowsAtOnce rows per pass.
+template <class Put>
+kt_status gate_up_walk(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+                       Put put) {
     const G::Expert l = layout(c);
     if (!l.ok) return check_config(c);
     if (const kt_status st = check_range("gate/up", n0, n1, c->intermediate)) return st;
     const auto* base = static_cast<const uint8_t*>(packed);
-    const Gate gate(c);
     for (int64_t p = n0 / kPanel; p * kPanel < n1; ++p)
         for (int64_t m = 0; m < rows; m += kRowsAtOnce) {
             const int nr = int(std::min<int64_t>(kRowsAtOnce, rows - m));
@@ -788,9 +789,25 @@ kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, i
             matrix_dot(l.m[1], base, p, a, nr, two_pass(c), u);
             for (int r = 0; r < nr; ++r)
                 for (int lane = 0; lane < kPanel && p * kPanel + lane < n1; ++lane)
-                    out[(m + r) * ldo + p * kPanel + lane] = gate(g[r][lane], u[r][lane]);
+                    put(m + r, p * kPanel + lane, g[r][lane], u[r][lane]);
         }
     return KT_OK;
+}
+
+kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+                  float* out, int64_t ldo) {
+    const Gate gate(c);
+    return gate_up_walk(c, packed, act, rows, n0, n1,
+                        [&](int64_t m, int64_t n, float g, float u) { out[m * ldo + n] = gate(g, u); });
+}
+
+// Plugin ABI 1.4's raw tile: both products, column n at n - n0 (common.h's gate_up_raw_panels).
+kt_status gate_up_raw(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+                      float* out_gate, float* out_up, int64_t ldo) {
+    return gate_up_walk(c, packed, act, rows, n0, n1, [&](int64_t m, int64_t n, float g, float u) {
+        out_gate[m * ldo + n - n0] = g;
+        out_up[m * ldo + n - n0] = u;
+    });
 }
 
 kt_status down(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
@@ -816,7 +833,7 @@ kt_status down(const kt_moe_config* c, const void* packed, const void* act, int6
 }  // namespace
 
 kt_method_kernels llamafile_kernels(const char* kernel_id) {
-    return method_table("LLAMAFILE", G::kId, kernel_id, packed_bytes, pack, act_bytes, quantize, gate_up, down);
+    return method_table("LLAMAFILE", G::kId, kernel_id, packed_bytes, pack, act_bytes, quantize, gate_up, down, gate_up_raw);
 }
 
 }  // namespace KT_TARGET_NAMESPACE

@@ -382,6 +382,17 @@ kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, i
 }
 
 template <bool kRaw>
+kt_status gate_up_raw(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+                      float* out_gate, float* out_up, int64_t ldo) {
+    const L::int4::Geometry geo = geometry<kRaw>(c);
+    with_kernels<kRaw>(geo, [&](auto dot, auto pair) {
+        gate_up_raw_panels(c, geo.expert(c->hidden, c->intermediate), packed, act, act_row_bytes(c->hidden), rows, n0, n1,
+                           out_gate, out_up, ldo, dot, pair);
+    });
+    return KT_OK;
+}
+
+template <bool kRaw>
 kt_status down(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
                float* out, int64_t ldo) {
     const L::int4::Geometry geo = geometry<kRaw>(c);
@@ -396,12 +407,12 @@ kt_status down(const kt_moe_config* c, const void* packed, const void* act, int6
 
 kt_method_kernels int4_kernels(const char* kernel_id) {
     return method_table("INT4", L::int4::kId, kernel_id, packed_bytes<false>, pack, act_row_bytes, quantize_int8_activations,
-                        gate_up<false>, down<false>);
+                        gate_up<false>, down<false>, gate_up_raw<false>);
 }
 
 kt_method_kernels rawint4_kernels(const char* kernel_id) {
     return method_table("RAWINT4", L::int4::kRawId, kernel_id, packed_bytes<true>, pack_raw, act_row_bytes,
-                        quantize_int8_activations, gate_up<true>, down<true>);
+                        quantize_int8_activations, gate_up<true>, down<true>, gate_up_raw<true>);
 }
 
 }  // namespace KT_TARGET_NAMESPACE
