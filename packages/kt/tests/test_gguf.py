@@ -70,8 +70,8 @@ def test_wrapper_forward_matches_fp32_moe(tmp_path, types):
 @pytest.mark.parametrize("backend", ["reference", None])
 def test_gemma4_file_serves_gelu_tanh_experts(tmp_path, backend):
     """A gemma4 GGUF's experts gate through GELU-tanh: the wrapper makes its layer so from the file's
-    architecture (the LLAMAFILE raw gate/up tile under kt-core's activation), a layer made for SiLU
-    is refused naming it, and GPT-OSS files (biases kt's GGUF reader does not read) are refused."""
+    architecture (the LLAMAFILE raw gate/up tile under kt-core's activation), and a layer made for
+    SiLU is refused naming it."""
     hidden, inter, experts = 256, 256, 6
     types = ("Q4_K", "Q4_K", "Q8_0")
     weights = write_moe_gguf(tmp_path / "g.gguf", hidden=hidden, intermediate=inter, experts=experts, top_k=2,
@@ -89,13 +89,37 @@ def test_gemma4_file_serves_gelu_tanh_experts(tmp_path, backend):
     assert _rel(silu, want) > 0.05
     layer = MoE(num_experts=experts, top_k=2, hidden_size=hidden, intermediate_size=inter, method="LLAMAFILE",
                 weight_types=types, backend="reference")
-    with pytest.raises(WeightsError, match="is a gemma4 model, whose experts compute GELU-tanh.*gate_activation='gelu_tanh'"):
+    with pytest.raises(WeightsError, match="is a gemma4 model: create its layers with gate_activation='gelu_tanh'"):
         load_layer(layer, tmp_path / "g.gguf", 0)
-    write_moe_gguf(tmp_path / "o.gguf", hidden=hidden, intermediate=inter, experts=experts, top_k=2, types=types,
-                   arch="gpt-oss")
-    with pytest.raises(WeightsError, match="is a gpt-oss GGUF model: its experts add per-expert biases"):
-        KTMoEWrapper(layer_idx=0, num_experts=experts, num_experts_per_tok=2, hidden_size=hidden,
-                     moe_intermediate_size=inter, weight_path=str(tmp_path / "o.gguf"), method="GGUF")
+
+
+@pytest.mark.parametrize("backend", ["reference", None])
+def test_gpt_oss_file_mxfp4_experts_with_biases(tmp_path, backend):
+    """GPT-OSS's GGUF files: MXFP4 expert blocks (ggml's nibble order, reordered exactly into the
+    MXFP4 method's codes: the layer runs MXFP4's kernels), biases in ffn_*_exps.bias and the clamped
+    SwiGLU at llama.cpp's gpt-oss constants (limit 7, alpha 1.702), all taken from the file by the
+    wrapper. Bound: against float64 over gguf-py's dequantized blocks with the biases — the reference
+    backend's f32 activations, the host's int8 activation passes."""
+    hidden, inter, experts = 256, 128, 6
+    weights = write_moe_gguf(tmp_path / "o.gguf", hidden=hidden, intermediate=inter, experts=experts, top_k=2,
+                             layers=2, types=("MXFP4",) * 3, seed=7, arch="gpt-oss", biases=True)
+    w = KTMoEWrapper(layer_idx=1, num_experts=experts, num_experts_per_tok=2, hidden_size=hidden,
+                     moe_intermediate_size=inter, weight_path=str(tmp_path / "o.gguf"), method="GGUF", backend=backend)
+    assert w._moe.kernel_method == "MXFP4" and w._moe.expert_bias and w._moe.swiglu == (7.0, 1.702, False, "silu")
+    w.load_weights()
+    rng = np.random.default_rng(8)
+    x = (rng.standard_normal((9, hidden)) * 4).astype(np.float32)
+    ids, wt = _routing(rng, 9, experts, 2)
+    gate, up, down, bias = weights[1]
+    want = moe_reference(x, gate, up, down, ids, wt, swiglu_limit=7.0, swiglu_alpha=1.702, biases=bias)
+    assert _rel(w.forward(x, ids, wt), want) < (1e-5 if backend == "reference" else 5e-3)
+    plain = moe_reference(x, gate, up, down, ids, wt)
+    assert _rel(plain, want) > 0.05   # the biases and the clamped SwiGLU matter here
+    layer = MoE(num_experts=experts, top_k=2, hidden_size=hidden, intermediate_size=inter, method="LLAMAFILE",
+                weight_types=("MXFP4",) * 3, backend="reference")
+    with pytest.raises(WeightsError, match="is a gpt-oss model: create its layers with swiglu_limit=7.0, swiglu_alpha=1.702, "
+                                           "expert_bias=True"):
+        load_layer(layer, tmp_path / "o.gguf", 1)
 
 
 def test_bf16_file_loads_on_the_bf16_kernels(tmp_path, monkeypatch):
@@ -239,7 +263,7 @@ def test_unsupported_types_and_block_sizes(tmp_path):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(WeightsError, match="stored as F16, which kt's LLAMAFILE method does not read; it reads Q4_0.*BF16 "
+    with pytest.raises(WeightsError, match="stored as F16, which kt's LLAMAFILE method does not read; it reads Q4_0.*BF16, MXFP4 "
                                            r"\(llama-quantize can rewrite the file as BF16 or Q8_0\)"):
         open_gguf(tmp_path / "f16.gguf").layer_experts(0)
 

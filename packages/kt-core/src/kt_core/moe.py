@@ -20,7 +20,7 @@ from . import _arrays, _native, pool
 from .backends.selection import canonical_method, selector
 from .errors import BackendError, WeightsError
 from .formats.codes import int4_group_for
-from .formats.ggml import FLOAT_TYPES, float_method, ggml_type
+from .formats.ggml import FLOAT_TYPES, STORED_TYPES, ggml_type, stored_method
 
 log = logging.getLogger("kt_core")
 
@@ -78,14 +78,16 @@ class MoE:
         self.weight_types = self._weight_types(weight_types)
         # The method whose kernels run this layer: its own, except GGUF experts of plain floats,
         # which run on their float method's kernels (BF16 GGUF files: formats/ggml.py).
-        self.kernel_method = (float_method(self.weight_types) if self.weight_types else None) or self.method
+        self.kernel_method = (stored_method(self.weight_types) if self.weight_types else None) or self.method
         # Integer kernels quantize activations in two int8 passes (~1e-3 of the output RMS) and
         # split-bf16 kernels (BF16, FP8) carry a low half; fast_activations=True allows one int8
         # pass (kt-kernel's choice: faster prefill) or bf16 alone (~1.5e-2). None (the default)
-        # is two passes, except on GGUF blocks (LLAMAFILE): there one pass carries exactly the
-        # activation blocks llama.cpp dots each type against, Q8_K or Q8_0 (docs/formats.md).
+        # is two passes, except on GGUF blocks (LLAMAFILE) and BF16 files: there one pass carries
+        # exactly the activations llama.cpp dots each type against, Q8_K, Q8_0 or bf16
+        # (docs/formats.md). GGUF MXFP4 (GPT-OSS) runs MXFP4's kernels, whose one pass (an int8
+        # plane per row) is coarser than the Q8_0 blocks llama.cpp dots it against: it keeps two.
         if fast_activations is None:
-            fast_activations = bool(self.weight_types)
+            fast_activations = bool(self.weight_types) and self.kernel_method != "MXFP4"
         self.fast_activations = bool(fast_activations)
         pool.ensure()
         shape = (self.hidden_size, self.intermediate_size, self.num_experts, self.top_k)
@@ -178,9 +180,9 @@ class MoE:
         if weight_types is None or len(weight_types) != 3:
             raise ValueError("method LLAMAFILE needs weight_types=(gate, up, down), their ggml types such as "
                              "('Q4_K', 'Q4_K', 'Q6_K'); KTMoEWrapper and kt.gguf read them from the GGUF file")
-        names = tuple(str(t).upper() if str(t).upper() in FLOAT_TYPES else ggml_type(t).name for t in weight_types)
+        names = tuple(str(t).upper() if str(t).upper() in STORED_TYPES else ggml_type(t).name for t in weight_types)
         for name, t in zip(("gate", "up", "down"), names):
-            if t in FLOAT_TYPES:
+            if t in STORED_TYPES:
                 continue
             k = self.intermediate_size if name == "down" else self.hidden_size
             block = ggml_type(t).block_elems
@@ -284,8 +286,9 @@ class MoE:
             self._set_biases(int(expert), biases)
 
     def _gguf_floats(self, gate, up, down) -> tuple:
-        """GGUF float experts arrive as the file's row bytes; the float method packs them as floats."""
-        if self.kernel_method == self.method:
+        """GGUF float experts arrive as the file's row bytes; the float method packs them as floats.
+        (MXFP4 experts arrive as codes and scales: kt.gguf's reader reorders them.)"""
+        if self.kernel_method == self.method or self.kernel_method not in FLOAT_TYPES.values():
             return gate, up, down
         return tuple(_arrays.bf16_rows(m, n) for m, n in ((gate, "gate"), (up, "up"), (down, "down")))
 

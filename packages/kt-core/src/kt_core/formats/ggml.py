@@ -52,21 +52,49 @@ def ggml_type(name: str) -> GgmlType:
     return t
 
 
-# GGUF expert tensors of plain floats, and the kt method whose kernels run them. They need no
-# block kernel: BF16's own packed layout holds them exactly, and its one-pass bf16 activations
-# are what llama.cpp dots BF16 against (its vec_dot_type), so a LLAMAFILE layer of BF16 experts
-# is a BF16 layer with llama.cpp's numerics by default. F16 and F32 are not read: kt has no
-# kernel for them, and BF16 would round F16's mantissa.
+# GGUF expert types a kt method holds as stored, and that method; they need no LLAMAFILE block
+# kernel. Plain floats: BF16's own packed layout holds them exactly, and its one-pass bf16
+# activations are what llama.cpp dots BF16 against (its vec_dot_type), so a LLAMAFILE layer of BF16
+# experts is a BF16 layer with llama.cpp's numerics by default. F16 and F32 are not read: kt has no
+# kernel for them, and BF16 would round F16's mantissa. Codes: ggml's MXFP4 blocks (GPT-OSS's GGUF
+# files) are the OCP format GPT-OSS's checkpoints store, an E8M0 byte per 32 and E2M1 codes, only
+# in another nibble order (mxfp4_codes): the MXFP4 method's layout holds them exactly.
 FLOAT_TYPES = {"BF16": "BF16"}
+CODE_TYPES = {"MXFP4": "MXFP4"}
+STORED_TYPES = {**FLOAT_TYPES, **CODE_TYPES}
 
 
-def float_method(weight_types) -> str | None:
-    """The kt method of a layer whose (gate, up, down) GGUF types are all one float type; None
-    for block types. A layer mixing the two is refused by name (kt runs one kernel per layer)."""
-    floats = [t for t in weight_types if t in FLOAT_TYPES]
-    if not floats:
+def stored_method(weight_types) -> str | None:
+    """The kt method of a layer whose (gate, up, down) GGUF types are all one type a kt method
+    holds as stored (STORED_TYPES); None for LLAMAFILE's block types. A layer mixing the two is
+    refused by name (kt runs one kernel per layer)."""
+    stored = [t for t in weight_types if t in STORED_TYPES]
+    if not stored:
         return None
-    if len(floats) != len(weight_types) or len(set(floats)) != 1:
+    if len(stored) != len(weight_types) or len(set(stored)) != 1:
         raise ValueError(f"gate, up, down are {', '.join(weight_types)}: kt runs a layer's GGUF experts either all as "
-                         f"one float type ({', '.join(FLOAT_TYPES)}) or all as block types, not a mix")
-    return FLOAT_TYPES[floats[0]]
+                         f"one type its methods hold as stored ({', '.join(STORED_TYPES)}) or all as block types, "
+                         "not a mix")
+    return STORED_TYPES[stored[0]]
+
+
+MXFP4_BLOCK_BYTES = 17   # ggml's block_mxfp4: the E8M0 byte, then 16 bytes of codes for 32 elements
+
+
+def mxfp4_codes(rows) -> tuple:
+    """ggml MXFP4 rows (uint8 [N, K/32 * 17]: per 32 elements the E8M0 byte e, then byte j holding
+    element j in its low nibble and element j + 16 in its high one) as the MXFP4 method takes them,
+    GPT-OSS's order: (codes uint8 [N, K/2], element 2j in the low nibble of byte j; scales uint8
+    [N, K/32]). The same codes and scales (ggml's doubled E2M1 table times half of 2^(e - 127) is
+    E2M1 times 2^(e - 127)): a reordering, exact."""
+    import numpy as np
+
+    rows = np.asarray(rows)
+    if rows.dtype != np.uint8 or rows.ndim != 2 or rows.shape[1] % MXFP4_BLOCK_BYTES:
+        raise ValueError(f"ggml MXFP4 rows must be uint8 [N, K/32 * 17], got {rows.dtype} {list(rows.shape)}")
+    n, blocks = rows.shape[0], rows.shape[1] // MXFP4_BLOCK_BYTES
+    b = rows.reshape(n, blocks, MXFP4_BLOCK_BYTES)
+    qs = b[:, :, 1:]
+    codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)        # [N, blocks, 32] in element order
+    packed = codes[:, :, 0::2] | (codes[:, :, 1::2] << 4)
+    return np.ascontiguousarray(packed.reshape(n, blocks * 16)), np.ascontiguousarray(b[:, :, 0])

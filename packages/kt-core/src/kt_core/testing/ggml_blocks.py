@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..formats.ggml import FLOAT_TYPES, ggml_type
+from ..formats.ggml import CODE_TYPES, FLOAT_TYPES, ggml_type
 from .reference import bf16_round
 
 # Byte offsets of each type's f16 scale fields within a block, and a magnitude that keeps
@@ -29,6 +29,9 @@ def random_blocks(rng: np.random.Generator, type_name: str, shape: tuple[int, ..
     if str(type_name).upper() == "BF16":   # the file's rows: round-to-nearest-even bf16 bits
         rounded = bf16_round(rng.standard_normal(shape, dtype=np.float32) * 0.05)
         return (rounded.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+    if str(type_name).upper() in CODE_TYPES:   # MXFP4 (GPT-OSS's files): gguf's own quantizer
+        return gguf.quants.quantize((rng.standard_normal(shape) * 0.05).astype(np.float32),
+                                    gguf.GGMLQuantizationType[str(type_name).upper()])
     t = ggml_type(type_name)
     qtype = gguf.GGMLQuantizationType[t.name]
     if t.name in ("Q4_0", "Q8_0"):
@@ -46,7 +49,8 @@ def dequantize(blocks: np.ndarray, type_name: str) -> np.ndarray:
 
     if str(type_name).upper() in FLOAT_TYPES:
         return (np.ascontiguousarray(blocks).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-    return gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType[ggml_type(type_name).name])
+    name = str(type_name).upper() if str(type_name).upper() in CODE_TYPES else ggml_type(type_name).name
+    return gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType[name])
 
 
 def q8k_activations(x: np.ndarray) -> np.ndarray:

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from kt_core.errors import KTError, WeightsError
-from kt_core.formats.ggml import FLOAT_TYPES, GGML_TYPES
+from kt_core.formats.ggml import CODE_TYPES, GGML_TYPES, STORED_TYPES, mxfp4_codes
 
 SPLIT = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 PROJECTIONS = ("gate", "up", "down")
@@ -268,9 +268,9 @@ class GGUFModel:
         if tuple(int(x) for x in t.shape) != shape:
             raise WeightsError(f"{name} in {f.name} has shape {list(map(int, t.shape))} (ggml order); the metadata "
                                f"says {kind} {list(shape)}")
-        if type_name not in GGML_TYPES and type_name not in FLOAT_TYPES:
+        if type_name not in GGML_TYPES and type_name not in STORED_TYPES:
             raise WeightsError(f"{name} in {f.name} is stored as {type_name}, which kt's LLAMAFILE method does not "
-                               f"read; it reads {', '.join([*GGML_TYPES, *FLOAT_TYPES])}"
+                               f"read; it reads {', '.join([*GGML_TYPES, *STORED_TYPES])}"
                                + (" (llama-quantize can rewrite the file as BF16 or Q8_0)" if type_name in ("F16", "F32")
                                   else ""))
         data = t.data
@@ -312,6 +312,22 @@ class GGUFModel:
             matrices.append([p[1] for p in parts])
         return LayerExperts(layer, tuple(types), tuple(matrices))
 
+    def layer_biases(self, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Layer `layer`'s expert biases, float32 gate [E, I], up [E, I], down [E, H] (GPT-OSS's
+        `blk.{L}.ffn_{gate,up,down}_exps.bias`)."""
+        g = self.geometry
+        out = []
+        for proj, n in zip(PROJECTIONS, (g.intermediate, g.intermediate, g.hidden)):
+            name = f"blk.{layer}.ffn_{proj}_exps.bias"
+            if name not in self.tensors:
+                raise WeightsError(f"{self.path} is a {g.arch} model, whose experts carry biases, but has no {name}")
+            t, f = self.tensors[name]
+            if t.tensor_type.name != "F32" or tuple(int(x) for x in t.shape) != (n, g.num_experts):
+                raise WeightsError(f"{name} in {f.name} is {t.tensor_type.name} {list(map(int, t.shape))} (ggml order); "
+                                   f"expected F32 [{n}, {g.num_experts}]")
+            out.append(np.asarray(t.data, dtype=np.float32).reshape(g.num_experts, n))
+        return tuple(out)
+
 
 @functools.lru_cache(maxsize=8)
 def _open_cached(files: tuple[str, ...], stamp: tuple) -> GGUFModel:
@@ -335,19 +351,21 @@ def is_gguf(path: str | Path) -> bool:
 
 
 # What llama.cpp architectures' experts compute where it is not SiLU(gate) * up: the gated activation
-# a layer must be made with (kt_core.MoE's swiglu tuple), or why kt cannot serve them from the file.
-ARCH_EXPERT_ACTIVATION = {"gemma4": (0.0, 0.0, False, "gelu_tanh")}
-ARCH_REFUSED = {"gpt-oss": "its experts add per-expert biases (ffn_*_exps.bias) around a clamped SwiGLU, which kt's GGUF "
-                           "reader does not read; serve GPT-OSS from its safetensors checkpoint (MXFP4 as stored)"}
+# a layer must be made with (kt_core.MoE's swiglu tuple), and whether they add biases. GPT-OSS: its
+# clamped SwiGLU at the constants llama.cpp's gpt-oss graph fixes (limit 7, alpha 1.702), biases in
+# `blk.{L}.ffn_{gate,up,down}_exps.bias`.
+ARCH_EXPERT_ACTIVATION = {"gemma4": (0.0, 0.0, False, "gelu_tanh"), "gpt-oss": (7.0, 1.702, False, "silu")}
+ARCH_EXPERT_BIASES = {"gpt-oss"}
 
 
 def arch_expert_activation(model: GGUFModel) -> tuple[float, float, bool, str]:
     """The gated activation of `model`'s experts, as kt_core.MoE.swiglu says it (SiLU unless the
-    architecture is listed above); WeightsError for an architecture kt cannot serve from GGUF."""
-    arch = model.geometry.arch
-    if arch in ARCH_REFUSED:
-        raise WeightsError(f"{model.path} is a {arch} GGUF model: {ARCH_REFUSED[arch]}")
-    return ARCH_EXPERT_ACTIVATION.get(arch, (0.0, 0.0, False, "silu"))
+    architecture is listed above)."""
+    return ARCH_EXPERT_ACTIVATION.get(model.geometry.arch, (0.0, 0.0, False, "silu"))
+
+
+def arch_expert_biases(model: GGUFModel) -> bool:
+    return model.geometry.arch in ARCH_EXPERT_BIASES
 
 
 def expert_reader(moe, model: GGUFModel, layer: int):
@@ -364,15 +382,26 @@ def expert_reader(moe, model: GGUFModel, layer: int):
     if g.top_k is not None and g.top_k != moe.top_k:
         raise WeightsError(f"{model.path} routes each token to {g.top_k} experts ({g.arch}.expert_used_count); the "
                            f"layer was created with top_k={moe.top_k}")
-    activation = arch_expert_activation(model)
-    if moe.swiglu != activation or moe.expert_bias:
-        raise WeightsError(f"{model.path} is a {g.arch} model, whose experts compute "
-                           + (f"GELU-tanh(gate) * up: create the layer with gate_activation={activation[3]!r}"
-                              if activation[3] != "silu" else "SiLU(gate) * up: create the layer without swiglu settings, "
-                              "expert biases or gate_activation") + f" (it was made with swiglu={moe.swiglu}"
-                           + (", expert_bias=True)" if moe.expert_bias else ")"))
+    activation, biased = arch_expert_activation(model), arch_expert_biases(model)
+    if moe.swiglu != activation or moe.expert_bias != biased:
+        wanted = (f"gate_activation={activation[3]!r}" if activation[3] != "silu" else
+                  f"swiglu_limit={activation[0]}, swiglu_alpha={activation[1]}" if activation[0] or activation[1] else
+                  "no swiglu settings or gate_activation") + (", expert_bias=True" if biased else ", no expert biases")
+        raise WeightsError(f"{model.path} is a {g.arch} model: create its layers with {wanted} (this one was made with "
+                           f"swiglu={moe.swiglu}, expert_bias={moe.expert_bias})")
     experts = model.layer_experts(layer)
     if experts.types != moe.weight_types:
         raise WeightsError(f"layer {layer} of {model.path} stores gate, up, down as {', '.join(experts.types)}; the "
                            f"layer was created for {', '.join(moe.weight_types)} (weight_types)")
-    return experts.num_experts, lambda e: (*experts.expert(e), None, None)
+    biases = model.layer_biases(layer) if biased else None
+
+    def read(e):
+        weights = experts.expert(e)
+        if experts.types[0] in CODE_TYPES:   # ggml MXFP4 blocks as the MXFP4 method takes them: codes, scales
+            codes, scales = zip(*(mxfp4_codes(np.asarray(m).reshape(m.shape[0], -1)) for m in weights))
+            weights = (*codes, scales, None)
+        else:
+            weights = (*weights, None, None)
+        return (*weights, tuple(b[e] for b in biases)) if biases is not None else weights
+
+    return experts.num_experts, read

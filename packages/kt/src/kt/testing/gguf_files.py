@@ -7,16 +7,18 @@ from pathlib import Path
 
 import numpy as np
 
-from kt_core.formats.ggml import FLOAT_TYPES, ggml_type
+from kt_core.formats.ggml import STORED_TYPES, ggml_type
 from kt_core.testing.ggml_blocks import dequantize, random_blocks
 
 
 def write_moe_gguf(path: str | Path, *, hidden: int, intermediate: int, experts: int, top_k: int,
                    layers: int = 1, types=("Q4_K", "Q4_K", "Q6_K"), seed: int = 0, split_max_tensors: int = 0,
-                   per_expert: bool = False, arch: str = "qwen3moe") -> dict[int, tuple[np.ndarray, ...]]:
+                   per_expert: bool = False, arch: str = "qwen3moe", biases: bool = False) -> dict[int, tuple[np.ndarray, ...]]:
     """Write a GGUF with `layers` MoE layers (fused `_exps` tensors, or per-expert ones) and
     return {layer: (gate, up, down)} dequantized f32 [E, N, K]. With split_max_tensors the
-    writer produces `stem-0000k-of-0000N.gguf` files next to `path`."""
+    writer produces `stem-0000k-of-0000N.gguf` files next to `path`. biases: GPT-OSS's
+    `blk.{L}.ffn_{gate,up,down}_exps.bias` too (F32 [E, N]), returned as a fourth item (gate,
+    up, down biases)."""
     import gguf
 
     rng = np.random.default_rng(seed)
@@ -32,7 +34,7 @@ def write_moe_gguf(path: str | Path, *, hidden: int, intermediate: int, experts:
         dense = []
         for proj, type_name in zip(("gate", "up", "down"), types):
             blocks = random_blocks(rng, type_name, (experts, *shapes[proj]))
-            name = str(type_name).upper() if str(type_name).upper() in FLOAT_TYPES else ggml_type(type_name).name
+            name = str(type_name).upper() if str(type_name).upper() in STORED_TYPES else ggml_type(type_name).name
             qtype = gguf.GGMLQuantizationType[name]
             if per_expert:
                 for e in range(experts):
@@ -40,6 +42,11 @@ def write_moe_gguf(path: str | Path, *, hidden: int, intermediate: int, experts:
             else:
                 w.add_tensor(f"blk.{layer}.ffn_{proj}_exps.weight", blocks, raw_dtype=qtype)
             dense.append(dequantize(blocks, type_name))
+        if biases:
+            bias = tuple((rng.standard_normal((experts, shapes[p][0])) * 0.3).astype(np.float32) for p in shapes)
+            for proj, b in zip(shapes, bias):
+                w.add_tensor(f"blk.{layer}.ffn_{proj}_exps.bias", b)
+            dense.append(bias)
         weights[layer] = tuple(dense)
     w.write_header_to_file()
     w.write_kv_data_to_file()

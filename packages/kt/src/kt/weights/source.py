@@ -8,7 +8,7 @@ from pathlib import Path
 from kt_core.errors import KTError
 
 from ..gguf import open_gguf
-from ..gguf.reader import arch_expert_activation
+from ..gguf.reader import arch_expert_activation, arch_expert_biases
 from ..models import read_config, spec_from_config
 from .checkpoint import Checkpoint
 from .converted import MANIFEST, read_manifest
@@ -21,8 +21,9 @@ from .native_mxfp4 import native_mxfp4_experts  # noqa: F401  (the weight source
 def layer_settings(path, layer_idx: int, method: str) -> dict:
     if method == "LLAMAFILE":   # the file fixes the ggml types and, by its architecture, the experts' activation
         model = open_gguf(path)
-        return {"weight_types": model.layer_experts(layer_idx).types,
-                "gate_activation": arch_expert_activation(model)[3]}
+        limit, alpha, _, gate = arch_expert_activation(model)
+        return {"weight_types": model.layer_experts(layer_idx).types, "gate_activation": gate, "swiglu_limit": limit,
+                "swiglu_alpha": alpha, "expert_bias": arch_expert_biases(model)}
     if (Path(path) / MANIFEST).is_file():
         manifest = read_manifest(Path(path))
         return {"group_size": int(manifest.get("group_size", 0)), "zero_point": bool(manifest.get("zero_point"))}
