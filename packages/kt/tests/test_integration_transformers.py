@@ -839,3 +839,51 @@ def test_multimodal_models_load_without_their_experts(tmp_path, model_type):
     patch_model(whole, method="BF16")
     ids = prompt()
     assert torch.equal(logits(model.eval(), ids), logits(whole, ids))
+
+
+OMNI_TEXT = dict(COMMON, head_dim=16, num_hidden_layers=2, intermediate_size=32, moe_intermediate_size=32, num_experts=8,
+                 num_experts_per_tok=2, mlp_only_layers=[0])
+OMNI_TOWERS = dict(audio_config=dict(d_model=32, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=64,
+                                     num_mel_bins=16, output_dim=64, n_window=4, downsample_hidden_size=16),
+                   vision_config=dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=64,
+                                      deepstack_visual_indexes=[0]))
+
+
+def omni(model_type):
+    """A tiny Qwen3-Omni (its talker off: enable_audio_output=False) or its thinker alone."""
+    torch.manual_seed(0)
+    if model_type == "qwen3_omni_moe":
+        config = transformers.AutoConfig.for_model(model_type, thinker_config=dict(text_config=OMNI_TEXT, **OMNI_TOWERS),
+                                                   enable_audio_output=False)
+        return transformers.AutoModelForMultimodalLM.from_config(config).eval()
+    config = transformers.AutoConfig.for_model(model_type, text_config=OMNI_TEXT, **OMNI_TOWERS)
+    return transformers.AutoModelForImageTextToText.from_config(config).eval()
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_omni_moe", "qwen3_omni_moe_thinker"])
+def test_qwen3_omni_thinker_experts(tmp_path, model_type):
+    """Qwen3-Omni: the thinker's language model (a Qwen3-MoE under thinker_config.text_config) on kt,
+    in the whole model and in the thinker alone — a text-only forward against torch's; and load_model
+    (AutoModelForMultimodalLM / AutoModelForImageTextToText) of a saved folder, patched with
+    weight_path: the logits of loading the whole model and patching it."""
+    from kt.integrations.transformers import load_model
+
+    def thinker(m):
+        return m.thinker if model_type == "qwen3_omni_moe" else m
+
+    model = omni(model_type)
+    with torch.no_grad():
+        for m in experts_modules(model):
+            for p in (m.gate_up_proj, m.down_proj):
+                p.copy_(p.bfloat16().float())
+    ids = prompt()
+    want = logits(thinker(model), ids)
+    patch = patch_model(model, method="BF16")
+    assert len(patch.layers) == 1 and experts_modules(model) == []   # layer 0 is dense (mlp_only_layers)
+    assert rel_max(logits(thinker(model), ids), want) < 1e-4
+    omni(model_type).to(torch.bfloat16).save_pretrained(tmp_path)
+    loaded = load_model(tmp_path, dtype=torch.float32)
+    whole = type(loaded).from_pretrained(tmp_path, dtype=torch.float32).eval()
+    patch_model(loaded, method="BF16", weight_path=tmp_path)
+    patch_model(whole, method="BF16")
+    assert torch.equal(logits(thinker(loaded.eval()), ids), logits(thinker(whole), ids))

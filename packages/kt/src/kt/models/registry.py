@@ -123,7 +123,7 @@ class Family:
     # int8 E2M1 pairs in `.weight`, a UE8M0 `.scale` per 32 (DeepSeek-V4's own checkpoints). The
     # first expert's dtype decides (kt.weights.Checkpoint).
     mxfp4_experts_in_fp8: bool = False
-    text_config_key: str | None = None            # multimodal configs nest the text model
+    text_config_key: str | None = None            # multimodal configs nest the text model (a dotted path)
     # The transformers MoE block class names for this family (kt.integrations.transformers).
     transformers_blocks: tuple[str, ...] = ()
     transformers_experts: TransformersExperts = field(default_factory=TransformersExperts)
@@ -157,6 +157,18 @@ class Family:
             limit = float(limits[layer] or 0.0) if layer < len(limits) else 0.0
             return limit, 0.0, limit > 0, "silu"
         return float(setting("swiglu_limit", 7.0)), float(setting("swiglu_alpha", 1.702)), False, "silu"
+
+    def text_config(self, cfg):
+        """The language model's config in `cfg` (config.json's dict or a transformers config): the
+        text_config_key path, a key or attribute per step (Qwen3-Omni's thinker_config.text_config);
+        `cfg` itself where the family has none or the path is absent (configs keeping the text keys at
+        the top level)."""
+        node = cfg
+        for part in (self.text_config_key or "").split(".") if self.text_config_key else ():
+            node = node.get(part) if isinstance(node, dict) else getattr(node, part, None)
+            if node is None:
+                return cfg
+        return node
 
     def expert_tensor(self, layer: int, expert: int, proj: str) -> str:
         """Name of one expert's projection weight (without the `.weight` suffix)."""
@@ -225,6 +237,13 @@ FAMILIES: tuple[Family, ...] = (
     Family("qwen3.5-moe", ("qwen3_5_moe",), experts_key=("num_experts",), text_config_key="text_config",
            experts_prefix="model.language_model.layers.{layer}.mlp.experts",
            transformers_blocks=("Qwen3_5MoeSparseMoeBlock",)),
+    # Qwen3-Omni: the thinker's language model is a Qwen3-MoE (thinker_config.text_config), one tensor per
+    # expert under thinker.model (its talker's MoE blocks, another class, stay torch's); the thinker alone.
+    Family("qwen3-omni-moe", ("qwen3_omni_moe",), experts_key=("num_experts",), **_QWEN_STRIDE,
+           text_config_key="thinker_config.text_config", experts_prefix="thinker.model.layers.{layer}.mlp.experts",
+           transformers_blocks=("Qwen3OmniMoeThinkerTextSparseMoeBlock",)),
+    Family("qwen3-omni-moe-thinker", ("qwen3_omni_moe_thinker",), experts_key=("num_experts",), **_QWEN_STRIDE,
+           text_config_key="text_config", transformers_blocks=("Qwen3OmniMoeThinkerTextSparseMoeBlock",)),
     Family("qwen3-vl-moe", ("qwen3_vl_moe",), experts_key=("num_experts", "num_local_experts"),
            **_QWEN_STRIDE, text_config_key="text_config",
            experts_prefix="model.language_model.layers.{layer}.mlp.experts", per_expert=None, fused=FusedExperts(),

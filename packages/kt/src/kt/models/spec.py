@@ -144,7 +144,7 @@ def spec_from_config(cfg: dict) -> ModelSpec:
     if not isinstance(model_type, str):
         raise KTError(f"config.json model_type should be a string, found {model_type!r}")
     fam = family_for(model_type)
-    text = cfg.get(fam.text_config_key, cfg) if fam.text_config_key else cfg
+    text = fam.text_config(cfg)
     if not isinstance(text, dict):
         raise KTError(f"config.json {fam.text_config_key} should be a JSON object, found {type(text).__name__}")
     if fam.moe_switch_key and text.get(fam.moe_switch_key) is not True:

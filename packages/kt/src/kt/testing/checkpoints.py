@@ -39,8 +39,9 @@ def make_config(model_type: str, *, hidden: int, intermediate: int, experts: int
         text[fam.sparse_step_key] = 1
     if fam.layer_freq_key:
         text[fam.layer_freq_key] = 1
-    cfg = {"model_type": model_type, fam.text_config_key: text} if fam.text_config_key else {"model_type": model_type,
-                                                                                               **text}
+    for part in reversed(fam.text_config_key.split(".")) if fam.text_config_key else ():   # nested where the family keeps it
+        text = {part: text}
+    cfg = {"model_type": model_type, **text}
     if quant == "fp8":
         cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128],
                                       "activation_scheme": "dynamic"}

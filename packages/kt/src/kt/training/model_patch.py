@@ -92,7 +92,7 @@ def patch_for_training(model: nn.Module, *, method: str, backend: str | None, lo
     if not model_type:
         raise KTError(f"{type(model).__name__} has no config.model_type; patch_model takes a transformers model")
     fam = inference_patch._family(model_type)
-    cfg = getattr(config, fam.text_config_key) if fam.text_config_key else config
+    cfg = fam.text_config(config)
     swiglu = inference_patch._swiglu(fam, cfg, model_type)
     blocks = inference_patch._moe_blocks(model, fam, model_type)
     top_k = inference_patch._config_int(cfg, fam.top_k_key, "experts per token", model_type)

@@ -111,7 +111,7 @@ def checkpoint_swiglu(spec, config: dict, layer: int) -> tuple[float, float, boo
     fam = spec.family
     if fam.activation == "silu":
         return None
-    text = config.get(fam.text_config_key) if fam.text_config_key else None   # multimodal: the language model's
+    text = fam.text_config(config)   # multimodal: the language model's
     return fam.swiglu((text if isinstance(text, dict) else config).get, layer)
 
 

@@ -35,13 +35,18 @@ def experts_unloaded(module: nn.Module) -> bool:
 
 def _auto_class(config):
     """AutoModelForCausalLM, or — for a multimodal model with no causal-LM class (Qwen3-VL-MoE,
-    Kimi-K2.5) — AutoModelForImageTextToText; a model's own code says which it provides (auto_map)."""
+    Kimi-K2.5) — AutoModelForImageTextToText, or AutoModelForMultimodalLM (Qwen3-Omni, which also
+    speaks); a model's own code says which it provides (auto_map)."""
+    import transformers
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    from transformers.models.auto import modeling_auto
 
     auto_map = getattr(config, "auto_map", None) or {}
-    if "AutoModelForCausalLM" in auto_map or config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+    if "AutoModelForCausalLM" in auto_map or config.model_type in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         return AutoModelForCausalLM
+    if config.model_type in getattr(modeling_auto, "MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES", {}) and \
+            config.model_type not in modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
+        return transformers.AutoModelForMultimodalLM
     return AutoModelForImageTextToText
 
 

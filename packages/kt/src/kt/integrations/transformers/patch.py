@@ -327,7 +327,7 @@ def patch_model(model: nn.Module, *, method: str = "BF16", backend: str | None =
     if not model_type:
         raise KTError(f"{type(model).__name__} has no config.model_type; patch_model takes a transformers model")
     fam = _family(model_type)
-    cfg = getattr(config, fam.text_config_key) if fam.text_config_key else config
+    cfg = fam.text_config(config)
     swiglu = _swiglu(fam, cfg, model_type)
     blocks = _moe_blocks(model, fam, model_type)
     tensors = [_expert_tensors(block, fam, layer, model_type, weight_path is not None) for layer, block in blocks]
