@@ -349,7 +349,7 @@ def asan(session):
 
 
 TSAN_SOURCES = ["pool/thread_pool.cpp", "host/topology.cpp", "host/cpu_features.cpp", "memory/numa_allocator.cpp",
-                "moe/moe_layer.cpp", "abi/host_api.cpp"]
+                "moe/moe_layer.cpp", "moe/gated_activation.cpp", "abi/host_api.cpp"]
 
 
 @nox.session

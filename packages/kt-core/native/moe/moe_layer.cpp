@@ -1,6 +1,6 @@
 #include "moe/moe_layer.h"
 #include "moe/tiles.h"
-#include "moe/training_rows.h"
+#include "moe/gated_activation.h"
 
 #include "abi/host_api.h"
 #include "pool/thread_pool.h"
@@ -612,7 +612,7 @@ public:
 
     // A tile of an expert with biases, a limit after SiLU or GELU-tanh: the kernels' raw gate and up
     // products, then the biases and the layer's gated activation here, on the host's widest vectors
-    // (training_rows.h's gated_activation; kt/formats/gated_activation.h's formulas).
+    // (moe/gated_activation.h; kt/formats/gated_activation.h's formulas).
     kt_status raw_gate_up(int32_t e, const Tile& t) {
         const int64_t r0 = offset_[size_t(e)], rows = count_[size_t(e)], w = t.n1 - t.n0;
         thread_local std::vector<float> g, u;

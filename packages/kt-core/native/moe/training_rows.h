@@ -21,12 +21,6 @@ void sum_rows(const float* rows, int64_t width, const int64_t* row_of_slot, int6
 void gated_rows_forward(const float* gate_up, const float* w, int64_t n_rows, int64_t inter, float limit, float alpha,
                         activation::GatedForm form, float* h);
 
-// out[c] = act(g[c], u[c]) for c < n, as gated_rows_forward computes it (weight 1) on the host's widest
-// vectors: MoeLayer's activation of the kernels' raw gate/up products (biases, the limit after SiLU,
-// GELU-tanh). No pool, no lock: the caller's thread.
-void gated_activation(const float* g, const float* u, int64_t n, float limit, float alpha, activation::GatedForm form,
-                      float* out);
-
 // From dh [n_rows, I]: dgate_up [n_rows, 2I] (d gate | d up) and dw [n_rows] of gated_rows_forward.
 void gated_rows_backward(const float* dh, const float* gate_up, const float* w, int64_t n_rows, int64_t inter,
                          float limit, float alpha, activation::GatedForm form, float* dgate_up, float* dw);
