@@ -252,3 +252,41 @@ def test_every_family_converts_and_loads(tmp_path, model_type):
     # Against the unquantized weights per-channel int8 costs 3.5e-2 - 6.5e-2 of the output RMS
     # (max error / RMS, docs/backends.md); 1e-1 leaves margin, a wrong tensor gives ~1.
     assert relative_error(kt.forward(x, ids, w).double().numpy(), expect) < 1e-1
+
+
+@pytest.mark.parametrize("model_type, settings, reference", [
+    ("gemma4_text", {}, {"gate_activation": "gelu_tanh"}),
+    ("deepseek_v4", {"swiglu_limit": 0.5}, {"swiglu_limit": 0.5}),
+])
+def test_converted_folder_keeps_its_experts_activation(tmp_path, model_type, settings, reference):
+    """A converted folder keeps its source's config.json: a wrapper made without the experts'
+    activation (kt-kernel's API has no word for GELU-tanh) takes it from the folder, and a layer
+    made for plain SiLU is refused at load naming it. GPT-OSS (expert biases) is refused by kt
+    convert, which does not store biases."""
+    from kt.weights import load_layer
+    from kt_core import MoE
+    from kt_core.testing.quantize import dequantized_weights
+    from kt_core.testing.reference import moe_reference, relative_error
+
+    truth = write_checkpoint(tmp_path / "m", model_type, hidden=H, intermediate=I, experts=E, layers=2, dense_prefix=0)
+    if settings:
+        cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+        (tmp_path / "m" / "config.json").write_text(json.dumps({**cfg, **settings}))
+    out = convert(tmp_path / "m", tmp_path / "out", method="INT8")
+    kt = wrapper(out, 1, "INT8", backend="reference")
+    kt.load_weights()
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(7, H, generator=g) * 3
+    ids = torch.stack([torch.randperm(E, generator=g)[:TOP_K] for _ in range(7)])
+    w = torch.rand(7, TOP_K, generator=g)
+    stored = dequantized_weights("INT8", *truth[1])   # the codes the folder holds, as floats
+    expect = moe_reference(x.double().numpy(), *stored, ids.numpy(), w.double().numpy(), **reference)
+    plain = moe_reference(x.double().numpy(), *stored, ids.numpy(), w.double().numpy())
+    assert relative_error(plain, expect) > 0.05
+    assert relative_error(kt.forward(x, ids, w).double().numpy(), expect) < 1e-5   # the reference backend: f32 activations
+    silu = MoE(num_experts=E, top_k=TOP_K, hidden_size=H, intermediate_size=I, method="INT8", backend="reference")
+    with pytest.raises(WeightsError, match=f"{model_type} experts compute .*create layer 1 with"):
+        load_layer(silu, out, 1)
+    write_checkpoint(tmp_path / "oss", "gpt_oss", hidden=H, intermediate=I, experts=E, layers=2)
+    with pytest.raises(KTError, match="gpt_oss model, whose experts carry biases, which a kt converted folder does not"):
+        convert(tmp_path / "oss", tmp_path / "oss-out", method="INT8")

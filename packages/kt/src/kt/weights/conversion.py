@@ -130,6 +130,9 @@ def convert(model_dir: str | Path, out_dir: str | Path, *, method: str = "INT4",
     _torch()    # before anything is written: a folder left half-made for want of torch helps no one
     ckpt = Checkpoint(model_dir)
     spec = ckpt.spec
+    if spec.family.expert_biases:
+        raise KTError(f"{model_dir} is a {spec.model_type} model, whose experts carry biases, which a kt converted folder "
+                      "does not store yet; load its checkpoint directly (GPT-OSS: method MXFP4 as stored, or BF16)")
     if method != "INT4":
         group_size = 0
     elif group_size is None:

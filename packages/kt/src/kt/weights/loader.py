@@ -17,7 +17,7 @@ from pathlib import Path
 from kt_core.errors import KTError, WeightsError
 
 from ..gguf.reader import GGUFModel, expert_reader, is_gguf, open_gguf
-from ..models import ACTIVATIONS
+from ..models import ACTIVATIONS, read_config, spec_from_config
 from .checkpoint import Checkpoint
 from .converted import MANIFEST, ConvertedFolder
 from .experts import checkpoint_biases, checkpoint_experts, float_experts
@@ -115,22 +115,29 @@ def checkpoint_swiglu(spec, config: dict, layer: int) -> tuple[float, float, boo
     return fam.swiglu((text if isinstance(text, dict) else config).get, layer)
 
 
+def _check_activation(moe, spec, config: dict, layer: int) -> None:
+    """The layer must compute what the model's experts do (its config's activation and biases):
+    WeightsError naming the settings to create it with."""
+    swiglu = checkpoint_swiglu(spec, config, layer)
+    if swiglu is None:
+        return
+    biases = spec.family.expert_biases
+    if not (moe.expert_bias == biases and moe.swiglu == swiglu):
+        with_biases = " with per-expert biases on gate/up and down" if biases else ""
+        raise WeightsError(f"{spec.model_type} experts compute {ACTIVATIONS[spec.family.activation]}{with_biases}: "
+                           f"create layer {layer} with {'expert_bias=True, ' if biases else ''}"
+                           + (f"gate_activation={swiglu[3]!r}" if swiglu[3] != "silu" else
+                              f"swiglu_limit={swiglu[0]}, swiglu_alpha={swiglu[1]}")
+                           + (", swiglu_limit_after_act=True" if swiglu[2] else ""))
+
+
 def _checkpoint_reader(moe, ckpt: Checkpoint, layer: int, quantize_at_load: bool):
     spec = ckpt.spec
     _check_geometry(moe, spec.hidden, spec.intermediate, f"{spec.model_type} checkpoint {ckpt.path}")
     if layer not in spec.moe_layers:
         raise WeightsError(f"layer {layer} of this {spec.model_type} model is not an MoE layer; its MoE layers are "
                            f"{spec.moe_layers[0]}..{spec.moe_layers[-1]} ({len(spec.moe_layers)} layers)")
-    swiglu = checkpoint_swiglu(spec, ckpt.config, layer)
-    if swiglu is not None:
-        biases = spec.family.expert_biases
-        if not (moe.expert_bias == biases and moe.swiglu == swiglu):
-            with_biases = " with per-expert biases on gate/up and down" if biases else ""
-            raise WeightsError(f"{spec.model_type} experts compute {ACTIVATIONS[spec.family.activation]}{with_biases}: "
-                               f"create layer {layer} with {'expert_bias=True, ' if biases else ''}"
-                               + (f"gate_activation={swiglu[3]!r}" if swiglu[3] != "silu" else
-                                  f"swiglu_limit={swiglu[0]}, swiglu_alpha={swiglu[1]}")
-                               + (", swiglu_limit_after_act=True" if swiglu[2] else ""))
+    _check_activation(moe, spec, ckpt.config, layer)
     stored = spec.quantization.method
     serves = checkpoint_serves(stored, moe.method)
     if serves == "as stored":
@@ -168,6 +175,9 @@ def load_layer(moe, source: Checkpoint | ConvertedFolder | GGUFModel | KtKernelF
         source = open_weights(source)
     if isinstance(source, ConvertedFolder):
         _check_converted(moe, source)
+        if (source.path / "config.json").is_file():   # its source's, kept by kt convert: the experts' activation
+            config = read_config(source.path)
+            _check_activation(moe, spec_from_config(config), config, layer)
         packed = packed_layer(source, moe.layout_id, moe.expert_bytes, layer)
         if packed is not None:
             return load_packed_layer(moe, packed, moe.physical_to_logical(physical_to_logical_map,

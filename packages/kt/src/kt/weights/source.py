@@ -26,7 +26,8 @@ def layer_settings(path, layer_idx: int, method: str) -> dict:
                 "swiglu_alpha": alpha, "expert_bias": arch_expert_biases(model)}
     if (Path(path) / MANIFEST).is_file():
         manifest = read_manifest(Path(path))
-        return {"group_size": int(manifest.get("group_size", 0)), "zero_point": bool(manifest.get("zero_point"))}
+        return {"group_size": int(manifest.get("group_size", 0)), "zero_point": bool(manifest.get("zero_point")),
+                **_expert_activation(Path(path), layer_idx)}   # the source's config.json, kept in the folder
     if method == "INT4":
         source = open_weights(path)
         if isinstance(source, KtKernelFolder):   # kt-kernel's AMXINT4 groups follow its NUMA slices
