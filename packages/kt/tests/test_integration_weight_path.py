@@ -126,6 +126,54 @@ def test_gguf_experts_load_as_stored(tmp_path, types):
     assert err("default", "reference") < 1e-4, f"LLAMAFILE {types}: {err('default', 'reference'):.2e}"
 
 
+def test_gpt_oss_served_from_its_gguf_file(tmp_path):
+    """GPT-OSS with its experts read from a GGUF file as llama.cpp's converter writes one: gate and up
+    apart (GPT-OSS interleaves them), MXFP4 blocks, F32 biases. Torch runs the weights those blocks
+    dequantize to (gguf-py) with the same biases; kt reads the file (method LLAMAFILE: MXFP4's
+    kernels, the biases and the clamped SwiGLU from the file's architecture) — measured 6.5e-5 of
+    the largest logit (two int8 activation passes)."""
+    gguf = pytest.importorskip("gguf")
+    from test_integration_transformers import tiny_gpt_oss
+
+    model = tiny_gpt_oss()
+    cfg = model.config
+    E, H, I = cfg.num_local_experts, cfg.hidden_size, cfg.intermediate_size
+    w = gguf.GGUFWriter(str(tmp_path / "oss.gguf"), "gpt-oss")
+    for key, value in (("add_block_count", cfg.num_hidden_layers), ("add_embedding_length", H),
+                       ("add_expert_feed_forward_length", I), ("add_expert_count", E),
+                       ("add_expert_used_count", cfg.num_experts_per_tok)):
+        getattr(w, key)(value)
+    mxfp4 = gguf.GGMLQuantizationType.MXFP4
+    with torch.no_grad():
+        for L, layer in enumerate(model.model.layers):
+            ex = layer.mlp.experts   # gate_up_proj [E, H, 2I] (gate / up interleaved), down_proj [E, I, H]
+            mats = {"gate": ex.gate_up_proj[:, :, 0::2].transpose(1, 2), "up": ex.gate_up_proj[:, :, 1::2].transpose(1, 2),
+                    "down": ex.down_proj.transpose(1, 2)}   # [E, N, K] each
+            dense = {}
+            for proj, m in mats.items():
+                blocks = gguf.quants.quantize(np.ascontiguousarray(m.float().numpy()), mxfp4)
+                w.add_tensor(f"blk.{L}.ffn_{proj}_exps.weight", blocks, raw_dtype=mxfp4)
+                dense[proj] = torch.from_numpy(gguf.quants.dequantize(blocks, mxfp4)).float()
+            biases = {"gate": ex.gate_up_proj_bias[:, 0::2], "up": ex.gate_up_proj_bias[:, 1::2], "down": ex.down_proj_bias}
+            for proj, b in biases.items():
+                w.add_tensor(f"blk.{L}.ffn_{proj}_exps.bias", np.ascontiguousarray(b.float().numpy()))
+            # torch's model now holds exactly what the file says
+            ex.gate_up_proj[:, :, 0::2] = dense["gate"].transpose(1, 2)
+            ex.gate_up_proj[:, :, 1::2] = dense["up"].transpose(1, 2)
+            ex.down_proj.copy_(dense["down"].transpose(1, 2))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    ids = IDS[:, :12] % 128
+    with torch.no_grad():
+        want = model(ids).logits
+        patch = patch_model(model, method="LLAMAFILE", weight_path=tmp_path / "oss.gguf")
+        assert all(m.moe.kernel_method == "MXFP4" and m.moe.expert_bias for m in patch.layers.values())
+        got = model(ids).logits
+    assert ((got - want).abs().max() / want.abs().max()).item() < 2e-3
+
+
 def test_gguf_needs_the_llamafile_method(tmp_path):
     from kt.testing.gguf_files import write_moe_gguf
 
