@@ -625,7 +625,7 @@ void rows_kernel(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, In
         if constexpr (M == MR)
             if (r == 0 && next_bytes) {
                 panel_kernel<M, kMode, kTwoPass, kKind, true>(x, row_bytes, k, lay, pa, pb, out, ldo, cols,
-                                                        PrefetchAhead(next, next_bytes, k / 8));
+                                                       PrefetchAhead(next, next_bytes, k / 8));
                 return;
             }
         panel_kernel<M, kMode, kTwoPass, kKind>(x + r * row_bytes, row_bytes, k, lay, pa, pb, out + r * ldo, ldo, cols);
@@ -748,8 +748,8 @@ kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* a
     }
     for (int64_t n = n0; n < n1; n += kPanel)
         run_rows<kFused, kMrFused, kKind>(c, act, c->hidden, lay, rows, base + l.gate(n / kPanel), base + l.up(n / kPanel), out + n,
-                                 ldo, int(std::min<int64_t>(kPanel, n1 - n)), base + l.gate(n / kPanel + 1),
-                                 n + kPanel < n1 ? 2 * l.gate_up_panel : 0);
+                                          ldo, int(std::min<int64_t>(kPanel, n1 - n)), base + l.gate(n / kPanel + 1),
+                                          n + kPanel < n1 ? 2 * l.gate_up_panel : 0);
     return KT_OK;
 }
 

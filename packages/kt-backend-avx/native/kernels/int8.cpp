@@ -201,7 +201,7 @@ void rows_kernel(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, co
         if constexpr (M == MR)
             if (r == 0 && next_bytes) {
                 panel_kernel<M, kMode, kTwoPass, true>(x, row_bytes, k, pa, pb, out, ldo, cols,
-                                                        PrefetchAhead(next, next_bytes, chunks(k)));
+                                                       PrefetchAhead(next, next_bytes, chunks(k)));
                 return;
             }
         panel_kernel<M, kMode, kTwoPass>(x + r * row_bytes, row_bytes, k, pa, pb, out + r * ldo, ldo, cols);
@@ -290,8 +290,8 @@ kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* a
     }
     for (int64_t n = n0; n < n1; n += kPanel)
         run_rows<kFused, kMrFused>(c, act, c->hidden, rows, base + l.gate(n / kPanel), base + l.up(n / kPanel), out + n, ldo,
-                                 int(std::min<int64_t>(kPanel, n1 - n)), base + l.gate(n / kPanel + 1),
-                                 n + kPanel < n1 ? 2 * l.gate_up_panel : 0);
+                                   int(std::min<int64_t>(kPanel, n1 - n)), base + l.gate(n / kPanel + 1),
+                                   n + kPanel < n1 ? 2 * l.gate_up_panel : 0);
     return KT_OK;
 }
 
