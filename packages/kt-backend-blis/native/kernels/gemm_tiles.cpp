@@ -194,13 +194,16 @@ void sgemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const f
                  inc_t(lda), 1, const_cast<float*>(b), inc_t(ldb), 1, &zero, c, inc_t(ldc), 1, nullptr, &rntm);
 }
 
+// Columns [n0, n1) of gate and of up for every row, in t_scratch.c: row m's gate product of column
+// n0 + j at c[m * 2 * width + j], its up product at c[m * 2 * width + width + j] (width: whole panels).
 template <Method M>
-kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
-                  float* out, int64_t ldo) {
+kt_status gate_up_products(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0,
+                           int64_t n1, int64_t& width) {
     if (n0 % kPanel) return fail(KT_ERROR_INVALID_ARGUMENT, "blis %s gate/up: block start %lld is not a multiple of 16",
                                  kt_blis::kMethodNames[M], (long long)n0);
     const Format f = format(M, c);
-    const int64_t K = c->hidden, panels = (n1 - n0 + kPanel - 1) / kPanel, width = panels * kPanel;
+    const int64_t K = c->hidden, panels = (n1 - n0 + kPanel - 1) / kPanel;
+    width = panels * kPanel;
     const auto* base = static_cast<const uint8_t*>(packed);
     Scratch& s = t_scratch;
     s.b.resize(size_t(K * 2 * width));
@@ -211,11 +214,34 @@ kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, i
     }
     s.c.resize(size_t(rows * 2 * width));
     sgemm(rows, 2 * width, K, static_cast<const float*>(act), K, s.b.data(), 2 * width, s.c.data(), 2 * width);
+    return KT_OK;
+}
+
+template <Method M>
+kt_status gate_up(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+                  float* out, int64_t ldo) {
+    int64_t width = 0;
+    if (const kt_status st = gate_up_products<M>(c, packed, act, rows, n0, n1, width)) return st;
     const Gate gate(c);
     for (int64_t m = 0; m < rows; ++m) {
-        const float* g = s.c.data() + m * 2 * width;
+        const float* g = t_scratch.c.data() + m * 2 * width;
         float* o = out + m * ldo + n0;
         for (int64_t j = 0; j < n1 - n0; ++j) o[j] = gate(g[j], g[width + j]);
+    }
+    return KT_OK;
+}
+
+// Plugin ABI 1.4's raw tile: the same products as they are (column n at n - n0), for the
+// activations kt-core applies itself (expert biases, the limit after SiLU, GELU-tanh).
+template <Method M>
+kt_status gate_up_raw(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+                      float* out_gate, float* out_up, int64_t ldo) {
+    int64_t width = 0;
+    if (const kt_status st = gate_up_products<M>(c, packed, act, rows, n0, n1, width)) return st;
+    for (int64_t m = 0; m < rows; ++m) {
+        const float* g = t_scratch.c.data() + m * 2 * width;
+        std::memcpy(out_gate + m * ldo, g, size_t(n1 - n0) * 4);
+        std::memcpy(out_up + m * ldo, g + width, size_t(n1 - n0) * 4);
     }
     return KT_OK;
 }
@@ -286,6 +312,7 @@ kt_method_kernels table(const char* layout_id, const char* kernel_id) {
     m.quantize_activations = quantize;
     m.gate_up_tile = gate_up<M>;
     m.down_tile = down<M>;
+    m.gate_up_raw_tile = gate_up_raw<M>;   // ABI 1.4
     m.activations = KT_ACTIVATION_SWIGLU;
     return m;
 }
