@@ -41,12 +41,14 @@ import numpy as np
 
 import kt_core
 from kt_core import _native, pool
+from kt_core.formats.ggml import mxfp4_codes
 from kt_core.testing.ggml_blocks import dequantize, random_blocks
 
 METHODS = {"LLAMAFILE Q4_K": ("LLAMAFILE", ("Q4_K",) * 3), "LLAMAFILE Q8_0": ("LLAMAFILE", ("Q8_0",) * 3),
            "LLAMAFILE Q4_K_M": ("LLAMAFILE", ("Q4_K", "Q4_K", "Q6_K")),
            **{f"LLAMAFILE {t}": ("LLAMAFILE", (t,) * 3) for t in ("Q4_0", "Q2_K", "Q3_K", "Q5_K", "Q6_K", "IQ4_XS")},
            "LLAMAFILE BF16": ("LLAMAFILE", ("BF16",) * 3), "BF16": ("BF16", ("BF16",) * 3),
+           "LLAMAFILE MXFP4": ("LLAMAFILE", ("MXFP4",) * 3),
            "INT4": ("INT4", None), "INT8": ("INT8", None)}
 CHECK_TOKENS = 4   # tokens of the first call checked against float64 (their experts are dequantized)
 
@@ -76,6 +78,16 @@ def make_layer(name: str, args, rng):
         for e0 in range(0, E, 16):
             layer.load_experts({e: tuple(bf16_to_f32(b[e]) for b in bits) for e in range(e0, min(E, e0 + 16))})
         return layer, bits
+    if types == ("MXFP4",) * 3:   # GPT-OSS's files: kt reorders the blocks into method MXFP4's codes, as kt.gguf does
+        blocks = tuple(random_blocks(rng, t, s) for t, s in zip(types, shapes))
+
+        def expert(e):
+            (gc, gs), (uc, us), (dc, ds) = (mxfp4_codes(b[e]) for b in blocks)
+            return gc, uc, dc, (gs, us, ds)
+
+        for e0 in range(0, E, 16):
+            layer.load_experts({e: expert(e) for e in range(e0, min(E, e0 + 16))})
+        return layer, blocks
     if types:
         blocks = tuple(random_blocks(rng, t, s) for t, s in zip(types, shapes))
         layer.load(*blocks)
