@@ -640,9 +640,9 @@ void matrix_tile(const G::Matrix& m, const uint8_t* base, const uint8_t* x, size
 
 constexpr int64_t kWholeTileRows = 8;
 
-kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
-                       float* out, int64_t ldo) {
-    const GateScope activation(c);   // the layer's gated activation, for the epilogues below
+// Gate's and up's columns [n0, n1) for every activation row, column n at n - n0 of out_gate / out_up.
+kt_status gate_up_products(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0,
+                           int64_t n1, float* out_gate, float* out_up, int64_t ldo) {
     const G::Expert l = layout(c);
     if (!l.ok) return check_config(c);
     if (const kt_status st = check_tile_range("gate/up", n0, n1, c->intermediate)) return st;
@@ -650,6 +650,14 @@ kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* a
     const auto* base = static_cast<const uint8_t*>(packed);
     const auto* x = static_cast<const uint8_t*>(act);
     const size_t ab = act_row_bytes(c->hidden);
+    matrix_tile(l.m[0], base, x, ab, rows, n0, n1, pass, out_gate, ldo);
+    matrix_tile(l.m[1], base, x, ab, rows, n0, n1, pass, out_up, ldo);
+    return KT_OK;
+}
+
+kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
+                       float* out, int64_t ldo) {
+    const GateScope activation(c);   // the layer's gated activation, for the epilogue below
     // Gate's columns, then up's into scratch, then SiLU(gate) * up. Up to kWholeTileRows rows
     // (decode) the whole tile of gate and then of up: each matrix read as one forward stream,
     // not alternating between the two every panel, which the hardware prefetchers follow
@@ -662,31 +670,18 @@ kt_status gate_up_tile(const kt_moe_config* c, const void* packed, const void* a
     float* u = g + rows * span;
     for (int64_t n = n0; n < n1; n += span) {
         const int64_t e = std::min(n1, n + span);
-        matrix_tile(l.m[0], base, x, ab, rows, n, e, pass, g, span);
-        matrix_tile(l.m[1], base, x, ab, rows, n, e, pass, u, span);
+        if (const kt_status st = gate_up_products(c, packed, act, rows, n, e, g, u, span)) return st;
         for (int64_t r = 0; r < rows; ++r)
-            for (int64_t i = 0; i < e - n; ++i) {
-                const float gv = g[r * span + i];
-                out[r * ldo + n + i] = gate_mul(gv, u[r * span + i]);
-            }
+            for (int64_t i = 0; i < e - n; ++i) out[r * ldo + n + i] = gate_mul(g[r * span + i], u[r * span + i]);
     }
     return KT_OK;
 }
 
-// Plugin ABI 1.4's raw tile: gate's and up's columns as they are, for the activations kt-core applies
-// itself (expert biases, the limit after SiLU, GELU-tanh); the same products gate_up_tile combines.
+// Plugin ABI 1.4's raw tile: the same products as they are, for the activations kt-core applies
+// itself (expert biases, the limit after SiLU, GELU-tanh).
 kt_status gate_up_raw_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0,
                            int64_t n1, float* out_gate, float* out_up, int64_t ldo) {
-    const G::Expert l = layout(c);
-    if (!l.ok) return check_config(c);
-    if (const kt_status st = check_tile_range("gate/up", n0, n1, c->intermediate)) return st;
-    const int pass = one_activation_pass(c) ? 0 : 1;
-    const auto* base = static_cast<const uint8_t*>(packed);
-    const auto* x = static_cast<const uint8_t*>(act);
-    const size_t ab = act_row_bytes(c->hidden);
-    matrix_tile(l.m[0], base, x, ab, rows, n0, n1, pass, out_gate, ldo);
-    matrix_tile(l.m[1], base, x, ab, rows, n0, n1, pass, out_up, ldo);
-    return KT_OK;
+    return gate_up_products(c, packed, act, rows, n0, n1, out_gate, out_up, ldo);
 }
 
 kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act, int64_t rows, int64_t n0, int64_t n1,
