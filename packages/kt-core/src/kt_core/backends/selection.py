@@ -208,7 +208,8 @@ class Selector:
                 problems.append(f"{c.backend}/{c.variant} declines this shape")
                 continue
             if needs_raw_gate_up and not any(x["method"] == m and x["raw_gate_up"] for x in native.methods):
-                problems.append(f"{c.backend}/{c.variant} has no raw gate/up tile (plugin ABI 1.4) for expert biases")
+                problems.append(f"{c.backend}/{c.variant} has no raw gate/up tile (plugin ABI 1.4) for expert biases, "
+                                "the limit after SiLU or GELU-tanh")
                 continue
             if needs_transposed and not any(x["method"] == m and x["raw_gate_up"] and x["transposed"]
                                             for x in native.methods):
