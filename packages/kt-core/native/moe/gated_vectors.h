@@ -1,8 +1,8 @@
-// The gated activations on GCC vectors (vectors.h), as templates on the vector type: one
-// instantiation per ISA level, inlined into target-attributed wrappers by their users — training's
-// row passes (training_rows.cpp) and the forward's epilogue on raw gate/up products
-// (gated_activation.cpp). SiLU's sigmoid has its own exp (range reduction + degree-6 polynomial,
-// ~2 ulp, as kt-backend-avx's). Internal linkage: each translation unit compiles its own copies.
+// What the gated activations on GCC vectors (vectors.h) share, as templates on the vector type: one
+// instantiation per ISA level, inlined into target-attributed wrappers by their users — the
+// activation itself (gated_activation.cpp) and its gradients (training_rows.cpp). SiLU's sigmoid has
+// its own exp (range reduction + degree-6 polynomial, ~2 ulp, as kt-backend-avx's). Internal
+// linkage: each translation unit compiles its own copies.
 #pragma once
 #include "moe/vectors.h"
 
@@ -68,48 +68,6 @@ template <class T>
 template <class T>
 [[gnu::always_inline]] inline T gelu_arg_slope(T g) {
     return (g * g * (3.0f * activation::kGeluTanhCubic) + 1.0f) * activation::kGeluTanhScale;
-}
-
-// One row's n outputs: out[c] = act(g[c], u[c]) * wi.
-template <class W, bool kShaped, bool kAfter = false, bool kGelu = false>
-[[gnu::always_inline]] inline void gated_span(const float* g, const float* u, int64_t n, Gate gate, float wi, float* out) {
-    using V = typename W::V;
-    const float limit = gate.bound(), a = gate.slope(), shift = gate.shift();
-    const V lim = W::splat(limit), neg = W::splat(-limit);
-    int64_t c = 0;
-    for (; c + W::kLanes <= n; c += W::kLanes) {
-        V gv = W::load(g + c), uv = W::load(u + c);
-        if constexpr (kGelu) {
-            W::store(out + c, gv * sigmoid<W>(gelu_arg(gv)) * uv * wi);
-        } else if constexpr (kAfter) {
-            V s = gv * sigmoid<W>(gv);
-            s = s > lim ? lim : s;
-            uv = uv > lim ? lim : (uv < neg ? neg : uv);
-            W::store(out + c, s * uv * wi);
-        } else if constexpr (kShaped) {
-            gv = gv > lim ? lim : gv;   // NaN compares false: kept, as torch's clamp keeps it
-            uv = uv > lim ? lim : (uv < neg ? neg : uv);
-            W::store(out + c, (uv + shift) * gv * sigmoid<W>(gv * a) * wi);
-        } else {
-            W::store(out + c, gv * sigmoid<W>(gv) * uv * wi);
-        }
-    }
-    for (; c < n; ++c) {
-        if constexpr (kGelu) {
-            out[c] = g[c] / (1.0f + std::exp(-gelu_arg(g[c]))) * u[c] * wi;
-        } else if constexpr (kAfter) {
-            float s = g[c] / (1.0f + std::exp(-g[c]));
-            s = s > limit ? limit : s;
-            const float uc = u[c] > limit ? limit : (u[c] < -limit ? -limit : u[c]);
-            out[c] = s * uc * wi;
-        } else if constexpr (kShaped) {
-            const float gc = g[c] > limit ? limit : g[c];
-            const float uc = u[c] > limit ? limit : (u[c] < -limit ? -limit : u[c]);
-            out[c] = (uc + shift) * gc / (1.0f + std::exp(-a * gc)) * wi;
-        } else {
-            out[c] = g[c] / (1.0f + std::exp(-g[c])) * u[c] * wi;
-        }
-    }
 }
 
 }  // namespace

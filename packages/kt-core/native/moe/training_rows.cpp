@@ -1,7 +1,9 @@
 // training_rows.h's passes. The gated activation is elementwise over [rows, I] with an exponential
-// per element; scalar expf was the cost, so it runs on GCC vectors (gated_vectors.h), compiled per
-// ISA level inside target attributes and picked after host detection, like grouped_lora.cpp.
+// per element; scalar expf was the cost, so it runs on GCC vectors — the forward by
+// gated_activation.h's pass, the gradients here (gated_vectors.h), compiled per ISA level inside
+// target attributes and picked after host detection, like grouped_lora.cpp.
 #include "moe/training_rows.h"
+#include "moe/gated_activation.h"
 #include "moe/gated_vectors.h"
 #include "moe/grouped_lora.h"
 #include "moe/tiles.h"
@@ -46,10 +48,12 @@ void chunks(int64_t n, int64_t cost_per_item, Body&& body) {
         &ctx);
 }
 
-template <class W, bool kShaped, bool kAfter = false, bool kGelu = false>
-[[gnu::always_inline]] inline void forward_range(const float* gu, const float* w, int64_t b, int64_t e, int64_t I,
-                                                 Gate gate, float* h) {
-    for (int64_t i = b; i < e; ++i) gated_span<W, kShaped, kAfter, kGelu>(gu + i * 2 * I, gu + i * 2 * I + I, I, gate, w[i], h + i * I);
+// Rows [b, e) of gated_rows_forward: each row's activation times its weight, by the forward's own
+// vector pass (gated_activation.h).
+void forward_rows(const float* gu, const float* w, int64_t b, int64_t e, int64_t I, float limit, float alpha,
+                  activation::GatedForm form, float* h) {
+    for (int64_t i = b; i < e; ++i)
+        gated_activation(gu + i * 2 * I, gu + i * 2 * I + I, I, limit, alpha, form, h + i * I, w[i]);
 }
 
 // d(g * sigmoid(a g)) / dg = s (1 + a g (1 - s)), s = sigmoid(a g); the clamps pass the gradient
@@ -136,22 +140,10 @@ template <class W, bool kShaped, bool kAfter = false, bool kGelu = false>
     }
 }
 
-using ForwardFn = void (*)(const float*, const float*, int64_t, int64_t, int64_t, Gate, float*);
 using BackwardFn = void (*)(const float*, const float*, const float*, int64_t, int64_t, int64_t, Gate, float*, float*);
 
-// One function per ISA level; the gate kind is chosen inside (once per chunk).
+// The gradients' pass, one function per ISA level; the gate kind is chosen inside (once per chunk).
 #define KT_GATED_ROWS(SUFFIX, ATTR, VEC)                                                                                  \
-    ATTR void forward_##SUFFIX(const float* gu, const float* w, int64_t b, int64_t e, int64_t I, Gate gate,        \
-                               float* h) {                                                                         \
-        if (gate.gelu)                                                                                             \
-            forward_range<VEC, false, false, true>(gu, w, b, e, I, gate, h);                                       \
-        else if (gate.after)                                                                                       \
-            forward_range<VEC, false, true>(gu, w, b, e, I, gate, h);                                              \
-        else if (gate.shaped())                                                                                    \
-            forward_range<VEC, true>(gu, w, b, e, I, gate, h);                                                     \
-        else                                                                                                       \
-            forward_range<VEC, false>(gu, w, b, e, I, gate, h);                                                    \
-    }                                                                                                              \
     ATTR void backward_##SUFFIX(const float* dh, const float* gu, const float* w, int64_t b, int64_t e, int64_t I, \
                                 Gate gate, float* dgu, float* dw) {                                                \
         if (gate.gelu)                                                                                             \
@@ -218,13 +210,7 @@ void sum_rows(const float* rows, int64_t width, const int64_t* row_of_slot, int6
 void gated_rows_forward(const float* gate_up, const float* w, int64_t n_rows, int64_t inter, float limit, float alpha,
                         activation::GatedForm form, float* h) {
     std::lock_guard<std::mutex> lock(g_forward_mutex);   // the pool is the forwards' (tiles.h)
-#if defined(__x86_64__)
-    const ForwardFn fn = widest<ForwardFn>(forward_avx512, forward_avx2, forward_baseline);
-#else
-    const ForwardFn fn = forward_baseline;
-#endif
-    const Gate gate(limit, alpha, form);
-    chunks(n_rows, inter, [&](int64_t b, int64_t e) { fn(gate_up, w, b, e, inter, gate, h); });
+    chunks(n_rows, inter, [&](int64_t b, int64_t e) { forward_rows(gate_up, w, b, e, inter, limit, alpha, form, h); });
 }
 
 void gated_rows_backward(const float* dh, const float* gate_up, const float* w, int64_t n_rows, int64_t inter,
@@ -245,10 +231,8 @@ void gated_rows_backward_lora(const float* dh, const float* gate_up, const float
     std::lock_guard<std::mutex> lock(g_forward_mutex);   // the pool is the forwards' (tiles.h)
 #if defined(__x86_64__)
     const BackwardFn backward = widest<BackwardFn>(backward_avx512, backward_avx2, backward_baseline);
-    const ForwardFn forward = widest<ForwardFn>(forward_avx512, forward_avx2, forward_baseline);
 #else
     const BackwardFn backward = backward_baseline;
-    const ForwardFn forward = forward_baseline;
 #endif
     const Gate gate(limit, alpha, form);
     const std::vector<int64_t> first = row_offsets(counts, experts);
@@ -266,7 +250,7 @@ void gated_rows_backward_lora(const float* dh, const float* gate_up, const float
         for (int64_t b = first[size_t(e)]; b < first[size_t(e) + 1]; b += kRows) {
             const int64_t n = std::min(kRows, first[size_t(e) + 1] - b);
             backward(dh, gate_up, w, b, b + n, inter, gate, dgate_up, dw);
-            forward(gate_up + b * 2 * inter, w + b, 0, n, inter, gate, h.data());
+            forward_rows(gate_up + b * 2 * inter, w + b, 0, n, inter, limit, alpha, form, h.data());
             lora_product(rank, n, inter, g + b * rank, 1, rank, h.data(), inter, dae, inter, b > first[size_t(e)]);
         }
     };
