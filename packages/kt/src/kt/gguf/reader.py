@@ -398,7 +398,7 @@ def expert_reader(moe, model: GGUFModel, layer: int):
     def read(e):
         weights = experts.expert(e)
         if experts.types[0] in CODE_TYPES:   # ggml MXFP4 blocks as the MXFP4 method takes them: codes, scales
-            codes, scales = zip(*(mxfp4_codes(np.asarray(m).reshape(m.shape[0], -1)) for m in weights))
+            codes, scales = zip(*(mxfp4_codes(m) for m in weights))   # each uint8 [N, row bytes]
             weights = (*codes, scales, None)
         else:
             weights = (*weights, None, None)
