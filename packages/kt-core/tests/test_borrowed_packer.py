@@ -71,6 +71,21 @@ def test_the_packer_is_borrowed_and_takes_the_declined_batches(install, data):
     assert moe.kernel_id_for(3) == moe.kernel_id_for(TOKENS) == "moe.f32.fake"
 
 
+def test_a_borrower_can_take_a_matrix_engines_declined_batches(install, data):
+    """amx declining decode, blis (which packs nothing: no byte count of its own) ranked next:
+    the borrower serves the small batches on the packed bytes it reads. Its missing
+    packed_expert_bytes was once called: a null function pointer, a segfault."""
+    engine = fk.FakeBackend(name="engine", declines_below=8)
+    borrower = fk.FakeBackend(name="borrower", abi=(1, 3), packs=False)
+    install((engine, Tier.MATRIX_ENGINE), (borrower, Tier.VENDOR_LIBRARY), (fk.FakeBackend(name="packer"), Tier.GENERIC_SIMD))
+    w, x, ids, wt, want = data
+    moe = layer()
+    assert moe.backend == "engine/v1" and moe.small_batch_backend == "borrower/v1"
+    moe.load(*w)
+    assert relative_error(moe(x[:3], ids[:3], wt[:3]), want[:3]) < 1e-5
+    assert borrower.calls["gate_up_tile"] > 0 and engine.calls["gate_up_tile"] == 0
+
+
 def test_without_a_backend_that_packs_the_layout_the_layer_is_refused(install):
     install((fk.FakeBackend(name="borrower", abi=(1, 3), packs=False, declines_below=8), Tier.VENDOR_LIBRARY))
     with pytest.raises(BackendError, match=r"borrower/v1 computes method FP32 on layout fake-f32-rowmajor-v1 but "

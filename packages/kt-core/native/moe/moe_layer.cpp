@@ -206,7 +206,9 @@ void MoeLayer::set_small_batch_kernels(const kt_method_kernels* kernels) {
         if (std::string(kernels->layout_id) != kernels_->layout_id)
             throw std::invalid_argument(std::string("small-batch kernels ") + kernels->kernel_id + " read layout " +
                                         kernels->layout_id + "; this layer's weights are packed as " + kernels_->layout_id);
-        const size_t bytes = kernels->packed_expert_bytes(&shape_);
+        // A table that borrows its layout (ABI 1.3: packs nothing itself, as blis) has no byte count
+        // of its own: the layout id it matched above is the whole contract.
+        const size_t bytes = kernels->packed_expert_bytes ? kernels->packed_expert_bytes(&shape_) : expert_bytes_;
         if (bytes != expert_bytes_)
             throw std::invalid_argument(std::string("small-batch kernels ") + kernels->kernel_id + " expect " +
                                         std::to_string(bytes) + " packed bytes per expert for layout " +
