@@ -237,6 +237,52 @@ def test_bad_quantized_input_fails_at_load(variant):
         fp8.load_expert(0, codes, codes, dcodes)
 
 
+@pytest.mark.parametrize("tokens", [1, 3, 40])
+def test_mxfp4_keeps_the_files_bytes_and_every_exponent(variant, tokens):
+    """"kt-mxfp4-p16-v2" holds the file's E8M0 bytes as its group headers: an expert takes the
+    file's 4.25 bits per weight, and the kernels read every exponent exactly, the subnormal
+    scales 2^-127 and 2^-126 (E8M0 0 and 1) included: gate/up hold only those and tiny ones
+    (x scaled by 2^120 brings their products to O(1)), down the exponents around 2^0."""
+    rng = np.random.default_rng(tokens)
+    E, K, H, I = 4, 2, 256, 160
+    blocks = [rng.integers(0, 256, size=(E, n, k // 2), dtype=np.uint8) for n, k in ((I, H), (I, H), (H, I))]
+    scales = [rng.integers(0, 3, size=(E, I, H // 32)).astype(np.uint8) for _ in range(2)]
+    scales.append(rng.integers(120, 136, size=(E, H, I // 32)).astype(np.uint8))
+    layer = kt_core.MoE(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, method="MXFP4")
+    assert layer.backend == f"avx/{variant}"
+    layer.load(*blocks, scales=tuple(scales))
+    assert layer.packed_bytes == E * 3 * H * I * 17 // 32   # the file's: 16 code bytes and 1 scale byte per 32
+    x = rng.standard_normal((tokens, H)).astype(np.float32) * np.float32(2.0**120)
+    ids, wt = random_routing(rng, tokens, E, K)
+    stored = [quantize.dequantize_mxfp4(b, s) for b, s in zip(blocks, scales)]
+    want = moe_reference(x, *stored, ids, wt)
+    assert np.all(np.isfinite(want)) and np.sqrt(np.mean(want**2)) > 1e-3
+    assert relative_error(layer(x, ids, wt), want) <= KERNEL_TOL["MXFP4"]
+
+
+def test_mxfp4_float_scales_must_be_e8m0_values(variant):
+    """bf16 / f32 scales (kt-kernel's wrapper passes bf16 ones) are taken as the exponents they
+    hold, exactly as the uint8 bytes; a value no E8M0 byte holds is refused by name."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(3)
+    w = random_moe(rng, 2, 64, 32)
+    gate, up, down, scales, _ = quantize.checkpoint_arrays("MXFP4", *w)
+    x = rng.standard_normal((5, 64)).astype(np.float32)
+    ids, wt = random_routing(rng, 5, 2, 1)
+    outs = []
+    for as_float in (False, True):
+        layer = kt_core.MoE(num_experts=2, top_k=1, hidden_size=64, intermediate_size=32, method="MXFP4")
+        s = tuple(torch.from_numpy(np.ldexp(1.0, a.astype(np.int64) - 127).astype(np.float32)).bfloat16() if as_float else a
+                  for a in scales)
+        layer.load(gate, up, down, scales=s)
+        outs.append(layer(x, ids, wt))
+    assert np.array_equal(outs[0], outs[1])
+    off = np.ldexp(1.0, scales[0][0].astype(np.int64) - 127).astype(np.float32)
+    off[4, 1] *= np.float32(1.5)
+    with pytest.raises(ValueError, match=r"MXFP4: gate scale \[4, 1\] = .* is not an E8M0 scale \(a power of two"):
+        layer.load_expert(0, gate[0], up[0], down[0], scales=(off, scales[1][0], scales[2][0]))
+
+
 @pytest.mark.parametrize("method", ["INT8", "INT4", "BF16", "FP8"])
 def test_fast_activations_trade_accuracy_for_speed(variant, method):
     rng = np.random.default_rng(11)

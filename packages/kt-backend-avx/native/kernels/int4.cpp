@@ -5,7 +5,8 @@
 // "kt-int4-p16-v2" for INT4, "kt-rawint4-p16-v1" with bf16 scales for RAWINT4).
 // MXFP4 (OCP microscaling, GPT-OSS) rides the same kernel: its E2M1 codes sit where INT4's
 // codes do, a byte shuffle turns each into u = 2 value + 12 (0..24), and the group epilogue
-// subtracts 12 instead of 8 ("kt-mxfp4-p16-v1", packed_layouts.h). NVFP4 (ModelOpt) is the
+// subtracts 12 instead of 8; its group headers are the file's E8M0 bytes ("kt-mxfp4-p16-v2",
+// packed_layouts.h): 4.25 bits per weight, as the file. NVFP4 (ModelOpt) is the
 // same E2M1 arithmetic in groups of 16 whose headers are E4M3 bytes, times a per-panel vector
 // holding the tensor's global scale ("kt-nvfp4-p16-v1"): 4.5 bits per weight, as the file.
 //
@@ -316,13 +317,46 @@ kt_status pack_raw(const kt_moe_config* c, const kt_expert_weights* src, void* d
     return KT_OK;
 }
 
+// Packs the codes of a format whose group headers are one byte per channel as the checkpoint ships
+// them (MXFP4's E8M0, NVFP4's E4M3): byte_of(n, grp) gives channel n's header byte of group grp.
+// Panel prefixes (NVFP4's) are the caller's.
+template <class ByteOf>
+void pack_byte_header_matrix(const kt_weight& w, const Int4Layout& lay, int64_t N, int64_t K, uint8_t* dst,
+                             size_t stride_panels, ByteOf byte_of) {
+    const auto* codes = static_cast<const uint8_t*>(w.values.data);
+    for (int64_t p = 0; p < panels(N); ++p) {
+        uint8_t* panel = dst + size_t(p) * stride_panels * lay.panel_bytes(K);
+        for (int64_t grp = 0; grp < K / lay.g; ++grp) {
+            uint8_t* block = panel + lay.group_at(grp);
+            const uint8_t* lane_codes[kPanel] = {};
+            for (int lane = 0; lane < kPanel; ++lane) {
+                const int64_t n = p * kPanel + lane;
+                if (n >= N) continue;   // rows past N stay zero, as the buffer came
+                block[lane] = byte_of(n, grp);
+                lane_codes[lane] = codes + n * w.values.row_stride + grp * lay.g / 2;
+            }
+            pack_lanes<LayoutWord>(lane_codes, lay.g / 8, block + lay.header_bytes());
+        }
+    }
+}
+
 // MXFP4 as checkpoints store it (GPT-OSS's *_blocks / *_scales): uint8 [N, K/2], element 2j in
 // the low nibble of byte j, and one scale per 32 elements [N, K/32]: the uint8 E8M0 exponents,
-// or their values as bf16 / f32 (kt-kernel's wrapper takes bf16 ones).
-float mx_scale(const kt_matrix& sc, int64_t n, int64_t grp) {
+// or their values as bf16 / f32 (kt-kernel's wrapper takes bf16 ones), which must then be the
+// powers of two an E8M0 byte holds: the layout keeps the byte.
+// The E8M0 byte of a float scale 2^(e - 127), or -1 when the value is not one.
+int e8m0_of(float v) {
+    uint32_t bits;
+    std::memcpy(&bits, &v, 4);
+    if (bits == 0x00400000u) return 0;   // 2^-127, subnormal
+    const uint32_t exponent = bits >> 23;   // the sign bit makes it >= 256: refused
+    return (bits & 0x7fffffu) == 0 && exponent >= 1 && exponent <= 254 ? int(exponent) : -1;
+}
+
+uint8_t mx_scale_byte(const kt_matrix& sc, int64_t n, int64_t grp) {
     const int64_t at = n * sc.row_stride + grp;
-    if (sc.dtype == KT_DTYPE_U8) return 2.0f * kt::layouts::mxfp4::header_scale(static_cast<const uint8_t*>(sc.data)[at]);
-    return float_at(sc, at);
+    if (sc.dtype == KT_DTYPE_U8) return static_cast<const uint8_t*>(sc.data)[at];
+    return uint8_t(e8m0_of(float_at(sc, at)));   // check_mx refused the others
 }
 
 kt_status check_mx(const kt_weight& w, int64_t N, int64_t K, const char* name) {
@@ -338,11 +372,16 @@ kt_status check_mx(const kt_weight& w, int64_t N, int64_t K, const char* name) {
     if (w.zeros.data) return fail(KT_ERROR_INVALID_ARGUMENT, "MXFP4: %s is symmetric; zero points must not be given", name);
     for (int64_t r = 0; r < N; ++r)
         for (int64_t c = 0; c < K / 32; ++c) {
-            const bool nan = w.scales.dtype == KT_DTYPE_U8 ? static_cast<const uint8_t*>(w.scales.data)[r * w.scales.row_stride + c] == 0xFF
-                                                           : !std::isfinite(mx_scale(w.scales, r, c));
-            if (nan)
-                return fail(KT_ERROR_INVALID_ARGUMENT, "MXFP4: %s scale [%lld, %lld] is not finite (E8M0 0xFF, or a float NaN/Inf); "
-                            "kt refuses non-finite weights", name, (long long)r, (long long)c);
+            const int64_t at = r * w.scales.row_stride + c;
+            if (w.scales.dtype == KT_DTYPE_U8) {
+                if (static_cast<const uint8_t*>(w.scales.data)[at] == 0xFF)
+                    return fail(KT_ERROR_INVALID_ARGUMENT, "MXFP4: %s scale [%lld, %lld] is E8M0 0xFF (NaN); kt refuses non-finite "
+                                "weights", name, (long long)r, (long long)c);
+            } else if (e8m0_of(float_at(w.scales, at)) < 0) {
+                return fail(KT_ERROR_INVALID_ARGUMENT, "MXFP4: %s scale [%lld, %lld] = %g is not an E8M0 scale (a power of two "
+                            "from 2^-127 to 2^127); float MXFP4 scales must hold the file's exponents", name, (long long)r,
+                            (long long)c, double(float_at(w.scales, at)));
+            }
         }
     return KT_OK;
 }
@@ -367,9 +406,8 @@ kt_status pack_mxfp4(const kt_moe_config* c, const kt_expert_weights* src, void*
     const size_t offsets[3] = {l.gate(0), l.up(0), l.down(0)}, strides[3] = {2, 2, 1};
     for (int i = 0; i < 3; ++i) {
         const kt_matrix& sc = w[i]->scales;
-        pack_codes_matrix(*w[i], lay, rows[i], cols[i], out + offsets[i], strides[i], [&](int64_t n, int64_t grp) {
-            return 0.5f * mx_scale(sc, n, grp);   // the header halves it: codes decode to 2 value + 12
-        });
+        pack_byte_header_matrix(*w[i], lay, rows[i], cols[i], out + offsets[i], strides[i],
+                                [&](int64_t n, int64_t grp) { return mx_scale_byte(sc, n, grp); });
     }
     return KT_OK;
 }
@@ -425,23 +463,13 @@ kt_status pack_nvfp4(const kt_moe_config* c, const kt_expert_weights* src, void*
     for (int i = 0; i < 3; ++i) {
         const kt_weight& wi = *w[i];
         const float panel_scale = 128.0f * *static_cast<const float*>(wi.zeros.data);
-        const auto* codes = static_cast<const uint8_t*>(wi.values.data);
-        const auto* scales = static_cast<const uint8_t*>(wi.scales.data);
         for (int64_t p = 0; p < panels(rows[i]); ++p) {
-            uint8_t* panel = out + offsets[i] + size_t(p) * strides[i] * lay.panel_bytes(cols[i]);
-            for (int lane = 0; lane < kPanel; ++lane) reinterpret_cast<float*>(panel)[lane] = panel_scale;
-            for (int64_t grp = 0; grp < cols[i] / 16; ++grp) {
-                uint8_t* block = panel + lay.group_at(grp);
-                const uint8_t* lane_codes[kPanel] = {};
-                for (int lane = 0; lane < kPanel; ++lane) {
-                    const int64_t n = p * kPanel + lane;
-                    if (n >= rows[i]) continue;   // rows past N stay zero, as the buffer came
-                    block[lane] = scales[n * wi.scales.row_stride + grp];
-                    lane_codes[lane] = codes + n * wi.values.row_stride + grp * 8;
-                }
-                pack_lanes<LayoutWord>(lane_codes, 2, block + lay.header_bytes());
-            }
+            auto* prefix = reinterpret_cast<float*>(out + offsets[i] + size_t(p) * strides[i] * lay.panel_bytes(cols[i]));
+            for (int lane = 0; lane < kPanel; ++lane) prefix[lane] = panel_scale;
         }
+        const auto* scales = static_cast<const uint8_t*>(wi.scales.data);
+        pack_byte_header_matrix(wi, lay, rows[i], cols[i], out + offsets[i], strides[i],
+                                [&](int64_t n, int64_t grp) { return scales[n * wi.scales.row_stride + grp]; });
     }
     return KT_OK;
 }

@@ -1,5 +1,5 @@
 // INT4, RAWINT4, MXFP4 and NVFP4 on this target: kt-core's group layouts (kt/formats/packed_layouts.h:
-// "kt-int4-p16-v2", "kt-rawint4-p16-v1", "kt-mxfp4-p16-v1", "kt-nvfp4-p16-v1"; amx reads the first two), with the vector
+// "kt-int4-p16-v2", "kt-rawint4-p16-v1", "kt-mxfp4-p16-v2", "kt-nvfp4-p16-v1"; amx reads the first three), with the vector
 // reads of a group header and the arithmetic every INT4 kernel applies per group.
 #pragma once
 #include <kt/formats/packed_layouts.h>
@@ -14,6 +14,7 @@ struct Int4Layout : kt::layouts::int4::Geometry {
     // The group header's scales s (and s*z) for lanes v * kLanes.., as f32.
     VF scale(const uint8_t* header, int v) const {
         if (e4m3_scales) return vload_e4m3_over_256(header + v * kLanes);
+        if (e8m0_scales) return vload_e8m0_half(header + v * kLanes);
         return bf16_scales ? vload_bf16(reinterpret_cast<const uint16_t*>(header) + v * kLanes)
                            : vload(reinterpret_cast<const float*>(header) + v * kLanes);
     }
@@ -48,8 +49,8 @@ inline float int4_raw_sum(int32_t sum_hi, int32_t sum_lo, bool two_pass) {
 }
 inline float int4_row_scale(float sa, bool two_pass) { return two_pass ? sa * (1.0f / 128.0f) : sa; }
 
-// MXFP4: the symmetric f32-header geometry at G = 32; NVFP4: E4M3 headers at G = 16 after a
-// per-panel scale vector (kt/formats/packed_layouts.h, mxfp4 and nvfp4).
+// MXFP4: the symmetric geometry at G = 32 with E8M0 byte headers; NVFP4: E4M3 headers at G = 16
+// after a per-panel scale vector (kt/formats/packed_layouts.h, mxfp4 and nvfp4).
 inline Int4Layout mxfp4_layout() { return {kt::layouts::mxfp4::geometry()}; }
 inline Int4Layout nvfp4_layout() { return {kt::layouts::nvfp4::geometry()}; }
 

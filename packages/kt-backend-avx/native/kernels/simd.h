@@ -47,6 +47,13 @@ inline VF vcvt_e4m3_over_256(__m128i bytes) {
     return _mm512_cvtph_ps(h);
 }
 inline VF vload_e4m3_over_256(const uint8_t* p) { return vcvt_e4m3_over_256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+// kLanes E8M0 bytes e -> 2^(e - 128) (kt::layouts::e8m0_half), exact: e << 23 is 2^(e - 127)'s bits
+// for e >= 1, 2^-127's (0x400000, subnormal) is the max for e = 0, and the halving is exact.
+inline VF vload_e8m0_half(const uint8_t* p) {
+    const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m512i bits = _mm512_max_epi32(_mm512_slli_epi32(e, 23), _mm512_set1_epi32(0x400000));
+    return _mm512_mul_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(0.5f));
+}
 inline VF vroundint(VF x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 inline VF vpow2i(VF n) {   // 2^n for integral n in [-126, 127]
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
@@ -77,6 +84,11 @@ inline VF vload_e4m3_over_256(const uint8_t* p) {
     const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7f)), 7),
                                    _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8));
     return _mm256_cvtph_ps(h);
+}
+inline VF vload_e8m0_half(const uint8_t* p) {
+    const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    const __m256i bits = _mm256_max_epi32(_mm256_slli_epi32(e, 23), _mm256_set1_epi32(0x400000));
+    return _mm256_mul_ps(_mm256_castsi256_ps(bits), _mm256_set1_ps(0.5f));
 }
 inline VF vroundint(VF x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 inline VF vpow2i(VF n) {

@@ -59,7 +59,7 @@ void widen_int8(const uint8_t* panel, int64_t K, float* dst, int64_t ldb) {
     }
 }
 
-// "kt-int4-p16-v2", "kt-rawint4-p16-v1" and "kt-mxfp4-p16-v1": per group a header and g / 8
+// "kt-int4-p16-v2", "kt-rawint4-p16-v1" and "kt-mxfp4-p16-v2": per group a header and g / 8
 // chunks; byte lane * 4 + b of chunk c holds u[8c + b] (low nibble) and u[8c + 4 + b] (high).
 // value[u] maps a code to the integer the scale multiplies (INT4: u - 8, MXFP4: 2 * E2M1).
 void widen_int4(const L::int4::Geometry& geo, const float* value, const uint8_t* panel, int64_t K, float* dst,

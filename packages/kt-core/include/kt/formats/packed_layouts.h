@@ -127,6 +127,18 @@ inline float e4m3_over_256(uint8_t code) {
 
 }  // namespace e4m3
 
+// --- E8M0 bytes (MXFP4's block scales) ------------------------------------------------------
+// An E8M0 byte e is the scale 2^(e - 127); MXFP4's codes decode to 2 value, so its layout reads
+// e as half that: 2^(e - 128), exact in f32 (e = 0 and 1 subnormal; 0xFF, NaN, is refused at
+// load). The vector kernels compute the same bits as max(e << 23, 2^-127's bits) times 0.5.
+inline float e8m0_half(uint8_t e) {
+    const int x = int(e) - 128;   // -128 .. 126: normal from -126, subnormal below
+    const uint32_t bits = x >= -126 ? uint32_t(x + 127) << 23 : 1u << (x + 149);   // 2^x = 2^(x + 149) * 2^-149
+    float s;
+    std::memcpy(&s, &bits, 4);
+    return s;
+}
+
 // --- "kt-int4-p16-v2" (INT4) and "kt-rawint4-p16-v1" (RAWINT4) ------------------------------
 // Per panel, per group of G consecutive k (32, 64 or 128), a header and then G/8 chunks of
 // 64 bytes: byte lane*4 + b of chunk c holds u[lane][8c + b] in its low nibble and
@@ -145,8 +157,9 @@ struct Geometry {
     bool bf16_scales;          // RAWINT4: s as bf16, no s*z
     bool e4m3_scales = false;  // NVFP4: s as E4M3 bytes (value / 256)
     size_t prefix_bytes = 0;   // NVFP4: the panel's f32[16] global-scale vector before its groups
+    bool e8m0_scales = false;  // MXFP4: s as the file's E8M0 exponent bytes e, read as 2^(e - 128)
 
-    size_t header_bytes() const { return zero_point ? 128 : bf16_scales ? 32 : e4m3_scales ? 16 : 64; }
+    size_t header_bytes() const { return zero_point ? 128 : bf16_scales ? 32 : (e4m3_scales || e8m0_scales) ? 16 : 64; }
     size_t group_bytes() const { return header_bytes() + size_t(g) * 8; }
     size_t group_at(int64_t grp) const { return prefix_bytes + size_t(grp) * group_bytes(); }
     size_t panel_bytes(int64_t k) const { return group_at(k / g); }
@@ -163,6 +176,7 @@ struct Geometry {
     float scale(const uint8_t* panel, int64_t k, int lane) const {
         const uint8_t* header = panel + group_at(k / g);
         if (e4m3_scales) return e4m3::e4m3_over_256(header[lane]);
+        if (e8m0_scales) return e8m0_half(header[lane]);
         if (bf16_scales) {
             uint16_t h;
             std::memcpy(&h, header + size_t(lane) * 2, 2);
@@ -194,33 +208,21 @@ inline Geometry geometry(bool raw, int64_t group_size, bool zero_point) {
 }
 }  // namespace int4
 
-// --- "kt-mxfp4-p16-v1" (MXFP4: OCP microscaling FP4, GPT-OSS's expert format) -------------
-// INT4's symmetric group layout with G = 32 and an f32 header, holding E2M1 codes c (sign bit 3,
-// magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6) where INT4 holds u. Doubled, every E2M1 value is an
-// integer in [-12, 12], so the kernels look c up as u = 2 value + 12 in [0, 24] (one byte
-// shuffle) and run INT4's integer dot with 12 where INT4 subtracts 8: w = s * (u - 12), the
-// header's s being the block's scale halved (an E8M0 2^(e - 127): exact in f32, e = 0 included).
+// --- "kt-mxfp4-p16-v2" (MXFP4: OCP microscaling FP4, GPT-OSS's expert format) -------------
+// INT4's symmetric group layout with G = 32, holding E2M1 codes c (sign bit 3, magnitudes 0,
+// 0.5, 1, 1.5, 2, 3, 4, 6) where INT4 holds u. Doubled, every E2M1 value is an integer in
+// [-12, 12], so the kernels look c up as u = 2 value + 12 in [0, 24] (one byte shuffle) and run
+// INT4's integer dot with 12 where INT4 subtracts 8: w = s * (u - 12). A group's header is the 16
+// channels' E8M0 scale bytes as the file stores them, read as s = 2^(e - 128) (the block's scale
+// halved, e8m0_half): 272 bytes per 16 x 32 weights, the file's 4.25 bits per weight
+// (v1 held s as f32: 5 bits, +17.6 %, which decode read in full).
 namespace mxfp4 {
-constexpr const char* kId = "kt-mxfp4-p16-v1";
+constexpr const char* kId = "kt-mxfp4-p16-v2";
 constexpr int64_t kBlock = 32;      // elements per E8M0 scale
 constexpr int kOffset = 12;         // u = 2 value + kOffset
 constexpr uint8_t kDoubledPlusOffset[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
 
-inline int4::Geometry geometry() { return {kBlock, false, false}; }
-
-// E8M0 byte e (0xFF, NaN, is refused at load) -> the header's s = 2^(e - 128).
-inline float header_scale(uint8_t e) {
-    const int x = int(e) - 128;   // -128 .. 126: normal from -126, subnormal below
-    float s;
-    if (x >= -126) {
-        const uint32_t bits = uint32_t(x + 127) << 23;
-        std::memcpy(&s, &bits, 4);
-    } else {
-        const uint32_t bits = 1u << (x + 149);   // 2^x = 2^(x + 149) * 2^-149
-        std::memcpy(&s, &bits, 4);
-    }
-    return s;
-}
+inline int4::Geometry geometry() { return {kBlock, false, false, false, 0, true}; }
 
 inline float weight(const int4::Geometry& geo, const uint8_t* panel, int64_t k, int lane) {
     return geo.scale(panel, k, lane) * float(int(kDoubledPlusOffset[geo.code(panel, k, lane)]) - kOffset);
