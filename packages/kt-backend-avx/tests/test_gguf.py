@@ -28,7 +28,8 @@ VARIANTS = [v.name for v in descriptor.variants]
 # layers, llama.cpp's own figure.
 TOL, ONE_PASS_TOL = 5e-3, 5e-3
 TYPE_SETS = [("Q4_K", "Q4_K", "Q6_K"), ("Q8_0", "Q8_0", "Q8_0"), ("Q4_0", "Q4_0", "Q4_0"), ("Q5_K", "Q5_K", "Q4_K"),
-             ("Q6_K", "Q6_K", "Q6_K"), ("Q2_K", "Q3_K", "Q2_K"), ("IQ4_XS", "IQ4_XS", "Q3_K")]
+             ("Q6_K", "Q6_K", "Q6_K"), ("Q2_K", "Q3_K", "Q2_K"), ("IQ4_XS", "IQ4_XS", "Q3_K"), ("IQ2_XXS",) * 3,
+             ("IQ2_XXS", "IQ2_XXS", "Q4_K")]
 
 
 def _rel(out, want) -> float:

@@ -77,12 +77,12 @@ def test_unknown_layout_is_not_read(reader):
 
 
 # LLAMAFILE: every ggml type, and one type per matrix as a GGUF file mixes them (Q4_K_M's Q6_K down).
-GGML_CASES = [(t, t, t) for t in ("Q4_0", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")] + [("Q4_K", "Q5_K", "Q6_K")]
+GGML_CASES = [(t, t, t) for t in ("Q4_0", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "IQ2_XXS")] + [("Q4_K", "Q5_K", "Q6_K")]
 
 
 @pytest.mark.parametrize("types", GGML_CASES, ids=["-".join(t) for t in GGML_CASES])
 def test_public_header_reads_avx_packed_ggml_experts(reader, variant, types):
-    """kt/formats/ggml_panels.h's reader recovers, from avx's kt-ggml-v6 bytes, the weights gguf-py's
+    """kt/formats/ggml_panels.h's reader recovers, from avx's kt-ggml-v7 bytes, the weights gguf-py's
     dequantizer gives for the file's blocks."""
     rng = np.random.default_rng(len(set(types)))
     E, hidden, intermediate = 2, 512, 288 if types[2] in ("Q4_0", "Q8_0") else 256   # K a multiple of the block
@@ -90,7 +90,7 @@ def test_public_header_reads_avx_packed_ggml_experts(reader, variant, types):
     blocks = [random_blocks(rng, t, s) for t, s in zip(types, shapes)]
     layer = kt_core.MoE(num_experts=E, top_k=1, hidden_size=hidden, intermediate_size=intermediate, method="LLAMAFILE",
                         weight_types=types)
-    assert layer.backend == f"avx/{variant}" and layer.layout_id == "kt-ggml-v6"
+    assert layer.backend == f"avx/{variant}" and layer.layout_id == "kt-ggml-v7"
     layer.load(*blocks)
     codes = np.array([ggml_type(t).kt_dtype for t in types], np.int32)
     # Decode reads every packed byte: the file's bytes + 3 % at most (Q4_K's 4.625 bits against 4.5,

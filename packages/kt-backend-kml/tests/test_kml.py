@@ -12,6 +12,7 @@ import kt_backend_kml
 import kt_core
 from kt_core import MoE
 from kt_core.backends import explain, selection
+from kt_core.errors import BackendError
 from kt_core.testing.ggml_blocks import dequantize, llama_activations, random_blocks
 from kt_core.testing.quantize import checkpoint_inputs, dequantized_weights
 from kt_core.testing.reference import moe_reference, random_moe, random_routing, relative_error
@@ -86,7 +87,7 @@ GGML_TYPES = [(t, t, t) for t in ("Q4_0", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K"
 @pytest.mark.parametrize("fast", [False, True], ids=["two-pass", "fast"])
 @pytest.mark.parametrize("types", GGML_TYPES, ids=["-".join(t) if len(set(t)) > 1 else t[0] for t in GGML_TYPES])
 def test_llamafile_matches_float64_over_the_blocks(types, fast, monkeypatch):
-    """LLAMAFILE on kt-core's kt-ggml-v6 panels (the bytes kt-backend-avx packs): against float64 over
+    """LLAMAFILE on kt-core's kt-ggml-v7 panels (the bytes kt-backend-avx packs): against float64 over
     gguf-py's dequantized blocks; bit-identical across targets (sdot, smull and, for row pairs on
     I8MM, smmla give the same integer sums, and the f32 epilogue is the same instructions). Two
     activation passes: within 2e-3 of the output RMS (measured 3.5e-4 to 9.5e-4 here); one pass
@@ -111,7 +112,7 @@ def test_llamafile_matches_float64_over_the_blocks(types, fast, monkeypatch):
         m = MoE(num_experts=E, top_k=K, hidden_size=hidden, intermediate_size=inter, method="LLAMAFILE", backend="kml",
                 weight_types=types, fast_activations=fast)
         m.load(*blocks)
-        assert m.backend == f"kml/{variant}" and m.layout_id == "kt-ggml-v6"
+        assert m.backend == f"kml/{variant}" and m.layout_id == "kt-ggml-v7"
         assert (".smmla+" in m.kernel_id) == ("i8mm" in variant), m.kernel_id
         tag = sve_tag(variant)
         assert tag in m.kernel_id if tag else not any(t in m.kernel_id for t in (".sve256.", ".sve512.")), m.kernel_id
@@ -121,6 +122,25 @@ def test_llamafile_matches_float64_over_the_blocks(types, fast, monkeypatch):
     first = next(iter(outs.values()))
     assert all(np.array_equal(first, o) for o in outs.values())
 
+
+@pytest.mark.skipif(not ON_ARM, reason=f"aarch64 kernels; this host is {kt_core.host().arch}")
+def test_iq2_xxs_is_refused_by_name_and_served_by_the_reference():
+    """IQ2_XXS (grid indices; kt-backend-avx's kernel of its own) is not run on aarch64 yet: kml
+    declines it by name, and the reference backend serves the layer bit for bit as gguf-py reads it."""
+    types = ("IQ2_XXS", "IQ2_XXS", "Q4_K")
+    with pytest.raises(BackendError, match=r"this layer stores IQ2_XXS \(backend='reference' can run it\)"):
+        MoE(num_experts=E, top_k=K, hidden_size=256, intermediate_size=256, method="LLAMAFILE", backend="kml",
+            weight_types=types)
+    rng = np.random.default_rng(3)
+    shapes = ((E, 256, 256), (E, 256, 256), (E, 256, 256))
+    blocks = [random_blocks(rng, t, s) for t, s in zip(types, shapes)]
+    m = MoE(num_experts=E, top_k=K, hidden_size=256, intermediate_size=256, method="LLAMAFILE", backend="reference",
+            weight_types=types, fast_activations=False)
+    m.load(*blocks)
+    x = rng.standard_normal((3, 256)).astype(np.float32)
+    ids, wt = random_routing(rng, 3, E, K)
+    dq = [np.stack([dequantize(b[e], t) for e in range(E)]) for b, t in zip(blocks, types)]
+    assert relative_error(np.asarray(m(x, ids, wt)), moe_reference(x, *dq, ids, wt)) < 1e-5
 
 
 @pytest.mark.skipif(not ON_ARM, reason=f"aarch64 kernels; this host is {kt_core.host().arch}")

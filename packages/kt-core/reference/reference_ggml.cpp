@@ -9,6 +9,8 @@
 // Q8_0 blocks, whichever llama.cpp dots the matrix's type against (one_plane_rows below).
 #include "reference_common.h"
 
+#include <kt/formats/ggml_panels.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -133,6 +135,25 @@ void dq_iq4_xs(const uint8_t* b, float* y) {
     }
 }
 
+// IQ2_XXS: per 32 elements four grid indices and a word of four 7-bit sign indices and a 4-bit scale
+// (kt/formats/ggml_panels.h holds the grid: the one copy of the format's table).
+void dq_iq2_xxs(const uint8_t* b, float* y) {
+    namespace G = kt::layouts::ggml;
+    const float d = f16(b);
+    for (int j = 0; j < 8; ++j) {
+        const uint8_t* q = b + 2 + 8 * j;
+        const uint32_t word = uint32_t(q[4]) | uint32_t(q[5]) << 8 | uint32_t(q[6]) << 16 | uint32_t(q[7]) << 24;
+        const float db = d * (0.5f + float(word >> 28)) * 0.25f;
+        for (int l = 0; l < 4; ++l) {
+            const uint8_t signs = G::iq2_sign_byte((word >> (7 * l)) & 127);
+            for (int t = 0; t < 8; ++t) {
+                const float v = db * float(G::iq2xxs_magnitude(q[l], t));
+                y[32 * j + 8 * l + t] = (signs >> t) & 1 ? -v : v;
+            }
+        }
+    }
+}
+
 struct TypeInfo {
     kt_dtype dtype;
     const char* name;
@@ -151,6 +172,7 @@ const TypeInfo kTypes[] = {
     {KT_DTYPE_GGML_Q5_K, "Q5_K", 256, 176, dq_q5_k, {0, 2}},
     {KT_DTYPE_GGML_Q6_K, "Q6_K", 256, 210, dq_q6_k, {208, -1}},
     {KT_DTYPE_GGML_IQ4_XS, "IQ4_XS", 256, 136, dq_iq4_xs, {0, -1}},
+    {KT_DTYPE_GGML_IQ2_XXS, "IQ2_XXS", 256, 66, dq_iq2_xxs, {0, -1}},
 };
 
 const TypeInfo* type_info(kt_dtype dtype) {

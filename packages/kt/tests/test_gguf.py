@@ -40,6 +40,23 @@ def test_dequantize_matches_gguf_py_bit_for_bit(name):
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
+def test_iq2_xxs_every_grid_entry_and_sign_index():
+    """IQ2_XXS's tables (the 256-entry grid kt-core holds, the parity-expanded sign bytes) entry by
+    entry: eight blocks name every grid index once and every 7-bit sign index twice, each scale."""
+    rng = np.random.default_rng(2)
+    blocks = np.zeros((8, 66), np.uint8)
+    blocks[:, :2] = (rng.uniform(0.25, 1.0, 8) * 1e-3).astype(np.float16).view(np.uint8).reshape(8, 2)
+    for b in range(8):
+        for j in range(8):
+            g = 4 * (8 * b + j)   # this sub-block's first group's number, 0..252
+            blocks[b, 2 + 8 * j:6 + 8 * j] = np.arange(g, g + 4) % 256
+            word = sum(((g + l) % 128) << (7 * l) for l in range(4)) | ((g // 4) % 16) << 28
+            blocks[b, 6 + 8 * j:10 + 8 * j] = np.frombuffer(np.uint32(word).tobytes(), np.uint8)
+    want = dequantize(blocks, "IQ2_XXS").reshape(-1)
+    got = reference_native.ggml_dequantize(GGML_TYPES["IQ2_XXS"].kt_dtype, blocks.reshape(-1))
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 def test_dequantize_refuses_partial_blocks_and_unknown_types():
     with pytest.raises(ValueError, match="not whole blocks of 34"):
         reference_native.ggml_dequantize(GGML_TYPES["Q8_0"].kt_dtype, np.zeros(35, np.uint8))

@@ -1,6 +1,6 @@
 // LLAMAFILE experts: GGUF's ggml blocks, run as the file stores them (docs/formats.md).
 //
-// Packed layout "kt-ggml-v6", kt-core's public definition (kt/formats/ggml_panels.h: the panel
+// Packed layout "kt-ggml-v7", kt-core's public definition (kt/formats/ggml_panels.h: the panel
 // forms of every type, the checks and the packer, shared with kt-backend-kml): each type's codes
 // and scales regrouped into panels of 16 output channels, so the one outer-product kernel below
 // runs them all, decode and prefill.
@@ -581,11 +581,204 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
         }
 }
 
+// ---- IQ2_XXS: grid indices (ggml_panels.h's IQ2XXS) ---------------------------------------------
+// Per 8-k group a channel's magnitudes are one grid entry: the 16 channels' entries come from two
+// (AVX2: four) 8-lane gathers of 8-byte rows of the grid, one qword per channel, and their signs
+// from the sign word (7 bits -> the byte with its parity bit, broadcast over the qword, tested
+// per element). u = 43 + sign * magnitude (0..86) then dots 8 activations broadcast per qword:
+// each channel's two dword lanes hold k 0..3 and 4..7 of the group, added at the sub-block's end.
+namespace iq2 {
+
+struct Grid8 {
+    alignas(64) uint64_t entry[256];   // the 8 magnitudes of each grid entry, one per byte
+};
+constexpr Grid8 make_grid8() {
+    Grid8 g{};
+    for (int i = 0; i < 256; ++i)
+        for (int t = 0; t < 8; ++t) g.entry[i] |= uint64_t(iq2xxs_magnitude(i, t)) << (8 * t);
+    return g;
+}
+constexpr Grid8 kGrid8 = make_grid8();
+constexpr uint8_t kParity[16] = {0, 1, 1, 0, 1, 0, 0, 1, 1, 0, 0, 1, 0, 1, 1, 0};   // of a nibble
+
+#if defined(__AVX512F__)
+constexpr int kQLanes = 8;   // channels per vector of qwords
+inline VI gather(const uint8_t* idx) {
+    const __m256i i = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(idx)));
+    return _mm512_i32gather_epi64(i, reinterpret_cast<const long long*>(kGrid8.entry), 8);
+}
+template <int kHalf>
+inline VI qwords(VI words) { return _mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64(words, kHalf)); }
+inline VI set1q(int64_t q) { return _mm512_set1_epi64(q); }
+inline VI srl64(VI a, int n) { return _mm512_srl_epi64(a, _mm_cvtsi32_si128(n)); }
+inline VI srli64_32(VI a) { return _mm512_srli_epi64(a, 32); }
+inline VI sll64_7(VI a) { return _mm512_slli_epi64(a, 7); }
+inline VI shuffle_bytes(VI a, VI ctl) { return _mm512_shuffle_epi8(a, ctl); }
+inline VI eq_bytes(VI a, VI b) { return _mm512_movm_epi8(_mm512_cmpeq_epi8_mask(a, b)); }
+inline VI add_bytes(VI a, VI b) { return _mm512_add_epi8(a, b); }
+inline VI sub_bytes(VI a, VI b) { return _mm512_sub_epi8(a, b); }
+// Channel sums (even dword of each qword, after srli64_32 added the odd one) of the qword vectors
+// t[0..kQ), in channel order: kVecsPerPanel vectors of kLanes channels.
+inline void channel_order(const VI* t, VI* out) {
+    out[0] = _mm512_permutex2var_epi32(t[0], _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30), t[1]);
+}
+#else
+constexpr int kQLanes = 4;
+inline VI gather(const uint8_t* idx) {
+    const __m128i i = _mm_cvtepu8_epi32(_mm_cvtsi32_si128(load_i32(idx)));
+    return _mm256_i32gather_epi64(reinterpret_cast<const long long*>(kGrid8.entry), i, 8);
+}
+template <int kHalf>
+inline VI qwords(VI words) { return _mm256_cvtepu32_epi64(_mm256_extracti128_si256(words, kHalf)); }
+inline VI set1q(int64_t q) { return _mm256_set1_epi64x(q); }
+inline VI srl64(VI a, int n) { return _mm256_srl_epi64(a, _mm_cvtsi32_si128(n)); }
+inline VI srli64_32(VI a) { return _mm256_srli_epi64(a, 32); }
+inline VI sll64_7(VI a) { return _mm256_slli_epi64(a, 7); }
+inline VI shuffle_bytes(VI a, VI ctl) { return _mm256_shuffle_epi8(a, ctl); }
+inline VI eq_bytes(VI a, VI b) { return _mm256_cmpeq_epi8(a, b); }
+inline VI add_bytes(VI a, VI b) { return _mm256_add_epi8(a, b); }
+inline VI sub_bytes(VI a, VI b) { return _mm256_sub_epi8(a, b); }
+inline void channel_order(const VI* t, VI* out) {
+    for (int v = 0; v < 2; ++v) {   // [c0 c1 d0 d1 | c2 c3 d2 d3] -> c0 c1 c2 c3 d0 d1 d2 d3
+        const __m256 m = _mm256_shuffle_ps(_mm256_castsi256_ps(t[2 * v]), _mm256_castsi256_ps(t[2 * v + 1]), _MM_SHUFFLE(2, 0, 2, 0));
+        out[v] = _mm256_permute4x64_epi64(_mm256_castps_si256(m), _MM_SHUFFLE(3, 1, 2, 0));
+    }
+}
+#endif
+constexpr int kQ = kPanel / kQLanes;   // qword vectors per panel
+
+// The sub-block's sign words as qword vectors (channel q * kQLanes + i in qword i of vector q).
+inline void words_as_qwords(const uint8_t* words, VI* wq) {
+    for (int v = 0; v < kVecsPerPanel; ++v) {
+        const VI w = vloadi(words + size_t(v) * kLanes * 4);
+        wq[2 * v] = qwords<0>(w);
+        wq[2 * v + 1] = qwords<1>(w);
+    }
+}
+
+// Rows per block: AVX-512's registers hold 4 rows' qword accumulators (two planes x two vectors),
+// AVX2's one row's (two planes x four).
+#if defined(__AVX512F__)
+constexpr int kRowBlock = 4;
+#else
+constexpr int kRowBlock = 1;
+#endif
+
+// vpshufb control spreading byte 0 of each qword over its 8 bytes; each byte's own sign bit.
+alignas(64) constexpr uint64_t kSpread[8] = {0, 0x0808080808080808ull, 0, 0x0808080808080808ull,
+                                             0, 0x0808080808080808ull, 0, 0x0808080808080808ull};
+constexpr int64_t kBitOfByte = int64_t(0x8040201008040201ull);
+
+// u = 43 + sign * magnitude for group l of the sub-block: gathered magnitudes g, the channels'
+// sign words as qwords wq.
+inline VI group_codes(VI g, VI wq, int l) {
+    const VI low4 = set1q(0x0f), s7 = vand(srl64(wq, 7 * l), set1q(127));
+    const VI parity = vxor(vlookup16(kParity, vand(s7, low4)), vlookup16(kParity, srl64(s7, 4)));
+    const VI spread = shuffle_bytes(vor(s7, sll64_7(parity)), vloadi(kSpread));
+    const VI bits = set1q(kBitOfByte);
+    const VI neg = eq_bytes(vand(spread, bits), bits);   // 0xFF where the element is negative
+    return add_bytes(sub_bytes(vxor(g, neg), neg), vset1i(0x2b2b2b2b));
+}
+
+template <int MR, bool kTwoPass>
+void rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* panel, float* out, int64_t ldo, int cols) {
+    using P = IQ2XXS;
+    VF acc[MR][kVecsPerPanel];
+    for (int m = 0; m < MR; ++m)
+        for (int v = 0; v < kVecsPerPanel; ++v) acc[m][v] = vzero();
+    ActRow a[MR];
+    for (int m = 0; m < MR; ++m) a[m] = act_row(x + size_t(m) * row_bytes, k);
+    for (int64_t b = 0; b < k / P::kBlockK; ++b) {
+        const uint8_t* blk = panel + size_t(b) * P::kBlockBytes;
+        const int64_t k0 = b * P::kBlockK;
+        VF d[kVecsPerPanel];
+        for (int v = 0; v < kVecsPerPanel; ++v) d[v] = widen_f16(blk + P::kD + 2 * size_t(v) * kLanes);
+        float sa[MR];
+        for (int m = 0; m < MR; ++m) sa[m] = a[m].scale[k0 / kQK] * (kTwoPass ? 1.0f / 128.0f : 1.0f);
+        for (int j = 0; j < 8; ++j) {
+            const uint8_t* sub = blk + P::kCodes + size_t(j) * P::kSubBytes;
+            if constexpr (MR == 1) {   // decode: the stream ahead, as the 4-bit types do
+                prefetch_decode_stream<4096>(sub);
+                prefetch_decode_stream<4096>(sub + 64);
+            }
+            VI wq[kQ];
+            words_as_qwords(sub + P::kWords, wq);
+            VI hi[MR][kQ], lo[MR][kQ];
+            for (int m = 0; m < MR; ++m)
+                for (int q = 0; q < kQ; ++q) hi[m][q] = lo[m][q] = vzeroi();
+            for (int l = 0; l < 4; ++l) {
+                VI u[kQ];
+                for (int q = 0; q < kQ; ++q) u[q] = group_codes(gather(sub + 16 * l + q * kQLanes), wq[q], l);
+                const int64_t at = k0 + 32 * j + 8 * l;
+                for (int m = 0; m < MR; ++m) {
+                    int64_t xh;
+                    std::memcpy(&xh, a[m].hi + at, 8);
+                    const VI ah = set1q(xh);
+                    for (int q = 0; q < kQ; ++q) hi[m][q] = dot_u8s8(hi[m][q], u[q], ah);
+                    if constexpr (kTwoPass) {
+                        int64_t xl;
+                        std::memcpy(&xl, a[m].lo + at, 8);
+                        const VI al = set1q(xl);
+                        for (int q = 0; q < kQ; ++q) lo[m][q] = dot_u8s8(lo[m][q], u[q], al);
+                    }
+                }
+            }
+            // s_j = d * (0.5 + ls) * 0.25 per channel, as the file's dequantization rounds it.
+            VF sj[kVecsPerPanel];
+            for (int v = 0; v < kVecsPerPanel; ++v) {
+                const VI w = vloadi(sub + P::kWords + size_t(v) * kLanes * 4);
+#if defined(__AVX512F__)
+                const VF ls = vcvt(_mm512_srli_epi32(w, 28));
+#else
+                const VF ls = vcvt(_mm256_srli_epi32(w, 28));
+#endif
+                sj[v] = vmul(vmul(d[v], vadd(vset1(0.5f), ls)), vset1(0.25f));
+            }
+            const int64_t g16 = (k0 + 32 * j) / 16;
+            for (int m = 0; m < MR; ++m) {
+                VI t[kQ], dh[kVecsPerPanel], dl[kVecsPerPanel];
+                for (int q = 0; q < kQ; ++q) t[q] = vaddi(hi[m][q], srli64_32(hi[m][q]));
+                channel_order(t, dh);
+                const int32_t sh = a[m].sums_hi[g16] + a[m].sums_hi[g16 + 1];
+                int32_t sum = sh;
+                if constexpr (kTwoPass) {
+                    for (int q = 0; q < kQ; ++q) t[q] = vaddi(lo[m][q], srli64_32(lo[m][q]));
+                    channel_order(t, dl);
+                    sum = 128 * sh + a[m].sums_lo[g16] + a[m].sums_lo[g16 + 1];
+                }
+                const VI z = vset1i(P::kOffset * sum);   // exact: |43 * sum| < 2^24
+                for (int v = 0; v < kVecsPerPanel; ++v) {
+                    const VI dot = kTwoPass ? vaddi(vslli32<7>(dh[v]), dl[v]) : dh[v];   // |.| < 2^26
+                    acc[m][v] = vfma(vmul(sj[v], vset1(sa[m])), vcvt(vsubi(dot, z)), acc[m][v]);
+                }
+            }
+        }
+    }
+    for (int m = 0; m < MR; ++m)
+        for (int v = 0; v < kVecsPerPanel; ++v) {
+            const int n = std::min(kLanes, cols - v * kLanes);
+            if (n > 0) vstore_partial(out + m * ldo + v * kLanes, acc[m][v], n);
+        }
+}
+
+}  // namespace iq2
+
 // Every row of one panel: out[r][0, cols) for r < rows.
 template <class P>
 void panel(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, const uint8_t* p, bool two_pass, float* out,
            int64_t ldo, int cols) {
-    if (two_pass) {
+    if constexpr (std::is_same_v<P, IQ2XXS>) {
+        if (two_pass) {
+            for_row_blocks<iq2::kRowBlock>(rows, [=]<int M>(int64_t r) {
+                iq2::rows<M, true>(x + size_t(r) * row_bytes, row_bytes, k, p, out + r * ldo, ldo, cols);
+            });
+        } else {
+            for_row_blocks<iq2::kRowBlock>(rows, [=]<int M>(int64_t r) {
+                iq2::rows<M, false>(x + size_t(r) * row_bytes, row_bytes, k, p, out + r * ldo, ldo, cols);
+            });
+        }
+        return;
+    } else if (two_pass) {
         for_row_blocks<row_block<P>()>(rows, [=]<int M>(int64_t r) {
             panel_rows<P, M, true>(x + size_t(r) * row_bytes, row_bytes, k, p, out + r * ldo, ldo, cols);
         });
@@ -698,7 +891,7 @@ kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act,
 }  // namespace
 
 kt_method_kernels llamafile_kernels(const char* kernel_id) {
-    return method_table("LLAMAFILE", "kt-ggml-v6", kernel_id, packed_bytes, pack, act_row_bytes, quantize, gate_up_tile,
+    return method_table("LLAMAFILE", "kt-ggml-v7", kernel_id, packed_bytes, pack, act_row_bytes, quantize, gate_up_tile,
                         down_tile, gate_up_raw_tile);
 }
 

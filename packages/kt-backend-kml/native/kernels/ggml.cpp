@@ -1,4 +1,4 @@
-// LLAMAFILE (GGUF's ggml blocks) in "kt-ggml-v6", kt-core's layout (kt/formats/ggml_panels.h):
+// LLAMAFILE (GGUF's ggml blocks) in "kt-ggml-v7", kt-core's layout (kt/formats/ggml_panels.h):
 // the bytes kt-backend-avx packs, read here by NEON (and by SVE: the vla section). Every type is a
 // group-wise integer format in disguise, w = s * u - s*z per sub-block of 16 or 32 k, so one kernel
 // runs them all: per 16-channel
@@ -18,6 +18,8 @@
 // q = x * 127 / max|x| rounded to nearest even, scale f16(max|x| / 127).
 // Row ("ggml-act-v2"): scale[ceil(K/256)] (f32, padded to 16 bytes), hi[K], lo[K],
 // sums_hi[K/16], sums_lo[K/16]; then scale32[K/32] (f32), hi32[K], sums32[K/16].
+#include <algorithm>
+
 #include <kt/formats/ggml_panels.h>
 
 #include "common.h"
@@ -713,43 +715,62 @@ inline void matrix_dot(const G::Matrix& m, const uint8_t* expert, int64_t p, con
     const uint8_t* panel = expert + m.offset + size_t(p) * m.panel_bytes;
     G::with_panels(m.type->dtype, [&](auto form) {
         using P = decltype(form);
-        ActRow one[2];   // (nr <= 2) Q4_0 / Q8_0 in one pass: llama.cpp's Q8_0 activations, a scale per 32 k
-        const ActRow* ar = a;
-        if (!two_pass && (std::is_same_v<P, G::Q40> || std::is_same_v<P, G::Q80>)) {
-            for (int r = 0; r < nr; ++r) one[r] = per32_row(a[r], m.cols);
-            ar = one;
-        }
+        if constexpr (std::is_same_v<P, G::IQ2XXS>) {
+            return;   // refused at check_config (layout().ok)
+        } else {
+            ActRow one[2];   // (nr <= 2) Q4_0 / Q8_0 in one pass: llama.cpp's Q8_0 activations, a scale per 32 k
+            const ActRow* ar = a;
+            if (!two_pass && (std::is_same_v<P, G::Q40> || std::is_same_v<P, G::Q80>)) {
+                for (int r = 0; r < nr; ++r) one[r] = per32_row(a[r], m.cols);
+                ar = one;
+            }
 #if defined(__ARM_FEATURE_SVE)
-        if (sve::with_parts([&]<int N>() { vla::panel_rows<P, N>(panel, ar, nr, two_pass, m.cols, out); })) return;
+            if (sve::with_parts([&]<int N>() { vla::panel_rows<P, N>(panel, ar, nr, two_pass, m.cols, out); })) return;
 #endif
 #if defined(__ARM_FEATURE_MATMUL_INT8)
-        if (nr == 2) {
-            two_pass ? panel_dot_pair<P, true>(panel, ar, m.cols, out) : panel_dot_pair<P, false>(panel, ar, m.cols, out);
-            return;
-        }
+            if (nr == 2) {
+                two_pass ? panel_dot_pair<P, true>(panel, ar, m.cols, out) : panel_dot_pair<P, false>(panel, ar, m.cols, out);
+                return;
+            }
 #elif defined(__ARM_FEATURE_DOTPROD)
-        if (nr == 2 && !std::is_same_v<P, G::Q40>) {   // Q4_0's pair counted 24.8 against 23.1 per row
-            two_pass ? panel_dot<P, true, 2>(panel, ar, m.cols, out) : panel_dot<P, false, 2>(panel, ar, m.cols, out);
-            return;
-        }
+            if (nr == 2 && !std::is_same_v<P, G::Q40>) {   // Q4_0's pair counted 24.8 against 23.1 per row
+                two_pass ? panel_dot<P, true, 2>(panel, ar, m.cols, out) : panel_dot<P, false, 2>(panel, ar, m.cols, out);
+                return;
+            }
 #endif
-        for (int r = 0; r < nr; ++r)
-            two_pass ? panel_dot<P, true, 1>(panel, ar + r, m.cols, out + r) : panel_dot<P, false, 1>(panel, ar + r, m.cols, out + r);
+            for (int r = 0; r < nr; ++r)
+                two_pass ? panel_dot<P, true, 1>(panel, ar + r, m.cols, out + r) : panel_dot<P, false, 1>(panel, ar + r, m.cols, out + r);
+        }
     });
 }
 
 // ---- layout, packer, tiles ---------------------------------------------------------------
 
-G::Expert layout(const kt_moe_config* c) { return G::expert(c); }
+// IQ2_XXS (grid indices, a kernel of its own on x86) is not run here yet: refused by name, and a
+// layout holding it is not ok, so the tiles refuse too (the descriptor does not list it).
+bool holds_iq2xxs(const kt_moe_config* c) {
+    if (!KT_HAS_FIELD(c, kt_moe_config, weight_dtype)) return false;
+    return std::any_of(c->weight_dtype, c->weight_dtype + 3, [](kt_dtype t) { return t == KT_DTYPE_GGML_IQ2_XXS; });
+}
+
+G::Expert layout(const kt_moe_config* c) {
+    G::Expert e = G::expert(c);
+    e.ok = e.ok && !holds_iq2xxs(c);
+    return e;
+}
 size_t packed_bytes(const kt_moe_config* c) { return layout(c).bytes; }
 
 kt_status check_config(const kt_moe_config* c) {
+    if (holds_iq2xxs(c))
+        return fail(KT_ERROR_UNSUPPORTED, "kml LLAMAFILE: IQ2_XXS is not run on aarch64 yet (kt-backend-avx runs it; "
+                    "backend='reference' runs it anywhere)");
     kt_status code;
     const std::string why = G::check_config(c, &code);
     return why.empty() ? KT_OK : fail(code, "%s", why.c_str());
 }
 
 kt_status pack(const kt_moe_config* c, const kt_expert_weights* src, void* dst) {
+    if (holds_iq2xxs(c)) return check_config(c);
     kt_status code;
     const std::string why = G::pack_expert(c, src, dst, &code);
     return why.empty() ? KT_OK : fail(code, "%s", why.c_str());

@@ -7,7 +7,7 @@ from pathlib import Path
 from kt_core.backends import BackendDescriptor, Tier, Variant
 
 METHODS = ("BF16", "INT8", "INT4", "RAWINT4", "FP8", "FP8_PERCHANNEL", "MXFP8", "LLAMAFILE")
-# kt/formats/ggml_panels.h's types: kt-ggml-v6, the layout kt-backend-avx packs too.
+# kt/formats/ggml_panels.h's types: kt-ggml-v7, the layout kt-backend-avx packs too.
 GGML_TYPES = ("Q4_0", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
 TARGETS = json.loads((Path(__file__).parent / "targets.json").read_text())["targets"]
 

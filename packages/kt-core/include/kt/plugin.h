@@ -71,6 +71,7 @@ typedef enum kt_dtype {
     KT_DTYPE_GGML_Q4_K = 0x100 + 12,    /* 256 elements in 144 bytes */
     KT_DTYPE_GGML_Q5_K = 0x100 + 13,    /* 256 elements in 176 bytes */
     KT_DTYPE_GGML_Q6_K = 0x100 + 14,    /* 256 elements in 210 bytes */
+    KT_DTYPE_GGML_IQ2_XXS = 0x100 + 16, /* 256 elements in 66 bytes */
     KT_DTYPE_GGML_IQ4_XS = 0x100 + 23   /* 256 elements in 136 bytes */
 } kt_dtype;
 

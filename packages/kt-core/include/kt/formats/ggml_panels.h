@@ -1,7 +1,8 @@
-// LLAMAFILE's packed layout "kt-ggml-v6" (docs/formats.md): GGUF's ggml blocks regrouped into
+// LLAMAFILE's packed layout "kt-ggml-v7" (docs/formats.md): GGUF's ggml blocks regrouped into
 // panels of 16 output channels — every type's codes and scales as the file holds them, nothing
-// dequantized — so that one outer-product kernel per ISA runs them all, decode and prefill.
-// kt-backend-avx (x86) and kt-backend-kml (aarch64) both pack and compute on it; this header is
+// dequantized — so that one outer-product kernel per ISA runs them all, decode and prefill (IQ2_XXS,
+// a grid-index type, has its own). kt-backend-avx (x86) and kt-backend-kml (aarch64, without
+// IQ2_XXS) both pack and compute on it; this header is
 // its byte geometry, the file-block checks, the packer (scalar: it runs at load, not in the hot
 // loop) and a scalar reader per type (the layout's specification, and the oracle the tests unpack
 // packed experts with). The kernels that stream it stay in the backends.
@@ -21,7 +22,8 @@
 // from L1, at a third to two thirds of llama.cpp's decode speed); v3 kept Q8_0's d as f32 (9 bits
 // per weight); v4 held Q6_K's 6-bit codes in bytes (8.6 bits per weight against the file's 6.56),
 // v5 splits them into INT4's nibbles and a line of high bit pairs (6.63); v6 keeps Q4_K's and
-// Q5_K's d and dmin f16 as the file does (v5 widened them to f32: 4.75 and 5.75 bits per weight).
+// Q5_K's d and dmin f16 as the file does (v5 widened them to f32: 4.75 and 5.75 bits per weight);
+// v7 adds IQ2_XXS (the others' bytes unchanged), whose grid indices need a kernel of their own.
 //
 // Internal linkage, portable C++, as packed_layouts.h: backends compile it into translation
 // units with different ISA flags.
@@ -39,7 +41,7 @@
 namespace kt::layouts::ggml {
 namespace {
 
-constexpr const char* kId = "kt-ggml-v6";
+constexpr const char* kId = "kt-ggml-v7";
 constexpr size_t kChunkBytes = 64;
 
 // ---- the file's blocks ---------------------------------------------------------------------
@@ -55,8 +57,9 @@ constexpr BlockType kBlockTypes[] = {
     {KT_DTYPE_GGML_Q2_K, "Q2_K", 256, 84, {80, 82}},    {KT_DTYPE_GGML_Q3_K, "Q3_K", 256, 110, {108, -1}},
     {KT_DTYPE_GGML_Q4_K, "Q4_K", 256, 144, {0, 2}},     {KT_DTYPE_GGML_Q5_K, "Q5_K", 256, 176, {0, 2}},
     {KT_DTYPE_GGML_Q6_K, "Q6_K", 256, 210, {208, -1}},  {KT_DTYPE_GGML_IQ4_XS, "IQ4_XS", 256, 136, {0, -1}},
+    {KT_DTYPE_GGML_IQ2_XXS, "IQ2_XXS", 256, 66, {0, -1}},
 };
-constexpr const char* kSupported = "Q4_0, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS";
+constexpr const char* kSupported = "Q4_0, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XXS";
 
 inline const BlockType* block_type(kt_dtype d) {
     for (const BlockType& t : kBlockTypes)
@@ -129,6 +132,43 @@ inline int iq4_scale(const uint8_t* b, int j) {   // low 4 bits in scales_l, hig
     const int scales_h = b[2] | (b[3] << 8);
     return ((b[4 + j / 2] >> (4 * (j % 2))) & 15) | (((scales_h >> (2 * j)) & 3) << 4);
 }
+
+// IQ2_XXS (2.0625 bits per weight): per 256 k an f16 d, then per 32 k two little-endian words:
+// four bytes, each the index of one 8-element group's magnitudes in a fixed grid of 256
+// (every magnitude 8, 25 or 43), and a word holding the four groups' 7-bit sign indices (bits
+// 7l..7l+6) and a 4-bit scale ls (bits 28..31). A sign index s7 expands to the byte s7 |
+// parity(s7) << 7 (an even number of negatives per 8), bit t negating element t; the element is
+// d * (0.5 + ls) * 0.25 * magnitude * sign. The grid, two bits per magnitude (0, 1, 2 -> 8, 25,
+// 43; element t at bits 2t), is the format's data: gguf-py's IQ2_XXS grid, checked entry by
+// entry in the tests (the reference backend's dequantizer against gguf-py's, bit for bit).
+constexpr uint8_t kIq2Magnitude[3] = {8, 25, 43};
+constexpr uint16_t kIq2xxsGrid[256] = {
+    0x0000, 0x0002, 0x0005, 0x0008, 0x000a, 0x0011, 0x0014, 0x0020, 0x0022, 0x0028, 0x002a, 0x0041,
+    0x0044, 0x0050, 0x0058, 0x0061, 0x0064, 0x0080, 0x0082, 0x008a, 0x00a2, 0x0101, 0x0104, 0x0110,
+    0x0115, 0x0140, 0x0184, 0x0198, 0x0200, 0x0202, 0x0222, 0x0282, 0x0401, 0x0404, 0x0410, 0x0421,
+    0x0424, 0x0440, 0x0442, 0x0448, 0x0460, 0x0481, 0x0484, 0x0490, 0x04a4, 0x0500, 0x0502, 0x0508,
+    0x0520, 0x0546, 0x0569, 0x0580, 0x0591, 0x0609, 0x0610, 0x0640, 0x0684, 0x06a4, 0x0800, 0x0805,
+    0x0808, 0x0814, 0x0828, 0x0841, 0x0844, 0x0850, 0x0852, 0x0888, 0x0904, 0x0940, 0x0a02, 0x0a14,
+    0x1001, 0x1004, 0x1010, 0x1021, 0x1040, 0x1060, 0x1084, 0x1090, 0x1095, 0x1100, 0x1108, 0x1120,
+    0x1150, 0x115a, 0x1180, 0x1224, 0x1245, 0x1400, 0x1408, 0x1420, 0x1425, 0x1449, 0x1480, 0x1518,
+    0x1562, 0x1600, 0x1616, 0x1801, 0x1804, 0x1810, 0x1840, 0x1881, 0x1900, 0x1905, 0x19a0, 0x1a51,
+    0x2000, 0x2002, 0x200a, 0x2044, 0x2061, 0x2080, 0x2082, 0x2129, 0x2148, 0x2200, 0x2202, 0x2401,
+    0x2404, 0x2410, 0x2440, 0x2456, 0x2500, 0x2541, 0x2564, 0x2690, 0x2808, 0x2820, 0x2894, 0x2a44,
+    0x4001, 0x4004, 0x4010, 0x4018, 0x4021, 0x4024, 0x4040, 0x4048, 0x4056, 0x4060, 0x4081, 0x4084,
+    0x4090, 0x4100, 0x4120, 0x4161, 0x4180, 0x4185, 0x4201, 0x4210, 0x4248, 0x4256, 0x4268, 0x4400,
+    0x4408, 0x4420, 0x4480, 0x4499, 0x4512, 0x4524, 0x4600, 0x4801, 0x4804, 0x4810, 0x4840, 0x4845,
+    0x4900, 0x4958, 0x4961, 0x4982, 0x4a45, 0x4a90, 0x5000, 0x5008, 0x5011, 0x5019, 0x5020, 0x5080,
+    0x5088, 0x5104, 0x5142, 0x51a4, 0x5291, 0x5490, 0x5492, 0x550a, 0x5601, 0x5654, 0x5800, 0x5811,
+    0x5819, 0x5864, 0x5940, 0x5a08, 0x6004, 0x6010, 0x6040, 0x6068, 0x6100, 0x6155, 0x6218, 0x6260,
+    0x6400, 0x6405, 0x6510, 0x6512, 0x6584, 0x6842, 0x8000, 0x8002, 0x800a, 0x8041, 0x8082, 0x8104,
+    0x8118, 0x8140, 0x8211, 0x8401, 0x8404, 0x8410, 0x8415, 0x8440, 0x8460, 0x8500, 0x8546, 0x8594,
+    0x8609, 0x8640, 0x8660, 0x8802, 0x8904, 0x8a11, 0x9004, 0x9010, 0x9024, 0x9040, 0x90a1, 0x9116,
+    0x9180, 0x9245, 0x9400, 0x9422, 0x9444, 0x9551, 0x9881, 0x9920, 0xa002, 0xa050, 0xa085, 0xa109,
+    0xa200, 0xa418, 0xa850, 0xa904,
+};
+constexpr uint8_t iq2_sign_byte(uint32_t s7) { return uint8_t(s7 | ((__builtin_popcount(s7) & 1) << 7)); }
+// Element t (0..7) of grid entry i.
+constexpr uint8_t iq2xxs_magnitude(int i, int t) { return kIq2Magnitude[(kIq2xxsGrid[i] >> (2 * t)) & 3]; }
 
 // ---- panel forms: one 16-channel panel's block --------------------------------------------
 // kSubK: k per scale (sub-block); kBits: how the codes are stored (2-bit, 4-bit nibbles, bytes);
@@ -226,6 +266,21 @@ struct Q6K {
     static constexpr size_t kBlockBytes = kCodes + 16 * kSubBytes;
 };
 
+// IQ2_XXS: the file's bytes regrouped per 16 channels, nothing widened (66 bytes per channel and
+// 256 k, the file's 2.0625 bits per weight): f16 d[16], then per 32-k sub-block j the 16
+// channels' grid index bytes of its four 8-k groups (group l's 16 at 16 l) and their sign and
+// scale words (u32[16]). The kernels look the indices up in an 8-byte-per-entry grid (gathers)
+// and multiply u = 43 + sign * magnitude in [0, 86], subtracting 43 times the activations' sum.
+struct IQ2XXS {
+    static constexpr kt_dtype kType = KT_DTYPE_GGML_IQ2_XXS;
+    static constexpr int64_t kBlockK = 256, kSubK = 32;
+    static constexpr int kBits = 8;   // not a chunk form: the kernels take it apart themselves
+    static constexpr bool kBig = false;
+    static constexpr size_t kFileBlock = 66, kD = 0, kCodes = 32, kSubBytes = 128, kWords = 64;   // kWords: within a sub-block
+    static constexpr size_t kBlockBytes = kCodes + 8 * kSubBytes;
+    static constexpr int kOffset = 43;   // the largest magnitude: u = kOffset + sign * magnitude >= 0
+};
+
 // f(P{}) with the panel form of a ggml type (Q8_0's for a type this layout does not hold:
 // callers check block_type first).
 template <class F>
@@ -238,6 +293,7 @@ auto with_panels(kt_dtype type, F&& f) {
         case KT_DTYPE_GGML_Q5_K: return f(Q5K{});
         case KT_DTYPE_GGML_Q2_K: return f(Q2K{});
         case KT_DTYPE_GGML_Q3_K: return f(Q3K{});
+        case KT_DTYPE_GGML_IQ2_XXS: return f(IQ2XXS{});
         default: return f(Q80{});
     }
 }
@@ -297,6 +353,13 @@ void pack_panel(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t n0, 
                             code(c, bb) = uint8_t(code(c, bb) | ((v & 3) << (2 * i)));
                             out[third_bits_at(c) + size_t(lane) * 4 + size_t(bb)] |= uint8_t((v >> 2) << (4 * (c % 2) + i));
                         }
+            } else if constexpr (std::is_same_v<P, IQ2XXS>) {
+                std::memcpy(out + P::kD + 2 * size_t(lane), blk, 2);   // d stays f16
+                for (int j = 0; j < 8; ++j) {
+                    uint8_t* sub = out + P::kCodes + size_t(j) * P::kSubBytes;
+                    for (int l = 0; l < 4; ++l) sub[16 * l + lane] = blk[2 + 8 * j + l];
+                    std::memcpy(sub + P::kWords + 4 * size_t(lane), blk + 2 + 8 * j + 4, 4);
+                }
             } else if constexpr (std::is_same_v<P, IQ4X>) {
                 std::memcpy(out + P::kD + 2 * size_t(lane), blk, 2);   // d stays f16
                 for (int j = 0; j < 8; ++j) {
@@ -346,6 +409,15 @@ template <class P>
 float weight(const uint8_t* panel, int64_t k, int lane) {
     const uint8_t* blk = panel + size_t(k / P::kBlockK) * P::kBlockBytes;
     const int64_t kk = k % P::kBlockK;
+    if constexpr (std::is_same_v<P, IQ2XXS>) {
+        const uint8_t* sub = blk + P::kCodes + size_t(kk / 32) * P::kSubBytes;
+        const int l = int(kk % 32 / 8), t = int(kk % 8);
+        uint32_t word;
+        std::memcpy(&word, sub + P::kWords + 4 * size_t(lane), 4);
+        const float db = f16_at(blk + P::kD + 2 * size_t(lane)) * (0.5f + float(word >> 28)) * 0.25f;
+        const float w = db * float(iq2xxs_magnitude(sub[16 * l + lane], t));
+        return (iq2_sign_byte((word >> (7 * l)) & 127) >> t) & 1 ? -w : w;
+    }
     const int j = int(kk / P::kSubK);
     auto byte = [&](size_t at, int64_t b) { return blk[at + size_t(lane) * 4 + size_t(b)]; };
     int u;

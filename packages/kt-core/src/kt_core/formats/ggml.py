@@ -41,6 +41,7 @@ GGML_TYPES = {t.name: t for t in (
     GgmlType("Q5_K", 13, 256, 176, "Q8_K"),
     GgmlType("Q6_K", 14, 256, 210, "Q8_K"),
     GgmlType("IQ4_XS", 23, 256, 136, "Q8_K"),
+    GgmlType("IQ2_XXS", 16, 256, 66, "Q8_K"),
 )}
 
 
