@@ -318,4 +318,4 @@ def test_backends_list_their_ggml_types():
 
     row = next(r for r in explain() if r["backend"] == "reference")
     assert "LLAMAFILE" in row["methods"]
-    assert row["ggml_types"] == ["Q4_0", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]
+    assert row["ggml_types"] == ["Q4_0", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "IQ2_XXS"]
