@@ -65,7 +65,7 @@ def test_dequantize_refuses_partial_blocks_and_unknown_types():
 
 
 @pytest.mark.parametrize("types", [("Q4_K", "Q4_K", "Q6_K"), ("Q8_0", "Q8_0", "Q4_0"), ("Q5_K", "Q2_K", "Q3_K"),
-                                   ("IQ4_XS", "IQ4_XS", "Q8_0")])
+                                   ("IQ4_XS", "IQ4_XS", "Q8_0"), ("IQ2_XXS", "IQ2_XXS", "Q4_K")])
 def test_wrapper_forward_matches_fp32_moe(tmp_path, types):
     hidden, inter, experts = 256, 512, 6
     weights = write_moe_gguf(tmp_path / "m.gguf", hidden=hidden, intermediate=inter, experts=experts, top_k=2,
