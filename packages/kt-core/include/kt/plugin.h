@@ -32,7 +32,7 @@ extern "C" {
 #endif
 
 #define KT_PLUGIN_ABI_MAJOR 1
-#define KT_PLUGIN_ABI_MINOR 5
+#define KT_PLUGIN_ABI_MINOR 6
 #define KT_BACKEND_CAPSULE_NAME "kt.backend_api"
 
 /* True when a table of size `struct_size` contains `field` (for reading older plugins). */
@@ -53,6 +53,7 @@ typedef enum kt_status {
  * pre-quantized checkpoint data (RAWINT4 int32 words, FP8 E4M3 bytes as U8, zero points).
  * ABI 1.1 adds the ggml block types of GGUF files (method LLAMAFILE): KT_DTYPE_GGML_BASE plus
  * ggml's own `ggml_type` number, so any ggml type has a value even before it is listed here.
+ * ABI 1.6 names IQ2_XXS among them (the value was BASE + 16 before: no field changed).
  * They name a matrix's format in kt_moe_config.weight_dtype; the matrix itself reaches the
  * packer as U8 bytes [rows, bytes per row], the blocks exactly as the file stores them. */
 typedef enum kt_dtype {
