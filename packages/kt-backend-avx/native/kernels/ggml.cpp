@@ -614,9 +614,6 @@ inline VI srl64(VI a, int n) { return _mm512_srl_epi64(a, _mm_cvtsi32_si128(n));
 inline VI srli64_32(VI a) { return _mm512_srli_epi64(a, 32); }
 inline VI sll64_7(VI a) { return _mm512_slli_epi64(a, 7); }
 inline VI shuffle_bytes(VI a, VI ctl) { return _mm512_shuffle_epi8(a, ctl); }
-inline VI eq_bytes(VI a, VI b) { return _mm512_movm_epi8(_mm512_cmpeq_epi8_mask(a, b)); }
-inline VI add_bytes(VI a, VI b) { return _mm512_add_epi8(a, b); }
-inline VI sub_bytes(VI a, VI b) { return _mm512_sub_epi8(a, b); }
 // Channel sums (even dword of each qword, after srli64_32 added the odd one) of the qword vectors
 // t[0..kQ), in channel order: kVecsPerPanel vectors of kLanes channels.
 inline void channel_order(const VI* t, VI* out) {
@@ -664,21 +661,79 @@ constexpr int kRowBlock = 4;
 constexpr int kRowBlock = 1;
 #endif
 
-// vpshufb control spreading byte 0 of each qword over its 8 bytes; each byte's own sign bit.
+// u = 43 + sign * magnitude for group L of the sub-block: gathered magnitudes g, the channels'
+// sign words as qwords wq (sign index L at bits 7L..7L+6 of each).
+constexpr int64_t kBitOfByte = int64_t(0x8040201008040201ull);   // element t's sign: bit t
+#if defined(__AVX512VBMI__)
+// The sign byte (the 7-bit index and its parity bit: ggml's ksigns table, 128 entries in two
+// registers) for every byte of a channel's qword in two instructions: vpmultishiftqb puts the 8
+// bits from bit 7L of the qword in each of its bytes, vpermi2b reads the table at their low 7.
+struct SignTable {
+    alignas(64) uint8_t byte[128];
+};
+constexpr SignTable make_signs() {
+    SignTable t{};
+    for (int i = 0; i < 128; ++i) t.byte[i] = iq2_sign_byte(uint32_t(i));
+    return t;
+}
+constexpr SignTable kSigns = make_signs();
+// The magnitudes without gathers (Zen 4 takes ~8 cycles per 8-qword vpgatherdq): the grid's 2-bit
+// codes as 256 words (kIq2xxsGrid, 512 bytes) looked up 32 indices at a time by four vpermi2w over
+// its 64-entry quarters and two blends, then per channel vpmultishiftqb puts code t in byte t and
+// vpermb maps it to 8, 25 or 43.
+inline VI grid_words(const uint8_t* idx32) {   // two groups' 16 channels: word 16 g + lane
+    const VI i = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(idx32)));
+    const auto quarter = [&](int t) {
+        return _mm512_permutex2var_epi16(_mm512_loadu_si512(kIq2xxsGrid + 64 * t), i, _mm512_loadu_si512(kIq2xxsGrid + 64 * t + 32));
+    };
+    const __mmask32 odd = _mm512_test_epi16_mask(i, _mm512_set1_epi16(64)), high = _mm512_test_epi16_mask(i, _mm512_set1_epi16(128));
+    return _mm512_mask_blend_epi16(high, _mm512_mask_blend_epi16(odd, quarter(0), quarter(1)),
+                                   _mm512_mask_blend_epi16(odd, quarter(2), quarter(3)));
+}
+struct MagnitudeTable {
+    alignas(64) uint8_t byte[64];   // [i] = the magnitude of code i & 3
+};
+constexpr MagnitudeTable make_magnitudes() {
+    MagnitudeTable t{};
+    for (int i = 0; i < 64; ++i) t.byte[i] = (i & 3) < 3 ? kIq2Magnitude[i & 3] : 0;
+    return t;
+}
+constexpr MagnitudeTable kMagnitudes = make_magnitudes();
+template <int kQuarter>   // words 8 kQuarter .. + 8: one group's 8 channels
+inline VI magnitudes(VI words) {
+    const VI codes = _mm512_cvtepu16_epi64(_mm512_extracti32x4_epi32(words, kQuarter));
+    const VI fields = _mm512_multishift_epi64_epi8(_mm512_set1_epi64(0x0e0c0a0806040200ll), codes);   // byte t: code t
+    return _mm512_permutexvar_epi8(fields, vloadi(kMagnitudes.byte));
+}
+template <int L>
+inline VI group_codes(VI g, VI wq) {
+    const VI s8 = _mm512_permutex2var_epi8(vloadi(kSigns.byte), _mm512_multishift_epi64_epi8(_mm512_set1_epi8(char(7 * L)), wq),
+                                           vloadi(kSigns.byte + 64));
+    const __mmask64 neg = _mm512_test_epi8_mask(s8, set1q(kBitOfByte));
+    const VI c43 = _mm512_set1_epi8(char(IQ2XXS::kOffset));
+    return _mm512_mask_sub_epi8(_mm512_add_epi8(g, c43), neg, c43, g);
+}
+#else
+// Elsewhere the parity comes from a nibble table (two vpshufb) and a third spreads byte 0 of each
+// qword over its 8 bytes.
 alignas(64) constexpr uint64_t kSpread[8] = {0, 0x0808080808080808ull, 0, 0x0808080808080808ull,
                                              0, 0x0808080808080808ull, 0, 0x0808080808080808ull};
-constexpr int64_t kBitOfByte = int64_t(0x8040201008040201ull);
-
-// u = 43 + sign * magnitude for group l of the sub-block: gathered magnitudes g, the channels'
-// sign words as qwords wq.
-inline VI group_codes(VI g, VI wq, int l) {
-    const VI low4 = set1q(0x0f), s7 = vand(srl64(wq, 7 * l), set1q(127));
-    const VI parity = vxor(vlookup16(kParity, vand(s7, low4)), vlookup16(kParity, srl64(s7, 4)));
+template <int L>
+inline VI group_codes(VI g, VI wq) {
+    const VI s7 = vand(srl64(wq, 7 * L), set1q(127));
+    const VI parity = vxor(vlookup16(kParity, vand(s7, set1q(0x0f))), vlookup16(kParity, srl64(s7, 4)));
     const VI spread = shuffle_bytes(vor(s7, sll64_7(parity)), vloadi(kSpread));
     const VI bits = set1q(kBitOfByte);
+#if defined(__AVX512F__)
+    const __mmask64 neg = _mm512_test_epi8_mask(spread, bits);
+    const VI c43 = _mm512_set1_epi8(char(IQ2XXS::kOffset));
+    return _mm512_mask_sub_epi8(_mm512_add_epi8(g, c43), neg, c43, g);
+#else
     const VI neg = eq_bytes(vand(spread, bits), bits);   // 0xFF where the element is negative
     return add_bytes(sub_bytes(vxor(g, neg), neg), vset1i(0x2b2b2b2b));
+#endif
 }
+#endif
 
 template <int MR, bool kTwoPass>
 void rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* panel, float* out, int64_t ldo, int cols) {
@@ -706,9 +761,17 @@ void rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* panel, f
             VI hi[MR][kQ], lo[MR][kQ];
             for (int m = 0; m < MR; ++m)
                 for (int q = 0; q < kQ; ++q) hi[m][q] = lo[m][q] = vzeroi();
-            for (int l = 0; l < 4; ++l) {
+#if defined(__AVX512VBMI__)
+            const VI gw[2] = {grid_words(sub), grid_words(sub + 32)};
+#endif
+            auto group = [&]<int l>() {
                 VI u[kQ];
-                for (int q = 0; q < kQ; ++q) u[q] = group_codes(gather(sub + 16 * l + q * kQLanes), wq[q], l);
+#if defined(__AVX512VBMI__)
+                u[0] = group_codes<l>(magnitudes<2 * (l % 2)>(gw[l / 2]), wq[0]);
+                u[1] = group_codes<l>(magnitudes<2 * (l % 2) + 1>(gw[l / 2]), wq[1]);
+#else
+                for (int q = 0; q < kQ; ++q) u[q] = group_codes<l>(gather(sub + 16 * l + q * kQLanes), wq[q]);
+#endif
                 const int64_t at = k0 + 32 * j + 8 * l;
                 for (int m = 0; m < MR; ++m) {
                     int64_t xh;
@@ -722,7 +785,11 @@ void rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* panel, f
                         for (int q = 0; q < kQ; ++q) lo[m][q] = dot_u8s8(lo[m][q], u[q], al);
                     }
                 }
-            }
+            };
+            group.template operator()<0>();
+            group.template operator()<1>();
+            group.template operator()<2>();
+            group.template operator()<3>();
             // s_j = d * (0.5 + ls) * 0.25 per channel, as the file's dequantization rounds it.
             VF sj[kVecsPerPanel];
             for (int v = 0; v < kVecsPerPanel; ++v) {
