@@ -582,11 +582,12 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
 }
 
 // ---- IQ2_XXS: grid indices (ggml_panels.h's IQ2XXS) ---------------------------------------------
-// Per 8-k group a channel's magnitudes are one grid entry: the 16 channels' entries come from two
-// (AVX2: four) 8-lane gathers of 8-byte rows of the grid, one qword per channel, and their signs
-// from the sign word (7 bits -> the byte with its parity bit, broadcast over the qword, tested
-// per element). u = 43 + sign * magnitude (0..86) then dots 8 activations broadcast per qword:
-// each channel's two dword lanes hold k 0..3 and 4..7 of the group, added at the sub-block's end.
+// Per 8-k group a channel's magnitudes are one grid entry, one qword per channel: VBMI targets
+// look the grid's 2-bit words up in registers (grid_words), the others load the grid's 8-byte rows
+// (grid_rows); the signs come from the sign word (7 bits -> the byte with its parity bit, spread
+// over the qword, tested per element). u = 43 + sign * magnitude (0..86) then dots 8 activations
+// broadcast per qword: each channel's two dword lanes hold k 0..3 and 4..7 of the group, added
+// at the sub-block's end. A sub-block is decoded once for all the rows of a call (decode_sub).
 namespace iq2 {
 
 struct Grid8 {
@@ -603,16 +604,14 @@ constexpr uint8_t kParity[16] = {0, 1, 1, 0, 1, 0, 0, 1, 1, 0, 0, 1, 0, 1, 1, 0}
 
 #if defined(__AVX512F__)
 constexpr int kQLanes = 8;   // channels per vector of qwords
-inline VI gather(const uint8_t* idx) {
-    const __m256i i = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(idx)));
-    return _mm512_i32gather_epi64(i, reinterpret_cast<const long long*>(kGrid8.entry), 8);
+inline VI grid_rows(const uint8_t* idx) {   // eight scalar loads: faster than vpgatherdq on Zen 4
+    const auto e = [&](int i) { return int64_t(kGrid8.entry[idx[i]]); };
+    return _mm512_set_epi64(e(7), e(6), e(5), e(4), e(3), e(2), e(1), e(0));
 }
 template <int kHalf>
 inline VI qwords(VI words) { return _mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64(words, kHalf)); }
 inline VI set1q(int64_t q) { return _mm512_set1_epi64(q); }
-inline VI srl64(VI a, int n) { return _mm512_srl_epi64(a, _mm_cvtsi32_si128(n)); }
 inline VI srli64_32(VI a) { return _mm512_srli_epi64(a, 32); }
-inline VI sll64_7(VI a) { return _mm512_slli_epi64(a, 7); }
 inline VI shuffle_bytes(VI a, VI ctl) { return _mm512_shuffle_epi8(a, ctl); }
 // Channel sums (even dword of each qword, after srli64_32 added the odd one) of the qword vectors
 // t[0..kQ), in channel order: kVecsPerPanel vectors of kLanes channels.
@@ -621,16 +620,14 @@ inline void channel_order(const VI* t, VI* out) {
 }
 #else
 constexpr int kQLanes = 4;
-inline VI gather(const uint8_t* idx) {
-    const __m128i i = _mm_cvtepu8_epi32(_mm_cvtsi32_si128(load_i32(idx)));
-    return _mm256_i32gather_epi64(reinterpret_cast<const long long*>(kGrid8.entry), i, 8);
+inline VI grid_rows(const uint8_t* idx) {   // four scalar loads: AVX2 hosts' gathers are slower (Zen 2/3)
+    return _mm256_set_epi64x(int64_t(kGrid8.entry[idx[3]]), int64_t(kGrid8.entry[idx[2]]), int64_t(kGrid8.entry[idx[1]]),
+                             int64_t(kGrid8.entry[idx[0]]));
 }
 template <int kHalf>
 inline VI qwords(VI words) { return _mm256_cvtepu32_epi64(_mm256_extracti128_si256(words, kHalf)); }
 inline VI set1q(int64_t q) { return _mm256_set1_epi64x(q); }
-inline VI srl64(VI a, int n) { return _mm256_srl_epi64(a, _mm_cvtsi32_si128(n)); }
 inline VI srli64_32(VI a) { return _mm256_srli_epi64(a, 32); }
-inline VI sll64_7(VI a) { return _mm256_slli_epi64(a, 7); }
 inline VI shuffle_bytes(VI a, VI ctl) { return _mm256_shuffle_epi8(a, ctl); }
 inline VI eq_bytes(VI a, VI b) { return _mm256_cmpeq_epi8(a, b); }
 inline VI add_bytes(VI a, VI b) { return _mm256_add_epi8(a, b); }
@@ -645,23 +642,25 @@ inline void channel_order(const VI* t, VI* out) {
 constexpr int kQ = kPanel / kQLanes;   // qword vectors per panel
 
 // The sub-block's sign words as qword vectors (channel q * kQLanes + i in qword i of vector q).
+// Without VBMI each word first becomes its four groups' sign bytes (byte l: the 7-bit index of
+// group l and its parity bit, from a nibble table), once per sub-block rather than per group.
 inline void words_as_qwords(const uint8_t* words, VI* wq) {
     for (int v = 0; v < kVecsPerPanel; ++v) {
-        const VI w = vloadi(words + size_t(v) * kLanes * 4);
+        VI w = vloadi(words + size_t(v) * kLanes * 4);
+#if !defined(__AVX512VBMI__)
+        const VI seven = vset1i(0x7f);
+        w = vor(vor(vand(w, seven), vslli32<1>(vand(w, vset1i(0x7f << 7)))),
+                vor(vslli32<2>(vand(w, vset1i(0x7f << 14))), vslli32<3>(vand(w, vset1i(0x7f << 21)))));
+        const VI low4 = vset1i(0x0f0f0f0f);
+        const VI parity = vxor(vlookup16(kParity, vand(w, low4)), vlookup16(kParity, vand(vsrl16<4>(w), low4)));
+        w = vor(w, vslli16<7>(parity));
+#endif
         wq[2 * v] = qwords<0>(w);
         wq[2 * v + 1] = qwords<1>(w);
     }
 }
 
-// Rows per block: AVX-512's registers hold 4 rows' qword accumulators (two planes x two vectors),
-// AVX2's one row's (two planes x four).
-#if defined(__AVX512F__)
-constexpr int kRowBlock = 4;
-#else
-constexpr int kRowBlock = 1;
-#endif
-
-// u = 43 + sign * magnitude for group L of the sub-block: gathered magnitudes g, the channels'
+// u = 43 + sign * magnitude for group L of the sub-block: magnitudes g, the channels'
 // sign words as qwords wq (sign index L at bits 7L..7L+6 of each).
 constexpr int64_t kBitOfByte = int64_t(0x8040201008040201ull);   // element t's sign: bit t
 #if defined(__AVX512VBMI__)
@@ -714,15 +713,21 @@ inline VI group_codes(VI g, VI wq) {
     return _mm512_mask_sub_epi8(_mm512_add_epi8(g, c43), neg, c43, g);
 }
 #else
-// Elsewhere the parity comes from a nibble table (two vpshufb) and a third spreads byte 0 of each
-// qword over its 8 bytes.
-alignas(64) constexpr uint64_t kSpread[8] = {0, 0x0808080808080808ull, 0, 0x0808080808080808ull,
-                                             0, 0x0808080808080808ull, 0, 0x0808080808080808ull};
+// Elsewhere the sign bytes come from words_as_qwords; one vpshufb spreads group L's over its
+// channel's qword (control: byte L, or 8 + L in the upper qword of each 128-bit lane).
+struct Spread {
+    alignas(64) uint64_t control[4][8];
+};
+constexpr Spread make_spread() {
+    Spread t{};
+    for (int l = 0; l < 4; ++l)
+        for (int i = 0; i < 8; ++i) t.control[l][i] = 0x0101010101010101ull * uint64_t(i % 2 ? 8 + l : l);
+    return t;
+}
+constexpr Spread kSpread = make_spread();
 template <int L>
-inline VI group_codes(VI g, VI wq) {
-    const VI s7 = vand(srl64(wq, 7 * L), set1q(127));
-    const VI parity = vxor(vlookup16(kParity, vand(s7, set1q(0x0f))), vlookup16(kParity, srl64(s7, 4)));
-    const VI spread = shuffle_bytes(vor(s7, sll64_7(parity)), vloadi(kSpread));
+inline VI group_codes(VI g, VI sq) {
+    const VI spread = shuffle_bytes(sq, vloadi(kSpread.control[L]));
     const VI bits = set1q(kBitOfByte);
 #if defined(__AVX512F__)
     const __mmask64 neg = _mm512_test_epi8_mask(spread, bits);
@@ -735,97 +740,141 @@ inline VI group_codes(VI g, VI wq) {
 }
 #endif
 
-template <int MR, bool kTwoPass>
-void rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* panel, float* out, int64_t ldo, int cols) {
+// One sub-block (32 k) of a panel decoded: the codes of its four groups and its channels' scales
+// s_j = d * (0.5 + ls) * 0.25 (as the file's dequantization rounds them), laid out as the
+// accumulators are: channel i of vector q in the low dword of qword i (the high dwords 0).
+struct SubBlock {
+    VI u[4][kQ];
+    VF scale[kQ];
+};
+
+inline void decode_sub(const uint8_t* sub, const VF* d, SubBlock& sb) {
     using P = IQ2XXS;
-    VF acc[MR][kVecsPerPanel];
-    for (int m = 0; m < MR; ++m)
-        for (int v = 0; v < kVecsPerPanel; ++v) acc[m][v] = vzero();
-    ActRow a[MR];
-    for (int m = 0; m < MR; ++m) a[m] = act_row(x + size_t(m) * row_bytes, k);
-    for (int64_t b = 0; b < k / P::kBlockK; ++b) {
-        const uint8_t* blk = panel + size_t(b) * P::kBlockBytes;
-        const int64_t k0 = b * P::kBlockK;
-        VF d[kVecsPerPanel];
-        for (int v = 0; v < kVecsPerPanel; ++v) d[v] = widen_f16(blk + P::kD + 2 * size_t(v) * kLanes);
-        float sa[MR];
-        for (int m = 0; m < MR; ++m) sa[m] = a[m].scale[k0 / kQK] * (kTwoPass ? 1.0f / 128.0f : 1.0f);
-        for (int j = 0; j < 8; ++j) {
-            const uint8_t* sub = blk + P::kCodes + size_t(j) * P::kSubBytes;
-            if constexpr (MR == 1) {   // decode: the stream ahead, as the 4-bit types do
-                prefetch_decode_stream<4096>(sub);
-                prefetch_decode_stream<4096>(sub + 64);
-            }
-            VI wq[kQ];
-            words_as_qwords(sub + P::kWords, wq);
-            VI hi[MR][kQ], lo[MR][kQ];
-            for (int m = 0; m < MR; ++m)
-                for (int q = 0; q < kQ; ++q) hi[m][q] = lo[m][q] = vzeroi();
+    VI wq[kQ];
+    words_as_qwords(sub + P::kWords, wq);
 #if defined(__AVX512VBMI__)
-            const VI gw[2] = {grid_words(sub), grid_words(sub + 32)};
+    const VI gw[2] = {grid_words(sub), grid_words(sub + 32)};
 #endif
-            auto group = [&]<int l>() {
-                VI u[kQ];
+    const auto group = [&]<int l>() {
 #if defined(__AVX512VBMI__)
-                u[0] = group_codes<l>(magnitudes<2 * (l % 2)>(gw[l / 2]), wq[0]);
-                u[1] = group_codes<l>(magnitudes<2 * (l % 2) + 1>(gw[l / 2]), wq[1]);
+        sb.u[l][0] = group_codes<l>(magnitudes<2 * (l % 2)>(gw[l / 2]), wq[0]);
+        sb.u[l][1] = group_codes<l>(magnitudes<2 * (l % 2) + 1>(gw[l / 2]), wq[1]);
 #else
-                for (int q = 0; q < kQ; ++q) u[q] = group_codes<l>(gather(sub + 16 * l + q * kQLanes), wq[q]);
+        for (int q = 0; q < kQ; ++q) sb.u[l][q] = group_codes<l>(grid_rows(sub + 16 * l + q * kQLanes), wq[q]);
 #endif
-                const int64_t at = k0 + 32 * j + 8 * l;
-                for (int m = 0; m < MR; ++m) {
-                    int64_t xh;
-                    std::memcpy(&xh, a[m].hi + at, 8);
-                    const VI ah = set1q(xh);
-                    for (int q = 0; q < kQ; ++q) hi[m][q] = dot_u8s8(hi[m][q], u[q], ah);
-                    if constexpr (kTwoPass) {
-                        int64_t xl;
-                        std::memcpy(&xl, a[m].lo + at, 8);
-                        const VI al = set1q(xl);
-                        for (int q = 0; q < kQ; ++q) lo[m][q] = dot_u8s8(lo[m][q], u[q], al);
-                    }
-                }
-            };
-            group.template operator()<0>();
-            group.template operator()<1>();
-            group.template operator()<2>();
-            group.template operator()<3>();
-            // s_j = d * (0.5 + ls) * 0.25 per channel, as the file's dequantization rounds it.
-            VF sj[kVecsPerPanel];
-            for (int v = 0; v < kVecsPerPanel; ++v) {
-                const VI w = vloadi(sub + P::kWords + size_t(v) * kLanes * 4);
+    };
+    group.template operator()<0>();
+    group.template operator()<1>();
+    group.template operator()<2>();
+    group.template operator()<3>();
+    for (int v = 0; v < kVecsPerPanel; ++v) {
+        const VI w = vloadi(sub + P::kWords + size_t(v) * kLanes * 4);
 #if defined(__AVX512F__)
-                const VF ls = vcvt(_mm512_srli_epi32(w, 28));
+        const VF ls = vcvt(_mm512_srli_epi32(w, 28));
+        const auto as_int = [](VF f) { return _mm512_castps_si512(f); };
+        const auto as_float = [](VI i) { return _mm512_castsi512_ps(i); };
 #else
-                const VF ls = vcvt(_mm256_srli_epi32(w, 28));
+        const VF ls = vcvt(_mm256_srli_epi32(w, 28));
+        const auto as_int = [](VF f) { return _mm256_castps_si256(f); };
+        const auto as_float = [](VI i) { return _mm256_castsi256_ps(i); };
 #endif
-                sj[v] = vmul(vmul(d[v], vadd(vset1(0.5f), ls)), vset1(0.25f));
-            }
-            const int64_t g16 = (k0 + 32 * j) / 16;
-            for (int m = 0; m < MR; ++m) {
-                VI t[kQ], dh[kVecsPerPanel], dl[kVecsPerPanel];
-                for (int q = 0; q < kQ; ++q) t[q] = vaddi(hi[m][q], srli64_32(hi[m][q]));
-                channel_order(t, dh);
-                const int32_t sh = a[m].sums_hi[g16] + a[m].sums_hi[g16 + 1];
-                int32_t sum = sh;
-                if constexpr (kTwoPass) {
-                    for (int q = 0; q < kQ; ++q) t[q] = vaddi(lo[m][q], srli64_32(lo[m][q]));
-                    channel_order(t, dl);
-                    sum = 128 * sh + a[m].sums_lo[g16] + a[m].sums_lo[g16 + 1];
-                }
-                const VI z = vset1i(P::kOffset * sum);   // exact: |43 * sum| < 2^24
-                for (int v = 0; v < kVecsPerPanel; ++v) {
-                    const VI dot = kTwoPass ? vaddi(vslli32<7>(dh[v]), dl[v]) : dh[v];   // |.| < 2^26
-                    acc[m][v] = vfma(vmul(sj[v], vset1(sa[m])), vcvt(vsubi(dot, z)), acc[m][v]);
-                }
-            }
+        const VI sj = as_int(vmul(vmul(d[v], vadd(vset1(0.5f), ls)), vset1(0.25f)));
+        sb.scale[2 * v] = as_float(qwords<0>(sj));
+        sb.scale[2 * v + 1] = as_float(qwords<1>(sj));
+    }
+}
+
+// One row's share of sub-block j of the block at k0: acc[q] += s_a * s_j * (dot(u, x) - 43 sum(x)).
+// Each channel's dot is its qword's two dword lanes (k 0..3 and 4..7 of every group), added here.
+template <bool kTwoPass>
+inline void row_sub(const SubBlock& sb, const ActRow& a, int64_t k0, int j, VF* acc) {
+    VI hi[kQ], lo[kQ];
+    for (int q = 0; q < kQ; ++q) hi[q] = lo[q] = vzeroi();
+    for (int l = 0; l < 4; ++l) {
+        const int64_t at = k0 + 32 * j + 8 * l;
+        int64_t xh;
+        std::memcpy(&xh, a.hi + at, 8);
+        const VI ah = set1q(xh);
+        for (int q = 0; q < kQ; ++q) hi[q] = dot_u8s8(hi[q], sb.u[l][q], ah);
+        if constexpr (kTwoPass) {
+            int64_t xl;
+            std::memcpy(&xl, a.lo + at, 8);
+            const VI al = set1q(xl);
+            for (int q = 0; q < kQ; ++q) lo[q] = dot_u8s8(lo[q], sb.u[l][q], al);
         }
     }
-    for (int m = 0; m < MR; ++m)
+    const int64_t g16 = (k0 + 32 * j) / 16;
+    int32_t sum = a.sums_hi[g16] + a.sums_hi[g16 + 1];
+    float sa = a.scale[k0 / kQK];
+    if constexpr (kTwoPass) {
+        sum = 128 * sum + a.sums_lo[g16] + a.sums_lo[g16 + 1];
+        sa *= 1.0f / 128.0f;
+    }
+    const VI z = vset1i(IQ2XXS::kOffset * sum);   // exact: |43 * sum| < 2^24
+    for (int q = 0; q < kQ; ++q) {
+        VI dot = vaddi(hi[q], srli64_32(hi[q]));   // |.| < 2^19 per plane
+        if constexpr (kTwoPass) dot = vaddi(vslli32<7>(dot), vaddi(lo[q], srli64_32(lo[q])));
+        acc[q] = vfma(vmul(sb.scale[q], vset1(sa)), vcvt(vsubi(dot, z)), acc[q]);
+    }
+}
+
+// Every row of one panel. One row (decode) keeps its accumulators in registers; more rows share
+// each decoded sub-block, their accumulators in a buffer: the codes are decoded once per panel.
+template <bool kTwoPass>
+void rows(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, const uint8_t* panel, float* out, int64_t ldo,
+          int cols) {
+    using P = IQ2XXS;
+    thread_local std::vector<VF> many;
+    VF one[kQ];
+    VF* acc = one;
+    if (rows > 1) {
+        many.resize(size_t(rows * kQ));
+        acc = many.data();
+    }
+    for (int64_t i = 0; i < rows * kQ; ++i) acc[i] = vzero();
+    // f(sub-block pointer, k0, j, d) over the panel's sub-blocks.
+    const auto each_sub = [&](auto&& f) {
+        for (int64_t b = 0; b < k / P::kBlockK; ++b) {
+            const uint8_t* blk = panel + size_t(b) * P::kBlockBytes;
+            VF d[kVecsPerPanel];
+            for (int v = 0; v < kVecsPerPanel; ++v) d[v] = widen_f16(blk + P::kD + 2 * size_t(v) * kLanes);
+            for (int j = 0; j < 8; ++j) f(blk + P::kCodes + size_t(j) * P::kSubBytes, b * P::kBlockK, j, d);
+        }
+    };
+    if (rows == 1) {   // decode: straight-line, the sub-block in registers, the stream prefetched ahead
+        const ActRow a = act_row(x, k);
+        each_sub([&](const uint8_t* sub, int64_t k0, int j, const VF* d) {
+            prefetch_decode_stream<4096>(sub);
+            prefetch_decode_stream<4096>(sub + 64);
+            SubBlock sb;
+            decode_sub(sub, d, sb);
+            row_sub<kTwoPass>(sb, a, k0, j, acc);
+        });
+    } else {
+        each_sub([&](const uint8_t* sub, int64_t k0, int j, const VF* d) {
+            SubBlock sb;
+            decode_sub(sub, d, sb);
+            for (int64_t r = 0; r < rows; ++r) row_sub<kTwoPass>(sb, act_row(x + size_t(r) * row_bytes, k), k0, j, acc + r * kQ);
+        });
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+        VI t[kQ], lanes[kVecsPerPanel];
+#if defined(__AVX512F__)
+        for (int q = 0; q < kQ; ++q) t[q] = _mm512_castps_si512(acc[r * kQ + q]);
+        channel_order(t, lanes);
         for (int v = 0; v < kVecsPerPanel; ++v) {
             const int n = std::min(kLanes, cols - v * kLanes);
-            if (n > 0) vstore_partial(out + m * ldo + v * kLanes, acc[m][v], n);
+            if (n > 0) vstore_partial(out + r * ldo + v * kLanes, _mm512_castsi512_ps(lanes[v]), n);
         }
+#else
+        for (int q = 0; q < kQ; ++q) t[q] = _mm256_castps_si256(acc[r * kQ + q]);
+        channel_order(t, lanes);
+        for (int v = 0; v < kVecsPerPanel; ++v) {
+            const int n = std::min(kLanes, cols - v * kLanes);
+            if (n > 0) vstore_partial(out + r * ldo + v * kLanes, _mm256_castsi256_ps(lanes[v]), n);
+        }
+#endif
+    }
 }
 
 }  // namespace iq2
@@ -835,16 +884,7 @@ template <class P>
 void panel(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, const uint8_t* p, bool two_pass, float* out,
            int64_t ldo, int cols) {
     if constexpr (std::is_same_v<P, IQ2XXS>) {
-        if (two_pass) {
-            for_row_blocks<iq2::kRowBlock>(rows, [=]<int M>(int64_t r) {
-                iq2::rows<M, true>(x + size_t(r) * row_bytes, row_bytes, k, p, out + r * ldo, ldo, cols);
-            });
-        } else {
-            for_row_blocks<iq2::kRowBlock>(rows, [=]<int M>(int64_t r) {
-                iq2::rows<M, false>(x + size_t(r) * row_bytes, row_bytes, k, p, out + r * ldo, ldo, cols);
-            });
-        }
-        return;
+        two_pass ? iq2::rows<true>(x, row_bytes, rows, k, p, out, ldo, cols) : iq2::rows<false>(x, row_bytes, rows, k, p, out, ldo, cols);
     } else if (two_pass) {
         for_row_blocks<row_block<P>()>(rows, [=]<int M>(int64_t r) {
             panel_rows<P, M, true>(x + size_t(r) * row_bytes, row_bytes, k, p, out + r * ldo, ldo, cols);
