@@ -29,7 +29,7 @@ VARIANTS = [v.name for v in descriptor.variants]
 TOL, ONE_PASS_TOL = 5e-3, 5e-3
 TYPE_SETS = [("Q4_K", "Q4_K", "Q6_K"), ("Q8_0", "Q8_0", "Q8_0"), ("Q4_0", "Q4_0", "Q4_0"), ("Q5_K", "Q5_K", "Q4_K"),
              ("Q6_K", "Q6_K", "Q6_K"), ("Q2_K", "Q3_K", "Q2_K"), ("IQ4_XS", "IQ4_XS", "Q3_K"), ("IQ2_XXS",) * 3,
-             ("IQ2_XXS", "IQ2_XXS", "Q4_K")]
+             ("IQ2_XXS", "IQ2_XXS", "Q4_K"), ("IQ3_XXS",) * 3, ("IQ2_XXS", "IQ2_XXS", "IQ3_XXS")]
 
 
 def _rel(out, want) -> float:

@@ -77,7 +77,7 @@ def test_unknown_layout_is_not_read(reader):
 
 
 # LLAMAFILE: every ggml type, and one type per matrix as a GGUF file mixes them (Q4_K_M's Q6_K down).
-GGML_CASES = [(t, t, t) for t in ("Q4_0", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "IQ2_XXS")]
+GGML_CASES = [(t, t, t) for t in ("Q4_0", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "IQ2_XXS", "IQ3_XXS")]
 GGML_CASES += [("Q4_K", "Q5_K", "Q6_K")]
 
 

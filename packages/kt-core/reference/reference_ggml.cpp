@@ -154,6 +154,26 @@ void dq_iq2_xxs(const uint8_t* b, float* y) {
     }
 }
 
+// IQ3_XXS: per 8 elements two grid indices (4 magnitudes each), the 64 of a block first, then the
+// 8 sign-and-scale words as IQ2_XXS's.
+void dq_iq3_xxs(const uint8_t* b, float* y) {
+    namespace G = kt::layouts::ggml;
+    const float d = f16(b);
+    for (int j = 0; j < 8; ++j) {
+        const uint8_t* q = b + 2 + 8 * j;
+        const uint8_t* w = b + 66 + 4 * j;
+        const uint32_t word = uint32_t(w[0]) | uint32_t(w[1]) << 8 | uint32_t(w[2]) << 16 | uint32_t(w[3]) << 24;
+        const float db = d * (0.5f + float(word >> 28)) * 0.5f;
+        for (int l = 0; l < 4; ++l) {
+            const uint8_t signs = G::iq2_sign_byte((word >> (7 * l)) & 127);
+            for (int t = 0; t < 8; ++t) {
+                const float v = db * float(G::iq3xxs_magnitude(q[2 * l + t / 4], t % 4));
+                y[32 * j + 8 * l + t] = (signs >> t) & 1 ? -v : v;
+            }
+        }
+    }
+}
+
 struct TypeInfo {
     kt_dtype dtype;
     const char* name;
@@ -173,6 +193,7 @@ const TypeInfo kTypes[] = {
     {KT_DTYPE_GGML_Q6_K, "Q6_K", 256, 210, dq_q6_k, {208, -1}},
     {KT_DTYPE_GGML_IQ4_XS, "IQ4_XS", 256, 136, dq_iq4_xs, {0, -1}},
     {KT_DTYPE_GGML_IQ2_XXS, "IQ2_XXS", 256, 66, dq_iq2_xxs, {0, -1}},
+    {KT_DTYPE_GGML_IQ3_XXS, "IQ3_XXS", 256, 98, dq_iq3_xxs, {0, -1}},
 };
 
 const TypeInfo* type_info(kt_dtype dtype) {

@@ -40,20 +40,28 @@ def test_dequantize_matches_gguf_py_bit_for_bit(name):
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
-def test_iq2_xxs_every_grid_entry_and_sign_index():
-    """IQ2_XXS's tables (the 256-entry grid kt-core holds, the parity-expanded sign bytes) entry by
-    entry: eight blocks name every grid index once and every 7-bit sign index twice, each scale."""
+@pytest.mark.parametrize("name", ["IQ2_XXS", "IQ3_XXS"])
+def test_iq_grids_every_entry_and_sign_index(name):
+    """IQ2_XXS's and IQ3_XXS's tables (the 256-entry grids kt-core holds, the parity-expanded sign
+    bytes) entry by entry: eight blocks name every grid index at least once and every 7-bit sign
+    index twice, each scale."""
     rng = np.random.default_rng(2)
-    blocks = np.zeros((8, 66), np.uint8)
+    size = GGML_TYPES[name].block_bytes
+    blocks = np.zeros((8, size), np.uint8)
     blocks[:, :2] = (rng.uniform(0.25, 1.0, 8) * 1e-3).astype(np.float16).view(np.uint8).reshape(8, 2)
     for b in range(8):
         for j in range(8):
             g = 4 * (8 * b + j)   # this sub-block's first group's number, 0..252
-            blocks[b, 2 + 8 * j:6 + 8 * j] = np.arange(g, g + 4) % 256
             word = sum(((g + l) % 128) << (7 * l) for l in range(4)) | ((g // 4) % 16) << 28
-            blocks[b, 6 + 8 * j:10 + 8 * j] = np.frombuffer(np.uint32(word).tobytes(), np.uint8)
-    want = dequantize(blocks, "IQ2_XXS").reshape(-1)
-    got = reference_native.ggml_dequantize(GGML_TYPES["IQ2_XXS"].kt_dtype, blocks.reshape(-1))
+            word_bytes = np.frombuffer(np.uint32(word).tobytes(), np.uint8)
+            if name == "IQ2_XXS":   # per 32: four indices, then the word
+                blocks[b, 2 + 8 * j:6 + 8 * j] = np.arange(g, g + 4) % 256
+                blocks[b, 6 + 8 * j:10 + 8 * j] = word_bytes
+            else:                   # 64 indices (two per group), then the eight words
+                blocks[b, 2 + 8 * j:10 + 8 * j] = np.arange(2 * g, 2 * g + 8) % 256
+                blocks[b, 66 + 4 * j:70 + 4 * j] = word_bytes
+    want = dequantize(blocks, name).reshape(-1)
+    got = reference_native.ggml_dequantize(GGML_TYPES[name].kt_dtype, blocks.reshape(-1))
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
@@ -65,7 +73,8 @@ def test_dequantize_refuses_partial_blocks_and_unknown_types():
 
 
 @pytest.mark.parametrize("types", [("Q4_K", "Q4_K", "Q6_K"), ("Q8_0", "Q8_0", "Q4_0"), ("Q5_K", "Q2_K", "Q3_K"),
-                                   ("IQ4_XS", "IQ4_XS", "Q8_0"), ("IQ2_XXS", "IQ2_XXS", "Q4_K")])
+                                   ("IQ4_XS", "IQ4_XS", "Q8_0"), ("IQ2_XXS", "IQ2_XXS", "Q4_K"),
+                                   ("IQ3_XXS", "IQ3_XXS", "IQ2_XXS")])
 def test_wrapper_forward_matches_fp32_moe(tmp_path, types):
     hidden, inter, experts = 256, 512, 6
     weights = write_moe_gguf(tmp_path / "m.gguf", hidden=hidden, intermediate=inter, experts=experts, top_k=2,
@@ -318,4 +327,4 @@ def test_backends_list_their_ggml_types():
 
     row = next(r for r in explain() if r["backend"] == "reference")
     assert "LLAMAFILE" in row["methods"]
-    assert row["ggml_types"] == ["Q4_0", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "IQ2_XXS"]
+    assert row["ggml_types"] == ["Q4_0", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "IQ2_XXS", "IQ3_XXS"]

@@ -581,7 +581,7 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
         }
 }
 
-// ---- IQ2_XXS: grid indices (ggml_panels.h's IQ2XXS) ---------------------------------------------
+// ---- IQ2_XXS and IQ3_XXS: grid indices (ggml_panels.h's IQ2XXS, IQ3XXS) -------------------------
 // Per 8-k group a channel's magnitudes are one grid entry, one qword per channel: VBMI targets
 // look the grid's 2-bit words up in registers (grid_words), the others load the grid's 8-byte rows
 // (grid_rows); the signs come from the sign word (7 bits -> the byte with its parity bit, spread
@@ -600,12 +600,30 @@ constexpr Grid8 make_grid8() {
     return g;
 }
 constexpr Grid8 kGrid8 = make_grid8();
+struct Grid4 {
+    alignas(64) uint32_t entry[256];   // IQ3_XXS: the 4 magnitudes of each grid entry, one per byte
+};
+constexpr Grid4 make_grid4() {
+    Grid4 g{};
+    for (int i = 0; i < 256; ++i)
+        for (int t = 0; t < 4; ++t) g.entry[i] |= uint32_t(iq3xxs_magnitude(i, t)) << (8 * t);
+    return g;
+}
+constexpr Grid4 kGrid4 = make_grid4();
+// Channel i's 8 magnitudes of group l (of the kQLanes channels from q kQLanes): IQ2_XXS's one grid
+// row, IQ3_XXS's two half rows.
+template <class P>
+inline int64_t grid_row(const uint8_t* sub, int l, int i) {
+    if constexpr (std::is_same_v<P, IQ2XXS>) return int64_t(kGrid8.entry[sub[16 * l + i]]);
+    return int64_t(kGrid4.entry[sub[32 * l + i]] | uint64_t(kGrid4.entry[sub[32 * l + 16 + i]]) << 32);
+}
 constexpr uint8_t kParity[16] = {0, 1, 1, 0, 1, 0, 0, 1, 1, 0, 0, 1, 0, 1, 1, 0};   // of a nibble
 
 #if defined(__AVX512F__)
 constexpr int kQLanes = 8;   // channels per vector of qwords
-inline VI grid_rows(const uint8_t* idx) {   // eight scalar loads: faster than vpgatherdq on Zen 4
-    const auto e = [&](int i) { return int64_t(kGrid8.entry[idx[i]]); };
+template <class P>   // scalar loads: faster than vpgatherdq on Zen 4
+inline VI grid_rows(const uint8_t* sub, int l, int q) {
+    const auto e = [&](int i) { return grid_row<P>(sub, l, q * kQLanes + i); };
     return _mm512_set_epi64(e(7), e(6), e(5), e(4), e(3), e(2), e(1), e(0));
 }
 template <int kHalf>
@@ -620,9 +638,10 @@ inline void channel_order(const VI* t, VI* out) {
 }
 #else
 constexpr int kQLanes = 4;
-inline VI grid_rows(const uint8_t* idx) {   // four scalar loads: AVX2 hosts' gathers are slower (Zen 2/3)
-    return _mm256_set_epi64x(int64_t(kGrid8.entry[idx[3]]), int64_t(kGrid8.entry[idx[2]]), int64_t(kGrid8.entry[idx[1]]),
-                             int64_t(kGrid8.entry[idx[0]]));
+template <class P>   // scalar loads: AVX2 hosts' gathers are slower still (Zen 2/3)
+inline VI grid_rows(const uint8_t* sub, int l, int q) {
+    const auto e = [&](int i) { return grid_row<P>(sub, l, q * kQLanes + i); };
+    return _mm256_set_epi64x(e(3), e(2), e(1), e(0));
 }
 template <int kHalf>
 inline VI qwords(VI words) { return _mm256_cvtepu32_epi64(_mm256_extracti128_si256(words, kHalf)); }
@@ -660,8 +679,8 @@ inline void words_as_qwords(const uint8_t* words, VI* wq) {
     }
 }
 
-// u = 43 + sign * magnitude for group L of the sub-block: magnitudes g, the channels'
-// sign words as qwords wq (sign index L at bits 7L..7L+6 of each).
+// u = offset + sign * magnitude for group L of the sub-block (offset: the largest magnitude, 43 or
+// 62): magnitudes g, the channels' sign words as qwords wq (sign index L at bits 7L..7L+6 of each).
 constexpr int64_t kBitOfByte = int64_t(0x8040201008040201ull);   // element t's sign: bit t
 #if defined(__AVX512VBMI__)
 // The sign byte (the 7-bit index and its parity bit: ggml's ksigns table, 128 entries in two
@@ -676,41 +695,51 @@ constexpr SignTable make_signs() {
     return t;
 }
 constexpr SignTable kSigns = make_signs();
-// The magnitudes without gathers (Zen 4 takes ~8 cycles per 8-qword vpgatherdq): the grid's 2-bit
-// codes as 256 words (kIq2xxsGrid, 512 bytes) looked up 32 indices at a time by four vpermi2w over
-// its 64-entry quarters and two blends, then per channel vpmultishiftqb puts code t in byte t and
-// vpermb maps it to 8, 25 or 43.
-inline VI grid_words(const uint8_t* idx32) {   // two groups' 16 channels: word 16 g + lane
+// The magnitudes without gathers (Zen 4 takes ~8 cycles per 8-qword vpgatherdq): the grid's codes
+// as 256 words (kIq2xxsGrid's 2-bit, kIq3xxsGrid's 4-bit fields: 512 bytes) looked up 32 indices at
+// a time by four vpermi2w over its 64-entry quarters and two blends, then per channel
+// vpmultishiftqb puts code t in byte t and vpermb maps it to its magnitude.
+inline VI grid_words(const uint16_t* grid, const uint8_t* idx32) {   // 32 indices -> their entries
     const VI i = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(idx32)));
     const auto quarter = [&](int t) {
-        return _mm512_permutex2var_epi16(_mm512_loadu_si512(kIq2xxsGrid + 64 * t), i, _mm512_loadu_si512(kIq2xxsGrid + 64 * t + 32));
+        return _mm512_permutex2var_epi16(_mm512_loadu_si512(grid + 64 * t), i, _mm512_loadu_si512(grid + 64 * t + 32));
     };
     const __mmask32 odd = _mm512_test_epi16_mask(i, _mm512_set1_epi16(64)), high = _mm512_test_epi16_mask(i, _mm512_set1_epi16(128));
     return _mm512_mask_blend_epi16(high, _mm512_mask_blend_epi16(odd, quarter(0), quarter(1)),
                                    _mm512_mask_blend_epi16(odd, quarter(2), quarter(3)));
 }
 struct MagnitudeTable {
-    alignas(64) uint8_t byte[64];   // [i] = the magnitude of code i & 3
+    alignas(64) uint8_t byte[64];   // [i] = the magnitude of code i's low bits
 };
-constexpr MagnitudeTable make_magnitudes() {
+constexpr MagnitudeTable make_magnitudes(bool iq3) {
     MagnitudeTable t{};
-    for (int i = 0; i < 64; ++i) t.byte[i] = (i & 3) < 3 ? kIq2Magnitude[i & 3] : 0;
+    for (int i = 0; i < 64; ++i) t.byte[i] = iq3 ? kIq3Magnitude[i & 7] : (i & 3) < 3 ? kIq2Magnitude[i & 3] : 0;
     return t;
 }
-constexpr MagnitudeTable kMagnitudes = make_magnitudes();
-template <int kQuarter>   // words 8 kQuarter .. + 8: one group's 8 channels
-inline VI magnitudes(VI words) {
+constexpr MagnitudeTable kMagnitudes2 = make_magnitudes(false), kMagnitudes3 = make_magnitudes(true);
+// IQ2_XXS: words 8 kQuarter .. + 8 of two groups' grid_words (one group's 8 channels).
+template <int kQuarter>
+inline VI magnitudes2(VI words) {
     const VI codes = _mm512_cvtepu16_epi64(_mm512_extracti32x4_epi32(words, kQuarter));
     const VI fields = _mm512_multishift_epi64_epi8(_mm512_set1_epi64(0x0e0c0a0806040200ll), codes);   // byte t: code t
-    return _mm512_permutexvar_epi8(fields, vloadi(kMagnitudes.byte));
+    return _mm512_permutexvar_epi8(fields, vloadi(kMagnitudes2.byte));
 }
-template <int L>
+// IQ3_XXS: one group's grid_words (16 channels' first halves, then their second halves); channels
+// 8q .. 8q + 8, each half's 4 codes at bits 0..15 and 32..47 of its qword.
+template <int kQ8>
+inline VI magnitudes3(VI words) {
+    const VI codes = _mm512_or_si512(_mm512_cvtepu16_epi64(_mm512_extracti32x4_epi32(words, kQ8)),
+                                     _mm512_slli_epi64(_mm512_cvtepu16_epi64(_mm512_extracti32x4_epi32(words, 2 + kQ8)), 32));
+    const VI fields = _mm512_multishift_epi64_epi8(_mm512_set1_epi64(0x2c2824200c080400ll), codes);   // byte t: code t
+    return _mm512_permutexvar_epi8(fields, vloadi(kMagnitudes3.byte));
+}
+template <class P, int L>
 inline VI group_codes(VI g, VI wq) {
     const VI s8 = _mm512_permutex2var_epi8(vloadi(kSigns.byte), _mm512_multishift_epi64_epi8(_mm512_set1_epi8(char(7 * L)), wq),
                                            vloadi(kSigns.byte + 64));
     const __mmask64 neg = _mm512_test_epi8_mask(s8, set1q(kBitOfByte));
-    const VI c43 = _mm512_set1_epi8(char(IQ2XXS::kOffset));
-    return _mm512_mask_sub_epi8(_mm512_add_epi8(g, c43), neg, c43, g);
+    const VI offset = _mm512_set1_epi8(char(P::kOffset));
+    return _mm512_mask_sub_epi8(_mm512_add_epi8(g, offset), neg, offset, g);
 }
 #else
 // Elsewhere the sign bytes come from words_as_qwords; one vpshufb spreads group L's over its
@@ -725,42 +754,53 @@ constexpr Spread make_spread() {
     return t;
 }
 constexpr Spread kSpread = make_spread();
-template <int L>
+template <class P, int L>
 inline VI group_codes(VI g, VI sq) {
     const VI spread = shuffle_bytes(sq, vloadi(kSpread.control[L]));
     const VI bits = set1q(kBitOfByte);
 #if defined(__AVX512F__)
     const __mmask64 neg = _mm512_test_epi8_mask(spread, bits);
-    const VI c43 = _mm512_set1_epi8(char(IQ2XXS::kOffset));
-    return _mm512_mask_sub_epi8(_mm512_add_epi8(g, c43), neg, c43, g);
+    const VI offset = _mm512_set1_epi8(char(P::kOffset));
+    return _mm512_mask_sub_epi8(_mm512_add_epi8(g, offset), neg, offset, g);
 #else
     const VI neg = eq_bytes(vand(spread, bits), bits);   // 0xFF where the element is negative
-    return add_bytes(sub_bytes(vxor(g, neg), neg), vset1i(0x2b2b2b2b));
+    return add_bytes(sub_bytes(vxor(g, neg), neg), vset1i(P::kOffset * 0x01010101));
 #endif
 }
 #endif
 
 // One sub-block (32 k) of a panel decoded: the codes of its four groups and its channels' scales
-// s_j = d * (0.5 + ls) * 0.25 (as the file's dequantization rounds them), laid out as the
+// s_j = d * (0.5 + ls) * step (as the file's dequantization rounds them), laid out as the
 // accumulators are: channel i of vector q in the low dword of qword i (the high dwords 0).
 struct SubBlock {
     VI u[4][kQ];
     VF scale[kQ];
 };
 
+template <class P>
 inline void decode_sub(const uint8_t* sub, const VF* d, SubBlock& sb) {
-    using P = IQ2XXS;
     VI wq[kQ];
     words_as_qwords(sub + P::kWords, wq);
 #if defined(__AVX512VBMI__)
-    const VI gw[2] = {grid_words(sub), grid_words(sub + 32)};
+    VI gw[4];   // IQ2_XXS: two groups' entries per vector; IQ3_XXS: one group's two halves
+    if constexpr (std::is_same_v<P, IQ2XXS>) {
+        gw[0] = grid_words(kIq2xxsGrid, sub);
+        gw[1] = grid_words(kIq2xxsGrid, sub + 32);
+    } else {
+        for (int l = 0; l < 4; ++l) gw[l] = grid_words(kIq3xxsGrid, sub + 32 * l);
+    }
 #endif
     const auto group = [&]<int l>() {
 #if defined(__AVX512VBMI__)
-        sb.u[l][0] = group_codes<l>(magnitudes<2 * (l % 2)>(gw[l / 2]), wq[0]);
-        sb.u[l][1] = group_codes<l>(magnitudes<2 * (l % 2) + 1>(gw[l / 2]), wq[1]);
+        if constexpr (std::is_same_v<P, IQ2XXS>) {
+            sb.u[l][0] = group_codes<P, l>(magnitudes2<2 * (l % 2)>(gw[l / 2]), wq[0]);
+            sb.u[l][1] = group_codes<P, l>(magnitudes2<2 * (l % 2) + 1>(gw[l / 2]), wq[1]);
+        } else {
+            sb.u[l][0] = group_codes<P, l>(magnitudes3<0>(gw[l]), wq[0]);
+            sb.u[l][1] = group_codes<P, l>(magnitudes3<1>(gw[l]), wq[1]);
+        }
 #else
-        for (int q = 0; q < kQ; ++q) sb.u[l][q] = group_codes<l>(grid_rows(sub + 16 * l + q * kQLanes), wq[q]);
+        for (int q = 0; q < kQ; ++q) sb.u[l][q] = group_codes<P, l>(grid_rows<P>(sub, l, q), wq[q]);
 #endif
     };
     group.template operator()<0>();
@@ -778,15 +818,15 @@ inline void decode_sub(const uint8_t* sub, const VF* d, SubBlock& sb) {
         const auto as_int = [](VF f) { return _mm256_castps_si256(f); };
         const auto as_float = [](VI i) { return _mm256_castsi256_ps(i); };
 #endif
-        const VI sj = as_int(vmul(vmul(d[v], vadd(vset1(0.5f), ls)), vset1(0.25f)));
+        const VI sj = as_int(vmul(vmul(d[v], vadd(vset1(0.5f), ls)), vset1(P::kScaleStep)));
         sb.scale[2 * v] = as_float(qwords<0>(sj));
         sb.scale[2 * v + 1] = as_float(qwords<1>(sj));
     }
 }
 
-// One row's share of sub-block j of the block at k0: acc[q] += s_a * s_j * (dot(u, x) - 43 sum(x)).
+// One row's share of sub-block j of the block at k0: acc[q] += s_a * s_j * (dot(u, x) - offset sum(x)).
 // Each channel's dot is its qword's two dword lanes (k 0..3 and 4..7 of every group), added here.
-template <bool kTwoPass>
+template <class P, bool kTwoPass>
 inline void row_sub(const SubBlock& sb, const ActRow& a, int64_t k0, int j, VF* acc) {
     VI hi[kQ], lo[kQ];
     for (int q = 0; q < kQ; ++q) hi[q] = lo[q] = vzeroi();
@@ -810,9 +850,9 @@ inline void row_sub(const SubBlock& sb, const ActRow& a, int64_t k0, int j, VF* 
         sum = 128 * sum + a.sums_lo[g16] + a.sums_lo[g16 + 1];
         sa *= 1.0f / 128.0f;
     }
-    const VI z = vset1i(IQ2XXS::kOffset * sum);   // exact: |43 * sum| < 2^24
+    const VI z = vset1i(P::kOffset * sum);   // exact: |62 * sum| < 2^25
     for (int q = 0; q < kQ; ++q) {
-        VI dot = vaddi(hi[q], srli64_32(hi[q]));   // |.| < 2^19 per plane
+        VI dot = vaddi(hi[q], srli64_32(hi[q]));   // |.| < 2^19 per plane (u <= 124, 32 k)
         if constexpr (kTwoPass) dot = vaddi(vslli32<7>(dot), vaddi(lo[q], srli64_32(lo[q])));
         acc[q] = vfma(vmul(sb.scale[q], vset1(sa)), vcvt(vsubi(dot, z)), acc[q]);
     }
@@ -820,10 +860,9 @@ inline void row_sub(const SubBlock& sb, const ActRow& a, int64_t k0, int j, VF* 
 
 // Every row of one panel. One row (decode) keeps its accumulators in registers; more rows share
 // each decoded sub-block, their accumulators in a buffer: the codes are decoded once per panel.
-template <bool kTwoPass>
+template <class P, bool kTwoPass>
 void rows(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, const uint8_t* panel, float* out, int64_t ldo,
           int cols) {
-    using P = IQ2XXS;
     thread_local std::vector<VF> many;
     VF one[kQ];
     VF* acc = one;
@@ -847,14 +886,14 @@ void rows(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, const uin
             prefetch_decode_stream<4096>(sub);
             prefetch_decode_stream<4096>(sub + 64);
             SubBlock sb;
-            decode_sub(sub, d, sb);
-            row_sub<kTwoPass>(sb, a, k0, j, acc);
+            decode_sub<P>(sub, d, sb);
+            row_sub<P, kTwoPass>(sb, a, k0, j, acc);
         });
     } else {
         each_sub([&](const uint8_t* sub, int64_t k0, int j, const VF* d) {
             SubBlock sb;
-            decode_sub(sub, d, sb);
-            for (int64_t r = 0; r < rows; ++r) row_sub<kTwoPass>(sb, act_row(x + size_t(r) * row_bytes, k), k0, j, acc + r * kQ);
+            decode_sub<P>(sub, d, sb);
+            for (int64_t r = 0; r < rows; ++r) row_sub<P, kTwoPass>(sb, act_row(x + size_t(r) * row_bytes, k), k0, j, acc + r * kQ);
         });
     }
     for (int64_t r = 0; r < rows; ++r) {
@@ -883,8 +922,9 @@ void rows(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, const uin
 template <class P>
 void panel(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, const uint8_t* p, bool two_pass, float* out,
            int64_t ldo, int cols) {
-    if constexpr (std::is_same_v<P, IQ2XXS>) {
-        two_pass ? iq2::rows<true>(x, row_bytes, rows, k, p, out, ldo, cols) : iq2::rows<false>(x, row_bytes, rows, k, p, out, ldo, cols);
+    if constexpr (std::is_same_v<P, IQ2XXS> || std::is_same_v<P, IQ3XXS>) {
+        two_pass ? iq2::rows<P, true>(x, row_bytes, rows, k, p, out, ldo, cols)
+                 : iq2::rows<P, false>(x, row_bytes, rows, k, p, out, ldo, cols);
     } else if (two_pass) {
         for_row_blocks<row_block<P>()>(rows, [=]<int M>(int64_t r) {
             panel_rows<P, M, true>(x + size_t(r) * row_bytes, row_bytes, k, p, out + r * ldo, ldo, cols);

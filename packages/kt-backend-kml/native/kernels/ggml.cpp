@@ -715,7 +715,7 @@ inline void matrix_dot(const G::Matrix& m, const uint8_t* expert, int64_t p, con
     const uint8_t* panel = expert + m.offset + size_t(p) * m.panel_bytes;
     G::with_panels(m.type->dtype, [&](auto form) {
         using P = decltype(form);
-        if constexpr (std::is_same_v<P, G::IQ2XXS>) {
+        if constexpr (std::is_same_v<P, G::IQ2XXS> || std::is_same_v<P, G::IQ3XXS>) {
             return;   // refused at check_config (layout().ok)
         } else {
             ActRow one[2];   // (nr <= 2) Q4_0 / Q8_0 in one pass: llama.cpp's Q8_0 activations, a scale per 32 k
@@ -746,31 +746,32 @@ inline void matrix_dot(const G::Matrix& m, const uint8_t* expert, int64_t p, con
 
 // ---- layout, packer, tiles ---------------------------------------------------------------
 
-// IQ2_XXS (grid indices, a kernel of its own on x86) is not run here yet: refused by name, and a
-// layout holding it is not ok, so the tiles refuse too (the descriptor does not list it).
-bool holds_iq2xxs(const kt_moe_config* c) {
+// IQ2_XXS and IQ3_XXS (grid indices, a kernel of their own on x86) are not run here yet: refused by
+// name, and a layout holding one is not ok, so the tiles refuse too (the descriptor does not list them).
+bool is_grid_type(kt_dtype t) { return t == KT_DTYPE_GGML_IQ2_XXS || t == KT_DTYPE_GGML_IQ3_XXS; }
+bool holds_grid_type(const kt_moe_config* c) {
     if (!KT_HAS_FIELD(c, kt_moe_config, weight_dtype)) return false;
-    return std::any_of(c->weight_dtype, c->weight_dtype + 3, [](kt_dtype t) { return t == KT_DTYPE_GGML_IQ2_XXS; });
+    return std::any_of(c->weight_dtype, c->weight_dtype + 3, is_grid_type);
 }
 
 G::Expert layout(const kt_moe_config* c) {
     G::Expert e = G::expert(c);
-    e.ok = e.ok && !holds_iq2xxs(c);
+    e.ok = e.ok && !holds_grid_type(c);
     return e;
 }
 size_t packed_bytes(const kt_moe_config* c) { return layout(c).bytes; }
 
 kt_status check_config(const kt_moe_config* c) {
-    if (holds_iq2xxs(c))
-        return fail(KT_ERROR_UNSUPPORTED, "kml LLAMAFILE: IQ2_XXS is not run on aarch64 yet (kt-backend-avx runs it; "
-                    "backend='reference' runs it anywhere)");
+    if (holds_grid_type(c))
+        return fail(KT_ERROR_UNSUPPORTED, "kml LLAMAFILE: IQ2_XXS and IQ3_XXS are not run on aarch64 yet (kt-backend-avx "
+                    "runs them; backend='reference' runs them anywhere)");
     kt_status code;
     const std::string why = G::check_config(c, &code);
     return why.empty() ? KT_OK : fail(code, "%s", why.c_str());
 }
 
 kt_status pack(const kt_moe_config* c, const kt_expert_weights* src, void* dst) {
-    if (holds_iq2xxs(c)) return check_config(c);
+    if (holds_grid_type(c)) return check_config(c);
     kt_status code;
     const std::string why = G::pack_expert(c, src, dst, &code);
     return why.empty() ? KT_OK : fail(code, "%s", why.c_str());

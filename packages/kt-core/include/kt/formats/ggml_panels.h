@@ -57,9 +57,9 @@ constexpr BlockType kBlockTypes[] = {
     {KT_DTYPE_GGML_Q2_K, "Q2_K", 256, 84, {80, 82}},    {KT_DTYPE_GGML_Q3_K, "Q3_K", 256, 110, {108, -1}},
     {KT_DTYPE_GGML_Q4_K, "Q4_K", 256, 144, {0, 2}},     {KT_DTYPE_GGML_Q5_K, "Q5_K", 256, 176, {0, 2}},
     {KT_DTYPE_GGML_Q6_K, "Q6_K", 256, 210, {208, -1}},  {KT_DTYPE_GGML_IQ4_XS, "IQ4_XS", 256, 136, {0, -1}},
-    {KT_DTYPE_GGML_IQ2_XXS, "IQ2_XXS", 256, 66, {0, -1}},
+    {KT_DTYPE_GGML_IQ2_XXS, "IQ2_XXS", 256, 66, {0, -1}}, {KT_DTYPE_GGML_IQ3_XXS, "IQ3_XXS", 256, 98, {0, -1}},
 };
-constexpr const char* kSupported = "Q4_0, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XXS";
+constexpr const char* kSupported = "Q4_0, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XXS, IQ3_XXS";
 
 inline const BlockType* block_type(kt_dtype d) {
     for (const BlockType& t : kBlockTypes)
@@ -170,6 +170,39 @@ constexpr uint8_t iq2_sign_byte(uint32_t s7) { return uint8_t(s7 | ((__builtin_p
 // Element t (0..7) of grid entry i.
 constexpr uint8_t iq2xxs_magnitude(int i, int t) { return kIq2Magnitude[(kIq2xxsGrid[i] >> (2 * t)) & 3]; }
 
+// IQ3_XXS (3.0625 bits per weight): per 256 k an f16 d, then the 64 grid indices of its 8-element
+// groups' halves (two per group: elements 0..3 and 4..7) and 8 sign-and-scale words laid out as
+// IQ2_XXS's; a grid entry is 4 magnitudes of 8 levels (4, 12, ..., 52, 62); the element is
+// d * (0.5 + ls) * 0.5 * magnitude * sign. The grid, 4 bits per magnitude (element t at bits
+// 4t), is gguf-py's IQ3_XXS grid, checked as IQ2_XXS's.
+constexpr uint8_t kIq3Magnitude[8] = {4, 12, 20, 28, 36, 44, 52, 62};
+constexpr uint16_t kIq3xxsGrid[256] = {
+    0x0000, 0x0002, 0x0004, 0x0011, 0x0013, 0x0017, 0x0020, 0x0022, 0x0031, 0x0042, 0x0073, 0x0075,
+    0x0101, 0x0103, 0x0110, 0x0112, 0x0121, 0x0125, 0x0130, 0x0132, 0x0141, 0x0154, 0x0170, 0x0200,
+    0x0202, 0x0204, 0x0211, 0x0220, 0x0222, 0x0231, 0x0233, 0x0237, 0x0251, 0x0257, 0x0275, 0x0301,
+    0x0307, 0x0310, 0x0312, 0x0325, 0x0370, 0x0413, 0x0437, 0x0444, 0x0457, 0x0473, 0x0475, 0x0501,
+    0x0507, 0x0532, 0x0552, 0x0635, 0x0664, 0x0710, 0x0714, 0x0716, 0x0743, 0x0761, 0x1001, 0x1003,
+    0x1010, 0x1012, 0x1021, 0x1023, 0x1030, 0x1032, 0x1034, 0x1047, 0x1050, 0x1100, 0x1102, 0x1111,
+    0x1120, 0x1122, 0x1201, 0x1203, 0x1210, 0x1212, 0x1221, 0x1230, 0x1272, 0x1300, 0x1302, 0x1320,
+    0x1331, 0x1346, 0x1366, 0x1401, 0x1405, 0x1450, 0x1520, 0x1524, 0x1546, 0x1571, 0x1605, 0x1722,
+    0x1740, 0x2000, 0x2002, 0x2011, 0x2013, 0x2020, 0x2022, 0x2026, 0x2031, 0x2042, 0x2101, 0x2103,
+    0x2105, 0x2110, 0x2112, 0x2121, 0x2130, 0x2163, 0x2167, 0x2170, 0x2200, 0x2202, 0x2211, 0x2217,
+    0x2220, 0x2222, 0x2237, 0x2240, 0x2255, 0x2301, 0x2310, 0x2314, 0x2370, 0x2374, 0x2435, 0x2453,
+    0x2503, 0x2527, 0x2541, 0x2574, 0x2701, 0x2703, 0x2716, 0x2745, 0x3001, 0x3010, 0x3012, 0x3021,
+    0x3023, 0x3050, 0x3065, 0x3072, 0x3100, 0x3102, 0x3120, 0x3131, 0x3144, 0x3146, 0x3201, 0x3203,
+    0x3210, 0x3225, 0x3252, 0x3272, 0x3311, 0x3333, 0x3430, 0x3447, 0x3472, 0x3500, 0x3506, 0x3522,
+    0x3555, 0x3614, 0x3636, 0x3663, 0x3733, 0x3760, 0x4004, 0x4017, 0x4035, 0x4037, 0x4053, 0x4057,
+    0x4174, 0x4220, 0x4237, 0x4240, 0x4260, 0x4266, 0x4307, 0x4345, 0x4404, 0x4451, 0x4464, 0x4525,
+    0x4543, 0x4570, 0x4705, 0x4710, 0x4712, 0x4730, 0x5012, 0x5041, 0x5070, 0x5100, 0x5106, 0x5126,
+    0x5155, 0x5214, 0x5232, 0x5272, 0x5302, 0x5353, 0x5410, 0x5423, 0x5427, 0x5472, 0x5502, 0x5531,
+    0x5650, 0x5724, 0x5742, 0x6024, 0x6044, 0x6046, 0x6064, 0x6121, 0x6161, 0x6217, 0x6264, 0x6330,
+    0x6336, 0x6444, 0x6505, 0x6552, 0x6633, 0x6703, 0x6721, 0x7003, 0x7005, 0x7007, 0x7010, 0x7032,
+    0x7052, 0x7126, 0x7140, 0x7212, 0x7245, 0x7252, 0x7300, 0x7315, 0x7333, 0x7360, 0x7421, 0x7441,
+    0x7500, 0x7502, 0x7524, 0x7630,
+};
+// Element t (0..3) of grid entry i.
+constexpr uint8_t iq3xxs_magnitude(int i, int t) { return kIq3Magnitude[(kIq3xxsGrid[i] >> (4 * t)) & 7]; }
+
 // ---- panel forms: one 16-channel panel's block --------------------------------------------
 // kSubK: k per scale (sub-block); kBits: how the codes are stored (2-bit, 4-bit nibbles, bytes);
 // kBig: 8-bit codes up to 255 (Q8_0's q + 128) or signed table values up to 128 in magnitude
@@ -279,6 +312,22 @@ struct IQ2XXS {
     static constexpr size_t kFileBlock = 66, kD = 0, kCodes = 32, kSubBytes = 128, kWords = 64;   // kWords: within a sub-block
     static constexpr size_t kBlockBytes = kCodes + 8 * kSubBytes;
     static constexpr int kOffset = 43;   // the largest magnitude: u = kOffset + sign * magnitude >= 0
+    static constexpr int kIndices = 1;   // grid indices per 8-k group
+    static constexpr float kScaleStep = 0.25f;   // d * (0.5 + ls) * kScaleStep
+};
+// IQ3_XXS: IQ2XXS's panel with two grid indices per 8-k group (group l's 16 channels' first-half
+// indices at 32 l, second-half ones at 32 l + 16) — 98 bytes per channel and 256 k, the file's
+// 3.0625 bits per weight; u = 62 + sign * magnitude in [0, 124].
+struct IQ3XXS {
+    static constexpr kt_dtype kType = KT_DTYPE_GGML_IQ3_XXS;
+    static constexpr int64_t kBlockK = 256, kSubK = 32;
+    static constexpr int kBits = 8;
+    static constexpr bool kBig = false;
+    static constexpr size_t kFileBlock = 98, kD = 0, kCodes = 32, kSubBytes = 192, kWords = 128;
+    static constexpr size_t kBlockBytes = kCodes + 8 * kSubBytes;
+    static constexpr int kOffset = 62;
+    static constexpr int kIndices = 2;
+    static constexpr float kScaleStep = 0.5f;
 };
 
 // f(P{}) with the panel form of a ggml type (Q8_0's for a type this layout does not hold:
@@ -294,6 +343,7 @@ auto with_panels(kt_dtype type, F&& f) {
         case KT_DTYPE_GGML_Q2_K: return f(Q2K{});
         case KT_DTYPE_GGML_Q3_K: return f(Q3K{});
         case KT_DTYPE_GGML_IQ2_XXS: return f(IQ2XXS{});
+        case KT_DTYPE_GGML_IQ3_XXS: return f(IQ3XXS{});
         default: return f(Q80{});
     }
 }
@@ -360,6 +410,14 @@ void pack_panel(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t n0, 
                     for (int l = 0; l < 4; ++l) sub[16 * l + lane] = blk[2 + 8 * j + l];
                     std::memcpy(sub + P::kWords + 4 * size_t(lane), blk + 2 + 8 * j + 4, 4);
                 }
+            } else if constexpr (std::is_same_v<P, IQ3XXS>) {
+                std::memcpy(out + P::kD + 2 * size_t(lane), blk, 2);   // d stays f16
+                for (int j = 0; j < 8; ++j) {
+                    uint8_t* sub = out + P::kCodes + size_t(j) * P::kSubBytes;
+                    for (int l = 0; l < 4; ++l)
+                        for (int h = 0; h < 2; ++h) sub[32 * l + 16 * h + lane] = blk[2 + 8 * j + 2 * l + h];
+                    std::memcpy(sub + P::kWords + 4 * size_t(lane), blk + 66 + 4 * j, 4);
+                }
             } else if constexpr (std::is_same_v<P, IQ4X>) {
                 std::memcpy(out + P::kD + 2 * size_t(lane), blk, 2);   // d stays f16
                 for (int j = 0; j < 8; ++j) {
@@ -409,13 +467,14 @@ template <class P>
 float weight(const uint8_t* panel, int64_t k, int lane) {
     const uint8_t* blk = panel + size_t(k / P::kBlockK) * P::kBlockBytes;
     const int64_t kk = k % P::kBlockK;
-    if constexpr (std::is_same_v<P, IQ2XXS>) {
+    if constexpr (std::is_same_v<P, IQ2XXS> || std::is_same_v<P, IQ3XXS>) {
         const uint8_t* sub = blk + P::kCodes + size_t(kk / 32) * P::kSubBytes;
         const int l = int(kk % 32 / 8), t = int(kk % 8);
         uint32_t word;
         std::memcpy(&word, sub + P::kWords + 4 * size_t(lane), 4);
-        const float db = f16_at(blk + P::kD + 2 * size_t(lane)) * (0.5f + float(word >> 28)) * 0.25f;
-        const float w = db * float(iq2xxs_magnitude(sub[16 * l + lane], t));
+        const float db = f16_at(blk + P::kD + 2 * size_t(lane)) * (0.5f + float(word >> 28)) * P::kScaleStep;
+        const float w = db * float(std::is_same_v<P, IQ2XXS> ? iq2xxs_magnitude(sub[16 * l + lane], t)
+                                                             : iq3xxs_magnitude(sub[32 * l + 16 * (t / 4) + lane], t % 4));
         return (iq2_sign_byte((word >> (7 * l)) & 127) >> t) & 1 ? -w : w;
     }
     const int j = int(kk / P::kSubK);

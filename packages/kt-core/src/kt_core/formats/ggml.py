@@ -42,6 +42,7 @@ GGML_TYPES = {t.name: t for t in (
     GgmlType("Q6_K", 14, 256, 210, "Q8_K"),
     GgmlType("IQ4_XS", 23, 256, 136, "Q8_K"),
     GgmlType("IQ2_XXS", 16, 256, 66, "Q8_K"),
+    GgmlType("IQ3_XXS", 18, 256, 98, "Q8_K"),
 )}
 
 
