@@ -777,8 +777,9 @@ struct SubBlock {
     VF scale[kQ];
 };
 
-template <class P>
-inline void decode_sub(const uint8_t* sub, const VF* d, SubBlock& sb) {
+// f.template operator()<l>(u) with group l's codes u[kQ], for l = 0..3 of the sub-block.
+template <class P, class F>
+inline void each_group(const uint8_t* sub, F&& f) {
     VI wq[kQ];
     words_as_qwords(sub + P::kWords, wq);
 #if defined(__AVX512VBMI__)
@@ -791,22 +792,29 @@ inline void decode_sub(const uint8_t* sub, const VF* d, SubBlock& sb) {
     }
 #endif
     const auto group = [&]<int l>() {
+        VI u[kQ];
 #if defined(__AVX512VBMI__)
         if constexpr (std::is_same_v<P, IQ2XXS>) {
-            sb.u[l][0] = group_codes<P, l>(magnitudes2<2 * (l % 2)>(gw[l / 2]), wq[0]);
-            sb.u[l][1] = group_codes<P, l>(magnitudes2<2 * (l % 2) + 1>(gw[l / 2]), wq[1]);
+            u[0] = group_codes<P, l>(magnitudes2<2 * (l % 2)>(gw[l / 2]), wq[0]);
+            u[1] = group_codes<P, l>(magnitudes2<2 * (l % 2) + 1>(gw[l / 2]), wq[1]);
         } else {
-            sb.u[l][0] = group_codes<P, l>(magnitudes3<0>(gw[l]), wq[0]);
-            sb.u[l][1] = group_codes<P, l>(magnitudes3<1>(gw[l]), wq[1]);
+            u[0] = group_codes<P, l>(magnitudes3<0>(gw[l]), wq[0]);
+            u[1] = group_codes<P, l>(magnitudes3<1>(gw[l]), wq[1]);
         }
 #else
-        for (int q = 0; q < kQ; ++q) sb.u[l][q] = group_codes<P, l>(grid_rows<P>(sub, l, q), wq[q]);
+        for (int q = 0; q < kQ; ++q) u[q] = group_codes<P, l>(grid_rows<P>(sub, l, q), wq[q]);
 #endif
+        f.template operator()<l>(static_cast<const VI*>(u));
     };
     group.template operator()<0>();
     group.template operator()<1>();
     group.template operator()<2>();
     group.template operator()<3>();
+}
+
+// The sub-block's channel scales in the accumulators' layout.
+template <class P>
+inline void sub_scales(const uint8_t* sub, const VF* d, VF* scale) {
     for (int v = 0; v < kVecsPerPanel; ++v) {
         const VI w = vloadi(sub + P::kWords + size_t(v) * kLanes * 4);
 #if defined(__AVX512F__)
@@ -819,30 +827,38 @@ inline void decode_sub(const uint8_t* sub, const VF* d, SubBlock& sb) {
         const auto as_float = [](VI i) { return _mm256_castsi256_ps(i); };
 #endif
         const VI sj = as_int(vmul(vmul(d[v], vadd(vset1(0.5f), ls)), vset1(P::kScaleStep)));
-        sb.scale[2 * v] = as_float(qwords<0>(sj));
-        sb.scale[2 * v + 1] = as_float(qwords<1>(sj));
+        scale[2 * v] = as_float(qwords<0>(sj));
+        scale[2 * v + 1] = as_float(qwords<1>(sj));
     }
 }
 
-// One row's share of sub-block j of the block at k0: acc[q] += s_a * s_j * (dot(u, x) - offset sum(x)).
-// Each channel's dot is its qword's two dword lanes (k 0..3 and 4..7 of every group), added here.
-template <class P, bool kTwoPass>
-inline void row_sub(const SubBlock& sb, const ActRow& a, int64_t k0, int j, VF* acc) {
-    VI hi[kQ], lo[kQ];
-    for (int q = 0; q < kQ; ++q) hi[q] = lo[q] = vzeroi();
-    for (int l = 0; l < 4; ++l) {
-        const int64_t at = k0 + 32 * j + 8 * l;
-        int64_t xh;
-        std::memcpy(&xh, a.hi + at, 8);
-        const VI ah = set1q(xh);
-        for (int q = 0; q < kQ; ++q) hi[q] = dot_u8s8(hi[q], sb.u[l][q], ah);
-        if constexpr (kTwoPass) {
-            int64_t xl;
-            std::memcpy(&xl, a.lo + at, 8);
-            const VI al = set1q(xl);
-            for (int q = 0; q < kQ; ++q) lo[q] = dot_u8s8(lo[q], sb.u[l][q], al);
-        }
+template <class P>
+inline void decode_sub(const uint8_t* sub, const VF* d, SubBlock& sb) {
+    each_group<P>(sub, [&]<int l>(const VI* u) {
+        for (int q = 0; q < kQ; ++q) sb.u[l][q] = u[q];
+    });
+    sub_scales<P>(sub, d, sb.scale);
+}
+
+// A row's dots with group l's codes: hi (and lo) += u . the 8 activations at k0 + 32 j + 8 l.
+template <bool kTwoPass>
+inline void group_dots(const VI* u, const ActRow& a, int64_t at, VI* hi, VI* lo) {
+    int64_t xh;
+    std::memcpy(&xh, a.hi + at, 8);
+    const VI ah = set1q(xh);
+    for (int q = 0; q < kQ; ++q) hi[q] = dot_u8s8(hi[q], u[q], ah);
+    if constexpr (kTwoPass) {
+        int64_t xl;
+        std::memcpy(&xl, a.lo + at, 8);
+        const VI al = set1q(xl);
+        for (int q = 0; q < kQ; ++q) lo[q] = dot_u8s8(lo[q], u[q], al);
     }
+}
+
+// acc[q] += s_a * s_j * (dot - offset sum(x)) for sub-block j of the block at k0. Each channel's
+// dot is its qword's two dword lanes (k 0..3 and 4..7 of every group), added here.
+template <class P, bool kTwoPass>
+inline void finish_sub(const VI* hi, const VI* lo, const VF* scale, const ActRow& a, int64_t k0, int j, VF* acc) {
     const int64_t g16 = (k0 + 32 * j) / 16;
     int32_t sum = a.sums_hi[g16] + a.sums_hi[g16 + 1];
     float sa = a.scale[k0 / kQK];
@@ -854,8 +870,29 @@ inline void row_sub(const SubBlock& sb, const ActRow& a, int64_t k0, int j, VF* 
     for (int q = 0; q < kQ; ++q) {
         VI dot = vaddi(hi[q], srli64_32(hi[q]));   // |.| < 2^19 per plane (u <= 124, 32 k)
         if constexpr (kTwoPass) dot = vaddi(vslli32<7>(dot), vaddi(lo[q], srli64_32(lo[q])));
-        acc[q] = vfma(vmul(sb.scale[q], vset1(sa)), vcvt(vsubi(dot, z)), acc[q]);
+        acc[q] = vfma(vmul(scale[q], vset1(sa)), vcvt(vsubi(dot, z)), acc[q]);
     }
+}
+
+// One row's share of a decoded sub-block (prefill: the sub-block is shared by every row).
+template <class P, bool kTwoPass>
+inline void row_sub(const SubBlock& sb, const ActRow& a, int64_t k0, int j, VF* acc) {
+    VI hi[kQ], lo[kQ];
+    for (int q = 0; q < kQ; ++q) hi[q] = lo[q] = vzeroi();
+    for (int l = 0; l < 4; ++l) group_dots<kTwoPass>(sb.u[l], a, k0 + 32 * j + 8 * l, hi, lo);
+    finish_sub<P, kTwoPass>(hi, lo, sb.scale, a, k0, j, acc);
+}
+
+// One row alone (decode): each group's codes dotted as they are made, nothing kept but the
+// accumulators (AVX2's 16 registers would not hold a whole sub-block's codes).
+template <class P, bool kTwoPass>
+inline void lone_row_sub(const uint8_t* sub, const VF* d, const ActRow& a, int64_t k0, int j, VF* acc) {
+    VI hi[kQ], lo[kQ];
+    for (int q = 0; q < kQ; ++q) hi[q] = lo[q] = vzeroi();
+    each_group<P>(sub, [&]<int l>(const VI* u) { group_dots<kTwoPass>(u, a, k0 + 32 * j + 8 * l, hi, lo); });
+    VF scale[kQ];
+    sub_scales<P>(sub, d, scale);
+    finish_sub<P, kTwoPass>(hi, lo, scale, a, k0, j, acc);
 }
 
 // Every row of one panel. One row (decode) keeps its accumulators in registers; more rows share
@@ -880,14 +917,12 @@ void rows(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, const uin
             for (int j = 0; j < 8; ++j) f(blk + P::kCodes + size_t(j) * P::kSubBytes, b * P::kBlockK, j, d);
         }
     };
-    if (rows == 1) {   // decode: straight-line, the sub-block in registers, the stream prefetched ahead
+    if (rows == 1) {   // decode: straight-line, the stream prefetched ahead
         const ActRow a = act_row(x, k);
         each_sub([&](const uint8_t* sub, int64_t k0, int j, const VF* d) {
             prefetch_decode_stream<4096>(sub);
             prefetch_decode_stream<4096>(sub + 64);
-            SubBlock sb;
-            decode_sub<P>(sub, d, sb);
-            row_sub<P, kTwoPass>(sb, a, k0, j, acc);
+            lone_row_sub<P, kTwoPass>(sub, d, a, k0, j, acc);
         });
     } else {
         each_sub([&](const uint8_t* sub, int64_t k0, int j, const VF* d) {
