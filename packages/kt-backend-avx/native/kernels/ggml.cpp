@@ -582,12 +582,14 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
 }
 
 // ---- IQ2_XXS and IQ3_XXS: grid indices (ggml_panels.h's IQ2XXS, IQ3XXS) -------------------------
-// Per 8-k group a channel's magnitudes are one grid entry, one qword per channel: VBMI targets
-// look the grid's 2-bit words up in registers (grid_words), the others load the grid's 8-byte rows
-// (grid_rows); the signs come from the sign word (7 bits -> the byte with its parity bit, spread
-// over the qword, tested per element). u = 43 + sign * magnitude (0..86) then dots 8 activations
-// broadcast per qword: each channel's two dword lanes hold k 0..3 and 4..7 of the group, added
-// at the sub-block's end. A sub-block is decoded once for all the rows of a call (decode_sub).
+// Per 8-k group a channel's magnitudes are one grid entry (IQ3_XXS: two half entries), one qword
+// per channel: VBMI targets look the grid's 2- or 4-bit code words up in registers (grid_words),
+// the others load the grid's rows (grid_rows); the signs come from the sign word (7 bits -> the
+// byte with its parity bit, spread over the qword, tested per element). u = offset + sign *
+// magnitude (offset 43 / 62: u in 0..86 / 0..124) then dots 8 activations broadcast per qword:
+// each channel's two dword lanes hold k 0..3 and 4..7 of the group, added at the sub-block's end.
+// Prefill decodes a sub-block once for all the rows of a call (decode_sub); a lone decode row
+// dots each group's codes as they are made (lone_row_sub).
 namespace iq2 {
 
 struct Grid8 {
