@@ -135,39 +135,23 @@ void dq_iq4_xs(const uint8_t* b, float* y) {
     }
 }
 
-// IQ2_XXS: per 32 elements four grid indices and a word of four 7-bit sign indices and a 4-bit scale
-// (kt/formats/ggml_panels.h holds the grid: the one copy of the format's table).
-void dq_iq2_xxs(const uint8_t* b, float* y) {
+// IQ2_XXS and IQ3_XXS: per 32 elements grid indices (one per 8 elements, or two per 8 naming 4
+// magnitudes each) and a word of four 7-bit sign indices and a 4-bit scale. The forms of
+// kt/formats/ggml_panels.h hold the grids and where each part sits in the file's block: the one
+// copy of the format's tables.
+template <class F>
+void dq_grid(const uint8_t* b, float* y) {
     namespace G = kt::layouts::ggml;
+    constexpr int kPer = 8 / F::kIndices;   // magnitudes per index
     const float d = f16(b);
     for (int j = 0; j < 8; ++j) {
-        const uint8_t* q = b + 2 + 8 * j;
-        const uint32_t word = uint32_t(q[4]) | uint32_t(q[5]) << 8 | uint32_t(q[6]) << 16 | uint32_t(q[7]) << 24;
-        const float db = d * (0.5f + float(word >> 28)) * 0.25f;
-        for (int l = 0; l < 4; ++l) {
-            const uint8_t signs = G::iq2_sign_byte((word >> (7 * l)) & 127);
-            for (int t = 0; t < 8; ++t) {
-                const float v = db * float(G::iq2xxs_magnitude(q[l], t));
-                y[32 * j + 8 * l + t] = (signs >> t) & 1 ? -v : v;
-            }
-        }
-    }
-}
-
-// IQ3_XXS: per 8 elements two grid indices (4 magnitudes each), the 64 of a block first, then the
-// 8 sign-and-scale words as IQ2_XXS's.
-void dq_iq3_xxs(const uint8_t* b, float* y) {
-    namespace G = kt::layouts::ggml;
-    const float d = f16(b);
-    for (int j = 0; j < 8; ++j) {
-        const uint8_t* q = b + 2 + 8 * j;
-        const uint8_t* w = b + 66 + 4 * j;
+        const uint8_t* w = b + F::file_word(j);
         const uint32_t word = uint32_t(w[0]) | uint32_t(w[1]) << 8 | uint32_t(w[2]) << 16 | uint32_t(w[3]) << 24;
-        const float db = d * (0.5f + float(word >> 28)) * 0.5f;
+        const float db = d * (0.5f + float(word >> 28)) * F::kScaleStep;
         for (int l = 0; l < 4; ++l) {
             const uint8_t signs = G::iq2_sign_byte((word >> (7 * l)) & 127);
             for (int t = 0; t < 8; ++t) {
-                const float v = db * float(G::iq3xxs_magnitude(q[2 * l + t / 4], t % 4));
+                const float v = db * float(F::magnitude(b[G::grid_file_index<F>(j, l, t / kPer)], t % kPer));
                 y[32 * j + 8 * l + t] = (signs >> t) & 1 ? -v : v;
             }
         }
@@ -192,8 +176,8 @@ const TypeInfo kTypes[] = {
     {KT_DTYPE_GGML_Q5_K, "Q5_K", 256, 176, dq_q5_k, {0, 2}},
     {KT_DTYPE_GGML_Q6_K, "Q6_K", 256, 210, dq_q6_k, {208, -1}},
     {KT_DTYPE_GGML_IQ4_XS, "IQ4_XS", 256, 136, dq_iq4_xs, {0, -1}},
-    {KT_DTYPE_GGML_IQ2_XXS, "IQ2_XXS", 256, 66, dq_iq2_xxs, {0, -1}},
-    {KT_DTYPE_GGML_IQ3_XXS, "IQ3_XXS", 256, 98, dq_iq3_xxs, {0, -1}},
+    {KT_DTYPE_GGML_IQ2_XXS, "IQ2_XXS", 256, 66, dq_grid<kt::layouts::ggml::IQ2XXS>, {0, -1}},
+    {KT_DTYPE_GGML_IQ3_XXS, "IQ3_XXS", 256, 98, dq_grid<kt::layouts::ggml::IQ3XXS>, {0, -1}},
 };
 
 const TypeInfo* type_info(kt_dtype dtype) {

@@ -616,8 +616,8 @@ constexpr Grid4 kGrid4 = make_grid4();
 // row, IQ3_XXS's two half rows.
 template <class P>
 inline int64_t grid_row(const uint8_t* sub, int l, int i) {
-    if constexpr (std::is_same_v<P, IQ2XXS>) return int64_t(kGrid8.entry[sub[16 * l + i]]);
-    return int64_t(kGrid4.entry[sub[32 * l + i]] | uint64_t(kGrid4.entry[sub[32 * l + 16 + i]]) << 32);
+    if constexpr (std::is_same_v<P, IQ2XXS>) return int64_t(kGrid8.entry[sub[grid_panel_index<P>(l, 0) + i]]);
+    return int64_t(kGrid4.entry[sub[grid_panel_index<P>(l, 0) + i]] | uint64_t(kGrid4.entry[sub[grid_panel_index<P>(l, 1) + i]]) << 32);
 }
 constexpr uint8_t kParity[16] = {0, 1, 1, 0, 1, 0, 0, 1, 1, 0, 0, 1, 0, 1, 1, 0};   // of a nibble
 
@@ -787,10 +787,10 @@ inline void each_group(const uint8_t* sub, F&& f) {
 #if defined(__AVX512VBMI__)
     VI gw[4];   // IQ2_XXS: two groups' entries per vector; IQ3_XXS: one group's two halves
     if constexpr (std::is_same_v<P, IQ2XXS>) {
-        gw[0] = grid_words(kIq2xxsGrid, sub);
-        gw[1] = grid_words(kIq2xxsGrid, sub + 32);
+        gw[0] = grid_words(kIq2xxsGrid, sub + grid_panel_index<P>(0, 0));   // groups 0, 1
+        gw[1] = grid_words(kIq2xxsGrid, sub + grid_panel_index<P>(2, 0));   // groups 2, 3
     } else {
-        for (int l = 0; l < 4; ++l) gw[l] = grid_words(kIq3xxsGrid, sub + 32 * l);
+        for (int l = 0; l < 4; ++l) gw[l] = grid_words(kIq3xxsGrid, sub + grid_panel_index<P>(l, 0));   // both halves
     }
 #endif
     const auto group = [&]<int l>() {

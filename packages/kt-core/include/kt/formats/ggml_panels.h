@@ -302,18 +302,21 @@ struct Q6K {
 // IQ2_XXS: the file's bytes regrouped per 16 channels, nothing widened (66 bytes per channel and
 // 256 k, the file's 2.0625 bits per weight): f16 d[16], then per 32-k sub-block j the 16
 // channels' grid index bytes of its four 8-k groups (group l's 16 at 16 l) and their sign and
-// scale words (u32[16]). The kernels look the indices up in an 8-byte-per-entry grid (gathers)
-// and multiply u = 43 + sign * magnitude in [0, 86], subtracting 43 times the activations' sum.
+// scale words (u32[16], at kWords). The kernels look the indices up in the grid and multiply
+// u = 43 + sign * magnitude in [0, 86], subtracting 43 times the activations' sum.
 struct IQ2XXS {
     static constexpr kt_dtype kType = KT_DTYPE_GGML_IQ2_XXS;
     static constexpr int64_t kBlockK = 256, kSubK = 32;
     static constexpr int kBits = 8;   // not a chunk form: the kernels take it apart themselves
     static constexpr bool kBig = false;
-    static constexpr size_t kFileBlock = 66, kD = 0, kCodes = 32, kSubBytes = 128, kWords = 64;   // kWords: within a sub-block
+    static constexpr int kIndices = 1;   // grid indices per 8-k group, each naming 8 / kIndices magnitudes
+    static constexpr size_t kFileBlock = 66, kD = 0, kCodes = 32, kWords = 64 * kIndices, kSubBytes = kWords + 64;
     static constexpr size_t kBlockBytes = kCodes + 8 * kSubBytes;
     static constexpr int kOffset = 43;   // the largest magnitude: u = kOffset + sign * magnitude >= 0
-    static constexpr int kIndices = 1;   // grid indices per 8-k group
     static constexpr float kScaleStep = 0.25f;   // d * (0.5 + ls) * kScaleStep
+    // Sub-block j's sign-and-scale word in the file's block (after its four index bytes).
+    static constexpr size_t file_word(int j) { return 2 + 8 * size_t(j) + 4; }
+    static constexpr uint8_t magnitude(int index, int t) { return iq2xxs_magnitude(index, t); }
 };
 // IQ3_XXS: IQ2XXS's panel with two grid indices per 8-k group (group l's 16 channels' first-half
 // indices at 32 l, second-half ones at 32 l + 16) — 98 bytes per channel and 256 k, the file's
@@ -323,12 +326,21 @@ struct IQ3XXS {
     static constexpr int64_t kBlockK = 256, kSubK = 32;
     static constexpr int kBits = 8;
     static constexpr bool kBig = false;
-    static constexpr size_t kFileBlock = 98, kD = 0, kCodes = 32, kSubBytes = 192, kWords = 128;
+    static constexpr int kIndices = 2;
+    static constexpr size_t kFileBlock = 98, kD = 0, kCodes = 32, kWords = 64 * kIndices, kSubBytes = kWords + 64;
     static constexpr size_t kBlockBytes = kCodes + 8 * kSubBytes;
     static constexpr int kOffset = 62;
-    static constexpr int kIndices = 2;
     static constexpr float kScaleStep = 0.5f;
+    static constexpr size_t file_word(int j) { return 66 + 4 * size_t(j); }   // the 8 words after the 64 indices
+    static constexpr uint8_t magnitude(int index, int t) { return iq3xxs_magnitude(index, t); }
 };
+// The grid forms' indices: half h (< kIndices) of group l's in sub-block j of the file's block
+// (both types put a sub-block's 8 index bytes at 2 + 8 j), and in a panel's sub-block (16 channels
+// side by side).
+template <class P>
+constexpr size_t grid_file_index(int j, int l, int h) { return 2 + 8 * size_t(j) + size_t(P::kIndices * l + h); }
+template <class P>
+constexpr size_t grid_panel_index(int l, int h) { return 16 * size_t(P::kIndices * l + h); }
 
 // f(P{}) with the panel form of a ggml type (Q8_0's for a type this layout does not hold:
 // callers check block_type first).
@@ -403,20 +415,13 @@ void pack_panel(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t n0, 
                             code(c, bb) = uint8_t(code(c, bb) | ((v & 3) << (2 * i)));
                             out[third_bits_at(c) + size_t(lane) * 4 + size_t(bb)] |= uint8_t((v >> 2) << (4 * (c % 2) + i));
                         }
-            } else if constexpr (std::is_same_v<P, IQ2XXS>) {
-                std::memcpy(out + P::kD + 2 * size_t(lane), blk, 2);   // d stays f16
-                for (int j = 0; j < 8; ++j) {
-                    uint8_t* sub = out + P::kCodes + size_t(j) * P::kSubBytes;
-                    for (int l = 0; l < 4; ++l) sub[16 * l + lane] = blk[2 + 8 * j + l];
-                    std::memcpy(sub + P::kWords + 4 * size_t(lane), blk + 2 + 8 * j + 4, 4);
-                }
-            } else if constexpr (std::is_same_v<P, IQ3XXS>) {
+            } else if constexpr (std::is_same_v<P, IQ2XXS> || std::is_same_v<P, IQ3XXS>) {
                 std::memcpy(out + P::kD + 2 * size_t(lane), blk, 2);   // d stays f16
                 for (int j = 0; j < 8; ++j) {
                     uint8_t* sub = out + P::kCodes + size_t(j) * P::kSubBytes;
                     for (int l = 0; l < 4; ++l)
-                        for (int h = 0; h < 2; ++h) sub[32 * l + 16 * h + lane] = blk[2 + 8 * j + 2 * l + h];
-                    std::memcpy(sub + P::kWords + 4 * size_t(lane), blk + 66 + 4 * j, 4);
+                        for (int h = 0; h < P::kIndices; ++h) sub[grid_panel_index<P>(l, h) + lane] = blk[grid_file_index<P>(j, l, h)];
+                    std::memcpy(sub + P::kWords + 4 * size_t(lane), blk + P::file_word(j), 4);
                 }
             } else if constexpr (std::is_same_v<P, IQ4X>) {
                 std::memcpy(out + P::kD + 2 * size_t(lane), blk, 2);   // d stays f16
@@ -473,8 +478,8 @@ float weight(const uint8_t* panel, int64_t k, int lane) {
         uint32_t word;
         std::memcpy(&word, sub + P::kWords + 4 * size_t(lane), 4);
         const float db = f16_at(blk + P::kD + 2 * size_t(lane)) * (0.5f + float(word >> 28)) * P::kScaleStep;
-        const float w = db * float(std::is_same_v<P, IQ2XXS> ? iq2xxs_magnitude(sub[16 * l + lane], t)
-                                                             : iq3xxs_magnitude(sub[32 * l + 16 * (t / 4) + lane], t % 4));
+        constexpr int kPer = 8 / P::kIndices;   // magnitudes per index
+        const float w = db * float(P::magnitude(sub[grid_panel_index<P>(l, t / kPer) + lane], t % kPer));
         return (iq2_sign_byte((word >> (7 * l)) & 127) >> t) & 1 ? -w : w;
     }
     const int j = int(kk / P::kSubK);
