@@ -80,19 +80,20 @@ def test_every_target_matches_float64_over_the_stored_weights(method, kw, tol, m
         assert all(np.array_equal(first, o) for o in outs.values())
 
 
-GGML_TYPES = [(t, t, t) for t in ("Q4_0", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")] + [("Q4_K", "Q4_K", "Q6_K")]
+GGML_TYPES = [(t, t, t) for t in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL",
+                                   "IQ4_XS")] + [("Q4_K", "Q4_K", "Q6_K"), ("Q4_K", "Q4_K", "Q5_0")]
 
 
 @pytest.mark.skipif(not ON_ARM, reason=f"aarch64 kernels; this host is {kt_core.host().arch}")
 @pytest.mark.parametrize("fast", [False, True], ids=["two-pass", "fast"])
 @pytest.mark.parametrize("types", GGML_TYPES, ids=["-".join(t) if len(set(t)) > 1 else t[0] for t in GGML_TYPES])
 def test_llamafile_matches_float64_over_the_blocks(types, fast, monkeypatch):
-    """LLAMAFILE on kt-core's kt-ggml-v7 panels (the bytes kt-backend-avx packs): against float64 over
+    """LLAMAFILE on kt-core's kt-ggml-v8 panels (the bytes kt-backend-avx packs): against float64 over
     gguf-py's dequantized blocks; bit-identical across targets (sdot, smull and, for row pairs on
     I8MM, smmla give the same integer sums, and the f32 epilogue is the same instructions). Two
     activation passes: within 2e-3 of the output RMS (measured 3.5e-4 to 9.5e-4 here); one pass
     (fast_activations, the default: llama.cpp's activation blocks, Q8_K — one int8 scale per 256
-    k — or for Q4_0 / Q8_0 Q8_0 — an f16 scale per 32 k) against float64 over exactly those
+    k — or for the 32-element types Q8_0 — an f16 scale per 32 k) against float64 over exactly those
     activations (llama_activations): 5e-3 (1e-6 where no intermediate value lands on the other
     side of a rounding boundary, ~2e-3 where one does; 0.027 to 0.22 against the exact ones on
     these random layers, llama.cpp's own figure)."""
@@ -112,7 +113,7 @@ def test_llamafile_matches_float64_over_the_blocks(types, fast, monkeypatch):
         m = MoE(num_experts=E, top_k=K, hidden_size=hidden, intermediate_size=inter, method="LLAMAFILE", backend="kml",
                 weight_types=types, fast_activations=fast)
         m.load(*blocks)
-        assert m.backend == f"kml/{variant}" and m.layout_id == "kt-ggml-v7"
+        assert m.backend == f"kml/{variant}" and m.layout_id == "kt-ggml-v8"
         assert (".smmla+" in m.kernel_id) == ("i8mm" in variant), m.kernel_id
         tag = sve_tag(variant)
         assert tag in m.kernel_id if tag else not any(t in m.kernel_id for t in (".sve256.", ".sve512.")), m.kernel_id

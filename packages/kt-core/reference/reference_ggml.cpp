@@ -37,6 +37,29 @@ void dq_q4_0(const uint8_t* b, float* y) {
     }
 }
 
+// Q4_1, Q5_0, Q5_1: ggml's 32-element codes (kt/formats/ggml_panels.h's nibble_codes), then
+// gguf-py's arithmetic: d * q + m, d * (q - 16).
+void dq_q4_1(const uint8_t* b, float* y) {
+    const float d = f16(b), m = f16(b + 2);
+    uint8_t u[32];
+    kt::layouts::ggml::nibble_codes(b + 4, nullptr, u);
+    for (int l = 0; l < 32; ++l) y[l] = d * float(u[l]) + m;
+}
+
+void dq_q5_0(const uint8_t* b, float* y) {
+    const float d = f16(b);
+    uint8_t u[32];
+    kt::layouts::ggml::nibble_codes(b + 6, b + 2, u);
+    for (int l = 0; l < 32; ++l) y[l] = d * float(int(u[l]) - 16);
+}
+
+void dq_q5_1(const uint8_t* b, float* y) {
+    const float d = f16(b), m = f16(b + 2);
+    uint8_t u[32];
+    kt::layouts::ggml::nibble_codes(b + 8, b + 4, u);
+    for (int l = 0; l < 32; ++l) y[l] = d * float(u[l]) + m;
+}
+
 void dq_q8_0(const uint8_t* b, float* y) {
     const float d = f16(b);
     for (int l = 0; l < 32; ++l) y[l] = float(int8_t(b[2 + l])) * d;
@@ -135,6 +158,14 @@ void dq_iq4_xs(const uint8_t* b, float* y) {
     }
 }
 
+void dq_iq4_nl(const uint8_t* b, float* y) {
+    const float d = f16(b);
+    for (int l = 0; l < 16; ++l) {
+        y[l] = d * float(kIq4nl[b[2 + l] & 15]);
+        y[l + 16] = d * float(kIq4nl[b[2 + l] >> 4]);
+    }
+}
+
 // IQ2_XXS and IQ3_XXS: per 32 elements grid indices (one per 8 elements, or two per 8 naming 4
 // magnitudes each) and a word of four 7-bit sign indices and a 4-bit scale. The forms of
 // kt/formats/ggml_panels.h hold the grids and where each part sits in the file's block: the one
@@ -169,12 +200,16 @@ struct TypeInfo {
 
 const TypeInfo kTypes[] = {
     {KT_DTYPE_GGML_Q4_0, "Q4_0", 32, 18, dq_q4_0, {0, -1}},
+    {KT_DTYPE_GGML_Q4_1, "Q4_1", 32, 20, dq_q4_1, {0, 2}},
+    {KT_DTYPE_GGML_Q5_0, "Q5_0", 32, 22, dq_q5_0, {0, -1}},
+    {KT_DTYPE_GGML_Q5_1, "Q5_1", 32, 24, dq_q5_1, {0, 2}},
     {KT_DTYPE_GGML_Q8_0, "Q8_0", 32, 34, dq_q8_0, {0, -1}},
     {KT_DTYPE_GGML_Q2_K, "Q2_K", 256, 84, dq_q2_k, {80, 82}},
     {KT_DTYPE_GGML_Q3_K, "Q3_K", 256, 110, dq_q3_k, {108, -1}},
     {KT_DTYPE_GGML_Q4_K, "Q4_K", 256, 144, dq_q4_k, {0, 2}},
     {KT_DTYPE_GGML_Q5_K, "Q5_K", 256, 176, dq_q5_k, {0, 2}},
     {KT_DTYPE_GGML_Q6_K, "Q6_K", 256, 210, dq_q6_k, {208, -1}},
+    {KT_DTYPE_GGML_IQ4_NL, "IQ4_NL", 32, 18, dq_iq4_nl, {0, -1}},
     {KT_DTYPE_GGML_IQ4_XS, "IQ4_XS", 256, 136, dq_iq4_xs, {0, -1}},
     {KT_DTYPE_GGML_IQ2_XXS, "IQ2_XXS", 256, 66, dq_grid<kt::layouts::ggml::IQ2XXS>, {0, -1}},
     {KT_DTYPE_GGML_IQ3_XXS, "IQ3_XXS", 256, 98, dq_grid<kt::layouts::ggml::IQ3XXS>, {0, -1}},
@@ -326,8 +361,9 @@ float f16_round(float v) {
 // The activations a layer with KT_QUANT_FAST_ACTIVATIONS carries into a matrix of type t: one
 // int8 plane in llama.cpp's form for that type (the kernels' one-pass planes): Q8_K for the
 // 256-element types — per group of 256 k (the last may be shorter), s = max|x| / 127 — and Q8_0
-// for Q4_0 / Q8_0 — per 32 k, s = f16(max|x| / 127); x ~ s * q, q = x * (127 / max|x|) rounded
-// to nearest, ties to even. A NaN makes its group NaN; an all-zero group stays zero. Without the
+// for the 32-element ones — per 32 k, s = f16(max|x| / 127); x ~ s * q, q = x * (127 / max|x|) rounded
+// to nearest, ties to even (Q4_1's and Q5_1's Q8_1 blocks hold these values too, plus an f16 of
+// s * sum(q) for the min term, which kt takes exact). A NaN makes its group NaN; an all-zero group stays zero. Without the
 // flag: x as given.
 const float* one_plane_rows(const kt_moe_config* s, const TypeInfo* t, const void* act, int64_t rows, int64_t k,
                             std::vector<float>& held) {

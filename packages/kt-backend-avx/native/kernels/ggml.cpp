@@ -1,6 +1,6 @@
 // LLAMAFILE experts: GGUF's ggml blocks, run as the file stores them (docs/formats.md).
 //
-// Packed layout "kt-ggml-v7", kt-core's public definition (kt/formats/ggml_panels.h: the panel
+// Packed layout "kt-ggml-v8", kt-core's public definition (kt/formats/ggml_panels.h: the panel
 // forms of every type, the checks and the packer, shared with kt-backend-kml): each type's codes
 // and scales regrouped into panels of 16 output channels, so the one outer-product kernel below
 // runs them all, decode and prefill.
@@ -10,7 +10,8 @@
 // keeps the activation error ~1e-3 of the output RMS; KT_QUANT_FAST_ACTIVATIONS skips it, as
 // llama.cpp's single Q8_K pass does); int16 sums of each plane per 16 k for the mn term.
 // Layout: hi[K], lo[K], sums_hi[K/16], sums_lo[K/16] (int16), scale[ceil(K/256)] (f32).
-// Then the one-pass plane of the 32-element types (Q4_0, Q8_0), llama.cpp's Q8_0 activations:
+// Then the one-pass plane of the 32-element types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL), llama.cpp's
+// Q8_0 activations (its Q8_1's values):
 // per 32 k, q = x * 127 / max|x| rounded to nearest even, scale f16(max|x| / 127) held as f32;
 // hi32[K], sums32[K/16], scale32[K/32].
 // vpmaddubsw cannot saturate: |code| <= 63 (or |value| <= 128 with the sign moved onto the
@@ -261,7 +262,7 @@ template <class P>
 constexpr int max_code() {
     if constexpr (std::is_same_v<P, Q3K>) return 7;
     if constexpr (P::kBits == 2) return 3;
-    if constexpr (std::is_same_v<P, Q5K>) return 31;
+    if constexpr (kFifthBits<P>) return 31;
     if constexpr (std::is_same_v<P, Q6K>) return 63;
     if constexpr (P::kBits == 4 && !P::kBig) return 15;
     return 255;
@@ -277,7 +278,7 @@ constexpr int row_block() {
 #if defined(__AVX512F__)
     return 6;
 #else
-    return std::is_same_v<P, Q80> || std::is_same_v<P, Q6K> ? 2 : std::is_same_v<P, Q5K> ? 4 : 3;
+    return std::is_same_v<P, Q80> || std::is_same_v<P, Q6K> ? 2 : kFifthBits<P> ? 4 : 3;
 #endif
 }
 
@@ -287,8 +288,8 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
     VF acc[MR][kVecsPerPanel];
     for (int m = 0; m < MR; ++m)
         for (int v = 0; v < kVecsPerPanel; ++v) acc[m][v] = vzero();
-    // One pass on Q4_0 / Q8_0 dots llama.cpp's Q8_0 activations: a scale per 32 k, not per 256.
-    constexpr bool kPer32 = !kTwoPass && (std::is_same_v<P, Q40> || std::is_same_v<P, Q80>);
+    // One pass on the 32-element types dots llama.cpp's Q8_0 activations: a scale per 32 k, not per 256.
+    constexpr bool kPer32 = !kTwoPass && P::kBlockK == 32;
     constexpr int64_t kScaleK = kPer32 ? 32 : kQK;
     ActRow a[MR];
     for (int m = 0; m < MR; ++m) a[m] = act_row<kPer32>(x + size_t(m) * row_bytes, k);
@@ -413,8 +414,8 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
                                 w1[v] = vor(w1[v], vand(vsrl16<2>(t), mask));
                             }
                         }
-                        if constexpr (std::is_same_v<P, Q5K>) {
-                            const VI bits = vloadi(blk + fifth_bits_at(c) + size_t(v) * kLanes * 4);
+                        if constexpr (kFifthBits<P>) {
+                            const VI bits = vloadi(blk + fifth_bits_at<P>(c) + size_t(v) * kLanes * 4);
                             switch (c % 4) {   // c's range is a constant 4-chunk window: unrolled
                                 case 0: w0[v] = vor(w0[v], fifth_bit<0>(bits)); w1[v] = vor(w1[v], fifth_bit<1>(bits)); break;
                                 case 1: w0[v] = vor(w0[v], fifth_bit<2>(bits)); w1[v] = vor(w1[v], fifth_bit<3>(bits)); break;
@@ -423,7 +424,7 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
                             }
                         }
                     }
-                    // IQ4_XS: indices -> signed table values (w), and the u8 operand (wu) as Q8_0 has it.
+                    // IQ4_XS, IQ4_NL: indices -> signed table values (w), and the u8 operand (wu) as Q8_0 has it.
                     VI wu0[kVecsPerPanel], wu1[kVecsPerPanel];
                     for (int v = 0; v < kVecsPerPanel; ++v) {
                         if constexpr (P::kBig) {
@@ -519,9 +520,14 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
             }
             VF s[kVecsPerPanel], sz[kVecsPerPanel];
             for (int v = 0; v < kVecsPerPanel; ++v) {
-                if constexpr (std::is_same_v<P, Q40>) {
+                if constexpr (std::is_same_v<P, Q40> || std::is_same_v<P, Q50>) {
                     s[v] = widen_f16(blk + P::kD + 2 * size_t(v) * kLanes);
-                    sz[v] = vmul(s[v], vset1(8.0f));
+                    sz[v] = vmul(s[v], vset1(std::is_same_v<P, Q40> ? 8.0f : 16.0f));
+                    continue;
+                }
+                if constexpr (kAddedMin<P>) {   // Q4_1, Q5_1: w = d * u + m
+                    s[v] = widen_f16(blk + P::kD + 2 * size_t(v) * kLanes);
+                    sz[v] = vsub(vzero(), widen_f16(blk + P::kDmin + 2 * size_t(v) * kLanes));
                     continue;
                 }
                 if constexpr (std::is_same_v<P, Q3K>) {
@@ -540,7 +546,7 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
                     sz[v] = kVnni ? vmul(s[v], vset1(128.0f)) : vzero();   // VNNI's codes carry + 128
                     continue;
                 }
-                if constexpr (std::is_same_v<P, Q80>) {
+                if constexpr (std::is_same_v<P, Q80> || std::is_same_v<P, IQ4NL>) {
                     s[v] = widen_f16(blk + P::kD + 2 * size_t(v) * kLanes);
                     sz[v] = kVnni ? vmul(s[v], vset1(128.0f)) : vzero();   // the + 128 was taken off the codes
                     continue;
@@ -1075,7 +1081,7 @@ kt_status down_tile(const kt_moe_config* c, const void* packed, const void* act,
 }  // namespace
 
 kt_method_kernels llamafile_kernels(const char* kernel_id) {
-    return method_table("LLAMAFILE", "kt-ggml-v7", kernel_id, packed_bytes, pack, act_row_bytes, quantize, gate_up_tile,
+    return method_table("LLAMAFILE", G::kId, kernel_id, packed_bytes, pack, act_row_bytes, quantize, gate_up_tile,
                         down_tile, gate_up_raw_tile);
 }
 

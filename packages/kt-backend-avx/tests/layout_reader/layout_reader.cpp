@@ -79,7 +79,7 @@ extern "C" size_t kt_unpack_expert(const char* layout_id, const uint8_t* expert,
     return 0;
 }
 
-// LLAMAFILE's "kt-ggml-v7" (kt/formats/ggml_panels.h): gate, up and down of the ggml types
+// LLAMAFILE's "kt-ggml-v8" (kt/formats/ggml_panels.h): gate, up and down of the ggml types
 // `types` (kt_dtype values), one matrix after another. Returns the expert's byte count, or 0 when
 // a type or K does not fit the layout.
 extern "C" size_t kt_unpack_ggml_expert(const int* types, const uint8_t* expert, int64_t hidden, int64_t intermediate,

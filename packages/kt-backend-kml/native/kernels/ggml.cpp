@@ -1,4 +1,4 @@
-// LLAMAFILE (GGUF's ggml blocks) in "kt-ggml-v7", kt-core's layout (kt/formats/ggml_panels.h):
+// LLAMAFILE (GGUF's ggml blocks) in "kt-ggml-v8", kt-core's layout (kt/formats/ggml_panels.h):
 // the bytes kt-backend-avx packs, read here by NEON (and by SVE: the vla section). Every type is a
 // group-wise integer format in disguise, w = s * u - s*z per sub-block of 16 or 32 k, so one kernel
 // runs them all: per 16-channel
@@ -6,7 +6,7 @@
 // (`sdot` on ARMv8.2, `smull` + pairwise adds on ARMv8.0, `smmla` for row pairs on ARMv8.6: the
 // same sums), then in f32
 //   acc += s_a / 128 * (s * (128 dot_hi + dot_lo) - s*z * (128 sum_hi + sum_lo)).
-// The codes are unsigned and small (u <= 63) except Q8_0's q + 128 and IQ4_XS's table values,
+// The codes are unsigned and small (u <= 63) except Q8_0's q + 128 and IQ4_XS's / IQ4_NL's table values,
 // which `sdot` takes signed as they are (q back by an EOR; the table by one `tbl`): no sign
 // juggling as on x86's vpmaddubsw.
 //
@@ -14,7 +14,8 @@
 // s_a = max|x| / 127 and two int8 planes x ~= s_a (hi + lo / 128), rounded to nearest even, so
 // both backends feed the same integers to their dots; int16 sums of each plane per 16 k for the
 // s*z term. KT_QUANT_FAST_ACTIVATIONS (llama.cpp's one Q8_K pass) skips the lo plane's dots;
-// on Q4_0 and Q8_0 it dots a plane of its own instead, llama.cpp's Q8_0 activations: per 32 k,
+// on the 32-element types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) it dots a plane of its own instead,
+// llama.cpp's Q8_0 activations (its Q8_1's values): per 32 k,
 // q = x * 127 / max|x| rounded to nearest even, scale f16(max|x| / 127).
 // Row ("ggml-act-v2"): scale[ceil(K/256)] (f32, padded to 16 bytes), hi[K], lo[K],
 // sums_hi[K/16], sums_lo[K/16]; then scale32[K/32] (f32), hi32[K], sums32[K/16].
@@ -168,7 +169,8 @@ template <class P>
 struct Form {
     static constexpr int64_t kChunkK = P::kBits == 2 ? 16 : P::kBits == 4 ? 8 : 4;   // k per 64-byte chunk
     static constexpr int kPerSub = int(P::kSubK / kChunkK);                         // chunks per sub-block
-    static constexpr bool kFloatBlocks = std::is_same_v<P, G::Q40> || std::is_same_v<P, G::Q80>;
+    static constexpr bool kFloatBlocks = P::kBlockK == 32;   // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL
+    static constexpr int kZ32 = std::is_same_v<P, G::Q40> ? 8 : std::is_same_v<P, G::Q50> ? 16 : 0;   // their code offsets
     static constexpr bool kMin = std::is_same_v<P, G::Q4K> || std::is_same_v<P, G::Q5K> || std::is_same_v<P, G::Q2K>;
     static constexpr int kZ = std::is_same_v<P, G::Q6K> ? 32 : std::is_same_v<P, G::Q3K> ? 4 : 0;
 };
@@ -182,8 +184,8 @@ inline void codes4(const uint8_t* blk, int64_t c, int i, int v, int8x16_t& w0, i
     const uint8x16_t low4 = vdupq_n_u8(0x0f);
     const uint8x16_t raw = vld1q_u8(blk + chunk_at<P>(c) + 16 * v);
     uint8x16_t u0 = vandq_u8(raw, low4), u1 = vshrq_n_u8(raw, 4);
-    if constexpr (std::is_same_v<P, Q5K>) {   // fifth bits -> 16
-        const uint8x16_t bits = vld1q_u8(blk + fifth_bits_at(c) + 16 * v), b4 = vdupq_n_u8(0x10);
+    if constexpr (kFifthBits<P>) {   // fifth bits -> 16
+        const uint8x16_t bits = vld1q_u8(blk + fifth_bits_at<P>(c) + 16 * v), b4 = vdupq_n_u8(0x10);
         u0 = vorrq_u8(u0, move_bits(bits, 2 * i, 4, b4));
         u1 = vorrq_u8(u1, move_bits(bits, 2 * i + 1, 4, b4));
     }
@@ -192,7 +194,7 @@ inline void codes4(const uint8_t* blk, int64_t c, int i, int v, int8x16_t& w0, i
         u0 = vorrq_u8(u0, move_bits(t, 4 * i, 4, b45));
         u1 = vorrq_u8(u1, move_bits(t, 4 * i + 2, 4, b45));
     }
-    if constexpr (P::kBig) {   // IQ4_XS: indices -> the table's signed values
+    if constexpr (P::kBig) {   // IQ4_XS, IQ4_NL: indices -> the table's signed values
         const int8x16_t table = vld1q_s8(kIq4Values);
         w0 = vqtbl1q_s8(table, u0);
         w1 = vqtbl1q_s8(table, u1);
@@ -229,8 +231,8 @@ inline int sub_sum(const int16_t* sums, int64_t k0, int j) {
     return sums[g16] + (P::kSubK == 32 ? sums[g16 + 1] : 0);
 }
 
-// After sub-block j's exact dots dh, dl (channels 4v..4v+3): Q4_0 / Q8_0 finish their block in f32,
-// acc += s_a (/ 128) * d * (dot - z * asum); the K-quants add sc_j * dot_j (per pass, integers) into
+// After sub-block j's exact dots dh, dl (channels 4v..4v+3): the 32-element types finish their block
+// in f32, acc += s_a (/ 128) * (d * (dot - z * asum) + m * asum) (m: Q4_1's, Q5_1's); the K-quants add sc_j * dot_j (per pass, integers) into
 // the block's ihi, ilo.
 template <class P, bool kTwoPass>
 inline void sub_block(const uint8_t* blk, int j, const ActRow& a, int64_t k0, const int32x4_t* dh, const int32x4_t* dl,
@@ -242,8 +244,10 @@ inline void sub_block(const uint8_t* blk, int j, const ActRow& a, int64_t k0, co
         for (int v = 0; v < 4; ++v) {
             const int32x4_t t = kTwoPass ? vaddq_s32(vshlq_n_s32(dh[v], 7), dl[v]) : dh[v];
             float32x4_t r = vcvtq_f32_s32(t);
-            if constexpr (std::is_same_v<P, G::Q40>) r = vsubq_f32(r, vdupq_n_f32(8.0f * float(asum)));
-            acc[v] = vfmaq_n_f32(acc[v], vmulq_f32(f16x4(blk + P::kD + 8 * size_t(v)), r), factor);
+            if constexpr (F::kZ32 != 0) r = vsubq_f32(r, vdupq_n_f32(float(F::kZ32) * float(asum)));
+            float32x4_t w = vmulq_f32(f16x4(blk + P::kD + 8 * size_t(v)), r);
+            if constexpr (G::kAddedMin<P>) w = vfmaq_n_f32(w, f16x4(blk + P::kDmin + 8 * size_t(v)), float(asum));
+            acc[v] = vfmaq_n_f32(acc[v], w, factor);
         }
     } else if constexpr (F::kMin) {   // the m term at the block's end, when the dots' registers are free
         int32x4_t sc[4];
@@ -476,8 +480,8 @@ inline void codes4(const uint8_t* blk, int64_t c, int i, int s, svint8_t& w0, sv
     const svbool_t pb = sve::bytes<N>();
     const svuint8_t raw = part<N>(blk + chunk_at<P>(c), s);
     svuint8_t u0 = svand_n_u8_x(pb, raw, 0x0f), u1 = svlsr_n_u8_x(pb, raw, 4);
-    if constexpr (std::is_same_v<P, Q5K>) {
-        const svuint8_t bits = part<N>(blk + fifth_bits_at(c), s);
+    if constexpr (kFifthBits<P>) {
+        const svuint8_t bits = part<N>(blk + fifth_bits_at<P>(c), s);
         u0 = svorr_x(pb, u0, move_bits<N>(bits, 2 * i, 4, 0x10));
         u1 = svorr_x(pb, u1, move_bits<N>(bits, 2 * i + 1, 4, 0x10));
     }
@@ -486,7 +490,7 @@ inline void codes4(const uint8_t* blk, int64_t c, int i, int s, svint8_t& w0, sv
         u0 = svorr_x(pb, u0, move_bits<N>(t, 4 * i, 4, 0x30));
         u1 = svorr_x(pb, u1, move_bits<N>(t, 4 * i + 2, 4, 0x30));
     }
-    if constexpr (P::kBig) {   // IQ4_XS: the 16-entry table in a vector's first 16 bytes
+    if constexpr (P::kBig) {   // IQ4_XS, IQ4_NL: the 16-entry table in a vector's first 16 bytes
         const svint8_t table = svld1(svptrue_pat_b8(SV_VL16), kIq4Values);
         w0 = svtbl(table, u0);
         w1 = svtbl(table, u1);
@@ -526,8 +530,10 @@ inline void sub_block(const uint8_t* blk, int j, const ActRow& a, int64_t k0, in
     if constexpr (F::kFloatBlocks) {
         const float factor = a.scale[k0 >> a.scale_shift] * (kTwoPass ? 1.0f / 128.0f : 1.0f);
         svfloat32_t r = svcvt_f32_x(pw, kTwoPass ? svadd_x(pw, svlsl_n_s32_x(pw, dh, 7), dl) : dh);
-        if constexpr (std::is_same_v<P, G::Q40>) r = svsub_n_f32_x(pw, r, 8.0f * float(asum));
-        acc = svmla_n_f32_x(pw, acc, svmul_x(pw, f16_part<N>(blk + P::kD, s), r), factor);
+        if constexpr (F::kZ32 != 0) r = svsub_n_f32_x(pw, r, float(F::kZ32) * float(asum));
+        svfloat32_t w = svmul_x(pw, f16_part<N>(blk + P::kD, s), r);
+        if constexpr (G::kAddedMin<P>) w = svmla_n_f32_x(pw, w, f16_part<N>(blk + P::kDmin, s), float(asum));
+        acc = svmla_n_f32_x(pw, acc, w, factor);
     } else if constexpr (F::kMin) {
         svint32_t sc = u8_part<N>(blk + P::kSc + 16 * size_t(j), s);
         if constexpr (std::is_same_v<P, G::Q2K>) sc = svand_n_s32_x(pw, sc, 0x0f);
@@ -718,9 +724,9 @@ inline void matrix_dot(const G::Matrix& m, const uint8_t* expert, int64_t p, con
         if constexpr (std::is_same_v<P, G::IQ2XXS> || std::is_same_v<P, G::IQ3XXS>) {
             return;   // refused at check_config (layout().ok)
         } else {
-            ActRow one[2];   // (nr <= 2) Q4_0 / Q8_0 in one pass: llama.cpp's Q8_0 activations, a scale per 32 k
+            ActRow one[2];   // (nr <= 2) the 32-element types in one pass: llama.cpp's Q8_0 activations, a scale per 32 k
             const ActRow* ar = a;
-            if (!two_pass && (std::is_same_v<P, G::Q40> || std::is_same_v<P, G::Q80>)) {
+            if (!two_pass && P::kBlockK == 32) {
                 for (int r = 0; r < nr; ++r) one[r] = per32_row(a[r], m.cols);
                 ar = one;
             }

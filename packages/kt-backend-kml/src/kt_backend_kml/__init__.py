@@ -7,8 +7,8 @@ from pathlib import Path
 from kt_core.backends import BackendDescriptor, Tier, Variant
 
 METHODS = ("BF16", "INT8", "INT4", "RAWINT4", "FP8", "FP8_PERCHANNEL", "MXFP8", "LLAMAFILE")
-# kt/formats/ggml_panels.h's types: kt-ggml-v7, the layout kt-backend-avx packs too.
-GGML_TYPES = ("Q4_0", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
+# kt/formats/ggml_panels.h's types: kt-ggml-v8, the layout kt-backend-avx packs too.
+GGML_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
 TARGETS = json.loads((Path(__file__).parent / "targets.json").read_text())["targets"]
 
 descriptor = BackendDescriptor(

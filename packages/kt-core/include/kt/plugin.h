@@ -32,7 +32,7 @@ extern "C" {
 #endif
 
 #define KT_PLUGIN_ABI_MAJOR 1
-#define KT_PLUGIN_ABI_MINOR 6
+#define KT_PLUGIN_ABI_MINOR 7
 #define KT_BACKEND_CAPSULE_NAME "kt.backend_api"
 
 /* True when a table of size `struct_size` contains `field` (for reading older plugins). */
@@ -53,7 +53,8 @@ typedef enum kt_status {
  * pre-quantized checkpoint data (RAWINT4 int32 words, FP8 E4M3 bytes as U8, zero points).
  * ABI 1.1 adds the ggml block types of GGUF files (method LLAMAFILE): KT_DTYPE_GGML_BASE plus
  * ggml's own `ggml_type` number, so any ggml type has a value even before it is listed here.
- * ABI 1.6 names IQ2_XXS and IQ3_XXS among them (values BASE + 16 and + 18 before: no field changed).
+ * ABI 1.6 names IQ2_XXS and IQ3_XXS among them (values BASE + 16 and + 18 before: no field changed),
+ * ABI 1.7 Q4_1, Q5_0, Q5_1 and IQ4_NL (BASE + 3, 6, 7, 20: likewise).
  * They name a matrix's format in kt_moe_config.weight_dtype; the matrix itself reaches the
  * packer as U8 bytes [rows, bytes per row], the blocks exactly as the file stores them. */
 typedef enum kt_dtype {
@@ -66,6 +67,9 @@ typedef enum kt_dtype {
     KT_DTYPE_I32 = 6,
     KT_DTYPE_GGML_BASE = 0x100,
     KT_DTYPE_GGML_Q4_0 = 0x100 + 2,     /* 32 elements in 18 bytes */
+    KT_DTYPE_GGML_Q4_1 = 0x100 + 3,     /* 32 elements in 20 bytes */
+    KT_DTYPE_GGML_Q5_0 = 0x100 + 6,     /* 32 elements in 22 bytes */
+    KT_DTYPE_GGML_Q5_1 = 0x100 + 7,     /* 32 elements in 24 bytes */
     KT_DTYPE_GGML_Q8_0 = 0x100 + 8,     /* 32 elements in 34 bytes */
     KT_DTYPE_GGML_Q2_K = 0x100 + 10,    /* 256 elements in 84 bytes */
     KT_DTYPE_GGML_Q3_K = 0x100 + 11,    /* 256 elements in 110 bytes */
@@ -74,6 +78,7 @@ typedef enum kt_dtype {
     KT_DTYPE_GGML_Q6_K = 0x100 + 14,    /* 256 elements in 210 bytes */
     KT_DTYPE_GGML_IQ2_XXS = 0x100 + 16, /* 256 elements in 66 bytes */
     KT_DTYPE_GGML_IQ3_XXS = 0x100 + 18, /* 256 elements in 98 bytes */
+    KT_DTYPE_GGML_IQ4_NL = 0x100 + 20,  /* 32 elements in 18 bytes */
     KT_DTYPE_GGML_IQ4_XS = 0x100 + 23   /* 256 elements in 136 bytes */
 } kt_dtype;
 

@@ -1,8 +1,8 @@
-// LLAMAFILE's packed layout "kt-ggml-v7" (docs/formats.md): GGUF's ggml blocks regrouped into
+// LLAMAFILE's packed layout "kt-ggml-v8" (docs/formats.md): GGUF's ggml blocks regrouped into
 // panels of 16 output channels — every type's codes and scales as the file holds them, nothing
-// dequantized — so that one outer-product kernel per ISA runs them all, decode and prefill (IQ2_XXS,
-// a grid-index type, has its own). kt-backend-avx (x86) and kt-backend-kml (aarch64, without
-// IQ2_XXS) both pack and compute on it; this header is
+// dequantized — so that one outer-product kernel per ISA runs them all, decode and prefill (IQ2_XXS
+// and IQ3_XXS, grid-index types, have their own). kt-backend-avx (x86) and kt-backend-kml (aarch64,
+// without the grid types) both pack and compute on it; this header is
 // its byte geometry, the file-block checks, the packer (scalar: it runs at load, not in the hot
 // loop) and a scalar reader per type (the layout's specification, and the oracle the tests unpack
 // packed experts with). The kernels that stream it stay in the backends.
@@ -23,7 +23,8 @@
 // per weight); v4 held Q6_K's 6-bit codes in bytes (8.6 bits per weight against the file's 6.56),
 // v5 splits them into INT4's nibbles and a line of high bit pairs (6.63); v6 keeps Q4_K's and
 // Q5_K's d and dmin f16 as the file does (v5 widened them to f32: 4.75 and 5.75 bits per weight);
-// v7 adds IQ2_XXS (the others' bytes unchanged), whose grid indices need a kernel of their own.
+// v7 adds IQ2_XXS and IQ3_XXS (the others' bytes unchanged), whose grid indices need a kernel of
+// their own; v8 adds the 32-element Q4_1, Q5_0, Q5_1 and IQ4_NL (the others' bytes unchanged).
 //
 // Internal linkage, portable C++, as packed_layouts.h: backends compile it into translation
 // units with different ISA flags.
@@ -41,7 +42,7 @@
 namespace kt::layouts::ggml {
 namespace {
 
-constexpr const char* kId = "kt-ggml-v7";
+constexpr const char* kId = "kt-ggml-v8";
 constexpr size_t kChunkBytes = 64;
 
 // ---- the file's blocks ---------------------------------------------------------------------
@@ -58,8 +59,10 @@ constexpr BlockType kBlockTypes[] = {
     {KT_DTYPE_GGML_Q4_K, "Q4_K", 256, 144, {0, 2}},     {KT_DTYPE_GGML_Q5_K, "Q5_K", 256, 176, {0, 2}},
     {KT_DTYPE_GGML_Q6_K, "Q6_K", 256, 210, {208, -1}},  {KT_DTYPE_GGML_IQ4_XS, "IQ4_XS", 256, 136, {0, -1}},
     {KT_DTYPE_GGML_IQ2_XXS, "IQ2_XXS", 256, 66, {0, -1}}, {KT_DTYPE_GGML_IQ3_XXS, "IQ3_XXS", 256, 98, {0, -1}},
+    {KT_DTYPE_GGML_Q4_1, "Q4_1", 32, 20, {0, 2}},       {KT_DTYPE_GGML_Q5_0, "Q5_0", 32, 22, {0, -1}},
+    {KT_DTYPE_GGML_Q5_1, "Q5_1", 32, 24, {0, 2}},       {KT_DTYPE_GGML_IQ4_NL, "IQ4_NL", 32, 18, {0, -1}},
 };
-constexpr const char* kSupported = "Q4_0, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XXS, IQ3_XXS";
+constexpr const char* kSupported = "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, IQ2_XXS, IQ3_XXS";
 
 inline const BlockType* block_type(kt_dtype d) {
     for (const BlockType& t : kBlockTypes)
@@ -131,6 +134,17 @@ constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 
 inline int iq4_scale(const uint8_t* b, int j) {   // low 4 bits in scales_l, high 2 in scales_h
     const int scales_h = b[2] | (b[3] << 8);
     return ((b[4 + j / 2] >> (4 * (j % 2))) & 15) | (((scales_h >> (2 * j)) & 3) << 4);
+}
+// The 32-element types' codes in element order: 16 bytes of nibbles at `qs` (element j in the low
+// nibble of byte j, element j + 16 in its high one) and, for Q5_0 / Q5_1, the fifth bits as one
+// little-endian u32 at `qh` (bit j: element j's).
+inline void nibble_codes(const uint8_t* qs, const uint8_t* qh, uint8_t* u) {
+    uint32_t h = 0;
+    if (qh) std::memcpy(&h, qh, 4);
+    for (int j = 0; j < 16; ++j) {
+        u[j] = uint8_t((qs[j] & 15) | (((h >> j) & 1) << 4));
+        u[j + 16] = uint8_t((qs[j] >> 4) | (((h >> (j + 16)) & 1) << 4));
+    }
 }
 
 // IQ2_XXS (2.0625 bits per weight): per 256 k an f16 d, then per 32 k two little-endian words:
@@ -237,6 +251,26 @@ struct IQ4X {
     static constexpr size_t kFileBlock = 136, kD = 0, kSc = 32, kCodes = 160;
     static constexpr size_t kBlockBytes = kCodes + 32 * kChunkBytes;
 };
+// The other 32-element types, each the file's bytes exactly (Q4_0's chunks of nibbles, a Q5_K-style
+// line of fifth bits after them, llama-quantize's fallbacks for matrices whose K is not a multiple
+// of 256 — GLM-4.5-Air's and DeepSeek-V2-Lite's 1408-wide down, GPT-OSS's 2880 — and its older
+// quants): Q4_1: w = d * u + m (f16 d[16], f16 m[16]: 5 bits per weight); Q5_0: w = d * (u - 16),
+// u in 0..31 (5.5); Q5_1: w = d * u + m (6); IQ4_NL: w = d * kIq4Values[u], IQ4_XS's table with
+// one f16 scale per 32 (4.5).
+template <kt_dtype T, size_t kFile, bool kMin, bool kFifth, bool kTable>
+struct Nibbles32 {
+    static constexpr kt_dtype kType = T;
+    static constexpr int64_t kBlockK = 32, kSubK = 32;
+    static constexpr int kBits = 4;
+    static constexpr bool kBig = kTable;
+    static constexpr size_t kFileBlock = kFile, kD = 0, kDmin = 32, kCodes = kMin ? 64 : 32;   // kDmin: f16 m[16] if kMin
+    static constexpr size_t kSubBytes = 4 * kChunkBytes + (kFifth ? 64 : 0);
+    static constexpr size_t kBlockBytes = kCodes + kSubBytes;
+};
+using Q41 = Nibbles32<KT_DTYPE_GGML_Q4_1, 20, true, false, false>;
+using Q50 = Nibbles32<KT_DTYPE_GGML_Q5_0, 22, false, true, false>;
+using Q51 = Nibbles32<KT_DTYPE_GGML_Q5_1, 24, true, true, false>;
+using IQ4NL = Nibbles32<KT_DTYPE_GGML_IQ4_NL, 18, false, false, true>;
 // Q5_K: Q4_K's panel (d, dmin f16; 6-bit sc and m as bytes; the low 4 bits of each code in INT4's
 // chunk order) plus each code's fifth bit: each 32-k sub-block's four chunks are followed by one
 // 64-byte line whose byte i holds, in bit 2cc (2cc + 1), the fifth bit of the code in byte i's
@@ -356,17 +390,28 @@ auto with_panels(kt_dtype type, F&& f) {
         case KT_DTYPE_GGML_Q3_K: return f(Q3K{});
         case KT_DTYPE_GGML_IQ2_XXS: return f(IQ2XXS{});
         case KT_DTYPE_GGML_IQ3_XXS: return f(IQ3XXS{});
+        case KT_DTYPE_GGML_Q4_1: return f(Q41{});
+        case KT_DTYPE_GGML_Q5_0: return f(Q50{});
+        case KT_DTYPE_GGML_Q5_1: return f(Q51{});
+        case KT_DTYPE_GGML_IQ4_NL: return f(IQ4NL{});
         default: return f(Q80{});
     }
 }
 
-constexpr size_t fifth_bits_at(int64_t c) { return Q5K::kCodes + size_t(c / 4) * Q5K::kSubBytes + 4 * kChunkBytes; }
+// The forms with a line of fifth bits after each 32-k sub-block's four chunks (Q5_K's, Q5_0's, Q5_1's).
+template <class P>
+constexpr bool kFifthBits = std::is_same_v<P, Q5K> || std::is_same_v<P, Q50> || std::is_same_v<P, Q51>;
+// The forms whose f16 kDmin field is a min added to every weight (Q4_1, Q5_1: w = d * u + m).
+template <class P>
+constexpr bool kAddedMin = std::is_same_v<P, Q41> || std::is_same_v<P, Q51>;
+template <class P>
+constexpr size_t fifth_bits_at(int64_t c) { return P::kCodes + size_t(c / 4) * P::kSubBytes + 4 * kChunkBytes; }
 constexpr size_t third_bits_at(int64_t c) { return Q3K::kCodes + size_t(c / 2) * Q3K::kPairBytes + 2 * kChunkBytes; }
 constexpr size_t high_pairs_at(int64_t c) { return Q6K::kCodes + size_t(c / 2) * Q6K::kSubBytes + 2 * kChunkBytes; }
 // Where chunk c of a block's codes starts.
 template <class P>
 constexpr size_t chunk_at(int64_t c) {
-    if constexpr (std::is_same_v<P, Q5K>) return P::kCodes + size_t(c / 4) * P::kSubBytes + size_t(c % 4) * kChunkBytes;
+    if constexpr (kFifthBits<P>) return P::kCodes + size_t(c / 4) * P::kSubBytes + size_t(c % 4) * kChunkBytes;
     if constexpr (std::is_same_v<P, Q3K>) return P::kCodes + size_t(c / 2) * P::kPairBytes + size_t(c % 2) * kChunkBytes;
     if constexpr (std::is_same_v<P, Q6K>) return P::kCodes + size_t(c / 2) * P::kSubBytes + size_t(c % 2) * kChunkBytes;
     return P::kCodes + size_t(c) * kChunkBytes;
@@ -415,6 +460,22 @@ void pack_panel(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t n0, 
                             code(c, bb) = uint8_t(code(c, bb) | ((v & 3) << (2 * i)));
                             out[third_bits_at(c) + size_t(lane) * 4 + size_t(bb)] |= uint8_t((v >> 2) << (4 * (c % 2) + i));
                         }
+            } else if constexpr (P::kBlockK == 32 && P::kBits == 4) {   // Q4_1, Q5_0, Q5_1, IQ4_NL
+                std::memcpy(out + P::kD + 2 * size_t(lane), blk, 2);   // d (and m) stay f16
+                if constexpr (kAddedMin<P>) std::memcpy(out + P::kDmin + 2 * size_t(lane), blk + 2, 2);
+                constexpr size_t kQh = kAddedMin<P> ? 4 : 2;   // after d (and m)
+                if constexpr (kFifthBits<P>)
+                    nibble_codes(blk + kQh + 4, blk + kQh, u);
+                else
+                    nibble_codes(blk + kQh, nullptr, u);
+                for (int c = 0; c < 4; ++c)
+                    for (int bb = 0; bb < 4; ++bb) {
+                        const uint8_t lo = u[8 * c + bb], hi = u[8 * c + 4 + bb];
+                        code(c, bb) = uint8_t((lo & 15) | ((hi & 15) << 4));
+                        if constexpr (kFifthBits<P>)
+                            out[fifth_bits_at<P>(c) + size_t(lane) * 4 + size_t(bb)] |=
+                                uint8_t(((lo >> 4) << (2 * c)) | ((hi >> 4) << (2 * c + 1)));
+                    }
             } else if constexpr (std::is_same_v<P, IQ2XXS> || std::is_same_v<P, IQ3XXS>) {
                 std::memcpy(out + P::kD + 2 * size_t(lane), blk, 2);   // d stays f16
                 for (int j = 0; j < 8; ++j) {
@@ -458,7 +519,7 @@ void pack_panel(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t n0, 
                     for (int bb = 0; bb < 4; ++bb) {
                         code(c, bb) = uint8_t((u[8 * c + bb] & 15) | ((u[8 * c + 4 + bb] & 15) << 4));
                         if constexpr (std::is_same_v<P, Q5K>)
-                            out[fifth_bits_at(c) + size_t(lane) * 4 + size_t(bb)] |=
+                            out[fifth_bits_at<P>(c) + size_t(lane) * 4 + size_t(bb)] |=
                                 uint8_t(((u[8 * c + bb] >> 4) << (2 * (c % 4))) | ((u[8 * c + 4 + bb] >> 4) << (2 * (c % 4) + 1)));
                     }
             }
@@ -490,7 +551,7 @@ float weight(const uint8_t* panel, int64_t k, int lane) {
     } else if constexpr (P::kBits == 4) {
         const int64_t c = kk / 8, t = kk % 8;
         u = (byte(chunk_at<P>(c), t % 4) >> (t < 4 ? 0 : 4)) & 15;
-        if constexpr (std::is_same_v<P, Q5K>) u |= ((byte(fifth_bits_at(c), t % 4) >> (2 * (c % 4) + (t >= 4))) & 1) << 4;
+        if constexpr (kFifthBits<P>) u |= ((byte(fifth_bits_at<P>(c), t % 4) >> (2 * (c % 4) + (t >= 4))) & 1) << 4;
         if constexpr (std::is_same_v<P, Q6K>) u |= ((byte(high_pairs_at(c), t % 4) >> (4 * (c % 2) + 2 * (t >= 4))) & 3) << 4;
     } else {
         const int64_t c = kk / 16, i = (kk % 16) / 4, b = kk % 4;
@@ -505,6 +566,9 @@ float weight(const uint8_t* panel, int64_t k, int lane) {
     };
     const float d16 = f16_at(blk + P::kD + 2 * size_t(lane));
     if constexpr (std::is_same_v<P, Q40>) return d16 * float(u - 8);
+    if constexpr (std::is_same_v<P, Q50>) return d16 * float(u - 16);
+    if constexpr (kAddedMin<P>) return d16 * float(u) + f16_at(blk + P::kDmin + 2 * size_t(lane));
+    if constexpr (std::is_same_v<P, IQ4NL>) return d16 * float(kIq4Values[u]);
     if constexpr (std::is_same_v<P, Q80>) return d16 * float(u - 128);
     if constexpr (std::is_same_v<P, IQ4X>) return d16 * float(int8_t(sc(P::kSc))) * float(kIq4Values[u]);
     if constexpr (std::is_same_v<P, Q3K>) return d16 * float(int8_t(sc(P::kSc))) * float(u - 4);

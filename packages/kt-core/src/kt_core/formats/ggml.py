@@ -20,7 +20,9 @@ class GgmlType:
     block_bytes: int      # bytes per block
     # The activation blocks llama.cpp dots this type against (its vec_dot_type), which is what
     # kt's one-pass kernels carry for it: Q8_K, one int8 plane with one scale per 256 k (kt's
-    # first activation plane), or Q8_0, one plane with an f16 scale per 32 k.
+    # first activation plane), or Q8_0, one plane with an f16 scale per 32 k (Q8_1, for Q4_1 and
+    # Q5_1, holds the same values plus an f16 of their scaled sum for the min term, which kt takes
+    # exact: kt carries Q8_0's plane for it).
     llama_activations: str
 
     @property
@@ -34,12 +36,16 @@ class GgmlType:
 
 GGML_TYPES = {t.name: t for t in (
     GgmlType("Q4_0", 2, 32, 18, "Q8_0"),
+    GgmlType("Q4_1", 3, 32, 20, "Q8_1"),
+    GgmlType("Q5_0", 6, 32, 22, "Q8_0"),
+    GgmlType("Q5_1", 7, 32, 24, "Q8_1"),
     GgmlType("Q8_0", 8, 32, 34, "Q8_0"),
     GgmlType("Q2_K", 10, 256, 84, "Q8_K"),
     GgmlType("Q3_K", 11, 256, 110, "Q8_K"),
     GgmlType("Q4_K", 12, 256, 144, "Q8_K"),
     GgmlType("Q5_K", 13, 256, 176, "Q8_K"),
     GgmlType("Q6_K", 14, 256, 210, "Q8_K"),
+    GgmlType("IQ4_NL", 20, 32, 18, "Q8_0"),
     GgmlType("IQ4_XS", 23, 256, 136, "Q8_K"),
     GgmlType("IQ2_XXS", 16, 256, 66, "Q8_K"),
     GgmlType("IQ3_XXS", 18, 256, 98, "Q8_K"),

@@ -2,7 +2,7 @@
 files for tests are written by kt.testing.gguf_files from these).
 
 Blocks are real encodings: `gguf.quants.quantize` of random weights for the types it can
-encode (Q4_0, Q8_0), random bytes with finite, moderate f16 scales for the others (gguf-py
+encode (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), random bytes with finite, moderate f16 scales for the others (gguf-py
 has no K-quant encoder; every bit pattern of their codes is a valid block). The dequantized
 weights come from `gguf.quants.dequantize`, the oracle the kernels are held to.
 """
@@ -18,9 +18,10 @@ from .reference import bf16_round
 # weights around 0.1 (the largest sub-scale x code product differs per type; small ones are
 # f16 subnormals, which the kernels must decode too).
 _F16_FIELDS = {"Q4_0": (0,), "Q8_0": (0,), "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2),
-               "Q6_K": (208,), "IQ4_XS": (0,), "IQ2_XXS": (0,), "IQ3_XXS": (0,)}
+               "Q6_K": (208,), "IQ4_XS": (0,), "IQ2_XXS": (0,), "IQ3_XXS": (0,), "IQ4_NL": (0,)}
 _SCALE = {"Q2_K": 2e-3, "Q3_K": 5e-4, "Q4_K": 1e-4, "Q5_K": 5e-5, "Q6_K": 2.5e-5, "IQ4_XS": 2.5e-5, "IQ2_XXS": 1e-3,
-          "IQ3_XXS": 2e-4}
+          "IQ3_XXS": 2e-4, "IQ4_NL": 8e-4}
+_ENCODED = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")   # gguf-py quantizes these
 
 
 def random_blocks(rng: np.random.Generator, type_name: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -35,7 +36,7 @@ def random_blocks(rng: np.random.Generator, type_name: str, shape: tuple[int, ..
                                     gguf.GGMLQuantizationType[str(type_name).upper()])
     t = ggml_type(type_name)
     qtype = gguf.GGMLQuantizationType[t.name]
-    if t.name in ("Q4_0", "Q8_0"):
+    if t.name in _ENCODED:
         return gguf.quants.quantize((rng.standard_normal(shape) * 0.05).astype(np.float32), qtype)
     *lead, n, k = shape
     blocks = rng.integers(0, 256, size=(*lead, n, k // t.block_elems, t.block_bytes), dtype=np.uint8)
@@ -88,12 +89,13 @@ def q8_0_activations(x: np.ndarray) -> np.ndarray:
 def llama_activations(types) -> tuple:
     """(layer input, intermediate) activations of a one-pass LLAMAFILE layer with ggml types
     (gate, up, down), for testing.reference.moe_reference: gate and up must agree."""
-    pick = {"Q8_K": q8k_activations, "Q8_0": q8_0_activations, "BF16": bf16_round}   # BF16: llama.cpp's bf16 activations
+    # BF16: llama.cpp's bf16 activations; Q8_1 carries Q8_0's values (ggml.GgmlType.llama_activations).
+    pick = {"Q8_K": q8k_activations, "Q8_0": q8_0_activations, "Q8_1": q8_0_activations, "BF16": bf16_round}
 
     def blocks(t):
         return "BF16" if str(t).upper() in FLOAT_TYPES else ggml_type(t).llama_activations
 
     first, down = (pick[blocks(t)] for t in (types[0], types[2]))
-    if blocks(types[1]) != blocks(types[0]):
+    if pick[blocks(types[1])] is not first:
         raise ValueError(f"gate {types[0]} and up {types[1]} take different activation blocks: two inputs, not one")
     return first, down

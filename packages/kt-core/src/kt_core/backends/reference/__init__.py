@@ -1,6 +1,7 @@
 """The reference backend's descriptor: pure data, no native import (kt_core.backends.reference._native
 is imported only when selected)."""
 
+from ...formats.ggml import GGML_TYPES
 from ..descriptor import BackendDescriptor, Tier, Variant
 
 descriptor = BackendDescriptor(
@@ -12,5 +13,5 @@ descriptor = BackendDescriptor(
     variants=(Variant("baseline", module="kt_core.backends.reference._native",
                       methods=("BF16", "FP32", "INT8", "INT4", "RAWINT4", "FP8", "FP8_PERCHANNEL", "LLAMAFILE", "MXFP4",
                                "GPTQ_INT4", "MXFP8", "NVFP4"),
-                      ggml_types=("Q4_0", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "IQ2_XXS", "IQ3_XXS")),),
+                      ggml_types=tuple(GGML_TYPES)),),   # the oracle reads every ggml type kt knows
 )
