@@ -47,7 +47,7 @@ from kt_core.testing.ggml_blocks import dequantize, random_blocks
 METHODS = {"LLAMAFILE Q4_K": ("LLAMAFILE", ("Q4_K",) * 3), "LLAMAFILE Q8_0": ("LLAMAFILE", ("Q8_0",) * 3),
            "LLAMAFILE Q4_K_M": ("LLAMAFILE", ("Q4_K", "Q4_K", "Q6_K")),
            **{f"LLAMAFILE {t}": ("LLAMAFILE", (t,) * 3)
-              for t in ("Q4_0", "Q2_K", "Q3_K", "Q5_K", "Q6_K", "IQ4_XS", "IQ2_XXS", "IQ3_XXS")},
+              for t in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q2_K", "Q3_K", "Q5_K", "Q6_K", "IQ4_XS", "IQ2_XXS", "IQ3_XXS")},
            "LLAMAFILE BF16": ("LLAMAFILE", ("BF16",) * 3), "BF16": ("BF16", ("BF16",) * 3),
            "LLAMAFILE MXFP4": ("LLAMAFILE", ("MXFP4",) * 3),
            "INT4": ("INT4", None), "INT8": ("INT8", None)}
@@ -218,7 +218,7 @@ def main() -> None:
                            help="kt's integer kernels take one int8 activation pass on every type")
     precision.add_argument("--precise-activations", dest="fast_activations", action="store_const", const=False,
                            help="two int8 activation passes on every type (default: one, llama.cpp's activation "
-                                "blocks: Q8_K, or Q8_0 for Q4_0 / Q8_0)")
+                                "blocks: Q8_K, or Q8_0 for the 32-element types)")
     ap.add_argument("--kt-kernel-venv")
     ap.add_argument("--llama-cpp", help="build folder of benchmarks/setup_llama_cpp.sh: adds llama.cpp's columns")
     ap.add_argument("--kt-kernel-data", default=str(Path(__file__).resolve().parent.parent / ".bench" / "gguf_layer_data"))
