@@ -87,10 +87,30 @@ def test_wrapper_forward_matches_fp32_moe(tmp_path, types):
     x = rng.standard_normal((7, hidden)).astype(np.float32)
     ids, wt = _routing(rng, 7, experts, 2)
     # By default the layer carries the activation blocks llama.cpp dots each type against (one
-    # int8 plane: Q8_K, or Q8_0 for Q4_0 / Q8_0).
+    # int8 plane: Q8_K, or Q8_0 for the 32-element types).
     assert w._moe.fast_activations
     want = moe_reference(x, *weights[1], ids, wt, activations=llama_activations(types))
     assert _rel(w.forward(x, ids, wt), want) < 1e-5
+
+
+@pytest.mark.parametrize("types", [("Q4_K", "Q4_K", "Q5_0"), ("Q5_K", "Q5_K", "Q5_1"), ("IQ4_XS", "IQ4_XS", "IQ4_NL")])
+def test_fallback_types_of_a_down_whose_k_is_not_256s(tmp_path, types):
+    """What llama-quantize writes when K is not a multiple of 256 (GLM-4.5-Air's and DeepSeek-V2-Lite's
+    1408-wide down: Q4_K_M's down in Q5_0, Q5_K's in Q5_1, the IQ types' in IQ4_NL), served by the best
+    backend here (the reference on hosts without one) against float64 over llama.cpp's activation
+    blocks: measured below 2e-6 on avx (5e-3: an intermediate value on the other side of a
+    rounding boundary moves one code, as kt-backend-avx's tests say)."""
+    hidden, inter, experts = 256, 352, 6
+    weights = write_moe_gguf(tmp_path / "m.gguf", hidden=hidden, intermediate=inter, experts=experts, top_k=2,
+                             layers=2, types=types, seed=5)
+    w = KTMoEWrapper(layer_idx=1, num_experts=experts, num_experts_per_tok=2, hidden_size=hidden,
+                     moe_intermediate_size=inter, weight_path=str(tmp_path / "m.gguf"), method="GGUF")
+    w.load_weights()
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((9, hidden)).astype(np.float32)
+    ids, wt = _routing(rng, 9, experts, 2)
+    want = moe_reference(x, *weights[1], ids, wt, activations=llama_activations(types))
+    assert _rel(w.forward(x, ids, wt), want) < 5e-3
 
 
 @pytest.mark.parametrize("backend", ["reference", None])

@@ -37,15 +37,16 @@ def _group_size(method, hidden, intermediate):
 
 
 def _ggml_types(hidden, intermediate):
-    """LLAMAFILE's ggml types for a shape: a Q4_K_M-like mix (Q4_K gate/up, Q6_K down) where K
-    allows 256-element blocks, else the 32-element Q8_0 / Q4_0; skips K not a multiple of 32."""
+    """LLAMAFILE's ggml types for a shape as a Q4_K_M file has them: Q4_K gate/up and Q6_K down where
+    K allows 256-element blocks, else llama-quantize's 32-element fallbacks for them, Q5_0 and Q8_0;
+    skips K not a multiple of 32."""
     def pick(k, big, small):
         if k % 32:
             pytest.skip(f"LLAMAFILE's ggml blocks need K % 32 == 0; hidden={hidden}, intermediate={intermediate}")
         return big if k % 256 == 0 else small
 
-    gate_up = pick(hidden, "Q4_K", "Q8_0")
-    return (gate_up, gate_up, pick(intermediate, "Q6_K", "Q4_0"))
+    gate_up = pick(hidden, "Q4_K", "Q5_0")
+    return (gate_up, gate_up, pick(intermediate, "Q6_K", "Q8_0"))
 
 
 def _inputs(method, rng, experts, hidden, intermediate, group_size):
