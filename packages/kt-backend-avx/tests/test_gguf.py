@@ -25,12 +25,16 @@ VARIANTS = [v.name for v in descriptor.variants]
 # (llama_activations) the kernels measured 1e-6 to 3e-6 — up to 2e-3 where an intermediate value
 # lands on the other side of a rounding boundary (the kernels' f32 intermediate against float64
 # moves one code by one step); against the exact activations 3e-2 to 1.2e-1 on these random
-# layers, llama.cpp's own figure.
+# layers, llama.cpp's own figure. IQ1_S's one step weighs more: its down rows (values -1, 0, 1 times
+# a scale up to 15 d) sum to outputs small against each weight, and at 70 tokens one such step
+# measured 7.8e-3 on every target (the reference, float64 inside, 1.2e-6; kt 1e-6 elsewhere).
 TOL, ONE_PASS_TOL = 5e-3, 5e-3
+ONE_PASS_STEP_TOL = {"IQ1_S": 1e-2}   # one rounding step of the down activations, as above
 TYPE_SETS = [("Q4_K", "Q4_K", "Q6_K"), ("Q8_0", "Q8_0", "Q8_0"), ("Q4_0", "Q4_0", "Q4_0"), ("Q5_K", "Q5_K", "Q4_K"),
              ("Q6_K", "Q6_K", "Q6_K"), ("Q2_K", "Q3_K", "Q2_K"), ("IQ4_XS", "IQ4_XS", "Q3_K"), ("IQ2_XXS",) * 3,
              ("IQ2_XXS", "IQ2_XXS", "Q4_K"), ("IQ3_XXS",) * 3, ("IQ2_XXS", "IQ2_XXS", "IQ3_XXS"), ("Q4_1",) * 3,
-             ("Q5_0", "Q5_0", "Q5_1"), ("IQ4_NL", "IQ4_NL", "Q5_0"), ("Q4_K", "Q4_K", "Q5_1")]
+             ("Q5_0", "Q5_0", "Q5_1"), ("IQ4_NL", "IQ4_NL", "Q5_0"), ("Q4_K", "Q4_K", "Q5_1"), ("IQ1_S",) * 3,
+             ("IQ1_S", "IQ1_S", "IQ2_XXS")]
 
 
 def _rel(out, want) -> float:
@@ -66,10 +70,11 @@ def test_matches_fp32_over_dequantized_weights(variant, types, tokens, fast):
     ids = np.stack([rng.permutation(experts)[:top_k] for _ in range(tokens)]).astype(np.int64)
     w = rng.random((tokens, top_k)).astype(np.float32)
     want = moe_reference(x, *dense, ids, w, activations=llama_activations(types) if one_plane else None)
-    assert _rel(layer(x, ids, w), want) < (ONE_PASS_TOL if one_plane else TOL)
+    tol = ONE_PASS_STEP_TOL.get(types[2], ONE_PASS_TOL) if one_plane else TOL
+    assert _rel(layer(x, ids, w), want) < tol
     oracle = _layer(types, hidden, inter, experts, top_k, backend="reference", fast_activations=fast)
     oracle.load(*blocks)
-    assert _rel(layer(x, ids, w), oracle(x, ids, w).astype(np.float64)) < (ONE_PASS_TOL if one_plane else TOL)
+    assert _rel(layer(x, ids, w), oracle(x, ids, w).astype(np.float64)) < tol
 
 
 @pytest.mark.parametrize("types", [("Q8_0", "Q8_0", "Q4_0"), ("Q5_1", "Q4_1", "Q5_0"), ("IQ4_NL", "IQ4_NL", "Q5_1")],

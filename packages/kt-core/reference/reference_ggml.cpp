@@ -189,6 +189,23 @@ void dq_grid(const uint8_t* b, float* y) {
     }
 }
 
+// IQ1_S: per 32 elements a u16 qh of the four groups' high index bits, a 3-bit scale and the sign
+// of the shift delta; per 8 elements an 11-bit index into the grid of values in {-1, 0, 1}
+// (kt/formats/ggml_panels.h's IQ1S and kIq1sGrid).
+void dq_iq1_s(const uint8_t* b, float* y) {
+    namespace G = kt::layouts::ggml;
+    const float d = f16(b);
+    for (int j = 0; j < 8; ++j) {
+        const uint16_t qh = u16(b + G::IQ1S::file_qh(j));
+        const float dl = d * float(2 * ((qh >> 12) & 7) + 1);
+        const float delta = qh & 0x8000 ? -G::kIq1sDelta : G::kIq1sDelta;
+        for (int l = 0; l < 4; ++l) {
+            const int index = G::IQ1S::index(b[G::grid_file_index<G::IQ1S>(j, l, 0)], qh, l);
+            for (int t = 0; t < 8; ++t) y[32 * j + 8 * l + t] = dl * (float(G::iq1s_value(index, t)) + delta);
+        }
+    }
+}
+
 struct TypeInfo {
     kt_dtype dtype;
     const char* name;
@@ -211,6 +228,7 @@ const TypeInfo kTypes[] = {
     {KT_DTYPE_GGML_Q6_K, "Q6_K", 256, 210, dq_q6_k, {208, -1}},
     {KT_DTYPE_GGML_IQ4_NL, "IQ4_NL", 32, 18, dq_iq4_nl, {0, -1}},
     {KT_DTYPE_GGML_IQ4_XS, "IQ4_XS", 256, 136, dq_iq4_xs, {0, -1}},
+    {KT_DTYPE_GGML_IQ1_S, "IQ1_S", 256, 50, dq_iq1_s, {0, -1}},
     {KT_DTYPE_GGML_IQ2_XXS, "IQ2_XXS", 256, 66, dq_grid<kt::layouts::ggml::IQ2XXS>, {0, -1}},
     {KT_DTYPE_GGML_IQ3_XXS, "IQ3_XXS", 256, 98, dq_grid<kt::layouts::ggml::IQ3XXS>, {0, -1}},
 };

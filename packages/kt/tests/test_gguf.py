@@ -65,16 +65,35 @@ def test_iq_grids_every_entry_and_sign_index(name):
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
+def test_iq1_s_grid_every_entry_scale_and_delta():
+    """IQ1_S's 2048-entry grid (kt-core's kIq1sGrid) entry by entry: 64 blocks name every 11-bit
+    index once (low byte in qs, high 3 bits in the sub-block's qh), with every 3-bit scale and both
+    signs of the delta."""
+    rng = np.random.default_rng(3)
+    blocks = np.zeros((64, 50), np.uint8)
+    blocks[:, :2] = (rng.uniform(0.25, 1.0, 64) * 3e-3).astype(np.float16).view(np.uint8).reshape(64, 2)
+    for b in range(64):
+        for j in range(8):
+            first = 4 * (8 * b + j)   # the sub-block's four indices: first .. first + 3
+            qh = sum(((first + l) >> 8) << (3 * l) for l in range(4)) | ((b + j) % 8) << 12 | (j % 2) << 15
+            blocks[b, 2 + 4 * j:6 + 4 * j] = np.arange(first, first + 4) % 256
+            blocks[b, 34 + 2 * j:36 + 2 * j] = np.frombuffer(np.uint16(qh).tobytes(), np.uint8)
+    want = dequantize(blocks, "IQ1_S").reshape(-1)
+    got = reference_native.ggml_dequantize(GGML_TYPES["IQ1_S"].kt_dtype, blocks.reshape(-1))
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 def test_dequantize_refuses_partial_blocks_and_unknown_types():
     with pytest.raises(ValueError, match="not whole blocks of 34"):
         reference_native.ggml_dequantize(GGML_TYPES["Q8_0"].kt_dtype, np.zeros(35, np.uint8))
-    with pytest.raises(ValueError, match="ggml type 19 is not one"):   # IQ1_S
-        reference_native.ggml_dequantize(0x100 + 19, np.zeros(50, np.uint8))
+    with pytest.raises(ValueError, match="ggml type 29 is not one"):   # IQ1_M
+        reference_native.ggml_dequantize(0x100 + 29, np.zeros(56, np.uint8))
 
 
 @pytest.mark.parametrize("types", [("Q4_K", "Q4_K", "Q6_K"), ("Q8_0", "Q8_0", "Q4_0"), ("Q5_K", "Q2_K", "Q3_K"),
                                    ("IQ4_XS", "IQ4_XS", "Q8_0"), ("IQ2_XXS", "IQ2_XXS", "Q4_K"),
-                                   ("IQ3_XXS", "IQ3_XXS", "IQ2_XXS"), ("Q4_K", "Q4_K", "Q5_0"), ("IQ4_NL", "Q4_1", "Q5_1")])
+                                   ("IQ3_XXS", "IQ3_XXS", "IQ2_XXS"), ("Q4_K", "Q4_K", "Q5_0"), ("IQ4_NL", "Q4_1", "Q5_1"),
+                                   ("IQ1_S", "IQ1_S", "IQ2_XXS")])
 def test_wrapper_forward_matches_fp32_moe(tmp_path, types):
     hidden, inter, experts = 256, 512, 6
     weights = write_moe_gguf(tmp_path / "m.gguf", hidden=hidden, intermediate=inter, experts=experts, top_k=2,
@@ -278,9 +297,9 @@ def test_geometry_and_types_are_checked(tmp_path):
 
 
 def test_unsupported_types_and_block_sizes(tmp_path):
-    with pytest.raises(ValueError, match="ggml type 'IQ1_S' is not one kt reads; known: Q4_0, Q4_1"):
+    with pytest.raises(ValueError, match="ggml type 'IQ1_M' is not one kt reads; known: Q4_0, Q4_1"):
         MoE(num_experts=2, top_k=1, hidden_size=256, intermediate_size=256, method="LLAMAFILE",
-            weight_types=("IQ1_S", "Q4_K", "Q4_K"))
+            weight_types=("IQ1_M", "Q4_K", "Q4_K"))
     with pytest.raises(ValueError, match="down is Q4_K, whose blocks hold 256 elements.*K = 96"):
         MoE(num_experts=2, top_k=1, hidden_size=256, intermediate_size=96, method="LLAMAFILE",
             weight_types=("Q4_K", "Q4_K", "Q4_K"))

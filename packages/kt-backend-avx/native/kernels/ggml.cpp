@@ -587,13 +587,15 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
         }
 }
 
-// ---- IQ2_XXS and IQ3_XXS: grid indices (ggml_panels.h's IQ2XXS, IQ3XXS) -------------------------
+// ---- IQ2_XXS, IQ3_XXS and IQ1_S: grid indices (ggml_panels.h's IQ2XXS, IQ3XXS, IQ1S) -----------
 // Per 8-k group a channel's magnitudes are one grid entry (IQ3_XXS: two half entries), one qword
 // per channel: VBMI targets look the grid's 2- or 4-bit code words up in registers (grid_words),
 // the others load the grid's rows (grid_rows); the signs come from the sign word (7 bits -> the
 // byte with its parity bit, spread over the qword, tested per element). u = offset + sign *
 // magnitude (offset 43 / 62: u in 0..86 / 0..124) then dots 8 activations broadcast per qword:
 // each channel's two dword lanes hold k 0..3 and 4..7 of the group, added at the sub-block's end.
+// IQ1_S has no signs and a grid of 2048 (11-bit indices, the top 3 bits in the sub-block's qh word):
+// its rows are loaded on every target, each already u = 8 (value + 1) + 2 [delta > 0] (offset 9).
 // Prefill decodes a sub-block once for all the rows of a call (decode_sub); a lone decode row
 // dots each group's codes as they are made (lone_row_sub).
 namespace iq2 {
@@ -618,10 +620,26 @@ constexpr Grid4 make_grid4() {
     return g;
 }
 constexpr Grid4 kGrid4 = make_grid4();
+struct Grid1 {
+    alignas(64) uint64_t entry[2048];   // IQ1_S: 8 (value + 1) of each grid entry's 8 values, one per byte
+};
+constexpr Grid1 make_grid1() {
+    Grid1 g{};
+    for (int i = 0; i < 2048; ++i)
+        for (int t = 0; t < 8; ++t) g.entry[i] |= uint64_t(8 * (iq1s_value(i, t) + 1)) << (8 * t);
+    return g;
+}
+constexpr Grid1 kGrid1 = make_grid1();
 // Channel i's 8 magnitudes of group l (of the kQLanes channels from q kQLanes): IQ2_XXS's one grid
-// row, IQ3_XXS's two half rows.
+// row, IQ3_XXS's two half rows; IQ1_S's codes u = 8 (value + 1) + 2 [delta > 0] (its form's).
 template <class P>
 inline int64_t grid_row(const uint8_t* sub, int l, int i) {
+    if constexpr (std::is_same_v<P, IQ1S>) {
+        uint16_t qh;
+        std::memcpy(&qh, sub + P::kWords + 2 * size_t(i), 2);
+        const uint64_t up = qh & 0x8000 ? 0 : 0x0202020202020202ull;   // no byte carries: u <= 18
+        return int64_t(kGrid1.entry[P::index(sub[grid_panel_index<P>(l, 0) + i], qh, l)] + up);
+    }
     if constexpr (std::is_same_v<P, IQ2XXS>) return int64_t(kGrid8.entry[sub[grid_panel_index<P>(l, 0) + i]]);
     return int64_t(kGrid4.entry[sub[grid_panel_index<P>(l, 0) + i]] | uint64_t(kGrid4.entry[sub[grid_panel_index<P>(l, 1) + i]]) << 32);
 }
@@ -785,9 +803,9 @@ struct SubBlock {
     VF scale[kQ];
 };
 
-// f.template operator()<l>(u) with group l's codes u[kQ], for l = 0..3 of the sub-block.
+// IQ2_XXS's and IQ3_XXS's groups: grid magnitudes with the sign words applied.
 template <class P, class F>
-inline void each_group(const uint8_t* sub, F&& f) {
+inline void each_signed_group(const uint8_t* sub, F&& f) {
     VI wq[kQ];
     words_as_qwords(sub + P::kWords, wq);
 #if defined(__AVX512VBMI__)
@@ -820,21 +838,56 @@ inline void each_group(const uint8_t* sub, F&& f) {
     group.template operator()<3>();
 }
 
+// f.template operator()<l>(u) with group l's codes u[kQ], for l = 0..3 of the sub-block.
+template <class P, class F>
+inline void each_group(const uint8_t* sub, F&& f) {
+    if constexpr (std::is_same_v<P, IQ1S>) {   // no signs: the codes are the grid rows (scalar loads everywhere)
+        const auto group = [&]<int l>() {
+            VI u[kQ];
+            for (int q = 0; q < kQ; ++q) u[q] = grid_rows<P>(sub, l, q);
+            f.template operator()<l>(static_cast<const VI*>(u));
+        };
+        group.template operator()<0>();
+        group.template operator()<1>();
+        group.template operator()<2>();
+        group.template operator()<3>();
+    } else {
+        each_signed_group<P>(sub, f);
+    }
+}
+
 // The sub-block's channel scales in the accumulators' layout.
+// IQ2_XXS, IQ3_XXS: s_j = d * (0.5 + ls) * step; IQ1_S: d * (2 s + 1) / 8 (its codes are 8 times the
+// values: exact).
 template <class P>
 inline void sub_scales(const uint8_t* sub, const VF* d, VF* scale) {
     for (int v = 0; v < kVecsPerPanel; ++v) {
-        const VI w = vloadi(sub + P::kWords + size_t(v) * kLanes * 4);
 #if defined(__AVX512F__)
-        const VF ls = vcvt(_mm512_srli_epi32(w, 28));
         const auto as_int = [](VF f) { return _mm512_castps_si512(f); };
         const auto as_float = [](VI i) { return _mm512_castsi512_ps(i); };
 #else
-        const VF ls = vcvt(_mm256_srli_epi32(w, 28));
         const auto as_int = [](VF f) { return _mm256_castps_si256(f); };
         const auto as_float = [](VI i) { return _mm256_castsi256_ps(i); };
 #endif
-        const VI sj = as_int(vmul(vmul(d[v], vadd(vset1(0.5f), ls)), vset1(P::kScaleStep)));
+        VI sj;
+        if constexpr (std::is_same_v<P, IQ1S>) {
+#if defined(__AVX512F__)
+            const VI qh = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sub + P::kWords)));
+            const VI odd = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(qh, 11), vset1i(14)), vset1i(1));   // 2 s + 1
+#else
+            const VI qh = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sub + P::kWords + 16 * size_t(v))));
+            const VI odd = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(qh, 11), vset1i(14)), vset1i(1));
+#endif
+            sj = as_int(vmul(vmul(d[v], vcvt(odd)), vset1(0.125f)));
+        } else {
+            const VI w = vloadi(sub + P::kWords + size_t(v) * kLanes * 4);
+#if defined(__AVX512F__)
+            const VF ls = vcvt(_mm512_srli_epi32(w, 28));
+#else
+            const VF ls = vcvt(_mm256_srli_epi32(w, 28));
+#endif
+            sj = as_int(vmul(vmul(d[v], vadd(vset1(0.5f), ls)), vset1(P::kScaleStep)));
+        }
         scale[2 * v] = as_float(qwords<0>(sj));
         scale[2 * v + 1] = as_float(qwords<1>(sj));
     }
@@ -965,7 +1018,7 @@ void rows(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, const uin
 template <class P>
 void panel(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, const uint8_t* p, bool two_pass, float* out,
            int64_t ldo, int cols) {
-    if constexpr (std::is_same_v<P, IQ2XXS> || std::is_same_v<P, IQ3XXS>) {
+    if constexpr (kGridForm<P>) {
         two_pass ? iq2::rows<P, true>(x, row_bytes, rows, k, p, out, ldo, cols)
                  : iq2::rows<P, false>(x, row_bytes, rows, k, p, out, ldo, cols);
     } else if (two_pass) {

@@ -721,7 +721,7 @@ inline void matrix_dot(const G::Matrix& m, const uint8_t* expert, int64_t p, con
     const uint8_t* panel = expert + m.offset + size_t(p) * m.panel_bytes;
     G::with_panels(m.type->dtype, [&](auto form) {
         using P = decltype(form);
-        if constexpr (std::is_same_v<P, G::IQ2XXS> || std::is_same_v<P, G::IQ3XXS>) {
+        if constexpr (G::kGridForm<P>) {
             return;   // refused at check_config (layout().ok)
         } else {
             ActRow one[2];   // (nr <= 2) the 32-element types in one pass: llama.cpp's Q8_0 activations, a scale per 32 k
@@ -752,9 +752,11 @@ inline void matrix_dot(const G::Matrix& m, const uint8_t* expert, int64_t p, con
 
 // ---- layout, packer, tiles ---------------------------------------------------------------
 
-// IQ2_XXS and IQ3_XXS (grid indices, a kernel of their own on x86) are not run here yet: refused by
-// name, and a layout holding one is not ok, so the tiles refuse too (the descriptor does not list them).
-bool is_grid_type(kt_dtype t) { return t == KT_DTYPE_GGML_IQ2_XXS || t == KT_DTYPE_GGML_IQ3_XXS; }
+// IQ1_S, IQ2_XXS and IQ3_XXS (grid indices, a kernel of their own on x86) are not run here yet: refused
+// by name, and a layout holding one is not ok, so the tiles refuse too (the descriptor does not list them).
+bool is_grid_type(kt_dtype t) {
+    return t == KT_DTYPE_GGML_IQ1_S || t == KT_DTYPE_GGML_IQ2_XXS || t == KT_DTYPE_GGML_IQ3_XXS;
+}
 bool holds_grid_type(const kt_moe_config* c) {
     if (!KT_HAS_FIELD(c, kt_moe_config, weight_dtype)) return false;
     return std::any_of(c->weight_dtype, c->weight_dtype + 3, is_grid_type);
@@ -769,7 +771,7 @@ size_t packed_bytes(const kt_moe_config* c) { return layout(c).bytes; }
 
 kt_status check_config(const kt_moe_config* c) {
     if (holds_grid_type(c))
-        return fail(KT_ERROR_UNSUPPORTED, "kml LLAMAFILE: IQ2_XXS and IQ3_XXS are not run on aarch64 yet (kt-backend-avx "
+        return fail(KT_ERROR_UNSUPPORTED, "kml LLAMAFILE: IQ1_S, IQ2_XXS and IQ3_XXS are not run on aarch64 yet (kt-backend-avx "
                     "runs them; backend='reference' runs them anywhere)");
     kt_status code;
     const std::string why = G::check_config(c, &code);
