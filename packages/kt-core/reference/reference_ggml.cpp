@@ -206,6 +206,21 @@ void dq_iq1_s(const uint8_t* b, float* y) {
     }
 }
 
+// IQ1_M: IQ1_S's grid and delta (per 8 elements), a 3-bit scale per 16, d spread over four words.
+void dq_iq1_m(const uint8_t* b, float* y) {
+    namespace G = kt::layouts::ggml;
+    const float d = f16_to_f32(G::iq1m_d_bits(b + G::kIq1mWords));
+    for (int j = 0; j < 8; ++j) {
+        const uint16_t qh = u16(b + G::IQ1M::file_qh(j)), word = u16(b + G::kIq1mWords + 2 * (j / 2));
+        for (int l = 0; l < 4; ++l) {
+            const float dl = d * float(2 * G::IQ1M::scale(word, j, l / 2) + 1);
+            const float delta = G::IQ1M::negative_delta(qh, l) ? -G::kIq1sDelta : G::kIq1sDelta;
+            const int index = G::IQ1M::index(b[G::grid_file_index<G::IQ1M>(j, l, 0)], qh, l);
+            for (int t = 0; t < 8; ++t) y[32 * j + 8 * l + t] = dl * (float(G::iq1s_value(index, t)) + delta);
+        }
+    }
+}
+
 struct TypeInfo {
     kt_dtype dtype;
     const char* name;
@@ -229,6 +244,7 @@ const TypeInfo kTypes[] = {
     {KT_DTYPE_GGML_IQ4_NL, "IQ4_NL", 32, 18, dq_iq4_nl, {0, -1}},
     {KT_DTYPE_GGML_IQ4_XS, "IQ4_XS", 256, 136, dq_iq4_xs, {0, -1}},
     {KT_DTYPE_GGML_IQ1_S, "IQ1_S", 256, 50, dq_iq1_s, {0, -1}},
+    {KT_DTYPE_GGML_IQ1_M, "IQ1_M", 256, 56, dq_iq1_m, {-1, -1}},   // d in four words' nibbles: checked below
     {KT_DTYPE_GGML_IQ2_XXS, "IQ2_XXS", 256, 66, dq_grid<kt::layouts::ggml::IQ2XXS>, {0, -1}},
     {KT_DTYPE_GGML_IQ3_XXS, "IQ3_XXS", 256, 98, dq_grid<kt::layouts::ggml::IQ3XXS>, {0, -1}},
 };
@@ -328,12 +344,17 @@ kt_status pack_expert(const kt_moe_config* s, const kt_expert_weights* src, void
             return fail(KT_ERROR_INVALID_ARGUMENT, who + ": ggml blocks hold their scales; none may be given");
         const auto* bytes = static_cast<const uint8_t*>(v.data);
         for (int64_t r = 0; r < m.rows; ++r)
-            for (int64_t b = 0; b < m.row_bytes; b += m.type->block_bytes)
-                for (int at : m.type->scale_at)
-                    if (at >= 0 && (u16(bytes + r * v.row_stride + b + at) & 0x7c00u) == 0x7c00u)
-                        return fail(KT_ERROR_INVALID_ARGUMENT,
-                                    who + " row " + std::to_string(r) + " block " + std::to_string(b / m.type->block_bytes) +
-                                        " has a NaN or Inf scale; kt refuses non-finite weights at load");
+            for (int64_t b = 0; b < m.row_bytes; b += m.type->block_bytes) {
+                const uint8_t* blk = bytes + r * v.row_stride + b;
+                bool bad = false;   // an f16 with an all-ones exponent: NaN or Inf
+                for (int at : m.type->scale_at) bad |= at >= 0 && (u16(blk + at) & 0x7c00u) == 0x7c00u;
+                if (m.type->dtype == KT_DTYPE_GGML_IQ1_M)   // its d in four words' nibbles
+                    bad |= (kt::layouts::ggml::iq1m_d_bits(blk + kt::layouts::ggml::kIq1mWords) & 0x7c00u) == 0x7c00u;
+                if (bad)
+                    return fail(KT_ERROR_INVALID_ARGUMENT,
+                                who + " row " + std::to_string(r) + " block " + std::to_string(b / m.type->block_bytes) +
+                                    " has a NaN or Inf scale; kt refuses non-finite weights at load");
+            }
     }
     for (int p = 0; p < 3; ++p) {
         const MatrixLayout& m = l.part[p];

@@ -86,14 +86,14 @@ def test_iq1_s_grid_every_entry_scale_and_delta():
 def test_dequantize_refuses_partial_blocks_and_unknown_types():
     with pytest.raises(ValueError, match="not whole blocks of 34"):
         reference_native.ggml_dequantize(GGML_TYPES["Q8_0"].kt_dtype, np.zeros(35, np.uint8))
-    with pytest.raises(ValueError, match="ggml type 29 is not one"):   # IQ1_M
-        reference_native.ggml_dequantize(0x100 + 29, np.zeros(56, np.uint8))
+    with pytest.raises(ValueError, match="ggml type 17 is not one"):   # IQ2_XS
+        reference_native.ggml_dequantize(0x100 + 17, np.zeros(74, np.uint8))
 
 
 @pytest.mark.parametrize("types", [("Q4_K", "Q4_K", "Q6_K"), ("Q8_0", "Q8_0", "Q4_0"), ("Q5_K", "Q2_K", "Q3_K"),
                                    ("IQ4_XS", "IQ4_XS", "Q8_0"), ("IQ2_XXS", "IQ2_XXS", "Q4_K"),
                                    ("IQ3_XXS", "IQ3_XXS", "IQ2_XXS"), ("Q4_K", "Q4_K", "Q5_0"), ("IQ4_NL", "Q4_1", "Q5_1"),
-                                   ("IQ1_S", "IQ1_S", "IQ2_XXS")])
+                                   ("IQ1_S", "IQ1_S", "IQ2_XXS"), ("IQ1_M", "IQ1_M", "IQ1_S")])
 def test_wrapper_forward_matches_fp32_moe(tmp_path, types):
     hidden, inter, experts = 256, 512, 6
     weights = write_moe_gguf(tmp_path / "m.gguf", hidden=hidden, intermediate=inter, experts=experts, top_k=2,
@@ -297,9 +297,9 @@ def test_geometry_and_types_are_checked(tmp_path):
 
 
 def test_unsupported_types_and_block_sizes(tmp_path):
-    with pytest.raises(ValueError, match="ggml type 'IQ1_M' is not one kt reads; known: Q4_0, Q4_1"):
+    with pytest.raises(ValueError, match="ggml type 'IQ2_XS' is not one kt reads; known: Q4_0, Q4_1"):
         MoE(num_experts=2, top_k=1, hidden_size=256, intermediate_size=256, method="LLAMAFILE",
-            weight_types=("IQ1_M", "Q4_K", "Q4_K"))
+            weight_types=("IQ2_XS", "Q4_K", "Q4_K"))
     with pytest.raises(ValueError, match="down is Q4_K, whose blocks hold 256 elements.*K = 96"):
         MoE(num_experts=2, top_k=1, hidden_size=256, intermediate_size=96, method="LLAMAFILE",
             weight_types=("Q4_K", "Q4_K", "Q4_K"))
@@ -344,6 +344,22 @@ def test_packer_refuses_wrong_bytes_and_non_finite_scales():
     down = down.copy()
     down[3, 144:146] = np.array([np.inf], np.float16).view(np.uint8)
     with pytest.raises(Exception, match=r"down \(Q4_K\) row 3 block 1 has a NaN or Inf scale"):
+        moe.load_expert(0, gate, up, down)
+
+
+@pytest.mark.parametrize("backend", ["reference", None])
+def test_iq1_m_d_spread_over_four_words_is_checked(backend):
+    """IQ1_M's f16 d lives in the top nibbles of four words: an Inf there is refused as any scale."""
+    moe = MoE(num_experts=1, top_k=1, hidden_size=256, intermediate_size=256, method="LLAMAFILE",
+              weight_types=("IQ1_M",) * 3, backend=backend)
+    rng = np.random.default_rng(13)
+    gate, up, down = (random_blocks(rng, "IQ1_M", (256, 256)) for _ in range(3))
+    moe.load_expert(0, gate, up, down)   # finite: loads
+    inf = int(np.array([np.inf], np.float16).view(np.uint16)[0])
+    up = up.copy()
+    for m in range(4):   # block 0 of row 5: d's nibble m in word m's top nibble
+        up[5, 49 + 2 * m] = (up[5, 49 + 2 * m] & 0x0F) | (((inf >> (4 * m)) & 0x0F) << 4)
+    with pytest.raises(Exception, match=r"up \(IQ1_M\) row 5 (block 0 )?has a NaN or Inf"):
         moe.load_expert(0, gate, up, down)
 
 

@@ -633,11 +633,13 @@ constexpr Grid1 kGrid1 = make_grid1();
 // Channel i's 8 magnitudes of group l (of the kQLanes channels from q kQLanes): IQ2_XXS's one grid
 // row, IQ3_XXS's two half rows; IQ1_S's codes u = 8 (value + 1) + 2 [delta > 0] (its form's).
 template <class P>
+constexpr bool kUnsignedGrid = std::is_same_v<P, IQ1S> || std::is_same_v<P, IQ1M>;
+template <class P>
 inline int64_t grid_row(const uint8_t* sub, int l, int i) {
-    if constexpr (std::is_same_v<P, IQ1S>) {
+    if constexpr (kUnsignedGrid<P>) {
         uint16_t qh;
         std::memcpy(&qh, sub + P::kWords + 2 * size_t(i), 2);
-        const uint64_t up = qh & 0x8000 ? 0 : 0x0202020202020202ull;   // no byte carries: u <= 18
+        const uint64_t up = P::negative_delta(qh, l) ? 0 : 0x0202020202020202ull;   // no byte carries: u <= 18
         return int64_t(kGrid1.entry[P::index(sub[grid_panel_index<P>(l, 0) + i], qh, l)] + up);
     }
     if constexpr (std::is_same_v<P, IQ2XXS>) return int64_t(kGrid8.entry[sub[grid_panel_index<P>(l, 0) + i]]);
@@ -800,8 +802,11 @@ inline VI group_codes(VI g, VI sq) {
 // accumulators are: channel i of vector q in the low dword of qword i (the high dwords 0).
 struct SubBlock {
     VI u[4][kQ];
-    VF scale[kQ];
+    VF scale[2 * kQ];   // [h * kQ + q]: IQ1_M's two halves' scales (16 k each); the others' one in h = 0
 };
+// IQ1_M's scales are per 16 k: each sub-block's dots finish in two halves of two groups.
+template <class P>
+constexpr bool kHalfScales = std::is_same_v<P, IQ1M>;
 
 // IQ2_XXS's and IQ3_XXS's groups: grid magnitudes with the sign words applied.
 template <class P, class F>
@@ -841,7 +846,7 @@ inline void each_signed_group(const uint8_t* sub, F&& f) {
 // f.template operator()<l>(u) with group l's codes u[kQ], for l = 0..3 of the sub-block.
 template <class P, class F>
 inline void each_group(const uint8_t* sub, F&& f) {
-    if constexpr (std::is_same_v<P, IQ1S>) {   // no signs: the codes are the grid rows (scalar loads everywhere)
+    if constexpr (kUnsignedGrid<P>) {   // no signs: the codes are the grid rows (scalar loads everywhere)
         const auto group = [&]<int l>() {
             VI u[kQ];
             for (int q = 0; q < kQ; ++q) u[q] = grid_rows<P>(sub, l, q);
@@ -857,10 +862,42 @@ inline void each_group(const uint8_t* sub, F&& f) {
 }
 
 // The sub-block's channel scales in the accumulators' layout.
-// IQ2_XXS, IQ3_XXS: s_j = d * (0.5 + ls) * step; IQ1_S: d * (2 s + 1) / 8 (its codes are 8 times the
-// values: exact).
+// kLanes u16 -> i32.
+inline VI widen_u16(const uint8_t* p) {
+#if defined(__AVX512F__)
+    return _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+#else
+    return _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#endif
+}
+inline VI odd_of(VI s3) { return vor(vaddi(s3, s3), vset1i(1)); }   // 2 s + 1
+
+// A block's f16 d per channel: the file's (IQ2_XXS, IQ3_XXS, IQ1_S), or IQ1_M's from the top
+// nibbles of its four scale words.
 template <class P>
-inline void sub_scales(const uint8_t* sub, const VF* d, VF* scale) {
+inline VF block_d(const uint8_t* blk, int v) {
+    if constexpr (std::is_same_v<P, IQ1M>) {
+        VI bits = vzeroi();
+        for (int m = 0; m < 4; ++m) {
+            const VI w = widen_u16(blk + P::kD + 32 * size_t(m) + 2 * size_t(v) * kLanes);
+#if defined(__AVX512F__)
+            bits = vor(bits, _mm512_slli_epi32(_mm512_srli_epi32(w, 12), 4 * unsigned(m)));
+        }
+        return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(bits));
+#else
+            bits = vor(bits, _mm256_slli_epi32(_mm256_srli_epi32(w, 12), 4 * m));
+        }
+        return _mm256_cvtph_ps(_mm_packus_epi32(_mm256_castsi256_si128(bits), _mm256_extracti128_si256(bits, 1)));
+#endif
+    } else {
+        return widen_f16(blk + P::kD + 2 * size_t(v) * kLanes);
+    }
+}
+
+// Sub-block j's channel scales: IQ2_XXS, IQ3_XXS: d * (0.5 + ls) * step; IQ1_S: d * (2 s + 1) / 8
+// (its codes are 8 times the values: exact); IQ1_M: the same per 16 k, two of them.
+template <class P>
+inline void sub_scales(const uint8_t* sub, const VF* d, int j, VF* scale) {
     for (int v = 0; v < kVecsPerPanel; ++v) {
 #if defined(__AVX512F__)
         const auto as_int = [](VF f) { return _mm512_castps_si512(f); };
@@ -870,15 +907,29 @@ inline void sub_scales(const uint8_t* sub, const VF* d, VF* scale) {
         const auto as_float = [](VI i) { return _mm256_castsi256_ps(i); };
 #endif
         VI sj;
-        if constexpr (std::is_same_v<P, IQ1S>) {
+        if constexpr (std::is_same_v<P, IQ1M>) {
+            const uint8_t* header = sub - P::kCodes - size_t(j) * P::kSubBytes + P::kD;
+            const VI word = widen_u16(header + 32 * size_t(j / 2) + 2 * size_t(v) * kLanes);
+            for (int h = 0; h < 2; ++h) {
+                const int at = 6 * (j % 2) + 3 * h;
 #if defined(__AVX512F__)
-            const VI qh = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sub + P::kWords)));
-            const VI odd = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(qh, 11), vset1i(14)), vset1i(1));   // 2 s + 1
+                const VI s3 = vand(_mm512_srli_epi32(word, unsigned(at)), vset1i(7));
 #else
-            const VI qh = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sub + P::kWords + 16 * size_t(v))));
-            const VI odd = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(qh, 11), vset1i(14)), vset1i(1));
+                const VI s3 = vand(_mm256_srli_epi32(word, at), vset1i(7));
 #endif
-            sj = as_int(vmul(vmul(d[v], vcvt(odd)), vset1(0.125f)));
+                const VI sh = as_int(vmul(vmul(d[v], vcvt(odd_of(s3))), vset1(0.125f)));
+                scale[h * kQ + 2 * v] = as_float(qwords<0>(sh));
+                scale[h * kQ + 2 * v + 1] = as_float(qwords<1>(sh));
+            }
+            continue;
+        } else if constexpr (std::is_same_v<P, IQ1S>) {
+            const VI qh = widen_u16(sub + P::kWords + 2 * size_t(v) * kLanes);
+#if defined(__AVX512F__)
+            const VI s3 = vand(_mm512_srli_epi32(qh, 12), vset1i(7));
+#else
+            const VI s3 = vand(_mm256_srli_epi32(qh, 12), vset1i(7));
+#endif
+            sj = as_int(vmul(vmul(d[v], vcvt(odd_of(s3))), vset1(0.125f)));
         } else {
             const VI w = vloadi(sub + P::kWords + size_t(v) * kLanes * 4);
 #if defined(__AVX512F__)
@@ -894,11 +945,11 @@ inline void sub_scales(const uint8_t* sub, const VF* d, VF* scale) {
 }
 
 template <class P>
-inline void decode_sub(const uint8_t* sub, const VF* d, SubBlock& sb) {
+inline void decode_sub(const uint8_t* sub, const VF* d, int j, SubBlock& sb) {
     each_group<P>(sub, [&]<int l>(const VI* u) {
         for (int q = 0; q < kQ; ++q) sb.u[l][q] = u[q];
     });
-    sub_scales<P>(sub, d, sb.scale);
+    sub_scales<P>(sub, d, j, sb.scale);
 }
 
 // A row's dots with group l's codes: hi (and lo) += u . the 8 activations at k0 + 32 j + 8 l.
@@ -916,15 +967,16 @@ inline void group_dots(const VI* u, const ActRow& a, int64_t at, VI* hi, VI* lo)
     }
 }
 
-// acc[q] += s_a * s_j * (dot - offset sum(x)) for sub-block j of the block at k0. Each channel's
-// dot is its qword's two dword lanes (k 0..3 and 4..7 of every group), added here.
+// acc[q] += s_a * s_j * (dot - offset sum(x)) over the n 16-k spans from span g16 of the row (a
+// sub-block: two; IQ1_M's halves: one). Each channel's dot is its qword's two dword lanes (k 0..3
+// and 4..7 of every group), added here.
 template <class P, bool kTwoPass>
-inline void finish_sub(const VI* hi, const VI* lo, const VF* scale, const ActRow& a, int64_t k0, int j, VF* acc) {
-    const int64_t g16 = (k0 + 32 * j) / 16;
-    int32_t sum = a.sums_hi[g16] + a.sums_hi[g16 + 1];
+inline void finish_span(const VI* hi, const VI* lo, const VF* scale, const ActRow& a, int64_t k0, int64_t g16, int n,
+                        VF* acc) {
+    int32_t sum = a.sums_hi[g16] + (n == 2 ? a.sums_hi[g16 + 1] : 0);
     float sa = a.scale[k0 / kQK];
     if constexpr (kTwoPass) {
-        sum = 128 * sum + a.sums_lo[g16] + a.sums_lo[g16 + 1];
+        sum = 128 * sum + a.sums_lo[g16] + (n == 2 ? a.sums_lo[g16 + 1] : 0);
         sa *= 1.0f / 128.0f;
     }
     const VI z = vset1i(P::kOffset * sum);   // exact: |62 * sum| < 2^25
@@ -935,25 +987,44 @@ inline void finish_sub(const VI* hi, const VI* lo, const VF* scale, const ActRow
     }
 }
 
+// IQ1_M: after group l's dots, a half's end (l = 1, 3) finishes the half with its scale and clears
+// the dots.
+template <class P, bool kTwoPass>
+inline void finish_half(int l, VI* hi, VI* lo, const VF* scale, const ActRow& a, int64_t k0, int j, VF* acc) {
+    if (l % 2 == 0) return;
+    finish_span<P, kTwoPass>(hi, lo, scale + (l / 2) * kQ, a, k0, (k0 + 32 * j) / 16 + l / 2, 1, acc);
+    for (int q = 0; q < kQ; ++q) hi[q] = lo[q] = vzeroi();
+}
+
 // One row's share of a decoded sub-block (prefill: the sub-block is shared by every row).
 template <class P, bool kTwoPass>
 inline void row_sub(const SubBlock& sb, const ActRow& a, int64_t k0, int j, VF* acc) {
     VI hi[kQ], lo[kQ];
     for (int q = 0; q < kQ; ++q) hi[q] = lo[q] = vzeroi();
-    for (int l = 0; l < 4; ++l) group_dots<kTwoPass>(sb.u[l], a, k0 + 32 * j + 8 * l, hi, lo);
-    finish_sub<P, kTwoPass>(hi, lo, sb.scale, a, k0, j, acc);
+    for (int l = 0; l < 4; ++l) {
+        group_dots<kTwoPass>(sb.u[l], a, k0 + 32 * j + 8 * l, hi, lo);
+        if constexpr (kHalfScales<P>) finish_half<P, kTwoPass>(l, hi, lo, sb.scale, a, k0, j, acc);
+    }
+    if constexpr (!kHalfScales<P>) finish_span<P, kTwoPass>(hi, lo, sb.scale, a, k0, (k0 + 32 * j) / 16, 2, acc);
 }
 
 // One row alone (decode): each group's codes dotted as they are made, nothing kept but the
-// accumulators (AVX2's 16 registers would not hold a whole sub-block's codes).
+// accumulators (AVX2's 16 registers would not hold a whole sub-block's codes; the scales are made
+// after the dots but for IQ1_M's, which its halves need on the way).
 template <class P, bool kTwoPass>
 inline void lone_row_sub(const uint8_t* sub, const VF* d, const ActRow& a, int64_t k0, int j, VF* acc) {
     VI hi[kQ], lo[kQ];
     for (int q = 0; q < kQ; ++q) hi[q] = lo[q] = vzeroi();
-    each_group<P>(sub, [&]<int l>(const VI* u) { group_dots<kTwoPass>(u, a, k0 + 32 * j + 8 * l, hi, lo); });
-    VF scale[kQ];
-    sub_scales<P>(sub, d, scale);
-    finish_sub<P, kTwoPass>(hi, lo, scale, a, k0, j, acc);
+    VF scale[2 * kQ];
+    if constexpr (kHalfScales<P>) sub_scales<P>(sub, d, j, scale);
+    each_group<P>(sub, [&]<int l>(const VI* u) {
+        group_dots<kTwoPass>(u, a, k0 + 32 * j + 8 * l, hi, lo);
+        if constexpr (kHalfScales<P>) finish_half<P, kTwoPass>(l, hi, lo, scale, a, k0, j, acc);
+    });
+    if constexpr (!kHalfScales<P>) {
+        sub_scales<P>(sub, d, j, scale);
+        finish_span<P, kTwoPass>(hi, lo, scale, a, k0, (k0 + 32 * j) / 16, 2, acc);
+    }
 }
 
 // Every row of one panel. One row (decode) keeps its accumulators in registers; more rows share
@@ -974,7 +1045,7 @@ void rows(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, const uin
         for (int64_t b = 0; b < k / P::kBlockK; ++b) {
             const uint8_t* blk = panel + size_t(b) * P::kBlockBytes;
             VF d[kVecsPerPanel];
-            for (int v = 0; v < kVecsPerPanel; ++v) d[v] = widen_f16(blk + P::kD + 2 * size_t(v) * kLanes);
+            for (int v = 0; v < kVecsPerPanel; ++v) d[v] = block_d<P>(blk, v);
             for (int j = 0; j < 8; ++j) f(blk + P::kCodes + size_t(j) * P::kSubBytes, b * P::kBlockK, j, d);
         }
     };
@@ -988,7 +1059,7 @@ void rows(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, const uin
     } else {
         each_sub([&](const uint8_t* sub, int64_t k0, int j, const VF* d) {
             SubBlock sb;
-            decode_sub<P>(sub, d, sb);
+            decode_sub<P>(sub, d, j, sb);
             for (int64_t r = 0; r < rows; ++r) row_sub<P, kTwoPass>(sb, act_row(x + size_t(r) * row_bytes, k), k0, j, acc + r * kQ);
         });
     }

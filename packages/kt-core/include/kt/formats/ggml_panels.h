@@ -62,9 +62,10 @@ constexpr BlockType kBlockTypes[] = {
     {KT_DTYPE_GGML_Q4_1, "Q4_1", 32, 20, {0, 2}},       {KT_DTYPE_GGML_Q5_0, "Q5_0", 32, 22, {0, -1}},
     {KT_DTYPE_GGML_Q5_1, "Q5_1", 32, 24, {0, 2}},       {KT_DTYPE_GGML_IQ4_NL, "IQ4_NL", 32, 18, {0, -1}},
     {KT_DTYPE_GGML_IQ1_S, "IQ1_S", 256, 50, {0, -1}},
+    {KT_DTYPE_GGML_IQ1_M, "IQ1_M", 256, 56, {-1, -1}},   // its f16 d is spread over four words: iq1m_d_bits
 };
 constexpr const char* kSupported =
-    "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, IQ1_S, IQ2_XXS, IQ3_XXS";
+    "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, IQ1_S, IQ1_M, IQ2_XXS, IQ3_XXS";
 
 inline const BlockType* block_type(kt_dtype d) {
     for (const BlockType& t : kBlockTypes)
@@ -402,6 +403,18 @@ constexpr uint16_t kIq1sGrid[2048] = {
 constexpr int iq1s_value(int i, int t) { return int((kIq1sGrid[i] >> (2 * t)) & 3) - 1; }
 constexpr float kIq1sDelta = 0.125f;
 
+// IQ1_M (1.75 bits per weight): per 256 k the low index bytes as IQ1_S's (qs[32], first), per pair
+// of groups a byte qh[16] (group g's nibble: its 3 high index bits and, in bit 3, a negative delta),
+// and four u16 words: 3-bit scales s, one per 16 k (word m's bits 3i..3i+2: the scale of k 16 (4 m
+// + i) ..), and in their top nibbles the f16 d (word m's nibble at d's bits 4m..4m+3). The element
+// is d * (2 s + 1) * (value + delta), IQ1_S's grid and delta.
+constexpr size_t kIq1mWords = 48;   // the four words' offset in the file's block
+inline uint16_t iq1m_d_bits(const uint8_t* words) {   // words: the four, little-endian
+    uint16_t d = 0;
+    for (int m = 0; m < 4; ++m) d = uint16_t(d | ((words[2 * m + 1] >> 4) << (4 * m)));
+    return d;
+}
+
 // ---- panel forms: one 16-channel panel's block --------------------------------------------
 // kSubK: k per scale (sub-block); kBits: how the codes are stored (2-bit, 4-bit nibbles, bytes);
 // kBig: 8-bit codes up to 255 (Q8_0's q + 128) or signed table values up to 128 in magnitude
@@ -553,27 +566,43 @@ struct IQ3XXS {
     static constexpr size_t file_word(int j) { return 66 + 4 * size_t(j); }   // the 8 words after the 64 indices
     static constexpr uint8_t magnitude(int index, int t) { return iq3xxs_magnitude(index, t); }
 };
-// IQ1_S: the file's bytes regrouped per 16 channels (50 bytes per channel and 256 k, the file's
-// 1.5625 bits per weight): f16 d[16], then per 32-k sub-block the 16 channels' low index bytes of
-// its four groups (group l's at 16 l) and their u16 qh words (at kWords). The kernels take each
-// element as u = 8 (value + 1) + 2 [delta > 0] in {0, 2, 8, 10, 16, 18}, so that
-// w = d (2 s + 1) / 8 * (u - 9): the delta folded into integer codes, a constant offset of 9.
-struct IQ1S {
-    static constexpr kt_dtype kType = KT_DTYPE_GGML_IQ1_S;
+// IQ1_S and IQ1_M: a block header of kHeader bytes for the 16 channels, then per 32-k sub-block the
+// 16 channels' low index bytes of its four groups (group l's at 16 l) and their u16 qh words (at
+// kWords). The kernels take each element as u = 8 (value + 1) + 2 [delta > 0] in {0, 2, 8, 10, 16,
+// 18}, so that w = d (2 s + 1) / 8 * (u - 9): the delta folded into integer codes, a constant offset.
+template <kt_dtype T, size_t kFile, size_t kHeader>
+struct Iq1Form {
+    static constexpr kt_dtype kType = T;
     static constexpr int64_t kBlockK = 256, kSubK = 32;
     static constexpr int kBits = 8;   // not a chunk form (as IQ2XXS)
     static constexpr bool kBig = false;
     static constexpr int kIndices = 1;
-    static constexpr size_t kFileBlock = 50, kD = 0, kCodes = 32, kWords = 64, kSubBytes = kWords + 32;
+    static constexpr size_t kFileBlock = kFile, kD = 0, kCodes = kHeader, kWords = 64, kSubBytes = kWords + 32;
     static constexpr size_t kBlockBytes = kCodes + 8 * kSubBytes;
     static constexpr int kOffset = 9;
+};
+// IQ1_S: header f16 d[16]: 50 bytes per channel and 256 k, the file's 1.5625 bits per weight.
+struct IQ1S : Iq1Form<KT_DTYPE_GGML_IQ1_S, 50, 32> {
     // Sub-block j's qh word in the file's block, and group l's 11-bit index given it.
     static constexpr size_t file_qh(int j) { return 34 + 2 * size_t(j); }
     static constexpr int index(uint8_t low, uint16_t qh, int l) { return low | (((qh >> (3 * l)) & 7) << 8); }
+    static constexpr bool negative_delta(uint16_t qh, int) { return qh & 0x8000; }
+};
+// IQ1_M: header the file's four scale words per channel (word m of the 16 channels at 32 m: d's
+// nibbles and the 3-bit scales, as the file has them), each channel's sub-block qh its two bytes:
+// 56 bytes per channel and 256 k, the file's 1.75 bits per weight. The delta per 8-k group, two
+// scales per sub-block.
+struct IQ1M : Iq1Form<KT_DTYPE_GGML_IQ1_M, 56, 128> {
+    static constexpr size_t file_qh(int j) { return 32 + 2 * size_t(j); }   // groups 4j .. 4j+3's two bytes
+    static constexpr int index(uint8_t low, uint16_t qh, int l) { return low | (((qh >> (4 * l)) & 7) << 8); }
+    static constexpr bool negative_delta(uint16_t qh, int l) { return (qh >> (4 * l + 3)) & 1; }
+    // The 3-bit scale of k 16 h .. 16 h + 15 of sub-block j, from its word of the block's header.
+    static constexpr int scale(uint16_t word, int j, int h) { return (word >> (6 * (j % 2) + 3 * h)) & 7; }
 };
 // The forms whose codes are grid indices (a kernel of their own on x86).
 template <class P>
-constexpr bool kGridForm = std::is_same_v<P, IQ2XXS> || std::is_same_v<P, IQ3XXS> || std::is_same_v<P, IQ1S>;
+constexpr bool kGridForm = std::is_same_v<P, IQ2XXS> || std::is_same_v<P, IQ3XXS> || std::is_same_v<P, IQ1S> ||
+                           std::is_same_v<P, IQ1M>;
 
 // The grid forms' indices: half h (< kIndices) of group l's in sub-block j of the file's block
 // (IQ2_XXS and IQ3_XXS put a sub-block's 8 index bytes at 2 + 8 j, IQ1_S its 4 low bytes at 2 + 4 j),
@@ -581,6 +610,7 @@ constexpr bool kGridForm = std::is_same_v<P, IQ2XXS> || std::is_same_v<P, IQ3XXS
 template <class P>
 constexpr size_t grid_file_index(int j, int l, int h) {
     if constexpr (std::is_same_v<P, IQ1S>) return 2 + 4 * size_t(j) + size_t(l);
+    if constexpr (std::is_same_v<P, IQ1M>) return 4 * size_t(j) + size_t(l);
     return 2 + 8 * size_t(j) + size_t(P::kIndices * l + h);
 }
 template <class P>
@@ -605,6 +635,7 @@ auto with_panels(kt_dtype type, F&& f) {
         case KT_DTYPE_GGML_Q5_1: return f(Q51{});
         case KT_DTYPE_GGML_IQ4_NL: return f(IQ4NL{});
         case KT_DTYPE_GGML_IQ1_S: return f(IQ1S{});
+        case KT_DTYPE_GGML_IQ1_M: return f(IQ1M{});
         default: return f(Q80{});
     }
 }
@@ -687,8 +718,11 @@ void pack_panel(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t n0, 
                             out[fifth_bits_at<P>(c) + size_t(lane) * 4 + size_t(bb)] |=
                                 uint8_t(((lo >> 4) << (2 * c)) | ((hi >> 4) << (2 * c + 1)));
                     }
-            } else if constexpr (std::is_same_v<P, IQ1S>) {
-                std::memcpy(out + P::kD + 2 * size_t(lane), blk, 2);   // d stays f16
+            } else if constexpr (std::is_same_v<P, IQ1S> || std::is_same_v<P, IQ1M>) {
+                if constexpr (std::is_same_v<P, IQ1S>)
+                    std::memcpy(out + P::kD + 2 * size_t(lane), blk, 2);   // d stays f16
+                else
+                    for (int m = 0; m < 4; ++m) std::memcpy(out + P::kD + 32 * size_t(m) + 2 * size_t(lane), blk + kIq1mWords + 2 * m, 2);
                 for (int j = 0; j < 8; ++j) {
                     uint8_t* sub = out + P::kCodes + size_t(j) * P::kSubBytes;
                     for (int l = 0; l < 4; ++l) sub[grid_panel_index<P>(l, 0) + lane] = blk[grid_file_index<P>(j, l, 0)];
@@ -751,13 +785,22 @@ template <class P>
 float weight(const uint8_t* panel, int64_t k, int lane) {
     const uint8_t* blk = panel + size_t(k / P::kBlockK) * P::kBlockBytes;
     const int64_t kk = k % P::kBlockK;
-    if constexpr (std::is_same_v<P, IQ1S>) {   // in gguf-py's order: (d * (2 s + 1)) * (value + delta)
-        const uint8_t* sub = blk + P::kCodes + size_t(kk / 32) * P::kSubBytes;
-        const int l = int(kk % 32 / 8), t = int(kk % 8);
+    if constexpr (std::is_same_v<P, IQ1S> || std::is_same_v<P, IQ1M>) {   // gguf-py's order: (d (2 s + 1)) (value + delta)
+        const int j = int(kk / 32), l = int(kk % 32 / 8), t = int(kk % 8);
+        const uint8_t* sub = blk + P::kCodes + size_t(j) * P::kSubBytes;
         uint16_t qh;
         std::memcpy(&qh, sub + P::kWords + 2 * size_t(lane), 2);
-        const float dl = f16_at(blk + P::kD + 2 * size_t(lane)) * float(2 * ((qh >> 12) & 7) + 1);
-        const float delta = qh & 0x8000 ? -kIq1sDelta : kIq1sDelta;
+        float dl;
+        if constexpr (std::is_same_v<P, IQ1S>) {
+            dl = f16_at(blk + P::kD + 2 * size_t(lane)) * float(2 * ((qh >> 12) & 7) + 1);
+        } else {
+            uint8_t file_words[8];   // the channel's four words, as the file's block has them
+            for (int m = 0; m < 4; ++m) std::memcpy(file_words + 2 * m, blk + P::kD + 32 * size_t(m) + 2 * size_t(lane), 2);
+            uint16_t word;
+            std::memcpy(&word, file_words + 2 * (j / 2), 2);
+            dl = f16_bits_to_float(iq1m_d_bits(file_words)) * float(2 * P::scale(word, j, l / 2) + 1);
+        }
+        const float delta = P::negative_delta(qh, l) ? -kIq1sDelta : kIq1sDelta;
         return dl * (float(iq1s_value(P::index(sub[grid_panel_index<P>(l, 0) + lane], qh, l), t)) + delta);
     }
     if constexpr (std::is_same_v<P, IQ2XXS> || std::is_same_v<P, IQ3XXS>) {
@@ -879,9 +922,11 @@ inline std::string check_matrix(const Matrix& m, int p, const kt_weight& w) {
     for (int64_t r = 0; r < m.rows; ++r) {
         const uint8_t* row = bytes + r * v.row_stride;
         bool bad = false;   // f16 scales with an all-ones exponent are NaN or Inf
-        for (int64_t b = 0; b < m.row_bytes; b += m.type->bytes)
+        for (int64_t b = 0; b < m.row_bytes; b += m.type->bytes) {
             for (int at : m.type->scale_at)
                 if (at >= 0) bad |= (row[b + at + 1] & 0x7c) == 0x7c;
+            if (m.type->dtype == KT_DTYPE_GGML_IQ1_M) bad |= (iq1m_d_bits(row + b + kIq1mWords) & 0x7c00) == 0x7c00;
+        }
         if (bad)
             return inputs::message("LLAMAFILE: %s (%s) row %lld has a NaN or Inf block scale; kt refuses non-finite weights "
                                    "at load", kMatrixName[p], m.type->name, (long long)r);

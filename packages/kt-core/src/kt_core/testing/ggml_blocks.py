@@ -21,7 +21,7 @@ _F16_FIELDS = {"Q4_0": (0,), "Q8_0": (0,), "Q2_K": (80, 82), "Q3_K": (108,), "Q4
                "Q6_K": (208,), "IQ4_XS": (0,), "IQ2_XXS": (0,), "IQ3_XXS": (0,), "IQ4_NL": (0,),
                "IQ1_S": (0,)}
 _SCALE = {"Q2_K": 2e-3, "Q3_K": 5e-4, "Q4_K": 1e-4, "Q5_K": 5e-5, "Q6_K": 2.5e-5, "IQ4_XS": 2.5e-5, "IQ2_XXS": 1e-3,
-          "IQ3_XXS": 2e-4, "IQ4_NL": 8e-4, "IQ1_S": 3e-3}
+          "IQ3_XXS": 2e-4, "IQ4_NL": 8e-4, "IQ1_S": 3e-3, "IQ1_M": 3e-3}
 _ENCODED = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")   # gguf-py quantizes these
 
 
@@ -41,9 +41,13 @@ def random_blocks(rng: np.random.Generator, type_name: str, shape: tuple[int, ..
         return gguf.quants.quantize((rng.standard_normal(shape) * 0.05).astype(np.float32), qtype)
     *lead, n, k = shape
     blocks = rng.integers(0, 256, size=(*lead, n, k // t.block_elems, t.block_bytes), dtype=np.uint8)
-    for at in _F16_FIELDS[t.name]:
+    for at in _F16_FIELDS.get(t.name, ()):
         scales = (rng.uniform(0.25, 1.0, size=blocks.shape[:-1]) * _SCALE[t.name]).astype(np.float16)
         blocks[..., at:at + 2] = scales[..., None].view(np.uint8)
+    if t.name == "IQ1_M":   # its f16 d in the top nibbles of the four words at byte 48 (nibble m: d's bits 4m..)
+        d = (rng.uniform(0.25, 1.0, size=blocks.shape[:-1]) * _SCALE[t.name]).astype(np.float16).view(np.uint16)
+        for m in range(4):
+            blocks[..., 49 + 2 * m] = (blocks[..., 49 + 2 * m] & 0x0F) | (((d >> (4 * m)) & 0x0F) << 4).astype(np.uint8)
     return blocks.reshape(*lead, n, t.row_bytes(k))
 
 
