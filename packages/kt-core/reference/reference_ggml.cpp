@@ -221,6 +221,23 @@ void dq_iq1_m(const uint8_t* b, float* y) {
     }
 }
 
+// IQ2_XS: per 8 elements a u16 of a 9-bit grid index and IQ2_XXS's 7-bit sign index; a 4-bit scale
+// per 16 (kt/formats/ggml_panels.h's IQ2XS, kIq2xsGrid).
+void dq_iq2_xs(const uint8_t* b, float* y) {
+    namespace G = kt::layouts::ggml;
+    const float d = f16(b);
+    for (int j = 0; j < 8; ++j)
+        for (int l = 0; l < 4; ++l) {
+            const uint16_t g = u16(b + G::IQ2XS::file_group(j, l));
+            const float db = d * (0.5f + float((b[G::IQ2XS::file_scale(j)] >> (4 * (l / 2))) & 15)) * G::IQ2XS::kScaleStep;
+            const uint8_t signs = G::iq2_sign_byte(g >> 9);
+            for (int t = 0; t < 8; ++t) {
+                const float v = db * float(G::iq2xs_magnitude(g & 511, t));
+                y[32 * j + 8 * l + t] = (signs >> t) & 1 ? -v : v;
+            }
+        }
+}
+
 struct TypeInfo {
     kt_dtype dtype;
     const char* name;
@@ -245,6 +262,7 @@ const TypeInfo kTypes[] = {
     {KT_DTYPE_GGML_IQ4_XS, "IQ4_XS", 256, 136, dq_iq4_xs, {0, -1}},
     {KT_DTYPE_GGML_IQ1_S, "IQ1_S", 256, 50, dq_iq1_s, {0, -1}},
     {KT_DTYPE_GGML_IQ1_M, "IQ1_M", 256, 56, dq_iq1_m, {-1, -1}},   // d in four words' nibbles: checked below
+    {KT_DTYPE_GGML_IQ2_XS, "IQ2_XS", 256, 74, dq_iq2_xs, {0, -1}},
     {KT_DTYPE_GGML_IQ2_XXS, "IQ2_XXS", 256, 66, dq_grid<kt::layouts::ggml::IQ2XXS>, {0, -1}},
     {KT_DTYPE_GGML_IQ3_XXS, "IQ3_XXS", 256, 98, dq_grid<kt::layouts::ggml::IQ3XXS>, {0, -1}},
 };

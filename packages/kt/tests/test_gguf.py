@@ -65,6 +65,20 @@ def test_iq_grids_every_entry_and_sign_index(name):
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
+def test_iq2_xs_grid_every_entry_sign_and_scale():
+    """IQ2_XS's 512-entry grid (kt-core's kIq2xsGrid) entry by entry: 16 blocks name every 9-bit index
+    once, every 7-bit sign index four times, and every 4-bit scale."""
+    rng = np.random.default_rng(4)
+    blocks = np.zeros((16, 74), np.uint8)
+    blocks[:, :2] = (rng.uniform(0.25, 1.0, 16) * 1e-3).astype(np.float16).view(np.uint8).reshape(16, 2)
+    groups = np.arange(512, dtype=np.uint16).reshape(16, 32)
+    blocks[:, 2:66] = (groups | ((groups % 128) << 9)).astype("<u2").view(np.uint8).reshape(16, 64)
+    blocks[:, 66:74] = (np.arange(128).reshape(16, 8) * 17 % 256).astype(np.uint8)   # both nibbles over 0..15
+    want = dequantize(blocks, "IQ2_XS").reshape(-1)
+    got = reference_native.ggml_dequantize(GGML_TYPES["IQ2_XS"].kt_dtype, blocks.reshape(-1))
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 def test_iq1_s_grid_every_entry_scale_and_delta():
     """IQ1_S's 2048-entry grid (kt-core's kIq1sGrid) entry by entry: 64 blocks name every 11-bit
     index once (low byte in qs, high 3 bits in the sub-block's qh), with every 3-bit scale and both
@@ -86,14 +100,15 @@ def test_iq1_s_grid_every_entry_scale_and_delta():
 def test_dequantize_refuses_partial_blocks_and_unknown_types():
     with pytest.raises(ValueError, match="not whole blocks of 34"):
         reference_native.ggml_dequantize(GGML_TYPES["Q8_0"].kt_dtype, np.zeros(35, np.uint8))
-    with pytest.raises(ValueError, match="ggml type 17 is not one"):   # IQ2_XS
-        reference_native.ggml_dequantize(0x100 + 17, np.zeros(74, np.uint8))
+    with pytest.raises(ValueError, match="ggml type 22 is not one"):   # IQ2_S
+        reference_native.ggml_dequantize(0x100 + 22, np.zeros(82, np.uint8))
 
 
 @pytest.mark.parametrize("types", [("Q4_K", "Q4_K", "Q6_K"), ("Q8_0", "Q8_0", "Q4_0"), ("Q5_K", "Q2_K", "Q3_K"),
                                    ("IQ4_XS", "IQ4_XS", "Q8_0"), ("IQ2_XXS", "IQ2_XXS", "Q4_K"),
                                    ("IQ3_XXS", "IQ3_XXS", "IQ2_XXS"), ("Q4_K", "Q4_K", "Q5_0"), ("IQ4_NL", "Q4_1", "Q5_1"),
-                                   ("IQ1_S", "IQ1_S", "IQ2_XXS"), ("IQ1_M", "IQ1_M", "IQ1_S")])
+                                   ("IQ1_S", "IQ1_S", "IQ2_XXS"), ("IQ1_M", "IQ1_M", "IQ1_S"),
+                                   ("IQ2_XS", "IQ2_XS", "IQ2_XXS")])
 def test_wrapper_forward_matches_fp32_moe(tmp_path, types):
     hidden, inter, experts = 256, 512, 6
     weights = write_moe_gguf(tmp_path / "m.gguf", hidden=hidden, intermediate=inter, experts=experts, top_k=2,
@@ -297,9 +312,9 @@ def test_geometry_and_types_are_checked(tmp_path):
 
 
 def test_unsupported_types_and_block_sizes(tmp_path):
-    with pytest.raises(ValueError, match="ggml type 'IQ2_XS' is not one kt reads; known: Q4_0, Q4_1"):
+    with pytest.raises(ValueError, match="ggml type 'IQ2_S' is not one kt reads; known: Q4_0, Q4_1"):
         MoE(num_experts=2, top_k=1, hidden_size=256, intermediate_size=256, method="LLAMAFILE",
-            weight_types=("IQ2_XS", "Q4_K", "Q4_K"))
+            weight_types=("IQ2_S", "Q4_K", "Q4_K"))
     with pytest.raises(ValueError, match="down is Q4_K, whose blocks hold 256 elements.*K = 96"):
         MoE(num_experts=2, top_k=1, hidden_size=256, intermediate_size=96, method="LLAMAFILE",
             weight_types=("Q4_K", "Q4_K", "Q4_K"))

@@ -610,6 +610,16 @@ constexpr Grid8 make_grid8() {
     return g;
 }
 constexpr Grid8 kGrid8 = make_grid8();
+struct GridXs {
+    alignas(64) uint64_t entry[512];   // IQ2_XS: the 8 magnitudes of each grid entry, one per byte
+};
+constexpr GridXs make_grid_xs() {
+    GridXs g{};
+    for (int i = 0; i < 512; ++i)
+        for (int t = 0; t < 8; ++t) g.entry[i] |= uint64_t(iq2xs_magnitude(i, t)) << (8 * t);
+    return g;
+}
+constexpr GridXs kGridXs = make_grid_xs();
 struct Grid4 {
     alignas(64) uint32_t entry[256];   // IQ3_XXS: the 4 magnitudes of each grid entry, one per byte
 };
@@ -641,6 +651,11 @@ inline int64_t grid_row(const uint8_t* sub, int l, int i) {
         std::memcpy(&qh, sub + P::kWords + 2 * size_t(i), 2);
         const uint64_t up = P::negative_delta(qh, l) ? 0 : 0x0202020202020202ull;   // no byte carries: u <= 18
         return int64_t(kGrid1.entry[P::index(sub[grid_panel_index<P>(l, 0) + i], qh, l)] + up);
+    }
+    if constexpr (std::is_same_v<P, IQ2XS>) {
+        uint32_t word;
+        std::memcpy(&word, sub + P::kWords + 4 * size_t(i), 4);
+        return int64_t(kGridXs.entry[P::index(sub[grid_panel_index<P>(l, 0) + i], word, l)]);
     }
     if constexpr (std::is_same_v<P, IQ2XXS>) return int64_t(kGrid8.entry[sub[grid_panel_index<P>(l, 0) + i]]);
     return int64_t(kGrid4.entry[sub[grid_panel_index<P>(l, 0) + i]] | uint64_t(kGrid4.entry[sub[grid_panel_index<P>(l, 1) + i]]) << 32);
@@ -806,7 +821,7 @@ struct SubBlock {
 };
 // IQ1_M's scales are per 16 k: each sub-block's dots finish in two halves of two groups.
 template <class P>
-constexpr bool kHalfScales = std::is_same_v<P, IQ1M>;
+constexpr bool kHalfScales = std::is_same_v<P, IQ1M> || std::is_same_v<P, IQ2XS>;
 
 // IQ2_XXS's and IQ3_XXS's groups: grid magnitudes with the sign words applied.
 template <class P, class F>
@@ -814,27 +829,33 @@ inline void each_signed_group(const uint8_t* sub, F&& f) {
     VI wq[kQ];
     words_as_qwords(sub + P::kWords, wq);
 #if defined(__AVX512VBMI__)
+    // The 256-entry grids in registers; IQ2_XS's 512 entries by scalar loads, as elsewhere.
+    constexpr bool kRegisterGrid = !std::is_same_v<P, IQ2XS>;
     VI gw[4];   // IQ2_XXS: two groups' entries per vector; IQ3_XXS: one group's two halves
     if constexpr (std::is_same_v<P, IQ2XXS>) {
         gw[0] = grid_words(kIq2xxsGrid, sub + grid_panel_index<P>(0, 0));   // groups 0, 1
         gw[1] = grid_words(kIq2xxsGrid, sub + grid_panel_index<P>(2, 0));   // groups 2, 3
-    } else {
+    } else if constexpr (std::is_same_v<P, IQ3XXS>) {
         for (int l = 0; l < 4; ++l) gw[l] = grid_words(kIq3xxsGrid, sub + grid_panel_index<P>(l, 0));   // both halves
     }
+#else
+    constexpr bool kRegisterGrid = false;
 #endif
     const auto group = [&]<int l>() {
         VI u[kQ];
-#if defined(__AVX512VBMI__)
-        if constexpr (std::is_same_v<P, IQ2XXS>) {
-            u[0] = group_codes<P, l>(magnitudes2<2 * (l % 2)>(gw[l / 2]), wq[0]);
-            u[1] = group_codes<P, l>(magnitudes2<2 * (l % 2) + 1>(gw[l / 2]), wq[1]);
+        if constexpr (!kRegisterGrid) {
+            for (int q = 0; q < kQ; ++q) u[q] = group_codes<P, l>(grid_rows<P>(sub, l, q), wq[q]);
         } else {
-            u[0] = group_codes<P, l>(magnitudes3<0>(gw[l]), wq[0]);
-            u[1] = group_codes<P, l>(magnitudes3<1>(gw[l]), wq[1]);
-        }
-#else
-        for (int q = 0; q < kQ; ++q) u[q] = group_codes<P, l>(grid_rows<P>(sub, l, q), wq[q]);
+#if defined(__AVX512VBMI__)
+            if constexpr (std::is_same_v<P, IQ2XXS>) {
+                u[0] = group_codes<P, l>(magnitudes2<2 * (l % 2)>(gw[l / 2]), wq[0]);
+                u[1] = group_codes<P, l>(magnitudes2<2 * (l % 2) + 1>(gw[l / 2]), wq[1]);
+            } else {
+                u[0] = group_codes<P, l>(magnitudes3<0>(gw[l]), wq[0]);
+                u[1] = group_codes<P, l>(magnitudes3<1>(gw[l]), wq[1]);
+            }
 #endif
+        }
         f.template operator()<l>(static_cast<const VI*>(u));
     };
     group.template operator()<0>();
@@ -918,6 +939,20 @@ inline void sub_scales(const uint8_t* sub, const VF* d, int j, VF* scale) {
                 const VI s3 = vand(_mm256_srli_epi32(word, at), vset1i(7));
 #endif
                 const VI sh = as_int(vmul(vmul(d[v], vcvt(odd_of(s3))), vset1(0.125f)));
+                scale[h * kQ + 2 * v] = as_float(qwords<0>(sh));
+                scale[h * kQ + 2 * v + 1] = as_float(qwords<1>(sh));
+            }
+            continue;
+        } else if constexpr (std::is_same_v<P, IQ2XS>) {
+#if defined(__AVX512F__)
+            const VI bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sub + P::kScales)));
+            const VI ls[2] = {vand(bytes, vset1i(15)), _mm512_srli_epi32(bytes, 4)};
+#else
+            const VI bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub + P::kScales + 8 * size_t(v))));
+            const VI ls[2] = {vand(bytes, vset1i(15)), _mm256_srli_epi32(bytes, 4)};
+#endif
+            for (int h = 0; h < 2; ++h) {
+                const VI sh = as_int(vmul(vmul(d[v], vadd(vset1(0.5f), vcvt(ls[h]))), vset1(P::kScaleStep)));
                 scale[h * kQ + 2 * v] = as_float(qwords<0>(sh));
                 scale[h * kQ + 2 * v + 1] = as_float(qwords<1>(sh));
             }

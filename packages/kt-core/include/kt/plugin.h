@@ -54,7 +54,7 @@ typedef enum kt_status {
  * ABI 1.1 adds the ggml block types of GGUF files (method LLAMAFILE): KT_DTYPE_GGML_BASE plus
  * ggml's own `ggml_type` number, so any ggml type has a value even before it is listed here.
  * ABI 1.6 names IQ2_XXS and IQ3_XXS among them (values BASE + 16 and + 18 before: no field changed),
- * ABI 1.7 Q4_1, Q5_0, Q5_1, IQ4_NL, IQ1_S and IQ1_M (BASE + 3, 6, 7, 20, 19, 29: likewise).
+ * ABI 1.7 Q4_1, Q5_0, Q5_1, IQ4_NL, IQ1_S, IQ1_M and IQ2_XS (BASE + 3, 6, 7, 20, 19, 29, 17: likewise).
  * They name a matrix's format in kt_moe_config.weight_dtype; the matrix itself reaches the
  * packer as U8 bytes [rows, bytes per row], the blocks exactly as the file stores them. */
 typedef enum kt_dtype {
@@ -77,6 +77,7 @@ typedef enum kt_dtype {
     KT_DTYPE_GGML_Q5_K = 0x100 + 13,    /* 256 elements in 176 bytes */
     KT_DTYPE_GGML_Q6_K = 0x100 + 14,    /* 256 elements in 210 bytes */
     KT_DTYPE_GGML_IQ2_XXS = 0x100 + 16, /* 256 elements in 66 bytes */
+    KT_DTYPE_GGML_IQ2_XS = 0x100 + 17,  /* 256 elements in 74 bytes */
     KT_DTYPE_GGML_IQ1_S = 0x100 + 19,   /* 256 elements in 50 bytes */
     KT_DTYPE_GGML_IQ1_M = 0x100 + 29,   /* 256 elements in 56 bytes */
     KT_DTYPE_GGML_IQ3_XXS = 0x100 + 18, /* 256 elements in 98 bytes */

@@ -63,9 +63,10 @@ constexpr BlockType kBlockTypes[] = {
     {KT_DTYPE_GGML_Q5_1, "Q5_1", 32, 24, {0, 2}},       {KT_DTYPE_GGML_IQ4_NL, "IQ4_NL", 32, 18, {0, -1}},
     {KT_DTYPE_GGML_IQ1_S, "IQ1_S", 256, 50, {0, -1}},
     {KT_DTYPE_GGML_IQ1_M, "IQ1_M", 256, 56, {-1, -1}},   // its f16 d is spread over four words: iq1m_d_bits
+    {KT_DTYPE_GGML_IQ2_XS, "IQ2_XS", 256, 74, {0, -1}},
 };
 constexpr const char* kSupported =
-    "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, IQ1_S, IQ1_M, IQ2_XXS, IQ3_XXS";
+    "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ3_XXS";
 
 inline const BlockType* block_type(kt_dtype d) {
     for (const BlockType& t : kBlockTypes)
@@ -186,6 +187,57 @@ constexpr uint16_t kIq2xxsGrid[256] = {
 constexpr uint8_t iq2_sign_byte(uint32_t s7) { return uint8_t(s7 | ((__builtin_popcount(s7) & 1) << 7)); }
 // Element t (0..7) of grid entry i.
 constexpr uint8_t iq2xxs_magnitude(int i, int t) { return kIq2Magnitude[(kIq2xxsGrid[i] >> (2 * t)) & 3]; }
+
+// IQ2_XS (2.3125 bits per weight): per 256 k an f16 d, per 8-element group a u16 (a 9-bit index into
+// a grid of 512 entries of IQ2_XXS's magnitudes, and the 7-bit sign index of IQ2_XXS above it), and
+// per 32 k a byte of two 4-bit scales ls, one per 16 k; the element is d * (0.5 + ls) * 0.25 *
+// magnitude * sign. The grid (2 bits per magnitude as kIq2xxsGrid's) is gguf-py's, checked as the others.
+constexpr uint16_t kIq2xsGrid[512] = {
+    0x0000, 0x0002, 0x0005, 0x0008, 0x000a, 0x0011, 0x0014, 0x0016, 0x0019, 0x0020, 0x0022, 0x0025,
+    0x0028, 0x0041, 0x0044, 0x0046, 0x0049, 0x0050, 0x0052, 0x0055, 0x0058, 0x0061, 0x0064, 0x0080,
+    0x0082, 0x0085, 0x0088, 0x0091, 0x0094, 0x0099, 0x00a0, 0x0101, 0x0104, 0x0106, 0x0109, 0x0110,
+    0x0112, 0x0115, 0x0118, 0x011a, 0x0121, 0x0124, 0x0140, 0x0142, 0x0145, 0x0148, 0x0151, 0x0154,
+    0x0160, 0x0168, 0x0181, 0x0184, 0x0190, 0x0200, 0x0202, 0x0205, 0x0208, 0x0211, 0x0214, 0x0220,
+    0x0241, 0x0244, 0x0250, 0x0255, 0x0280, 0x028a, 0x0401, 0x0404, 0x0406, 0x0409, 0x0410, 0x0412,
+    0x0415, 0x0418, 0x0421, 0x0424, 0x0440, 0x0442, 0x0445, 0x0448, 0x0451, 0x0454, 0x0456, 0x0460,
+    0x0481, 0x0484, 0x0490, 0x0500, 0x0502, 0x0505, 0x0508, 0x0511, 0x0514, 0x0520, 0x0541, 0x0544,
+    0x0550, 0x0561, 0x0580, 0x0601, 0x0604, 0x0610, 0x0626, 0x0640, 0x0642, 0x0684, 0x0800, 0x0802,
+    0x0805, 0x0808, 0x080a, 0x0811, 0x0814, 0x0820, 0x0825, 0x0841, 0x0844, 0x0850, 0x0858, 0x0880,
+    0x08a0, 0x08aa, 0x0901, 0x0904, 0x0910, 0x0940, 0x0981, 0x0989, 0x0a00, 0x0a20, 0x0a28, 0x0a96,
+    0x0aa0, 0x1001, 0x1004, 0x1006, 0x1009, 0x1010, 0x1012, 0x1015, 0x1018, 0x1021, 0x1024, 0x1040,
+    0x1042, 0x1045, 0x1048, 0x1051, 0x1054, 0x1060, 0x106a, 0x1081, 0x1084, 0x1090, 0x1100, 0x1102,
+    0x1105, 0x1108, 0x1111, 0x1114, 0x1120, 0x1141, 0x1144, 0x1150, 0x1180, 0x1194, 0x1196, 0x1201,
+    0x1204, 0x1206, 0x1210, 0x1240, 0x1260, 0x1400, 0x1402, 0x1405, 0x1408, 0x1411, 0x1414, 0x1420,
+    0x1441, 0x1444, 0x1449, 0x1450, 0x1464, 0x1480, 0x1501, 0x1504, 0x1510, 0x1540, 0x1600, 0x1614,
+    0x1649, 0x1801, 0x1804, 0x1810, 0x1812, 0x1840, 0x1854, 0x1886, 0x1900, 0x1905, 0x1966, 0x1a51,
+    0x1aa9, 0x2000, 0x2002, 0x2005, 0x2008, 0x200a, 0x2011, 0x2014, 0x2020, 0x2041, 0x2044, 0x2050,
+    0x2080, 0x20a0, 0x2101, 0x2104, 0x2110, 0x2140, 0x2148, 0x2165, 0x2200, 0x2222, 0x2280, 0x22a8,
+    0x2401, 0x2404, 0x2410, 0x2429, 0x2440, 0x2500, 0x2541, 0x2552, 0x2599, 0x2601, 0x261a, 0x26a6,
+    0x2800, 0x2808, 0x280a, 0x2820, 0x2855, 0x2888, 0x28a2, 0x2968, 0x2990, 0x2a08, 0x2a20, 0x2a82,
+    0x2a88, 0x2a8a, 0x4001, 0x4004, 0x4006, 0x4009, 0x4010, 0x4012, 0x4015, 0x4018, 0x4021, 0x4024,
+    0x4040, 0x4042, 0x4045, 0x4048, 0x404a, 0x4051, 0x4054, 0x4060, 0x4065, 0x4081, 0x4084, 0x4090,
+    0x4100, 0x4102, 0x4105, 0x4108, 0x4111, 0x4114, 0x4120, 0x4141, 0x4144, 0x4150, 0x4180, 0x4185,
+    0x41a2, 0x4201, 0x4204, 0x4210, 0x4212, 0x4229, 0x4240, 0x4400, 0x4402, 0x4405, 0x4408, 0x4411,
+    0x4414, 0x4419, 0x4420, 0x4441, 0x4444, 0x4450, 0x4480, 0x4494, 0x4501, 0x4504, 0x4510, 0x4524,
+    0x4540, 0x459a, 0x4600, 0x460a, 0x4644, 0x4650, 0x4801, 0x4804, 0x4810, 0x4840, 0x4845, 0x4854,
+    0x4862, 0x4900, 0x4911, 0x4944, 0x4950, 0x4969, 0x4a04, 0x5000, 0x5002, 0x5005, 0x5008, 0x5011,
+    0x5014, 0x5020, 0x5028, 0x5041, 0x5044, 0x5050, 0x5080, 0x5101, 0x5104, 0x5110, 0x5115, 0x5140,
+    0x5142, 0x5200, 0x5244, 0x52aa, 0x5401, 0x5404, 0x5410, 0x5421, 0x5440, 0x5460, 0x5481, 0x54a1,
+    0x5500, 0x5508, 0x5580, 0x5588, 0x5621, 0x5668, 0x56a1, 0x5800, 0x5814, 0x5841, 0x5850, 0x5899,
+    0x591a, 0x5940, 0x5942, 0x5a85, 0x6001, 0x6004, 0x6010, 0x6040, 0x6054, 0x6062, 0x6086, 0x60a9,
+    0x6100, 0x6224, 0x624a, 0x6292, 0x6400, 0x6416, 0x6510, 0x6540, 0x6545, 0x65a4, 0x6801, 0x686a,
+    0x6925, 0x6a06, 0x6a54, 0x6a62, 0x8000, 0x8002, 0x8005, 0x8008, 0x8011, 0x8014, 0x8020, 0x802a,
+    0x8041, 0x8044, 0x8050, 0x8080, 0x8082, 0x80a8, 0x80aa, 0x8101, 0x8104, 0x8106, 0x8110, 0x8140,
+    0x8151, 0x8159, 0x8200, 0x8220, 0x8280, 0x8282, 0x82a0, 0x82a8, 0x8401, 0x8404, 0x8410, 0x8412,
+    0x8415, 0x8440, 0x8460, 0x8489, 0x8500, 0x8544, 0x85a5, 0x8618, 0x866a, 0x8800, 0x8808, 0x8825,
+    0x885a, 0x8880, 0x8882, 0x88a8, 0x8906, 0x8a22, 0x8a80, 0x8a88, 0x8a96, 0x8aa8, 0x9001, 0x9004,
+    0x9010, 0x9040, 0x9056, 0x9084, 0x9100, 0x9122, 0x9164, 0x9256, 0x9289, 0x9400, 0x9405, 0x9444,
+    0x9450, 0x9458, 0x9529, 0x9590, 0x9592, 0x9641, 0x9851, 0x98a6, 0x9949, 0x9a15, 0x9a60, 0xa000,
+    0xa002, 0xa008, 0xa00a, 0xa020, 0xa02a, 0xa0a0, 0xa151, 0xa159, 0xa1a6, 0xa200, 0xa202, 0xa208,
+    0xa22a, 0xa280, 0xa2a0, 0xa440, 0xa495, 0xa665, 0xa698, 0xa80a, 0xa820, 0xa822, 0xa828, 0xa8a0,
+    0xa8a8, 0xa904, 0xa984, 0xa986, 0xaa28, 0xaa2a, 0xaa91, 0xaaaa,
+};
+constexpr uint8_t iq2xs_magnitude(int i, int t) { return kIq2Magnitude[(kIq2xsGrid[i] >> (2 * t)) & 3]; }
 
 // IQ3_XXS (3.0625 bits per weight): per 256 k an f16 d, then the 64 grid indices of its 8-element
 // groups' halves (two per group: elements 0..3 and 4..7) and 8 sign-and-scale words laid out as
@@ -599,10 +651,32 @@ struct IQ1M : Iq1Form<KT_DTYPE_GGML_IQ1_M, 56, 128> {
     // The 3-bit scale of k 16 h .. 16 h + 15 of sub-block j, from its word of the block's header.
     static constexpr int scale(uint16_t word, int j, int h) { return (word >> (6 * (j % 2) + 3 * h)) & 7; }
 };
+
+// IQ2_XS: IQ2XXS's sub-blocks re-cut to the file's 9 bytes per channel and 32 k (2.3125 bits per
+// weight exactly): the low index bytes of the four groups (group l's at 16 l); one u32 word per
+// channel (at kWords) holding the four 7-bit sign indices where IQ2_XXS's word has them (bits
+// 7 l..) and each index's ninth bit in bit 28 + l; each channel's scale byte (at kScales). Codes as
+// IQ2_XXS's (offset 43), two scales per sub-block as IQ1_M's.
+struct IQ2XS {
+    static constexpr kt_dtype kType = KT_DTYPE_GGML_IQ2_XS;
+    static constexpr int64_t kBlockK = 256, kSubK = 32;
+    static constexpr int kBits = 8;
+    static constexpr bool kBig = false;
+    static constexpr int kIndices = 1;
+    static constexpr size_t kFileBlock = 74, kD = 0, kCodes = 32, kWords = 64, kScales = 128, kSubBytes = 144;
+    static constexpr size_t kBlockBytes = kCodes + 8 * kSubBytes;
+    static constexpr int kOffset = 43;
+    static constexpr float kScaleStep = 0.25f;
+    static constexpr size_t file_group(int j, int l) { return 2 + 2 * size_t(4 * j + l); }   // group 4j + l's u16
+    static constexpr size_t file_scale(int j) { return 66 + size_t(j); }
+    static constexpr int index(uint8_t low, uint32_t word, int l) { return low | (((word >> (28 + l)) & 1) << 8); }
+    static constexpr uint8_t magnitude(int index, int t) { return iq2xs_magnitude(index, t); }
+};
+
 // The forms whose codes are grid indices (a kernel of their own on x86).
 template <class P>
 constexpr bool kGridForm = std::is_same_v<P, IQ2XXS> || std::is_same_v<P, IQ3XXS> || std::is_same_v<P, IQ1S> ||
-                           std::is_same_v<P, IQ1M>;
+                           std::is_same_v<P, IQ1M> || std::is_same_v<P, IQ2XS>;
 
 // The grid forms' indices: half h (< kIndices) of group l's in sub-block j of the file's block
 // (IQ2_XXS and IQ3_XXS put a sub-block's 8 index bytes at 2 + 8 j, IQ1_S its 4 low bytes at 2 + 4 j),
@@ -636,6 +710,7 @@ auto with_panels(kt_dtype type, F&& f) {
         case KT_DTYPE_GGML_IQ4_NL: return f(IQ4NL{});
         case KT_DTYPE_GGML_IQ1_S: return f(IQ1S{});
         case KT_DTYPE_GGML_IQ1_M: return f(IQ1M{});
+        case KT_DTYPE_GGML_IQ2_XS: return f(IQ2XS{});
         default: return f(Q80{});
     }
 }
@@ -728,6 +803,19 @@ void pack_panel(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t n0, 
                     for (int l = 0; l < 4; ++l) sub[grid_panel_index<P>(l, 0) + lane] = blk[grid_file_index<P>(j, l, 0)];
                     std::memcpy(sub + P::kWords + 2 * size_t(lane), blk + P::file_qh(j), 2);
                 }
+            } else if constexpr (std::is_same_v<P, IQ2XS>) {
+                std::memcpy(out + P::kD + 2 * size_t(lane), blk, 2);   // d stays f16
+                for (int j = 0; j < 8; ++j) {
+                    uint8_t* sub = out + P::kCodes + size_t(j) * P::kSubBytes;
+                    uint32_t word = 0;
+                    for (int l = 0; l < 4; ++l) {
+                        const uint16_t g = uint16_t(blk[P::file_group(j, l)] | (blk[P::file_group(j, l) + 1] << 8));
+                        sub[grid_panel_index<P>(l, 0) + lane] = uint8_t(g & 0xff);
+                        word |= uint32_t(g >> 9) << (7 * l) | uint32_t((g >> 8) & 1) << (28 + l);
+                    }
+                    std::memcpy(sub + P::kWords + 4 * size_t(lane), &word, 4);
+                    sub[P::kScales + size_t(lane)] = blk[P::file_scale(j)];
+                }
             } else if constexpr (std::is_same_v<P, IQ2XXS> || std::is_same_v<P, IQ3XXS>) {
                 std::memcpy(out + P::kD + 2 * size_t(lane), blk, 2);   // d stays f16
                 for (int j = 0; j < 8; ++j) {
@@ -802,6 +890,16 @@ float weight(const uint8_t* panel, int64_t k, int lane) {
         }
         const float delta = P::negative_delta(qh, l) ? -kIq1sDelta : kIq1sDelta;
         return dl * (float(iq1s_value(P::index(sub[grid_panel_index<P>(l, 0) + lane], qh, l), t)) + delta);
+    }
+    if constexpr (std::is_same_v<P, IQ2XS>) {   // gguf-py's order: ((d (0.5 + ls)) 0.25 magnitude) sign
+        const uint8_t* sub = blk + P::kCodes + size_t(kk / 32) * P::kSubBytes;
+        const int l = int(kk % 32 / 8), t = int(kk % 8);
+        uint32_t word;
+        std::memcpy(&word, sub + P::kWords + 4 * size_t(lane), 4);
+        const int ls = (sub[P::kScales + size_t(lane)] >> (4 * (l / 2))) & 15;
+        const float db = f16_at(blk + P::kD + 2 * size_t(lane)) * (0.5f + float(ls)) * P::kScaleStep;
+        const float w = db * float(P::magnitude(P::index(sub[grid_panel_index<P>(l, 0) + lane], word, l), t));
+        return (iq2_sign_byte((word >> (7 * l)) & 127) >> t) & 1 ? -w : w;
     }
     if constexpr (std::is_same_v<P, IQ2XXS> || std::is_same_v<P, IQ3XXS>) {
         const uint8_t* sub = blk + P::kCodes + size_t(kk / 32) * P::kSubBytes;

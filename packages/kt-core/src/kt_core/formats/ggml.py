@@ -50,6 +50,7 @@ GGML_TYPES = {t.name: t for t in (
     GgmlType("IQ1_S", 19, 256, 50, "Q8_K"),
     GgmlType("IQ1_M", 29, 256, 56, "Q8_K"),
     GgmlType("IQ2_XXS", 16, 256, 66, "Q8_K"),
+    GgmlType("IQ2_XS", 17, 256, 74, "Q8_K"),
     GgmlType("IQ3_XXS", 18, 256, 98, "Q8_K"),
 )}
 
