@@ -600,46 +600,23 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
 // dots each group's codes as they are made (lone_row_sub).
 namespace iq2 {
 
-struct Grid8 {
-    alignas(64) uint64_t entry[256];   // the 8 magnitudes of each grid entry, one per byte
+// A grid as the kernels load it: per entry its T values (magnitudes, or IQ1_S's codes), one per byte.
+template <class Entry, int N>
+struct GridRows {
+    alignas(64) Entry entry[N];
 };
-constexpr Grid8 make_grid8() {
-    Grid8 g{};
-    for (int i = 0; i < 256; ++i)
-        for (int t = 0; t < 8; ++t) g.entry[i] |= uint64_t(iq2xxs_magnitude(i, t)) << (8 * t);
+template <class Entry, int N, int T, class Value>
+constexpr GridRows<Entry, N> grid_rows_of(Value value) {
+    GridRows<Entry, N> g{};
+    for (int i = 0; i < N; ++i)
+        for (int t = 0; t < T; ++t) g.entry[i] |= Entry(value(i, t)) << (8 * t);
     return g;
 }
-constexpr Grid8 kGrid8 = make_grid8();
-struct GridXs {
-    alignas(64) uint64_t entry[512];   // IQ2_XS: the 8 magnitudes of each grid entry, one per byte
-};
-constexpr GridXs make_grid_xs() {
-    GridXs g{};
-    for (int i = 0; i < 512; ++i)
-        for (int t = 0; t < 8; ++t) g.entry[i] |= uint64_t(iq2xs_magnitude(i, t)) << (8 * t);
-    return g;
-}
-constexpr GridXs kGridXs = make_grid_xs();
-struct Grid4 {
-    alignas(64) uint32_t entry[256];   // IQ3_XXS: the 4 magnitudes of each grid entry, one per byte
-};
-constexpr Grid4 make_grid4() {
-    Grid4 g{};
-    for (int i = 0; i < 256; ++i)
-        for (int t = 0; t < 4; ++t) g.entry[i] |= uint32_t(iq3xxs_magnitude(i, t)) << (8 * t);
-    return g;
-}
-constexpr Grid4 kGrid4 = make_grid4();
-struct Grid1 {
-    alignas(64) uint64_t entry[2048];   // IQ1_S: 8 (value + 1) of each grid entry's 8 values, one per byte
-};
-constexpr Grid1 make_grid1() {
-    Grid1 g{};
-    for (int i = 0; i < 2048; ++i)
-        for (int t = 0; t < 8; ++t) g.entry[i] |= uint64_t(8 * (iq1s_value(i, t) + 1)) << (8 * t);
-    return g;
-}
-constexpr Grid1 kGrid1 = make_grid1();
+constexpr auto kGrid8 = grid_rows_of<uint64_t, 256, 8>(iq2xxs_magnitude);   // IQ2_XXS
+constexpr auto kGridXs = grid_rows_of<uint64_t, 512, 8>(iq2xs_magnitude);   // IQ2_XS
+constexpr auto kGrid4 = grid_rows_of<uint32_t, 256, 4>(iq3xxs_magnitude);   // IQ3_XXS: 4 per entry
+// IQ1_S / IQ1_M: 8 (value + 1) per value.
+constexpr auto kGrid1 = grid_rows_of<uint64_t, 2048, 8>([](int i, int t) { return 8 * (iq1s_value(i, t) + 1); });
 // Channel i's 8 magnitudes of group l (of the kQLanes channels from q kQLanes): IQ2_XXS's one grid
 // row, IQ3_XXS's two half rows; IQ1_S's codes u = 8 (value + 1) + 2 [delta > 0] (its form's).
 template <class P>
