@@ -618,22 +618,15 @@ constexpr auto kGrid4 = grid_rows_of<uint32_t, 256, 4>(iq3xxs_magnitude);   // I
 // IQ1_S / IQ1_M: 8 (value + 1) per value.
 constexpr auto kGrid1 = grid_rows_of<uint64_t, 2048, 8>([](int i, int t) { return 8 * (iq1s_value(i, t) + 1); });
 // Channel i's 8 magnitudes of group l (of the kQLanes channels from q kQLanes): IQ2_XXS's one grid
-// row, IQ3_XXS's two half rows; IQ1_S's codes u = 8 (value + 1) + 2 [delta > 0] (its form's).
+// row, IQ3_XXS's two half rows (their 8-bit indices as stored).
 template <class P>
 constexpr bool kUnsignedGrid = std::is_same_v<P, IQ1S> || std::is_same_v<P, IQ1M>;
+// The forms whose indices are wider than a byte (IQ1_S, IQ1_M: 11 bits; IQ2_XS: 9): made for a whole
+// sub-block by vector ops first (grid_indices), then each row is one load.
+template <class P>
+constexpr bool kWideIndices = kUnsignedGrid<P> || std::is_same_v<P, IQ2XS>;
 template <class P>
 inline int64_t grid_row(const uint8_t* sub, int l, int i) {
-    if constexpr (kUnsignedGrid<P>) {
-        uint16_t qh;
-        std::memcpy(&qh, sub + P::kWords + 2 * size_t(i), 2);
-        const uint64_t up = P::negative_delta(qh, l) ? 0 : 0x0202020202020202ull;   // no byte carries: u <= 18
-        return int64_t(kGrid1.entry[P::index(sub[grid_panel_index<P>(l, 0) + i], qh, l)] + up);
-    }
-    if constexpr (std::is_same_v<P, IQ2XS>) {
-        uint32_t word;
-        std::memcpy(&word, sub + P::kWords + 4 * size_t(i), 4);
-        return int64_t(kGridXs.entry[P::index(sub[grid_panel_index<P>(l, 0) + i], word, l)]);
-    }
     if constexpr (std::is_same_v<P, IQ2XXS>) return int64_t(kGrid8.entry[sub[grid_panel_index<P>(l, 0) + i]]);
     return int64_t(kGrid4.entry[sub[grid_panel_index<P>(l, 0) + i]] | uint64_t(kGrid4.entry[sub[grid_panel_index<P>(l, 1) + i]]) << 32);
 }
@@ -679,6 +672,77 @@ inline void channel_order(const VI* t, VI* out) {
 }
 #endif
 constexpr int kQ = kPanel / kQLanes;   // qword vectors per panel
+
+// kLanes u8 / u16 -> u32.
+inline VI widen_u8_i32(const uint8_t* p) {
+#if defined(__AVX512F__)
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#else
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+#endif
+}
+inline VI widen_u16(const uint8_t* p) {
+#if defined(__AVX512F__)
+    return _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+#else
+    return _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#endif
+}
+#if defined(__AVX512F__)
+inline VI srl32(VI a, int n) { return _mm512_srli_epi32(a, unsigned(n)); }
+inline VI vandnot_i(VI a, VI b) { return _mm512_andnot_si512(a, b); }   // ~a & b
+inline VI add_u8(VI a, VI b) { return _mm512_add_epi8(a, b); }
+inline void store_u32(uint32_t* p, VI v) { _mm512_store_si512(p, v); }
+#else
+inline VI srl32(VI a, int n) { return _mm256_srli_epi32(a, n); }
+inline VI vandnot_i(VI a, VI b) { return _mm256_andnot_si256(a, b); }
+inline VI add_u8(VI a, VI b) { return _mm256_add_epi8(a, b); }
+inline void store_u32(uint32_t* p, VI v) { _mm256_store_si256(reinterpret_cast<__m256i*>(p), v); }
+#endif
+
+// A sub-block's grid indices for the kWideIndices forms: idx[l][i], group l of channel i — the low
+// byte as stored, the high bits from the channel's qh (IQ1) or sign word (IQ2_XS).
+template <class P>
+inline void grid_indices(const uint8_t* sub, uint32_t (*idx)[kPanel]) {
+    for (int v = 0; v < kVecsPerPanel; ++v) {
+        VI high;
+        if constexpr (std::is_same_v<P, IQ2XS>) high = vloadi(sub + P::kWords + size_t(v) * kLanes * 4);
+        else high = widen_u16(sub + P::kWords + 2 * size_t(v) * kLanes);
+        for (int l = 0; l < 4; ++l) {
+            const int at = std::is_same_v<P, IQ2XS> ? 28 + l : std::is_same_v<P, IQ1S> ? 3 * l : 4 * l;
+            const VI top = vand(srl32(high, at), vset1i(std::is_same_v<P, IQ2XS> ? 1 : 7));
+            store_u32(idx[l] + v * kLanes, vor(widen_u8_i32(sub + grid_panel_index<P>(l, 0) + size_t(v) * kLanes), vslli32<8>(top)));
+        }
+    }
+}
+// The rows of channels q kQLanes .. of `grid` at the given indices (scalar loads: faster than
+// vpgatherdq on Zen 4, and AVX2 hosts' gathers are slower still).
+template <class Grid>
+inline VI rows_at(const Grid& grid, const uint32_t* idx) {
+#if defined(__AVX512F__)
+    return _mm512_set_epi64(int64_t(grid.entry[idx[7]]), int64_t(grid.entry[idx[6]]), int64_t(grid.entry[idx[5]]),
+                            int64_t(grid.entry[idx[4]]), int64_t(grid.entry[idx[3]]), int64_t(grid.entry[idx[2]]),
+                            int64_t(grid.entry[idx[1]]), int64_t(grid.entry[idx[0]]));
+#else
+    return _mm256_set_epi64x(int64_t(grid.entry[idx[3]]), int64_t(grid.entry[idx[2]]), int64_t(grid.entry[idx[1]]),
+                             int64_t(grid.entry[idx[0]]));
+#endif
+}
+// IQ1: 2 in every byte of the channels' qwords whose group l has a positive delta (bit `at` of qh
+// clear), else 0 — the byte made per 32-bit lane, moved to its qword and spread over it.
+template <class P>
+inline void delta_up(const uint8_t* sub, int l, VI* up) {
+    const int at = std::is_same_v<P, IQ1S> ? 15 : 4 * l + 3;
+    alignas(64) static constexpr uint8_t kSpread[64] = {0, 0, 0, 0, 0, 0, 0, 0, 8, 8, 8, 8, 8, 8, 8, 8,
+                                                        0, 0, 0, 0, 0, 0, 0, 0, 8, 8, 8, 8, 8, 8, 8, 8,
+                                                        0, 0, 0, 0, 0, 0, 0, 0, 8, 8, 8, 8, 8, 8, 8, 8,
+                                                        0, 0, 0, 0, 0, 0, 0, 0, 8, 8, 8, 8, 8, 8, 8, 8};
+    for (int v = 0; v < kVecsPerPanel; ++v) {
+        const VI two = vslli32<1>(vandnot_i(srl32(widen_u16(sub + P::kWords + 2 * size_t(v) * kLanes), at), vset1i(1)));
+        up[2 * v] = shuffle_bytes(qwords<0>(two), vloadi(kSpread));
+        up[2 * v + 1] = shuffle_bytes(qwords<1>(two), vloadi(kSpread));
+    }
+}
 
 // The sub-block's sign words as qword vectors (channel q * kQLanes + i in qword i of vector q).
 // Without VBMI each word first becomes its four groups' sign bytes (byte l: the 7-bit index of
@@ -805,6 +869,8 @@ template <class P, class F>
 inline void each_signed_group(const uint8_t* sub, F&& f) {
     VI wq[kQ];
     words_as_qwords(sub + P::kWords, wq);
+    alignas(64) uint32_t idx[kWideIndices<P> ? 4 : 1][kPanel];
+    if constexpr (kWideIndices<P>) grid_indices<P>(sub, idx);
 #if defined(__AVX512VBMI__)
     // The 256-entry grids in registers; IQ2_XS's 512 entries by scalar loads, as elsewhere.
     constexpr bool kRegisterGrid = !std::is_same_v<P, IQ2XS>;
@@ -820,7 +886,9 @@ inline void each_signed_group(const uint8_t* sub, F&& f) {
 #endif
     const auto group = [&]<int l>() {
         VI u[kQ];
-        if constexpr (!kRegisterGrid) {
+        if constexpr (kWideIndices<P>) {
+            for (int q = 0; q < kQ; ++q) u[q] = group_codes<P, l>(rows_at(kGridXs, idx[l] + q * kQLanes), wq[q]);
+        } else if constexpr (!kRegisterGrid) {
             for (int q = 0; q < kQ; ++q) u[q] = group_codes<P, l>(grid_rows<P>(sub, l, q), wq[q]);
         } else {
 #if defined(__AVX512VBMI__)
@@ -844,10 +912,15 @@ inline void each_signed_group(const uint8_t* sub, F&& f) {
 // f.template operator()<l>(u) with group l's codes u[kQ], for l = 0..3 of the sub-block.
 template <class P, class F>
 inline void each_group(const uint8_t* sub, F&& f) {
-    if constexpr (kUnsignedGrid<P>) {   // no signs: the codes are the grid rows (scalar loads everywhere)
+    if constexpr (kUnsignedGrid<P>) {   // no signs: the codes are the grid rows (scalar loads everywhere), delta added
+        alignas(64) uint32_t idx[4][kPanel];
+        grid_indices<P>(sub, idx);
+        VI up[kQ];
+        if constexpr (std::is_same_v<P, IQ1S>) delta_up<P>(sub, 0, up);   // one delta per sub-block
         const auto group = [&]<int l>() {
+            if constexpr (std::is_same_v<P, IQ1M>) delta_up<P>(sub, l, up);   // one per group
             VI u[kQ];
-            for (int q = 0; q < kQ; ++q) u[q] = grid_rows<P>(sub, l, q);
+            for (int q = 0; q < kQ; ++q) u[q] = add_u8(rows_at(kGrid1, idx[l] + q * kQLanes), up[q]);
             f.template operator()<l>(static_cast<const VI*>(u));
         };
         group.template operator()<0>();
@@ -860,14 +933,6 @@ inline void each_group(const uint8_t* sub, F&& f) {
 }
 
 // The sub-block's channel scales in the accumulators' layout.
-// kLanes u16 -> i32.
-inline VI widen_u16(const uint8_t* p) {
-#if defined(__AVX512F__)
-    return _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-#else
-    return _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-#endif
-}
 inline VI odd_of(VI s3) { return vor(vaddi(s3, s3), vset1i(1)); }   // 2 s + 1
 
 // A block's f16 d per channel: the file's (IQ2_XXS, IQ3_XXS, IQ1_S), or IQ1_M's from the top
