@@ -728,20 +728,26 @@ inline VI rows_at(const Grid& grid, const uint32_t* idx) {
                              int64_t(grid.entry[idx[0]]));
 #endif
 }
-// IQ1: 2 in every byte of the channels' qwords whose group l has a positive delta (bit `at` of qh
-// clear), else 0 — the byte made per 32-bit lane, moved to its qword and spread over it.
+// IQ1: the sub-block's qh words as qwords (channel q kQLanes + i in qword i of vector q), once.
 template <class P>
-inline void delta_up(const uint8_t* sub, int l, VI* up) {
+inline void qh_qwords(const uint8_t* sub, VI* qhq) {
+    for (int v = 0; v < kVecsPerPanel; ++v) {
+        const VI qh = widen_u16(sub + P::kWords + 2 * size_t(v) * kLanes);
+        qhq[2 * v] = qwords<0>(qh);
+        qhq[2 * v + 1] = qwords<1>(qh);
+    }
+}
+// IQ1: 2 in every byte of the channels' qwords whose group l has a positive delta (bit `at` of qh
+// clear), else 0 — the bit made in each qword's low byte and spread over the qword.
+template <class P>
+inline void delta_up(const VI* qhq, int l, VI* up) {
     const int at = std::is_same_v<P, IQ1S> ? 15 : 4 * l + 3;
     alignas(64) static constexpr uint8_t kSpread[64] = {0, 0, 0, 0, 0, 0, 0, 0, 8, 8, 8, 8, 8, 8, 8, 8,
                                                         0, 0, 0, 0, 0, 0, 0, 0, 8, 8, 8, 8, 8, 8, 8, 8,
                                                         0, 0, 0, 0, 0, 0, 0, 0, 8, 8, 8, 8, 8, 8, 8, 8,
                                                         0, 0, 0, 0, 0, 0, 0, 0, 8, 8, 8, 8, 8, 8, 8, 8};
-    for (int v = 0; v < kVecsPerPanel; ++v) {
-        const VI two = vslli32<1>(vandnot_i(srl32(widen_u16(sub + P::kWords + 2 * size_t(v) * kLanes), at), vset1i(1)));
-        up[2 * v] = shuffle_bytes(qwords<0>(two), vloadi(kSpread));
-        up[2 * v + 1] = shuffle_bytes(qwords<1>(two), vloadi(kSpread));
-    }
+    for (int q = 0; q < kQ; ++q)   // qh's bits stay in the low dword: a 32-bit shift is the qword's
+        up[q] = shuffle_bytes(vslli32<1>(vandnot_i(srl32(qhq[q], at), vset1i(1))), vloadi(kSpread));
 }
 
 // The sub-block's sign words as qword vectors (channel q * kQLanes + i in qword i of vector q).
@@ -915,10 +921,11 @@ inline void each_group(const uint8_t* sub, F&& f) {
     if constexpr (kUnsignedGrid<P>) {   // no signs: the codes are the grid rows (scalar loads everywhere), delta added
         alignas(64) uint32_t idx[4][kPanel];
         grid_indices<P>(sub, idx);
-        VI up[kQ];
-        if constexpr (std::is_same_v<P, IQ1S>) delta_up<P>(sub, 0, up);   // one delta per sub-block
+        VI qhq[kQ], up[kQ];
+        qh_qwords<P>(sub, qhq);
+        if constexpr (std::is_same_v<P, IQ1S>) delta_up<P>(qhq, 0, up);   // one delta per sub-block
         const auto group = [&]<int l>() {
-            if constexpr (std::is_same_v<P, IQ1M>) delta_up<P>(sub, l, up);   // one per group
+            if constexpr (std::is_same_v<P, IQ1M>) delta_up<P>(qhq, l, up);   // one per group
             VI u[kQ];
             for (int q = 0; q < kQ; ++q) u[q] = add_u8(rows_at(kGrid1, idx[l] + q * kQLanes), up[q]);
             f.template operator()<l>(static_cast<const VI*>(u));
