@@ -131,19 +131,20 @@ def test_swiglu_settings_are_checked():
 
 
 @pytest.mark.parametrize("types", [("Q4_K", "Q4_K", "Q6_K"), ("Q2_K", "Q3_K", "Q5_K"), ("IQ4_XS",) * 3,
-                                   ("Q8_0", "Q8_0", "Q4_0"), ("Q4_K", "Q4_K", "Q8_0")], ids=lambda t: "-".join(t))
+                                   ("Q8_0", "Q8_0", "Q4_0"), ("Q4_K", "Q4_K", "Q8_0"), ("Q5_1", "Q4_1", "Q5_0"),
+                                   ("IQ1_M", "IQ1_S", "IQ4_NL"), ("IQ2_XS", "IQ2_XS", "IQ2_XXS")], ids=lambda t: "-".join(t))
 def test_reference_llamafile_activation_precisions(types):
     """LLAMAFILE's two activation precisions on the reference backend, the oracle of every
     kernel: exact f32 activations (fast_activations=False), and with fast_activations=True (the
     default) what llama.cpp's activation blocks carry for each matrix's type — Q8_K
-    (ggml_blocks.q8k_activations, written from ggml's quantize_row_q8_K) or, for Q4_0 / Q8_0,
+    (ggml_blocks.q8k_activations, written from ggml's quantize_row_q8_K) or, for the 32-element types,
     Q8_0 (q8_0_activations, from its x86 quantize_row_q8_0: f16 scales per 32)."""
     pytest.importorskip("gguf")
     from kt_core.testing.ggml_blocks import dequantize, llama_activations, random_blocks
 
     # K = 320 for the 32-element types: a short last activation group (64 of 256) in two passes.
     E, K, T = 6, 2, 9
-    H, I = (320, 96) if types[0] == "Q8_0" else (512, 256)
+    H, I = (320, 96) if types[0] in ("Q8_0", "Q5_1") else (512, 256)
     rng = np.random.default_rng(3)
     blocks = [random_blocks(rng, t, s) for t, s in zip(types, ((E, I, H), (E, I, H), (E, H, I)))]
     dense = [dequantize(b, t) for b, t in zip(blocks, types)]
