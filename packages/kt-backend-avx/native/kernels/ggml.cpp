@@ -967,7 +967,7 @@ inline VF block_d(const uint8_t* blk, int v) {
 // Sub-block j's channel scales: IQ2_XXS, IQ3_XXS: d * (0.5 + ls) * step; IQ1_S: d * (2 s + 1) / 8
 // (its codes are 8 times the values: exact); IQ1_M: the same per 16 k, two of them.
 template <class P>
-inline void sub_scales(const uint8_t* sub, const VF* d, int j, VF* scale) {
+inline void sub_scales(const uint8_t* sub, const VF* d, int j, VF* scale, int h = 0) {   // kHalfScales: half h's
     for (int v = 0; v < kVecsPerPanel; ++v) {
 #if defined(__AVX512F__)
         const auto as_int = [](VF f) { return _mm512_castps_si512(f); };
@@ -979,33 +979,11 @@ inline void sub_scales(const uint8_t* sub, const VF* d, int j, VF* scale) {
         VI sj;
         if constexpr (std::is_same_v<P, IQ1M>) {
             const uint8_t* header = sub - P::kCodes - size_t(j) * P::kSubBytes + P::kD;
-            const VI word = widen_u16(header + 32 * size_t(j / 2) + 2 * size_t(v) * kLanes);
-            for (int h = 0; h < 2; ++h) {
-                const int at = 6 * (j % 2) + 3 * h;
-#if defined(__AVX512F__)
-                const VI s3 = vand(_mm512_srli_epi32(word, unsigned(at)), vset1i(7));
-#else
-                const VI s3 = vand(_mm256_srli_epi32(word, at), vset1i(7));
-#endif
-                const VI sh = as_int(vmul(vmul(d[v], vcvt(odd_of(s3))), vset1(0.125f)));
-                scale[h * kQ + 2 * v] = as_float(qwords<0>(sh));
-                scale[h * kQ + 2 * v + 1] = as_float(qwords<1>(sh));
-            }
-            continue;
+            const VI s3 = vand(srl32(widen_u16(header + 32 * size_t(j / 2) + 2 * size_t(v) * kLanes), 6 * (j % 2) + 3 * h), vset1i(7));
+            sj = as_int(vmul(vmul(d[v], vcvt(odd_of(s3))), vset1(0.125f)));
         } else if constexpr (std::is_same_v<P, IQ2XS>) {
-#if defined(__AVX512F__)
-            const VI bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sub + P::kScales)));
-            const VI ls[2] = {vand(bytes, vset1i(15)), _mm512_srli_epi32(bytes, 4)};
-#else
-            const VI bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub + P::kScales + 8 * size_t(v))));
-            const VI ls[2] = {vand(bytes, vset1i(15)), _mm256_srli_epi32(bytes, 4)};
-#endif
-            for (int h = 0; h < 2; ++h) {
-                const VI sh = as_int(vmul(vmul(d[v], vadd(vset1(0.5f), vcvt(ls[h]))), vset1(P::kScaleStep)));
-                scale[h * kQ + 2 * v] = as_float(qwords<0>(sh));
-                scale[h * kQ + 2 * v + 1] = as_float(qwords<1>(sh));
-            }
-            continue;
+            const VI ls = vand(srl32(widen_u8_i32(sub + P::kScales + size_t(v) * kLanes), 4 * h), vset1i(15));
+            sj = as_int(vmul(vmul(d[v], vadd(vset1(0.5f), vcvt(ls))), vset1(P::kScaleStep)));
         } else if constexpr (std::is_same_v<P, IQ1S>) {
             const VI qh = widen_u16(sub + P::kWords + 2 * size_t(v) * kLanes);
 #if defined(__AVX512F__)
@@ -1034,6 +1012,7 @@ inline void decode_sub(const uint8_t* sub, const VF* d, int j, SubBlock& sb) {
         for (int q = 0; q < kQ; ++q) sb.u[l][q] = u[q];
     });
     sub_scales<P>(sub, d, j, sb.scale);
+    if constexpr (kHalfScales<P>) sub_scales<P>(sub, d, j, sb.scale + kQ, 1);
 }
 
 // A row's dots with group l's codes: hi (and lo) += u . the 8 activations at k0 + 32 j + 8 l.
@@ -1071,12 +1050,12 @@ inline void finish_span(const VI* hi, const VI* lo, const VF* scale, const ActRo
     }
 }
 
-// IQ1_M: after group l's dots, a half's end (l = 1, 3) finishes the half with its scale and clears
-// the dots.
+// IQ1_M, IQ2_XS: after group l's dots, a half's end (l = 1, 3) finishes the half with its scales
+// (kQ vectors) and clears the dots.
 template <class P, bool kTwoPass>
 inline void finish_half(int l, VI* hi, VI* lo, const VF* scale, const ActRow& a, int64_t k0, int j, VF* acc) {
     if (l % 2 == 0) return;
-    finish_span<P, kTwoPass>(hi, lo, scale + (l / 2) * kQ, a, k0, (k0 + 32 * j) / 16 + l / 2, 1, acc);
+    finish_span<P, kTwoPass>(hi, lo, scale, a, k0, (k0 + 32 * j) / 16 + l / 2, 1, acc);
     for (int q = 0; q < kQ; ++q) hi[q] = lo[q] = vzeroi();
 }
 
@@ -1087,23 +1066,25 @@ inline void row_sub(const SubBlock& sb, const ActRow& a, int64_t k0, int j, VF* 
     for (int q = 0; q < kQ; ++q) hi[q] = lo[q] = vzeroi();
     for (int l = 0; l < 4; ++l) {
         group_dots<kTwoPass>(sb.u[l], a, k0 + 32 * j + 8 * l, hi, lo);
-        if constexpr (kHalfScales<P>) finish_half<P, kTwoPass>(l, hi, lo, sb.scale, a, k0, j, acc);
+        if constexpr (kHalfScales<P>) finish_half<P, kTwoPass>(l, hi, lo, sb.scale + (l / 2) * kQ, a, k0, j, acc);
     }
     if constexpr (!kHalfScales<P>) finish_span<P, kTwoPass>(hi, lo, sb.scale, a, k0, (k0 + 32 * j) / 16, 2, acc);
 }
 
 // One row alone (decode): each group's codes dotted as they are made, nothing kept but the
-// accumulators (AVX2's 16 registers would not hold a whole sub-block's codes; the scales are made
-// after the dots but for IQ1_M's, which its halves need on the way).
+// accumulators (AVX2's 16 registers would not hold a whole sub-block's codes); the scales are made
+// where they are used, after the dots (each half's after its two groups).
 template <class P, bool kTwoPass>
 inline void lone_row_sub(const uint8_t* sub, const VF* d, const ActRow& a, int64_t k0, int j, VF* acc) {
     VI hi[kQ], lo[kQ];
     for (int q = 0; q < kQ; ++q) hi[q] = lo[q] = vzeroi();
-    VF scale[2 * kQ];
-    if constexpr (kHalfScales<P>) sub_scales<P>(sub, d, j, scale);
+    VF scale[kQ];
     each_group<P>(sub, [&]<int l>(const VI* u) {
         group_dots<kTwoPass>(u, a, k0 + 32 * j + 8 * l, hi, lo);
-        if constexpr (kHalfScales<P>) finish_half<P, kTwoPass>(l, hi, lo, scale, a, k0, j, acc);
+        if constexpr (kHalfScales<P> && l % 2 == 1) {
+            sub_scales<P>(sub, d, j, scale, l / 2);
+            finish_half<P, kTwoPass>(l, hi, lo, scale, a, k0, j, acc);
+        }
     });
     if constexpr (!kHalfScales<P>) {
         sub_scales<P>(sub, d, j, scale);
