@@ -141,7 +141,6 @@ void dq_q6_k(const uint8_t* b, float* y) {
     }
 }
 
-constexpr int8_t kIq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 void dq_iq4_xs(const uint8_t* b, float* y) {
     const float d = f16(b);
@@ -152,8 +151,8 @@ void dq_iq4_xs(const uint8_t* b, float* y) {
         const int ls = (((scales_l[j / 2] >> (4 * (j % 2))) & 15) | (((scales_h >> (2 * j)) & 3) << 4)) - 32;
         const float dl = d * float(ls);
         for (int l = 0; l < 16; ++l) {
-            y[32 * j + l] = dl * float(kIq4nl[qs[16 * j + l] & 15]);
-            y[32 * j + 16 + l] = dl * float(kIq4nl[qs[16 * j + l] >> 4]);
+            y[32 * j + l] = dl * float(kt::layouts::ggml::kIq4Values[qs[16 * j + l] & 15]);
+            y[32 * j + 16 + l] = dl * float(kt::layouts::ggml::kIq4Values[qs[16 * j + l] >> 4]);
         }
     }
 }
@@ -161,8 +160,8 @@ void dq_iq4_xs(const uint8_t* b, float* y) {
 void dq_iq4_nl(const uint8_t* b, float* y) {
     const float d = f16(b);
     for (int l = 0; l < 16; ++l) {
-        y[l] = d * float(kIq4nl[b[2 + l] & 15]);
-        y[l + 16] = d * float(kIq4nl[b[2 + l] >> 4]);
+        y[l] = d * float(kt::layouts::ggml::kIq4Values[b[2 + l] & 15]);
+        y[l + 16] = d * float(kt::layouts::ggml::kIq4Values[b[2 + l] >> 4]);
     }
 }
 
@@ -243,28 +242,26 @@ struct TypeInfo {
     const char* name;
     int64_t block_elems, block_bytes;
     void (*dequantize)(const uint8_t*, float*);
-    // Byte offsets of the block's f16 scales, checked finite at load (-1: none).
-    int scale_at[2];
 };
 
 const TypeInfo kTypes[] = {
-    {KT_DTYPE_GGML_Q4_0, "Q4_0", 32, 18, dq_q4_0, {0, -1}},
-    {KT_DTYPE_GGML_Q4_1, "Q4_1", 32, 20, dq_q4_1, {0, 2}},
-    {KT_DTYPE_GGML_Q5_0, "Q5_0", 32, 22, dq_q5_0, {0, -1}},
-    {KT_DTYPE_GGML_Q5_1, "Q5_1", 32, 24, dq_q5_1, {0, 2}},
-    {KT_DTYPE_GGML_Q8_0, "Q8_0", 32, 34, dq_q8_0, {0, -1}},
-    {KT_DTYPE_GGML_Q2_K, "Q2_K", 256, 84, dq_q2_k, {80, 82}},
-    {KT_DTYPE_GGML_Q3_K, "Q3_K", 256, 110, dq_q3_k, {108, -1}},
-    {KT_DTYPE_GGML_Q4_K, "Q4_K", 256, 144, dq_q4_k, {0, 2}},
-    {KT_DTYPE_GGML_Q5_K, "Q5_K", 256, 176, dq_q5_k, {0, 2}},
-    {KT_DTYPE_GGML_Q6_K, "Q6_K", 256, 210, dq_q6_k, {208, -1}},
-    {KT_DTYPE_GGML_IQ4_NL, "IQ4_NL", 32, 18, dq_iq4_nl, {0, -1}},
-    {KT_DTYPE_GGML_IQ4_XS, "IQ4_XS", 256, 136, dq_iq4_xs, {0, -1}},
-    {KT_DTYPE_GGML_IQ1_S, "IQ1_S", 256, 50, dq_iq1_s, {0, -1}},
-    {KT_DTYPE_GGML_IQ1_M, "IQ1_M", 256, 56, dq_iq1_m, {-1, -1}},   // d in four words' nibbles: checked below
-    {KT_DTYPE_GGML_IQ2_XS, "IQ2_XS", 256, 74, dq_iq2_xs, {0, -1}},
-    {KT_DTYPE_GGML_IQ2_XXS, "IQ2_XXS", 256, 66, dq_grid<kt::layouts::ggml::IQ2XXS>, {0, -1}},
-    {KT_DTYPE_GGML_IQ3_XXS, "IQ3_XXS", 256, 98, dq_grid<kt::layouts::ggml::IQ3XXS>, {0, -1}},
+    {KT_DTYPE_GGML_Q4_0, "Q4_0", 32, 18, dq_q4_0},
+    {KT_DTYPE_GGML_Q4_1, "Q4_1", 32, 20, dq_q4_1},
+    {KT_DTYPE_GGML_Q5_0, "Q5_0", 32, 22, dq_q5_0},
+    {KT_DTYPE_GGML_Q5_1, "Q5_1", 32, 24, dq_q5_1},
+    {KT_DTYPE_GGML_Q8_0, "Q8_0", 32, 34, dq_q8_0},
+    {KT_DTYPE_GGML_Q2_K, "Q2_K", 256, 84, dq_q2_k},
+    {KT_DTYPE_GGML_Q3_K, "Q3_K", 256, 110, dq_q3_k},
+    {KT_DTYPE_GGML_Q4_K, "Q4_K", 256, 144, dq_q4_k},
+    {KT_DTYPE_GGML_Q5_K, "Q5_K", 256, 176, dq_q5_k},
+    {KT_DTYPE_GGML_Q6_K, "Q6_K", 256, 210, dq_q6_k},
+    {KT_DTYPE_GGML_IQ4_NL, "IQ4_NL", 32, 18, dq_iq4_nl},
+    {KT_DTYPE_GGML_IQ4_XS, "IQ4_XS", 256, 136, dq_iq4_xs},
+    {KT_DTYPE_GGML_IQ1_S, "IQ1_S", 256, 50, dq_iq1_s},
+    {KT_DTYPE_GGML_IQ1_M, "IQ1_M", 256, 56, dq_iq1_m},
+    {KT_DTYPE_GGML_IQ2_XS, "IQ2_XS", 256, 74, dq_iq2_xs},
+    {KT_DTYPE_GGML_IQ2_XXS, "IQ2_XXS", 256, 66, dq_grid<kt::layouts::ggml::IQ2XXS>},
+    {KT_DTYPE_GGML_IQ3_XXS, "IQ3_XXS", 256, 98, dq_grid<kt::layouts::ggml::IQ3XXS>},
 };
 
 const TypeInfo* type_info(kt_dtype dtype) {
@@ -361,14 +358,11 @@ kt_status pack_expert(const kt_moe_config* s, const kt_expert_weights* src, void
         if (w[p]->scales.data || w[p]->zeros.data)
             return fail(KT_ERROR_INVALID_ARGUMENT, who + ": ggml blocks hold their scales; none may be given");
         const auto* bytes = static_cast<const uint8_t*>(v.data);
+        // Where the block's f16 scales sit: the packed layouts' description of the file's blocks.
+        const kt::layouts::ggml::BlockType* block = kt::layouts::ggml::block_type(m.type->dtype);
         for (int64_t r = 0; r < m.rows; ++r)
             for (int64_t b = 0; b < m.row_bytes; b += m.type->block_bytes) {
-                const uint8_t* blk = bytes + r * v.row_stride + b;
-                bool bad = false;   // an f16 with an all-ones exponent: NaN or Inf
-                for (int at : m.type->scale_at) bad |= at >= 0 && (u16(blk + at) & 0x7c00u) == 0x7c00u;
-                if (m.type->dtype == KT_DTYPE_GGML_IQ1_M)   // its d in four words' nibbles
-                    bad |= (kt::layouts::ggml::iq1m_d_bits(blk + kt::layouts::ggml::kIq1mWords) & 0x7c00u) == 0x7c00u;
-                if (bad)
+                if (kt::layouts::ggml::non_finite_scale(*block, bytes + r * v.row_stride + b))
                     return fail(KT_ERROR_INVALID_ARGUMENT,
                                 who + " row " + std::to_string(r) + " block " + std::to_string(b / m.type->block_bytes) +
                                     " has a NaN or Inf scale; kt refuses non-finite weights at load");

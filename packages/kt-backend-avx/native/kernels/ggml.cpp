@@ -204,14 +204,15 @@ inline VI vmullo(VI a, VI b) {
 #endif
 }
 
-// kLanes u8 -> f32.
-inline VF widen_u8(const uint8_t* p) {
+// kLanes u8 -> i32, -> f32.
+inline VI widen_u8_i32(const uint8_t* p) {
 #if defined(__AVX512F__)
-    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 #else
-    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
 #endif
 }
+inline VF widen_u8(const uint8_t* p) { return vcvt(widen_u8_i32(p)); }
 
 
 // 8-bit codes: VNNI's vpdpbusd takes u = q + 128 as they are (the 128 * sum term removes the
@@ -520,9 +521,9 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
             }
             VF s[kVecsPerPanel], sz[kVecsPerPanel];
             for (int v = 0; v < kVecsPerPanel; ++v) {
-                if constexpr (std::is_same_v<P, Q40> || std::is_same_v<P, Q50>) {
+                if constexpr (nibble_zero<P>() != 0) {   // Q4_0, Q5_0: w = d * (u - zero)
                     s[v] = widen_f16(blk + P::kD + 2 * size_t(v) * kLanes);
-                    sz[v] = vmul(s[v], vset1(std::is_same_v<P, Q40> ? 8.0f : 16.0f));
+                    sz[v] = vmul(s[v], vset1(float(nibble_zero<P>())));
                     continue;
                 }
                 if constexpr (kAddedMin<P>) {   // Q4_1, Q5_1: w = d * u + m
@@ -587,15 +588,17 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
         }
 }
 
-// ---- IQ2_XXS, IQ3_XXS and IQ1_S: grid indices (ggml_panels.h's IQ2XXS, IQ3XXS, IQ1S) -----------
+// ---- the grid types: IQ2_XXS, IQ3_XXS, IQ2_XS, IQ1_S, IQ1_M (ggml_panels.h's kGridForm) ---------
 // Per 8-k group a channel's magnitudes are one grid entry (IQ3_XXS: two half entries), one qword
 // per channel: VBMI targets look the grid's 2- or 4-bit code words up in registers (grid_words),
 // the others load the grid's rows (grid_rows); the signs come from the sign word (7 bits -> the
 // byte with its parity bit, spread over the qword, tested per element). u = offset + sign *
 // magnitude (offset 43 / 62: u in 0..86 / 0..124) then dots 8 activations broadcast per qword:
 // each channel's two dword lanes hold k 0..3 and 4..7 of the group, added at the sub-block's end.
-// IQ1_S has no signs and a grid of 2048 (11-bit indices, the top 3 bits in the sub-block's qh word):
-// its rows are loaded on every target, each already u = 8 (value + 1) + 2 [delta > 0] (offset 9).
+// IQ1_S and IQ1_M have no signs and a grid of 2048 (11-bit indices, the top 3 bits in qh), IQ2_XS a
+// grid of 512: their indices are made per sub-block by vector ops and their rows loaded on every
+// target; IQ1's rows are u = 8 (value + 1) + 2 [delta > 0] (offset 9). IQ1_M's and IQ2_XS's scales
+// are per 16 k: their sub-blocks finish in two halves.
 // Prefill decodes a sub-block once for all the rows of a call (decode_sub); a lone decode row
 // dots each group's codes as they are made (lone_row_sub).
 namespace iq2 {
@@ -673,14 +676,7 @@ inline void channel_order(const VI* t, VI* out) {
 #endif
 constexpr int kQ = kPanel / kQLanes;   // qword vectors per panel
 
-// kLanes u8 / u16 -> u32.
-inline VI widen_u8_i32(const uint8_t* p) {
-#if defined(__AVX512F__)
-    return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-#else
-    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-#endif
-}
+// kLanes u16 -> u32.
 inline VI widen_u16(const uint8_t* p) {
 #if defined(__AVX512F__)
     return _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -864,13 +860,13 @@ inline VI group_codes(VI g, VI sq) {
 // accumulators are: channel i of vector q in the low dword of qword i (the high dwords 0).
 struct SubBlock {
     VI u[4][kQ];
-    VF scale[2 * kQ];   // [h * kQ + q]: IQ1_M's two halves' scales (16 k each); the others' one in h = 0
+    VF scale[2 * kQ];   // [h * kQ + q]: kHalfScales' two halves' scales (16 k each); the others' one in h = 0
 };
-// IQ1_M's scales are per 16 k: each sub-block's dots finish in two halves of two groups.
+// IQ1_M's and IQ2_XS's scales are per 16 k: each sub-block's dots finish in two halves of two groups.
 template <class P>
 constexpr bool kHalfScales = std::is_same_v<P, IQ1M> || std::is_same_v<P, IQ2XS>;
 
-// IQ2_XXS's and IQ3_XXS's groups: grid magnitudes with the sign words applied.
+// IQ2_XXS's, IQ3_XXS's and IQ2_XS's groups: grid magnitudes with the sign words applied.
 template <class P, class F>
 inline void each_signed_group(const uint8_t* sub, F&& f) {
     VI wq[kQ];
@@ -939,7 +935,6 @@ inline void each_group(const uint8_t* sub, F&& f) {
     }
 }
 
-// The sub-block's channel scales in the accumulators' layout.
 inline VI odd_of(VI s3) { return vor(vaddi(s3, s3), vset1i(1)); }   // 2 s + 1
 
 // A block's f16 d per channel: the file's (IQ2_XXS, IQ3_XXS, IQ1_S), or IQ1_M's from the top
@@ -965,7 +960,7 @@ inline VF block_d(const uint8_t* blk, int v) {
 }
 
 // Sub-block j's channel scales: IQ2_XXS, IQ3_XXS: d * (0.5 + ls) * step; IQ1_S: d * (2 s + 1) / 8
-// (its codes are 8 times the values: exact); IQ1_M: the same per 16 k, two of them.
+// (its codes are 8 times the values: exact); the kHalfScales forms (IQ1_M, IQ2_XS): half h's of these.
 template <class P>
 inline void sub_scales(const uint8_t* sub, const VF* d, int j, VF* scale, int h = 0) {   // kHalfScales: half h's
     for (int v = 0; v < kVecsPerPanel; ++v) {
@@ -985,12 +980,7 @@ inline void sub_scales(const uint8_t* sub, const VF* d, int j, VF* scale, int h 
             const VI ls = vand(srl32(widen_u8_i32(sub + P::kScales + size_t(v) * kLanes), 4 * h), vset1i(15));
             sj = as_int(vmul(vmul(d[v], vadd(vset1(0.5f), vcvt(ls))), vset1(P::kScaleStep)));
         } else if constexpr (std::is_same_v<P, IQ1S>) {
-            const VI qh = widen_u16(sub + P::kWords + 2 * size_t(v) * kLanes);
-#if defined(__AVX512F__)
-            const VI s3 = vand(_mm512_srli_epi32(qh, 12), vset1i(7));
-#else
-            const VI s3 = vand(_mm256_srli_epi32(qh, 12), vset1i(7));
-#endif
+            const VI s3 = vand(srl32(widen_u16(sub + P::kWords + 2 * size_t(v) * kLanes), 12), vset1i(7));
             sj = as_int(vmul(vmul(d[v], vcvt(odd_of(s3))), vset1(0.125f)));
         } else {
             const VI w = vloadi(sub + P::kWords + size_t(v) * kLanes * 4);

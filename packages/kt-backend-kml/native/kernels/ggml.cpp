@@ -170,7 +170,7 @@ struct Form {
     static constexpr int64_t kChunkK = P::kBits == 2 ? 16 : P::kBits == 4 ? 8 : 4;   // k per 64-byte chunk
     static constexpr int kPerSub = int(P::kSubK / kChunkK);                         // chunks per sub-block
     static constexpr bool kFloatBlocks = P::kBlockK == 32;   // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL
-    static constexpr int kZ32 = std::is_same_v<P, G::Q40> ? 8 : std::is_same_v<P, G::Q50> ? 16 : 0;   // their code offsets
+    static constexpr int kZ32 = G::nibble_zero<P>();   // their code offsets (Q4_0, Q5_0)
     static constexpr bool kMin = std::is_same_v<P, G::Q4K> || std::is_same_v<P, G::Q5K> || std::is_same_v<P, G::Q2K>;
     static constexpr int kZ = std::is_same_v<P, G::Q6K> ? 32 : std::is_same_v<P, G::Q3K> ? 4 : 0;
 };

@@ -466,6 +466,15 @@ inline uint16_t iq1m_d_bits(const uint8_t* words) {   // words: the four, little
     for (int m = 0; m < 4; ++m) d = uint16_t(d | ((words[2 * m + 1] >> 4) << (4 * m)));
     return d;
 }
+// Whether one of a file block's f16 scales is NaN or Inf (an all-ones exponent): those at
+// scale_at, and IQ1_M's d, spread over its four scale words. The packers' check and the reference's.
+inline bool non_finite_scale(const BlockType& t, const uint8_t* block) {
+    bool bad = false;
+    for (int at : t.scale_at)
+        if (at >= 0) bad |= (block[at + 1] & 0x7c) == 0x7c;
+    if (t.dtype == KT_DTYPE_GGML_IQ1_M) bad |= (iq1m_d_bits(block + kIq1mWords) & 0x7c00) == 0x7c00;
+    return bad;
+}
 
 // ---- panel forms: one 16-channel panel's block --------------------------------------------
 // kSubK: k per scale (sub-block); kBits: how the codes are stored (2-bit, 4-bit nibbles, bytes);
@@ -480,16 +489,6 @@ struct Q4K {
     static constexpr size_t kFileBlock = 144, kD = 0, kDmin = 32, kSc = 64, kM = 192, kCodes = 320;
     static constexpr size_t kBlockBytes = kCodes + 32 * kChunkBytes;
 };
-// w = d * (u - 8), u in 0..15: INT4's symmetric group of 32 with the block's f16 d kept as f16,
-// so the panel takes the file's 4.5 bits per weight exactly.
-struct Q40 {
-    static constexpr kt_dtype kType = KT_DTYPE_GGML_Q4_0;
-    static constexpr int64_t kBlockK = 32, kSubK = 32;
-    static constexpr int kBits = 4;
-    static constexpr bool kBig = false;
-    static constexpr size_t kFileBlock = 18, kD = 0, kCodes = 32;   // f16 d[16], then 4 chunks
-    static constexpr size_t kBlockBytes = kCodes + 4 * kChunkBytes;
-};
 // w = d * (ls_j - 32) * kIq4Values[q]: 4-bit indices in INT4's chunk order, looked up by one byte
 // shuffle into the signed table values; ls_j - 32 as int8 per 32-k sub-block, d kept f16 (4.31
 // bits per weight against the file's 4.25).
@@ -501,12 +500,13 @@ struct IQ4X {
     static constexpr size_t kFileBlock = 136, kD = 0, kSc = 32, kCodes = 160;
     static constexpr size_t kBlockBytes = kCodes + 32 * kChunkBytes;
 };
-// The other 32-element types, each the file's bytes exactly (Q4_0's chunks of nibbles, a Q5_K-style
-// line of fifth bits after them, llama-quantize's fallbacks for matrices whose K is not a multiple
-// of 256 — GLM-4.5-Air's and DeepSeek-V2-Lite's 1408-wide down, GPT-OSS's 2880 — and its older
-// quants): Q4_1: w = d * u + m (f16 d[16], f16 m[16]: 5 bits per weight); Q5_0: w = d * (u - 16),
-// u in 0..31 (5.5); Q5_1: w = d * u + m (6); IQ4_NL: w = d * kIq4Values[u], IQ4_XS's table with
-// one f16 scale per 32 (4.5).
+// The 32-element nibble types, each the file's bytes exactly: INT4's chunks of nibbles after the
+// f16 d[16] (and m[16]), then for 5-bit codes a Q5_K-style line of fifth bits. Q4_0: w = d * (u - 8),
+// u in 0..15 (INT4's symmetric group of 32: 4.5 bits per weight); Q4_1: w = d * u + m (5); Q5_0:
+// w = d * (u - 16), u in 0..31 (5.5); Q5_1: w = d * u + m (6); IQ4_NL: w = d * kIq4Values[u],
+// IQ4_XS's table with one f16 scale per 32 (4.5). Besides Q4_0, llama-quantize's fallbacks for
+// matrices whose K is not a multiple of 256 (GLM-4.5-Air's and DeepSeek-V2-Lite's 1408-wide down,
+// GPT-OSS's 2880) and its older quants.
 template <kt_dtype T, size_t kFile, bool kMin, bool kFifth, bool kTable>
 struct Nibbles32 {
     static constexpr kt_dtype kType = T;
@@ -516,7 +516,9 @@ struct Nibbles32 {
     static constexpr size_t kFileBlock = kFile, kD = 0, kDmin = 32, kCodes = kMin ? 64 : 32;   // kDmin: f16 m[16] if kMin
     static constexpr size_t kSubBytes = 4 * kChunkBytes + (kFifth ? 64 : 0);
     static constexpr size_t kBlockBytes = kCodes + kSubBytes;
+    static constexpr int kZero = kMin || kTable ? 0 : kFifth ? 16 : 8;   // Q4_0's, Q5_0's code offset
 };
+using Q40 = Nibbles32<KT_DTYPE_GGML_Q4_0, 18, false, false, false>;
 using Q41 = Nibbles32<KT_DTYPE_GGML_Q4_1, 20, true, false, false>;
 using Q50 = Nibbles32<KT_DTYPE_GGML_Q5_0, 22, false, true, false>;
 using Q51 = Nibbles32<KT_DTYPE_GGML_Q5_1, 24, true, true, false>;
@@ -715,6 +717,18 @@ auto with_panels(kt_dtype type, F&& f) {
     }
 }
 
+// The code offset of a 32-element nibble type (Q4_0: 8, Q5_0: 16: w = d * (u - zero)); 0 elsewhere
+// (C++17: this header is public).
+template <class P, class = void>
+struct NibbleZero {
+    static constexpr int value = 0;
+};
+template <class P>
+struct NibbleZero<P, std::void_t<decltype(P::kZero)>> {
+    static constexpr int value = P::kZero;
+};
+template <class P>
+constexpr int nibble_zero() { return NibbleZero<P>::value; }
 // The forms with a line of fifth bits after each 32-k sub-block's four chunks (Q5_K's, Q5_0's, Q5_1's).
 template <class P>
 constexpr bool kFifthBits = std::is_same_v<P, Q5K> || std::is_same_v<P, Q50> || std::is_same_v<P, Q51>;
@@ -747,15 +761,7 @@ void pack_panel(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t n0, 
             const uint8_t* blk = rows + size_t(n0 + lane) * stride + size_t(b) * P::kFileBlock;
             // The byte of chunk c holding k-offset bb (of the chunk's 4-k quad) for this lane.
             auto code = [&](int64_t c, int bb) -> uint8_t& { return out[chunk_at<P>(c) + size_t(lane) * 4 + size_t(bb)]; };
-            if constexpr (std::is_same_v<P, Q40>) {
-                std::memcpy(out + P::kD + 2 * size_t(lane), blk, 2);   // d stays f16
-                for (int j = 0; j < 16; ++j) {
-                    u[j] = blk[2 + j] & 15;        // ggml: element j in the low nibble of byte j,
-                    u[j + 16] = blk[2 + j] >> 4;   // element j + 16 in its high nibble
-                }
-                for (int c = 0; c < 4; ++c)
-                    for (int bb = 0; bb < 4; ++bb) code(c, bb) = uint8_t(u[8 * c + bb] | (u[8 * c + 4 + bb] << 4));
-            } else if constexpr (std::is_same_v<P, Q80>) {
+            if constexpr (std::is_same_v<P, Q80>) {
                 std::memcpy(out + P::kD + 2 * size_t(lane), blk, 2);   // d stays f16
                 for (int e = 0; e < 32; ++e) code(e / 4, e % 4) = uint8_t(int8_t(blk[2 + e]) + 128);
             } else if constexpr (std::is_same_v<P, Q2K>) {
@@ -777,7 +783,7 @@ void pack_panel(const uint8_t* rows, size_t stride, int64_t n_rows, int64_t n0, 
                             code(c, bb) = uint8_t(code(c, bb) | ((v & 3) << (2 * i)));
                             out[third_bits_at(c) + size_t(lane) * 4 + size_t(bb)] |= uint8_t((v >> 2) << (4 * (c % 2) + i));
                         }
-            } else if constexpr (P::kBlockK == 32 && P::kBits == 4) {   // Q4_1, Q5_0, Q5_1, IQ4_NL
+            } else if constexpr (P::kBlockK == 32 && P::kBits == 4) {   // Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL
                 std::memcpy(out + P::kD + 2 * size_t(lane), blk, 2);   // d (and m) stay f16
                 if constexpr (kAddedMin<P>) std::memcpy(out + P::kDmin + 2 * size_t(lane), blk + 2, 2);
                 constexpr size_t kQh = kAddedMin<P> ? 4 : 2;   // after d (and m)
@@ -933,8 +939,7 @@ float weight(const uint8_t* panel, int64_t k, int lane) {
         return f;
     };
     const float d16 = f16_at(blk + P::kD + 2 * size_t(lane));
-    if constexpr (std::is_same_v<P, Q40>) return d16 * float(u - 8);
-    if constexpr (std::is_same_v<P, Q50>) return d16 * float(u - 16);
+    if constexpr (nibble_zero<P>() != 0) return d16 * float(u - nibble_zero<P>());
     if constexpr (kAddedMin<P>) return d16 * float(u) + f16_at(blk + P::kDmin + 2 * size_t(lane));
     if constexpr (std::is_same_v<P, IQ4NL>) return d16 * float(kIq4Values[u]);
     if constexpr (std::is_same_v<P, Q80>) return d16 * float(u - 128);
@@ -1019,12 +1024,8 @@ inline std::string check_matrix(const Matrix& m, int p, const kt_weight& w) {
     const auto* bytes = static_cast<const uint8_t*>(v.data);
     for (int64_t r = 0; r < m.rows; ++r) {
         const uint8_t* row = bytes + r * v.row_stride;
-        bool bad = false;   // f16 scales with an all-ones exponent are NaN or Inf
-        for (int64_t b = 0; b < m.row_bytes; b += m.type->bytes) {
-            for (int at : m.type->scale_at)
-                if (at >= 0) bad |= (row[b + at + 1] & 0x7c) == 0x7c;
-            if (m.type->dtype == KT_DTYPE_GGML_IQ1_M) bad |= (iq1m_d_bits(row + b + kIq1mWords) & 0x7c00) == 0x7c00;
-        }
+        bool bad = false;
+        for (int64_t b = 0; b < m.row_bytes; b += m.type->bytes) bad |= non_finite_scale(*m.type, row + b);
         if (bad)
             return inputs::message("LLAMAFILE: %s (%s) row %lld has a NaN or Inf block scale; kt refuses non-finite weights "
                                    "at load", kMatrixName[p], m.type->name, (long long)r);
