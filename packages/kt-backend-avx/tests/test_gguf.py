@@ -35,7 +35,7 @@ TYPE_SETS = [("Q4_K", "Q4_K", "Q6_K"), ("Q8_0", "Q8_0", "Q8_0"), ("Q4_0", "Q4_0"
              ("IQ2_XXS", "IQ2_XXS", "Q4_K"), ("IQ3_XXS",) * 3, ("IQ2_XXS", "IQ2_XXS", "IQ3_XXS"), ("Q4_1",) * 3,
              ("Q5_0", "Q5_0", "Q5_1"), ("IQ4_NL", "IQ4_NL", "Q5_0"), ("Q4_K", "Q4_K", "Q5_1"), ("IQ1_S",) * 3,
              ("IQ1_S", "IQ1_S", "IQ2_XXS"), ("IQ1_M",) * 3, ("IQ1_M", "IQ1_M", "IQ1_S"),
-             ("IQ2_XS",) * 3, ("IQ2_XS", "IQ2_XS", "Q4_K")]
+             ("IQ2_XS",) * 3, ("IQ2_XS", "IQ2_XS", "Q4_K"), ("IQ2_S",) * 3, ("IQ3_S",) * 3, ("IQ2_S", "IQ2_S", "IQ3_S")]
 
 
 def _rel(out, want) -> float:

@@ -78,7 +78,7 @@ def test_unknown_layout_is_not_read(reader):
 
 # LLAMAFILE: every ggml type, and one type per matrix as a GGUF file mixes them (Q4_K_M's Q6_K down).
 GGML_CASES = [(t, t, t) for t in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL",
-                                   "IQ4_XS", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ3_XXS")]
+                                   "IQ4_XS", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S")]
 GGML_CASES += [("Q4_K", "Q5_K", "Q6_K"), ("Q4_K", "Q4_K", "Q5_0")]   # the latter: llama-quantize's fallback for K % 256
 
 
@@ -101,7 +101,7 @@ def test_public_header_reads_avx_packed_ggml_experts(reader, variant, types):
     # wherever it went, put a memory wait at each block's start; docs/performance.md).
     file_bytes = sum(b[0].nbytes for b in blocks)
     bound = 1.037 if "Q3_K" in types else 1.03
-    if all(t in ("Q2_K", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ3_XXS") or ggml_type(t).block_elems == 32 for t in types):
+    if all(t in ("Q2_K", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S") or ggml_type(t).block_elems == 32 for t in types):
         assert layer.expert_bytes == file_bytes
     assert file_bytes <= layer.expert_bytes <= bound * file_bytes, \
         f"{types}: {layer.expert_bytes} packed bytes per expert against the file's {file_bytes}"

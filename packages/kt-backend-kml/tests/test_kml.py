@@ -125,11 +125,11 @@ def test_llamafile_matches_float64_over_the_blocks(types, fast, monkeypatch):
 
 
 @pytest.mark.skipif(not ON_ARM, reason=f"aarch64 kernels; this host is {kt_core.host().arch}")
-def test_grid_types_are_refused_by_name_and_served_by_the_reference():
-    """IQ2_XXS and IQ3_XXS (grid indices; kt-backend-avx's kernel of their own) are not run on aarch64
+@pytest.mark.parametrize("types", [("IQ2_XXS", "IQ2_XXS", "IQ3_XXS"), ("IQ2_S", "IQ2_S", "IQ3_S")])
+def test_grid_types_are_refused_by_name_and_served_by_the_reference(types):
+    """The grid types (grid indices; kt-backend-avx's kernel of their own) are not run on aarch64
     yet: kml declines them by name, and the reference backend serves the layer as gguf-py reads it."""
-    types = ("IQ2_XXS", "IQ2_XXS", "IQ3_XXS")
-    with pytest.raises(BackendError, match=r"this layer stores IQ2_XXS, IQ3_XXS \(backend='reference' can run it\)"):
+    with pytest.raises(BackendError, match=rf"this layer stores {types[0]}, {types[2]} \(backend='reference' can run it\)"):
         MoE(num_experts=E, top_k=K, hidden_size=256, intermediate_size=256, method="LLAMAFILE", backend="kml",
             weight_types=types)
     rng = np.random.default_rng(3)

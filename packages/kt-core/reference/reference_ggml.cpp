@@ -237,6 +237,32 @@ void dq_iq2_xs(const uint8_t* b, float* y) {
         }
 }
 
+// IQ2_S and IQ3_S: per 8 elements a sign byte as the file has it; grid indices of 10 bits (IQ2_S,
+// one per 8 elements, a 4-bit scale per 16) or 9 bits (IQ3_S, one per 4 elements, a 4-bit scale per
+// 32, d (2 s + 1)); kt/formats/ggml_panels.h's IQ2S / IQ3S and their grids.
+template <class F>
+void dq_sign_bytes(const uint8_t* b, float* y) {
+    namespace G = kt::layouts::ggml;
+    constexpr int kPer = 8 / F::kIndices;   // magnitudes per index
+    const float d = f16(b);
+    for (int j = 0; j < 8; ++j)
+        for (int l = 0; l < 4; ++l) {
+            float db;
+            if constexpr (std::is_same_v<F, G::IQ2S>)
+                db = d * (0.5f + float((b[F::file_scale(j)] >> (4 * (l / 2))) & 15)) * F::kScaleStep;
+            else
+                db = d * float(2 * F::scale(uint32_t(b[F::kFileScales]) | uint32_t(b[F::kFileScales + 1]) << 8 |
+                                                uint32_t(b[F::kFileScales + 2]) << 16 | uint32_t(b[F::kFileScales + 3]) << 24,
+                                            j) + 1);
+            const uint8_t signs = b[F::file_signs(j) + size_t(l)];
+            for (int t = 0; t < 8; ++t) {
+                const int h = t / kPer;
+                const float v = db * float(F::magnitude(F::index(b[G::grid_file_index<F>(j, l, h)], b[F::file_qh(j)], l, h), t % kPer));
+                y[32 * j + 8 * l + t] = (signs >> t) & 1 ? -v : v;
+            }
+        }
+}
+
 struct TypeInfo {
     kt_dtype dtype;
     const char* name;
@@ -260,8 +286,10 @@ const TypeInfo kTypes[] = {
     {KT_DTYPE_GGML_IQ1_S, "IQ1_S", 256, 50, dq_iq1_s},
     {KT_DTYPE_GGML_IQ1_M, "IQ1_M", 256, 56, dq_iq1_m},
     {KT_DTYPE_GGML_IQ2_XS, "IQ2_XS", 256, 74, dq_iq2_xs},
+    {KT_DTYPE_GGML_IQ2_S, "IQ2_S", 256, 82, dq_sign_bytes<kt::layouts::ggml::IQ2S>},
     {KT_DTYPE_GGML_IQ2_XXS, "IQ2_XXS", 256, 66, dq_grid<kt::layouts::ggml::IQ2XXS>},
     {KT_DTYPE_GGML_IQ3_XXS, "IQ3_XXS", 256, 98, dq_grid<kt::layouts::ggml::IQ3XXS>},
+    {KT_DTYPE_GGML_IQ3_S, "IQ3_S", 256, 110, dq_sign_bytes<kt::layouts::ggml::IQ3S>},
 };
 
 const TypeInfo* type_info(kt_dtype dtype) {

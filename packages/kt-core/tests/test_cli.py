@@ -13,7 +13,7 @@ def test_version_json():
     r = kt("version", "--json")
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
-    assert data["plugin_abi"] == "1.7" and "reference" in data["backends"]
+    assert data["plugin_abi"] == "1.8" and "reference" in data["backends"]
 
 
 def test_doctor_json_recommends_threads_per_physical_core():

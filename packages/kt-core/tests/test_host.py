@@ -74,4 +74,4 @@ def test_include_and_cmake_dirs_ship_the_abi():
     assert (Path(kt_core.get_include()) / "kt" / "plugin.h").is_file()
     assert (Path(kt_core.get_cmake_dir()) / "ktcoreConfig.cmake").is_file()
     assert (Path(kt_core.get_cmake_dir()) / "KtCommon.cmake").is_file()
-    assert kt_core.abi_version() == (1, 7)   # plugin.h: KT_PLUGIN_ABI_MAJOR.MINOR
+    assert kt_core.abi_version() == (1, 8)   # plugin.h: KT_PLUGIN_ABI_MAJOR.MINOR

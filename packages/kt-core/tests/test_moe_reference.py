@@ -132,7 +132,8 @@ def test_swiglu_settings_are_checked():
 
 @pytest.mark.parametrize("types", [("Q4_K", "Q4_K", "Q6_K"), ("Q2_K", "Q3_K", "Q5_K"), ("IQ4_XS",) * 3,
                                    ("Q8_0", "Q8_0", "Q4_0"), ("Q4_K", "Q4_K", "Q8_0"), ("Q5_1", "Q4_1", "Q5_0"),
-                                   ("IQ1_M", "IQ1_S", "IQ4_NL"), ("IQ2_XS", "IQ2_XS", "IQ2_XXS")], ids=lambda t: "-".join(t))
+                                   ("IQ1_M", "IQ1_S", "IQ4_NL"), ("IQ2_XS", "IQ2_XS", "IQ2_XXS"),
+                                   ("IQ2_S", "IQ2_S", "IQ3_S")], ids=lambda t: "-".join(t))
 def test_reference_llamafile_activation_precisions(types):
     """LLAMAFILE's two activation precisions on the reference backend, the oracle of every
     kernel: exact f32 activations (fast_activations=False), and with fast_activations=True (the

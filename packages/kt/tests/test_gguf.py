@@ -79,6 +79,39 @@ def test_iq2_xs_grid_every_entry_sign_and_scale():
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
+def test_iq2_s_grid_every_entry_sign_byte_and_scale():
+    """IQ2_S's 1024-entry grid (kt-core's kIq2sGrid) entry by entry: 32 blocks name every 10-bit index
+    once (low byte in qs, top 2 bits in the sub-block's qh), every sign byte four times, every 4-bit scale."""
+    rng = np.random.default_rng(5)
+    blocks = np.zeros((32, 82), np.uint8)
+    blocks[:, :2] = (rng.uniform(0.25, 1.0, 32) * 1e-3).astype(np.float16).view(np.uint8).reshape(32, 2)
+    index = np.arange(1024).reshape(32, 32)   # block b, group g
+    blocks[:, 2:34] = index % 256
+    blocks[:, 34:66] = (index * 5 + index // 256) % 256   # every byte value, four times over the 1024 groups
+    top = (index >> 8).reshape(32, 8, 4)
+    blocks[:, 66:74] = (top << np.array([0, 2, 4, 6])).sum(-1)
+    blocks[:, 74:82] = (np.arange(256).reshape(32, 8) * 17 % 256).astype(np.uint8)
+    want = dequantize(blocks, "IQ2_S").reshape(-1)
+    got = reference_native.ggml_dequantize(GGML_TYPES["IQ2_S"].kt_dtype, blocks.reshape(-1))
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_iq3_s_grid_every_entry_sign_byte_and_scale():
+    """IQ3_S's 512-entry grid (kt-core's kIq3sGrid) entry by entry: 8 blocks name every 9-bit index once
+    (low byte in qs, ninth bit in the sub-block's qh), every sign byte once, every 4-bit scale."""
+    rng = np.random.default_rng(6)
+    blocks = np.zeros((8, 110), np.uint8)
+    blocks[:, :2] = (rng.uniform(0.25, 1.0, 8) * 2e-4).astype(np.float16).view(np.uint8).reshape(8, 2)
+    index = np.arange(512).reshape(8, 64)   # block b, half group i
+    blocks[:, 2:66] = index % 256
+    blocks[:, 66:74] = ((index >> 8).reshape(8, 8, 8) << np.arange(8)).sum(-1)
+    blocks[:, 74:106] = np.arange(256).reshape(8, 32)
+    blocks[:, 106:110] = (np.arange(32).reshape(8, 4) * 17 % 256).astype(np.uint8)   # both nibbles over 0..15
+    want = dequantize(blocks, "IQ3_S").reshape(-1)
+    got = reference_native.ggml_dequantize(GGML_TYPES["IQ3_S"].kt_dtype, blocks.reshape(-1))
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 def test_iq1_s_grid_every_entry_scale_and_delta():
     """IQ1_S's 2048-entry grid (kt-core's kIq1sGrid) entry by entry: 64 blocks name every 11-bit
     index once (low byte in qs, high 3 bits in the sub-block's qh), with every 3-bit scale and both
@@ -100,15 +133,15 @@ def test_iq1_s_grid_every_entry_scale_and_delta():
 def test_dequantize_refuses_partial_blocks_and_unknown_types():
     with pytest.raises(ValueError, match="not whole blocks of 34"):
         reference_native.ggml_dequantize(GGML_TYPES["Q8_0"].kt_dtype, np.zeros(35, np.uint8))
-    with pytest.raises(ValueError, match="ggml type 22 is not one"):   # IQ2_S
-        reference_native.ggml_dequantize(0x100 + 22, np.zeros(82, np.uint8))
+    with pytest.raises(ValueError, match="ggml type 35 is not one"):   # TQ2_0
+        reference_native.ggml_dequantize(0x100 + 35, np.zeros(66, np.uint8))
 
 
 @pytest.mark.parametrize("types", [("Q4_K", "Q4_K", "Q6_K"), ("Q8_0", "Q8_0", "Q4_0"), ("Q5_K", "Q2_K", "Q3_K"),
                                    ("IQ4_XS", "IQ4_XS", "Q8_0"), ("IQ2_XXS", "IQ2_XXS", "Q4_K"),
                                    ("IQ3_XXS", "IQ3_XXS", "IQ2_XXS"), ("Q4_K", "Q4_K", "Q5_0"), ("IQ4_NL", "Q4_1", "Q5_1"),
                                    ("IQ1_S", "IQ1_S", "IQ2_XXS"), ("IQ1_M", "IQ1_M", "IQ1_S"),
-                                   ("IQ2_XS", "IQ2_XS", "IQ2_XXS")])
+                                   ("IQ2_XS", "IQ2_XS", "IQ2_XXS"), ("IQ2_S", "IQ2_S", "IQ3_S")])
 def test_wrapper_forward_matches_fp32_moe(tmp_path, types):
     hidden, inter, experts = 256, 512, 6
     weights = write_moe_gguf(tmp_path / "m.gguf", hidden=hidden, intermediate=inter, experts=experts, top_k=2,
@@ -312,9 +345,9 @@ def test_geometry_and_types_are_checked(tmp_path):
 
 
 def test_unsupported_types_and_block_sizes(tmp_path):
-    with pytest.raises(ValueError, match="ggml type 'IQ2_S' is not one kt reads; known: Q4_0, Q4_1"):
+    with pytest.raises(ValueError, match="ggml type 'TQ2_0' is not one kt reads; known: Q4_0, Q4_1"):
         MoE(num_experts=2, top_k=1, hidden_size=256, intermediate_size=256, method="LLAMAFILE",
-            weight_types=("IQ2_S", "Q4_K", "Q4_K"))
+            weight_types=("TQ2_0", "Q4_K", "Q4_K"))
     with pytest.raises(ValueError, match="down is Q4_K, whose blocks hold 256 elements.*K = 96"):
         MoE(num_experts=2, top_k=1, hidden_size=256, intermediate_size=96, method="LLAMAFILE",
             weight_types=("Q4_K", "Q4_K", "Q4_K"))

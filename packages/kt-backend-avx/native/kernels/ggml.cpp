@@ -588,17 +588,19 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
         }
 }
 
-// ---- the grid types: IQ2_XXS, IQ3_XXS, IQ2_XS, IQ1_S, IQ1_M (ggml_panels.h's kGridForm) ---------
+// ---- the grid types: IQ2_XXS, IQ3_XXS, IQ2_XS, IQ2_S, IQ3_S, IQ1_S, IQ1_M (ggml_panels.h's kGridForm) ---
 // Per 8-k group a channel's magnitudes are one grid entry (IQ3_XXS: two half entries), one qword
 // per channel: VBMI targets look the grid's 2- or 4-bit code words up in registers (grid_words),
 // the others load the grid's rows (grid_rows); the signs come from the sign word (7 bits -> the
-// byte with its parity bit, spread over the qword, tested per element). u = offset + sign *
-// magnitude (offset 43 / 62: u in 0..86 / 0..124) then dots 8 activations broadcast per qword:
+// byte with its parity bit, spread over the qword, tested per element; IQ2_S's and IQ3_S's sign
+// bytes are stored as they are). u = offset + sign * magnitude (offset 43 / 62 / 15: u in 0..86 /
+// 0..124 / 0..30) then dots 8 activations broadcast per qword:
 // each channel's two dword lanes hold k 0..3 and 4..7 of the group, added at the sub-block's end.
 // IQ1_S and IQ1_M have no signs and a grid of 2048 (11-bit indices, the top 3 bits in qh), IQ2_XS a
-// grid of 512: their indices are made per sub-block by vector ops and their rows loaded on every
-// target; IQ1's rows are u = 8 (value + 1) + 2 [delta > 0] (offset 9). IQ1_M's and IQ2_XS's scales
-// are per 16 k: their sub-blocks finish in two halves.
+// grid of 512, IQ2_S of 1024, IQ3_S of 512 half entries: their indices are made per sub-block by
+// vector ops and their rows loaded on every target; IQ1's rows are u = 8 (value + 1) + 2 [delta >
+// 0] (offset 9). IQ1_M's, IQ2_XS's and IQ2_S's scales are per 16 k: their sub-blocks finish in two
+// halves.
 // Prefill decodes a sub-block once for all the rows of a call (decode_sub); a lone decode row
 // dots each group's codes as they are made (lone_row_sub).
 namespace iq2 {
@@ -618,16 +620,18 @@ constexpr GridRows<Entry, N> grid_rows_of(Value value) {
 constexpr auto kGrid8 = grid_rows_of<uint64_t, 256, 8>(iq2xxs_magnitude);   // IQ2_XXS
 constexpr auto kGridXs = grid_rows_of<uint64_t, 512, 8>(iq2xs_magnitude);   // IQ2_XS
 constexpr auto kGrid4 = grid_rows_of<uint32_t, 256, 4>(iq3xxs_magnitude);   // IQ3_XXS: 4 per entry
+constexpr auto kGrid2s = grid_rows_of<uint64_t, 1024, 8>(iq2s_magnitude);   // IQ2_S
+constexpr auto kGrid3s = grid_rows_of<uint32_t, 512, 4>(iq3s_magnitude);    // IQ3_S: 4 per entry
 // IQ1_S / IQ1_M: 8 (value + 1) per value.
 constexpr auto kGrid1 = grid_rows_of<uint64_t, 2048, 8>([](int i, int t) { return 8 * (iq1s_value(i, t) + 1); });
 // Channel i's 8 magnitudes of group l (of the kQLanes channels from q kQLanes): IQ2_XXS's one grid
 // row, IQ3_XXS's two half rows (their 8-bit indices as stored).
 template <class P>
 constexpr bool kUnsignedGrid = std::is_same_v<P, IQ1S> || std::is_same_v<P, IQ1M>;
-// The forms whose indices are wider than a byte (IQ1_S, IQ1_M: 11 bits; IQ2_XS: 9): made for a whole
-// sub-block by vector ops first (grid_indices), then each row is one load.
+// The forms whose indices are wider than a byte (IQ1_S, IQ1_M: 11 bits; IQ2_XS, IQ3_S: 9; IQ2_S:
+// 10): made for a whole sub-block by vector ops first (grid_indices), then each row is one load.
 template <class P>
-constexpr bool kWideIndices = kUnsignedGrid<P> || std::is_same_v<P, IQ2XS>;
+constexpr bool kWideIndices = kUnsignedGrid<P> || std::is_same_v<P, IQ2XS> || kSignBytes<P>;
 template <class P>
 inline int64_t grid_row(const uint8_t* sub, int l, int i) {
     if constexpr (std::is_same_v<P, IQ2XXS>) return int64_t(kGrid8.entry[sub[grid_panel_index<P>(l, 0) + i]]);
@@ -696,18 +700,23 @@ inline VI add_u8(VI a, VI b) { return _mm256_add_epi8(a, b); }
 inline void store_u32(uint32_t* p, VI v) { _mm256_store_si256(reinterpret_cast<__m256i*>(p), v); }
 #endif
 
-// A sub-block's grid indices for the kWideIndices forms: idx[l][i], group l of channel i — the low
-// byte as stored, the high bits from the channel's qh (IQ1) or sign word (IQ2_XS).
+// A sub-block's grid indices for the kWideIndices forms: idx[kIndices l + h][i], half h of group l
+// of channel i — the low byte as stored, the high bits from the channel's qh (IQ1), sign word
+// (IQ2_XS) or high byte (IQ2_S, IQ3_S).
 template <class P>
 inline void grid_indices(const uint8_t* sub, uint32_t (*idx)[kPanel]) {
     for (int v = 0; v < kVecsPerPanel; ++v) {
         VI high;
         if constexpr (std::is_same_v<P, IQ2XS>) high = vloadi(sub + P::kWords + size_t(v) * kLanes * 4);
+        else if constexpr (kSignBytes<P>) high = widen_u8_i32(sub + P::kHigh + size_t(v) * kLanes);
         else high = widen_u16(sub + P::kWords + 2 * size_t(v) * kLanes);
-        for (int l = 0; l < 4; ++l) {
-            const int at = std::is_same_v<P, IQ2XS> ? 28 + l : std::is_same_v<P, IQ1S> ? 3 * l : 4 * l;
-            const VI top = vand(srl32(high, at), vset1i(std::is_same_v<P, IQ2XS> ? 1 : 7));
-            store_u32(idx[l] + v * kLanes, vor(widen_u8_i32(sub + grid_panel_index<P>(l, 0) + size_t(v) * kLanes), vslli32<8>(top)));
+        for (int i = 0; i < 4 * P::kIndices; ++i) {   // i = kIndices l + h
+            const int l = i / P::kIndices;
+            const int at = std::is_same_v<P, IQ2XS> ? 28 + l : std::is_same_v<P, IQ1S> ? 3 * l : std::is_same_v<P, IQ2S> ? 2 * l
+                         : std::is_same_v<P, IQ3S> ? i : 4 * l;
+            const int mask = std::is_same_v<P, IQ2XS> || std::is_same_v<P, IQ3S> ? 1 : std::is_same_v<P, IQ2S> ? 3 : 7;
+            const VI top = vand(srl32(high, at), vset1i(mask));
+            store_u32(idx[i] + v * kLanes, vor(widen_u8_i32(sub + 16 * size_t(i) + size_t(v) * kLanes), vslli32<8>(top)));
         }
     }
 }
@@ -722,6 +731,21 @@ inline VI rows_at(const Grid& grid, const uint32_t* idx) {
 #else
     return _mm256_set_epi64x(int64_t(grid.entry[idx[3]]), int64_t(grid.entry[idx[2]]), int64_t(grid.entry[idx[1]]),
                              int64_t(grid.entry[idx[0]]));
+#endif
+}
+// Group l's rows of the signed wide-index forms: one 8-magnitude row (IQ2_XS, IQ2_S), or two
+// 4-magnitude half rows in the qword's low and high dwords (IQ3_S).
+template <class P>
+inline VI wide_rows(const uint32_t (*idx)[kPanel], int l, int q) {
+    if constexpr (std::is_same_v<P, IQ2XS>) return rows_at(kGridXs, idx[l] + q * kQLanes);
+    if constexpr (std::is_same_v<P, IQ2S>) return rows_at(kGrid2s, idx[l] + q * kQLanes);
+    const uint32_t* h0 = idx[2 * l] + q * kQLanes;
+    const uint32_t* h1 = idx[2 * l + 1] + q * kQLanes;
+    const auto e = [&](int i) { return int64_t(kGrid3s.entry[h0[i]] | uint64_t(kGrid3s.entry[h1[i]]) << 32); };
+#if defined(__AVX512F__)
+    return _mm512_set_epi64(e(7), e(6), e(5), e(4), e(3), e(2), e(1), e(0));
+#else
+    return _mm256_set_epi64x(e(3), e(2), e(1), e(0));
 #endif
 }
 // IQ1: the sub-block's qh words as qwords (channel q kQLanes + i in qword i of vector q), once.
@@ -747,18 +771,22 @@ inline void delta_up(const VI* qhq, int l, VI* up) {
 }
 
 // The sub-block's sign words as qword vectors (channel q * kQLanes + i in qword i of vector q).
-// Without VBMI each word first becomes its four groups' sign bytes (byte l: the 7-bit index of
-// group l and its parity bit, from a nibble table), once per sub-block rather than per group.
+// Without VBMI each word of 7-bit sign indices first becomes its four groups' sign bytes (byte l:
+// the 7-bit index of group l and its parity bit, from a nibble table), once per sub-block rather
+// than per group; IQ2_S's and IQ3_S's words are their sign bytes already.
+template <class P>
 inline void words_as_qwords(const uint8_t* words, VI* wq) {
     for (int v = 0; v < kVecsPerPanel; ++v) {
         VI w = vloadi(words + size_t(v) * kLanes * 4);
 #if !defined(__AVX512VBMI__)
+        if constexpr (!kSignBytes<P>) {
         const VI seven = vset1i(0x7f);
         w = vor(vor(vand(w, seven), vslli32<1>(vand(w, vset1i(0x7f << 7)))),
                 vor(vslli32<2>(vand(w, vset1i(0x7f << 14))), vslli32<3>(vand(w, vset1i(0x7f << 21)))));
         const VI low4 = vset1i(0x0f0f0f0f);
         const VI parity = vxor(vlookup16(kParity, vand(w, low4)), vlookup16(kParity, vand(vsrl16<4>(w), low4)));
         w = vor(w, vslli16<7>(parity));
+        }
 #endif
         wq[2 * v] = qwords<0>(w);
         wq[2 * v + 1] = qwords<1>(w);
@@ -821,8 +849,12 @@ inline VI magnitudes3(VI words) {
 }
 template <class P, int L>
 inline VI group_codes(VI g, VI wq) {
-    const VI s8 = _mm512_permutex2var_epi8(vloadi(kSigns.byte), _mm512_multishift_epi64_epi8(_mm512_set1_epi8(char(7 * L)), wq),
-                                           vloadi(kSigns.byte + 64));
+    VI s8;   // group L's sign byte in every byte of its channel's qword
+    if constexpr (kSignBytes<P>)
+        s8 = _mm512_multishift_epi64_epi8(_mm512_set1_epi8(char(8 * L)), wq);
+    else
+        s8 = _mm512_permutex2var_epi8(vloadi(kSigns.byte), _mm512_multishift_epi64_epi8(_mm512_set1_epi8(char(7 * L)), wq),
+                                      vloadi(kSigns.byte + 64));
     const __mmask64 neg = _mm512_test_epi8_mask(s8, set1q(kBitOfByte));
     const VI offset = _mm512_set1_epi8(char(P::kOffset));
     return _mm512_mask_sub_epi8(_mm512_add_epi8(g, offset), neg, offset, g);
@@ -862,20 +894,20 @@ struct SubBlock {
     VI u[4][kQ];
     VF scale[2 * kQ];   // [h * kQ + q]: kHalfScales' two halves' scales (16 k each); the others' one in h = 0
 };
-// IQ1_M's and IQ2_XS's scales are per 16 k: each sub-block's dots finish in two halves of two groups.
+// IQ1_M's, IQ2_XS's and IQ2_S's scales are per 16 k: each sub-block's dots finish in two halves of two groups.
 template <class P>
-constexpr bool kHalfScales = std::is_same_v<P, IQ1M> || std::is_same_v<P, IQ2XS>;
+constexpr bool kHalfScales = std::is_same_v<P, IQ1M> || std::is_same_v<P, IQ2XS> || std::is_same_v<P, IQ2S>;
 
-// IQ2_XXS's, IQ3_XXS's and IQ2_XS's groups: grid magnitudes with the sign words applied.
+// IQ2_XXS's, IQ3_XXS's, IQ2_XS's, IQ2_S's and IQ3_S's groups: grid magnitudes with the signs applied.
 template <class P, class F>
 inline void each_signed_group(const uint8_t* sub, F&& f) {
     VI wq[kQ];
-    words_as_qwords(sub + P::kWords, wq);
-    alignas(64) uint32_t idx[kWideIndices<P> ? 4 : 1][kPanel];
+    words_as_qwords<P>(sub + P::kWords, wq);
+    alignas(64) uint32_t idx[kWideIndices<P> ? 4 * P::kIndices : 1][kPanel];
     if constexpr (kWideIndices<P>) grid_indices<P>(sub, idx);
 #if defined(__AVX512VBMI__)
-    // The 256-entry grids in registers; IQ2_XS's 512 entries by scalar loads, as elsewhere.
-    constexpr bool kRegisterGrid = !std::is_same_v<P, IQ2XS>;
+    // The 256-entry grids in registers; the larger ones (512, 1024 entries) by scalar loads, as elsewhere.
+    constexpr bool kRegisterGrid = !kWideIndices<P>;
     VI gw[4];   // IQ2_XXS: two groups' entries per vector; IQ3_XXS: one group's two halves
     if constexpr (std::is_same_v<P, IQ2XXS>) {
         gw[0] = grid_words(kIq2xxsGrid, sub + grid_panel_index<P>(0, 0));   // groups 0, 1
@@ -889,7 +921,7 @@ inline void each_signed_group(const uint8_t* sub, F&& f) {
     const auto group = [&]<int l>() {
         VI u[kQ];
         if constexpr (kWideIndices<P>) {
-            for (int q = 0; q < kQ; ++q) u[q] = group_codes<P, l>(rows_at(kGridXs, idx[l] + q * kQLanes), wq[q]);
+            for (int q = 0; q < kQ; ++q) u[q] = group_codes<P, l>(wide_rows<P>(idx, l, q), wq[q]);
         } else if constexpr (!kRegisterGrid) {
             for (int q = 0; q < kQ; ++q) u[q] = group_codes<P, l>(grid_rows<P>(sub, l, q), wq[q]);
         } else {
@@ -960,7 +992,8 @@ inline VF block_d(const uint8_t* blk, int v) {
 }
 
 // Sub-block j's channel scales: IQ2_XXS, IQ3_XXS: d * (0.5 + ls) * step; IQ1_S: d * (2 s + 1) / 8
-// (its codes are 8 times the values: exact); the kHalfScales forms (IQ1_M, IQ2_XS): half h's of these.
+// (its codes are 8 times the values: exact); IQ3_S: d * (2 s + 1); the kHalfScales forms (IQ1_M,
+// IQ2_XS, IQ2_S): half h's of these.
 template <class P>
 inline void sub_scales(const uint8_t* sub, const VF* d, int j, VF* scale, int h = 0) {   // kHalfScales: half h's
     for (int v = 0; v < kVecsPerPanel; ++v) {
@@ -976,9 +1009,13 @@ inline void sub_scales(const uint8_t* sub, const VF* d, int j, VF* scale, int h 
             const uint8_t* header = sub - P::kCodes - size_t(j) * P::kSubBytes + P::kD;
             const VI s3 = vand(srl32(widen_u16(header + 32 * size_t(j / 2) + 2 * size_t(v) * kLanes), 6 * (j % 2) + 3 * h), vset1i(7));
             sj = as_int(vmul(vmul(d[v], vcvt(odd_of(s3))), vset1(0.125f)));
-        } else if constexpr (std::is_same_v<P, IQ2XS>) {
+        } else if constexpr (std::is_same_v<P, IQ2XS> || std::is_same_v<P, IQ2S>) {
             const VI ls = vand(srl32(widen_u8_i32(sub + P::kScales + size_t(v) * kLanes), 4 * h), vset1i(15));
             sj = as_int(vmul(vmul(d[v], vadd(vset1(0.5f), vcvt(ls))), vset1(P::kScaleStep)));
+        } else if constexpr (std::is_same_v<P, IQ3S>) {   // d (2 s + 1), s from the block header's scale words
+            const uint8_t* header = sub - P::kCodes - size_t(j) * P::kSubBytes;
+            const VI s = vand(srl32(vloadi(header + P::kScales + size_t(v) * kLanes * 4), 4 * j), vset1i(15));
+            sj = as_int(vmul(d[v], vcvt(odd_of(s))));
         } else if constexpr (std::is_same_v<P, IQ1S>) {
             const VI s3 = vand(srl32(widen_u16(sub + P::kWords + 2 * size_t(v) * kLanes), 12), vset1i(7));
             sj = as_int(vmul(vmul(d[v], vcvt(odd_of(s3))), vset1(0.125f)));

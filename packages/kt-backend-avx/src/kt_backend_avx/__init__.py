@@ -11,7 +11,7 @@ _METHODS = ("BF16", "INT8", "INT4", "RAWINT4", "FP8", "FP8_PERCHANNEL", "LLAMAFI
             "MXFP8")
 # ggml block types the LLAMAFILE kernels read (native/kernels/ggml.cpp), the same on every target.
 _GGML = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "IQ1_S", "IQ1_M",
-         "IQ2_XXS", "IQ2_XS", "IQ3_XXS")
+         "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S")
 _MODULE = "kt_backend_avx._native"
 # The one list of targets, which CMake compiles and the native module dispatches on; a build may
 # hold only some of them (CMake's KT_AVX_TARGETS), and _build.py says which.

@@ -752,12 +752,11 @@ inline void matrix_dot(const G::Matrix& m, const uint8_t* expert, int64_t p, con
 
 // ---- layout, packer, tiles ---------------------------------------------------------------
 
-// The grid types IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS and IQ3_XXS (a kernel of their own on x86) are not run here yet:
-// refused by name, and a layout holding one is not ok, so the tiles refuse too (the descriptor does
-// not list them).
+// The grid types (ggml_panels.h's kGridForm: IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S; a
+// kernel of their own on x86) are not run here yet: refused by name, and a layout holding one is not
+// ok, so the tiles refuse too (the descriptor does not list them).
 bool is_grid_type(kt_dtype t) {
-    return t == KT_DTYPE_GGML_IQ1_S || t == KT_DTYPE_GGML_IQ1_M || t == KT_DTYPE_GGML_IQ2_XXS || t == KT_DTYPE_GGML_IQ2_XS ||
-           t == KT_DTYPE_GGML_IQ3_XXS;
+    return G::block_type(t) && G::with_panels(t, [](auto form) { return G::kGridForm<decltype(form)>; });
 }
 bool holds_grid_type(const kt_moe_config* c) {
     if (!KT_HAS_FIELD(c, kt_moe_config, weight_dtype)) return false;
@@ -773,7 +772,8 @@ size_t packed_bytes(const kt_moe_config* c) { return layout(c).bytes; }
 
 kt_status check_config(const kt_moe_config* c) {
     if (holds_grid_type(c))
-        return fail(KT_ERROR_UNSUPPORTED, "kml LLAMAFILE: the grid types IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS and IQ3_XXS are not run on aarch64 yet (kt-backend-avx "
+        return fail(KT_ERROR_UNSUPPORTED, "kml LLAMAFILE: the grid types IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S are not run on aarch64 yet "
+                    "(kt-backend-avx "
                     "runs them; backend='reference' runs them anywhere)");
     kt_status code;
     const std::string why = G::check_config(c, &code);

@@ -32,7 +32,7 @@ extern "C" {
 #endif
 
 #define KT_PLUGIN_ABI_MAJOR 1
-#define KT_PLUGIN_ABI_MINOR 7
+#define KT_PLUGIN_ABI_MINOR 8
 #define KT_BACKEND_CAPSULE_NAME "kt.backend_api"
 
 /* True when a table of size `struct_size` contains `field` (for reading older plugins). */
@@ -54,7 +54,8 @@ typedef enum kt_status {
  * ABI 1.1 adds the ggml block types of GGUF files (method LLAMAFILE): KT_DTYPE_GGML_BASE plus
  * ggml's own `ggml_type` number, so any ggml type has a value even before it is listed here.
  * ABI 1.6 names IQ2_XXS and IQ3_XXS among them (values BASE + 16 and + 18 before: no field changed),
- * ABI 1.7 Q4_1, Q5_0, Q5_1, IQ4_NL, IQ1_S, IQ1_M and IQ2_XS (BASE + 3, 6, 7, 20, 19, 29, 17: likewise).
+ * ABI 1.7 Q4_1, Q5_0, Q5_1, IQ4_NL, IQ1_S, IQ1_M and IQ2_XS (BASE + 3, 6, 7, 20, 19, 29, 17: likewise),
+ * ABI 1.8 IQ2_S and IQ3_S (BASE + 22, 21: likewise).
  * They name a matrix's format in kt_moe_config.weight_dtype; the matrix itself reaches the
  * packer as U8 bytes [rows, bytes per row], the blocks exactly as the file stores them. */
 typedef enum kt_dtype {
@@ -78,9 +79,11 @@ typedef enum kt_dtype {
     KT_DTYPE_GGML_Q6_K = 0x100 + 14,    /* 256 elements in 210 bytes */
     KT_DTYPE_GGML_IQ2_XXS = 0x100 + 16, /* 256 elements in 66 bytes */
     KT_DTYPE_GGML_IQ2_XS = 0x100 + 17,  /* 256 elements in 74 bytes */
+    KT_DTYPE_GGML_IQ2_S = 0x100 + 22,   /* 256 elements in 82 bytes */
     KT_DTYPE_GGML_IQ1_S = 0x100 + 19,   /* 256 elements in 50 bytes */
     KT_DTYPE_GGML_IQ1_M = 0x100 + 29,   /* 256 elements in 56 bytes */
     KT_DTYPE_GGML_IQ3_XXS = 0x100 + 18, /* 256 elements in 98 bytes */
+    KT_DTYPE_GGML_IQ3_S = 0x100 + 21,   /* 256 elements in 110 bytes */
     KT_DTYPE_GGML_IQ4_NL = 0x100 + 20,  /* 32 elements in 18 bytes */
     KT_DTYPE_GGML_IQ4_XS = 0x100 + 23   /* 256 elements in 136 bytes */
 } kt_dtype;

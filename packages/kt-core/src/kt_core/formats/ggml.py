@@ -51,7 +51,9 @@ GGML_TYPES = {t.name: t for t in (
     GgmlType("IQ1_M", 29, 256, 56, "Q8_K"),
     GgmlType("IQ2_XXS", 16, 256, 66, "Q8_K"),
     GgmlType("IQ2_XS", 17, 256, 74, "Q8_K"),
+    GgmlType("IQ2_S", 22, 256, 82, "Q8_K"),
     GgmlType("IQ3_XXS", 18, 256, 98, "Q8_K"),
+    GgmlType("IQ3_S", 21, 256, 110, "Q8_K"),
 )}
 
 

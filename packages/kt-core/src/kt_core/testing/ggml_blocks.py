@@ -19,9 +19,10 @@ from .reference import bf16_round
 # f16 subnormals, which the kernels must decode too).
 _F16_FIELDS = {"Q4_0": (0,), "Q8_0": (0,), "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2),
                "Q6_K": (208,), "IQ4_XS": (0,), "IQ2_XXS": (0,), "IQ3_XXS": (0,), "IQ4_NL": (0,),
-               "IQ1_S": (0,), "IQ2_XS": (0,)}
+               "IQ1_S": (0,), "IQ2_XS": (0,), "IQ2_S": (0,), "IQ3_S": (0,)}
 _SCALE = {"Q2_K": 2e-3, "Q3_K": 5e-4, "Q4_K": 1e-4, "Q5_K": 5e-5, "Q6_K": 2.5e-5, "IQ4_XS": 2.5e-5, "IQ2_XXS": 1e-3,
-          "IQ3_XXS": 2e-4, "IQ4_NL": 8e-4, "IQ1_S": 3e-3, "IQ1_M": 3e-3, "IQ2_XS": 1e-3}
+          "IQ3_XXS": 2e-4, "IQ4_NL": 8e-4, "IQ1_S": 3e-3, "IQ1_M": 3e-3, "IQ2_XS": 1e-3,
+          "IQ2_S": 1e-3, "IQ3_S": 2e-4}
 _ENCODED = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")   # gguf-py quantizes these
 
 
