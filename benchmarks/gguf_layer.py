@@ -48,7 +48,7 @@ METHODS = {"LLAMAFILE Q4_K": ("LLAMAFILE", ("Q4_K",) * 3), "LLAMAFILE Q8_0": ("L
            "LLAMAFILE Q4_K_M": ("LLAMAFILE", ("Q4_K", "Q4_K", "Q6_K")),
            **{f"LLAMAFILE {t}": ("LLAMAFILE", (t,) * 3)
               for t in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q2_K", "Q3_K", "Q5_K", "Q6_K", "IQ4_XS", "IQ1_S", "IQ1_M",
-                        "IQ2_XXS", "IQ2_XS", "IQ3_XXS")},
+                        "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S")},
            "LLAMAFILE BF16": ("LLAMAFILE", ("BF16",) * 3), "BF16": ("BF16", ("BF16",) * 3),
            "LLAMAFILE MXFP4": ("LLAMAFILE", ("MXFP4",) * 3),
            "INT4": ("INT4", None), "INT8": ("INT8", None)}

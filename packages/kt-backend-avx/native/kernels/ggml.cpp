@@ -624,26 +624,37 @@ constexpr auto kGrid2s = grid_rows_of<uint64_t, 1024, 8>(iq2s_magnitude);   // I
 constexpr auto kGrid3s = grid_rows_of<uint32_t, 512, 4>(iq3s_magnitude);    // IQ3_S: 4 per entry
 // IQ1_S / IQ1_M: 8 (value + 1) per value.
 constexpr auto kGrid1 = grid_rows_of<uint64_t, 2048, 8>([](int i, int t) { return 8 * (iq1s_value(i, t) + 1); });
-// Channel i's 8 magnitudes of group l (of the kQLanes channels from q kQLanes): IQ2_XXS's one grid
-// row, IQ3_XXS's two half rows (their 8-bit indices as stored).
+// The forms without signs (IQ1_S, IQ1_M): their grid rows are the codes.
 template <class P>
 constexpr bool kUnsignedGrid = std::is_same_v<P, IQ1S> || std::is_same_v<P, IQ1M>;
 // The forms whose indices are wider than a byte (IQ1_S, IQ1_M: 11 bits; IQ2_XS, IQ3_S: 9; IQ2_S:
 // 10): made for a whole sub-block by vector ops first (grid_indices), then each row is one load.
 template <class P>
 constexpr bool kWideIndices = kUnsignedGrid<P> || std::is_same_v<P, IQ2XS> || kSignBytes<P>;
-template <class P>
-inline int64_t grid_row(const uint8_t* sub, int l, int i) {
-    if constexpr (std::is_same_v<P, IQ2XXS>) return int64_t(kGrid8.entry[sub[grid_panel_index<P>(l, 0) + i]]);
-    return int64_t(kGrid4.entry[sub[grid_panel_index<P>(l, 0) + i]] | uint64_t(kGrid4.entry[sub[grid_panel_index<P>(l, 1) + i]]) << 32);
+// The 4-magnitude grids' rows (IQ3_XXS, IQ3_S): channel i's two half rows in its qword's low and
+// high dwords, for the kQLanes channels whose half indices are h0[i], h1[i] — each a dword insert
+// (composing qwords by shift and OR first took twice the instructions).
+template <class Grid, class Index>
+inline VI half_rows(const Grid& grid, const Index* h0, const Index* h1) {
+    const auto g = [&](Index i) { return int(grid.entry[i]); };
+#if defined(__AVX512F__)
+    return _mm512_set_epi32(g(h1[7]), g(h0[7]), g(h1[6]), g(h0[6]), g(h1[5]), g(h0[5]), g(h1[4]), g(h0[4]), g(h1[3]), g(h0[3]),
+                            g(h1[2]), g(h0[2]), g(h1[1]), g(h0[1]), g(h1[0]), g(h0[0]));
+#else
+    return _mm256_set_epi32(g(h1[3]), g(h0[3]), g(h1[2]), g(h0[2]), g(h1[1]), g(h0[1]), g(h1[0]), g(h0[0]));
+#endif
 }
 constexpr uint8_t kParity[16] = {0, 1, 1, 0, 1, 0, 0, 1, 1, 0, 0, 1, 0, 1, 1, 0};   // of a nibble
 
 #if defined(__AVX512F__)
 constexpr int kQLanes = 8;   // channels per vector of qwords
-template <class P>   // scalar loads: faster than vpgatherdq on Zen 4
+// Channels q kQLanes .. of group l, their 8 magnitudes each: IQ2_XXS's one grid row, IQ3_XXS's two
+// half rows (their 8-bit indices as stored). Scalar loads: faster than vpgatherdq on Zen 4.
+template <class P>
 inline VI grid_rows(const uint8_t* sub, int l, int q) {
-    const auto e = [&](int i) { return grid_row<P>(sub, l, q * kQLanes + i); };
+    const uint8_t* at = sub + grid_panel_index<P>(l, 0) + q * kQLanes;
+    if constexpr (std::is_same_v<P, IQ3XXS>) return half_rows(kGrid4, at, at + 16);
+    const auto e = [&](int i) { return int64_t(kGrid8.entry[at[i]]); };
     return _mm512_set_epi64(e(7), e(6), e(5), e(4), e(3), e(2), e(1), e(0));
 }
 template <int kHalf>
@@ -658,9 +669,11 @@ inline void channel_order(const VI* t, VI* out) {
 }
 #else
 constexpr int kQLanes = 4;
-template <class P>   // scalar loads: AVX2 hosts' gathers are slower still (Zen 2/3)
+template <class P>   // as above; AVX2 hosts' gathers are slower still (Zen 2/3)
 inline VI grid_rows(const uint8_t* sub, int l, int q) {
-    const auto e = [&](int i) { return grid_row<P>(sub, l, q * kQLanes + i); };
+    const uint8_t* at = sub + grid_panel_index<P>(l, 0) + q * kQLanes;
+    if constexpr (std::is_same_v<P, IQ3XXS>) return half_rows(kGrid4, at, at + 16);
+    const auto e = [&](int i) { return int64_t(kGrid8.entry[at[i]]); };
     return _mm256_set_epi64x(e(3), e(2), e(1), e(0));
 }
 template <int kHalf>
@@ -690,11 +703,13 @@ inline VI widen_u16(const uint8_t* p) {
 }
 #if defined(__AVX512F__)
 inline VI srl32(VI a, int n) { return _mm512_srli_epi32(a, unsigned(n)); }
+inline VI sll32(VI a, int n) { return _mm512_slli_epi32(a, unsigned(n)); }
 inline VI vandnot_i(VI a, VI b) { return _mm512_andnot_si512(a, b); }   // ~a & b
 inline VI add_u8(VI a, VI b) { return _mm512_add_epi8(a, b); }
 inline void store_u32(uint32_t* p, VI v) { _mm512_store_si512(p, v); }
 #else
 inline VI srl32(VI a, int n) { return _mm256_srli_epi32(a, n); }
+inline VI sll32(VI a, int n) { return _mm256_slli_epi32(a, n); }
 inline VI vandnot_i(VI a, VI b) { return _mm256_andnot_si256(a, b); }
 inline VI add_u8(VI a, VI b) { return _mm256_add_epi8(a, b); }
 inline void store_u32(uint32_t* p, VI v) { _mm256_store_si256(reinterpret_cast<__m256i*>(p), v); }
@@ -715,8 +730,8 @@ inline void grid_indices(const uint8_t* sub, uint32_t (*idx)[kPanel]) {
             const int at = std::is_same_v<P, IQ2XS> ? 28 + l : std::is_same_v<P, IQ1S> ? 3 * l : std::is_same_v<P, IQ2S> ? 2 * l
                          : std::is_same_v<P, IQ3S> ? i : 4 * l;
             const int mask = std::is_same_v<P, IQ2XS> || std::is_same_v<P, IQ3S> ? 1 : std::is_same_v<P, IQ2S> ? 3 : 7;
-            const VI top = vand(srl32(high, at), vset1i(mask));
-            store_u32(idx[i] + v * kLanes, vor(widen_u8_i32(sub + 16 * size_t(i) + size_t(v) * kLanes), vslli32<8>(top)));
+            const VI top = vand(at < 8 ? sll32(high, 8 - at) : srl32(high, at - 8), vset1i(mask << 8));   // bits 8..
+            store_u32(idx[i] + v * kLanes, vor(widen_u8_i32(sub + 16 * size_t(i) + size_t(v) * kLanes), top));
         }
     }
 }
@@ -739,14 +754,7 @@ template <class P>
 inline VI wide_rows(const uint32_t (*idx)[kPanel], int l, int q) {
     if constexpr (std::is_same_v<P, IQ2XS>) return rows_at(kGridXs, idx[l] + q * kQLanes);
     if constexpr (std::is_same_v<P, IQ2S>) return rows_at(kGrid2s, idx[l] + q * kQLanes);
-    const uint32_t* h0 = idx[2 * l] + q * kQLanes;
-    const uint32_t* h1 = idx[2 * l + 1] + q * kQLanes;
-    const auto e = [&](int i) { return int64_t(kGrid3s.entry[h0[i]] | uint64_t(kGrid3s.entry[h1[i]]) << 32); };
-#if defined(__AVX512F__)
-    return _mm512_set_epi64(e(7), e(6), e(5), e(4), e(3), e(2), e(1), e(0));
-#else
-    return _mm256_set_epi64x(e(3), e(2), e(1), e(0));
-#endif
+    return half_rows(kGrid3s, idx[2 * l] + q * kQLanes, idx[2 * l + 1] + q * kQLanes);
 }
 // IQ1: the sub-block's qh words as qwords (channel q kQLanes + i in qword i of vector q), once.
 template <class P>
@@ -1144,8 +1152,9 @@ void rows(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, const uin
     if (rows == 1) {   // decode: straight-line, the stream prefetched ahead
         const ActRow a = act_row(x, k);
         each_sub([&](const uint8_t* sub, int64_t k0, int j, const VF* d) {
-            prefetch_decode_stream<4096>(sub);
-            prefetch_decode_stream<4096>(sub + 64);
+            // Every line of the sub-block (two lines covered only IQ2_XXS's 128 bytes: the larger
+            // forms' third and fourth lines waited on memory once per sub-block)
+            for (size_t at = 0; at < P::kSubBytes; at += 64) prefetch_decode_stream<4096>(sub + at);
             lone_row_sub<P, kTwoPass>(sub, d, a, k0, j, acc);
         });
     } else {
