@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <kt/formats/ggml_panels.h>
@@ -734,6 +735,9 @@ inline void grid_indices(const uint8_t* sub, uint32_t (*idx)[kPanel]) {
             store_u32(idx[i] + v * kLanes, vor(widen_u8_i32(sub + 16 * size_t(i) + size_t(v) * kLanes), top));
         }
     }
+    // The indices go through memory: left to itself the compiler kept them in vector registers and
+    // took each out with vpextrd (two uops, one port on Zen) where a scalar load is one uop.
+    asm volatile("" : : "r"(idx) : "memory");
 }
 // The rows of channels q kQLanes .. of `grid` at the given indices (scalar loads: faster than
 // vpgatherdq on Zen 4, and AVX2 hosts' gathers are slower still).
@@ -801,8 +805,6 @@ inline void words_as_qwords(const uint8_t* words, VI* wq) {
     }
 }
 
-// u = offset + sign * magnitude for group L of the sub-block (offset: the largest magnitude, 43 or
-// 62): magnitudes g, the channels' sign words as qwords wq (sign index L at bits 7L..7L+6 of each).
 constexpr int64_t kBitOfByte = int64_t(0x8040201008040201ull);   // element t's sign: bit t
 #if defined(__AVX512VBMI__)
 // The sign byte (the 7-bit index and its parity bit: ggml's ksigns table, 128 entries in two
@@ -855,17 +857,17 @@ inline VI magnitudes3(VI words) {
     const VI fields = _mm512_multishift_epi64_epi8(_mm512_set1_epi64(0x2c2824200c080400ll), codes);   // byte t: code t
     return _mm512_permutexvar_epi8(fields, vloadi(kMagnitudes3.byte));
 }
+// Group L's negative elements: a bit per byte of the channels' qwords.
+using SignMask = __mmask64;
 template <class P, int L>
-inline VI group_codes(VI g, VI wq) {
+inline SignMask sign_mask(VI wq) {
     VI s8;   // group L's sign byte in every byte of its channel's qword
     if constexpr (kSignBytes<P>)
         s8 = _mm512_multishift_epi64_epi8(_mm512_set1_epi8(char(8 * L)), wq);
     else
         s8 = _mm512_permutex2var_epi8(vloadi(kSigns.byte), _mm512_multishift_epi64_epi8(_mm512_set1_epi8(char(7 * L)), wq),
                                       vloadi(kSigns.byte + 64));
-    const __mmask64 neg = _mm512_test_epi8_mask(s8, set1q(kBitOfByte));
-    const VI offset = _mm512_set1_epi8(char(P::kOffset));
-    return _mm512_mask_sub_epi8(_mm512_add_epi8(g, offset), neg, offset, g);
+    return _mm512_test_epi8_mask(s8, set1q(kBitOfByte));
 }
 #else
 // Elsewhere the sign bytes come from words_as_qwords; one vpshufb spreads group L's over its
@@ -880,20 +882,41 @@ constexpr Spread make_spread() {
     return t;
 }
 constexpr Spread kSpread = make_spread();
-template <class P, int L>
-inline VI group_codes(VI g, VI sq) {
-    const VI spread = shuffle_bytes(sq, vloadi(kSpread.control[L]));
-    const VI bits = set1q(kBitOfByte);
 #if defined(__AVX512F__)
-    const __mmask64 neg = _mm512_test_epi8_mask(spread, bits);
-    const VI offset = _mm512_set1_epi8(char(P::kOffset));
-    return _mm512_mask_sub_epi8(_mm512_add_epi8(g, offset), neg, offset, g);
+using SignMask = __mmask64;
+template <class P, int L>
+inline SignMask sign_mask(VI sq) {
+    return _mm512_test_epi8_mask(shuffle_bytes(sq, vloadi(kSpread.control[L])), set1q(kBitOfByte));
+}
 #else
-    const VI neg = eq_bytes(vand(spread, bits), bits);   // 0xFF where the element is negative
-    return add_bytes(sub_bytes(vxor(g, neg), neg), vset1i(P::kOffset * 0x01010101));
-#endif
+// AVX2: a byte that is negative where the element is (its sign bit isolated, then 0x7F added with
+// unsigned saturation: 0x7F where clear, >= 0x80 where set), the operand vpsignb takes.
+using SignMask = VI;
+template <class P, int L>
+inline SignMask sign_mask(VI sq) {
+    const VI bit = vand(shuffle_bytes(sq, vloadi(kSpread.control[L])), set1q(kBitOfByte));
+    return _mm256_adds_epu8(bit, _mm256_set1_epi8(0x7f));
 }
 #endif
+#endif
+
+// x with the elements that `neg` marks negated (|x| <= 127: no overflow).
+#if defined(__AVX512F__)
+inline VI apply_sign(VI x, SignMask neg) { return _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x); }
+#else
+inline VI apply_sign(VI x, SignMask neg) { return _mm256_sign_epi8(x, neg); }
+#endif
+// u = offset + sign * magnitude for group L of the sub-block (offset: the largest magnitude, 43, 62
+// or 15): magnitudes g, the channels' sign words as qwords wq.
+template <class P, int L>
+inline VI group_codes(VI g, VI wq) {
+#if defined(__AVX512F__)
+    const VI offset = _mm512_set1_epi8(char(P::kOffset));
+    return _mm512_mask_sub_epi8(_mm512_add_epi8(g, offset), sign_mask<P, L>(wq), offset, g);
+#else
+    return add_bytes(apply_sign(g, sign_mask<P, L>(wq)), vset1i(P::kOffset * 0x01010101));
+#endif
+}
 
 // One sub-block (32 k) of a panel decoded: the codes of its four groups and its channels' scales
 // s_j = d * (0.5 + ls) * step (as the file's dequantization rounds them), laid out as the
@@ -906,7 +929,13 @@ struct SubBlock {
 template <class P>
 constexpr bool kHalfScales = std::is_same_v<P, IQ1M> || std::is_same_v<P, IQ2XS> || std::is_same_v<P, IQ2S>;
 
-// IQ2_XXS's, IQ3_XXS's, IQ2_XS's, IQ2_S's and IQ3_S's groups: grid magnitudes with the signs applied.
+// f.template operator()<i>() for i = 0 .. N - 1, each i a constant.
+template <int N, class F>
+inline void unrolled(F&& f) {
+    [&]<int... i>(std::integer_sequence<int, i...>) { (f.template operator()<i>(), ...); }(std::make_integer_sequence<int, N>{});
+}
+
+// IQ2_XXS's, IQ3_XXS's, IQ2_XS's, IQ2_S's and IQ3_S's groups: grid magnitudes and the sign words.
 template <class P, class F>
 inline void each_signed_group(const uint8_t* sub, F&& f) {
     VI wq[kQ];
@@ -926,32 +955,30 @@ inline void each_signed_group(const uint8_t* sub, F&& f) {
 #else
     constexpr bool kRegisterGrid = false;
 #endif
-    const auto group = [&]<int l>() {
-        VI u[kQ];
-        if constexpr (kWideIndices<P>) {
-            for (int q = 0; q < kQ; ++q) u[q] = group_codes<P, l>(wide_rows<P>(idx, l, q), wq[q]);
-        } else if constexpr (!kRegisterGrid) {
-            for (int q = 0; q < kQ; ++q) u[q] = group_codes<P, l>(grid_rows<P>(sub, l, q), wq[q]);
-        } else {
-#if defined(__AVX512VBMI__)
-            if constexpr (std::is_same_v<P, IQ2XXS>) {
-                u[0] = group_codes<P, l>(magnitudes2<2 * (l % 2)>(gw[l / 2]), wq[0]);
-                u[1] = group_codes<P, l>(magnitudes2<2 * (l % 2) + 1>(gw[l / 2]), wq[1]);
+    unrolled<4>([&]<int l>() {
+        unrolled<kQ>([&]<int q>() {
+            VI g;
+            if constexpr (kWideIndices<P>) {
+                g = wide_rows<P>(idx, l, q);
+            } else if constexpr (!kRegisterGrid) {
+                g = grid_rows<P>(sub, l, q);
             } else {
-                u[0] = group_codes<P, l>(magnitudes3<0>(gw[l]), wq[0]);
-                u[1] = group_codes<P, l>(magnitudes3<1>(gw[l]), wq[1]);
-            }
+#if defined(__AVX512VBMI__)
+                if constexpr (std::is_same_v<P, IQ2XXS>)
+                    g = magnitudes2<2 * (l % 2) + q>(gw[l / 2]);
+                else
+                    g = magnitudes3<q>(gw[l]);
 #endif
-        }
-        f.template operator()<l>(static_cast<const VI*>(u));
-    };
-    group.template operator()<0>();
-    group.template operator()<1>();
-    group.template operator()<2>();
-    group.template operator()<3>();
+            }
+            f.template operator()<l, q>(g, wq[q]);
+        });
+    });
 }
 
-// f.template operator()<l>(u) with group l's codes u[kQ], for l = 0..3 of the sub-block.
+// f.template operator()<l, q>(g, sq) for group l of channels q kQLanes .. (q < kQ), l = 0..3 of the
+// sub-block, q fastest (a caller that uses each at once holds one, not kQ: AVX2 has 16 registers):
+// the signed forms' grid magnitudes g and sign words sq (group_codes makes their codes), the
+// unsigned forms' codes g (sq unused).
 template <class P, class F>
 inline void each_group(const uint8_t* sub, F&& f) {
     if constexpr (kUnsignedGrid<P>) {   // no signs: the codes are the grid rows (scalar loads everywhere), delta added
@@ -960,16 +987,10 @@ inline void each_group(const uint8_t* sub, F&& f) {
         VI qhq[kQ], up[kQ];
         qh_qwords<P>(sub, qhq);
         if constexpr (std::is_same_v<P, IQ1S>) delta_up<P>(qhq, 0, up);   // one delta per sub-block
-        const auto group = [&]<int l>() {
+        unrolled<4>([&]<int l>() {
             if constexpr (std::is_same_v<P, IQ1M>) delta_up<P>(qhq, l, up);   // one per group
-            VI u[kQ];
-            for (int q = 0; q < kQ; ++q) u[q] = add_u8(rows_at(kGrid1, idx[l] + q * kQLanes), up[q]);
-            f.template operator()<l>(static_cast<const VI*>(u));
-        };
-        group.template operator()<0>();
-        group.template operator()<1>();
-        group.template operator()<2>();
-        group.template operator()<3>();
+            unrolled<kQ>([&]<int q>() { f.template operator()<l, q>(add_u8(rows_at(kGrid1, idx[l] + q * kQLanes), up[q]), up[q]); });
+        });
     } else {
         each_signed_group<P>(sub, f);
     }
@@ -1043,8 +1064,9 @@ inline void sub_scales(const uint8_t* sub, const VF* d, int j, VF* scale, int h 
 
 template <class P>
 inline void decode_sub(const uint8_t* sub, const VF* d, int j, SubBlock& sb) {
-    each_group<P>(sub, [&]<int l>(const VI* u) {
-        for (int q = 0; q < kQ; ++q) sb.u[l][q] = u[q];
+    each_group<P>(sub, [&]<int l, int q>(VI g, VI sq) {
+        if constexpr (kUnsignedGrid<P>) sb.u[l][q] = g;
+        else sb.u[l][q] = group_codes<P, l>(g, sq);
     });
     sub_scales<P>(sub, d, j, sb.scale);
     if constexpr (kHalfScales<P>) sub_scales<P>(sub, d, j, sb.scale + kQ, 1);
@@ -1106,24 +1128,163 @@ inline void row_sub(const SubBlock& sb, const ActRow& a, int64_t k0, int j, VF* 
     if constexpr (!kHalfScales<P>) finish_span<P, kTwoPass>(hi, lo, sb.scale, a, k0, (k0 + 32 * j) / 16, 2, acc);
 }
 
-// One row alone (decode): each group's codes dotted as they are made, nothing kept but the
-// accumulators (AVX2's 16 registers would not hold a whole sub-block's codes); the scales are made
-// where they are used, after the dots (each half's after its two groups).
-template <class P, bool kTwoPass>
-inline void lone_row_sub(const uint8_t* sub, const VF* d, const ActRow& a, int64_t k0, int j, VF* acc) {
-    VI hi[kQ], lo[kQ];
-    for (int q = 0; q < kQ; ++q) hi[q] = lo[q] = vzeroi();
-    VF scale[kQ];
-    each_group<P>(sub, [&]<int l>(const VI* u) {
-        group_dots<kTwoPass>(u, a, k0 + 32 * j + 8 * l, hi, lo);
-        if constexpr (kHalfScales<P> && l % 2 == 1) {
-            sub_scales<P>(sub, d, j, scale, l / 2);
-            finish_half<P, kTwoPass>(l, hi, lo, scale, a, k0, j, acc);
+// ---- one row alone (decode): a block's dots in integers ----
+// Every grid form's sub-block scale is an odd integer 2 s + 1 times a per-block factor of d (IQ2_*:
+// d / 8, IQ3_XXS: d / 4, IQ1_*: d / 8, IQ3_S: d). A lone row therefore takes 2 s + 1 into the
+// vpmaddwd that widens its group dots (VNNI: one vpmulld per scale span), and adds a whole block's
+// dots in int32 (|.| < 2^26) before one conversion and multiply per block, where a float finish per
+// sub-block (scales made, dots converted and multiplied) had been a fifth of the loop. The signed
+// forms apply their signs to the activations (no code offset, no activation sums to subtract);
+// IQ1's codes keep their offset 9, subtracted per 16 k as 9 (2 s + 1) sum(x).
+template <class P>
+constexpr float kBlockFactor = std::is_same_v<P, IQ3S> ? 1.0f : std::is_same_v<P, IQ3XXS> ? 0.25f : 0.125f;
+
+// 16 channels' values (x >> shift) & mask, from u32 or u16 lanes, as bytes.
+inline __m128i bytes_of_u32(const uint8_t* p, int shift, int mask) {
+#if defined(__AVX512F__)
+    return _mm512_cvtepi32_epi8(_mm512_and_si512(_mm512_srli_epi32(_mm512_loadu_si512(p), unsigned(shift)), _mm512_set1_epi32(mask)));
+#else
+    const VI m = vset1i(mask);
+    const VI a = vand(srl32(vloadi(p), shift), m), b = vand(srl32(vloadi(p + 32), shift), m);
+    const VI w = _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), _MM_SHUFFLE(3, 1, 2, 0));   // 16 u16 in order
+    return _mm_packus_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+#endif
+}
+inline __m128i bytes_of_u16(const uint8_t* p, int shift, int mask) {
+    const __m256i w = _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), shift),
+                                       _mm256_set1_epi16(short(mask)));
+#if defined(__AVX512F__)
+    return _mm256_cvtepi16_epi8(w);
+#else
+    return _mm_packus_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+#endif
+}
+// Sub-block j's (its half h's) odd scales 2 s + 1 of the 16 channels, as bytes.
+template <class P>
+inline __m128i odd_scales(const uint8_t* blk, const uint8_t* sub, int j, int h) {
+    __m128i s;
+    if constexpr (std::is_same_v<P, IQ2XS> || std::is_same_v<P, IQ2S>)
+        s = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sub + P::kScales)), 4 * h), _mm_set1_epi8(15));
+    else if constexpr (std::is_same_v<P, IQ3S>)
+        s = bytes_of_u32(blk + P::kScales, 4 * j, 15);
+    else if constexpr (std::is_same_v<P, IQ1S>)
+        s = bytes_of_u16(sub + P::kWords, 12, 7);
+    else if constexpr (std::is_same_v<P, IQ1M>)
+        s = bytes_of_u16(blk + P::kD + 32 * size_t(j / 2), 6 * (j % 2) + 3 * h, 7);
+    else   // IQ2_XXS, IQ3_XXS: the top nibble of each sign-and-scale word
+        s = bytes_of_u32(sub + P::kWords, 28, 15);
+    return _mm_or_si128(_mm_add_epi8(s, s), _mm_set1_epi8(1));
+}
+// The odd scales spread over channels q kQLanes ..'s qwords: in every int16 lane (the vpmaddwd
+// operand) or, with VNNI, in both dword lanes (vpmulld's); vpshufb's 0x80 bytes make the zeros.
+#if defined(__AVX512VNNI__)
+constexpr bool kScaleInMadd = false;
+#else
+constexpr bool kScaleInMadd = true;
+#endif
+struct ScaleSpread {
+    alignas(64) uint64_t control[kQ][8];
+};
+constexpr ScaleSpread make_scale_spread() {
+    ScaleSpread t{};
+    for (int q = 0; q < kQ; ++q)
+        for (int i = 0; i < 8; ++i) {
+            const uint64_t c = uint64_t(q * kQLanes + i % kQLanes);   // the channel's byte of the 16
+            t.control[q][i] = kScaleInMadd ? 0x8000800080008000ull | c * 0x0001000100010001ull
+                                           : 0x8080800080808000ull | c * 0x0000000100000001ull;
         }
-    });
-    if constexpr (!kHalfScales<P>) {
-        sub_scales<P>(sub, d, j, scale);
-        finish_span<P, kTwoPass>(hi, lo, scale, a, k0, (k0 + 32 * j) / 16, 2, acc);
+    return t;
+}
+constexpr ScaleSpread kScaleSpread = make_scale_spread();
+template <int q>
+inline VI spread_scales(__m128i s) {
+#if defined(__AVX512F__)
+    return shuffle_bytes(_mm512_broadcast_i32x4(s), vloadi(kScaleSpread.control[q]));
+#else
+    return shuffle_bytes(_mm256_broadcastsi128_si256(s), vloadi(kScaleSpread.control[q]));
+#endif
+}
+
+template <class P, bool kTwoPass>
+inline void lone_row_block(const uint8_t* blk, const ActRow& a, int64_t k0, VF* acc) {
+    VI hi[kQ], lo[kQ], span_hi[kQ], span_lo[kQ];   // span_*: VNNI's dots of the current scale span
+    for (int q = 0; q < kQ; ++q) hi[q] = lo[q] = span_hi[q] = span_lo[q] = vzeroi();
+    for (int j = 0; j < 8; ++j) {
+        const uint8_t* sub = blk + P::kCodes + size_t(j) * P::kSubBytes;
+        // Every line of the sub-block (two lines covered only IQ2_XXS's 128 bytes: the larger
+        // forms' third and fourth lines waited on memory once per sub-block)
+        for (size_t at = 0; at < P::kSubBytes; at += 64) prefetch_decode_stream<4096>(sub + at);
+        __m128i odd = odd_scales<P>(blk, sub, j, 0);
+        VI ah = vzeroi(), al = vzeroi();   // group l's 8 activations in every qword
+        each_group<P>(sub, [&]<int l, int q>(VI g, VI sq) {
+            const int64_t at = k0 + 32 * j + 8 * l;
+            const int64_t g16 = (k0 + 32 * j) / 16 + l / 2;   // this group's 16-k span
+            if constexpr (q == 0) {
+                if constexpr (kHalfScales<P> && l == 2) odd = odd_scales<P>(blk, sub, j, 1);
+                int64_t x;
+                std::memcpy(&x, a.hi + at, 8);
+                ah = set1q(x);
+                if constexpr (kTwoPass) {
+                    std::memcpy(&x, a.lo + at, 8);
+                    al = set1q(x);
+                }
+            }
+            VI xh = ah, xl = al;
+            if constexpr (!kUnsignedGrid<P>) {
+                const SignMask neg = sign_mask<P, l>(sq);
+                xh = apply_sign(ah, neg);
+                if constexpr (kTwoPass) xl = apply_sign(al, neg);
+            }
+            const VI sc = spread_scales<q>(odd);
+            if constexpr (kScaleInMadd) {
+#if defined(__AVX512F__)
+                const auto madd = [](VI p, VI w) { return _mm512_madd_epi16(p, w); };
+                const auto pairs = [](VI u, VI x) { return _mm512_maddubs_epi16(u, x); };
+#else
+                const auto madd = [](VI p, VI w) { return _mm256_madd_epi16(p, w); };
+                const auto pairs = [](VI u, VI x) { return _mm256_maddubs_epi16(u, x); };
+#endif
+                hi[q] = vaddi(hi[q], madd(pairs(g, xh), sc));
+                if constexpr (kTwoPass) lo[q] = vaddi(lo[q], madd(pairs(g, xl), sc));
+                if constexpr (kUnsignedGrid<P> && l % 2 == 0) {   // 9 (2 s + 1) sum(x) of the span: in one int16 lane
+                    hi[q] = vsubi(hi[q], madd(sc, set1q(int64_t(uint16_t(P::kOffset * a.sums_hi[g16])))));
+                    if constexpr (kTwoPass) lo[q] = vsubi(lo[q], madd(sc, set1q(int64_t(uint16_t(P::kOffset * a.sums_lo[g16])))));
+                }
+            } else {
+#if defined(__AVX512VNNI__)   // the span's dots by vpdpbusd, scaled at its end
+                span_hi[q] = dot_u8s8(span_hi[q], g, xh);
+                if constexpr (kTwoPass) span_lo[q] = dot_u8s8(span_lo[q], g, xl);
+                constexpr bool kSpanEnd = kHalfScales<P> || kUnsignedGrid<P> ? l % 2 == 1 : l == 3;
+                if constexpr (kSpanEnd) {
+                    if constexpr (kUnsignedGrid<P>) {   // the offset's share of the 16-k span
+                        span_hi[q] = vsubi(span_hi[q], set1q(int64_t(uint32_t(P::kOffset * a.sums_hi[g16]))));
+                        if constexpr (kTwoPass) span_lo[q] = vsubi(span_lo[q], set1q(int64_t(uint32_t(P::kOffset * a.sums_lo[g16]))));
+                    }
+                    hi[q] = vaddi(hi[q], _mm512_mullo_epi32(span_hi[q], sc));
+                    if constexpr (kTwoPass) lo[q] = vaddi(lo[q], _mm512_mullo_epi32(span_lo[q], sc));
+                    span_hi[q] = span_lo[q] = vzeroi();
+                }
+#endif
+            }
+        });
+    }
+    // acc += d * factor * s_a * (hi + lo / 128): each channel's two dword lanes added, then one
+    // conversion and multiply-add per block.
+    const float sa = a.scale[k0 / kQK] * kBlockFactor<P>;
+    for (int v = 0; v < kVecsPerPanel; ++v) {
+#if defined(__AVX512F__)
+        const VI f = _mm512_castps_si512(vmul(block_d<P>(blk, v), vset1(sa)));
+        const auto as_float = [](VI i) { return _mm512_castsi512_ps(i); };
+#else
+        const VI f = _mm256_castps_si256(vmul(block_d<P>(blk, v), vset1(sa)));
+        const auto as_float = [](VI i) { return _mm256_castsi256_ps(i); };
+#endif
+        const VF fq[2] = {as_float(qwords<0>(f)), as_float(qwords<1>(f))};
+        for (int h = 0; h < 2; ++h) {
+            const int q = 2 * v + h;
+            acc[q] = vfma(fq[h], vcvt(vaddi(hi[q], srli64_32(hi[q]))), acc[q]);
+            if constexpr (kTwoPass) acc[q] = vfma(vmul(fq[h], vset1(1.0f / 128.0f)), vcvt(vaddi(lo[q], srli64_32(lo[q]))), acc[q]);
+        }
     }
 }
 
@@ -1151,12 +1312,8 @@ void rows(const uint8_t* x, size_t row_bytes, int64_t rows, int64_t k, const uin
     };
     if (rows == 1) {   // decode: straight-line, the stream prefetched ahead
         const ActRow a = act_row(x, k);
-        each_sub([&](const uint8_t* sub, int64_t k0, int j, const VF* d) {
-            // Every line of the sub-block (two lines covered only IQ2_XXS's 128 bytes: the larger
-            // forms' third and fourth lines waited on memory once per sub-block)
-            for (size_t at = 0; at < P::kSubBytes; at += 64) prefetch_decode_stream<4096>(sub + at);
-            lone_row_sub<P, kTwoPass>(sub, d, a, k0, j, acc);
-        });
+        for (int64_t b = 0; b < k / P::kBlockK; ++b)
+            lone_row_block<P, kTwoPass>(panel + size_t(b) * P::kBlockBytes, a, b * P::kBlockK, acc);
     } else {
         each_sub([&](const uint8_t* sub, int64_t k0, int j, const VF* d) {
             SubBlock sb;
