@@ -12,7 +12,6 @@ import kt_backend_kml
 import kt_core
 from kt_core import MoE
 from kt_core.backends import explain, selection
-from kt_core.errors import BackendError
 from kt_core.testing.ggml_blocks import dequantize, llama_activations, random_blocks
 from kt_core.testing.quantize import checkpoint_inputs, dequantized_weights
 from kt_core.testing.reference import moe_reference, random_moe, random_routing, relative_error
@@ -81,7 +80,8 @@ def test_every_target_matches_float64_over_the_stored_weights(method, kw, tol, m
 
 
 GGML_TYPES = [(t, t, t) for t in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL",
-                                   "IQ4_XS")] + [("Q4_K", "Q4_K", "Q6_K"), ("Q4_K", "Q4_K", "Q5_0")]
+                                   "IQ4_XS", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S")]
+GGML_TYPES += [("Q4_K", "Q4_K", "Q6_K"), ("Q4_K", "Q4_K", "Q5_0"), ("IQ2_XXS", "IQ2_XXS", "IQ3_XXS"), ("IQ1_S", "IQ1_S", "IQ1_M")]
 
 
 @pytest.mark.skipif(not ON_ARM, reason=f"aarch64 kernels; this host is {kt_core.host().arch}")
@@ -90,7 +90,8 @@ GGML_TYPES = [(t, t, t) for t in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K"
 def test_llamafile_matches_float64_over_the_blocks(types, fast, monkeypatch):
     """LLAMAFILE on kt-core's kt-ggml-v8 panels (the bytes kt-backend-avx packs): against float64 over
     gguf-py's dequantized blocks; bit-identical across targets (sdot, smull and, for row pairs on
-    I8MM, smmla give the same integer sums, and the f32 epilogue is the same instructions). Two
+    I8MM, smmla give the same integer sums, and the f32 epilogue is the same instructions; the grid
+    types run one NEON kernel everywhere). Two
     activation passes: within 2e-3 of the output RMS (measured 3.5e-4 to 9.5e-4 here); one pass
     (fast_activations, the default: llama.cpp's activation blocks, Q8_K — one int8 scale per 256
     k — or for the 32-element types Q8_0 — an f16 scale per 32 k) against float64 over exactly those
@@ -122,26 +123,6 @@ def test_llamafile_matches_float64_over_the_blocks(types, fast, monkeypatch):
         assert err < (5e-3 if fast else 2e-3), f"{m.kernel_id}: {err:.2e}"
     first = next(iter(outs.values()))
     assert all(np.array_equal(first, o) for o in outs.values())
-
-
-@pytest.mark.skipif(not ON_ARM, reason=f"aarch64 kernels; this host is {kt_core.host().arch}")
-@pytest.mark.parametrize("types", [("IQ2_XXS", "IQ2_XXS", "IQ3_XXS"), ("IQ2_S", "IQ2_S", "IQ3_S")])
-def test_grid_types_are_refused_by_name_and_served_by_the_reference(types):
-    """The grid types (grid indices; kt-backend-avx's kernel of their own) are not run on aarch64
-    yet: kml declines them by name, and the reference backend serves the layer as gguf-py reads it."""
-    with pytest.raises(BackendError, match=rf"this layer stores {types[0]}, {types[2]} \(backend='reference' can run it\)"):
-        MoE(num_experts=E, top_k=K, hidden_size=256, intermediate_size=256, method="LLAMAFILE", backend="kml",
-            weight_types=types)
-    rng = np.random.default_rng(3)
-    shapes = ((E, 256, 256), (E, 256, 256), (E, 256, 256))
-    blocks = [random_blocks(rng, t, s) for t, s in zip(types, shapes)]
-    m = MoE(num_experts=E, top_k=K, hidden_size=256, intermediate_size=256, method="LLAMAFILE", backend="reference",
-            weight_types=types, fast_activations=False)
-    m.load(*blocks)
-    x = rng.standard_normal((3, 256)).astype(np.float32)
-    ids, wt = random_routing(rng, 3, E, K)
-    dq = [np.stack([dequantize(b[e], t) for e in range(E)]) for b, t in zip(blocks, types)]
-    assert relative_error(np.asarray(m(x, ids, wt)), moe_reference(x, *dq, ids, wt)) < 1e-5
 
 
 @pytest.mark.skipif(not ON_ARM, reason=f"aarch64 kernels; this host is {kt_core.host().arch}")

@@ -263,44 +263,47 @@ void dq_sign_bytes(const uint8_t* b, float* y) {
         }
 }
 
+// A type the reference reads: its name and block geometry from kt/formats/ggml_panels.h's
+// kBlockTypes (the one list of them; a type missing there fails to compile here), its dequantizer.
 struct TypeInfo {
-    kt_dtype dtype;
-    const char* name;
-    int64_t block_elems, block_bytes;
+    const kt::layouts::ggml::BlockType* block;
     void (*dequantize)(const uint8_t*, float*);
 };
+constexpr const kt::layouts::ggml::BlockType* listed(kt_dtype d) {
+    return kt::layouts::ggml::block_type(d) ? kt::layouts::ggml::block_type(d) : throw "a type kBlockTypes does not list";
+}
 
-const TypeInfo kTypes[] = {
-    {KT_DTYPE_GGML_Q4_0, "Q4_0", 32, 18, dq_q4_0},
-    {KT_DTYPE_GGML_Q4_1, "Q4_1", 32, 20, dq_q4_1},
-    {KT_DTYPE_GGML_Q5_0, "Q5_0", 32, 22, dq_q5_0},
-    {KT_DTYPE_GGML_Q5_1, "Q5_1", 32, 24, dq_q5_1},
-    {KT_DTYPE_GGML_Q8_0, "Q8_0", 32, 34, dq_q8_0},
-    {KT_DTYPE_GGML_Q2_K, "Q2_K", 256, 84, dq_q2_k},
-    {KT_DTYPE_GGML_Q3_K, "Q3_K", 256, 110, dq_q3_k},
-    {KT_DTYPE_GGML_Q4_K, "Q4_K", 256, 144, dq_q4_k},
-    {KT_DTYPE_GGML_Q5_K, "Q5_K", 256, 176, dq_q5_k},
-    {KT_DTYPE_GGML_Q6_K, "Q6_K", 256, 210, dq_q6_k},
-    {KT_DTYPE_GGML_IQ4_NL, "IQ4_NL", 32, 18, dq_iq4_nl},
-    {KT_DTYPE_GGML_IQ4_XS, "IQ4_XS", 256, 136, dq_iq4_xs},
-    {KT_DTYPE_GGML_IQ1_S, "IQ1_S", 256, 50, dq_iq1_s},
-    {KT_DTYPE_GGML_IQ1_M, "IQ1_M", 256, 56, dq_iq1_m},
-    {KT_DTYPE_GGML_IQ2_XS, "IQ2_XS", 256, 74, dq_iq2_xs},
-    {KT_DTYPE_GGML_IQ2_S, "IQ2_S", 256, 82, dq_sign_bytes<kt::layouts::ggml::IQ2S>},
-    {KT_DTYPE_GGML_IQ2_XXS, "IQ2_XXS", 256, 66, dq_grid<kt::layouts::ggml::IQ2XXS>},
-    {KT_DTYPE_GGML_IQ3_XXS, "IQ3_XXS", 256, 98, dq_grid<kt::layouts::ggml::IQ3XXS>},
-    {KT_DTYPE_GGML_IQ3_S, "IQ3_S", 256, 110, dq_sign_bytes<kt::layouts::ggml::IQ3S>},
+constexpr TypeInfo kTypes[] = {
+    {listed(KT_DTYPE_GGML_Q4_0), dq_q4_0},
+    {listed(KT_DTYPE_GGML_Q4_1), dq_q4_1},
+    {listed(KT_DTYPE_GGML_Q5_0), dq_q5_0},
+    {listed(KT_DTYPE_GGML_Q5_1), dq_q5_1},
+    {listed(KT_DTYPE_GGML_Q8_0), dq_q8_0},
+    {listed(KT_DTYPE_GGML_Q2_K), dq_q2_k},
+    {listed(KT_DTYPE_GGML_Q3_K), dq_q3_k},
+    {listed(KT_DTYPE_GGML_Q4_K), dq_q4_k},
+    {listed(KT_DTYPE_GGML_Q5_K), dq_q5_k},
+    {listed(KT_DTYPE_GGML_Q6_K), dq_q6_k},
+    {listed(KT_DTYPE_GGML_IQ4_NL), dq_iq4_nl},
+    {listed(KT_DTYPE_GGML_IQ4_XS), dq_iq4_xs},
+    {listed(KT_DTYPE_GGML_IQ1_S), dq_iq1_s},
+    {listed(KT_DTYPE_GGML_IQ1_M), dq_iq1_m},
+    {listed(KT_DTYPE_GGML_IQ2_XS), dq_iq2_xs},
+    {listed(KT_DTYPE_GGML_IQ2_S), dq_sign_bytes<kt::layouts::ggml::IQ2S>},
+    {listed(KT_DTYPE_GGML_IQ2_XXS), dq_grid<kt::layouts::ggml::IQ2XXS>},
+    {listed(KT_DTYPE_GGML_IQ3_XXS), dq_grid<kt::layouts::ggml::IQ3XXS>},
+    {listed(KT_DTYPE_GGML_IQ3_S), dq_sign_bytes<kt::layouts::ggml::IQ3S>},
 };
 
 const TypeInfo* type_info(kt_dtype dtype) {
     for (const TypeInfo& t : kTypes)
-        if (t.dtype == dtype) return &t;
+        if (t.block->dtype == dtype) return &t;
     return nullptr;
 }
 
 std::string supported_list() {
     std::string s;
-    for (const TypeInfo& t : kTypes) s += (s.empty() ? "" : ", ") + std::string(t.name);
+    for (const TypeInfo& t : kTypes) s += (s.empty() ? "" : ", ") + std::string(t.block->name);
     return s;
 }
 
@@ -332,7 +335,7 @@ ExpertLayout layout_of(const kt_moe_config* s) {
         l.ok = l.ok && m.type;
         m.rows = rows[p];
         m.cols = cols[p];
-        m.row_bytes = m.type ? m.cols / m.type->block_elems * m.type->block_bytes : 0;
+        m.row_bytes = m.type ? m.cols / m.type->block->elems * m.type->block->bytes : 0;
         m.offset = at;
         at += round_up(size_t(m.rows * m.row_bytes));
     }
@@ -345,7 +348,7 @@ size_t packed_expert_bytes(const kt_moe_config* s) { return layout_of(s).bytes; 
 const std::string kWho = "reference backend LLAMAFILE: ";
 
 std::string type_name(kt_dtype d) {
-    if (const TypeInfo* t = type_info(d)) return t->name;
+    if (const TypeInfo* t = type_info(d)) return t->block->name;
     if (d >= KT_DTYPE_GGML_BASE) return "ggml type " + std::to_string(int(d) - KT_DTYPE_GGML_BASE);
     return dtype_name(d);
 }
@@ -362,9 +365,9 @@ kt_status check_config(const kt_moe_config* s) {
         if (!t)
             return fail(KT_ERROR_UNSUPPORTED, kWho + kMatrixName[p] + " is " + type_name(s->weight_dtype[p]) +
                                                   "; supported ggml types: " + supported_list());
-        if (k[p] % t->block_elems)
-            return fail(KT_ERROR_INVALID_ARGUMENT, kWho + kMatrixName[p] + " is " + t->name + ", whose blocks hold " +
-                                                       std::to_string(t->block_elems) + " elements; K = " +
+        if (k[p] % t->block->elems)
+            return fail(KT_ERROR_INVALID_ARGUMENT, kWho + kMatrixName[p] + " is " + t->block->name + ", whose blocks hold " +
+                                                       std::to_string(t->block->elems) + " elements; K = " +
                                                        std::to_string(k[p]) + " is not a multiple");
     }
     return KT_OK;
@@ -378,7 +381,7 @@ kt_status pack_expert(const kt_moe_config* s, const kt_expert_weights* src, void
     for (int p = 0; p < 3; ++p) {
         const MatrixLayout& m = l.part[p];
         const kt_matrix& v = w[p]->values;
-        const std::string who = kWho + kMatrixName[p] + " (" + m.type->name + ")";
+        const std::string who = kWho + kMatrixName[p] + " (" + m.type->block->name + ")";
         if (!v.data || v.dtype != KT_DTYPE_U8 || v.rows != m.rows || v.cols != m.row_bytes)
             return fail(KT_ERROR_INVALID_ARGUMENT, who + " must be uint8 [" + std::to_string(m.rows) + ", " +
                                                        std::to_string(m.row_bytes) + "] (the blocks of each row); got " +
@@ -386,13 +389,11 @@ kt_status pack_expert(const kt_moe_config* s, const kt_expert_weights* src, void
         if (w[p]->scales.data || w[p]->zeros.data)
             return fail(KT_ERROR_INVALID_ARGUMENT, who + ": ggml blocks hold their scales; none may be given");
         const auto* bytes = static_cast<const uint8_t*>(v.data);
-        // Where the block's f16 scales sit: the packed layouts' description of the file's blocks.
-        const kt::layouts::ggml::BlockType* block = kt::layouts::ggml::block_type(m.type->dtype);
         for (int64_t r = 0; r < m.rows; ++r)
-            for (int64_t b = 0; b < m.row_bytes; b += m.type->block_bytes) {
-                if (kt::layouts::ggml::non_finite_scale(*block, bytes + r * v.row_stride + b))
+            for (int64_t b = 0; b < m.row_bytes; b += m.type->block->bytes) {
+                if (kt::layouts::ggml::non_finite_scale(*m.type->block, bytes + r * v.row_stride + b))
                     return fail(KT_ERROR_INVALID_ARGUMENT,
-                                who + " row " + std::to_string(r) + " block " + std::to_string(b / m.type->block_bytes) +
+                                who + " row " + std::to_string(r) + " block " + std::to_string(b / m.type->block->bytes) +
                                     " has a NaN or Inf scale; kt refuses non-finite weights at load");
             }
     }
@@ -408,8 +409,8 @@ kt_status pack_expert(const kt_moe_config* s, const kt_expert_weights* src, void
 
 void dequantize_row(const MatrixLayout& m, const char* packed, int64_t n, float* y) {
     const auto* row = reinterpret_cast<const uint8_t*>(packed + m.offset) + n * m.row_bytes;
-    for (int64_t b = 0; b < m.cols / m.type->block_elems; ++b)
-        m.type->dequantize(row + b * m.type->block_bytes, y + b * m.type->block_elems);
+    for (int64_t b = 0; b < m.cols / m.type->block->elems; ++b)
+        m.type->dequantize(row + b * m.type->block->bytes, y + b * m.type->block->elems);
 }
 
 double dot(const float* x, const float* w, int64_t k) {
@@ -448,7 +449,7 @@ const float* one_plane_rows(const kt_moe_config* s, const TypeInfo* t, const voi
                             std::vector<float>& held) {
     const auto* x = static_cast<const float*>(act);
     if (!(s->quant_flags & KT_QUANT_FAST_ACTIVATIONS)) return x;
-    const int64_t group = t->block_elems == 32 ? 32 : 256;
+    const int64_t group = t->block->elems == 32 ? 32 : 256;
     held.assign(size_t(rows * k), 0.0f);
     for (int64_t r = 0; r < rows; ++r)
         for (int64_t k0 = 0; k0 < k; k0 += group) {
@@ -522,18 +523,18 @@ bool ggml_dequantize(kt_dtype dtype, const uint8_t* data, int64_t blocks, float*
         *error = "ggml type " + type_name(dtype) + " is not one the reference backend reads; supported: " + supported_list();
         return false;
     }
-    for (int64_t b = 0; b < blocks; ++b) t->dequantize(data + b * t->block_bytes, out + b * t->block_elems);
+    for (int64_t b = 0; b < blocks; ++b) t->dequantize(data + b * t->block->bytes, out + b * t->block->elems);
     return true;
 }
 
 int64_t ggml_block_bytes(kt_dtype dtype) {
     const TypeInfo* t = type_info(dtype);
-    return t ? t->block_bytes : 0;
+    return t ? t->block->bytes : 0;
 }
 
 int64_t ggml_block_elems(kt_dtype dtype) {
     const TypeInfo* t = type_info(dtype);
-    return t ? t->block_elems : 0;
+    return t ? t->block->elems : 0;
 }
 
 namespace {

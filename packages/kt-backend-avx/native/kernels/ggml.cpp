@@ -606,28 +606,7 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
 // dots each group's codes as they are made (lone_row_sub).
 namespace iq2 {
 
-// A grid as the kernels load it: per entry its T values (magnitudes, or IQ1_S's codes), one per byte.
-template <class Entry, int N>
-struct GridRows {
-    alignas(64) Entry entry[N];
-};
-template <class Entry, int N, int T, class Value>
-constexpr GridRows<Entry, N> grid_rows_of(Value value) {
-    GridRows<Entry, N> g{};
-    for (int i = 0; i < N; ++i)
-        for (int t = 0; t < T; ++t) g.entry[i] |= Entry(value(i, t)) << (8 * t);
-    return g;
-}
-constexpr auto kGrid8 = grid_rows_of<uint64_t, 256, 8>(iq2xxs_magnitude);   // IQ2_XXS
-constexpr auto kGridXs = grid_rows_of<uint64_t, 512, 8>(iq2xs_magnitude);   // IQ2_XS
-constexpr auto kGrid4 = grid_rows_of<uint32_t, 256, 4>(iq3xxs_magnitude);   // IQ3_XXS: 4 per entry
-constexpr auto kGrid2s = grid_rows_of<uint64_t, 1024, 8>(iq2s_magnitude);   // IQ2_S
-constexpr auto kGrid3s = grid_rows_of<uint32_t, 512, 4>(iq3s_magnitude);    // IQ3_S: 4 per entry
-// IQ1_S / IQ1_M: 8 (value + 1) per value.
-constexpr auto kGrid1 = grid_rows_of<uint64_t, 2048, 8>([](int i, int t) { return 8 * (iq1s_value(i, t) + 1); });
-// The forms without signs (IQ1_S, IQ1_M): their grid rows are the codes.
-template <class P>
-constexpr bool kUnsignedGrid = std::is_same_v<P, IQ1S> || std::is_same_v<P, IQ1M>;
+// The grids' rows (kGrid8, kGridXs, kGrid2s, kGrid4, kGrid3s, kGrid1) and kUnsignedGrid: ggml_panels.h.
 // The forms whose indices are wider than a byte (IQ1_S, IQ1_M: 11 bits; IQ2_XS, IQ3_S: 9; IQ2_S:
 // 10): made for a whole sub-block by vector ops first (grid_indices), then each row is one load.
 template <class P>
@@ -925,9 +904,8 @@ struct SubBlock {
     VI u[4][kQ];
     VF scale[2 * kQ];   // [h * kQ + q]: kHalfScales' two halves' scales (16 k each); the others' one in h = 0
 };
-// IQ1_M's, IQ2_XS's and IQ2_S's scales are per 16 k: each sub-block's dots finish in two halves of two groups.
-template <class P>
-constexpr bool kHalfScales = std::is_same_v<P, IQ1M> || std::is_same_v<P, IQ2XS> || std::is_same_v<P, IQ2S>;
+// IQ1_M's, IQ2_XS's and IQ2_S's scales are per 16 k (ggml_panels.h's kHalfScales): each sub-block's
+// dots finish in two halves of two groups.
 
 // f.template operator()<i>() for i = 0 .. N - 1, each i a constant.
 template <int N, class F>
@@ -1129,16 +1107,13 @@ inline void row_sub(const SubBlock& sb, const ActRow& a, int64_t k0, int j, VF* 
 }
 
 // ---- one row alone (decode): a block's dots in integers ----
-// Every grid form's sub-block scale is an odd integer 2 s + 1 times a per-block factor of d (IQ2_*:
-// d / 8, IQ3_XXS: d / 4, IQ1_*: d / 8, IQ3_S: d). A lone row therefore takes 2 s + 1 into the
+// Every grid form's sub-block scale is an odd integer 2 s + 1 times a per-block factor of d
+// (kBlockFactor: IQ2_* d / 8, IQ3_XXS d / 4, IQ1_* d / 8, IQ3_S d). A lone row therefore takes 2 s + 1 into the
 // vpmaddwd that widens its group dots (VNNI: one vpmulld per scale span), and adds a whole block's
 // dots in int32 (|.| < 2^26) before one conversion and multiply per block, where a float finish per
 // sub-block (scales made, dots converted and multiplied) had been a fifth of the loop. The signed
 // forms apply their signs to the activations (no code offset, no activation sums to subtract);
 // IQ1's codes keep their offset 9, subtracted per 16 k as 9 (2 s + 1) sum(x).
-template <class P>
-constexpr float kBlockFactor = std::is_same_v<P, IQ3S> ? 1.0f : std::is_same_v<P, IQ3XXS> ? 0.25f : 0.125f;
-
 // 16 channels' values (x >> shift) & mask, from u32 or u16 lanes, as bytes.
 inline __m128i bytes_of_u32(const uint8_t* p, int shift, int mask) {
 #if defined(__AVX512F__)

@@ -373,6 +373,80 @@ __attribute__((noinline)) void panel_dot(const uint8_t* panel, const ActRow* a, 
         for (int v = 0; v < 4; ++v) vst1q_f32(out[r] + 4 * v, acc[r][v]);
 }
 
+// ---- the grid types: IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S (ggml_panels.h's kGridForm) ----
+// Per 8-k group each channel's 8 values are one grid row, loaded by its index (ggml_panels.h's
+// group_row: scalar reads of the panel's index bytes and high bits), signed by the group's sign byte
+// (`cmtst` against each element's bit, `bsl` with the negation) or, for IQ1, its codes less the
+// offset 9 (8 value +- 1: signed already, so `sdot` needs no offset term). Two channels' rows share a
+// register, dotted with the group's 8 activations in both halves (each channel's two int32 lanes
+// hold k 0..3 and 4..7). Each scale span's dots (16 or 32 k) times its odd integer scale 2 s + 1
+// add into the block's int32 sums (|.| < 2^26), converted and multiplied by d * factor * s_a once
+// per 256-k block — x86's lone-row form. One activation row at a time, on every target (NEON).
+template <class P, bool kTwoPass>
+__attribute__((noinline)) void grid_panel_dot(const uint8_t* panel, const ActRow& a, int64_t K, float* out) {
+    const uint8x16_t bits = vreinterpretq_u8_u64(vdupq_n_u64(0x8040201008040201ull));   // element t's bit
+    float32x4_t acc[4];
+    for (int v = 0; v < 4; ++v) acc[v] = vdupq_n_f32(0.0f);
+    for (int64_t b = 0; b < K / P::kBlockK; ++b) {
+        const uint8_t* blk = panel + size_t(b) * P::kBlockBytes;
+        const int64_t k0 = b * P::kBlockK;
+        int32x4_t ihi[8], ilo[8], sh[8], sl[8];   // the block's sums; the scale span's dots (channels 2p, 2p + 1)
+        for (int p = 0; p < 8; ++p) ihi[p] = ilo[p] = sh[p] = sl[p] = vdupq_n_s32(0);
+        for (int j = 0; j < 8; ++j) {
+            const uint8_t* sub = blk + P::kCodes + size_t(j) * P::kSubBytes;
+            for (int l = 0; l < 4; ++l) {
+                const int64_t at = k0 + 32 * j + 8 * l;
+                int64_t x;
+                std::memcpy(&x, a.hi + at, 8);
+                const int8x16_t xh = vreinterpretq_s8_s64(vdupq_n_s64(x));
+                int8x16_t xl = xh;
+                if constexpr (kTwoPass) {
+                    std::memcpy(&x, a.lo + at, 8);
+                    xl = vreinterpretq_s8_s64(vdupq_n_s64(x));
+                }
+                for (int p = 0; p < 8; ++p) {
+                    const int8x16_t row = vreinterpretq_s8_u8(
+                        vcombine_u8(vcreate_u8(G::group_row<P>(sub, l, 2 * p)), vcreate_u8(G::group_row<P>(sub, l, 2 * p + 1))));
+                    int8x16_t w;
+                    if constexpr (G::kUnsignedGrid<P>) {
+                        w = vsubq_s8(row, vdupq_n_s8(int8_t(P::kOffset)));
+                    } else {
+                        const uint8x16_t signs = vcombine_u8(vdup_n_u8(G::group_signs<P>(sub, l, 2 * p)),
+                                                             vdup_n_u8(G::group_signs<P>(sub, l, 2 * p + 1)));
+                        w = vbslq_s8(vtstq_u8(signs, bits), vnegq_s8(row), row);
+                    }
+                    sh[p] = dot4(sh[p], w, xh);
+                    if constexpr (kTwoPass) sl[p] = dot4(sl[p], w, xl);
+                }
+                if (G::kHalfScales<P> ? l % 2 == 1 : l == 3) {   // the span's end: times 2 s + 1 into the block's sums
+                    alignas(16) int32_t odd[16];
+                    for (int lane = 0; lane < 16; ++lane) odd[lane] = G::odd_scale<P>(blk, j, l / 2, lane);
+                    for (int v = 0; v < 4; ++v) {
+                        const int32x4_t o = vld1q_s32(odd + 4 * v);
+                        const int32x4_t pair[2] = {vzip1q_s32(o, o), vzip2q_s32(o, o)};   // channel 2p's twice, 2p + 1's twice
+                        for (int h = 0; h < 2; ++h) {
+                            const int p = 2 * v + h;
+                            ihi[p] = vmlaq_s32(ihi[p], sh[p], pair[h]);
+                            if constexpr (kTwoPass) ilo[p] = vmlaq_s32(ilo[p], sl[p], pair[h]);
+                            sh[p] = sl[p] = vdupq_n_s32(0);
+                        }
+                    }
+                }
+            }
+        }
+        const float sa = a.scale[k0 >> a.scale_shift] * G::kBlockFactor<P>;
+        alignas(16) float d[16];
+        for (int lane = 0; lane < 16; ++lane) d[lane] = G::grid_d<P>(blk, lane) * sa;
+        for (int v = 0; v < 4; ++v) {   // each channel's two lanes added: channels 4v .. 4v + 3
+            const float32x4_t f = vld1q_f32(d + 4 * v);
+            acc[v] = vfmaq_f32(acc[v], vcvtq_f32_s32(vpaddq_s32(ihi[2 * v], ihi[2 * v + 1])), f);
+            if constexpr (kTwoPass)
+                acc[v] = vfmaq_f32(acc[v], vcvtq_f32_s32(vpaddq_s32(ilo[2 * v], ilo[2 * v + 1])), vmulq_n_f32(f, 1.0f / 128.0f));
+        }
+    }
+    for (int v = 0; v < 4; ++v) vst1q_f32(out + 4 * v, acc[v]);
+}
+
 #if defined(__ARM_FEATURE_MATMUL_INT8)
 // Two activation rows at once (prefill, I8MM): per sub-block, 8 consecutive k of a channel pair
 // (two 4-k code vectors zipped: channel_pair0/1) against 8 k of both rows, one `smmla` per pair and
@@ -722,7 +796,8 @@ inline void matrix_dot(const G::Matrix& m, const uint8_t* expert, int64_t p, con
     G::with_panels(m.type->dtype, [&](auto form) {
         using P = decltype(form);
         if constexpr (G::kGridForm<P>) {
-            return;   // refused at check_config (layout().ok)
+            for (int r = 0; r < nr; ++r)
+                two_pass ? grid_panel_dot<P, true>(panel, a[r], m.cols, out[r]) : grid_panel_dot<P, false>(panel, a[r], m.cols, out[r]);
         } else {
             ActRow one[2];   // (nr <= 2) the 32-element types in one pass: llama.cpp's Q8_0 activations, a scale per 32 k
             const ActRow* ar = a;
@@ -752,36 +827,16 @@ inline void matrix_dot(const G::Matrix& m, const uint8_t* expert, int64_t p, con
 
 // ---- layout, packer, tiles ---------------------------------------------------------------
 
-// The grid types (ggml_panels.h's kGridForm: IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S; a
-// kernel of their own on x86) are not run here yet: refused by name, and a layout holding one is not
-// ok, so the tiles refuse too (the descriptor does not list them).
-bool is_grid_type(kt_dtype t) {
-    return G::block_type(t) && G::with_panels(t, [](auto form) { return G::kGridForm<decltype(form)>; });
-}
-bool holds_grid_type(const kt_moe_config* c) {
-    if (!KT_HAS_FIELD(c, kt_moe_config, weight_dtype)) return false;
-    return std::any_of(c->weight_dtype, c->weight_dtype + 3, is_grid_type);
-}
-
-G::Expert layout(const kt_moe_config* c) {
-    G::Expert e = G::expert(c);
-    e.ok = e.ok && !holds_grid_type(c);
-    return e;
-}
+G::Expert layout(const kt_moe_config* c) { return G::expert(c); }
 size_t packed_bytes(const kt_moe_config* c) { return layout(c).bytes; }
 
 kt_status check_config(const kt_moe_config* c) {
-    if (holds_grid_type(c))
-        return fail(KT_ERROR_UNSUPPORTED, "kml LLAMAFILE: the grid types IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S are not run on aarch64 yet "
-                    "(kt-backend-avx "
-                    "runs them; backend='reference' runs them anywhere)");
     kt_status code;
     const std::string why = G::check_config(c, &code);
     return why.empty() ? KT_OK : fail(code, "%s", why.c_str());
 }
 
 kt_status pack(const kt_moe_config* c, const kt_expert_weights* src, void* dst) {
-    if (holds_grid_type(c)) return check_config(c);
     kt_status code;
     const std::string why = G::pack_expert(c, src, dst, &code);
     return why.empty() ? KT_OK : fail(code, "%s", why.c_str());

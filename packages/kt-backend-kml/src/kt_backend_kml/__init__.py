@@ -8,7 +8,8 @@ from kt_core.backends import BackendDescriptor, Tier, Variant
 
 METHODS = ("BF16", "INT8", "INT4", "RAWINT4", "FP8", "FP8_PERCHANNEL", "MXFP8", "LLAMAFILE")
 # kt/formats/ggml_panels.h's types: kt-ggml-v8, the layout kt-backend-avx packs too.
-GGML_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
+GGML_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS",
+              "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S")
 TARGETS = json.loads((Path(__file__).parent / "targets.json").read_text())["targets"]
 
 descriptor = BackendDescriptor(

@@ -70,7 +70,7 @@ constexpr BlockType kBlockTypes[] = {
 constexpr const char* kSupported =
     "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S";
 
-inline const BlockType* block_type(kt_dtype d) {
+constexpr const BlockType* block_type(kt_dtype d) {
     for (const BlockType& t : kBlockTypes)
         if (t.dtype == d) return &t;
     return nullptr;
@@ -888,6 +888,101 @@ constexpr size_t grid_file_index(int j, int l, int h) {
 }
 template <class P>
 constexpr size_t grid_panel_index(int l, int h) { return 16 * size_t(P::kIndices * l + h); }
+
+// ---- the grid forms as their kernels read them --------------------------------------------
+// Each grid's rows with one value per byte (magnitudes; IQ1's codes 8 (value + 1)), the per-channel
+// scalar reading of a panel sub-block's groups, and the integer form of their scales: every grid
+// form's sub-block scale is an odd integer 2 s + 1 times a per-block factor of d, so kernels add a
+// block's dots in integers and convert once (kt-backend-avx's lone-row decode, kt-backend-kml).
+template <class Entry, int N>
+struct GridRows {
+    alignas(64) Entry entry[N];
+};
+template <class Entry, int N, int T, class Value>
+constexpr GridRows<Entry, N> grid_rows_of(Value value) {
+    GridRows<Entry, N> g{};
+    for (int i = 0; i < N; ++i)
+        for (int t = 0; t < T; ++t) g.entry[i] |= Entry(value(i, t)) << (8 * t);
+    return g;
+}
+constexpr uint8_t iq1_code(int i, int t) { return uint8_t(8 * (iq1s_value(i, t) + 1)); }
+constexpr auto kGrid8 = grid_rows_of<uint64_t, 256, 8>(iq2xxs_magnitude);   // IQ2_XXS
+constexpr auto kGridXs = grid_rows_of<uint64_t, 512, 8>(iq2xs_magnitude);   // IQ2_XS
+constexpr auto kGrid2s = grid_rows_of<uint64_t, 1024, 8>(iq2s_magnitude);   // IQ2_S
+constexpr auto kGrid4 = grid_rows_of<uint32_t, 256, 4>(iq3xxs_magnitude);   // IQ3_XXS: 4 per entry
+constexpr auto kGrid3s = grid_rows_of<uint32_t, 512, 4>(iq3s_magnitude);    // IQ3_S: 4 per entry
+constexpr auto kGrid1 = grid_rows_of<uint64_t, 2048, 8>(iq1_code);          // IQ1_S, IQ1_M
+// The forms without signs (IQ1_S, IQ1_M): their rows are codes u = 8 (value + 1) + 2 [delta > 0]
+// with the offset kOffset = 9.
+template <class P>
+constexpr bool kUnsignedGrid = std::is_same_v<P, IQ1S> || std::is_same_v<P, IQ1M>;
+// The forms with a scale per 16 k (two per 32-k sub-block).
+template <class P>
+constexpr bool kHalfScales = std::is_same_v<P, IQ1M> || std::is_same_v<P, IQ2XS> || std::is_same_v<P, IQ2S>;
+// The per-block factor of d: w = d * kBlockFactor * (2 s + 1) * (sign * magnitude, or IQ1's u - 9).
+template <class P>
+constexpr float kBlockFactor = std::is_same_v<P, IQ3S> ? 1.0f : std::is_same_v<P, IQ3XXS> ? 0.25f : 0.125f;
+
+inline uint32_t u32_at(const uint8_t* p) {
+    uint32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+}
+inline uint16_t u16_at(const uint8_t* p) {
+    uint16_t v;
+    std::memcpy(&v, p, 2);
+    return v;
+}
+// Group l's 8 values (one per byte, element t in byte t) of channel `lane` in a panel sub-block:
+// magnitudes for the signed forms, codes u for IQ1.
+template <class P>
+inline uint64_t group_row(const uint8_t* sub, int l, int lane) {
+    const uint8_t low = sub[grid_panel_index<P>(l, 0) + size_t(lane)];
+    if constexpr (std::is_same_v<P, IQ2XXS>) return kGrid8.entry[low];
+    if constexpr (std::is_same_v<P, IQ3XXS>)
+        return kGrid4.entry[low] | uint64_t(kGrid4.entry[sub[grid_panel_index<P>(l, 1) + size_t(lane)]]) << 32;
+    if constexpr (std::is_same_v<P, IQ2XS>) return kGridXs.entry[P::index(low, u32_at(sub + P::kWords + 4 * size_t(lane)), l)];
+    if constexpr (std::is_same_v<P, IQ2S>) return kGrid2s.entry[P::index(low, sub[P::kHigh + size_t(lane)], l, 0)];
+    if constexpr (std::is_same_v<P, IQ3S>) {
+        const uint8_t high = sub[P::kHigh + size_t(lane)];
+        return kGrid3s.entry[P::index(low, high, l, 0)] |
+               uint64_t(kGrid3s.entry[P::index(sub[grid_panel_index<P>(l, 1) + size_t(lane)], high, l, 1)]) << 32;
+    }
+    if constexpr (kUnsignedGrid<P>) {
+        const uint16_t qh = u16_at(sub + P::kWords + 2 * size_t(lane));
+        return kGrid1.entry[P::index(low, qh, l)] + (P::negative_delta(qh, l) ? 0 : 0x0202020202020202ull);
+    }
+}
+// Group l's sign byte (bit t: element t negative) of channel `lane`; 0 for IQ1.
+template <class P>
+inline uint8_t group_signs(const uint8_t* sub, int l, int lane) {
+    if constexpr (kSignBytes<P>) return sub[P::kWords + 4 * size_t(lane) + size_t(l)];
+    if constexpr (kUnsignedGrid<P>) return 0;
+    if constexpr (!kSignBytes<P> && !kUnsignedGrid<P>) return iq2_sign_byte((u32_at(sub + P::kWords + 4 * size_t(lane)) >> (7 * l)) & 127);
+}
+// The odd scale 2 s + 1 of channel `lane` for sub-block j (its half h: k 16 h .. of the sub-block).
+template <class P>
+inline int odd_scale(const uint8_t* blk, int j, int h, int lane) {
+    const uint8_t* sub = blk + P::kCodes + size_t(j) * P::kSubBytes;
+    int s;
+    if constexpr (std::is_same_v<P, IQ2XXS> || std::is_same_v<P, IQ3XXS>) s = int(u32_at(sub + P::kWords + 4 * size_t(lane)) >> 28);
+    if constexpr (std::is_same_v<P, IQ2XS> || std::is_same_v<P, IQ2S>) s = (sub[P::kScales + size_t(lane)] >> (4 * h)) & 15;
+    if constexpr (std::is_same_v<P, IQ3S>) s = P::scale(u32_at(blk + P::kScales + 4 * size_t(lane)), j);
+    if constexpr (std::is_same_v<P, IQ1S>) s = (u16_at(sub + P::kWords + 2 * size_t(lane)) >> 12) & 7;
+    if constexpr (std::is_same_v<P, IQ1M>) s = P::scale(u16_at(blk + P::kD + 32 * size_t(j / 2) + 2 * size_t(lane)), j, h);
+    return 2 * s + 1;
+}
+// Channel `lane`'s f16 d of a grid block (IQ1_M: from the top nibbles of its four scale words).
+template <class P>
+inline float grid_d(const uint8_t* blk, int lane) {
+    if constexpr (std::is_same_v<P, IQ1M>) {
+        uint8_t words[8];
+        for (int m = 0; m < 4; ++m) std::memcpy(words + 2 * m, blk + P::kD + 32 * size_t(m) + 2 * size_t(lane), 2);
+        return f16_bits_to_float(iq1m_d_bits(words));
+    } else {
+        return f16_at(blk + P::kD + 2 * size_t(lane));
+    }
+}
 
 // f(P{}) with the panel form of a ggml type (Q8_0's for a type this layout does not hold:
 // callers check block_type first).
