@@ -603,7 +603,7 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
 // 0] (offset 9). IQ1_M's, IQ2_XS's and IQ2_S's scales are per 16 k: their sub-blocks finish in two
 // halves.
 // Prefill decodes a sub-block once for all the rows of a call (decode_sub); a lone decode row
-// dots each group's codes as they are made (lone_row_sub).
+// adds each block's dots in integers (lone_row_block).
 namespace iq2 {
 
 // The grids' rows (kGrid8, kGridXs, kGrid2s, kGrid4, kGrid3s, kGrid1) and kUnsignedGrid: ggml_panels.h.
@@ -661,9 +661,7 @@ inline VI qwords(VI words) { return _mm256_cvtepu32_epi64(_mm256_extracti128_si2
 inline VI set1q(int64_t q) { return _mm256_set1_epi64x(q); }
 inline VI srli64_32(VI a) { return _mm256_srli_epi64(a, 32); }
 inline VI shuffle_bytes(VI a, VI ctl) { return _mm256_shuffle_epi8(a, ctl); }
-inline VI eq_bytes(VI a, VI b) { return _mm256_cmpeq_epi8(a, b); }
 inline VI add_bytes(VI a, VI b) { return _mm256_add_epi8(a, b); }
-inline VI sub_bytes(VI a, VI b) { return _mm256_sub_epi8(a, b); }
 inline void channel_order(const VI* t, VI* out) {
     for (int v = 0; v < 2; ++v) {   // [c0 c1 d0 d1 | c2 c3 d2 d3] -> c0 c1 c2 c3 d0 d1 d2 d3
         const __m256 m = _mm256_shuffle_ps(_mm256_castsi256_ps(t[2 * v]), _mm256_castsi256_ps(t[2 * v + 1]), _MM_SHUFFLE(2, 0, 2, 0));
@@ -771,12 +769,12 @@ inline void words_as_qwords(const uint8_t* words, VI* wq) {
         VI w = vloadi(words + size_t(v) * kLanes * 4);
 #if !defined(__AVX512VBMI__)
         if constexpr (!kSignBytes<P>) {
-        const VI seven = vset1i(0x7f);
-        w = vor(vor(vand(w, seven), vslli32<1>(vand(w, vset1i(0x7f << 7)))),
-                vor(vslli32<2>(vand(w, vset1i(0x7f << 14))), vslli32<3>(vand(w, vset1i(0x7f << 21)))));
-        const VI low4 = vset1i(0x0f0f0f0f);
-        const VI parity = vxor(vlookup16(kParity, vand(w, low4)), vlookup16(kParity, vand(vsrl16<4>(w), low4)));
-        w = vor(w, vslli16<7>(parity));
+            const VI seven = vset1i(0x7f);
+            w = vor(vor(vand(w, seven), vslli32<1>(vand(w, vset1i(0x7f << 7)))),
+                    vor(vslli32<2>(vand(w, vset1i(0x7f << 14))), vslli32<3>(vand(w, vset1i(0x7f << 21)))));
+            const VI low4 = vset1i(0x0f0f0f0f);
+            const VI parity = vxor(vlookup16(kParity, vand(w, low4)), vlookup16(kParity, vand(vsrl16<4>(w), low4)));
+            w = vor(w, vslli16<7>(parity));
         }
 #endif
         wq[2 * v] = qwords<0>(w);
@@ -897,15 +895,14 @@ inline VI group_codes(VI g, VI wq) {
 #endif
 }
 
-// One sub-block (32 k) of a panel decoded: the codes of its four groups and its channels' scales
-// s_j = d * (0.5 + ls) * step (as the file's dequantization rounds them), laid out as the
-// accumulators are: channel i of vector q in the low dword of qword i (the high dwords 0).
+// One sub-block (32 k) of a panel decoded (prefill): the codes of its four groups and its channels'
+// scales s_j = d * (0.5 + ls) * step (as the file's dequantization rounds them), laid out as the
+// accumulators are: channel i of vector q in the low dword of qword i (the high dwords 0). The
+// kHalfScales forms (IQ1_M, IQ2_XS, IQ2_S: a scale per 16 k) finish each sub-block in two halves.
 struct SubBlock {
     VI u[4][kQ];
     VF scale[2 * kQ];   // [h * kQ + q]: kHalfScales' two halves' scales (16 k each); the others' one in h = 0
 };
-// IQ1_M's, IQ2_XS's and IQ2_S's scales are per 16 k (ggml_panels.h's kHalfScales): each sub-block's
-// dots finish in two halves of two groups.
 
 // f.template operator()<i>() for i = 0 .. N - 1, each i a constant.
 template <int N, class F>
