@@ -590,18 +590,18 @@ void panel_rows(const uint8_t* x, size_t row_bytes, int64_t k, const uint8_t* pa
 }
 
 // ---- the grid types: IQ2_XXS, IQ3_XXS, IQ2_XS, IQ2_S, IQ3_S, IQ1_S, IQ1_M (ggml_panels.h's kGridForm) ---
-// Per 8-k group a channel's magnitudes are one grid entry (IQ3_XXS: two half entries), one qword
-// per channel: VBMI targets look the grid's 2- or 4-bit code words up in registers (grid_words),
-// the others load the grid's rows (grid_rows); the signs come from the sign word (7 bits -> the
-// byte with its parity bit, spread over the qword, tested per element; IQ2_S's and IQ3_S's sign
-// bytes are stored as they are). u = offset + sign * magnitude (offset 43 / 62 / 15: u in 0..86 /
-// 0..124 / 0..30) then dots 8 activations broadcast per qword:
+// Per 8-k group a channel's magnitudes are one grid entry (IQ3_XXS, IQ3_S: two half entries), one
+// qword per channel: VBMI targets look grids of up to 512 entries up in registers (grid_words:
+// their 2- or 4-bit code words), the others load the grid's rows (grid_rows, wide_rows); the signs
+// come from the sign word (7 bits -> the byte with its parity bit, spread over the qword, tested per
+// element; IQ2_S's and IQ3_S's sign bytes are stored as they are). u = offset + sign * magnitude
+// (offset 43 / 62 / 15: u in 0..86 / 0..124 / 0..30) then dots 8 activations broadcast per qword:
 // each channel's two dword lanes hold k 0..3 and 4..7 of the group, added at the sub-block's end.
 // IQ1_S and IQ1_M have no signs and a grid of 2048 (11-bit indices, the top 3 bits in qh), IQ2_XS a
-// grid of 512, IQ2_S of 1024, IQ3_S of 512 half entries: their indices are made per sub-block by
-// vector ops and their rows loaded on every target; IQ1's rows are u = 8 (value + 1) + 2 [delta >
-// 0] (offset 9). IQ1_M's, IQ2_XS's and IQ2_S's scales are per 16 k: their sub-blocks finish in two
-// halves.
+// grid of 512, IQ2_S of 1024, IQ3_S of 512 half entries: where their rows are loaded, their indices
+// are made per sub-block by vector ops first (grid_indices); IQ1's rows are u = 8 (value + 1) + 2
+// [delta > 0] (offset 9). IQ1_M's, IQ2_XS's and IQ2_S's scales are per 16 k: their sub-blocks finish
+// in two halves.
 // Prefill decodes a sub-block once for all the rows of a call (decode_sub); a lone decode row
 // adds each block's dots in integers (lone_row_block).
 namespace iq2 {
@@ -797,42 +797,68 @@ constexpr SignTable make_signs() {
 }
 constexpr SignTable kSigns = make_signs();
 // The magnitudes without gathers (Zen 4 takes ~8 cycles per 8-qword vpgatherdq): the grid's codes
-// as 256 words (kIq2xxsGrid's 2-bit, kIq3xxsGrid's 4-bit fields: 512 bytes) looked up 32 indices at
-// a time by four vpermi2w over its 64-entry quarters and two blends, then per channel
-// vpmultishiftqb puts code t in byte t and vpermb maps it to its magnitude.
-inline VI grid_words(const uint16_t* grid, const uint8_t* idx32) {   // 32 indices -> their entries
-    const VI i = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(idx32)));
-    const auto quarter = [&](int t) {
-        return _mm512_permutex2var_epi16(_mm512_loadu_si512(grid + 64 * t), i, _mm512_loadu_si512(grid + 64 * t + 32));
-    };
-    const __mmask32 odd = _mm512_test_epi16_mask(i, _mm512_set1_epi16(64)), high = _mm512_test_epi16_mask(i, _mm512_set1_epi16(128));
-    return _mm512_mask_blend_epi16(high, _mm512_mask_blend_epi16(odd, quarter(0), quarter(1)),
-                                   _mm512_mask_blend_epi16(odd, quarter(2), quarter(3)));
+// as N words (the 2-bit fields of kIq2xxsGrid and kIq2xsGrid, the 4-bit ones of kIq3xxsGrid and
+// kIq3sGrid: 512 bytes or 1 KiB) looked up 32 indices i at a time by N / 64 vpermi2w over its
+// 64-entry parts and a tree of blends on the indices' higher bits, then per channel vpmultishiftqb
+// puts code t in byte t and vpermb maps it to its magnitude.
+template <int N>
+inline VI grid_words(const uint16_t* grid, VI i) {   // 32 indices (16 bits each) -> their entries
+    VI part[N / 64];
+    for (int t = 0; t < N / 64; ++t)
+        part[t] = _mm512_permutex2var_epi16(_mm512_loadu_si512(grid + 64 * t), i, _mm512_loadu_si512(grid + 64 * t + 32));
+    for (int bit = 64, n = N / 64; n > 1; bit *= 2, n /= 2) {
+        const __mmask32 upper = _mm512_test_epi16_mask(i, _mm512_set1_epi16(short(bit)));
+        for (int t = 0; t < n / 2; ++t) part[t] = _mm512_mask_blend_epi16(upper, part[2 * t], part[2 * t + 1]);
+    }
+    return part[0];
+}
+inline VI index_bytes(const uint8_t* idx32) { return _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(idx32))); }
+// IQ2_XS's and IQ3_S's indices of slots s and s + 1 (slot kIndices l + h; 16 channels each) as 32
+// words: the low bytes as stored, the ninth bits from the channels' sign words (IQ2_XS) or high
+// bytes (IQ3_S), shifted to bit 8 per slot.
+template <class P>
+inline VI wide_indices(const uint8_t* sub, int s) {
+    __m256i h;   // 16 channels' words holding slot s's ninth bit at bit `at`
+    int at;
+    if constexpr (std::is_same_v<P, IQ2XS>) {
+        h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_loadu_si512(sub + P::kWords), 20));   // bit 28 + l -> 8 + l
+        at = 8 + s;
+    } else {
+        h = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sub + P::kHigh)));
+        at = s;
+    }
+    const VI both = _mm512_inserti64x4(_mm512_castsi256_si512(h), h, 1);   // lanes 16.. : slot s + 1
+    const VI up = _mm512_mask_blend_epi16(0xffff0000u, _mm512_set1_epi16(short(8 - at)), _mm512_set1_epi16(short(7 - at)));
+    const VI shifted = at >= 8 ? _mm512_srlv_epi16(both, _mm512_sub_epi16(_mm512_setzero_si512(), up)) : _mm512_sllv_epi16(both, up);
+    return _mm512_or_si512(index_bytes(sub + 16 * size_t(s)), _mm512_and_si512(shifted, _mm512_set1_epi16(0x100)));
 }
 struct MagnitudeTable {
     alignas(64) uint8_t byte[64];   // [i] = the magnitude of code i's low bits
 };
-constexpr MagnitudeTable make_magnitudes(bool iq3) {
+template <class Magnitude>
+constexpr MagnitudeTable make_magnitudes(int mask, Magnitude m) {
     MagnitudeTable t{};
-    for (int i = 0; i < 64; ++i) t.byte[i] = iq3 ? kIq3Magnitude[i & 7] : (i & 3) < 3 ? kIq2Magnitude[i & 3] : 0;
+    for (int i = 0; i < 64; ++i) t.byte[i] = m(i & mask);
     return t;
 }
-constexpr MagnitudeTable kMagnitudes2 = make_magnitudes(false), kMagnitudes3 = make_magnitudes(true);
-// IQ2_XXS: words 8 kQuarter .. + 8 of two groups' grid_words (one group's 8 channels).
+constexpr MagnitudeTable kMagnitudes2 = make_magnitudes(3, [](int c) { return c < 3 ? kIq2Magnitude[c] : 0; });
+constexpr MagnitudeTable kMagnitudes3 = make_magnitudes(7, [](int c) { return kIq3Magnitude[c]; });
+constexpr MagnitudeTable kMagnitudes3s = make_magnitudes(7, [](int c) { return 2 * c + 1; });   // IQ3_S: 1, 3, .., 15
+// IQ2_XXS, IQ2_XS: words 8 kQuarter .. + 8 of two groups' grid_words (one group's 8 channels).
 template <int kQuarter>
 inline VI magnitudes2(VI words) {
     const VI codes = _mm512_cvtepu16_epi64(_mm512_extracti32x4_epi32(words, kQuarter));
     const VI fields = _mm512_multishift_epi64_epi8(_mm512_set1_epi64(0x0e0c0a0806040200ll), codes);   // byte t: code t
     return _mm512_permutexvar_epi8(fields, vloadi(kMagnitudes2.byte));
 }
-// IQ3_XXS: one group's grid_words (16 channels' first halves, then their second halves); channels
-// 8q .. 8q + 8, each half's 4 codes at bits 0..15 and 32..47 of its qword.
-template <int kQ8>
+// IQ3_XXS, IQ3_S: one group's grid_words (16 channels' first halves, then their second halves);
+// channels 8q .. 8q + 8, each half's 4 codes at bits 0..15 and 32..47 of its qword.
+template <int kQ8, const MagnitudeTable& kTable>
 inline VI magnitudes3(VI words) {
     const VI codes = _mm512_or_si512(_mm512_cvtepu16_epi64(_mm512_extracti32x4_epi32(words, kQ8)),
                                      _mm512_slli_epi64(_mm512_cvtepu16_epi64(_mm512_extracti32x4_epi32(words, 2 + kQ8)), 32));
     const VI fields = _mm512_multishift_epi64_epi8(_mm512_set1_epi64(0x2c2824200c080400ll), codes);   // byte t: code t
-    return _mm512_permutexvar_epi8(fields, vloadi(kMagnitudes3.byte));
+    return _mm512_permutexvar_epi8(fields, vloadi(kTable.byte));
 }
 // Group L's negative elements: a bit per byte of the channels' qwords.
 using SignMask = __mmask64;
@@ -915,35 +941,43 @@ template <class P, class F>
 inline void each_signed_group(const uint8_t* sub, F&& f) {
     VI wq[kQ];
     words_as_qwords<P>(sub + P::kWords, wq);
-    alignas(64) uint32_t idx[kWideIndices<P> ? 4 * P::kIndices : 1][kPanel];
-    if constexpr (kWideIndices<P>) grid_indices<P>(sub, idx);
 #if defined(__AVX512VBMI__)
-    // The 256-entry grids in registers; the larger ones (512, 1024 entries) by scalar loads, as elsewhere.
-    constexpr bool kRegisterGrid = !kWideIndices<P>;
-    VI gw[4];   // IQ2_XXS: two groups' entries per vector; IQ3_XXS: one group's two halves
+    // The grids of up to 512 entries in registers (grid_words), the indices never leaving them; IQ2_S's
+    // 1024 by scalar loads as elsewhere. Alternated builds, one thread, 16 experts (Zen 4): IQ3_S
+    // 3.58-3.67 -> 2.76-2.82 ms (its two half rows per channel were two loads), IQ2_XS the same
+    // (2.06 / 2.05), IQ2_S 2.03 -> 2.33-2.40 (sixteen vpermi2w and fifteen blends per 32 indices).
+    constexpr bool kRegisterGrid = !std::is_same_v<P, IQ2S>;
+    VI gw[4];   // IQ2_XXS, IQ2_XS: two groups' entries per vector; IQ3_*: one group's two halves
     if constexpr (std::is_same_v<P, IQ2XXS>) {
-        gw[0] = grid_words(kIq2xxsGrid, sub + grid_panel_index<P>(0, 0));   // groups 0, 1
-        gw[1] = grid_words(kIq2xxsGrid, sub + grid_panel_index<P>(2, 0));   // groups 2, 3
+        gw[0] = grid_words<256>(kIq2xxsGrid, index_bytes(sub + grid_panel_index<P>(0, 0)));   // groups 0, 1
+        gw[1] = grid_words<256>(kIq2xxsGrid, index_bytes(sub + grid_panel_index<P>(2, 0)));   // groups 2, 3
     } else if constexpr (std::is_same_v<P, IQ3XXS>) {
-        for (int l = 0; l < 4; ++l) gw[l] = grid_words(kIq3xxsGrid, sub + grid_panel_index<P>(l, 0));   // both halves
+        for (int l = 0; l < 4; ++l) gw[l] = grid_words<256>(kIq3xxsGrid, index_bytes(sub + grid_panel_index<P>(l, 0)));
+    } else if constexpr (std::is_same_v<P, IQ2XS>) {
+        gw[0] = grid_words<512>(kIq2xsGrid, wide_indices<P>(sub, 0));
+        gw[1] = grid_words<512>(kIq2xsGrid, wide_indices<P>(sub, 2));
+    } else if constexpr (std::is_same_v<P, IQ3S>) {
+        for (int l = 0; l < 4; ++l) gw[l] = grid_words<512>(kIq3sGrid, wide_indices<P>(sub, 2 * l));
     }
 #else
     constexpr bool kRegisterGrid = false;
 #endif
+    alignas(64) uint32_t idx[kWideIndices<P> && !kRegisterGrid ? 4 * P::kIndices : 1][kPanel];
+    if constexpr (kWideIndices<P> && !kRegisterGrid) grid_indices<P>(sub, idx);
     unrolled<4>([&]<int l>() {
         unrolled<kQ>([&]<int q>() {
             VI g;
-            if constexpr (kWideIndices<P>) {
-                g = wide_rows<P>(idx, l, q);
-            } else if constexpr (!kRegisterGrid) {
-                g = grid_rows<P>(sub, l, q);
-            } else {
+            if constexpr (kRegisterGrid) {
 #if defined(__AVX512VBMI__)
-                if constexpr (std::is_same_v<P, IQ2XXS>)
+                if constexpr (P::kIndices == 1)
                     g = magnitudes2<2 * (l % 2) + q>(gw[l / 2]);
                 else
-                    g = magnitudes3<q>(gw[l]);
+                    g = magnitudes3<q, std::is_same_v<P, IQ3S> ? kMagnitudes3s : kMagnitudes3>(gw[l]);
 #endif
+            } else if constexpr (kWideIndices<P>) {
+                g = wide_rows<P>(idx, l, q);
+            } else {
+                g = grid_rows<P>(sub, l, q);
             }
             f.template operator()<l, q>(g, wq[q]);
         });
