@@ -376,12 +376,43 @@ __attribute__((noinline)) void panel_dot(const uint8_t* panel, const ActRow* a, 
 // ---- the grid types: IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S (ggml_panels.h's kGridForm) ----
 // Per 8-k group each channel's 8 values are one grid row, loaded by its index (ggml_panels.h's
 // group_row: scalar reads of the panel's index bytes and high bits), signed by the group's sign byte
-// (`cmtst` against each element's bit, `bsl` with the negation) or, for IQ1, its codes less the
+// (signs16: 16 channels' at once, one `tbl` per channel pair; `cmtst` against each element's bit,
+// `bsl` with the negation) or, for IQ1, its codes less the
 // offset 9 (8 value +- 1: signed already, so `sdot` needs no offset term). Two channels' rows share a
 // register, dotted with the group's 8 activations in both halves (each channel's two int32 lanes
 // hold k 0..3 and 4..7). Each scale span's dots (16 or 32 k) times its odd integer scale 2 s + 1
 // add into the block's int32 sums (|.| < 2^26), converted and multiplied by d * factor * s_a once
 // per 256-k block — x86's lone-row form. One activation row at a time, on every target (NEON).
+// The 16 channels' sign bytes of group l (byte i: channel i's): the file's bytes as stored (IQ2_S,
+// IQ3_S: one `ld4` deinterleaves a sub-block's words into its four groups'), or the 7-bit sign
+// indices completed with their parity bit, 16 channels at once (per channel through general
+// registers, `cnt` and back, they were most of the loop's instructions).
+template <class P>
+inline uint8x16_t signs16(const uint8_t* sub, int l) {
+    if constexpr (G::kSignBytes<P>) {
+        return vld4q_u8(sub + P::kWords).val[l];
+    } else {
+        uint16x4_t half[4];
+        for (int v = 0; v < 4; ++v)
+            half[v] = vmovn_u32(vandq_u32(vshlq_u32(vld1q_u32(reinterpret_cast<const uint32_t*>(sub + P::kWords) + 4 * v),
+                                                    vdupq_n_s32(-7 * l)),
+                                          vdupq_n_u32(127)));
+        const uint8x16_t s = vcombine_u8(vmovn_u16(vcombine_u16(half[0], half[1])), vmovn_u16(vcombine_u16(half[2], half[3])));
+        return vorrq_u8(s, vshlq_n_u8(vandq_u8(vcntq_u8(s), vdupq_n_u8(1)), 7));
+    }
+}
+// vqtbl1q_u8 controls spreading channel 2p's byte over bytes 0..7 and 2p + 1's over 8..15.
+struct PairSpread {
+    alignas(16) uint8_t byte[8][16];
+};
+constexpr PairSpread make_pair_spread() {
+    PairSpread t{};
+    for (int p = 0; p < 8; ++p)
+        for (int i = 0; i < 16; ++i) t.byte[p][i] = uint8_t(2 * p + i / 8);
+    return t;
+}
+constexpr PairSpread kPairSpread = make_pair_spread();
+
 template <class P, bool kTwoPass>
 __attribute__((noinline)) void grid_panel_dot(const uint8_t* panel, const ActRow& a, int64_t K, float* out) {
     const uint8x16_t bits = vreinterpretq_u8_u64(vdupq_n_u64(0x8040201008040201ull));   // element t's bit
@@ -404,6 +435,9 @@ __attribute__((noinline)) void grid_panel_dot(const uint8_t* panel, const ActRow
                     std::memcpy(&x, a.lo + at, 8);
                     xl = vreinterpretq_s8_s64(vdupq_n_s64(x));
                 }
+                uint8x16_t s16 = vdupq_n_u8(0);
+                if constexpr (!G::kUnsignedGrid<P>) s16 = signs16<P>(sub, l);
+#pragma GCC unroll 8
                 for (int p = 0; p < 8; ++p) {
                     const int8x16_t row = vreinterpretq_s8_u8(
                         vcombine_u8(vcreate_u8(G::group_row<P>(sub, l, 2 * p)), vcreate_u8(G::group_row<P>(sub, l, 2 * p + 1))));
@@ -411,8 +445,7 @@ __attribute__((noinline)) void grid_panel_dot(const uint8_t* panel, const ActRow
                     if constexpr (G::kUnsignedGrid<P>) {
                         w = vsubq_s8(row, vdupq_n_s8(int8_t(P::kOffset)));
                     } else {
-                        const uint8x16_t signs = vcombine_u8(vdup_n_u8(G::group_signs<P>(sub, l, 2 * p)),
-                                                             vdup_n_u8(G::group_signs<P>(sub, l, 2 * p + 1)));
+                        const uint8x16_t signs = vqtbl1q_u8(s16, vld1q_u8(kPairSpread.byte[p]));
                         w = vbslq_s8(vtstq_u8(signs, bits), vnegq_s8(row), row);
                     }
                     sh[p] = dot4(sh[p], w, xh);
