@@ -251,9 +251,7 @@ void dq_sign_bytes(const uint8_t* b, float* y) {
             if constexpr (std::is_same_v<F, G::IQ2S>)
                 db = d * (0.5f + float((b[F::file_scale(j)] >> (4 * (l / 2))) & 15)) * F::kScaleStep;
             else
-                db = d * float(2 * F::scale(uint32_t(b[F::kFileScales]) | uint32_t(b[F::kFileScales + 1]) << 8 |
-                                                uint32_t(b[F::kFileScales + 2]) << 16 | uint32_t(b[F::kFileScales + 3]) << 24,
-                                            j) + 1);
+                db = d * float(2 * F::scale(G::u32_at(b + F::kFileScales), j) + 1);
             const uint8_t signs = b[F::file_signs(j) + size_t(l)];
             for (int t = 0; t < 8; ++t) {
                 const int h = t / kPer;

@@ -1005,8 +1005,6 @@ inline void each_group(const uint8_t* sub, F&& f) {
     }
 }
 
-inline VI odd_of(VI s3) { return vor(vaddi(s3, s3), vset1i(1)); }   // 2 s + 1
-
 // A block's f16 d per channel: the file's (IQ2_XXS, IQ3_XXS, IQ1_S), or IQ1_M's from the top
 // nibbles of its four scale words.
 template <class P>
@@ -1029,45 +1027,60 @@ inline VF block_d(const uint8_t* blk, int v) {
     }
 }
 
-// Sub-block j's channel scales: IQ2_XXS, IQ3_XXS: d * (0.5 + ls) * step; IQ1_S: d * (2 s + 1) / 8
-// (its codes are 8 times the values: exact); IQ3_S: d * (2 s + 1); the kHalfScales forms (IQ1_M,
-// IQ2_XS, IQ2_S): half h's of these.
+// 16 channels' values (x >> shift) & mask, from u32 or u16 lanes, as bytes.
+inline __m128i bytes_of_u32(const uint8_t* p, int shift, int mask) {
+#if defined(__AVX512F__)
+    return _mm512_cvtepi32_epi8(_mm512_and_si512(_mm512_srli_epi32(_mm512_loadu_si512(p), unsigned(shift)), _mm512_set1_epi32(mask)));
+#else
+    const VI m = vset1i(mask);
+    const VI a = vand(srl32(vloadi(p), shift), m), b = vand(srl32(vloadi(p + 32), shift), m);
+    const VI w = _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), _MM_SHUFFLE(3, 1, 2, 0));   // 16 u16 in order
+    return _mm_packus_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+#endif
+}
+inline __m128i bytes_of_u16(const uint8_t* p, int shift, int mask) {
+    const __m256i w = _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), shift),
+                                       _mm256_set1_epi16(short(mask)));
+#if defined(__AVX512F__)
+    return _mm256_cvtepi16_epi8(w);
+#else
+    return _mm_packus_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+#endif
+}
+// Sub-block j's (its half h's) odd scales 2 s + 1 of the 16 channels, as bytes.
 template <class P>
-inline void sub_scales(const uint8_t* sub, const VF* d, int j, VF* scale, int h = 0) {   // kHalfScales: half h's
+inline __m128i odd_scales(const uint8_t* blk, const uint8_t* sub, int j, int h) {
+    __m128i s;
+    if constexpr (std::is_same_v<P, IQ2XS> || std::is_same_v<P, IQ2S>)
+        s = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sub + P::kScales)), 4 * h), _mm_set1_epi8(15));
+    else if constexpr (std::is_same_v<P, IQ3S>)
+        s = bytes_of_u32(blk + P::kScales, 4 * j, 15);
+    else if constexpr (std::is_same_v<P, IQ1S>)
+        s = bytes_of_u16(sub + P::kWords, 12, 7);
+    else if constexpr (std::is_same_v<P, IQ1M>)
+        s = bytes_of_u16(blk + P::kD + 32 * size_t(j / 2), 6 * (j % 2) + 3 * h, 7);
+    else   // IQ2_XXS, IQ3_XXS: the top nibble of each sign-and-scale word
+        s = bytes_of_u32(sub + P::kWords, 28, 15);
+    return _mm_or_si128(_mm_add_epi8(s, s), _mm_set1_epi8(1));
+}
+// Sub-block j's channel scales (its half h's for the kHalfScales forms): d * kBlockFactor * (2 s + 1),
+// bit for bit the file's d * (0.5 + ls) * step, d * (2 s + 1) / 8 and d * (2 s + 1) (the factors are
+// powers of two: one rounding either way).
+template <class P>
+inline void sub_scales(const uint8_t* sub, const VF* d, int j, VF* scale, int h = 0) {
+    alignas(16) uint8_t odd[16];
+    _mm_store_si128(reinterpret_cast<__m128i*>(odd), odd_scales<P>(sub - P::kCodes - size_t(j) * P::kSubBytes, sub, j, h));
     for (int v = 0; v < kVecsPerPanel; ++v) {
+        const VF s = vmul(vmul(d[v], vset1(kBlockFactor<P>)), vcvt(widen_u8_i32(odd + v * kLanes)));
 #if defined(__AVX512F__)
-        const auto as_int = [](VF f) { return _mm512_castps_si512(f); };
-        const auto as_float = [](VI i) { return _mm512_castsi512_ps(i); };
+        const VI sj = _mm512_castps_si512(s);
+        scale[2 * v] = _mm512_castsi512_ps(qwords<0>(sj));
+        scale[2 * v + 1] = _mm512_castsi512_ps(qwords<1>(sj));
 #else
-        const auto as_int = [](VF f) { return _mm256_castps_si256(f); };
-        const auto as_float = [](VI i) { return _mm256_castsi256_ps(i); };
+        const VI sj = _mm256_castps_si256(s);
+        scale[2 * v] = _mm256_castsi256_ps(qwords<0>(sj));
+        scale[2 * v + 1] = _mm256_castsi256_ps(qwords<1>(sj));
 #endif
-        VI sj;
-        if constexpr (std::is_same_v<P, IQ1M>) {
-            const uint8_t* header = sub - P::kCodes - size_t(j) * P::kSubBytes + P::kD;
-            const VI s3 = vand(srl32(widen_u16(header + 32 * size_t(j / 2) + 2 * size_t(v) * kLanes), 6 * (j % 2) + 3 * h), vset1i(7));
-            sj = as_int(vmul(vmul(d[v], vcvt(odd_of(s3))), vset1(0.125f)));
-        } else if constexpr (std::is_same_v<P, IQ2XS> || std::is_same_v<P, IQ2S>) {
-            const VI ls = vand(srl32(widen_u8_i32(sub + P::kScales + size_t(v) * kLanes), 4 * h), vset1i(15));
-            sj = as_int(vmul(vmul(d[v], vadd(vset1(0.5f), vcvt(ls))), vset1(P::kScaleStep)));
-        } else if constexpr (std::is_same_v<P, IQ3S>) {   // d (2 s + 1), s from the block header's scale words
-            const uint8_t* header = sub - P::kCodes - size_t(j) * P::kSubBytes;
-            const VI s = vand(srl32(vloadi(header + P::kScales + size_t(v) * kLanes * 4), 4 * j), vset1i(15));
-            sj = as_int(vmul(d[v], vcvt(odd_of(s))));
-        } else if constexpr (std::is_same_v<P, IQ1S>) {
-            const VI s3 = vand(srl32(widen_u16(sub + P::kWords + 2 * size_t(v) * kLanes), 12), vset1i(7));
-            sj = as_int(vmul(vmul(d[v], vcvt(odd_of(s3))), vset1(0.125f)));
-        } else {
-            const VI w = vloadi(sub + P::kWords + size_t(v) * kLanes * 4);
-#if defined(__AVX512F__)
-            const VF ls = vcvt(_mm512_srli_epi32(w, 28));
-#else
-            const VF ls = vcvt(_mm256_srli_epi32(w, 28));
-#endif
-            sj = as_int(vmul(vmul(d[v], vadd(vset1(0.5f), ls)), vset1(P::kScaleStep)));
-        }
-        scale[2 * v] = as_float(qwords<0>(sj));
-        scale[2 * v + 1] = as_float(qwords<1>(sj));
     }
 }
 
@@ -1145,42 +1158,6 @@ inline void row_sub(const SubBlock& sb, const ActRow& a, int64_t k0, int j, VF* 
 // sub-block (scales made, dots converted and multiplied) had been a fifth of the loop. The signed
 // forms apply their signs to the activations (no code offset, no activation sums to subtract);
 // IQ1's codes keep their offset 9, subtracted per 16 k as 9 (2 s + 1) sum(x).
-// 16 channels' values (x >> shift) & mask, from u32 or u16 lanes, as bytes.
-inline __m128i bytes_of_u32(const uint8_t* p, int shift, int mask) {
-#if defined(__AVX512F__)
-    return _mm512_cvtepi32_epi8(_mm512_and_si512(_mm512_srli_epi32(_mm512_loadu_si512(p), unsigned(shift)), _mm512_set1_epi32(mask)));
-#else
-    const VI m = vset1i(mask);
-    const VI a = vand(srl32(vloadi(p), shift), m), b = vand(srl32(vloadi(p + 32), shift), m);
-    const VI w = _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), _MM_SHUFFLE(3, 1, 2, 0));   // 16 u16 in order
-    return _mm_packus_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
-#endif
-}
-inline __m128i bytes_of_u16(const uint8_t* p, int shift, int mask) {
-    const __m256i w = _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), shift),
-                                       _mm256_set1_epi16(short(mask)));
-#if defined(__AVX512F__)
-    return _mm256_cvtepi16_epi8(w);
-#else
-    return _mm_packus_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
-#endif
-}
-// Sub-block j's (its half h's) odd scales 2 s + 1 of the 16 channels, as bytes.
-template <class P>
-inline __m128i odd_scales(const uint8_t* blk, const uint8_t* sub, int j, int h) {
-    __m128i s;
-    if constexpr (std::is_same_v<P, IQ2XS> || std::is_same_v<P, IQ2S>)
-        s = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sub + P::kScales)), 4 * h), _mm_set1_epi8(15));
-    else if constexpr (std::is_same_v<P, IQ3S>)
-        s = bytes_of_u32(blk + P::kScales, 4 * j, 15);
-    else if constexpr (std::is_same_v<P, IQ1S>)
-        s = bytes_of_u16(sub + P::kWords, 12, 7);
-    else if constexpr (std::is_same_v<P, IQ1M>)
-        s = bytes_of_u16(blk + P::kD + 32 * size_t(j / 2), 6 * (j % 2) + 3 * h, 7);
-    else   // IQ2_XXS, IQ3_XXS: the top nibble of each sign-and-scale word
-        s = bytes_of_u32(sub + P::kWords, 28, 15);
-    return _mm_or_si128(_mm_add_epi8(s, s), _mm_set1_epi8(1));
-}
 // The odd scales spread over channels q kQLanes ..'s qwords: in every int16 lane (the vpmaddwd
 // operand) or, with VNNI, in both dword lanes (vpmulld's); vpshufb's 0x80 bytes make the zeros.
 #if defined(__AVX512VNNI__)

@@ -953,13 +953,6 @@ inline uint64_t group_row(const uint8_t* sub, int l, int lane) {
         return kGrid1.entry[P::index(low, qh, l)] + (P::negative_delta(qh, l) ? 0 : 0x0202020202020202ull);
     }
 }
-// Group l's sign byte (bit t: element t negative) of channel `lane`; 0 for IQ1.
-template <class P>
-inline uint8_t group_signs(const uint8_t* sub, int l, int lane) {
-    if constexpr (kSignBytes<P>) return sub[P::kWords + 4 * size_t(lane) + size_t(l)];
-    if constexpr (kUnsignedGrid<P>) return 0;
-    if constexpr (!kSignBytes<P> && !kUnsignedGrid<P>) return iq2_sign_byte((u32_at(sub + P::kWords + 4 * size_t(lane)) >> (7 * l)) & 127);
-}
 // The odd scale 2 s + 1 of channel `lane` for sub-block j (its half h: k 16 h .. of the sub-block).
 template <class P>
 inline int odd_scale(const uint8_t* blk, int j, int h, int lane) {
@@ -1187,18 +1180,8 @@ float weight(const uint8_t* panel, int64_t k, int lane) {
     if constexpr (std::is_same_v<P, IQ1S> || std::is_same_v<P, IQ1M>) {   // gguf-py's order: (d (2 s + 1)) (value + delta)
         const int j = int(kk / 32), l = int(kk % 32 / 8), t = int(kk % 8);
         const uint8_t* sub = blk + P::kCodes + size_t(j) * P::kSubBytes;
-        uint16_t qh;
-        std::memcpy(&qh, sub + P::kWords + 2 * size_t(lane), 2);
-        float dl;
-        if constexpr (std::is_same_v<P, IQ1S>) {
-            dl = f16_at(blk + P::kD + 2 * size_t(lane)) * float(2 * ((qh >> 12) & 7) + 1);
-        } else {
-            uint8_t file_words[8];   // the channel's four words, as the file's block has them
-            for (int m = 0; m < 4; ++m) std::memcpy(file_words + 2 * m, blk + P::kD + 32 * size_t(m) + 2 * size_t(lane), 2);
-            uint16_t word;
-            std::memcpy(&word, file_words + 2 * (j / 2), 2);
-            dl = f16_bits_to_float(iq1m_d_bits(file_words)) * float(2 * P::scale(word, j, l / 2) + 1);
-        }
+        const uint16_t qh = u16_at(sub + P::kWords + 2 * size_t(lane));
+        const float dl = grid_d<P>(blk, lane) * float(odd_scale<P>(blk, j, l / 2, lane));
         const float delta = P::negative_delta(qh, l) ? -kIq1sDelta : kIq1sDelta;
         return dl * (float(iq1s_value(P::index(sub[grid_panel_index<P>(l, 0) + lane], qh, l), t)) + delta);
     }
@@ -1218,13 +1201,10 @@ float weight(const uint8_t* panel, int64_t k, int lane) {
         constexpr int kPer = 8 / P::kIndices;
         const float d = f16_at(blk + P::kD + 2 * size_t(lane));
         float db;
-        if constexpr (std::is_same_v<P, IQ2S>) {
+        if constexpr (std::is_same_v<P, IQ2S>)
             db = d * (0.5f + float((sub[P::kScales + size_t(lane)] >> (4 * (l / 2))) & 15)) * P::kScaleStep;
-        } else {
-            uint32_t scales;
-            std::memcpy(&scales, blk + P::kScales + 4 * size_t(lane), 4);
-            db = d * float(2 * P::scale(scales, j) + 1);
-        }
+        else
+            db = d * float(odd_scale<P>(blk, j, 0, lane));
         const int index = P::index(sub[grid_panel_index<P>(l, t / kPer) + lane], sub[P::kHigh + size_t(lane)], l, t / kPer);
         const float w = db * float(P::magnitude(index, t % kPer));
         return (sub[P::kWords + 4 * size_t(lane) + size_t(l)] >> t) & 1 ? -w : w;
